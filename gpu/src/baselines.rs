@@ -1,0 +1,350 @@
+//! Reference implementations of the alternatives boundpool is measured against, written straight
+//! on the driver so that benchmarks can compare in one process: raw launches from `k` bound
+//! threads, an OS thread per task, one server thread fed by a channel, and cross-stream edges
+//! made with an event or with a host synchronise. Each launches the built-in empty kernel
+//! `<<<1,1>>>` and counts the time until the work has completed on the device.
+//!
+//! These are benchmark baselines, not part of the framework: they bind threads themselves.
+
+use std::sync::{mpsc, Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use crate::driver::{self, Ctx, Dev, Func, Stream};
+use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::module::{builtin, Module};
+
+/// What a baseline measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Measurement {
+    /// Operations done (launches, tasks or edges, as the function says).
+    pub ops: u64,
+    /// Wall-clock time from the first operation until the device finished the last.
+    pub elapsed: Duration,
+}
+
+impl Measurement {
+    /// Operations per second.
+    pub fn rate(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-12)
+    }
+    /// Seconds per operation, in microseconds.
+    pub fn micros_per_op(&self) -> f64 {
+        self.elapsed.as_secs_f64() * 1e6 / (self.ops.max(1) as f64)
+    }
+}
+
+/// A retained primary context plus the empty kernel, for the baselines.
+struct Raw {
+    dev: Dev,
+    ctx: Ctx,
+    module: driver::Module,
+    empty: Func,
+}
+
+impl Raw {
+    fn open(ordinal: i32) -> GpuResult<Raw> {
+        crate::detect::detect()?;
+        let what = format!("baseline device {ordinal}");
+        let dev = driver::device_get(ordinal).map_err(|e| GpuError::driver("cuDeviceGet", &what, e))?;
+        let ctx = driver::primary_ctx_retain(dev)
+            .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", &what, e))?;
+        let m = Module::builtin();
+        let (module, empty) = on_bound(ctx, || {
+            let module = driver::module_load(ctx, &m.inner.ptx)
+                .map_err(|e| GpuError::driver("cuModuleLoadData", &what, e))?;
+            let name = std::ffi::CString::new(builtin::EMPTY).expect("no NUL");
+            let f = driver::module_function(ctx, module, &name)
+                .map_err(|e| GpuError::driver("cuModuleGetFunction", &what, e))?;
+            Ok::<_, GpuError>((module, f))
+        })?;
+        Ok(Raw {
+            dev,
+            ctx,
+            module,
+            empty,
+        })
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        let (ctx, m) = (self.ctx, self.module);
+        let _ = on_bound(ctx, || {
+            let _ = driver::ctx_synchronize(ctx);
+            let _ = driver::module_unload(ctx, m);
+            Ok::<_, GpuError>(())
+        });
+        let _ = driver::primary_ctx_release(self.dev);
+    }
+}
+
+/// Runs `f` on a fresh thread bound to `ctx`.
+fn on_bound<R: Send>(ctx: Ctx, f: impl FnOnce() -> GpuResult<R> + Send) -> GpuResult<R> {
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            bind(ctx)?;
+            let r = f();
+            let _ = driver::ctx_unbind();
+            r
+        })
+        .join()
+        .unwrap_or_else(|_| Err(GpuError::new(GpuErrorKind::Driver, "baseline thread panicked")))
+    })
+}
+
+fn bind(ctx: Ctx) -> GpuResult<()> {
+    driver::ctx_set_current(ctx).map_err(|e| GpuError::driver("cuCtxSetCurrent", "baseline", e))
+}
+
+fn drv<T>(call: &str, r: driver::DResult<T>) -> GpuResult<T> {
+    r.map_err(|e| GpuError::driver(call, "baseline", e))
+}
+
+fn launch_empty(ctx: Ctx, f: Func, s: Stream) -> GpuResult<()> {
+    // SAFETY: the empty kernel takes no parameters.
+    drv("cuLaunchKernel", unsafe {
+        driver::launch(ctx, f, (1, 1, 1), (1, 1, 1), 0, s, &mut [])
+    })
+}
+
+/// `threads` OS threads, each bound once with its own stream, each launching the empty kernel
+/// `per_thread` times. `ops` = all launches.
+pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> GpuResult<Measurement> {
+    let raw = Raw::open(ordinal)?;
+    let (ctx, f) = (raw.ctx, raw.empty);
+    let barrier = Arc::new(Barrier::new(threads));
+    let results: Vec<GpuResult<(Instant, Instant)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                let barrier = barrier.clone();
+                s.spawn(move || -> GpuResult<(Instant, Instant)> {
+                    bind(ctx)?;
+                    let st = drv("cuStreamCreate", driver::stream_create(ctx))?;
+                    for _ in 0..64 {
+                        launch_empty(ctx, f, st)?;
+                    }
+                    drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    for _ in 0..per_thread {
+                        launch_empty(ctx, f, st)?;
+                    }
+                    drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
+                    let t1 = Instant::now();
+                    let _ = driver::stream_destroy(ctx, st);
+                    let _ = driver::ctx_unbind();
+                    Ok((t0, t1))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(GpuError::new(GpuErrorKind::Driver, "baseline thread panicked"))
+                })
+            })
+            .collect()
+    });
+    let mut start: Option<Instant> = None;
+    let mut end: Option<Instant> = None;
+    for r in results {
+        let (a, b) = r?;
+        start = Some(start.map_or(a, |s| s.min(a)));
+        end = Some(end.map_or(b, |e| e.max(b)));
+    }
+    drop(raw);
+    Ok(Measurement {
+        ops: (threads * per_thread) as u64,
+        elapsed: end.unwrap_or_else(Instant::now) - start.unwrap_or_else(Instant::now),
+    })
+}
+
+/// One OS thread per task: spawn, bind, launch the empty kernel on a shared stream, exit; all
+/// `tasks` spawned as one burst and joined at the end. `ops` = tasks.
+pub fn thread_per_task(ordinal: i32, tasks: usize) -> GpuResult<Measurement> {
+    let raw = Raw::open(ordinal)?;
+    let (ctx, f) = (raw.ctx, raw.empty);
+    let st = on_bound(ctx, || drv("cuStreamCreate", driver::stream_create(ctx)))?;
+    let t0 = Instant::now();
+    let hs: Vec<_> = (0..tasks)
+        .map(|_| {
+            std::thread::spawn(move || -> GpuResult<()> {
+                bind(ctx)?;
+                launch_empty(ctx, f, st)
+            })
+        })
+        .collect();
+    let mut first_err = None;
+    for h in hs {
+        if let Err(e) = h.join().unwrap_or_else(|_| {
+            Err(GpuError::new(GpuErrorKind::Driver, "task thread panicked"))
+        }) {
+            first_err.get_or_insert(e);
+        }
+    }
+    on_bound(ctx, || drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st)))?;
+    let elapsed = t0.elapsed();
+    on_bound(ctx, || drv("cuStreamDestroy", driver::stream_destroy(ctx, st)))?;
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    drop(raw);
+    Ok(Measurement {
+        ops: tasks as u64,
+        elapsed,
+    })
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// One bound server thread with one stream, fed closures through a channel by `submitters`
+/// threads; each closure launches the empty kernel. `ops` = launches.
+pub fn server_thread(ordinal: i32, submitters: usize, total: usize) -> GpuResult<Measurement> {
+    let raw = Raw::open(ordinal)?;
+    let (ctx, f) = (raw.ctx, raw.empty);
+    let (tx, rx) = mpsc::sync_channel::<Job>(4096);
+    let (ready_tx, ready_rx) = mpsc::channel::<GpuResult<Stream>>();
+    let server = std::thread::spawn(move || {
+        let st = bind(ctx).and_then(|_| drv("cuStreamCreate", driver::stream_create(ctx)));
+        let _ = ready_tx.send(st.as_ref().map(|s| *s).map_err(|e| {
+            GpuError::new(GpuErrorKind::Driver, e.message().to_owned())
+        }));
+        while let Ok(job) = rx.recv() {
+            job();
+        }
+        if let Ok(st) = st {
+            let _ = driver::stream_synchronize(ctx, st);
+            let _ = driver::stream_destroy(ctx, st);
+        }
+        let _ = driver::ctx_unbind();
+    });
+    let st = ready_rx
+        .recv()
+        .map_err(|_| GpuError::new(GpuErrorKind::Driver, "server thread died"))??;
+    let per = total / submitters.max(1);
+    let (done_tx, done_rx) = mpsc::channel::<Instant>();
+    let barrier = Arc::new(Barrier::new(submitters + 1));
+    let subs: Vec<_> = (0..submitters)
+        .map(|_| {
+            let tx = tx.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                for _ in 0..per {
+                    let job: Job = Box::new(move || {
+                        let _ = launch_empty(ctx, f, st);
+                    });
+                    if tx.send(job).is_err() {
+                        break;
+                    }
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    let t0 = Instant::now();
+    for h in subs {
+        let _ = h.join();
+    }
+    let done = done_tx.clone();
+    let _ = tx.send(Box::new(move || {
+        let _ = driver::stream_synchronize(ctx, st);
+        let _ = done.send(Instant::now());
+    }));
+    drop(tx);
+    let t1 = done_rx
+        .recv()
+        .map_err(|_| GpuError::new(GpuErrorKind::Driver, "server thread died"))?;
+    let _ = server.join();
+    drop(raw);
+    Ok(Measurement {
+        ops: (per * submitters) as u64,
+        elapsed: t1 - t0,
+    })
+}
+
+/// One thread, two streams: a chain of `edges` cross-stream edges, each made on the device with
+/// an event (launch on A, record on A, wait on B, launch on B, record on B, wait on A, ...).
+/// `ops` = edges.
+pub fn event_edge_chain(ordinal: i32, edges: usize) -> GpuResult<Measurement> {
+    chain(ordinal, edges, false)
+}
+
+/// Same chain as [`event_edge_chain`], but each edge waits on the host (stream synchronise)
+/// before the next launch. `ops` = edges.
+pub fn host_sync_edge_chain(ordinal: i32, edges: usize) -> GpuResult<Measurement> {
+    chain(ordinal, edges, true)
+}
+
+fn chain(ordinal: i32, edges: usize, host: bool) -> GpuResult<Measurement> {
+    let raw = Raw::open(ordinal)?;
+    let (ctx, f) = (raw.ctx, raw.empty);
+    let m = on_bound(ctx, || {
+        let s = [
+            drv("cuStreamCreate", driver::stream_create(ctx))?,
+            drv("cuStreamCreate", driver::stream_create(ctx))?,
+        ];
+        let ev = drv("cuEventCreate", driver::event_create(ctx))?;
+        let run = |n: usize| -> GpuResult<Duration> {
+            let t0 = Instant::now();
+            launch_empty(ctx, f, s[0])?;
+            for i in 1..=n {
+                let (a, b) = (s[(i - 1) % 2], s[i % 2]);
+                if host {
+                    drv("cuStreamSynchronize", driver::stream_synchronize(ctx, a))?;
+                } else {
+                    drv("cuEventRecord", driver::event_record(ctx, ev, a))?;
+                    drv("cuStreamWaitEvent", driver::stream_wait_event(ctx, b, ev))?;
+                }
+                launch_empty(ctx, f, b)?;
+            }
+            drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s[n % 2]))?;
+            Ok(t0.elapsed())
+        };
+        run(256)?;
+        let el = run(edges)?;
+        let _ = driver::event_destroy(ctx, ev);
+        let _ = driver::stream_destroy(ctx, s[0]);
+        let _ = driver::stream_destroy(ctx, s[1]);
+        Ok(Measurement {
+            ops: edges as u64,
+            elapsed: el,
+        })
+    })?;
+    drop(raw);
+    Ok(m)
+}
+
+/// Cost of one `cuEventRecord` + `cuEventQuery` pair and of one launch, on one bound thread, in
+/// nanoseconds: `(launch, record, query)`. For the probe and for tuning.
+pub fn call_costs(ordinal: i32, n: usize) -> GpuResult<(f64, f64, f64)> {
+    let raw = Raw::open(ordinal)?;
+    let (ctx, f) = (raw.ctx, raw.empty);
+    let r = on_bound(ctx, || {
+        let s = drv("cuStreamCreate", driver::stream_create(ctx))?;
+        let ev = drv("cuEventCreate", driver::event_create(ctx))?;
+        let t0 = Instant::now();
+        for _ in 0..n {
+            launch_empty(ctx, f, s)?;
+        }
+        let tl = t0.elapsed();
+        drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s))?;
+        let t0 = Instant::now();
+        for _ in 0..n {
+            drv("cuEventRecord", driver::event_record(ctx, ev, s))?;
+        }
+        let tr = t0.elapsed();
+        drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s))?;
+        let t0 = Instant::now();
+        for _ in 0..n {
+            drv("cuEventQuery", driver::event_query(ctx, ev))?;
+        }
+        let tq = t0.elapsed();
+        let _ = driver::event_destroy(ctx, ev);
+        let _ = driver::stream_destroy(ctx, s);
+        let per = |d: Duration| d.as_secs_f64() * 1e9 / n as f64;
+        Ok((per(tl), per(tr), per(tq)))
+    })?;
+    drop(raw);
+    Ok(r)
+}

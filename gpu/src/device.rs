@@ -1,0 +1,403 @@
+//! Per-device shared state: the retained primary context, the event table, the release queue
+//! (handles dropped on any thread wait there for a bound worker), the module and function
+//! tables, the registered worker streams, and the device's failure state.
+//!
+//! Nothing here calls the driver from a thread that is not a bound worker of the device: the
+//! methods that make driver calls take the worker's [`Ctx`] and are only called by workers
+//! (and by the device's setup/teardown, which runs on a worker too).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::driver::{self, Ctx, DResult, Dev, Event, Func, Module as RawModule, Stream};
+use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::module::Kernel;
+
+/// A handle whose release waits for a bound worker.
+#[derive(Debug)]
+pub(crate) enum Release {
+    /// Device memory from `cuMemAllocAsync`.
+    Mem(u64),
+}
+
+/// Public, static facts about a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// CUDA device ordinal.
+    pub ordinal: i32,
+    /// Device name as the driver reports it.
+    pub name: String,
+    /// PCI bus id (`0000:xx:yy.z`).
+    pub pci_bus_id: String,
+    /// Total device memory in bytes.
+    pub total_memory: usize,
+    /// Cores the system reports as local to the device (empty when unknown).
+    pub local_cores: Vec<usize>,
+}
+
+pub(crate) struct DeviceShared {
+    pub(crate) info: DeviceInfo,
+    pub(crate) dev: Dev,
+    /// Set once the primary context has been retained (by the first worker of the device).
+    ctx: OnceLock<Ctx>,
+    retain_lock: Mutex<bool>,
+    events: Mutex<Vec<Event>>,
+    events_created: AtomicUsize,
+    releases: Mutex<Vec<Release>>,
+    release_pending: AtomicBool,
+    waker: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    streams: Mutex<Vec<Stream>>,
+    modules: Mutex<HashMap<u64, RawModule>>,
+    functions: Mutex<HashMap<u64, Func>>,
+    failed: OnceLock<String>,
+    closed: AtomicBool,
+    live_workers: AtomicUsize,
+    pub(crate) live_allocations: AtomicUsize,
+}
+
+impl fmt::Debug for DeviceShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceShared")
+            .field("ordinal", &self.info.ordinal)
+            .field("failed", &self.failed.get())
+            .finish()
+    }
+}
+
+impl DeviceShared {
+    pub(crate) fn new(info: DeviceInfo, dev: Dev) -> Self {
+        Self {
+            info,
+            dev,
+            ctx: OnceLock::new(),
+            retain_lock: Mutex::new(false),
+            events: Mutex::new(Vec::new()),
+            events_created: AtomicUsize::new(0),
+            releases: Mutex::new(Vec::new()),
+            release_pending: AtomicBool::new(false),
+            waker: OnceLock::new(),
+            streams: Mutex::new(Vec::new()),
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+            failed: OnceLock::new(),
+            closed: AtomicBool::new(false),
+            live_workers: AtomicUsize::new(0),
+            live_allocations: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn ordinal(&self) -> i32 {
+        self.info.ordinal
+    }
+
+    /// The primary context; only valid after a worker of the device has started.
+    pub(crate) fn ctx(&self) -> Ctx {
+        *self.ctx.get().expect("device context used before any worker bound it")
+    }
+
+    /// Retains the primary context once per device (the first worker to start does it) and
+    /// binds it to the calling thread. Returns the context.
+    pub(crate) fn bind_worker(&self) -> GpuResult<Ctx> {
+        let what = format!("device {}", self.info.ordinal);
+        let ctx = {
+            let mut retained = self.retain_lock.lock().unwrap_or_else(|e| e.into_inner());
+            if !*retained {
+                let c = driver::primary_ctx_retain(self.dev)
+                    .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", &what, e))?;
+                let _ = self.ctx.set(c);
+                *retained = true;
+            }
+            self.ctx()
+        };
+        driver::ctx_set_current(ctx).map_err(|e| GpuError::driver("cuCtxSetCurrent", &what, e))?;
+        match driver::ctx_current() {
+            Ok(Some(c)) if c == ctx => {}
+            Ok(other) => {
+                return Err(GpuError::new(
+                    GpuErrorKind::Driver,
+                    format!(
+                        "{what}: after cuCtxSetCurrent the current context is {other:?}, not the device's primary context"
+                    ),
+                ))
+            }
+            Err(e) => return Err(GpuError::driver("cuCtxGetCurrent", &what, e)),
+        }
+        self.live_workers.fetch_add(1, Ordering::SeqCst);
+        Ok(ctx)
+    }
+
+    // ---------------------------------------------------------------- failure state
+
+    pub(crate) fn failed(&self) -> Option<&str> {
+        self.failed.get().map(String::as_str)
+    }
+
+    pub(crate) fn mark_failed(&self, why: String) {
+        let _ = self.failed.set(why);
+    }
+
+    pub(crate) fn check_usable(&self) -> GpuResult<()> {
+        if let Some(why) = self.failed() {
+            return Err(GpuError::new(
+                GpuErrorKind::DeviceFailed,
+                format!("device {} failed earlier: {why}", self.info.ordinal),
+            ));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(GpuError::new(
+                GpuErrorKind::Closed,
+                format!("device {}: its pool has shut down", self.info.ordinal),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Turns a driver error of a call made for node `what` into a [`GpuError`], marking the
+    /// device failed when the error is sticky.
+    pub(crate) fn driver_error(&self, call: &str, what: &str, e: driver::DriverError) -> GpuError {
+        let err = GpuError::driver(call, what, e);
+        if driver::is_sticky(e) {
+            self.mark_failed(err.message().to_owned());
+            return GpuError::new(
+                GpuErrorKind::DeviceFailed,
+                format!(
+                    "{} (device {} is now marked failed)",
+                    err.message(),
+                    self.info.ordinal
+                ),
+            )
+            .with_source(e);
+        }
+        err
+    }
+
+    // ---------------------------------------------------------------- events
+
+    /// An event from the table (created when the table is empty). Caller is a bound worker.
+    pub(crate) fn take_event(&self) -> DResult<Event> {
+        if let Some(e) = self.events.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(e);
+        }
+        let e = driver::event_create(self.ctx())?;
+        self.events_created.fetch_add(1, Ordering::Relaxed);
+        Ok(e)
+    }
+
+    /// Puts an event back; no driver call, any thread.
+    pub(crate) fn put_event(&self, e: Event) {
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(e);
+    }
+
+    pub(crate) fn events_created(&self) -> usize {
+        self.events_created.load(Ordering::Relaxed)
+    }
+
+    // ---------------------------------------------------------------- streams
+
+    pub(crate) fn register_stream(&self, s: Stream) {
+        self.streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(s);
+    }
+
+    pub(crate) fn unregister_stream(&self, s: Stream) {
+        self.streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|x| *x != s);
+    }
+
+    // ---------------------------------------------------------------- release queue
+
+    pub(crate) fn set_waker(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.waker.set(f);
+    }
+
+    /// Queues a handle for release by a bound worker; no driver call, any thread.
+    pub(crate) fn release(&self, r: Release) {
+        if self.closed.load(Ordering::Acquire) {
+            // The device's workers are gone and its context released: nothing left to free.
+            return;
+        }
+        self.releases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(r);
+        if !self.release_pending.swap(true, Ordering::AcqRel) {
+            if let Some(w) = self.waker.get() {
+                w();
+            }
+        }
+    }
+
+    pub(crate) fn has_pending_releases(&self) -> bool {
+        self.release_pending.load(Ordering::Acquire)
+    }
+
+    /// Frees the queued handles. Runs on a bound worker (`own` is its stream): the worker first
+    /// makes its stream wait for everything already enqueued on the device's other streams (a
+    /// handle dropped anywhere was last used by work enqueued before the drop), then frees
+    /// stream-ordered. Returns how many were released.
+    pub(crate) fn drain_releases(&self, own: Stream) -> usize {
+        if !self.release_pending.swap(false, Ordering::AcqRel) {
+            return 0;
+        }
+        let batch: Vec<Release> =
+            std::mem::take(&mut *self.releases.lock().unwrap_or_else(|e| e.into_inner()));
+        if batch.is_empty() {
+            return 0;
+        }
+        let ctx = self.ctx();
+        let others: Vec<Stream> = self
+            .streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .filter(|s| *s != own)
+            .collect();
+        let mut fenced = true;
+        for s in others {
+            let ok = self.take_event().and_then(|e| {
+                let r = driver::event_record(ctx, e, s)
+                    .and_then(|_| driver::stream_wait_event(ctx, own, e));
+                self.put_event(e);
+                r
+            });
+            if ok.is_err() {
+                fenced = false;
+            }
+        }
+        let n = batch.len();
+        for r in batch {
+            match r {
+                Release::Mem(p) => {
+                    let res = if fenced {
+                        driver::mem_free_async(ctx, p, own)
+                    } else {
+                        driver::mem_free(ctx, p)
+                    };
+                    let _ = res;
+                    self.live_allocations.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+        n
+    }
+
+    // ---------------------------------------------------------------- modules
+
+    /// The function handle of `k` on this device, loading its module on first use.
+    pub(crate) fn function(&self, k: &Kernel) -> GpuResult<Func> {
+        if let Some(f) = self
+            .functions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&k.inner.id)
+        {
+            return Ok(*f);
+        }
+        let ctx = self.ctx();
+        let m = &k.inner.module.inner;
+        let raw = {
+            let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            match mods.get(&m.id) {
+                Some(r) => *r,
+                None => {
+                    let r = driver::module_load(ctx, &m.ptx).map_err(|e| {
+                        GpuError::driver(
+                            "cuModuleLoadData",
+                            &format!("device {}: module '{}'", self.info.ordinal, m.name),
+                            e,
+                        )
+                    })?;
+                    mods.insert(m.id, r);
+                    r
+                }
+            }
+        };
+        let f = driver::module_function(ctx, raw, &k.inner.name).map_err(|e| {
+            let mut err = GpuError::driver(
+                "cuModuleGetFunction",
+                &format!(
+                    "device {}: kernel '{}' of module '{}'",
+                    self.info.ordinal,
+                    k.name(),
+                    m.name
+                ),
+                e,
+            );
+            err = GpuError::new(GpuErrorKind::Compile, err.message().to_owned()).with_source(e);
+            err
+        })?;
+        self.functions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(k.inner.id, f);
+        Ok(f)
+    }
+
+    // ---------------------------------------------------------------- teardown
+
+    /// Called by each worker as it stops (after it destroyed its own stream). The last worker of
+    /// the device frees what is left and releases the primary context.
+    pub(crate) fn worker_stopped(&self, last_stream: Stream) {
+        let ctx = self.ctx();
+        let failed = self.failed().is_some();
+        // Free what is queued while this worker's stream still exists.
+        self.drain_releases(last_stream);
+        if !failed {
+            let _ = driver::stream_synchronize(ctx, last_stream);
+        }
+        self.unregister_stream(last_stream);
+        let _ = driver::stream_destroy(ctx, last_stream);
+        if self.live_workers.fetch_sub(1, Ordering::SeqCst) != 1 {
+            return;
+        }
+        // Last worker of this device.
+        self.closed.store(true, Ordering::Release);
+        if !failed {
+            let _ = driver::ctx_synchronize(ctx);
+        }
+        let pending: Vec<Release> =
+            std::mem::take(&mut *self.releases.lock().unwrap_or_else(|e| e.into_inner()));
+        for r in pending {
+            match r {
+                Release::Mem(p) => {
+                    let _ = driver::mem_free(ctx, p);
+                    self.live_allocations.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+        for e in std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner())) {
+            let _ = driver::event_destroy(ctx, e);
+        }
+        self.functions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        for (_, m) in std::mem::take(&mut *self.modules.lock().unwrap_or_else(|e| e.into_inner()))
+        {
+            let _ = driver::module_unload(ctx, m);
+        }
+        if !failed {
+            let _ = driver::ctx_synchronize(ctx);
+            let _ = driver::mempool_trim(ctx, self.dev);
+        }
+        let _ = driver::ctx_unbind();
+        let _ = driver::primary_ctx_release(self.dev);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+/// Shared handle to a device's state.
+pub(crate) type DeviceRef = Arc<DeviceShared>;

@@ -1,0 +1,539 @@
+//! The only module that touches raw CUDA driver handles.
+//!
+//! Everything here is a thin wrapper over `cudarc::driver::sys`. The handle newtypes ([`Ctx`],
+//! [`Stream`], [`Event`], [`Module`], [`Func`]) are `Copy` and carry no ownership: the crate keeps
+//! the invariant that a handle is only ever created here, stored in a device table or a worker's
+//! state, and destroyed exactly once at shutdown by a bound worker of its device. Functions that
+//! take a handle are therefore safe to call from crate code; those that take raw pointers to
+//! memory (launch arguments, copies) are `unsafe`.
+//!
+//! Every function that needs a current context takes the context the caller *expects* to be
+//! current. When context checking is on ([`crate::context_check`]), each such call first reads
+//! `cuCtxGetCurrent` and counts a mismatch; that is how the tests prove that no framework call is
+//! made from an unbound thread or one bound to the wrong device.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use cudarc::driver::sys;
+
+pub(crate) use cudarc::driver::result::DriverError;
+
+/// Result of a driver call.
+pub(crate) type DResult<T> = Result<T, DriverError>;
+
+// ----------------------------------------------------------------------------------------------
+// Context checking (debug instrumentation).
+
+static CHECK: AtomicBool = AtomicBool::new(cfg!(debug_assertions));
+static CHECKED: AtomicU64 = AtomicU64::new(0);
+static WRONG: AtomicU64 = AtomicU64::new(0);
+static WRONG_SAMPLES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+pub(crate) fn set_checking(on: bool) {
+    CHECK.store(on, Ordering::SeqCst);
+}
+pub(crate) fn checking() -> bool {
+    CHECK.load(Ordering::Relaxed)
+}
+pub(crate) fn checked_calls() -> u64 {
+    CHECKED.load(Ordering::SeqCst)
+}
+pub(crate) fn wrong_calls() -> u64 {
+    WRONG.load(Ordering::SeqCst)
+}
+pub(crate) fn wrong_samples() -> Vec<String> {
+    WRONG_SAMPLES.lock().map(|v| v.clone()).unwrap_or_default()
+}
+
+#[inline]
+fn check(expect: Ctx, call: &'static str) {
+    if !CHECK.load(Ordering::Relaxed) {
+        return;
+    }
+    CHECKED.fetch_add(1, Ordering::Relaxed);
+    let cur = current_raw();
+    if cur != Ok(expect.0 as usize) {
+        WRONG.fetch_add(1, Ordering::SeqCst);
+        if let Ok(mut v) = WRONG_SAMPLES.lock() {
+            if v.len() < 32 {
+                let t = std::thread::current();
+                v.push(format!(
+                    "{call} on thread {:?} with current context {:?}, expected {:#x}",
+                    t.name().unwrap_or("<unnamed>"),
+                    cur.map(|c| format!("{c:#x}")),
+                    expect.0 as usize
+                ));
+            }
+        }
+    }
+}
+
+fn current_raw() -> DResult<usize> {
+    let mut ctx = MaybeUninit::<sys::CUcontext>::uninit();
+    // SAFETY: cuCtxGetCurrent writes one pointer into `ctx`; we only read it after success.
+    unsafe {
+        sys::cuCtxGetCurrent(ctx.as_mut_ptr()).result()?;
+        Ok(ctx.assume_init() as usize)
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Handles.
+
+macro_rules! handle {
+    ($(#[$m:meta])* $name:ident, $raw:ty) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub(crate) struct $name(pub(crate) $raw);
+        // SAFETY: driver handles are plain identifiers that the driver lets any thread use
+        // (with the right context current); this crate only uses them from bound workers.
+        unsafe impl Send for $name {}
+        // SAFETY: as above; the handle value itself is immutable.
+        unsafe impl Sync for $name {}
+    };
+}
+
+handle!(
+    /// A CUDA context (here always a device's primary context).
+    Ctx,
+    sys::CUcontext
+);
+handle!(
+    /// A stream.
+    Stream,
+    sys::CUstream
+);
+handle!(
+    /// An event (created with timing disabled).
+    Event,
+    sys::CUevent
+);
+handle!(
+    /// A loaded module.
+    Module,
+    sys::CUmodule
+);
+handle!(
+    /// A kernel function of a loaded module.
+    Func,
+    sys::CUfunction
+);
+
+impl Stream {
+    pub(crate) fn addr(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A device ordinal resolved by the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Dev(pub(crate) sys::CUdevice);
+
+// ----------------------------------------------------------------------------------------------
+// Library, devices, contexts.
+
+static PRESENT: OnceLock<bool> = OnceLock::new();
+static INIT: OnceLock<Result<(), DriverError>> = OnceLock::new();
+
+/// Whether libcuda can be loaded. Checked before any other driver call (cudarc panics otherwise).
+pub(crate) fn library_present() -> bool {
+    // SAFETY: is_culib_present only tries to dlopen the driver library by its usual names.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// `cuInit(0)`, once per process. Must only be called after [`library_present`] returned true.
+pub(crate) fn init() -> DResult<()> {
+    debug_assert!(library_present());
+    // SAFETY: the library is present (checked by callers); cuInit has no other precondition.
+    *INIT.get_or_init(|| unsafe { sys::cuInit(0).result() })
+}
+
+pub(crate) fn driver_version() -> DResult<i32> {
+    let mut v: c_int = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut v).result()? };
+    Ok(v)
+}
+
+pub(crate) fn device_count() -> DResult<i32> {
+    let mut n: c_int = 0;
+    // SAFETY: writes one int; needs only cuInit.
+    unsafe { sys::cuDeviceGetCount(&mut n).result()? };
+    Ok(n)
+}
+
+pub(crate) fn device_get(ordinal: i32) -> DResult<Dev> {
+    let mut d = MaybeUninit::<sys::CUdevice>::uninit();
+    // SAFETY: writes one CUdevice.
+    unsafe {
+        sys::cuDeviceGet(d.as_mut_ptr(), ordinal).result()?;
+        Ok(Dev(d.assume_init()))
+    }
+}
+
+fn c_buf_to_string(buf: &[c_char]) -> String {
+    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+pub(crate) fn device_name(dev: Dev) -> DResult<String> {
+    let mut buf = [0 as c_char; 256];
+    // SAFETY: the driver writes at most `len` bytes, NUL-terminated.
+    unsafe { sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, dev.0).result()? };
+    Ok(c_buf_to_string(&buf))
+}
+
+pub(crate) fn device_pci_bus_id(dev: Dev) -> DResult<String> {
+    let mut buf = [0 as c_char; 64];
+    // SAFETY: the driver writes at most `len` bytes, NUL-terminated.
+    unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, dev.0).result()? };
+    Ok(c_buf_to_string(&buf))
+}
+
+pub(crate) fn device_total_mem(dev: Dev) -> DResult<usize> {
+    let mut b: usize = 0;
+    // SAFETY: writes one usize.
+    unsafe { sys::cuDeviceTotalMem_v2(&mut b, dev.0).result()? };
+    Ok(b)
+}
+
+pub(crate) fn primary_ctx_retain(dev: Dev) -> DResult<Ctx> {
+    let mut c = MaybeUninit::<sys::CUcontext>::uninit();
+    // SAFETY: `dev` came from cuDeviceGet; writes one context handle.
+    unsafe {
+        sys::cuDevicePrimaryCtxRetain(c.as_mut_ptr(), dev.0).result()?;
+        Ok(Ctx(c.assume_init()))
+    }
+}
+
+pub(crate) fn primary_ctx_release(dev: Dev) -> DResult<()> {
+    // SAFETY: paired with one successful retain by the caller.
+    unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev.0).result() }
+}
+
+pub(crate) fn ctx_set_current(ctx: Ctx) -> DResult<()> {
+    // SAFETY: `ctx` is a retained primary context (or null, which unbinds).
+    unsafe { sys::cuCtxSetCurrent(ctx.0).result() }
+}
+
+pub(crate) fn ctx_unbind() -> DResult<()> {
+    // SAFETY: binding null unbinds the calling thread.
+    unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()).result() }
+}
+
+pub(crate) fn ctx_current() -> DResult<Option<Ctx>> {
+    let c = current_raw()?;
+    Ok(if c == 0 { None } else { Some(Ctx(c as sys::CUcontext)) })
+}
+
+pub(crate) fn ctx_synchronize(expect: Ctx) -> DResult<()> {
+    check(expect, "cuCtxSynchronize");
+    // SAFETY: no arguments.
+    unsafe { sys::cuCtxSynchronize().result() }
+}
+
+pub(crate) fn mem_get_info(expect: Ctx) -> DResult<(usize, usize)> {
+    check(expect, "cuMemGetInfo");
+    let (mut f, mut t) = (0usize, 0usize);
+    // SAFETY: writes two usizes.
+    unsafe { sys::cuMemGetInfo_v2(&mut f, &mut t).result()? };
+    Ok((f, t))
+}
+
+// ----------------------------------------------------------------------------------------------
+// Streams and events.
+
+pub(crate) fn stream_create(expect: Ctx) -> DResult<Stream> {
+    check(expect, "cuStreamCreate");
+    let mut s = MaybeUninit::<sys::CUstream>::uninit();
+    // SAFETY: writes one stream handle.
+    unsafe {
+        sys::cuStreamCreate(
+            s.as_mut_ptr(),
+            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+        )
+        .result()?;
+        Ok(Stream(s.assume_init()))
+    }
+}
+
+pub(crate) fn stream_destroy(expect: Ctx, s: Stream) -> DResult<()> {
+    check(expect, "cuStreamDestroy");
+    // SAFETY: crate invariant: `s` is live and destroyed once.
+    unsafe { sys::cuStreamDestroy_v2(s.0).result() }
+}
+
+pub(crate) fn stream_synchronize(expect: Ctx, s: Stream) -> DResult<()> {
+    check(expect, "cuStreamSynchronize");
+    // SAFETY: crate invariant: `s` is live.
+    unsafe { sys::cuStreamSynchronize(s.0).result() }
+}
+
+pub(crate) fn stream_wait_event(expect: Ctx, s: Stream, e: Event) -> DResult<()> {
+    check(expect, "cuStreamWaitEvent");
+    // SAFETY: crate invariant: both handles are live.
+    unsafe { sys::cuStreamWaitEvent(s.0, e.0, 0).result() }
+}
+
+pub(crate) fn event_create(expect: Ctx) -> DResult<Event> {
+    check(expect, "cuEventCreate");
+    let mut e = MaybeUninit::<sys::CUevent>::uninit();
+    // SAFETY: writes one event handle.
+    unsafe {
+        sys::cuEventCreate(
+            e.as_mut_ptr(),
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+        .result()?;
+        Ok(Event(e.assume_init()))
+    }
+}
+
+pub(crate) fn event_record(expect: Ctx, e: Event, s: Stream) -> DResult<()> {
+    check(expect, "cuEventRecord");
+    // SAFETY: crate invariant: both handles are live and of the same context.
+    unsafe { sys::cuEventRecord(e.0, s.0).result() }
+}
+
+/// `Ok(true)` when the event's work is complete, `Ok(false)` when not yet.
+pub(crate) fn event_query(expect: Ctx, e: Event) -> DResult<bool> {
+    check(expect, "cuEventQuery");
+    // SAFETY: crate invariant: `e` is live.
+    match unsafe { sys::cuEventQuery(e.0) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        other => Err(DriverError(other)),
+    }
+}
+
+pub(crate) fn event_synchronize(expect: Ctx, e: Event) -> DResult<()> {
+    check(expect, "cuEventSynchronize");
+    // SAFETY: crate invariant: `e` is live.
+    unsafe { sys::cuEventSynchronize(e.0).result() }
+}
+
+pub(crate) fn event_destroy(expect: Ctx, e: Event) -> DResult<()> {
+    check(expect, "cuEventDestroy");
+    // SAFETY: crate invariant: `e` is live and destroyed once.
+    unsafe { sys::cuEventDestroy_v2(e.0).result() }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Modules and launches.
+
+pub(crate) fn module_load(expect: Ctx, image: &CStr) -> DResult<Module> {
+    check(expect, "cuModuleLoadData");
+    let mut m = MaybeUninit::<sys::CUmodule>::uninit();
+    // SAFETY: `image` is a NUL-terminated PTX text that outlives the call.
+    unsafe {
+        sys::cuModuleLoadData(m.as_mut_ptr(), image.as_ptr() as *const c_void).result()?;
+        Ok(Module(m.assume_init()))
+    }
+}
+
+pub(crate) fn module_function(expect: Ctx, m: Module, name: &CStr) -> DResult<Func> {
+    check(expect, "cuModuleGetFunction");
+    let mut f = MaybeUninit::<sys::CUfunction>::uninit();
+    // SAFETY: `m` is live; `name` is NUL-terminated.
+    unsafe {
+        sys::cuModuleGetFunction(f.as_mut_ptr(), m.0, name.as_ptr()).result()?;
+        Ok(Func(f.assume_init()))
+    }
+}
+
+pub(crate) fn module_unload(expect: Ctx, m: Module) -> DResult<()> {
+    check(expect, "cuModuleUnload");
+    // SAFETY: crate invariant: `m` is live and unloaded once.
+    unsafe { sys::cuModuleUnload(m.0).result() }
+}
+
+/// Launches `f` on `s`.
+///
+/// # Safety
+/// `params` must hold one valid pointer per kernel parameter, each pointing to a value of the
+/// parameter's size and type; device pointers among them must stay valid until the kernel ends.
+pub(crate) unsafe fn launch(
+    expect: Ctx,
+    f: Func,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_mem: u32,
+    s: Stream,
+    params: &mut [*mut c_void],
+) -> DResult<()> {
+    check(expect, "cuLaunchKernel");
+    let p = if params.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        params.as_mut_ptr()
+    };
+    // SAFETY: forwarded from the caller's contract; `f` and `s` are live (crate invariant).
+    unsafe {
+        sys::cuLaunchKernel(
+            f.0,
+            grid.0,
+            grid.1,
+            grid.2,
+            block.0,
+            block.1,
+            block.2,
+            shared_mem,
+            s.0,
+            p,
+            std::ptr::null_mut(),
+        )
+        .result()
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Memory.
+
+pub(crate) fn mem_alloc_async(expect: Ctx, bytes: usize, s: Stream) -> DResult<u64> {
+    check(expect, "cuMemAllocAsync");
+    let mut p = MaybeUninit::<sys::CUdeviceptr>::uninit();
+    // SAFETY: writes one device pointer; `s` is live.
+    unsafe {
+        sys::cuMemAllocAsync(p.as_mut_ptr(), bytes.max(1), s.0).result()?;
+        Ok(p.assume_init())
+    }
+}
+
+pub(crate) fn mem_free_async(expect: Ctx, ptr: u64, s: Stream) -> DResult<()> {
+    check(expect, "cuMemFreeAsync");
+    // SAFETY: crate invariant: `ptr` came from cuMemAllocAsync and is freed once, after all
+    // work that used it is ordered before this point on `s`.
+    unsafe { sys::cuMemFreeAsync(ptr, s.0).result() }
+}
+
+pub(crate) fn mem_free(expect: Ctx, ptr: u64) -> DResult<()> {
+    check(expect, "cuMemFree");
+    // SAFETY: as for mem_free_async; cuMemFree waits for outstanding work itself.
+    unsafe { sys::cuMemFree_v2(ptr).result() }
+}
+
+/// Trims the device's default memory pool to zero unused bytes.
+pub(crate) fn mempool_trim(expect: Ctx, dev: Dev) -> DResult<()> {
+    check(expect, "cuMemPoolTrimTo");
+    let mut pool = MaybeUninit::<sys::CUmemoryPool>::uninit();
+    // SAFETY: writes one pool handle, then trims it; the pool is owned by the device.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), dev.0).result()?;
+        sys::cuMemPoolTrimTo(pool.assume_init(), 0).result()
+    }
+}
+
+/// Copies `bytes` from host `src` to device `dst`, ordered on `s`.
+///
+/// # Safety
+/// `src` must be valid for `bytes` reads until the call returns (pageable memory is staged
+/// before return; pinned memory must live until the copy completes). `dst` must be a live
+/// allocation of at least `bytes`.
+pub(crate) unsafe fn memcpy_htod_async(
+    expect: Ctx,
+    dst: u64,
+    src: *const u8,
+    bytes: usize,
+    s: Stream,
+) -> DResult<()> {
+    check(expect, "cuMemcpyHtoDAsync");
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, s.0).result() }
+}
+
+/// Copies `bytes` from device `src` to host `dst`, ordered on `s`.
+///
+/// # Safety
+/// `dst` must be valid for `bytes` writes until the copy completes (for pageable memory the
+/// driver returns only once it has). `src` must be a live allocation of at least `bytes`.
+pub(crate) unsafe fn memcpy_dtoh_async(
+    expect: Ctx,
+    dst: *mut u8,
+    src: u64,
+    bytes: usize,
+    s: Stream,
+) -> DResult<()> {
+    check(expect, "cuMemcpyDtoHAsync");
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, s.0).result() }
+}
+
+/// Device-to-device copy ordered on `s`.
+///
+/// # Safety
+/// Both ranges must be live allocations of at least `bytes`.
+pub(crate) unsafe fn memcpy_dtod_async(
+    expect: Ctx,
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    s: Stream,
+) -> DResult<()> {
+    check(expect, "cuMemcpyDtoDAsync");
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, s.0).result() }
+}
+
+/// Sets `bytes` bytes at `dst` to `value`, ordered on `s`.
+///
+/// # Safety
+/// `dst` must be a live allocation of at least `bytes`.
+pub(crate) unsafe fn memset_d8_async(
+    expect: Ctx,
+    dst: u64,
+    value: u8,
+    bytes: usize,
+    s: Stream,
+) -> DResult<()> {
+    check(expect, "cuMemsetD8Async");
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { sys::cuMemsetD8Async(dst, value, bytes, s.0).result() }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Errors.
+
+/// `CUDA_ERROR_...` name of a driver error.
+pub(crate) fn error_name(e: DriverError) -> String {
+    e.error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("CUresult {}", e.0 as i32))
+}
+
+/// The driver's description of an error.
+pub(crate) fn error_string(e: DriverError) -> String {
+    e.error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Numeric code of a driver error.
+pub(crate) fn error_code(e: DriverError) -> i32 {
+    e.0 as i32
+}
+
+pub(crate) fn is_out_of_memory(e: DriverError) -> bool {
+    e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
+}
+
+/// Errors after which the context is unusable ("sticky"): every later call in it fails.
+pub(crate) fn is_sticky(e: DriverError) -> bool {
+    use sys::CUresult::*;
+    matches!(
+        e.0,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_ECC_UNCORRECTABLE
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_CONTEXT_IS_DESTROYED
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+    )
+}

@@ -1,0 +1,196 @@
+//! What a node body sees: its inputs, its worker, and a way to submit nested graphs.
+
+use std::any::{Any, TypeId};
+use std::cell::RefCell;
+use std::fmt;
+use std::task::Poll;
+
+use crate::error::{BoxError, Error, ErrorKind};
+use crate::graph::{AnyValue, NodeId, NodeRef};
+use crate::handle::GraphHandle;
+use crate::pool::{GroupId, WorkerInfo};
+use crate::registry::Registry;
+use crate::run::{Run, Slot};
+use crate::Graph;
+
+/// A deferred completion registered with [`NodeCtx::complete_when`].
+pub(crate) type DeferFn<S> = Box<dyn FnMut(&S) -> Poll<Result<(), BoxError>> + Send>;
+
+/// A node's view of its direct predecessors' outputs. CPU-heavy nodes
+/// ([`GraphBuilder::cpu_node`](crate::GraphBuilder::cpu_node)) get only this; worker nodes get it
+/// through [`NodeCtx`] (which dereferences to it).
+pub struct Inputs<'a> {
+    pub(crate) slots: &'a [Slot],
+    pub(crate) preds: &'a [u32],
+    pub(crate) succs: &'a [u32],
+    pub(crate) graph_uid: u32,
+    pub(crate) origin: u32,
+    pub(crate) base: u32,
+    pub(crate) node: u32,
+    pub(crate) node_name: &'a str,
+    pub(crate) graph_name: &'a str,
+}
+
+impl fmt::Debug for Inputs<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inputs").field("graph", &self.graph_name).field("node", &self.node_name).finish()
+    }
+}
+
+impl<'a> Inputs<'a> {
+    pub(crate) fn of<S>(run: &'a Run<S>, node: u32) -> Self {
+        let spec = &run.plan.nodes[node as usize];
+        Inputs {
+            slots: &run.slots,
+            preds: run.plan.predecessors(node),
+            succs: run.plan.successors(node),
+            graph_uid: run.plan.uid,
+            origin: spec.origin,
+            base: spec.base,
+            node,
+            node_name: &spec.name,
+            graph_name: &run.plan.name,
+        }
+    }
+
+    /// The output of `from`, which must be a direct predecessor of this node (an edge
+    /// `from -> this`), created by the same builder as this node's body.
+    pub fn input<T: 'static>(&self, from: NodeRef<T>) -> Result<&'a T, Error> {
+        if from.id.graph != self.origin {
+            return Err(self.bad_input(format!(
+                "reads node #{} of graph {}, which is not a node of the graph that defined it",
+                from.id.index, from.id.graph
+            )));
+        }
+        let index = self.base + from.id.index;
+        if !self.preds.contains(&index) {
+            return Err(self.bad_input(format!("reads node #{index}, which is not a direct predecessor")));
+        }
+        // SAFETY: `index` is a direct predecessor, so it completed before this node became
+        // ready (its counter decrement happened-before our Acquire of it reaching zero).
+        let out = unsafe { self.slots[index as usize].get() };
+        match out.and_then(|o| o.value.as_deref()) {
+            Some(v) => (v as &(dyn Any + Send + Sync))
+                .downcast_ref::<T>()
+                .ok_or_else(|| self.bad_input(format!("reads node #{index} as {}, which is not its output type", std::any::type_name::<T>()))),
+            None if TypeId::of::<T>() == TypeId::of::<()>() => {
+                // A `()` output is never stored; any `()` will do.
+                Ok((&() as &dyn Any).downcast_ref::<T>().expect("T is ()"))
+            }
+            None => Err(self.bad_input(format!("reads node #{index}, which left no output"))),
+        }
+    }
+
+    fn bad_input(&self, what: String) -> Error {
+        Error::new(
+            ErrorKind::BadInput,
+            format!("node '{}' (#{}) of graph '{}' {what}", self.node_name, self.node, self.graph_name),
+        )
+    }
+
+    /// This node's name.
+    pub fn node_name(&self) -> &'a str {
+        self.node_name
+    }
+
+    /// The name of the graph being run.
+    pub fn graph_name(&self) -> &'a str {
+        self.graph_name
+    }
+
+    /// This node's id in the graph being run.
+    pub fn node_id(&self) -> NodeId {
+        NodeId { graph: self.graph_uid, index: self.node }
+    }
+
+    /// Direct predecessors, as ids of the graph being run.
+    pub fn predecessors(&self) -> impl Iterator<Item = NodeId> + 'a {
+        let g = self.graph_uid;
+        self.preds.iter().map(move |&index| NodeId { graph: g, index })
+    }
+
+    /// Direct successors, as ids of the graph being run.
+    pub fn successors(&self) -> impl Iterator<Item = NodeId> + 'a {
+        let g = self.graph_uid;
+        self.succs.iter().map(move |&index| NodeId { graph: g, index })
+    }
+
+    /// Markers that direct predecessors attached with [`NodeCtx::set_marker`].
+    pub fn predecessor_markers(&self) -> impl Iterator<Item = (NodeId, &'a (dyn Any + Send + Sync))> + 'a {
+        let g = self.graph_uid;
+        let slots = self.slots;
+        self.preds.iter().filter_map(move |&index| {
+            // SAFETY: a direct predecessor completed before this node became ready.
+            let out = unsafe { slots[index as usize].get() }?;
+            out.marker.as_deref().map(|m| (NodeId { graph: g, index }, m))
+        })
+    }
+}
+
+/// The context a worker node's body gets: its inputs (through `Deref` to [`Inputs`]), the
+/// worker's state and identity, and nested submission.
+pub struct NodeCtx<'a, S> {
+    pub(crate) inputs: Inputs<'a>,
+    pub(crate) run: &'a Run<S>,
+    pub(crate) state: &'a S,
+    pub(crate) info: &'a WorkerInfo,
+    pub(crate) registry: &'a std::sync::Arc<Registry<S>>,
+    pub(crate) marker: RefCell<Option<AnyValue>>,
+    pub(crate) deferred: RefCell<Option<DeferFn<S>>>,
+}
+
+impl<S> fmt::Debug for NodeCtx<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeCtx")
+            .field("graph", &self.inputs.graph_name)
+            .field("node", &self.inputs.node_name)
+            .field("worker", &self.info.index)
+            .finish()
+    }
+}
+
+impl<'a, S> std::ops::Deref for NodeCtx<'a, S> {
+    type Target = Inputs<'a>;
+    fn deref(&self) -> &Inputs<'a> {
+        &self.inputs
+    }
+}
+
+impl<'a, S: Send + 'static> NodeCtx<'a, S> {
+    /// The state this worker's start hook returned (for the GPU backend: its bound context
+    /// and streams).
+    pub fn worker(&self) -> &'a S {
+        self.state
+    }
+
+    /// Which worker runs this node.
+    pub fn worker_info(&self) -> &'a WorkerInfo {
+        self.info
+    }
+
+    /// Where node `id` of the running graph is placed (`None`: any worker).
+    pub fn placement_of(&self, id: NodeId) -> Option<GroupId> {
+        self.run.plan.check(id).and_then(|i| self.run.plan.nodes[i as usize].placement)
+    }
+
+    /// Attaches a side value to this node's completion, readable by direct successors through
+    /// [`Inputs::predecessor_markers`] (the GPU backend attaches the event recorded after the
+    /// node's work). Replaces an earlier marker.
+    pub fn set_marker(&self, marker: Box<dyn Any + Send + Sync>) {
+        *self.marker.borrow_mut() = Some(marker);
+    }
+
+    /// Defers this node's completion: after the body returns, its successors are released (and
+    /// its graph's completion counted) only once `poll` returns `Ready(Ok(()))`; `Ready(Err(_))`
+    /// fails the graph naming this node. The same worker polls it between other nodes, and
+    /// backs off (yields, then short timed parks) when it has nothing else to do.
+    pub fn complete_when(&self, poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static) {
+        *self.deferred.borrow_mut() = Some(Box::new(poll));
+    }
+
+    /// Submits `graph` to the pool running this node. Waiting on the handle from inside a node
+    /// runs other nodes meanwhile, so nesting cannot deadlock the pool.
+    pub fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
+        Registry::submit(self.registry, graph)
+    }
+}

@@ -1,0 +1,608 @@
+//! Graph building and validation: `GraphBuilder` collects nodes and edges, `build` checks them
+//! and freezes them into a `Plan` that any number of runs share.
+
+use std::any::{Any, TypeId};
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU32 as StdAtomicU32, Ordering as StdOrdering};
+use std::sync::Arc;
+
+use crate::ctx::{Inputs, NodeCtx};
+use crate::error::{BoxError, Error, ErrorKind};
+use crate::pool::GroupId;
+
+/// A node's output, type-erased.
+pub(crate) type AnyValue = Box<dyn Any + Send + Sync>;
+pub(crate) type WorkerBody<S> = Box<dyn Fn(&NodeCtx<'_, S>) -> Result<AnyValue, BoxError> + Send + Sync>;
+pub(crate) type CpuBody = Box<dyn Fn(&Inputs<'_>) -> Result<AnyValue, BoxError> + Send + Sync>;
+
+/// Hands out a distinct id to every builder so edges between graphs can be told apart.
+static NEXT_GRAPH_UID: StdAtomicU32 = StdAtomicU32::new(1);
+
+/// Identifies a node of one graph (untyped). Obtained from [`NodeRef::id`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId {
+    pub(crate) graph: u32,
+    pub(crate) index: u32,
+}
+
+impl NodeId {
+    /// The node's position in its graph, in the order nodes were added (subgraph nodes
+    /// included, at the position they were inlined).
+    pub fn index(self) -> usize {
+        self.index as usize
+    }
+}
+
+impl fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NodeId(graph {}, #{})", self.graph, self.index)
+    }
+}
+
+/// A typed reference to a node whose body returns `T`. Successors read the value with
+/// [`NodeCtx::input`], the submitter with [`GraphOutput::get`](crate::GraphOutput::get).
+pub struct NodeRef<T> {
+    pub(crate) id: NodeId,
+    _marker: PhantomData<fn() -> T>,
+}
+
+impl<T> NodeRef<T> {
+    pub(crate) fn new(id: NodeId) -> Self {
+        NodeRef { id, _marker: PhantomData }
+    }
+
+    /// The untyped id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+}
+
+impl<T> Clone for NodeRef<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for NodeRef<T> {}
+
+impl<T> fmt::Debug for NodeRef<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NodeRef<{}>({:?})", std::any::type_name::<T>(), self.id)
+    }
+}
+
+impl<T> From<NodeRef<T>> for NodeId {
+    fn from(r: NodeRef<T>) -> NodeId {
+        r.id
+    }
+}
+
+impl<T> From<&NodeRef<T>> for NodeId {
+    fn from(r: &NodeRef<T>) -> NodeId {
+        r.id
+    }
+}
+
+pub(crate) enum Body<S> {
+    /// Runs on a pool worker with its state.
+    Worker(WorkerBody<S>),
+    /// CPU-heavy: runs on the rayon lane when the pool has one.
+    Cpu(CpuBody),
+    /// A node of an inlined subgraph: the body lives in the subgraph's plan.
+    Inlined(Arc<Plan<S>>, u32),
+}
+
+pub(crate) struct NodeSpec<S> {
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) body: Body<S>,
+    pub(crate) placement: Option<GroupId>,
+    /// The graph whose builder created this node's body: `NodeRef`s the body captured carry it.
+    pub(crate) origin: u32,
+    /// Where the origin graph's node 0 sits in this graph.
+    pub(crate) base: u32,
+    /// The body returns `()`: nothing to store.
+    pub(crate) unit: bool,
+}
+
+impl<S> NodeSpec<S> {
+    /// The node's body with inlining resolved.
+    pub(crate) fn resolved_body(&self) -> &Body<S> {
+        match &self.body {
+            Body::Inlined(plan, i) => plan.nodes[*i as usize].resolved_body(),
+            b => b,
+        }
+    }
+
+    pub(crate) fn is_cpu(&self) -> bool {
+        matches!(self.resolved_body(), Body::Cpu(_))
+    }
+}
+
+/// Builds a task graph: named nodes, edges, placements and inlined subgraphs.
+///
+/// `build` validates it (cycles, unknown or foreign node ids) into a [`Graph`], which a
+/// [`Pool`](crate::Pool) can run any number of times.
+///
+/// ```
+/// use boundpool_scheduler::{GraphBuilder, PoolBuilder};
+///
+/// let pool = PoolBuilder::new().workers(2).build()?;
+/// let mut g = GraphBuilder::new("sum");
+/// let a = g.node("a", |_| Ok(20u64));
+/// let b = g.node("b", |_| Ok(22u64));
+/// let sum = g.node("sum", move |ctx| Ok(ctx.input(a)? + ctx.input(b)?));
+/// g.edge(a, sum);
+/// g.edge(b, sum);
+/// let graph = g.build()?;
+/// let out = pool.submit(&graph)?.wait()?;
+/// assert_eq!(out.get(sum), Some(&42));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct GraphBuilder<S = ()> {
+    uid: u32,
+    name: Cow<'static, str>,
+    nodes: Vec<NodeSpec<S>>,
+    edges: Vec<(NodeId, NodeId)>,
+    /// A placement that named a bad node; reported by `build`.
+    bad_placement: Option<NodeId>,
+}
+
+impl<S> fmt::Debug for GraphBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GraphBuilder")
+            .field("name", &self.name)
+            .field("nodes", &self.nodes.len())
+            .field("edges", &self.edges.len())
+            .finish()
+    }
+}
+
+impl<S: 'static> GraphBuilder<S> {
+    /// An empty graph named `name` (the name appears in errors and metrics).
+    pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
+        Self::with_capacity(name, 0, 0)
+    }
+
+    /// An empty graph with room for `nodes` nodes and `edges` edges.
+    pub fn with_capacity(name: impl Into<Cow<'static, str>>, nodes: usize, edges: usize) -> Self {
+        GraphBuilder {
+            uid: NEXT_GRAPH_UID.fetch_add(1, StdOrdering::Relaxed),
+            name: name.into(),
+            nodes: Vec::with_capacity(nodes),
+            edges: Vec::with_capacity(edges),
+            bad_placement: None,
+        }
+    }
+
+    /// The graph's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Number of nodes so far.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the graph has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn push(&mut self, name: Cow<'static, str>, body: Body<S>, unit: bool) -> NodeId {
+        let index = u32::try_from(self.nodes.len()).expect("a graph holds at most 2^32 - 1 nodes");
+        self.nodes.push(NodeSpec { name, body, placement: None, origin: self.uid, base: 0, unit });
+        NodeId { graph: self.uid, index }
+    }
+
+    /// Adds a node that runs `body` on a pool worker. The body gets a [`NodeCtx`] (inputs,
+    /// the worker's state, nested submission) and returns the node's output or an error.
+    pub fn node<T, F>(&mut self, name: impl Into<Cow<'static, str>>, body: F) -> NodeRef<T>
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&NodeCtx<'_, S>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        let unit = TypeId::of::<T>() == TypeId::of::<()>();
+        let body: WorkerBody<S> = Box::new(move |ctx| body(ctx).map(|v| Box::new(v) as AnyValue));
+        NodeRef::new(self.push(name.into(), Body::Worker(body), unit))
+    }
+
+    /// Adds a CPU-heavy node. When the pool has a host-work lane (see
+    /// [`PoolBuilder::rayon_pool`](crate::PoolBuilder::rayon_pool)) it runs there, so it does not hold
+    /// a pinned (possibly context-bound) worker; otherwise it runs on a worker like any node.
+    /// It sees its inputs but no worker state.
+    pub fn cpu_node<T, F>(&mut self, name: impl Into<Cow<'static, str>>, body: F) -> NodeRef<T>
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&Inputs<'_>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        let unit = TypeId::of::<T>() == TypeId::of::<()>();
+        let body: CpuBody = Box::new(move |inputs| body(inputs).map(|v| Box::new(v) as AnyValue));
+        NodeRef::new(self.push(name.into(), Body::Cpu(body), unit))
+    }
+
+    /// Adds an edge: `to` starts only after `from` has finished, and may read its output.
+    /// Ids are checked by [`build`](Self::build).
+    pub fn edge(&mut self, from: impl Into<NodeId>, to: impl Into<NodeId>) -> &mut Self {
+        self.edges.push((from.into(), to.into()));
+        self
+    }
+
+    /// Restricts `node` to the workers of `group` (for example a GPU's workers).
+    pub fn place(&mut self, node: impl Into<NodeId>, group: GroupId) -> &mut Self {
+        let id = node.into();
+        if id.graph == self.uid && (id.index as usize) < self.nodes.len() {
+            self.nodes[id.index as usize].placement = Some(group);
+        } else if self.bad_placement.is_none() {
+            self.bad_placement = Some(id);
+        }
+        self
+    }
+
+    /// Inlines a copy of `graph`'s nodes and edges into this one. The returned [`Subgraph`]
+    /// maps the inner graph's node references to this graph's, for edges and outputs.
+    /// Bodies are shared, not cloned, so one `Graph` may be inlined many times.
+    pub fn subgraph(&mut self, graph: &Graph<S>) -> Subgraph {
+        let plan = &graph.plan;
+        let offset = u32::try_from(self.nodes.len()).expect("a graph holds at most 2^32 - 1 nodes");
+        for (i, spec) in plan.nodes.iter().enumerate() {
+            let (body_plan, body_index) = match &spec.body {
+                Body::Inlined(p, j) => (p.clone(), *j),
+                _ => (plan.clone(), i as u32),
+            };
+            self.nodes.push(NodeSpec {
+                name: spec.name.clone(),
+                body: Body::Inlined(body_plan, body_index),
+                placement: spec.placement,
+                origin: spec.origin,
+                base: offset + spec.base,
+                unit: spec.unit,
+            });
+        }
+        for (from, tos) in (0..plan.nodes.len()).map(|i| (i, plan.successors(i as u32))) {
+            for &to in tos {
+                self.edges.push((
+                    NodeId { graph: self.uid, index: offset + from as u32 },
+                    NodeId { graph: self.uid, index: offset + to },
+                ));
+            }
+        }
+        Subgraph { inner: plan.uid, outer: self.uid, offset, len: plan.nodes.len() as u32, sources: plan.sources.clone(), sinks: plan.sinks() }
+    }
+
+    /// Validates the graph and freezes it.
+    ///
+    /// Errors: an edge naming a node this graph does not have ([`ErrorKind::UnknownNode`]), a node
+    /// of another graph ([`ErrorKind::ForeignNode`]), or a cycle ([`ErrorKind::Cycle`], naming
+    /// nodes on it). Nothing runs before this succeeds.
+    pub fn build(self) -> Result<Graph<S>, Error> {
+        Plan::build(self).map(|plan| Graph { plan: Arc::new(plan) })
+    }
+}
+
+/// A subgraph inlined by [`GraphBuilder::subgraph`].
+#[derive(Debug, Clone)]
+pub struct Subgraph {
+    inner: u32,
+    outer: u32,
+    offset: u32,
+    len: u32,
+    sources: Box<[u32]>,
+    sinks: Vec<u32>,
+}
+
+impl Subgraph {
+    /// This graph's reference to the inner graph's node `r`.
+    ///
+    /// # Panics
+    /// If `r` is not a node of the inlined graph.
+    pub fn node<T>(&self, r: NodeRef<T>) -> NodeRef<T> {
+        assert!(
+            r.id.graph == self.inner && r.id.index < self.len,
+            "{:?} is not a node of the inlined subgraph",
+            r.id
+        );
+        NodeRef::new(NodeId { graph: self.outer, index: self.offset + r.id.index })
+    }
+
+    /// The inlined nodes that have no predecessor inside the subgraph.
+    pub fn sources(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.sources.iter().map(move |&i| NodeId { graph: self.outer, index: self.offset + i })
+    }
+
+    /// The inlined nodes that have no successor inside the subgraph.
+    pub fn sinks(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.sinks.iter().map(move |&i| NodeId { graph: self.outer, index: self.offset + i })
+    }
+}
+
+/// A validated, immutable task graph. Cheap to clone; submit it with
+/// [`Pool::submit`](crate::Pool::submit) as often as you like, also concurrently.
+pub struct Graph<S = ()> {
+    pub(crate) plan: Arc<Plan<S>>,
+}
+
+impl<S> Clone for Graph<S> {
+    fn clone(&self) -> Self {
+        Graph { plan: self.plan.clone() }
+    }
+}
+
+impl<S> fmt::Debug for Graph<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Graph")
+            .field("name", &self.plan.name)
+            .field("nodes", &self.plan.nodes.len())
+            .field("edges", &self.plan.succ.len())
+            .finish()
+    }
+}
+
+impl<S> Graph<S> {
+    /// The graph's name.
+    pub fn name(&self) -> &str {
+        &self.plan.name
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.plan.nodes.len()
+    }
+
+    /// Whether the graph has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.plan.nodes.is_empty()
+    }
+
+    /// Number of edges.
+    pub fn edge_count(&self) -> usize {
+        self.plan.succ.len()
+    }
+
+    /// Every node's id, in order.
+    pub fn nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        let uid = self.plan.uid;
+        (0..self.plan.nodes.len() as u32).map(move |index| NodeId { graph: uid, index })
+    }
+
+    /// A node's name, if `id` belongs to this graph.
+    pub fn node_name(&self, id: NodeId) -> Option<&str> {
+        self.plan.check(id).map(|i| &*self.plan.nodes[i as usize].name)
+    }
+
+    /// A node's placement (`None`: any worker), if `id` belongs to this graph.
+    pub fn placement(&self, id: NodeId) -> Option<Option<GroupId>> {
+        self.plan.check(id).map(|i| self.plan.nodes[i as usize].placement)
+    }
+
+    /// A node's direct successors.
+    pub fn successors(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        let uid = self.plan.uid;
+        let list = self.plan.check(id).map(|i| self.plan.successors(i)).unwrap_or(&[]);
+        list.iter().map(move |&index| NodeId { graph: uid, index })
+    }
+
+    /// A node's direct predecessors.
+    pub fn predecessors(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        let uid = self.plan.uid;
+        let list = self.plan.check(id).map(|i| self.plan.predecessors(i)).unwrap_or(&[]);
+        list.iter().map(move |&index| NodeId { graph: uid, index })
+    }
+
+    /// Whether `id` is a CPU-heavy node (see [`GraphBuilder::cpu_node`]).
+    pub fn is_cpu_node(&self, id: NodeId) -> bool {
+        self.plan.check(id).is_some_and(|i| self.plan.nodes[i as usize].is_cpu())
+    }
+
+    /// The graph in Graphviz DOT: nodes labelled with their name and placement
+    /// (`host` or the group's name from `group_name`, `cpu lane` for CPU-heavy nodes).
+    pub fn to_dot_with(&self, group_name: impl Fn(GroupId) -> String) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(s, "digraph \"{}\" {{", dot_escape(&self.plan.name));
+        let _ = writeln!(s, "  node [shape=box, style=rounded];");
+        for (i, spec) in self.plan.nodes.iter().enumerate() {
+            let place = if spec.is_cpu() {
+                "cpu lane".to_string()
+            } else {
+                spec.placement.map_or_else(|| "host".to_string(), &group_name)
+            };
+            let _ = writeln!(s, "  n{i} [label=\"{}\\n[{}]\"];", dot_escape(&spec.name), dot_escape(&place));
+        }
+        for i in 0..self.plan.nodes.len() as u32 {
+            for &j in self.plan.successors(i) {
+                let _ = writeln!(s, "  n{i} -> n{j};");
+            }
+        }
+        s.push_str("}\n");
+        s
+    }
+
+    /// [`to_dot_with`](Self::to_dot_with) naming groups `group N`.
+    pub fn to_dot(&self) -> String {
+        self.to_dot_with(|g| format!("group {}", g.index()))
+    }
+}
+
+fn dot_escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// A validated graph in compressed form: successor and predecessor lists, in-degrees, sources.
+pub(crate) struct Plan<S> {
+    pub(crate) uid: u32,
+    pub(crate) name: Arc<str>,
+    pub(crate) nodes: Box<[NodeSpec<S>]>,
+    succ_start: Box<[u32]>,
+    succ: Box<[u32]>,
+    pred_start: Box<[u32]>,
+    pred: Box<[u32]>,
+    pub(crate) indegree: Box<[u32]>,
+    pub(crate) sources: Box<[u32]>,
+    /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.
+    pub(crate) valued: Box<[u32]>,
+    max_placement: Option<(u32, GroupId)>,
+}
+
+impl<S> Plan<S> {
+    #[inline]
+    pub(crate) fn successors(&self, i: u32) -> &[u32] {
+        let i = i as usize;
+        &self.succ[self.succ_start[i] as usize..self.succ_start[i + 1] as usize]
+    }
+
+    #[inline]
+    pub(crate) fn predecessors(&self, i: u32) -> &[u32] {
+        let i = i as usize;
+        &self.pred[self.pred_start[i] as usize..self.pred_start[i + 1] as usize]
+    }
+
+    /// A node with the highest group placement, for checking placements against a pool.
+    pub(crate) fn max_placement(&self) -> Option<(u32, GroupId)> {
+        self.max_placement
+    }
+
+    fn sinks(&self) -> Vec<u32> {
+        (0..self.nodes.len() as u32).filter(|&i| self.successors(i).is_empty()).collect()
+    }
+
+    /// The index of `id` if it is a node of this plan.
+    pub(crate) fn check(&self, id: NodeId) -> Option<u32> {
+        (id.graph == self.uid && (id.index as usize) < self.nodes.len()).then_some(id.index)
+    }
+
+    pub(crate) fn describe(&self, i: u32) -> String {
+        format!("node '{}' (#{}) of graph '{}'", self.nodes[i as usize].name, i, self.name)
+    }
+
+    fn build(b: GraphBuilder<S>) -> Result<Self, Error> {
+        let n = b.nodes.len();
+        let uid = b.uid;
+        let gname: Arc<str> = Arc::from(&*b.name);
+        let check = |id: NodeId, what: &str| -> Result<u32, Error> {
+            if id.graph != uid {
+                return Err(Error::new(
+                    ErrorKind::ForeignNode,
+                    format!(
+                        "graph '{}': {what} refers to node #{} of another graph; \
+                         inline that graph with `subgraph` and map the node through the returned `Subgraph`",
+                        gname, id.index
+                    ),
+                ));
+            }
+            if id.index as usize >= n {
+                return Err(Error::new(
+                    ErrorKind::UnknownNode,
+                    format!("graph '{}': {what} refers to node #{}, but the graph has {} node(s)", gname, id.index, n),
+                ));
+            }
+            Ok(id.index)
+        };
+        if let Some(id) = b.bad_placement {
+            check(id, "a placement")?;
+        }
+        // Counting sort of the edges by source, then by target: compressed adjacency both ways.
+        let mut succ_start = vec![0u32; n + 1];
+        let mut pred_start = vec![0u32; n + 1];
+        for &(from, to) in &b.edges {
+            let f = check(from, "an edge")?;
+            let t = check(to, "an edge")?;
+            if f == t {
+                return Err(Error::new(
+                    ErrorKind::Cycle,
+                    format!("graph '{}' has a cycle: node '{}' (#{f}) depends on itself", gname, b.nodes[f as usize].name),
+                ));
+            }
+            succ_start[f as usize + 1] += 1;
+            pred_start[t as usize + 1] += 1;
+        }
+        for i in 0..n {
+            succ_start[i + 1] += succ_start[i];
+            pred_start[i + 1] += pred_start[i];
+        }
+        let m = b.edges.len();
+        let mut succ = vec![0u32; m];
+        let mut pred = vec![0u32; m];
+        let mut sfill: Vec<u32> = succ_start[..n].to_vec();
+        let mut pfill: Vec<u32> = pred_start[..n].to_vec();
+        for &(from, to) in &b.edges {
+            let (f, t) = (from.index as usize, to.index as usize);
+            succ[sfill[f] as usize] = t as u32;
+            sfill[f] += 1;
+            pred[pfill[t] as usize] = f as u32;
+            pfill[t] += 1;
+        }
+        drop((sfill, pfill));
+        let indegree: Vec<u32> = (0..n).map(|i| pred_start[i + 1] - pred_start[i]).collect();
+        let sources: Vec<u32> = (0..n as u32).filter(|&i| indegree[i as usize] == 0).collect();
+
+        // Kahn's algorithm: every node must become ready, or there is a cycle.
+        let mut remaining = indegree.clone();
+        let mut stack = sources.clone();
+        let mut seen = 0usize;
+        while let Some(i) = stack.pop() {
+            seen += 1;
+            let i = i as usize;
+            for &s in &succ[succ_start[i] as usize..succ_start[i + 1] as usize] {
+                let r = &mut remaining[s as usize];
+                *r -= 1;
+                if *r == 0 {
+                    stack.push(s);
+                }
+            }
+        }
+        if seen < n {
+            let cycle = find_cycle(&remaining, &pred_start, &pred);
+            let names: Vec<String> =
+                cycle.iter().map(|&i| format!("'{}' (#{i})", b.nodes[i as usize].name)).collect();
+            return Err(Error::new(
+                ErrorKind::Cycle,
+                format!("graph '{}' has a cycle: {} -> {}", gname, names.join(" -> "), names[0]),
+            ));
+        }
+        let valued: Vec<u32> = (0..n as u32).filter(|&i| !b.nodes[i as usize].unit).collect();
+        let max_placement = b
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.placement.map(|g| (i as u32, g)))
+            .max_by_key(|&(_, g)| g);
+        Ok(Plan {
+            uid,
+            name: gname,
+            nodes: b.nodes.into_boxed_slice(),
+            succ_start: succ_start.into_boxed_slice(),
+            succ: succ.into_boxed_slice(),
+            pred_start: pred_start.into_boxed_slice(),
+            pred: pred.into_boxed_slice(),
+            indegree: indegree.into_boxed_slice(),
+            sources: sources.into_boxed_slice(),
+            valued: valued.into_boxed_slice(),
+            max_placement,
+        })
+    }
+}
+
+/// Walks predecessors among the nodes Kahn's algorithm could not reach until one repeats;
+/// returns that cycle in edge order.
+fn find_cycle(remaining: &[u32], pred_start: &[u32], pred: &[u32]) -> Vec<u32> {
+    let start = remaining.iter().position(|&r| r > 0).expect("a cycle exists") as u32;
+    let mut pos = vec![u32::MAX; remaining.len()];
+    let mut path = Vec::new();
+    let mut cur = start;
+    loop {
+        if pos[cur as usize] != u32::MAX {
+            let mut cycle = path[pos[cur as usize] as usize..].to_vec();
+            cycle.reverse(); // we walked predecessors; report in edge direction
+            return cycle;
+        }
+        pos[cur as usize] = path.len() as u32;
+        path.push(cur);
+        let i = cur as usize;
+        cur = *pred[pred_start[i] as usize..pred_start[i + 1] as usize]
+            .iter()
+            .find(|&&p| remaining[p as usize] > 0)
+            .expect("a node left with predecessors has an unfinished one");
+    }
+}

@@ -1,0 +1,237 @@
+//! Scheduler statistics: live counters (read by `Pool::stats`) and their export through the
+//! `metrics` facade.
+//!
+//! Each worker counts into its own cache-padded block with plain loads and stores (one writer),
+//! and pushes the deltas to the `metrics` facade only every `FLUSH_EVERY` nodes and when it goes
+//! idle, so with no recorder installed the hot path pays one ordinary add per event.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+
+use crate::error::Error;
+use crate::registry::Registry;
+use crate::sync::{AtomicU64, Ordering, OwnedCounter};
+
+/// Nodes between two flushes of a busy worker's counters to the `metrics` facade.
+pub(crate) const FLUSH_EVERY: u64 = 1024;
+/// One node in this many has its run time measured for the `boundpool_node_run_seconds` histogram.
+pub(crate) const SAMPLE_EVERY: u64 = 64;
+
+pub(crate) struct WorkerCounters {
+    pub(crate) nodes_run: OwnedCounter,
+    pub(crate) steals: OwnedCounter,
+    pub(crate) injector_pops: OwnedCounter,
+    pub(crate) parks: OwnedCounter,
+    pub(crate) skipped: OwnedCounter,
+}
+
+impl WorkerCounters {
+    pub(crate) fn new() -> Self {
+        WorkerCounters {
+            nodes_run: OwnedCounter::new(),
+            steals: OwnedCounter::new(),
+            injector_pops: OwnedCounter::new(),
+            parks: OwnedCounter::new(),
+            skipped: OwnedCounter::new(),
+        }
+    }
+}
+
+pub(crate) struct PoolCounters {
+    pub(crate) graphs_submitted: AtomicU64,
+    pub(crate) graphs_completed: AtomicU64,
+    pub(crate) graphs_failed: AtomicU64,
+    pub(crate) nodes_cancelled: AtomicU64,
+    /// Nodes run on the cpu lane (counted by the lane's threads, so shared).
+    pub(crate) cpu_lane_nodes: AtomicU64,
+}
+
+impl PoolCounters {
+    pub(crate) fn new() -> Self {
+        PoolCounters {
+            graphs_submitted: AtomicU64::new(0),
+            graphs_completed: AtomicU64::new(0),
+            graphs_failed: AtomicU64::new(0),
+            nodes_cancelled: AtomicU64::new(0),
+            cpu_lane_nodes: AtomicU64::new(0),
+        }
+    }
+}
+
+/// One worker's counters, as read by [`Pool::stats`](crate::Pool::stats).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Nodes this worker ran (bodies executed, failed or not).
+    pub nodes_run: u64,
+    /// Successful steals from other workers' deques.
+    pub steals: u64,
+    /// Batches taken from an injector (submissions from outside the pool, cross-group hand-offs).
+    pub injector_pops: u64,
+    /// Times the worker parked for lack of work.
+    pub parks: u64,
+    /// Ready nodes it skipped because their graph had failed or was cancelled.
+    pub skipped: u64,
+}
+
+/// The pool's counters, read live, without a metrics recorder.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Per worker, in index order.
+    pub workers: Vec<WorkerStats>,
+    /// Nodes run on the cpu lane.
+    pub cpu_lane_nodes: u64,
+    /// Graphs submitted.
+    pub graphs_submitted: u64,
+    /// Graphs that finished successfully.
+    pub graphs_completed: u64,
+    /// Graphs that failed or were cancelled.
+    pub graphs_failed: u64,
+    /// Nodes that never ran because their graph failed or was cancelled.
+    pub nodes_cancelled: u64,
+    /// Ready nodes waiting in queues at the time of the call (a snapshot).
+    pub queue_depth: usize,
+}
+
+impl PoolStats {
+    /// Nodes run, over all workers and the cpu lane.
+    pub fn nodes_run(&self) -> u64 {
+        self.workers.iter().map(|w| w.nodes_run).sum::<u64>() + self.cpu_lane_nodes
+    }
+
+    /// Steals, over all workers.
+    pub fn steals(&self) -> u64 {
+        self.workers.iter().map(|w| w.steals).sum()
+    }
+
+    /// Injector pops, over all workers.
+    pub fn injector_pops(&self) -> u64 {
+        self.workers.iter().map(|w| w.injector_pops).sum()
+    }
+
+    /// Parks, over all workers.
+    pub fn parks(&self) -> u64 {
+        self.workers.iter().map(|w| w.parks).sum()
+    }
+}
+
+pub(crate) fn stats<S: Send + 'static>(reg: &Registry<S>) -> PoolStats {
+    let workers = reg
+        .workers
+        .iter()
+        .map(|c| WorkerStats {
+            nodes_run: c.nodes_run.get(),
+            steals: c.steals.get(),
+            injector_pops: c.injector_pops.get(),
+            parks: c.parks.get(),
+            skipped: c.skipped.get(),
+        })
+        .collect();
+    PoolStats {
+        workers,
+        cpu_lane_nodes: reg.counters.cpu_lane_nodes.load(Ordering::Relaxed),
+        graphs_submitted: reg.counters.graphs_submitted.load(Ordering::Relaxed),
+        graphs_completed: reg.counters.graphs_completed.load(Ordering::Relaxed),
+        graphs_failed: reg.counters.graphs_failed.load(Ordering::Relaxed),
+        nodes_cancelled: reg.counters.nodes_cancelled.load(Ordering::Relaxed),
+        queue_depth: queue_depth(reg),
+    }
+}
+
+fn queue_depth<S: Send + 'static>(reg: &Registry<S>) -> usize {
+    reg.stealers.iter().map(|s| s.len()).sum::<usize>()
+        + reg.any.len()
+        + reg.groups.iter().map(|g| g.injector.len()).sum::<usize>()
+}
+
+/// Every metric this crate emits: (name, kind, unit, labels, meaning). The README's table is
+/// generated from the same list by the `boundpool metrics` command.
+pub const METRICS: &[(&str, &str, &str, &str, &str)] = &[
+    ("boundpool_nodes_run", "counter", "count", "pool, worker", "node bodies run by a worker"),
+    ("boundpool_steals", "counter", "count", "pool, worker", "ready nodes stolen from another worker's deque"),
+    ("boundpool_injector_pops", "counter", "count", "pool, worker", "batches taken from an injector (outside submissions, cross-group hand-offs)"),
+    ("boundpool_parks", "counter", "count", "pool, worker", "times a worker parked for lack of work"),
+    ("boundpool_cpu_lane_nodes", "counter", "count", "pool", "CPU-heavy nodes run on the rayon host-work lane"),
+    ("boundpool_graphs_submitted", "counter", "count", "pool", "graphs submitted"),
+    ("boundpool_graphs_completed", "counter", "count", "pool", "graphs that finished successfully"),
+    ("boundpool_graphs_failed", "counter", "count", "pool", "graphs failed by a node error or panic, or cancelled"),
+    ("boundpool_nodes_cancelled", "counter", "count", "pool", "nodes that never ran because their graph failed or was cancelled"),
+    ("boundpool_workers", "gauge", "count", "pool", "worker threads of the pool (fixed at build)"),
+    ("boundpool_queue_depth", "gauge", "count", "pool, worker", "ready nodes in the worker's deque when it last flushed"),
+    ("boundpool_node_run_seconds", "histogram", "seconds", "pool", "run time of a node body (one node in 64 is timed)"),
+    ("boundpool_graph_latency_seconds", "histogram", "seconds", "pool", "time from submit to the graph's completion"),
+];
+
+pub(crate) fn describe() {
+    for &(name, kind, unit, _, help) in METRICS {
+        let unit = if unit == "seconds" { Unit::Seconds } else { Unit::Count };
+        match kind {
+            "counter" => describe_counter!(name, unit, help),
+            "gauge" => describe_gauge!(name, unit, help),
+            _ => describe_histogram!(name, unit, help),
+        }
+    }
+}
+
+pub(crate) fn pool_started<S: Send + 'static>(reg: &Arc<Registry<S>>) {
+    gauge!("boundpool_workers", "pool" => reg.name.to_string()).set(reg.infos.len() as f64);
+}
+
+pub(crate) fn graph_submitted<S: Send + 'static>(reg: &Registry<S>) {
+    counter!("boundpool_graphs_submitted", "pool" => reg.name.to_string()).increment(1);
+}
+
+pub(crate) fn graph_finished<S: Send + 'static>(reg: &Registry<S>, err: Option<&Error>, latency: Duration) {
+    let pool = reg.name.to_string();
+    match err {
+        None => counter!("boundpool_graphs_completed", "pool" => pool.clone()).increment(1),
+        Some(e) => {
+            counter!("boundpool_graphs_failed", "pool" => pool.clone()).increment(1);
+            counter!("boundpool_nodes_cancelled", "pool" => pool.clone()).increment(e.cancelled_nodes() as u64);
+        }
+    }
+    histogram!("boundpool_graph_latency_seconds", "pool" => pool).record(latency.as_secs_f64());
+}
+
+pub(crate) fn cpu_lane_node<S: Send + 'static>(reg: &Registry<S>) {
+    reg.counters.cpu_lane_nodes.fetch_add(1, Ordering::Relaxed);
+    counter!("boundpool_cpu_lane_nodes", "pool" => reg.name.to_string()).increment(1);
+}
+
+/// A worker's record of what it already pushed to the facade.
+pub(crate) struct Flusher {
+    pool: String,
+    worker: String,
+    last: [u64; 4],
+    samples: Vec<f64>,
+}
+
+impl Flusher {
+    pub(crate) fn new(pool: &str, worker: usize) -> Self {
+        Flusher { pool: pool.to_string(), worker: worker.to_string(), last: [0; 4], samples: Vec::new() }
+    }
+
+    pub(crate) fn sample(&mut self, secs: f64) {
+        self.samples.push(secs);
+    }
+
+    pub(crate) fn flush(&mut self, c: &WorkerCounters, queue_depth: usize) {
+        let now = [c.nodes_run.get(), c.steals.get(), c.injector_pops.get(), c.parks.get()];
+        let names = ["boundpool_nodes_run", "boundpool_steals", "boundpool_injector_pops", "boundpool_parks"];
+        for i in 0..4 {
+            let d = now[i] - self.last[i];
+            if d > 0 {
+                counter!(names[i], "pool" => self.pool.clone(), "worker" => self.worker.clone()).increment(d);
+            }
+        }
+        self.last = now;
+        gauge!("boundpool_queue_depth", "pool" => self.pool.clone(), "worker" => self.worker.clone()).set(queue_depth as f64);
+        if !self.samples.is_empty() {
+            let h = histogram!("boundpool_node_run_seconds", "pool" => self.pool.clone());
+            for s in self.samples.drain(..) {
+                h.record(s);
+            }
+        }
+    }
+}

@@ -1,0 +1,490 @@
+//! The public face of the pool: its builder, its handle, its settings and statistics.
+
+use std::fmt;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::error::{BoxError, Error, ErrorKind};
+use crate::graph::Graph;
+use crate::handle::GraphHandle;
+use crate::registry::{Hooks, Registry};
+use crate::sleep::Sleep;
+use crate::sync::{self, Mutex};
+use crate::worker;
+
+/// Identifies a worker group of a pool (the host group, or one GPU's workers).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct GroupId(pub(crate) u32);
+
+impl GroupId {
+    /// The group's position in the pool's group list.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The group at position `index` (as given to [`PoolBuilder::groups`]).
+    pub fn from_index(index: usize) -> Self {
+        GroupId(u32::try_from(index).expect("group index fits in u32"))
+    }
+}
+
+/// Which cores workers are pinned to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Cores {
+    /// Every core this process may run on (its affinity mask), one worker per core in turn.
+    #[default]
+    All,
+    /// These core ids, one worker per core in turn. Each must be in the process's affinity mask.
+    List(Vec<usize>),
+    /// Do not pin.
+    Unpinned,
+}
+
+/// A group of workers: a name, how many, and their cores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupSpec {
+    /// The group's name (in errors, thread names and metrics).
+    pub name: String,
+    /// Number of workers; at least one.
+    pub workers: usize,
+    /// Their cores.
+    pub cores: Cores,
+}
+
+impl GroupSpec {
+    /// A group named `name` of `workers` workers on [`Cores::All`].
+    pub fn new(name: impl Into<String>, workers: usize) -> Self {
+        GroupSpec { name: name.into(), workers, cores: Cores::All }
+    }
+
+    /// Sets the group's cores.
+    pub fn cores(mut self, cores: Cores) -> Self {
+        self.cores = cores;
+        self
+    }
+}
+
+/// Who a worker is: passed to hooks, available to nodes through
+/// [`NodeCtx::worker_info`](crate::NodeCtx::worker_info).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerInfo {
+    /// Position among all the pool's workers.
+    pub index: usize,
+    /// Its group.
+    pub group: GroupId,
+    /// Its group's name.
+    pub group_name: String,
+    /// Position within its group.
+    pub index_in_group: usize,
+    /// The core it is pinned to (`None`: unpinned).
+    pub core: Option<usize>,
+    /// Its thread's name.
+    pub name: String,
+}
+
+/// How [`Pool::shutdown`] treats graphs still running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ShutdownMode {
+    /// Let every submitted graph finish (what dropping the pool does).
+    #[default]
+    Finish,
+    /// Fail every submitted graph with [`ErrorKind::Cancelled`]: nodes already running finish,
+    /// nodes not started never run.
+    Cancel,
+}
+
+type StartHook<S> = Arc<dyn Fn(&WorkerInfo) -> Result<S, BoxError> + Send + Sync>;
+type StopHook<S> = Arc<dyn Fn(&WorkerInfo, S) + Send + Sync>;
+type IdleHook<S> = Arc<dyn Fn(&WorkerInfo, &S) + Send + Sync>;
+type NameFn = Arc<dyn Fn(&WorkerInfo) -> String + Send + Sync>;
+
+/// Configures and starts a [`Pool`].
+///
+/// ```
+/// use boundpool_scheduler::{Cores, PoolBuilder};
+///
+/// let pool = PoolBuilder::new()
+///     .name("demo")
+///     .workers(2)
+///     .cores(Cores::Unpinned)
+///     .start_hook(|info| Ok(format!("state of worker {}", info.index)))
+///     .build()?;
+/// assert_eq!(pool.workers().len(), 2);
+/// # Ok::<(), boundpool_scheduler::Error>(())
+/// ```
+pub struct PoolBuilder<S = ()> {
+    name: String,
+    workers: Option<usize>,
+    cores: Cores,
+    groups: Option<Vec<GroupSpec>>,
+    thread_name: Option<NameFn>,
+    start: StartHook<S>,
+    stop: Option<StopHook<S>>,
+    idle: Option<IdleHook<S>>,
+    rayon: Option<Arc<rayon_core::ThreadPool>>,
+    cpu_lane_threads: Option<usize>,
+    stack_size: Option<usize>,
+}
+
+impl<S> fmt::Debug for PoolBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolBuilder")
+            .field("name", &self.name)
+            .field("workers", &self.workers)
+            .field("cores", &self.cores)
+            .field("groups", &self.groups)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for PoolBuilder<()> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PoolBuilder<()> {
+    /// A builder with the defaults: one group named `host` with one worker per core this
+    /// process may use, pinned, with no worker state.
+    pub fn new() -> Self {
+        PoolBuilder {
+            name: "boundpool".into(),
+            workers: None,
+            cores: Cores::All,
+            groups: None,
+            thread_name: None,
+            start: Arc::new(|_| Ok(())),
+            stop: None,
+            idle: None,
+            rayon: None,
+            cpu_lane_threads: None,
+            stack_size: None,
+        }
+    }
+}
+
+/// The number of cores this process may run on.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+impl<S: Send + 'static> PoolBuilder<S> {
+    /// The pool's name (metrics label `pool`, thread names, errors). Default `boundpool`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Number of workers of the default `host` group. Default: [`default_workers`].
+    /// Ignored when [`groups`](Self::groups) is given.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = Some(n);
+        self
+    }
+
+    /// Cores of the default `host` group. Ignored when [`groups`](Self::groups) is given.
+    pub fn cores(mut self, cores: Cores) -> Self {
+        self.cores = cores;
+        self
+    }
+
+    /// Explicit worker groups, in [`GroupId`] order (for example one per GPU, plus a host group).
+    pub fn groups(mut self, groups: Vec<GroupSpec>) -> Self {
+        self.groups = Some(groups);
+        self
+    }
+
+    /// Names each worker thread. Default `{pool}-{group}-{index_in_group}`.
+    pub fn thread_name(mut self, f: impl Fn(&WorkerInfo) -> String + Send + Sync + 'static) -> Self {
+        self.thread_name = Some(Arc::new(f));
+        self
+    }
+
+    /// Stack size of the worker threads, in bytes.
+    pub fn stack_size(mut self, bytes: usize) -> Self {
+        self.stack_size = Some(bytes);
+        self
+    }
+
+    /// Runs on each worker, after it pinned itself and before it takes any node; its result is
+    /// that worker's state, which its nodes see through [`NodeCtx::worker`](crate::NodeCtx::worker).
+    /// An error (or panic) fails [`build`](Self::build), naming the worker.
+    ///
+    /// Replaces the state type, so set the stop and idle hooks after this one.
+    pub fn start_hook<T: Send + 'static>(
+        self,
+        f: impl Fn(&WorkerInfo) -> Result<T, BoxError> + Send + Sync + 'static,
+    ) -> PoolBuilder<T> {
+        PoolBuilder {
+            name: self.name,
+            workers: self.workers,
+            cores: self.cores,
+            groups: self.groups,
+            thread_name: self.thread_name,
+            start: Arc::new(f),
+            stop: None,
+            idle: None,
+            rayon: self.rayon,
+            cpu_lane_threads: self.cpu_lane_threads,
+            stack_size: self.stack_size,
+        }
+    }
+
+    /// Runs on each worker as it exits, with its state (so resources bound to the worker's
+    /// thread are released there).
+    pub fn stop_hook(mut self, f: impl Fn(&WorkerInfo, S) + Send + Sync + 'static) -> Self {
+        self.stop = Some(Arc::new(f));
+        self
+    }
+
+    /// Runs on a worker each time it runs out of work (before it parks) and every 64 nodes it
+    /// runs: the place for deferred releases. [`GroupWaker::wake`] makes an idle worker run it.
+    pub fn idle_hook(mut self, f: impl Fn(&WorkerInfo, &S) + Send + Sync + 'static) -> Self {
+        self.idle = Some(Arc::new(f));
+        self
+    }
+
+    /// The host-work lane: CPU-heavy nodes ([`GraphBuilder::cpu_node`](crate::GraphBuilder::cpu_node))
+    /// run on this rayon pool instead of a pinned worker.
+    pub fn rayon_pool(mut self, pool: Arc<rayon_core::ThreadPool>) -> Self {
+        self.rayon = Some(pool);
+        self
+    }
+
+    /// Creates a host-work lane of `threads` rayon threads at build (unless
+    /// [`rayon_pool`](Self::rayon_pool) gives one). Without a lane, CPU-heavy nodes run on workers.
+    pub fn cpu_lane_threads(mut self, threads: usize) -> Self {
+        self.cpu_lane_threads = Some(threads);
+        self
+    }
+
+    /// Starts the workers.
+    ///
+    /// Errors: zero workers in a group, an empty core list or a core outside the process's
+    /// affinity mask ([`ErrorKind::InvalidConfig`]), a failing start hook ([`ErrorKind::StartHook`];
+    /// the workers already started are stopped and joined), or a thread the OS would not create.
+    pub fn build(self) -> Result<Pool<S>, Error> {
+        let specs = match self.groups {
+            Some(g) => g,
+            None => vec![GroupSpec { name: "host".into(), workers: self.workers.unwrap_or_else(default_workers), cores: self.cores }],
+        };
+        let infos = plan_workers(&self.name, &specs, self.thread_name.as_deref())?;
+        let cpu_lane = match (self.rayon, self.cpu_lane_threads) {
+            (Some(p), _) => Some(p),
+            (None, Some(0)) => {
+                return Err(Error::new(ErrorKind::InvalidConfig, format!("pool '{}': cpu_lane_threads must be at least 1", self.name)))
+            }
+            (None, Some(n)) => Some(Arc::new(
+                rayon_core::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name({
+                        let name = self.name.clone();
+                        move |i| format!("{name}-cpu-{i}")
+                    })
+                    .build()
+                    .map_err(|e| Error::new(ErrorKind::Spawn, format!("pool '{}': cannot start the cpu lane", self.name)).with_source(Box::new(e)))?,
+            )),
+            (None, None) => None,
+        };
+        let hooks = Hooks { start: self.start, stop: self.stop, idle: self.idle };
+        let group_names: Vec<String> = specs.iter().map(|g| g.name.clone()).collect();
+        let (registry, deques) = Registry::new(self.name.clone(), infos, group_names, hooks, cpu_lane);
+        let gate = Arc::new(worker::StartGate::new(registry.infos.len()));
+        let mut threads: Vec<JoinHandle<()>> = Vec::with_capacity(deques.len());
+        let mut spawn_error = None;
+        for (index, deque) in deques.into_iter().enumerate() {
+            let info = &registry.infos[index];
+            let mut tb = std::thread::Builder::new().name(info.name.clone());
+            if let Some(sz) = self.stack_size {
+                tb = tb.stack_size(sz);
+            }
+            let reg = registry.clone();
+            let g = gate.clone();
+            match tb.spawn(move || worker::main(reg, index, deque, g)) {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    spawn_error = Some(Error::new(ErrorKind::Spawn, format!("pool '{}': cannot start worker {}", self.name, info.name)).with_source(Box::new(e)));
+                    break;
+                }
+            }
+        }
+        let started = threads.len();
+        let failure = gate.wait_reports(started).or(spawn_error);
+        if let Some(err) = failure {
+            gate.release(false);
+            for t in threads {
+                let _ = t.join();
+            }
+            return Err(err);
+        }
+        gate.release(true);
+        crate::metrics::describe();
+        crate::metrics::pool_started(&registry);
+        Ok(Pool { registry, threads: Mutex::new(threads) })
+    }
+}
+
+/// Resolves cores and names for every worker, checking the settings.
+fn plan_workers(pool: &str, specs: &[GroupSpec], name_fn: Option<&(dyn Fn(&WorkerInfo) -> String + Send + Sync)>) -> Result<Vec<WorkerInfo>, Error> {
+    let invalid = |m: String| Error::new(ErrorKind::InvalidConfig, format!("pool '{pool}': {m}"));
+    if specs.is_empty() {
+        return Err(invalid("no worker groups".into()));
+    }
+    let allowed: Option<Vec<usize>> = core_affinity::get_core_ids().map(|v| v.into_iter().map(|c| c.id).collect());
+    let mut infos = Vec::new();
+    for (gi, spec) in specs.iter().enumerate() {
+        if spec.workers == 0 {
+            return Err(invalid(format!("group '{}' has 0 workers; a pool needs at least one worker per group", spec.name)));
+        }
+        let cores: Vec<Option<usize>> = match &spec.cores {
+            Cores::Unpinned => vec![None],
+            Cores::All => match &allowed {
+                Some(a) if !a.is_empty() => a.iter().map(|&c| Some(c)).collect(),
+                _ => vec![None],
+            },
+            Cores::List(list) => {
+                if list.is_empty() {
+                    return Err(invalid(format!("group '{}' was given an empty core list", spec.name)));
+                }
+                let a = allowed.as_ref().ok_or_else(|| invalid(format!("group '{}' asks for cores {:?}, but this platform cannot pin threads", spec.name, list)))?;
+                for &c in list {
+                    if !a.contains(&c) {
+                        return Err(invalid(format!(
+                            "group '{}' asks for core {c}, which does not exist or is outside this process's affinity mask (allowed: {:?})",
+                            spec.name, a
+                        )));
+                    }
+                }
+                list.iter().map(|&c| Some(c)).collect()
+            }
+        };
+        // With `All`, groups continue where the previous group stopped, spreading the pool.
+        let start = if spec.cores == Cores::All { infos.len() } else { 0 };
+        for j in 0..spec.workers {
+            let index = infos.len();
+            let mut info = WorkerInfo {
+                index,
+                group: GroupId(gi as u32),
+                group_name: spec.name.clone(),
+                index_in_group: j,
+                core: cores[(start + j) % cores.len()],
+                name: String::new(),
+            };
+            info.name = match name_fn {
+                Some(f) => f(&info),
+                None => format!("{pool}-{}-{j}", spec.name),
+            };
+            infos.push(info);
+        }
+    }
+    Ok(infos)
+}
+
+/// A bounded pool of pinned worker threads that runs task graphs.
+///
+/// The OS threads are created by [`PoolBuilder::build`] and their number never changes.
+/// Share a pool between threads with `Arc<Pool<S>>` or scoped threads; every method takes `&self`.
+///
+/// Dropping the pool finishes every submitted graph, then stops and joins the workers (their stop
+/// hooks run). [`shutdown`](Self::shutdown) does the same explicitly and can cancel instead.
+pub struct Pool<S: Send + 'static = ()> {
+    pub(crate) registry: Arc<Registry<S>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl<S: Send + 'static> fmt::Debug for Pool<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool").field("name", &self.registry.name).field("workers", &self.registry.infos.len()).finish()
+    }
+}
+
+impl<S: Send + 'static> Pool<S> {
+    /// Starts running `graph`. Validation that needs the pool (placements on groups it does
+    /// not have) happens here, before any node runs.
+    ///
+    /// Errors: [`ErrorKind::ShutDown`] after [`shutdown`](Self::shutdown),
+    /// [`ErrorKind::UnknownGroup`] for a node placed on a group this pool lacks.
+    pub fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
+        Registry::submit(&self.registry, graph)
+    }
+
+    /// Submits `graph` and waits for it.
+    pub fn run(&self, graph: &Graph<S>) -> Result<crate::GraphOutput, Error> {
+        self.submit(graph)?.wait()
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.registry.name
+    }
+
+    /// Every worker, in index order, with its group and core.
+    pub fn workers(&self) -> &[WorkerInfo] {
+        &self.registry.infos
+    }
+
+    /// The group named `name`.
+    pub fn group(&self, name: &str) -> Option<GroupId> {
+        self.registry.groups.iter().position(|g| &*g.name == name).map(|i| GroupId(i as u32))
+    }
+
+    /// Number of worker groups.
+    pub fn group_count(&self) -> usize {
+        self.registry.groups.len()
+    }
+
+    /// A handle that wakes an idle worker of `group` so it runs its idle hook.
+    pub fn group_waker(&self, group: GroupId) -> GroupWaker {
+        GroupWaker { sleep: self.registry.sleep.clone(), group: group.index() }
+    }
+
+    /// The scheduler's counters, read live (no metrics recorder needed).
+    pub fn stats(&self) -> crate::PoolStats {
+        crate::metrics::stats(&self.registry)
+    }
+
+    /// Stops taking graphs, finishes or cancels the running ones (see [`ShutdownMode`]), stops
+    /// the workers and joins them. Later [`submit`](Self::submit)s fail with
+    /// [`ErrorKind::ShutDown`]. Idempotent. Called from inside a node, it does not wait: the
+    /// workers stop once the running graphs are done.
+    pub fn shutdown(&self, mode: ShutdownMode) {
+        let on_worker = worker::on_worker_of(&self.registry);
+        self.registry.begin_shutdown(mode);
+        if on_worker {
+            return;
+        }
+        self.registry.wait_terminated();
+        let threads = std::mem::take(&mut *sync::lock(&self.threads));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<S: Send + 'static> Drop for Pool<S> {
+    fn drop(&mut self) {
+        self.shutdown(ShutdownMode::Finish);
+    }
+}
+
+/// Wakes an idle worker of one group (see [`PoolBuilder::idle_hook`]). Cheap to clone; usable
+/// from any thread, also after the pool is gone (it then does nothing useful).
+#[derive(Clone)]
+pub struct GroupWaker {
+    sleep: Arc<Sleep>,
+    group: usize,
+}
+
+impl fmt::Debug for GroupWaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupWaker").field("group", &self.group).finish()
+    }
+}
+
+impl GroupWaker {
+    /// Wakes one idle worker of the group, if one is idle. Busy workers run the idle hook
+    /// anyway every 64 nodes.
+    pub fn wake(&self) {
+        self.sleep.notify_group(self.group);
+    }
+}

@@ -1,0 +1,238 @@
+//! State shared by a pool's workers: queues, sleep, active runs, statistics, hooks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crossbeam_deque::{Injector, Stealer, Worker as Deque};
+use crossbeam_utils::CachePadded;
+
+use crate::error::{Error, ErrorKind};
+use crate::graph::{Graph, Plan};
+use crate::handle::GraphHandle;
+use crate::metrics::{PoolCounters, WorkerCounters};
+use crate::pool::{ShutdownMode, WorkerInfo};
+use crate::run::{Run, Task};
+use crate::sleep::Sleep;
+use crate::sync::{self, AtomicU64, AtomicU8, Condvar, Mutex, Ordering};
+
+pub(crate) struct Hooks<S> {
+    pub(crate) start: Arc<dyn Fn(&WorkerInfo) -> Result<S, crate::BoxError> + Send + Sync>,
+    pub(crate) stop: Option<Arc<dyn Fn(&WorkerInfo, S) + Send + Sync>>,
+    pub(crate) idle: Option<Arc<dyn Fn(&WorkerInfo, &S) + Send + Sync>>,
+}
+
+pub(crate) struct GroupQueues<S> {
+    pub(crate) name: Arc<str>,
+    pub(crate) injector: Injector<Task<S>>,
+    pub(crate) members: Box<[usize]>,
+}
+
+const RUNNING: u8 = 0;
+const SHUTTING_DOWN: u8 = 1;
+const TERMINATED: u8 = 2;
+
+pub(crate) struct Registry<S> {
+    pub(crate) name: Arc<str>,
+    pub(crate) infos: Box<[WorkerInfo]>,
+    pub(crate) groups: Box<[GroupQueues<S>]>,
+    /// Ready nodes with no placement, from threads that are not workers of this pool.
+    pub(crate) any: Injector<Task<S>>,
+    pub(crate) stealers: Box<[Stealer<Task<S>>]>,
+    pub(crate) sleep: Arc<Sleep>,
+    state: AtomicU8,
+    runs: Mutex<HashMap<u64, Arc<Run<S>>>>,
+    runs_changed: Condvar,
+    next_run: AtomicU64,
+    pub(crate) workers: Box<[CachePadded<WorkerCounters>]>,
+    pub(crate) counters: PoolCounters,
+    pub(crate) hooks: Hooks<S>,
+    pub(crate) cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
+}
+
+impl<S: Send + 'static> Registry<S> {
+    pub(crate) fn new(
+        name: String,
+        infos: Vec<WorkerInfo>,
+        group_names: Vec<String>,
+        hooks: Hooks<S>,
+        cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
+    ) -> (Arc<Self>, Vec<Deque<Task<S>>>) {
+        let deques: Vec<Deque<Task<S>>> = infos.iter().map(|_| Deque::new_lifo()).collect();
+        let stealers = deques.iter().map(|d| d.stealer()).collect();
+        let groups = group_names
+            .iter()
+            .enumerate()
+            .map(|(gi, n)| GroupQueues {
+                name: Arc::from(n.as_str()),
+                injector: Injector::new(),
+                members: infos.iter().filter(|i| i.group.index() == gi).map(|i| i.index).collect(),
+            })
+            .collect();
+        let reg = Registry {
+            name: Arc::from(name.as_str()),
+            workers: infos.iter().map(|_| CachePadded::new(WorkerCounters::new())).collect(),
+            sleep: Arc::new(Sleep::new(group_names.len(), infos.len())),
+            infos: infos.into_boxed_slice(),
+            groups,
+            any: Injector::new(),
+            stealers,
+            state: AtomicU8::new(RUNNING),
+            runs: Mutex::new(HashMap::new()),
+            runs_changed: Condvar::new(),
+            next_run: AtomicU64::new(1),
+            counters: PoolCounters::new(),
+            hooks,
+            cpu_lane,
+        };
+        (Arc::new(reg), deques)
+    }
+
+    pub(crate) fn is_terminated(&self) -> bool {
+        self.state.load(Ordering::Acquire) == TERMINATED
+    }
+
+    pub(crate) fn submit(this: &Arc<Self>, graph: &Graph<S>) -> Result<GraphHandle, Error> {
+        let plan: &Arc<Plan<S>> = &graph.plan;
+        if let Some((node, g)) = plan.max_placement() {
+            if g.index() >= this.groups.len() {
+                return Err(Error::new(
+                    ErrorKind::UnknownGroup,
+                    format!(
+                        "{} is placed on group {}, but pool '{}' has {} group(s)",
+                        plan.describe(node),
+                        g.index(),
+                        this.name,
+                        this.groups.len()
+                    ),
+                ));
+            }
+        }
+        let id = this.next_run.fetch_add(1, Ordering::Relaxed);
+        let run = Arc::new(Run::new(id, plan.clone()));
+        let handle = GraphHandle { completion: run.completion.clone(), graph: plan.name.clone() };
+        {
+            let mut runs = sync::lock(&this.runs);
+            if this.state.load(Ordering::Acquire) != RUNNING {
+                return Err(Error::new(
+                    ErrorKind::ShutDown,
+                    format!("pool '{}' is shut down; graph '{}' was not submitted", this.name, plan.name),
+                ));
+            }
+            if !plan.nodes.is_empty() {
+                runs.insert(id, run.clone());
+            }
+        }
+        this.counters.graphs_submitted.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::graph_submitted(this);
+        if plan.nodes.is_empty() {
+            let result = run.take_result();
+            this.counters.graphs_completed.fetch_add(1, Ordering::Relaxed);
+            run.completion.complete(result);
+            return Ok(handle);
+        }
+        let mut any = 0usize;
+        let mut per_group = vec![0usize; this.groups.len()];
+        for &s in plan.sources.iter() {
+            let t = Task::new(&run, s);
+            match plan.nodes[s as usize].placement {
+                None => {
+                    this.any.push(t);
+                    any += 1;
+                }
+                Some(g) => {
+                    this.groups[g.index()].injector.push(t);
+                    per_group[g.index()] += 1;
+                }
+            }
+        }
+        // Wake as many workers as there is work for; each woken worker wakes another if it
+        // finds more than it takes.
+        for (g, &n) in per_group.iter().enumerate() {
+            for _ in 0..n.min(this.groups[g].members.len()) {
+                if !this.sleep.notify_group(g) {
+                    break;
+                }
+            }
+        }
+        for _ in 0..any.min(this.infos.len()) {
+            if !this.sleep.notify_any() {
+                break;
+            }
+        }
+        Ok(handle)
+    }
+
+    /// Pushes a ready task from a thread that is not one of this pool's workers (the cpu lane).
+    pub(crate) fn push_external(&self, t: Task<S>) {
+        match t.run().plan.nodes[t.node as usize].placement {
+            None => {
+                self.any.push(t);
+                self.sleep.notify_any();
+            }
+            Some(g) => {
+                self.groups[g.index()].injector.push(t);
+                self.sleep.notify_group(g.index());
+            }
+        }
+    }
+
+    /// Called by the thread whose decrement brought `run`'s in-flight count to zero.
+    /// The caller must not touch `run` afterwards.
+    pub(crate) fn finish(&self, run: &Run<S>) {
+        let result = run.take_result();
+        let elapsed = run.submitted.elapsed();
+        match &result {
+            Ok(_) => {
+                self.counters.graphs_completed.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.counters.graphs_failed.fetch_add(1, Ordering::Relaxed);
+                self.counters.nodes_cancelled.fetch_add(e.cancelled_nodes() as u64, Ordering::Relaxed);
+            }
+        }
+        crate::metrics::graph_finished(self, result.as_ref().err(), elapsed);
+        let completion = run.completion.clone();
+        let keep = {
+            let mut runs = sync::lock(&self.runs);
+            let keep = runs.remove(&run.id);
+            if runs.is_empty() && self.state.load(Ordering::Acquire) == SHUTTING_DOWN {
+                self.state.store(TERMINATED, Ordering::Release);
+                self.sleep.unpark_all();
+            }
+            self.runs_changed.notify_all();
+            keep
+        };
+        // `run` may be freed from here on.
+        drop(keep);
+        completion.complete(result);
+    }
+
+    pub(crate) fn begin_shutdown(&self, mode: ShutdownMode) {
+        let runs = sync::lock(&self.runs);
+        if self.state.load(Ordering::Acquire) == RUNNING {
+            self.state.store(SHUTTING_DOWN, Ordering::Release);
+        }
+        if mode == ShutdownMode::Cancel {
+            for run in runs.values() {
+                run.fail(Error::new(
+                    ErrorKind::Cancelled,
+                    format!("graph '{}' was cancelled: pool '{}' is shutting down", run.plan.name, self.name),
+                ));
+            }
+        }
+        if runs.is_empty() && self.state.load(Ordering::Acquire) == SHUTTING_DOWN {
+            self.state.store(TERMINATED, Ordering::Release);
+            self.sleep.unpark_all();
+        }
+    }
+
+    pub(crate) fn wait_terminated(&self) {
+        let mut runs = sync::lock(&self.runs);
+        while self.state.load(Ordering::Acquire) != TERMINATED {
+            runs = match self.runs_changed.wait(runs) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! One execution of a graph: its dependency counters, output slots and completion.
+//!
+//! This file and `worker.rs` hold the scheduler's raw-pointer code: a queued `Task` points at
+//! its `Run` without a reference count, so a node hand-off costs no shared refcount traffic.
+//! The pointer stays valid because the registry keeps an `Arc<Run>` in its table of active
+//! runs until the run's in-flight count reaches zero, and every task is counted in flight
+//! from the moment it is created until its node has completed.
+
+use std::cell::UnsafeCell;
+use std::fmt;
+use std::ptr::NonNull;
+use std::task::Waker;
+use std::time::Instant;
+
+use crossbeam_utils::CachePadded;
+
+use crate::error::{Error, ErrorKind};
+use crate::graph::{AnyValue, NodeId, NodeRef, Plan};
+use crate::sync::{self, current_thread, AtomicBool, AtomicU32, AtomicUsize, Mutex, Ordering, Thread};
+
+/// What a finished node leaves for its successors and the submitter.
+pub(crate) struct NodeOutput {
+    pub(crate) value: Option<AnyValue>,
+    pub(crate) marker: Option<AnyValue>,
+}
+
+/// A node's output slot: written once by the worker that ran the node, before it releases its
+/// successors, and read only by those successors (after their dependency counter reached zero)
+/// and by the run's finisher (after the in-flight count reached zero).
+pub(crate) struct Slot(UnsafeCell<Option<NodeOutput>>);
+
+// SAFETY: access is ordered by the dependency counters as described on `Slot`: the single writer
+// finishes before a Release decrement that every reader's Acquire observes, so no slot is ever
+// written and read concurrently. The values are `Send + Sync`.
+unsafe impl Sync for Slot {}
+
+impl Slot {
+    fn new() -> Self {
+        Slot(UnsafeCell::new(None))
+    }
+
+    /// # Safety
+    /// Only the worker running this slot's node may call this, once, before releasing successors.
+    pub(crate) unsafe fn set(&self, out: NodeOutput) {
+        // SAFETY: the caller is the node's only writer and no reader exists yet (see `Slot`).
+        unsafe { *self.0.get() = Some(out) }
+    }
+
+    /// # Safety
+    /// The caller must be a successor whose dependency counter reached zero, or otherwise be
+    /// ordered after this slot's node completed.
+    pub(crate) unsafe fn get(&self) -> Option<&NodeOutput> {
+        // SAFETY: the write happened-before this read (caller's contract); no writer remains.
+        unsafe { (*self.0.get()).as_ref() }
+    }
+
+    /// # Safety
+    /// The caller must have exclusive access to the run (its in-flight count reached zero).
+    unsafe fn take(&self) -> Option<NodeOutput> {
+        // SAFETY: exclusive access per the caller's contract.
+        unsafe { (*self.0.get()).take() }
+    }
+}
+
+/// A ready node of a run, as it sits in a deque or injector.
+pub(crate) struct Task<S> {
+    run: NonNull<Run<S>>,
+    pub(crate) node: u32,
+}
+
+// SAFETY: a task is a (run, node) pair; `Run<S>` is shared between workers by design (its mutable
+// parts are atomics, locks or slots ordered as documented on `Slot`), and the pointer's validity
+// is guaranteed by the in-flight protocol described at the top of this file.
+unsafe impl<S> Send for Task<S> {}
+
+impl<S> Task<S> {
+    pub(crate) fn new(run: &Run<S>, node: u32) -> Self {
+        Task { run: NonNull::from(run), node }
+    }
+
+    /// The run this task belongs to.
+    #[inline]
+    pub(crate) fn run(&self) -> &Run<S> {
+        // SAFETY: the run outlives every task counted in its in-flight count (top of this file);
+        // this task is counted until its node completes, which happens after the last use.
+        unsafe { self.run.as_ref() }
+    }
+}
+
+impl<S> fmt::Debug for Task<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Task(node #{})", self.node)
+    }
+}
+
+pub(crate) struct Run<S> {
+    pub(crate) id: u64,
+    pub(crate) plan: std::sync::Arc<Plan<S>>,
+    /// Unfinished predecessors of each node.
+    pub(crate) pending: Box<[AtomicU32]>,
+    pub(crate) slots: Box<[Slot]>,
+    /// Tasks of this run that are queued or running (deferred completions included).
+    /// The run is over when it drops to zero.
+    pub(crate) inflight: CachePadded<AtomicUsize>,
+    failed: AtomicBool,
+    error: Mutex<Option<Error>>,
+    /// Nodes that became ready after the run failed and were skipped.
+    skipped: AtomicUsize,
+    pub(crate) completion: std::sync::Arc<Completion>,
+    pub(crate) submitted: Instant,
+}
+
+impl<S> Run<S> {
+    pub(crate) fn new(id: u64, plan: std::sync::Arc<Plan<S>>) -> Self {
+        let n = plan.nodes.len();
+        let pending = plan.indegree.iter().map(|&d| AtomicU32::new(d)).collect();
+        let slots = (0..n).map(|_| Slot::new()).collect();
+        let inflight = CachePadded::new(AtomicUsize::new(plan.sources.len()));
+        Run {
+            id,
+            plan,
+            pending,
+            slots,
+            inflight,
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+            skipped: AtomicUsize::new(0),
+            completion: std::sync::Arc::new(Completion::new()),
+            submitted: Instant::now(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Marks the run failed with `error`; the first failure wins.
+    pub(crate) fn fail(&self, error: Error) {
+        let mut slot = sync::lock(&self.error);
+        if slot.is_none() {
+            *slot = Some(error);
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Completes node `node`: when `release` (it succeeded and the run has not failed) its
+    /// successors' counters are decremented and the ones that reach zero are appended to `ready`;
+    /// then the in-flight count is adjusted by `ready.len() - 1` (this node leaves, they enter).
+    /// Returns `true` when the count reached zero: the caller must then call
+    /// `Registry::finish(self)` and not touch the run again.
+    ///
+    /// The count is raised before the caller pushes the ready tasks, so no task of the run can
+    /// bring it to zero while another is still to be queued.
+    pub(crate) fn release(&self, node: u32, release: bool, ready: &mut Vec<Task<S>>) -> bool {
+        let before = ready.len();
+        if release && !self.is_failed() {
+            for &s in self.plan.successors(node) {
+                // AcqRel: our output (Release) must be visible to whoever takes the successor, and
+                // the last decrementer must see every predecessor's output (Acquire).
+                if self.pending[s as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                    ready.push(Task::new(self, s));
+                }
+            }
+        }
+        match ready.len() - before {
+            0 => self.inflight.fetch_sub(1, Ordering::AcqRel) == 1,
+            1 => false,
+            k => {
+                self.inflight.fetch_add(k - 1, Ordering::AcqRel);
+                false
+            }
+        }
+    }
+
+    pub(crate) fn note_skipped(&self) {
+        self.skipped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Builds the run's result. Called once, by the thread that brought `inflight` to zero.
+    pub(crate) fn take_result(&self) -> Result<GraphOutput, Error> {
+        if self.failed.load(Ordering::Acquire) {
+            // Nodes never released (counter above zero) plus released-but-skipped ones.
+            let never = self.pending.iter().filter(|p| p.load(Ordering::Relaxed) > 0).count();
+            let cancelled = never + self.skipped.load(Ordering::Relaxed);
+            let err = sync::lock(&self.error).take().unwrap_or_else(|| {
+                Error::new(ErrorKind::Cancelled, format!("graph '{}' failed", self.plan.name))
+            });
+            return Err(err.with_cancelled(cancelled));
+        }
+        let mut values = Vec::with_capacity(self.plan.valued.len());
+        for &i in self.plan.valued.iter() {
+            // SAFETY: in-flight reached zero, so no other thread touches this run's slots.
+            if let Some(v) = unsafe { self.slots[i as usize].take() }.and_then(|o| o.value) {
+                values.push((i, v));
+            }
+        }
+        Ok(GraphOutput { graph: self.plan.uid, name: self.plan.name.clone(), values })
+    }
+}
+
+/// Node outputs of a finished graph.
+pub struct GraphOutput {
+    graph: u32,
+    name: std::sync::Arc<str>,
+    /// (node index, value), sorted by index.
+    values: Vec<(u32, AnyValue)>,
+}
+
+impl fmt::Debug for GraphOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GraphOutput").field("graph", &self.name).field("values", &self.values.len()).finish()
+    }
+}
+
+impl GraphOutput {
+    fn position(&self, id: NodeId) -> Option<usize> {
+        if id.graph != self.graph {
+            return None;
+        }
+        self.values.binary_search_by_key(&id.index, |(i, _)| *i).ok()
+    }
+
+    /// The output of node `r`, if `r` is a node of this graph whose output was not taken.
+    pub fn get<T: 'static>(&self, r: NodeRef<T>) -> Option<&T> {
+        let p = self.position(r.id)?;
+        (*self.values[p].1).downcast_ref::<T>()
+    }
+
+    /// Moves the output of node `r` out.
+    pub fn take<T: 'static>(&mut self, r: NodeRef<T>) -> Option<T> {
+        let p = self.position(r.id)?;
+        if !(*self.values[p].1).is::<T>() {
+            return None;
+        }
+        let (_, v) = self.values.remove(p);
+        v.downcast::<T>().ok().map(|b| *b)
+    }
+
+    /// The graph's name.
+    pub fn graph_name(&self) -> &str {
+        &self.name
+    }
+}
+
+enum Waiter {
+    None,
+    Thread(Thread),
+    Task(Waker),
+}
+
+/// The hand-off between the thread that finishes a run and the one waiting for it.
+pub(crate) struct Completion {
+    done: AtomicBool,
+    result: Mutex<Option<Result<GraphOutput, Error>>>,
+    waiter: Mutex<Waiter>,
+}
+
+impl Completion {
+    pub(crate) fn new() -> Self {
+        Completion { done: AtomicBool::new(false), result: Mutex::new(None), waiter: Mutex::new(Waiter::None) }
+    }
+
+    #[inline]
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// Publishes the result, then wakes whoever waits. Called once.
+    pub(crate) fn complete(&self, result: Result<GraphOutput, Error>) {
+        *sync::lock(&self.result) = Some(result);
+        self.done.store(true, Ordering::Release);
+        // Taking the waiter after `done` is set: a waiter registers before checking `done`,
+        // so either it sees `done` or we see it here.
+        let waiter = std::mem::replace(&mut *sync::lock(&self.waiter), Waiter::None);
+        match waiter {
+            Waiter::None => {}
+            Waiter::Thread(t) => t.unpark(),
+            Waiter::Task(w) => w.wake(),
+        }
+    }
+
+    /// Registers the current thread to be unparked on completion.
+    pub(crate) fn register_thread(&self) {
+        *sync::lock(&self.waiter) = Waiter::Thread(current_thread());
+    }
+
+    pub(crate) fn register_waker(&self, waker: &Waker) {
+        let mut w = sync::lock(&self.waiter);
+        match &*w {
+            Waiter::Task(old) if old.will_wake(waker) => {}
+            _ => *w = Waiter::Task(waker.clone()),
+        }
+    }
+
+    pub(crate) fn take_result(&self) -> Option<Result<GraphOutput, Error>> {
+        sync::lock(&self.result).take()
+    }
+
+    /// Blocks the current (non-worker) thread until completion.
+    pub(crate) fn block(&self) {
+        self.register_thread();
+        while !self.is_done() {
+            sync::park();
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! Every atomic, lock and park the scheduler's protocols use, in one place.
+//!
+//! Under `--cfg loom` these are loom's model-checked versions, so the dependency
+//! counters, the sleep/wake hand-off and the completion protocol can be explored
+//! exhaustively by the tests in `tests/loom.rs`-style unit modules (see `loom_models`).
+//! Everything else in the crate imports from here, never from `std::sync` directly.
+
+#[cfg(not(loom))]
+mod imp {
+    pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
+    pub(crate) use std::thread::{current as current_thread, park, Thread};
+
+    /// Parks the current thread for at most `dur` (loom has no timed park).
+    pub(crate) fn park_timeout(dur: std::time::Duration) {
+        std::thread::park_timeout(dur)
+    }
+
+    /// Gives up the rest of this time slice.
+    pub(crate) fn yield_now() {
+        std::thread::yield_now()
+    }
+}
+
+#[cfg(loom)]
+mod imp {
+    pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
+    pub(crate) use loom::thread::{current as current_thread, park, Thread};
+
+    /// Under loom a timed park is modelled as a yield: the model must not depend on time.
+    pub(crate) fn park_timeout(_dur: std::time::Duration) {
+        loom::thread::yield_now()
+    }
+
+    /// Gives up the rest of this time slice.
+    pub(crate) fn yield_now() {
+        loom::thread::yield_now()
+    }
+}
+
+pub(crate) use imp::*;
+
+/// Locks `m`, ignoring poisoning: the scheduler's own critical sections never panic while
+/// holding a lock, and a node's panic is caught before it can reach one.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// A counter written by one thread only and read by any: a plain load and store instead of
+/// a locked read-modify-write, so a worker's statistics cost one ordinary add.
+#[derive(Debug)]
+pub(crate) struct OwnedCounter(AtomicU64);
+
+impl OwnedCounter {
+    pub(crate) fn new() -> Self {
+        OwnedCounter(AtomicU64::new(0))
+    }
+
+    /// Adds `n`. Only the owning worker may call this.
+    #[inline]
+    pub(crate) fn add(&self, n: u64) {
+        self.0.store(self.0.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    /// Reads the current value from any thread.
+    #[inline]
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
