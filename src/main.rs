@@ -1,1 +1,168 @@
-fn main(){}
+//! The `boundpool` command line: run a built-in or file-described graph on a pool and verify it,
+//! benchmark the standard shapes against rayon-core, draw recorded timelines, list the metrics.
+//!
+//! ```text
+//! boundpool run --shape wavefront --size 1000000 --threads 2
+//! boundpool run --graph pipeline.json --trace trace.json --dot graph.dot
+//! boundpool bench --scale 0.1
+//! boundpool trace trace.json --svg timeline.svg
+//! boundpool metrics
+//! ```
+//!
+//! Exit status: 0 on success, 1 when a run failed or its verification did not pass, 2 for bad
+//! arguments or a bad graph file (reported before any node runs).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+mod cli;
+
+/// Task graphs on a bounded pool of pinned, work-stealing worker threads.
+#[derive(Parser, Debug)]
+#[command(name = "boundpool", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a built-in graph shape or a graph file, check every node ran exactly once after its
+    /// predecessors, and print nodes, ns per node, peak OS threads and steals.
+    Run(RunArgs),
+    /// Benchmark the standard shapes on boundpool against the rayon-core baselines.
+    Bench(BenchArgs),
+    /// Summarise a Chrome trace written by `run --trace`, or draw it as an SVG timeline.
+    Trace(TraceArgs),
+    /// Print the markdown table of every metric the scheduler exports.
+    Metrics,
+}
+
+/// A built-in graph shape.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ShapeArg {
+    /// Each node after the previous one.
+    Chain,
+    /// A full binary out-tree (size rounded down to 2^d - 1).
+    Tree,
+    /// One source, size - 2 independent nodes, one sink.
+    Wide,
+    /// A square grid, each cell after its left and upper neighbour (size rounded down to a square).
+    Wavefront,
+    /// A seeded random DAG, each node after up to 4 of the 64 nodes before it.
+    Random,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Built-in graph shape (default: wavefront, unless --graph is given).
+    #[arg(long, value_enum, conflicts_with = "graph")]
+    shape: Option<ShapeArg>,
+    /// Nodes of the built-in shape.
+    #[arg(long, default_value_t = 1_000_000, conflicts_with = "graph")]
+    size: usize,
+    /// Busy work in every node of the built-in shape, in nanoseconds.
+    #[arg(long, default_value_t = 0, conflicts_with = "graph")]
+    work_ns: u64,
+    /// Run the graph described in this JSON file instead (see the README for the format).
+    #[arg(long, value_name = "FILE.json")]
+    graph: Option<PathBuf>,
+    /// Worker threads (default: the cores this process may use).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Runs of the graph; ns per node is the median over them.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// No progress bar and no notes on stderr.
+    #[arg(long)]
+    quiet: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics while running.
+    #[arg(long, value_name = "ADDR:PORT")]
+    prometheus: Option<SocketAddr>,
+    /// Keep serving --prometheus for this many seconds after the runs.
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 0.0,
+        requires = "prometheus"
+    )]
+    linger: f64,
+    /// Write the Prometheus exposition text at the end.
+    #[arg(long, value_name = "FILE")]
+    metrics_out: Option<PathBuf>,
+    /// Record a timeline and write it in the Chrome trace format (Perfetto, chrome://tracing).
+    #[arg(long, value_name = "FILE.json")]
+    trace: Option<PathBuf>,
+    /// Write the graph in Graphviz DOT.
+    #[arg(long, value_name = "FILE")]
+    dot: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// Print a JSON array of rows instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Scale factor on the standard sizes (1.0: chain 1,000,000, tree depth 20, wide 1,000,000,
+    /// wavefront 1000x1000).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Runs per implementation and shape (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    /// Worker threads for boundpool and rayon (default: the cores this process may use).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Nodes of the wide shape for the thread-per-node baseline (default: 20,000 times the
+    /// scale, at most 20,000; 0 skips it).
+    #[arg(long)]
+    thread_per_node: Option<usize>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
+struct TraceArgs {
+    /// A Chrome trace file (as written by `boundpool run --trace`).
+    file: PathBuf,
+    /// Draw the timeline to this SVG file.
+    #[arg(long, value_name = "OUT.svg")]
+    svg: Option<PathBuf>,
+    /// Width of the picture in pixels.
+    #[arg(long, default_value_t = 1400)]
+    width: u32,
+    /// Colour node bars by graph or by node name (auto: by graph when there are several).
+    #[arg(long, value_enum, default_value_t = ColorArg::Auto)]
+    color: ColorArg,
+}
+
+/// How node bars are coloured.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ColorArg {
+    /// By graph when the trace holds several graphs, else by node name.
+    Auto,
+    /// One colour per graph.
+    Graph,
+    /// One colour per node name.
+    Node,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(a) => cli::run::main(a),
+        Command::Bench(a) => cli::bench::main(a),
+        Command::Trace(a) => cli::trace::main(a),
+        Command::Metrics => {
+            print!("{}", boundpool::observe::metrics_table());
+            ExitCode::SUCCESS
+        }
+    }
+}

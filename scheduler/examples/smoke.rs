@@ -1,34 +1,49 @@
+//! Runs one shape repeatedly (for profiling): `smoke [chain|wide|tree] [runs]`.
 use boundpool_scheduler::*;
 use std::time::Instant;
 fn main() {
+    let shape = std::env::args().nth(1).unwrap_or_else(|| "chain".into());
+    let runs: usize = std::env::args()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
     let pool = PoolBuilder::new().workers(2).build().unwrap();
-    let mut g = GraphBuilder::new("sum");
-    let a = g.node("a", |_| Ok(20u64));
-    let b = g.node("b", |_| Ok(22u64));
-    let sum = g.node("sum", move |ctx| Ok(ctx.input(a)? + ctx.input(b)?));
-    g.edge(a, sum); g.edge(b, sum);
-    let graph = g.build().unwrap();
-    let out = pool.submit(&graph).unwrap().wait().unwrap();
-    assert_eq!(out.get(sum), Some(&42));
-    for (name, n) in [("chain", 1_000_000u32), ("wide", 1_000_000)] {
-        let t0 = Instant::now();
-        let mut g = GraphBuilder::with_capacity(name, n as usize + 2, n as usize * 2);
-        let mut prev = g.node("n", |_| Ok(()));
-        let first = prev;
-        if name == "chain" {
-            for _ in 1..n { let x = g.node("n", |_| Ok(())); g.edge(prev, x); prev = x; }
-        } else {
-            let sink = g.node("sink", |_| Ok(()));
-            for _ in 0..n { let x = g.node("n", |_| Ok(())); g.edge(first, x); g.edge(x, sink); }
+    let n = 1_000_000u32;
+    let mut g = GraphBuilder::with_capacity("g", n as usize + 2, n as usize * 2);
+    let first = g.node("n", |_| Ok(()));
+    let mut prev = first;
+    match shape.as_str() {
+        "chain" => {
+            for _ in 1..n {
+                let x = g.node("n", |_| Ok(()));
+                g.edge(prev, x);
+                prev = x;
+            }
         }
-        let graph = g.build().unwrap();
-        let tb = t0.elapsed();
-        for _ in 0..3 {
-            let t1 = Instant::now();
-            pool.submit(&graph).unwrap().wait().unwrap();
-            let te = t1.elapsed();
-            println!("{name}: build {:.1} ns/node, exec {:.1} ns/node", tb.as_nanos() as f64 / n as f64, te.as_nanos() as f64 / n as f64);
+        "tree" => {
+            let mut ids = vec![first];
+            for i in 1..n {
+                let x = g.node("n", |_| Ok(()));
+                g.edge(ids[((i - 1) / 2) as usize], x);
+                ids.push(x);
+            }
+        }
+        _ => {
+            let sink = g.node("sink", |_| Ok(()));
+            for _ in 0..n {
+                let x = g.node("n", |_| Ok(()));
+                g.edge(first, x);
+                g.edge(x, sink);
+            }
         }
     }
-    println!("{:?}", pool.stats());
+    let graph = g.build().unwrap();
+    for _ in 0..runs {
+        let t1 = Instant::now();
+        pool.submit(&graph).unwrap().wait().unwrap();
+        println!(
+            "{shape}: {:.1} ns/node",
+            t1.elapsed().as_nanos() as f64 / n as f64
+        );
+    }
 }

@@ -1,12 +1,13 @@
 //! What a node body sees: its inputs, its worker, and a way to submit nested graphs.
 
 use std::any::{Any, TypeId};
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::fmt;
 use std::task::Poll;
 
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::{AnyValue, NodeId, NodeRef};
+use crate::graph::{AnyValue, NodeId, NodeRef, Topology};
+use crate::sync::{AtomicBool, Ordering};
 use crate::handle::GraphHandle;
 use crate::pool::{GroupId, WorkerInfo};
 use crate::registry::Registry;
@@ -21,34 +22,33 @@ pub(crate) type DeferFn<S> = Box<dyn FnMut(&S) -> Poll<Result<(), BoxError>> + S
 /// through [`NodeCtx`] (which dereferences to it).
 pub struct Inputs<'a> {
     pub(crate) slots: &'a [Slot],
-    pub(crate) preds: &'a [u32],
-    pub(crate) succs: &'a [u32],
+    pub(crate) stored: &'a AtomicBool,
+    pub(crate) topo: &'a Topology,
     pub(crate) graph_uid: u32,
     pub(crate) origin: u32,
     pub(crate) base: u32,
     pub(crate) node: u32,
-    pub(crate) node_name: &'a str,
     pub(crate) graph_name: &'a str,
 }
 
 impl fmt::Debug for Inputs<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Inputs").field("graph", &self.graph_name).field("node", &self.node_name).finish()
+        f.debug_struct("Inputs").field("graph", &self.graph_name).field("node", &self.node_name()).finish()
     }
 }
 
 impl<'a> Inputs<'a> {
+    #[inline]
     pub(crate) fn of<S>(run: &'a Run<S>, node: u32) -> Self {
         let spec = &run.plan.nodes[node as usize];
         Inputs {
             slots: &run.slots,
-            preds: run.plan.predecessors(node),
-            succs: run.plan.successors(node),
+            stored: &run.stored,
+            topo: &run.plan.topo,
             graph_uid: run.plan.uid,
             origin: spec.origin,
             base: spec.base,
             node,
-            node_name: &spec.name,
             graph_name: &run.plan.name,
         }
     }
@@ -63,7 +63,7 @@ impl<'a> Inputs<'a> {
             )));
         }
         let index = self.base + from.id.index;
-        if !self.preds.contains(&index) {
+        if !self.topo.predecessors(self.node).contains(&index) {
             return Err(self.bad_input(format!("reads node #{index}, which is not a direct predecessor")));
         }
         // SAFETY: `index` is a direct predecessor, so it completed before this node became
@@ -81,16 +81,30 @@ impl<'a> Inputs<'a> {
         }
     }
 
+    /// Stores this node's output value.
+    ///
+    /// # Safety
+    /// Only the thread running this node may call this, before the node completes.
+    #[inline]
+    pub(crate) unsafe fn store_output(&self, value: AnyValue) {
+        if !self.stored.load(Ordering::Relaxed) {
+            self.stored.store(true, Ordering::Relaxed);
+        }
+        // SAFETY: the caller runs this node, so it is the slot's only writer, and no successor
+        // reads the slot before the node completes.
+        unsafe { self.slots[self.node as usize].set_value(value) }
+    }
+
     fn bad_input(&self, what: String) -> Error {
         Error::new(
             ErrorKind::BadInput,
-            format!("node '{}' (#{}) of graph '{}' {what}", self.node_name, self.node, self.graph_name),
+            format!("node '{}' (#{}) of graph '{}' {what}", self.node_name(), self.node, self.graph_name),
         )
     }
 
     /// This node's name.
     pub fn node_name(&self) -> &'a str {
-        self.node_name
+        &self.topo.names[self.node as usize]
     }
 
     /// The name of the graph being run.
@@ -106,20 +120,20 @@ impl<'a> Inputs<'a> {
     /// Direct predecessors, as ids of the graph being run.
     pub fn predecessors(&self) -> impl Iterator<Item = NodeId> + 'a {
         let g = self.graph_uid;
-        self.preds.iter().map(move |&index| NodeId { graph: g, index })
+        self.topo.predecessors(self.node).iter().map(move |&index| NodeId { graph: g, index })
     }
 
     /// Direct successors, as ids of the graph being run.
     pub fn successors(&self) -> impl Iterator<Item = NodeId> + 'a {
         let g = self.graph_uid;
-        self.succs.iter().map(move |&index| NodeId { graph: g, index })
+        self.topo.successors(self.node).iter().map(move |&index| NodeId { graph: g, index })
     }
 
     /// Markers that direct predecessors attached with [`NodeCtx::set_marker`].
     pub fn predecessor_markers(&self) -> impl Iterator<Item = (NodeId, &'a (dyn Any + Send + Sync))> + 'a {
         let g = self.graph_uid;
         let slots = self.slots;
-        self.preds.iter().filter_map(move |&index| {
+        self.topo.predecessors(self.node).iter().filter_map(move |&index| {
             // SAFETY: a direct predecessor completed before this node became ready.
             let out = unsafe { slots[index as usize].get() }?;
             out.marker.as_deref().map(|m| (NodeId { graph: g, index }, m))
@@ -135,15 +149,14 @@ pub struct NodeCtx<'a, S> {
     pub(crate) state: &'a S,
     pub(crate) info: &'a WorkerInfo,
     pub(crate) registry: &'a std::sync::Arc<Registry<S>>,
-    pub(crate) marker: RefCell<Option<AnyValue>>,
-    pub(crate) deferred: RefCell<Option<DeferFn<S>>>,
+    pub(crate) deferred: Cell<Option<DeferFn<S>>>,
 }
 
 impl<S> fmt::Debug for NodeCtx<'_, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NodeCtx")
             .field("graph", &self.inputs.graph_name)
-            .field("node", &self.inputs.node_name)
+            .field("node", &self.inputs.node_name())
             .field("worker", &self.info.index)
             .finish()
     }
@@ -177,7 +190,10 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// [`Inputs::predecessor_markers`] (the GPU backend attaches the event recorded after the
     /// node's work). Replaces an earlier marker.
     pub fn set_marker(&self, marker: Box<dyn Any + Send + Sync>) {
-        *self.marker.borrow_mut() = Some(marker);
+        self.run.note_stored();
+        // SAFETY: this worker is running the node, so it is the slot's only writer, and no
+        // successor reads it before the node completes.
+        unsafe { self.run.slots[self.inputs.node as usize].set_marker(marker) }
     }
 
     /// Defers this node's completion: after the body returns, its successors are released (and
@@ -185,7 +201,7 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// fails the graph naming this node. The same worker polls it between other nodes, and
     /// backs off (yields, then short timed parks) when it has nothing else to do.
     pub fn complete_when(&self, poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static) {
-        *self.deferred.borrow_mut() = Some(Box::new(poll));
+        self.deferred.set(Some(Box::new(poll)));
     }
 
     /// Submits `graph` to the pool running this node. Waiting on the handle from inside a node

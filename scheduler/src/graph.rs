@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32 as StdAtomicU32, Ordering as StdOrdering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
@@ -14,8 +14,10 @@ use crate::pool::GroupId;
 
 /// A node's output, type-erased.
 pub(crate) type AnyValue = Box<dyn Any + Send + Sync>;
-pub(crate) type WorkerBody<S> = Box<dyn Fn(&NodeCtx<'_, S>) -> Result<AnyValue, BoxError> + Send + Sync>;
-pub(crate) type CpuBody = Box<dyn Fn(&Inputs<'_>) -> Result<AnyValue, BoxError> + Send + Sync>;
+/// A type-erased worker body. It stores its own output (so the call returns two words in
+/// registers instead of a value through memory).
+pub(crate) type WorkerBody<S> = Box<dyn Fn(&NodeCtx<'_, S>) -> Result<(), BoxError> + Send + Sync>;
+pub(crate) type CpuBody = Box<dyn Fn(&Inputs<'_>) -> Result<(), BoxError> + Send + Sync>;
 
 /// Hands out a distinct id to every builder so edges between graphs can be told apart.
 static NEXT_GRAPH_UID: StdAtomicU32 = StdAtomicU32::new(1);
@@ -94,7 +96,6 @@ pub(crate) enum Body<S> {
 }
 
 pub(crate) struct NodeSpec<S> {
-    pub(crate) name: Cow<'static, str>,
     pub(crate) body: Body<S>,
     pub(crate) placement: Option<GroupId>,
     /// The graph whose builder created this node's body: `NodeRef`s the body captured carry it.
@@ -143,9 +144,13 @@ pub struct GraphBuilder<S = ()> {
     uid: u32,
     name: Cow<'static, str>,
     nodes: Vec<NodeSpec<S>>,
-    edges: Vec<(NodeId, NodeId)>,
+    names: Vec<Cow<'static, str>>,
+    /// Edges by node index; ids of other graphs are caught when the edge is added.
+    edges: Vec<(u32, u32)>,
     /// A placement that named a bad node; reported by `build`.
     bad_placement: Option<NodeId>,
+    /// The first edge endpoint that was a node of another graph; reported by `build`.
+    foreign_edge: Option<NodeId>,
 }
 
 impl<S> fmt::Debug for GraphBuilder<S> {
@@ -170,8 +175,10 @@ impl<S: 'static> GraphBuilder<S> {
             uid: NEXT_GRAPH_UID.fetch_add(1, StdOrdering::Relaxed),
             name: name.into(),
             nodes: Vec::with_capacity(nodes),
+            names: Vec::with_capacity(nodes),
             edges: Vec::with_capacity(edges),
             bad_placement: None,
+            foreign_edge: None,
         }
     }
 
@@ -192,7 +199,8 @@ impl<S: 'static> GraphBuilder<S> {
 
     fn push(&mut self, name: Cow<'static, str>, body: Body<S>, unit: bool) -> NodeId {
         let index = u32::try_from(self.nodes.len()).expect("a graph holds at most 2^32 - 1 nodes");
-        self.nodes.push(NodeSpec { name, body, placement: None, origin: self.uid, base: 0, unit });
+        self.nodes.push(NodeSpec { body, placement: None, origin: self.uid, base: 0, unit });
+        self.names.push(name);
         NodeId { graph: self.uid, index }
     }
 
@@ -204,7 +212,14 @@ impl<S: 'static> GraphBuilder<S> {
         F: Fn(&NodeCtx<'_, S>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
         let unit = TypeId::of::<T>() == TypeId::of::<()>();
-        let body: WorkerBody<S> = Box::new(move |ctx| body(ctx).map(|v| Box::new(v) as AnyValue));
+        let body: WorkerBody<S> = Box::new(move |ctx| {
+            let v = body(ctx)?;
+            if !unit {
+                // SAFETY: a body runs only as its node, on the thread that runs the node.
+                unsafe { ctx.inputs.store_output(Box::new(v)) };
+            }
+            Ok(())
+        });
         NodeRef::new(self.push(name.into(), Body::Worker(body), unit))
     }
 
@@ -218,14 +233,27 @@ impl<S: 'static> GraphBuilder<S> {
         F: Fn(&Inputs<'_>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
         let unit = TypeId::of::<T>() == TypeId::of::<()>();
-        let body: CpuBody = Box::new(move |inputs| body(inputs).map(|v| Box::new(v) as AnyValue));
+        let body: CpuBody = Box::new(move |inputs| {
+            let v = body(inputs)?;
+            if !unit {
+                // SAFETY: a body runs only as its node, on the thread that runs the node.
+                unsafe { inputs.store_output(Box::new(v)) };
+            }
+            Ok(())
+        });
         NodeRef::new(self.push(name.into(), Body::Cpu(body), unit))
     }
 
     /// Adds an edge: `to` starts only after `from` has finished, and may read its output.
     /// Ids are checked by [`build`](Self::build).
     pub fn edge(&mut self, from: impl Into<NodeId>, to: impl Into<NodeId>) -> &mut Self {
-        self.edges.push((from.into(), to.into()));
+        let (from, to) = (from.into(), to.into());
+        for id in [from, to] {
+            if id.graph != self.uid && self.foreign_edge.is_none() {
+                self.foreign_edge = Some(id);
+            }
+        }
+        self.edges.push((from.index, to.index));
         self
     }
 
@@ -251,8 +279,8 @@ impl<S: 'static> GraphBuilder<S> {
                 Body::Inlined(p, j) => (p.clone(), *j),
                 _ => (plan.clone(), i as u32),
             };
+            self.names.push(plan.topo.names[i].clone());
             self.nodes.push(NodeSpec {
-                name: spec.name.clone(),
                 body: Body::Inlined(body_plan, body_index),
                 placement: spec.placement,
                 origin: spec.origin,
@@ -262,10 +290,7 @@ impl<S: 'static> GraphBuilder<S> {
         }
         for (from, tos) in (0..plan.nodes.len()).map(|i| (i, plan.successors(i as u32))) {
             for &to in tos {
-                self.edges.push((
-                    NodeId { graph: self.uid, index: offset + from as u32 },
-                    NodeId { graph: self.uid, index: offset + to },
-                ));
+                self.edges.push((offset + from as u32, offset + to));
             }
         }
         Subgraph { inner: plan.uid, outer: self.uid, offset, len: plan.nodes.len() as u32, sources: plan.sources.clone(), sinks: plan.sinks() }
@@ -334,7 +359,7 @@ impl<S> fmt::Debug for Graph<S> {
         f.debug_struct("Graph")
             .field("name", &self.plan.name)
             .field("nodes", &self.plan.nodes.len())
-            .field("edges", &self.plan.succ.len())
+            .field("edges", &self.plan.topo.succ.len())
             .finish()
     }
 }
@@ -357,7 +382,7 @@ impl<S> Graph<S> {
 
     /// Number of edges.
     pub fn edge_count(&self) -> usize {
-        self.plan.succ.len()
+        self.plan.topo.succ.len()
     }
 
     /// Every node's id, in order.
@@ -368,7 +393,7 @@ impl<S> Graph<S> {
 
     /// A node's name, if `id` belongs to this graph.
     pub fn node_name(&self, id: NodeId) -> Option<&str> {
-        self.plan.check(id).map(|i| &*self.plan.nodes[i as usize].name)
+        self.plan.check(id).map(|i| &*self.plan.topo.names[i as usize])
     }
 
     /// A node's placement (`None`: any worker), if `id` belongs to this graph.
@@ -408,7 +433,7 @@ impl<S> Graph<S> {
             } else {
                 spec.placement.map_or_else(|| "host".to_string(), &group_name)
             };
-            let _ = writeln!(s, "  n{i} [label=\"{}\\n[{}]\"];", dot_escape(&spec.name), dot_escape(&place));
+            let _ = writeln!(s, "  n{i} [label=\"{}\\n[{}]\"];", dot_escape(&self.plan.topo.names[i]), dot_escape(&place));
         }
         for i in 0..self.plan.nodes.len() as u32 {
             for &j in self.plan.successors(i) {
@@ -434,10 +459,7 @@ pub(crate) struct Plan<S> {
     pub(crate) uid: u32,
     pub(crate) name: Arc<str>,
     pub(crate) nodes: Box<[NodeSpec<S>]>,
-    succ_start: Box<[u32]>,
-    succ: Box<[u32]>,
-    pred_start: Box<[u32]>,
-    pred: Box<[u32]>,
+    pub(crate) topo: Topology,
     pub(crate) indegree: Box<[u32]>,
     pub(crate) sources: Box<[u32]>,
     /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.
@@ -445,7 +467,19 @@ pub(crate) struct Plan<S> {
     max_placement: Option<(u32, GroupId)>,
 }
 
-impl<S> Plan<S> {
+/// Successor and predecessor lists in compressed form, and node names: what `Inputs` needs,
+/// without the state type.
+pub(crate) struct Topology {
+    n: usize,
+    succ_start: Box<[u32]>,
+    succ: Box<[u32]>,
+    /// (start, list), built from the successor lists the first time a node asks for its
+    /// predecessors: graphs whose nodes never read inputs never pay for them.
+    preds: OnceLock<(Box<[u32]>, Box<[u32]>)>,
+    pub(crate) names: Box<[Cow<'static, str>]>,
+}
+
+impl Topology {
     #[inline]
     pub(crate) fn successors(&self, i: u32) -> &[u32] {
         let i = i as usize;
@@ -454,8 +488,40 @@ impl<S> Plan<S> {
 
     #[inline]
     pub(crate) fn predecessors(&self, i: u32) -> &[u32] {
+        let (start, list) = self.preds.get_or_init(|| Self::build_predecessors(&self.succ_start, &self.succ, self.n));
         let i = i as usize;
-        &self.pred[self.pred_start[i] as usize..self.pred_start[i + 1] as usize]
+        &list[start[i] as usize..start[i + 1] as usize]
+    }
+
+    fn build_predecessors(succ_start: &[u32], succ: &[u32], n: usize) -> (Box<[u32]>, Box<[u32]>) {
+        let mut start = vec![0u32; n + 1];
+        for &t in succ {
+            start[t as usize + 1] += 1;
+        }
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut fill: Vec<u32> = start[..n].to_vec();
+        let mut list = vec![0u32; succ.len()];
+        for f in 0..n {
+            for &t in &succ[succ_start[f] as usize..succ_start[f + 1] as usize] {
+                list[fill[t as usize] as usize] = f as u32;
+                fill[t as usize] += 1;
+            }
+        }
+        (start.into_boxed_slice(), list.into_boxed_slice())
+    }
+}
+
+impl<S> Plan<S> {
+    #[inline]
+    pub(crate) fn successors(&self, i: u32) -> &[u32] {
+        self.topo.successors(i)
+    }
+
+    #[inline]
+    pub(crate) fn predecessors(&self, i: u32) -> &[u32] {
+        self.topo.predecessors(i)
     }
 
     /// A node with the highest group placement, for checking placements against a pool.
@@ -473,7 +539,7 @@ impl<S> Plan<S> {
     }
 
     pub(crate) fn describe(&self, i: u32) -> String {
-        format!("node '{}' (#{}) of graph '{}'", self.nodes[i as usize].name, i, self.name)
+        format!("node '{}' (#{}) of graph '{}'", self.topo.names[i as usize], i, self.name)
     }
 
     fn build(b: GraphBuilder<S>) -> Result<Self, Error> {
@@ -502,45 +568,47 @@ impl<S> Plan<S> {
         if let Some(id) = b.bad_placement {
             check(id, "a placement")?;
         }
-        // Counting sort of the edges by source, then by target: compressed adjacency both ways.
+        if let Some(id) = b.foreign_edge {
+            check(id, "an edge")?;
+        }
+        // Counting sort of the edges by source: compressed successor lists. Predecessor lists are
+        // built on first use (`Topology::predecessors`).
         let mut succ_start = vec![0u32; n + 1];
-        let mut pred_start = vec![0u32; n + 1];
-        for &(from, to) in &b.edges {
-            let f = check(from, "an edge")?;
-            let t = check(to, "an edge")?;
+        let mut indegree = vec![0u32; n];
+        let mut forward = true;
+        for &(f, t) in &b.edges {
+            if f as usize >= n || t as usize >= n {
+                let bad = if f as usize >= n { f } else { t };
+                check(NodeId { graph: uid, index: bad }, "an edge")?;
+            }
             if f == t {
                 return Err(Error::new(
                     ErrorKind::Cycle,
-                    format!("graph '{}' has a cycle: node '{}' (#{f}) depends on itself", gname, b.nodes[f as usize].name),
+                    format!("graph '{}' has a cycle: node '{}' (#{f}) depends on itself", gname, b.names[f as usize]),
                 ));
             }
+            forward &= f < t;
             succ_start[f as usize + 1] += 1;
-            pred_start[t as usize + 1] += 1;
+            indegree[t as usize] += 1;
         }
         for i in 0..n {
             succ_start[i + 1] += succ_start[i];
-            pred_start[i + 1] += pred_start[i];
         }
         let m = b.edges.len();
         let mut succ = vec![0u32; m];
-        let mut pred = vec![0u32; m];
         let mut sfill: Vec<u32> = succ_start[..n].to_vec();
-        let mut pfill: Vec<u32> = pred_start[..n].to_vec();
-        for &(from, to) in &b.edges {
-            let (f, t) = (from.index as usize, to.index as usize);
-            succ[sfill[f] as usize] = t as u32;
-            sfill[f] += 1;
-            pred[pfill[t] as usize] = f as u32;
-            pfill[t] += 1;
+        for &(f, t) in &b.edges {
+            succ[sfill[f as usize] as usize] = t;
+            sfill[f as usize] += 1;
         }
-        drop((sfill, pfill));
-        let indegree: Vec<u32> = (0..n).map(|i| pred_start[i + 1] - pred_start[i]).collect();
+        drop(sfill);
         let sources: Vec<u32> = (0..n as u32).filter(|&i| indegree[i as usize] == 0).collect();
 
-        // Kahn's algorithm: every node must become ready, or there is a cycle.
-        let mut remaining = indegree.clone();
-        let mut stack = sources.clone();
-        let mut seen = 0usize;
+        // Kahn's algorithm: every node must become ready, or there is a cycle. Skipped when every
+        // edge goes from a lower to a higher index: node order is then a topological order.
+        let mut remaining = if forward { Vec::new() } else { indegree.clone() };
+        let mut stack = if forward { Vec::new() } else { sources.clone() };
+        let mut seen = if forward { n } else { 0 };
         while let Some(i) = stack.pop() {
             seen += 1;
             let i = i as usize;
@@ -553,29 +621,37 @@ impl<S> Plan<S> {
             }
         }
         if seen < n {
-            let cycle = find_cycle(&remaining, &pred_start, &pred);
-            let names: Vec<String> =
-                cycle.iter().map(|&i| format!("'{}' (#{i})", b.nodes[i as usize].name)).collect();
+            let preds = Topology::build_predecessors(&succ_start, &succ, n);
+            let cycle = find_cycle(&remaining, &preds.0, &preds.1);
+            let names: Vec<String> = cycle.iter().map(|&i| format!("'{}' (#{i})", b.names[i as usize])).collect();
             return Err(Error::new(
                 ErrorKind::Cycle,
                 format!("graph '{}' has a cycle: {} -> {}", gname, names.join(" -> "), names[0]),
             ));
         }
-        let valued: Vec<u32> = (0..n as u32).filter(|&i| !b.nodes[i as usize].unit).collect();
-        let max_placement = b
-            .nodes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.placement.map(|g| (i as u32, g)))
-            .max_by_key(|&(_, g)| g);
+        let mut valued = Vec::new();
+        let mut max_placement: Option<(u32, GroupId)> = None;
+        for (i, spec) in b.nodes.iter().enumerate() {
+            if !spec.unit {
+                valued.push(i as u32);
+            }
+            if let Some(g) = spec.placement {
+                if max_placement.is_none_or(|(_, m)| g > m) {
+                    max_placement = Some((i as u32, g));
+                }
+            }
+        }
         Ok(Plan {
             uid,
             name: gname,
             nodes: b.nodes.into_boxed_slice(),
-            succ_start: succ_start.into_boxed_slice(),
-            succ: succ.into_boxed_slice(),
-            pred_start: pred_start.into_boxed_slice(),
-            pred: pred.into_boxed_slice(),
+            topo: Topology {
+                n,
+                succ_start: succ_start.into_boxed_slice(),
+                succ: succ.into_boxed_slice(),
+                preds: OnceLock::new(),
+                names: b.names.into_boxed_slice(),
+            },
             indegree: indegree.into_boxed_slice(),
             sources: sources.into_boxed_slice(),
             valued: valued.into_boxed_slice(),

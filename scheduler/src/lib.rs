@@ -47,6 +47,7 @@ mod registry;
 mod run;
 mod sleep;
 mod sync;
+mod trace;
 mod worker;
 
 #[cfg(all(test, loom))]
@@ -59,3 +60,4 @@ pub use crate::handle::GraphHandle;
 pub use crate::metrics::{PoolStats, WorkerStats, METRICS};
 pub use crate::pool::{default_workers, Cores, GroupId, GroupSpec, GroupWaker, Pool, PoolBuilder, ShutdownMode, WorkerInfo};
 pub use crate::run::GraphOutput;
+pub use crate::trace::{SliceKind, Trace, TraceSlice, TraceTrack};

@@ -17,7 +17,7 @@ use crate::sync::{AtomicU64, Ordering, OwnedCounter};
 /// Nodes between two flushes of a busy worker's counters to the `metrics` facade.
 pub(crate) const FLUSH_EVERY: u64 = 1024;
 /// One node in this many has its run time measured for the `boundpool_node_run_seconds` histogram.
-pub(crate) const SAMPLE_EVERY: u64 = 64;
+pub(crate) const SAMPLE_EVERY: u64 = 256;
 
 pub(crate) struct WorkerCounters {
     pub(crate) nodes_run: OwnedCounter,
@@ -159,7 +159,7 @@ pub const METRICS: &[(&str, &str, &str, &str, &str)] = &[
     ("boundpool_nodes_cancelled", "counter", "count", "pool", "nodes that never ran because their graph failed or was cancelled"),
     ("boundpool_workers", "gauge", "count", "pool", "worker threads of the pool (fixed at build)"),
     ("boundpool_queue_depth", "gauge", "count", "pool, worker", "ready nodes in the worker's deque when it last flushed"),
-    ("boundpool_node_run_seconds", "histogram", "seconds", "pool", "run time of a node body (one node in 64 is timed)"),
+    ("boundpool_node_run_seconds", "histogram", "seconds", "pool", "run time of a node body (one node in 256 per worker is timed)"),
     ("boundpool_graph_latency_seconds", "histogram", "seconds", "pool", "time from submit to the graph's completion"),
 ];
 

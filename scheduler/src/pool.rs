@@ -124,6 +124,7 @@ pub struct PoolBuilder<S = ()> {
     rayon: Option<Arc<rayon_core::ThreadPool>>,
     cpu_lane_threads: Option<usize>,
     stack_size: Option<usize>,
+    trace: bool,
 }
 
 impl<S> fmt::Debug for PoolBuilder<S> {
@@ -159,6 +160,7 @@ impl PoolBuilder<()> {
             rayon: None,
             cpu_lane_threads: None,
             stack_size: None,
+            trace: false,
         }
     }
 }
@@ -206,6 +208,13 @@ impl<S: Send + 'static> PoolBuilder<S> {
         self
     }
 
+    /// Records a timeline (a slice per node and per park on each worker's track), read with
+    /// [`Pool::take_trace`]. Off by default; when off it costs one branch per node.
+    pub fn trace(mut self, on: bool) -> Self {
+        self.trace = on;
+        self
+    }
+
     /// Runs on each worker, after it pinned itself and before it takes any node; its result is
     /// that worker's state, which its nodes see through [`NodeCtx::worker`](crate::NodeCtx::worker).
     /// An error (or panic) fails [`build`](Self::build), naming the worker.
@@ -227,6 +236,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             rayon: self.rayon,
             cpu_lane_threads: self.cpu_lane_threads,
             stack_size: self.stack_size,
+            trace: self.trace,
         }
     }
 
@@ -288,7 +298,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
         };
         let hooks = Hooks { start: self.start, stop: self.stop, idle: self.idle };
         let group_names: Vec<String> = specs.iter().map(|g| g.name.clone()).collect();
-        let (registry, deques) = Registry::new(self.name.clone(), infos, group_names, hooks, cpu_lane);
+        let (registry, deques) = Registry::new(self.name.clone(), infos, group_names, hooks, cpu_lane, self.trace);
         let gate = Arc::new(worker::StartGate::new(registry.infos.len()));
         let mut threads: Vec<JoinHandle<()>> = Vec::with_capacity(deques.len());
         let mut spawn_error = None;
@@ -436,6 +446,28 @@ impl<S: Send + 'static> Pool<S> {
     /// A handle that wakes an idle worker of `group` so it runs its idle hook.
     pub fn group_waker(&self, group: GroupId) -> GroupWaker {
         GroupWaker { sleep: self.registry.sleep.clone(), group: group.index() }
+    }
+
+    /// Drains the timeline recorded so far (empty unless built with [`PoolBuilder::trace`]).
+    /// Every node of a graph whose handle returned is in it.
+    pub fn take_trace(&self) -> crate::Trace {
+        match &self.registry.trace {
+            Some(t) => t.take(&self.registry.infos),
+            None => crate::Trace { epoch: std::time::Instant::now(), tracks: Vec::new(), slices: Vec::new() },
+        }
+    }
+
+    /// Whether this pool records a timeline.
+    pub fn is_tracing(&self) -> bool {
+        self.registry.trace.is_some()
+    }
+
+    /// Adds a slice to an extra timeline track named `track` (created on first use), for example
+    /// a GPU stream's busy time. Does nothing unless the pool records a trace.
+    pub fn record_span(&self, track: &str, name: &str, start: std::time::Instant, end: std::time::Instant) {
+        if let Some(t) = &self.registry.trace {
+            t.span(track, name, start, end);
+        }
     }
 
     /// The scheduler's counters, read live (no metrics recorder needed).

@@ -47,6 +47,7 @@ pub(crate) struct Registry<S> {
     pub(crate) counters: PoolCounters,
     pub(crate) hooks: Hooks<S>,
     pub(crate) cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
+    pub(crate) trace: Option<crate::trace::TraceSink>,
 }
 
 impl<S: Send + 'static> Registry<S> {
@@ -56,6 +57,7 @@ impl<S: Send + 'static> Registry<S> {
         group_names: Vec<String>,
         hooks: Hooks<S>,
         cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
+        trace: bool,
     ) -> (Arc<Self>, Vec<Deque<Task<S>>>) {
         let deques: Vec<Deque<Task<S>>> = infos.iter().map(|_| Deque::new_lifo()).collect();
         let stealers = deques.iter().map(|d| d.stealer()).collect();
@@ -68,7 +70,9 @@ impl<S: Send + 'static> Registry<S> {
                 members: infos.iter().filter(|i| i.group.index() == gi).map(|i| i.index).collect(),
             })
             .collect();
+        let trace = trace.then(|| crate::trace::TraceSink::new(infos.len()));
         let reg = Registry {
+            trace,
             name: Arc::from(name.as_str()),
             workers: infos.iter().map(|_| CachePadded::new(WorkerCounters::new())).collect(),
             sleep: Arc::new(Sleep::new(group_names.len(), infos.len())),

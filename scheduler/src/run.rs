@@ -27,7 +27,8 @@ pub(crate) struct NodeOutput {
 /// A node's output slot: written once by the worker that ran the node, before it releases its
 /// successors, and read only by those successors (after their dependency counter reached zero)
 /// and by the run's finisher (after the in-flight count reached zero).
-pub(crate) struct Slot(UnsafeCell<Option<NodeOutput>>);
+#[repr(transparent)]
+pub(crate) struct Slot(UnsafeCell<Option<Box<NodeOutput>>>);
 
 // SAFETY: access is ordered by the dependency counters as described on `Slot`: the single writer
 // finishes before a Release decrement that every reader's Acquire observes, so no slot is ever
@@ -35,15 +36,49 @@ pub(crate) struct Slot(UnsafeCell<Option<NodeOutput>>);
 unsafe impl Sync for Slot {}
 
 impl Slot {
-    fn new() -> Self {
-        Slot(UnsafeCell::new(None))
+    /// `n` empty slots from zeroed memory: the allocator hands out untouched pages, so a graph
+    /// whose nodes leave no output never pays for initialising its slots.
+    fn zeroed(n: usize) -> Box<[Slot]> {
+        if n == 0 {
+            return Box::new([]);
+        }
+        let layout = std::alloc::Layout::array::<Slot>(n).expect("slot array size");
+        // SAFETY: `layout` has a non-zero size (n > 0 and `Slot` is pointer-sized).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: `Slot` is `UnsafeCell<Option<Box<_>>>`, whose all-zero bit pattern is `None`
+        // (the null-pointer niche of `Box`), so the zeroed memory holds `n` valid slots; the
+        // allocation has the layout `Box<[Slot]>` frees with.
+        unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) }
     }
 
+    /// Stores the node's value.
+    ///
     /// # Safety
-    /// Only the worker running this slot's node may call this, once, before releasing successors.
-    pub(crate) unsafe fn set(&self, out: NodeOutput) {
+    /// Only the worker running this slot's node may call this, before releasing successors.
+    #[inline]
+    pub(crate) unsafe fn set_value(&self, value: AnyValue) {
         // SAFETY: the caller is the node's only writer and no reader exists yet (see `Slot`).
-        unsafe { *self.0.get() = Some(out) }
+        let slot = unsafe { &mut *self.0.get() };
+        match slot {
+            Some(out) => out.value = Some(value),
+            None => *slot = Some(Box::new(NodeOutput { value: Some(value), marker: None })),
+        }
+    }
+
+    /// Stores the node's marker.
+    ///
+    /// # Safety
+    /// As for [`set_value`](Self::set_value).
+    pub(crate) unsafe fn set_marker(&self, marker: AnyValue) {
+        // SAFETY: as in `set_value`.
+        let slot = unsafe { &mut *self.0.get() };
+        match slot {
+            Some(out) => out.marker = Some(marker),
+            None => *slot = Some(Box::new(NodeOutput { value: None, marker: Some(marker) })),
+        }
     }
 
     /// # Safety
@@ -51,18 +86,19 @@ impl Slot {
     /// ordered after this slot's node completed.
     pub(crate) unsafe fn get(&self) -> Option<&NodeOutput> {
         // SAFETY: the write happened-before this read (caller's contract); no writer remains.
-        unsafe { (*self.0.get()).as_ref() }
+        unsafe { (*self.0.get()).as_deref() }
     }
 
     /// # Safety
     /// The caller must have exclusive access to the run (its in-flight count reached zero).
     unsafe fn take(&self) -> Option<NodeOutput> {
         // SAFETY: exclusive access per the caller's contract.
-        unsafe { (*self.0.get()).take() }
+        unsafe { (*self.0.get()).take().map(|b| *b) }
     }
 }
 
-/// A ready node of a run, as it sits in a deque or injector.
+/// A ready node of a run, as it sits in a deque or injector. Copying one is allowed only to pass
+/// it along: exactly one copy is completed.
 pub(crate) struct Task<S> {
     run: NonNull<Run<S>>,
     pub(crate) node: u32,
@@ -72,6 +108,13 @@ pub(crate) struct Task<S> {
 // parts are atomics, locks or slots ordered as documented on `Slot`), and the pointer's validity
 // is guaranteed by the in-flight protocol described at the top of this file.
 unsafe impl<S> Send for Task<S> {}
+
+impl<S> Clone for Task<S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S> Copy for Task<S> {}
 
 impl<S> Task<S> {
     pub(crate) fn new(run: &Run<S>, node: u32) -> Self {
@@ -98,7 +141,9 @@ pub(crate) struct Run<S> {
     pub(crate) plan: std::sync::Arc<Plan<S>>,
     /// Unfinished predecessors of each node.
     pub(crate) pending: Box<[AtomicU32]>,
-    pub(crate) slots: Box<[Slot]>,
+    pub(crate) slots: std::mem::ManuallyDrop<Box<[Slot]>>,
+    /// Some slot was written: dropping the slots must visit them. Graphs of `()` nodes skip that.
+    pub(crate) stored: AtomicBool,
     /// Tasks of this run that are queued or running (deferred completions included).
     /// The run is over when it drops to zero.
     pub(crate) inflight: CachePadded<AtomicUsize>,
@@ -114,19 +159,28 @@ impl<S> Run<S> {
     pub(crate) fn new(id: u64, plan: std::sync::Arc<Plan<S>>) -> Self {
         let n = plan.nodes.len();
         let pending = plan.indegree.iter().map(|&d| AtomicU32::new(d)).collect();
-        let slots = (0..n).map(|_| Slot::new()).collect();
+        let slots = Slot::zeroed(n);
         let inflight = CachePadded::new(AtomicUsize::new(plan.sources.len()));
         Run {
             id,
             plan,
             pending,
-            slots,
+            slots: std::mem::ManuallyDrop::new(slots),
+            stored: AtomicBool::new(false),
             inflight,
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
             skipped: AtomicUsize::new(0),
             completion: std::sync::Arc::new(Completion::new()),
             submitted: Instant::now(),
+        }
+    }
+
+    /// Records that a slot was written (see `stored`).
+    #[inline]
+    pub(crate) fn note_stored(&self) {
+        if !self.stored.load(Ordering::Relaxed) {
+            self.stored.store(true, Ordering::Relaxed);
         }
     }
 
@@ -144,26 +198,37 @@ impl<S> Run<S> {
         self.failed.store(true, Ordering::Release);
     }
 
-    /// Completes node `node`: when `release` (it succeeded and the run has not failed) its
-    /// successors' counters are decremented and the ones that reach zero are appended to `ready`;
-    /// then the in-flight count is adjusted by `ready.len() - 1` (this node leaves, they enter).
-    /// Returns `true` when the count reached zero: the caller must then call
-    /// `Registry::finish(self)` and not touch the run again.
-    ///
-    /// The count is raised before the caller pushes the ready tasks, so no task of the run can
-    /// bring it to zero while another is still to be queued.
-    pub(crate) fn release(&self, node: u32, release: bool, ready: &mut Vec<Task<S>>) -> bool {
-        let before = ready.len();
+    /// Completes node `node`'s dependency bookkeeping: when `release` (it succeeded and the run
+    /// has not failed) its successors' counters are decremented and each one that reaches zero is
+    /// handed to `ready`. Returns how many were. The caller must then call [`settle`](Self::settle)
+    /// with that number *before* queueing any of them.
+    #[inline]
+    pub(crate) fn release(&self, node: u32, release: bool, mut ready: impl FnMut(Task<S>)) -> usize {
+        let mut n = 0;
         if release && !self.is_failed() {
             for &s in self.plan.successors(node) {
-                // AcqRel: our output (Release) must be visible to whoever takes the successor, and
-                // the last decrementer must see every predecessor's output (Acquire).
-                if self.pending[s as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
-                    ready.push(Task::new(self, s));
+                // A node with one predecessor is ready as soon as that one completes: no shared
+                // counter to touch. Otherwise AcqRel: our output (Release) must be visible to
+                // whoever takes the successor, and the last decrementer must see every
+                // predecessor's output (Acquire).
+                if self.plan.indegree[s as usize] == 1 || self.pending[s as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                    ready(Task::new(self, s));
+                    n += 1;
                 }
             }
         }
-        match ready.len() - before {
+        n
+    }
+
+    /// Adjusts the in-flight count for a completed node that made `newly_ready` tasks ready
+    /// (this node leaves, they enter). Returns `true` when the count reached zero: the caller
+    /// must then call `Registry::finish(self)` and not touch the run again.
+    ///
+    /// The count is raised before the caller queues the ready tasks, so no task of the run can
+    /// bring it to zero while another is still to be queued.
+    #[inline]
+    pub(crate) fn settle(&self, newly_ready: usize) -> bool {
+        match newly_ready {
             0 => self.inflight.fetch_sub(1, Ordering::AcqRel) == 1,
             1 => false,
             k => {
@@ -196,6 +261,23 @@ impl<S> Run<S> {
             }
         }
         Ok(GraphOutput { graph: self.plan.uid, name: self.plan.name.clone(), values })
+    }
+}
+
+impl<S> Drop for Run<S> {
+    fn drop(&mut self) {
+        // SAFETY: `slots` is not used after this; it is dropped or freed exactly once here.
+        let slots = unsafe { std::mem::ManuallyDrop::take(&mut self.slots) };
+        if self.stored.load(Ordering::Acquire) || slots.is_empty() {
+            drop(slots);
+        } else {
+            // Every slot is still `None`: free the memory without visiting a million empty slots.
+            let layout = std::alloc::Layout::array::<Slot>(slots.len()).expect("slot array size");
+            let ptr = Box::into_raw(slots) as *mut Slot as *mut u8;
+            // SAFETY: the memory came from `Slot::zeroed` with this layout, and no slot holds a
+            // value needing drop (none was stored).
+            unsafe { std::alloc::dealloc(ptr, layout) };
+        }
     }
 }
 

@@ -114,15 +114,20 @@ impl Sleep {
         self.wake_one(group)
     }
 
+    /// The pusher's half for a worker that pushed onto its own deque: no fence. A wake-up lost to
+    /// the race is harmless, since the pushing worker itself will pop the task (rayon-core makes
+    /// the same trade for local pushes); cross-queue pushes use `notify_group`.
+    #[inline]
+    pub(crate) fn notify_local(&self, group: usize) {
+        if self.groups[group].count.load(Ordering::Relaxed) > 0 {
+            self.wake_one(group);
+        }
+    }
+
     /// Like `notify_group`, for work any group may take: wakes one idle worker of any group.
     pub(crate) fn notify_any(&self) -> bool {
         fence(Ordering::SeqCst);
         (0..self.groups.len()).any(|g| self.wake_one(g))
-    }
-
-    /// Number of idle workers in `group` (a hint).
-    pub(crate) fn idle_in(&self, group: usize) -> usize {
-        self.groups[group].count.load(Ordering::Relaxed)
     }
 
     fn wake_one(&self, group: usize) -> bool {

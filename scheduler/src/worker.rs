@@ -13,10 +13,10 @@ use crossbeam_deque::{Steal, Worker as Deque};
 
 use crate::ctx::{DeferFn, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::{AnyValue, Body};
+use crate::graph::{Body, WorkerBody};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::registry::Registry;
-use crate::run::{Completion, NodeOutput, Run, Task};
+use crate::run::{Completion, Run, Task};
 use crate::sync::{self, Condvar, Mutex};
 
 /// Nodes between two runs of the idle hook on a busy worker.
@@ -149,6 +149,8 @@ pub(crate) fn main<S: Send + 'static>(reg: Arc<Registry<S>>, index: usize, local
         state,
         ready: RefCell::new(Vec::new()),
         deferred: RefCell::new(Vec::new()),
+        stolen: Cell::new(false),
+        current: Cell::new(None),
         rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9)),
     };
     let helper: &dyn Helper = &wt;
@@ -213,6 +215,10 @@ struct WorkerThread<S: Send + 'static> {
     deferred: RefCell<Vec<Deferred<S>>>,
     flusher: RefCell<Flusher>,
     rng: Cell<u64>,
+    /// The task `find_task` just returned was stolen (for the trace).
+    stolen: Cell<bool>,
+    /// The node whose body is running (innermost, when nodes wait on nested graphs).
+    current: Cell<Option<Task<S>>>,
 }
 
 impl<S: Send + 'static> Helper for WorkerThread<S> {
@@ -258,8 +264,23 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// Runs `task` and the chain of continuations it hands on.
+    /// Runs `task` and the chain of continuations it hands on. A panicking node body unwinds to
+    /// here (one landing pad for the whole chain instead of a `catch_unwind` per node); the node
+    /// that was running is found in `current`.
     fn execute(&self, task: Task<S>) {
+        let outer = self.current.get();
+        let mut next = Some(task);
+        while let Some(t) = next.take() {
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| self.execute_chain(t))) {
+                let failed = self.current.replace(outer).expect("a node body was running when it panicked");
+                let run = failed.run();
+                run.fail(node_panicked(run, failed.node, &*p));
+                next = self.complete(failed, false);
+            }
+        }
+    }
+
+    fn execute_chain(&self, task: Task<S>) {
         let mut next = Some(task);
         while let Some(t) = next {
             next = self.run_task(t);
@@ -323,6 +344,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                     match reg.stealers[victim].steal_batch_and_pop(&self.local) {
                         Steal::Success(t) => {
                             self.counters().steals.add(1);
+                            self.stolen.set(true);
                             self.share_surplus();
                             return Some(t);
                         }
@@ -339,8 +361,8 @@ impl<S: Send + 'static> WorkerThread<S> {
 
     /// After taking a batch, wake a sleeping peer if there is more here than one task.
     fn share_surplus(&self) {
-        if !self.local.is_empty() && self.registry.sleep.idle_in(self.group) > 0 {
-            self.registry.sleep.notify_group(self.group);
+        if !self.local.is_empty() {
+            self.registry.sleep.notify_local(self.group);
         }
     }
 
@@ -371,11 +393,27 @@ impl<S: Send + 'static> WorkerThread<S> {
         *idle_rounds = idle_rounds.saturating_add(1);
         self.counters().parks.add(1);
         let reg = &*self.registry;
+        let start = reg.trace.as_ref().map(|_| Instant::now());
         reg.sleep.sleep(self.index, self.group, timeout, || self.work_visible(), || condition() || reg.is_terminated());
+        if let (Some(sink), Some(start)) = (&reg.trace, start) {
+            sink.park(self.index, start, Instant::now());
+        }
     }
 
     /// Runs one ready node; returns the successor to run next on this worker, if any.
+    #[inline]
     fn run_task(&self, task: Task<S>) -> Option<Task<S>> {
+        let run = task.run();
+        let spec = &run.plan.nodes[task.node as usize];
+        match &spec.body {
+            Body::Worker(body) if !run.is_failed() => self.run_worker_body(task, body),
+            _ => self.run_task_slow(task),
+        }
+    }
+
+    /// The uncommon cases: a failed run, a cpu node, an inlined body.
+    #[cold]
+    fn run_task_slow(&self, task: Task<S>) -> Option<Task<S>> {
         let run = task.run();
         let i = task.node;
         if run.is_failed() {
@@ -393,81 +431,115 @@ impl<S: Send + 'static> WorkerThread<S> {
                 }
                 let inputs = Inputs::of(run, i);
                 let res = catch_unwind(AssertUnwindSafe(|| f(&inputs)));
-                self.after_body(task, res, None, None)
+                self.counters().nodes_run.add(1);
+                let ok = store_outcome(&task, res);
+                self.complete(task, ok)
             }
-            Body::Worker(f) => {
-                let ctx = NodeCtx {
-                    inputs: Inputs::of(run, i),
-                    run,
-                    state: &self.state,
-                    info: &self.registry.infos[self.index],
-                    registry: &self.registry,
-                    marker: RefCell::new(None),
-                    deferred: RefCell::new(None),
-                };
-                let timed = (self.counters().nodes_run.get() % SAMPLE_EVERY == 0).then(Instant::now);
-                let res = catch_unwind(AssertUnwindSafe(|| f(&ctx)));
-                if let Some(t0) = timed {
-                    self.flusher.borrow_mut().sample(t0.elapsed().as_secs_f64());
-                }
-                let NodeCtx { marker, deferred, .. } = ctx;
-                self.after_body(task, res, marker.into_inner(), deferred.into_inner())
-            }
+            Body::Worker(f) => self.run_worker_body(task, f),
             Body::Inlined(..) => unreachable!("resolved_body never returns Inlined"),
         }
     }
 
-    fn after_body(
-        &self,
-        task: Task<S>,
-        res: std::thread::Result<Result<AnyValue, BoxError>>,
-        marker: Option<AnyValue>,
-        deferred: Option<DeferFn<S>>,
-    ) -> Option<Task<S>> {
-        self.counters().nodes_run.add(1);
-        let ok = store_outcome(&task, res, marker);
-        match deferred {
-            Some(poll) if ok => {
-                self.deferred.borrow_mut().push(Deferred { task, poll });
-                None
+    #[inline]
+    fn run_worker_body(&self, task: Task<S>, body: &WorkerBody<S>) -> Option<Task<S>> {
+        let run = task.run();
+        let i = task.node;
+        let ctx = NodeCtx {
+            inputs: Inputs::of(run, i),
+            run,
+            state: &self.state,
+            info: &self.registry.infos[self.index],
+            registry: &self.registry,
+            deferred: Cell::new(None),
+        };
+        let counters = self.counters();
+        let timed = (counters.nodes_run.get() % SAMPLE_EVERY == 0).then(Instant::now);
+        let traced = self.registry.trace.as_ref().map(|t| (t, Instant::now()));
+        let prev = self.current.replace(Some(task));
+        let res = body(&ctx);
+        self.current.set(prev);
+        if let Some((sink, start)) = traced {
+            let names = &run.plan.topo.names;
+            sink.node(self.index, &names[i as usize], &run.plan.name, i, start, Instant::now(), self.stolen.replace(false));
+        }
+        if let Some(t0) = timed {
+            self.flusher.borrow_mut().sample(t0.elapsed().as_secs_f64());
+        }
+        counters.nodes_run.add(1);
+        let deferred = ctx.deferred.take();
+        match res {
+            Ok(()) => match deferred {
+                None => self.complete(task, true),
+                Some(poll) => {
+                    self.deferred.borrow_mut().push(Deferred { task, poll });
+                    None
+                }
+            },
+            Err(e) => {
+                run.fail(node_failed(run, i, e));
+                self.complete(task, false)
             }
-            _ => self.complete(task, ok),
         }
     }
 
     /// Releases the node's successors: one that may run here is returned as the continuation,
     /// the others are queued (here, or on their group's injector) and sleepers are woken.
+    #[inline]
     fn complete(&self, task: Task<S>, ok: bool) -> Option<Task<S>> {
+        // Fast path: a single successor whose only predecessor is this node, placed here. It is
+        // ready without touching a shared counter and takes over this node's in-flight unit.
         let run = task.run();
+        if ok {
+            if let [s] = *run.plan.successors(task.node) {
+                if run.plan.indegree[s as usize] == 1 && self.runs_here(run, s) && !run.is_failed() {
+                    return Some(Task::new(run, s));
+                }
+            }
+        }
+        self.complete_general(task, ok)
+    }
+
+    #[inline]
+    fn runs_here(&self, run: &Run<S>, node: u32) -> bool {
+        match run.plan.nodes[node as usize].placement {
+            None => true,
+            Some(g) => g.index() == self.group,
+        }
+    }
+
+    fn complete_general(&self, task: Task<S>, ok: bool) -> Option<Task<S>> {
+        let run = task.run();
+        let mut cont = None;
         let mut ready = self.ready.borrow_mut();
-        if run.release(task.node, ok, &mut ready) {
+        let n = run.release(task.node, ok, |t| {
+            if cont.is_none() && self.runs_here(run, t.node) {
+                cont = Some(t);
+            } else {
+                ready.push(t);
+            }
+        });
+        if run.settle(n) {
             drop(ready);
             self.registry.finish(run);
             return None;
         }
-        if ready.is_empty() {
-            return None;
-        }
-        let here = |t: &Task<S>| match run.plan.nodes[t.node as usize].placement {
-            None => true,
-            Some(g) => g.index() == self.group,
-        };
-        let cont = ready.iter().position(here).map(|p| ready.swap_remove(p));
-        let mut pushed_here = false;
-        for t in ready.drain(..) {
-            match run.plan.nodes[t.node as usize].placement {
-                Some(g) if g.index() != self.group => {
-                    self.registry.groups[g.index()].injector.push(t);
-                    self.registry.sleep.notify_group(g.index());
-                }
-                _ => {
-                    self.local.push(t);
-                    pushed_here = true;
+        if !ready.is_empty() {
+            let mut pushed_here = false;
+            for t in ready.drain(..) {
+                match run.plan.nodes[t.node as usize].placement {
+                    Some(g) if g.index() != self.group => {
+                        self.registry.groups[g.index()].injector.push(t);
+                        self.registry.sleep.notify_group(g.index());
+                    }
+                    _ => {
+                        self.local.push(t);
+                        pushed_here = true;
+                    }
                 }
             }
-        }
-        if pushed_here {
-            self.registry.sleep.notify_group(self.group);
+            if pushed_here {
+                self.registry.sleep.notify_local(self.group);
+            }
         }
         cont
     }
@@ -521,26 +593,17 @@ fn node_panicked<S>(run: &Run<S>, node: u32, p: &(dyn Any + Send)) -> Error {
     Error::new(ErrorKind::NodePanicked, format!("{} panicked: {}", run.plan.describe(node), panic_message(p)))
 }
 
-/// Stores a body's output (and marker) in its slot, or fails the run. Returns whether it succeeded.
-fn store_outcome<S>(task: &Task<S>, res: std::thread::Result<Result<AnyValue, BoxError>>, marker: Option<AnyValue>) -> bool {
+/// Records a body's failure or panic on its run. Returns whether the body succeeded.
+fn store_outcome<S>(task: &Task<S>, res: std::thread::Result<Result<(), BoxError>>) -> bool {
     let run = task.run();
-    let i = task.node;
     match res {
-        Ok(Ok(value)) => {
-            let unit = run.plan.nodes[i as usize].unit;
-            if !unit || marker.is_some() {
-                let out = NodeOutput { value: (!unit).then_some(value), marker };
-                // SAFETY: this thread ran node `i`; nobody reads its slot before `release`.
-                unsafe { run.slots[i as usize].set(out) };
-            }
-            true
-        }
+        Ok(Ok(())) => true,
         Ok(Err(e)) => {
-            run.fail(node_failed(run, i, e));
+            run.fail(node_failed(run, task.node, e));
             false
         }
         Err(p) => {
-            run.fail(node_panicked(run, i, &*p));
+            run.fail(node_panicked(run, task.node, &*p));
             false
         }
     }
@@ -560,10 +623,11 @@ fn run_on_cpu_lane<S: Send + 'static>(reg: Arc<Registry<S>>, task: Task<S>) {
         let inputs = Inputs::of(run, i);
         let res = catch_unwind(AssertUnwindSafe(|| f(&inputs)));
         metrics::cpu_lane_node(&reg);
-        store_outcome(&task, res, None)
+        store_outcome(&task, res)
     };
     let mut ready = Vec::new();
-    if run.release(i, ok, &mut ready) {
+    let n = run.release(i, ok, |t| ready.push(t));
+    if run.settle(n) {
         reg.finish(run);
         return;
     }

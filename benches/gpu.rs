@@ -1,0 +1,201 @@
+//! GPU benchmarks: boundpool's GPU nodes against baselines measured in the same process.
+//!
+//! An empty kernel `<<<1,1>>>` per node. Baselines (from `boundpool_gpu::baselines`): raw
+//! launches from k bound threads with a stream each; an OS thread per task; one server thread
+//! fed by a channel from 8 submitters; cross-stream chains with an event edge or a host
+//! synchronise per edge. Each figure is the median of several runs.
+//!
+//! `cargo bench --bench gpu [-- --runs N --nodes N]`. Without a GPU it says why and exits.
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use boundpool_gpu::{
+    baselines, builtin, Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool,
+    GpuPoolBuilder, GroupId, Kernel, LaunchConfig, Module,
+};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn empty_node(
+    g: &mut GpuGraphBuilder,
+    group: GroupId,
+    name: &str,
+    k: &Kernel,
+) -> boundpool_gpu::NodeRef<()> {
+    let k = k.clone();
+    g.gpu_node_in(group, name, move |ctx| {
+        // SAFETY: the empty kernel takes no arguments.
+        unsafe { ctx.launch(&k, LaunchConfig::single()).launch()? };
+        Ok(())
+    })
+}
+
+fn independent_graph(d: &GpuDevice, k: &Kernel, n: usize) -> GpuGraph {
+    let mut g = GpuGraphBuilder::with_capacity("independent", n, 0);
+    for i in 0..n {
+        empty_node(&mut g, d.group(), &format!("e{i}"), k);
+    }
+    g.build().unwrap()
+}
+
+fn chain_graph(groups: &[GroupId], k: &Kernel, edges: usize) -> GpuGraph {
+    let mut g = GpuGraphBuilder::with_capacity("chain", edges + 1, edges);
+    let mut prev = empty_node(&mut g, groups[0], "c0", k);
+    for i in 1..=edges {
+        let n = empty_node(&mut g, groups[i % groups.len()], &format!("c{i}"), k);
+        g.edge(prev, n);
+        prev = n;
+    }
+    g.build().unwrap()
+}
+
+fn pool(workers: usize, groups: usize) -> GpuPool {
+    GpuPoolBuilder::new()
+        .name("bench")
+        .devices(Devices::List(vec![0]))
+        .workers_per_device(workers)
+        .groups_per_device(groups)
+        .build()
+        .unwrap()
+}
+
+fn time_graph(p: &GpuPool, g: &GpuGraph) -> Duration {
+    let t0 = Instant::now();
+    p.submit(g).unwrap().wait().unwrap();
+    t0.elapsed()
+}
+
+fn main() {
+    if let Some(why) = boundpool_gpu::gpu_unavailable_reason() {
+        println!("gpu bench skipped: no GPU: {why}");
+        if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            std::process::exit(1);
+        }
+        return;
+    }
+    let runs = arg("--runs", 5);
+    let nodes = arg("--nodes", 40_000);
+    let edges = arg("--edges", 20_000);
+    let k_empty = Module::builtin().kernel(builtin::EMPTY).unwrap();
+    let mut verdicts: Vec<(String, bool)> = Vec::new();
+    println!(
+        "# boundpool GPU bench: {runs} runs each, medians; {nodes} nodes, {edges} chain edges"
+    );
+
+    // 1. Independent nodes vs raw launches from k bound threads.
+    for k in [1usize, 2, 4, 8, 16] {
+        let p = pool(k, 1);
+        let d = p.devices()[0].clone();
+        let g = independent_graph(&d, &k_empty, nodes);
+        time_graph(&p, &g); // warm-up: modules, events
+        let mut ours = Vec::new();
+        let mut raw = Vec::new();
+        for _ in 0..runs {
+            ours.push(nodes as f64 / time_graph(&p, &g).as_secs_f64());
+            raw.push(baselines::raw_launches(0, k, nodes / k).unwrap().rate());
+        }
+        drop(p);
+        let (o, r) = (median(ours), median(raw));
+        let ratio = o / r;
+        println!("independent k={k:2}: boundpool {o:9.0} nodes/s, raw {r:9.0} launches/s, ratio {ratio:.3} (target >= 0.85)");
+        verdicts.push((format!("independent k={k} >= 0.85x raw"), ratio >= 0.85));
+    }
+
+    // 2. Against thread-per-task and the server thread, with 8 submitters.
+    {
+        let p = Arc::new(pool(8, 1));
+        let d = p.devices()[0].clone();
+        let per = nodes / 8 / 4;
+        let g = Arc::new(independent_graph(&d, &k_empty, per));
+        time_graph(&p, &g);
+        let mut ours = Vec::new();
+        let mut tpt = Vec::new();
+        let mut server = Vec::new();
+        for _ in 0..runs {
+            let barrier = Arc::new(Barrier::new(9));
+            let hs: Vec<_> = (0..8)
+                .map(|_| {
+                    let (p, g, b) = (p.clone(), g.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        b.wait();
+                        let handles: Vec<_> = (0..4).map(|_| p.submit(&g).unwrap()).collect();
+                        for h in handles {
+                            h.wait().unwrap();
+                        }
+                    })
+                })
+                .collect();
+            barrier.wait();
+            let t0 = Instant::now();
+            for h in hs {
+                h.join().unwrap();
+            }
+            ours.push((per * 32) as f64 / t0.elapsed().as_secs_f64());
+            tpt.push(baselines::thread_per_task(0, 2000).unwrap().rate());
+            server.push(baselines::server_thread(0, 8, nodes).unwrap().rate());
+        }
+        let (o, t, s) = (median(ours), median(tpt), median(server));
+        println!("8 submitters: boundpool {o:9.0} nodes/s; thread per task {t:8.0}/s ({:.1}x, target >= 30x); server thread {s:8.0}/s ({:.2}x, target >= 3x)", o / t, o / s);
+        verdicts.push(("8 submitters >= 30x thread-per-task".into(), o / t >= 30.0));
+        verdicts.push(("8 submitters >= 3x server thread".into(), o / s >= 3.0));
+    }
+
+    // 3. A chain whose consecutive nodes run on different workers (two groups of one worker).
+    {
+        let p = pool(2, 2);
+        let d = p.devices()[0].clone();
+        let g = chain_graph(d.groups(), &k_empty, edges);
+        let same = chain_graph(&d.groups()[..1], &k_empty, edges);
+        time_graph(&p, &g);
+        let mut ours = Vec::new();
+        let mut ours_same = Vec::new();
+        let mut ev = Vec::new();
+        let mut host = Vec::new();
+        for _ in 0..runs {
+            ours.push(time_graph(&p, &g).as_secs_f64() * 1e6 / edges as f64);
+            ours_same.push(time_graph(&p, &same).as_secs_f64() * 1e6 / edges as f64);
+            ev.push(
+                baselines::event_edge_chain(0, edges)
+                    .unwrap()
+                    .micros_per_op(),
+            );
+            host.push(
+                baselines::host_sync_edge_chain(0, edges)
+                    .unwrap()
+                    .micros_per_op(),
+            );
+        }
+        let (o, s, e, h) = (median(ours), median(ours_same), median(ev), median(host));
+        println!("chain across workers: boundpool {o:.2} us/edge; raw event edge {e:.2} us ({:.2}x, target <= 1.2x); host-synchronised edge {h:.2} us ({:.2}x cheaper, target >= 1.8x); same-worker chain {s:.2} us/edge", o / e, h / o);
+        verdicts.push(("chain edge <= 1.2x raw event edge".into(), o / e <= 1.2));
+        verdicts.push((
+            "chain edge >= 1.8x cheaper than host sync".into(),
+            h / o >= 1.8,
+        ));
+        let stats = p.pool().stats();
+        println!("chain pool stats: {stats:?}");
+    }
+
+    println!("# verdicts");
+    for (what, ok) in &verdicts {
+        println!("{} {what}", if *ok { "PASS" } else { "MISS" });
+    }
+}

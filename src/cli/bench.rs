@@ -1,0 +1,77 @@
+//! `boundpool bench`: the standard shapes on boundpool and the rayon-core baselines, in one process.
+
+use std::process::ExitCode;
+
+use boundpool::default_workers;
+use boundpool::workloads::{bench_shapes, BenchConfig, BenchRow};
+
+use super::progress::Progress;
+use crate::BenchArgs;
+
+pub(crate) fn main(a: BenchArgs) -> ExitCode {
+    if !(a.scale > 0.0) || a.runs == 0 {
+        eprintln!("boundpool bench: --scale must be positive and --runs at least 1");
+        return ExitCode::from(2);
+    }
+    let threads = a.threads.unwrap_or_else(default_workers);
+    if threads == 0 {
+        eprintln!("boundpool bench: --threads must be at least 1");
+        return ExitCode::from(2);
+    }
+    let cfg = BenchConfig {
+        threads,
+        runs: a.runs,
+        scale: a.scale,
+        thread_per_node_nodes: a
+            .thread_per_node
+            .unwrap_or(((20_000.0 * a.scale.min(1.0)) as usize).max(2)),
+    };
+    let mut progress = Progress::new(1, "bench", a.quiet);
+    let rows = bench_shapes(&cfg, |done, total| {
+        progress.set(done as u64 * 1000 / total.max(1) as u64);
+    });
+    progress.finish();
+    if a.json {
+        match serde_json::to_string_pretty(&rows) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("boundpool bench: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        print!("{}", table(&rows, threads, a.runs));
+    }
+    ExitCode::SUCCESS
+}
+
+/// The better rayon-core variant's ns per node for `row`'s shape and size, if measured.
+fn best_rayon(rows: &[BenchRow], row: &BenchRow) -> Option<f64> {
+    rows.iter()
+        .filter(|r| {
+            r.shape == row.shape && r.nodes == row.nodes && r.implementation.starts_with("rayon")
+        })
+        .map(|r| r.ns_per_node)
+        .min_by(f64::total_cmp)
+}
+
+fn table(rows: &[BenchRow], threads: usize, runs: usize) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "{threads} worker threads, median of {runs} run(s); ratio: ns per node / the better rayon-core variant's (lower is better)");
+    let _ = writeln!(
+        s,
+        "{:<10} {:<16} {:>9} {:>10} {:>14}",
+        "shape", "impl", "nodes", "ns/node", "vs best rayon"
+    );
+    for r in rows {
+        let ratio =
+            best_rayon(rows, r).map_or("-".to_string(), |b| format!("{:.2}", r.ns_per_node / b));
+        let _ = writeln!(
+            s,
+            "{:<10} {:<16} {:>9} {:>10.1} {:>14}",
+            r.shape, r.implementation, r.nodes, r.ns_per_node, ratio
+        );
+    }
+    s
+}

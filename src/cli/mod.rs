@@ -1,0 +1,8 @@
+//! The subcommands of the `boundpool` binary.
+
+pub(crate) mod bench;
+pub(crate) mod graph_file;
+pub(crate) mod progress;
+pub(crate) mod run;
+pub(crate) mod trace;
+pub(crate) mod verify;

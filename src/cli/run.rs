@@ -1,0 +1,261 @@
+//! `boundpool run`: one graph, run `--repeat` times on a fresh pool, verified every time.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use boundpool::observe::{self, PrometheusHandle};
+use boundpool::workloads::{median, Dag, Shape};
+use boundpool::{default_workers, PoolBuilder};
+use serde_json::json;
+
+use super::graph_file;
+use super::progress::{block_on_with, Progress};
+use super::verify::{build_graph, Check};
+use crate::{RunArgs, ShapeArg};
+
+/// Why `run` stopped: bad input (exit 2, nothing ran) or a failed run (exit 1).
+enum Fail {
+    Input(String),
+    Run(String),
+}
+
+pub(crate) fn main(a: RunArgs) -> ExitCode {
+    match run(a) {
+        Ok(code) => code,
+        Err(Fail::Input(m)) => {
+            eprintln!("boundpool run: {m}");
+            ExitCode::from(2)
+        }
+        Err(Fail::Run(m)) => {
+            eprintln!("boundpool run: {m}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn shape_of(s: ShapeArg) -> Shape {
+    match s {
+        ShapeArg::Chain => Shape::Chain,
+        ShapeArg::Tree => Shape::Tree,
+        ShapeArg::Wide => Shape::Wide,
+        ShapeArg::Wavefront => Shape::Wavefront,
+        ShapeArg::Random => Shape::Random,
+    }
+}
+
+fn write(path: &std::path::Path, what: &str, text: &str) -> Result<(), Fail> {
+    std::fs::write(path, text)
+        .map_err(|e| Fail::Run(format!("cannot write {what} to {}: {e}", path.display())))
+}
+
+fn run(a: RunArgs) -> Result<ExitCode, Fail> {
+    let note = |m: String| {
+        if !a.quiet {
+            eprintln!("{m}");
+        }
+    };
+    if a.repeat == 0 {
+        return Err(Fail::Input("--repeat must be at least 1".into()));
+    }
+    let threads = a.threads.unwrap_or_else(default_workers);
+
+    // The graph: described, checked and validated before any thread starts.
+    let (name, shape, dag) = match &a.graph {
+        Some(path) => {
+            let (name, dag) = graph_file::load(path).map_err(Fail::Input)?;
+            (name, None, dag)
+        }
+        None => {
+            let shape = shape_of(a.shape.unwrap_or(ShapeArg::Wavefront));
+            let mut dag = Dag::shape(shape, a.size);
+            if dag.is_empty() {
+                return Err(Fail::Input(format!(
+                    "--size {} gives a {} with no nodes",
+                    a.size,
+                    shape.name()
+                )));
+            }
+            dag.work_ns.iter_mut().for_each(|w| *w = a.work_ns);
+            (shape.name().to_string(), Some(shape), dag)
+        }
+    };
+    let n = dag.len();
+    let check = Arc::new(Check::new(n));
+    let t_build = Instant::now();
+    let graph = build_graph(&dag, &name, &check).map_err(|e| Fail::Input(e.to_string()))?;
+    let build_ns_per_node = t_build.elapsed().as_nanos() as f64 / n as f64;
+    if let Some(path) = &a.dot {
+        write(path, "the DOT graph", &graph.to_dot_with(|_| "host".into()))?;
+        note(format!("wrote the graph in DOT to {}", path.display()));
+    }
+
+    // Observability, then the pool.
+    let prom: Option<PrometheusHandle> = match (&a.prometheus, &a.metrics_out) {
+        (Some(addr), _) => {
+            let h = observe::install_prometheus(*addr).map_err(|e| Fail::Input(e.to_string()))?;
+            note(format!(
+                "serving Prometheus metrics at http://{addr}/metrics"
+            ));
+            Some(h)
+        }
+        (None, Some(_)) => {
+            Some(observe::install_prometheus_recorder().map_err(|e| Fail::Run(e.to_string()))?)
+        }
+        (None, None) => None,
+    };
+    let pool = PoolBuilder::new()
+        .name("boundpool")
+        .workers(threads)
+        .trace(a.trace.is_some())
+        .build()
+        .map_err(|e| Fail::Input(e.to_string()))?;
+    let mut peak = observe::os_threads();
+    let steals_before = pool.stats().steals();
+
+    let mut progress = Progress::new(
+        (n * a.repeat) as u64,
+        &format!("{name}: {n} nodes x {}", a.repeat),
+        a.quiet,
+    );
+    let mut per_node = Vec::with_capacity(a.repeat);
+    let mut windows = Vec::with_capacity(a.repeat);
+    let mut failure: Option<String> = None;
+    for r in 0..a.repeat {
+        if r > 0 {
+            check.reset();
+        }
+        let t0 = Instant::now();
+        let handle = pool.submit(&graph).map_err(|e| Fail::Run(e.to_string()))?;
+        let res = if progress.enabled() {
+            block_on_with(handle, || {
+                progress.set((r * n) as u64 + check.finished_approx())
+            })
+        } else {
+            handle.wait()
+        };
+        let dt = t0.elapsed();
+        windows.push((t0, t0 + dt));
+        res.map_err(|e| Fail::Run(format!("run {} failed: {e}", r + 1)))?;
+        per_node.push(dt.as_nanos() as f64 / n as f64);
+        if failure.is_none() {
+            if let Err(e) = check.verify(&dag) {
+                failure = Some(format!("run {}: {e}", r + 1));
+            }
+        }
+        progress.set(((r + 1) * n) as u64);
+    }
+    progress.finish();
+    let stats = pool.stats();
+    let steals = stats.steals() - steals_before;
+    let inner = check
+        .peak_threads
+        .load(std::sync::atomic::Ordering::Relaxed);
+    peak = [peak, (inner > 0).then_some(inner), observe::os_threads()]
+        .into_iter()
+        .flatten()
+        .max();
+    let cores: Vec<Option<usize>> = pool.workers().iter().map(|w| w.core).collect();
+
+    if let Some(path) = &a.trace {
+        let trace = pool.take_trace();
+        let epoch = trace.epoch;
+        let rel = |t: Instant| t.saturating_duration_since(epoch).as_nanos() as u64;
+        let wins: Vec<(u64, u64)> = windows.iter().map(|&(s, e)| (rel(s), rel(e))).collect();
+        let v = observe::chrome_trace(&trace, |s, args| {
+            if let Some(k) = wins
+                .iter()
+                .position(|&(s0, s1)| s.start_ns >= s0 && s.start_ns <= s1)
+            {
+                args.insert("run".into(), json!(k + 1));
+            }
+        });
+        let text = serde_json::to_string(&v).map_err(|e| Fail::Run(e.to_string()))?;
+        write(path, "the trace", &text)?;
+        note(format!(
+            "wrote a Chrome trace of {} slices to {} (open it in https://ui.perfetto.dev)",
+            trace.slices.len(),
+            path.display()
+        ));
+    }
+    // Dropping the pool joins the workers, which flush their counters to the recorder.
+    drop(pool);
+    if let (Some(path), Some(h)) = (&a.metrics_out, &prom) {
+        write(path, "the metrics", &h.render())?;
+        note(format!(
+            "wrote the Prometheus exposition text to {}",
+            path.display()
+        ));
+    }
+
+    let ns_per_node = median(&mut per_node.clone());
+    let verified = failure.is_none();
+    if a.json {
+        let v = json!({
+            "graph": name,
+            "shape": shape.map(|s| s.name()),
+            "file": a.graph.as_ref().map(|p| p.display().to_string()),
+            "nodes": n,
+            "edges": dag.edges.len(),
+            "threads": threads,
+            "repeat": a.repeat,
+            "ns_per_node": ns_per_node,
+            "runs_ns_per_node": per_node,
+            "build_ns_per_node": build_ns_per_node,
+            "peak_os_threads": peak,
+            "steals": steals,
+            "nodes_run": stats.nodes_run(),
+            "parks": stats.parks(),
+            "verified": verified,
+            "verify_error": failure,
+        });
+        println!("{v}");
+    } else {
+        let what = match (shape, &a.graph) {
+            (Some(Shape::Wavefront), _) => format!("wavefront {0}x{0}", (n as f64).sqrt() as usize),
+            (Some(s), _) => s.name().to_string(),
+            (None, Some(p)) => format!("{name} (from {})", p.display()),
+            (None, None) => name.clone(),
+        };
+        let cores: Vec<String> = cores
+            .iter()
+            .map(|c| c.map_or("-".into(), |c| c.to_string()))
+            .collect();
+        let runs: Vec<String> = per_node.iter().map(|x| format!("{x:.1}")).collect();
+        println!("graph            {what}");
+        println!("nodes            {n} ({} edges)", dag.edges.len());
+        println!(
+            "threads          {threads} workers (cores {})",
+            cores.join(", ")
+        );
+        println!(
+            "ns per node      {ns_per_node:.1} (median of {} run(s): {})",
+            a.repeat,
+            runs.join(" ")
+        );
+        println!("build            {build_ns_per_node:.1} ns per node");
+        match peak {
+            Some(p) => println!("peak OS threads  {p}"),
+            None => println!("peak OS threads  unknown (no /proc/self/task)"),
+        }
+        println!("steals           {steals}");
+        match &failure {
+            None => println!(
+                "verified         yes: every node ran exactly once, after all its predecessors"
+            ),
+            Some(e) => println!("verified         NO: {e}"),
+        }
+    }
+    if let (Some(addr), true) = (&a.prometheus, a.linger > 0.0) {
+        note(format!(
+            "still serving http://{addr}/metrics for {} s",
+            a.linger
+        ));
+        std::thread::sleep(Duration::from_secs_f64(a.linger));
+    }
+    Ok(if verified {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

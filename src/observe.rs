@@ -1,0 +1,737 @@
+//! Seeing the scheduler: Prometheus export, Chrome-format timelines, SVG timeline pictures, the
+//! metric table, and the process's OS thread count.
+//!
+//! The scheduler emits its metrics through the [`metrics`] facade and records timelines only when
+//! asked ([`PoolBuilder::trace`](crate::PoolBuilder::trace)); this module turns both into what
+//! people already look at:
+//!
+//! * [`install_prometheus`] — one line that installs a Prometheus recorder and serves `/metrics`:
+//!
+//!   ```no_run
+//!   let handle = boundpool::observe::install_prometheus(([127, 0, 0, 1], 9000))?;
+//!   // ... build pools, run graphs; scrape http://127.0.0.1:9000/metrics meanwhile ...
+//!   println!("{}", handle.render()); // the same exposition text, in process
+//!   # Ok::<(), boundpool::observe::ObserveError>(())
+//!   ```
+//! * [`chrome_trace`] — a [`Trace`] in the Chrome trace format that Perfetto's UI and
+//!   `chrome://tracing` open.
+//! * [`Timeline`] — reads such a file back and draws it as an SVG picture ([`Timeline::to_svg`]).
+//! * [`metrics_table`] — the markdown table of every metric, generated from [`METRICS`].
+//! * [`os_threads`] — the number of OS threads of this process (Linux: `/proc/self/task`).
+
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
+use std::net::SocketAddr;
+
+use metrics_exporter_prometheus::PrometheusBuilder;
+pub use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::{json, Value};
+
+use crate::{SliceKind, Trace, METRICS};
+
+/// Why an observability set-up failed.
+#[derive(Debug)]
+pub struct ObserveError(String);
+
+impl fmt::Display for ObserveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ObserveError {}
+
+/// Installs a Prometheus recorder as the process's global `metrics` recorder and serves the
+/// exposition text at `http://ADDR/metrics` (any path answers) until the process exits.
+///
+/// Called inside a tokio runtime, the listener runs as a task of that runtime (no extra OS
+/// thread); otherwise it gets one thread of its own, named `boundpool-prometheus`, running a
+/// single-threaded tokio runtime. The returned handle renders the same text in process.
+///
+/// Errors: the address cannot be bound, or a global recorder is already installed.
+pub fn install_prometheus(addr: impl Into<SocketAddr>) -> Result<PrometheusHandle, ObserveError> {
+    let addr = addr.into();
+    let builder = PrometheusBuilder::new().with_http_listener(addr);
+    let err = |e: &dyn fmt::Display| {
+        ObserveError(format!("cannot serve Prometheus metrics on {addr}: {e}"))
+    };
+    let (recorder, handle) = if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let (recorder, exporter) = {
+            let _g = rt.enter();
+            builder.build().map_err(|e| err(&e))?
+        };
+        rt.spawn(exporter);
+        let handle = recorder.handle();
+        (recorder, handle)
+    } else {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| err(&e))?;
+        let (recorder, exporter) = {
+            let _g = rt.enter();
+            builder.build().map_err(|e| err(&e))?
+        };
+        std::thread::Builder::new()
+            .name("boundpool-prometheus".into())
+            .spawn(move || {
+                let _ = rt.block_on(exporter);
+            })
+            .map_err(|e| err(&e))?;
+        let handle = recorder.handle();
+        (recorder, handle)
+    };
+    metrics::set_global_recorder(recorder).map_err(|e| err(&e))?;
+    Ok(handle)
+}
+
+/// Installs a Prometheus recorder as the global `metrics` recorder without any listener (no
+/// thread, no socket): read the exposition text with [`PrometheusHandle::render`].
+///
+/// Errors: a global recorder is already installed.
+pub fn install_prometheus_recorder() -> Result<PrometheusHandle, ObserveError> {
+    PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| ObserveError(format!("cannot install the Prometheus recorder: {e}")))
+}
+
+/// The number of OS threads of this process, counted from `/proc/self/task` (`None` where that
+/// does not exist, i.e. off Linux).
+pub fn os_threads() -> Option<usize> {
+    std::fs::read_dir("/proc/self/task").ok().map(|d| d.count())
+}
+
+/// The markdown table of every metric the scheduler emits (name, type, unit, labels, meaning),
+/// generated from [`METRICS`]. `boundpool metrics` prints it; the README holds a copy.
+pub fn metrics_table() -> String {
+    let mut s = String::from(
+        "| name | type | unit | labels | meaning |\n| --- | --- | --- | --- | --- |\n",
+    );
+    for &(name, kind, unit, labels, meaning) in METRICS {
+        let labels = if labels.is_empty() {
+            "—".to_string()
+        } else {
+            format!("`{}`", labels.replace(", ", "`, `"))
+        };
+        let _ = writeln!(s, "| `{name}` | {kind} | {unit} | {labels} | {meaning} |");
+    }
+    s
+}
+
+/// Converts a recorded [`Trace`] to the Chrome trace format (a JSON object with `traceEvents`),
+/// which Perfetto's UI (<https://ui.perfetto.dev>) and `chrome://tracing` open.
+///
+/// * One process (`pid` 1) named `boundpool`; one thread per track (`tid` = track index + 1),
+///   named as the track (`worker N (core C, GROUP)`, or an extra track's name) and sorted in
+///   track order (`M` metadata events).
+/// * A complete event (`ph: "X"`) per node: `name` the node's name, `cat` its graph's name,
+///   `args` `{graph, stolen, node}` (`node`: its index in the graph).
+/// * A complete event per park (`name` and `cat` `"park"`, `args.kind` `"park"`) and per extra
+///   span (`cat` `"span"`, `args.kind` `"span"`).
+/// * `ts` and `dur` in microseconds (fractional: nanosecond resolution) since the pool's build.
+///
+/// `annotate` may add entries to a node event's `args` (the command line adds the run number).
+pub fn chrome_trace(
+    trace: &Trace,
+    mut annotate: impl FnMut(&crate::TraceSlice, &mut serde_json::Map<String, Value>),
+) -> Value {
+    let mut events = Vec::with_capacity(trace.slices.len() + 2 * trace.tracks.len() + 1);
+    events.push(json!({"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "boundpool"}}));
+    for (i, t) in trace.tracks.iter().enumerate() {
+        events.push(json!({"ph": "M", "name": "thread_name", "pid": 1, "tid": i + 1, "args": {"name": t.name}}));
+        events.push(json!({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": i + 1, "args": {"sort_index": i}}));
+    }
+    let mut order: Vec<usize> = (0..trace.slices.len()).collect();
+    order.sort_by_key(|&i| (trace.slices[i].track, trace.slices[i].start_ns));
+    let us = |ns: u64| ns as f64 / 1000.0;
+    for i in order {
+        let s = &trace.slices[i];
+        let mut args = serde_json::Map::new();
+        let cat = match s.kind {
+            SliceKind::Node { stolen } => {
+                args.insert("graph".into(), json!(s.graph));
+                args.insert("stolen".into(), json!(stolen));
+                args.insert("node".into(), json!(s.node));
+                annotate(s, &mut args);
+                s.graph.as_str()
+            }
+            SliceKind::Park => {
+                args.insert("kind".into(), json!("park"));
+                "park"
+            }
+            SliceKind::Span => {
+                args.insert("kind".into(), json!("span"));
+                "span"
+            }
+        };
+        events.push(json!({
+            "ph": "X",
+            "name": s.name,
+            "cat": cat,
+            "pid": 1,
+            "tid": s.track + 1,
+            "ts": us(s.start_ns),
+            "dur": us(s.end_ns.saturating_sub(s.start_ns)),
+            "args": Value::Object(args),
+        }));
+    }
+    json!({"traceEvents": events, "displayTimeUnit": "ns"})
+}
+
+/// What a bar of a [`Timeline`] stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BarKind {
+    /// A node ran.
+    Node,
+    /// The worker was parked.
+    Park,
+    /// An extra span (e.g. GPU time on a stream).
+    Span,
+}
+
+/// One interval of a [`Timeline`], in microseconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bar {
+    /// Row index into [`Timeline::rows`].
+    pub row: usize,
+    /// Node (or span) name.
+    pub name: String,
+    /// Graph name (`park` / `span` for those).
+    pub graph: String,
+    /// Start, µs.
+    pub ts: f64,
+    /// Duration, µs.
+    pub dur: f64,
+    /// What it is.
+    pub kind: BarKind,
+}
+
+/// How [`Timeline::to_svg`] colours node bars.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ColorBy {
+    /// By graph when the trace holds more than one graph, else by node name.
+    #[default]
+    Auto,
+    /// One colour per graph.
+    Graph,
+    /// One colour per node name.
+    Node,
+}
+
+/// A timeline read from a Chrome trace file: rows (tracks) and bars.
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    /// Row names, in display order.
+    pub rows: Vec<String>,
+    /// Every complete event.
+    pub bars: Vec<Bar>,
+}
+
+const PALETTE: [&str; 12] = [
+    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
+    "#9c755f", "#3b8bc2", "#8cd17d", "#d37295",
+];
+
+impl Timeline {
+    /// Reads the events of a Chrome trace (as written by [`chrome_trace`], or any file with
+    /// `traceEvents` of `M` `thread_name` and `X` complete events; `B`/`E` pairs are not read).
+    ///
+    /// Errors: no `traceEvents` array, or an `X` event without a numeric `ts`.
+    pub fn from_chrome_trace(v: &Value) -> Result<Timeline, String> {
+        let events = v
+            .get("traceEvents")
+            .and_then(Value::as_array)
+            .or_else(|| v.as_array())
+            .ok_or("not a Chrome trace: no `traceEvents` array")?;
+        let key = |e: &Value| {
+            (
+                e.get("pid").and_then(Value::as_u64).unwrap_or(0),
+                e.get("tid").and_then(Value::as_u64).unwrap_or(0),
+            )
+        };
+        let mut names: HashMap<(u64, u64), String> = HashMap::new();
+        let mut sort: HashMap<(u64, u64), i64> = HashMap::new();
+        for e in events {
+            if e.get("ph").and_then(Value::as_str) != Some("M") {
+                continue;
+            }
+            let args = e.get("args");
+            match e.get("name").and_then(Value::as_str) {
+                Some("thread_name") => {
+                    if let Some(n) = args.and_then(|a| a.get("name")).and_then(Value::as_str) {
+                        names.insert(key(e), n.to_string());
+                    }
+                }
+                Some("thread_sort_index") => {
+                    if let Some(n) = args
+                        .and_then(|a| a.get("sort_index"))
+                        .and_then(Value::as_i64)
+                    {
+                        sort.insert(key(e), n);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut keys: Vec<(u64, u64)> = names.keys().copied().collect();
+        for e in events {
+            if e.get("ph").and_then(Value::as_str) == Some("X")
+                && !names.contains_key(&key(e))
+                && !keys.contains(&key(e))
+            {
+                keys.push(key(e));
+            }
+        }
+        keys.sort_by_key(|k| (sort.get(k).copied().unwrap_or(i64::MAX), *k));
+        let row_of: HashMap<(u64, u64), usize> =
+            keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
+        let rows = keys
+            .iter()
+            .map(|k| {
+                names
+                    .get(k)
+                    .cloned()
+                    .unwrap_or_else(|| format!("thread {}", k.1))
+            })
+            .collect();
+        let mut bars = Vec::new();
+        for e in events {
+            if e.get("ph").and_then(Value::as_str) != Some("X") {
+                continue;
+            }
+            let ts = e
+                .get("ts")
+                .and_then(Value::as_f64)
+                .ok_or("an X event has no numeric `ts`")?;
+            let dur = e.get("dur").and_then(Value::as_f64).unwrap_or(0.0);
+            let name = e
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let graph = e
+                .get("cat")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let kind = match e
+                .get("args")
+                .and_then(|a| a.get("kind"))
+                .and_then(Value::as_str)
+            {
+                Some("park") => BarKind::Park,
+                Some("span") => BarKind::Span,
+                _ => BarKind::Node,
+            };
+            bars.push(Bar {
+                row: row_of[&key(e)],
+                name,
+                graph,
+                ts,
+                dur,
+                kind,
+            });
+        }
+        Ok(Timeline { rows, bars })
+    }
+
+    /// Draws the timeline as a standalone SVG picture `width` pixels wide: one row per track
+    /// (its name on the left), node bars coloured by graph or node name, parks as a thin grey
+    /// line (so a gap with no line is a worker searching for work), extra spans hatched in their
+    /// colour, and a time axis with ticks and labels. Bars narrower than a pixel that touch are
+    /// drawn as one bar (its tooltip says how many slices), so million-node traces stay small.
+    pub fn to_svg(&self, width: u32, color_by: ColorBy) -> String {
+        let width = width.max(400) as f64;
+        let (label_w, row_h, top, bottom, right) = (230.0, 26.0, 56.0, 46.0, 20.0);
+        let plot_w = width - label_w - right;
+        let nodes = || self.bars.iter().filter(|b| b.kind != BarKind::Park);
+        let t0 = self.bars.iter().map(|b| b.ts).fold(f64::INFINITY, f64::min);
+        let t1 = self
+            .bars
+            .iter()
+            .map(|b| b.ts + b.dur)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let (t0, t1) = if t0.is_finite() && t1 > t0 {
+            (t0, t1)
+        } else {
+            (0.0, 1.0)
+        };
+        let span = t1 - t0;
+        let x = |t: f64| label_w + (t - t0) / span * plot_w;
+        let rows = self.rows.len().max(1);
+        let graphs: Vec<&str> = {
+            let mut g: Vec<&str> = nodes()
+                .filter(|b| b.kind == BarKind::Node)
+                .map(|b| b.graph.as_str())
+                .collect();
+            g.sort_unstable();
+            g.dedup();
+            g
+        };
+        let by_graph = match color_by {
+            ColorBy::Graph => true,
+            ColorBy::Node => false,
+            ColorBy::Auto => graphs.len() > 1,
+        };
+        let color = |b: &Bar| -> &'static str {
+            let key = if by_graph { &b.graph } else { &b.name };
+            if by_graph {
+                if let Ok(i) = graphs.binary_search(&key.as_str()) {
+                    return PALETTE[i % PALETTE.len()];
+                }
+            }
+            PALETTE[(fnv(key) % PALETTE.len() as u64) as usize]
+        };
+        let legend_h = 24.0;
+        let height = top + rows as f64 * row_h + bottom + legend_h;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(
+            s,
+            r##"<defs><pattern id="hatch" width="4" height="4" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="2" height="4" fill="#ffffff" opacity="0.55"/></pattern></defs>"##
+        );
+        let _ = writeln!(s, r##"<rect width="100%" height="100%" fill="#ffffff"/>"##);
+        let n_nodes = self.bars.iter().filter(|b| b.kind == BarKind::Node).count();
+        let _ = writeln!(
+            s,
+            r##"<text x="{}" y="22" font-size="15" font-weight="bold" fill="#222">boundpool timeline</text><text x="{}" y="40" fill="#555">{} node slices on {} tracks over {}; colour by {}; grey line: parked; blank: searching for work</text>"##,
+            12,
+            12,
+            n_nodes,
+            self.rows.len(),
+            fmt_time(span),
+            if by_graph { "graph" } else { "node name" }
+        );
+        // Rows.
+        for (i, name) in self.rows.iter().enumerate() {
+            let y = top + i as f64 * row_h;
+            let fill = if i % 2 == 0 { "#f4f5f7" } else { "#eceef1" };
+            let _ = writeln!(
+                s,
+                r#"<rect x="{label_w}" y="{y}" width="{plot_w:.1}" height="{row_h}" fill="{fill}"/>"#
+            );
+            let _ = writeln!(
+                s,
+                r##"<text x="{}" y="{:.1}" fill="#222">{}</text>"##,
+                10,
+                y + row_h / 2.0 + 4.0,
+                esc(name)
+            );
+        }
+        // Bars, merged per row where they are sub-pixel and touch.
+        let mut per_row: Vec<Vec<&Bar>> = vec![Vec::new(); rows];
+        for b in &self.bars {
+            if b.row < rows {
+                per_row[b.row].push(b);
+            }
+        }
+        for (r, bars) in per_row.iter_mut().enumerate() {
+            bars.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+            let y = top + r as f64 * row_h;
+            // Parks: a thin grey line across the row's middle.
+            for b in bars.iter().filter(|b| b.kind == BarKind::Park) {
+                let (x0, x1) = (x(b.ts), x(b.ts + b.dur));
+                let _ = writeln!(
+                    s,
+                    r##"<rect x="{x0:.2}" y="{:.1}" width="{:.2}" height="2" fill="#9aa0a6"><title>parked {}</title></rect>"##,
+                    y + row_h / 2.0 - 1.0,
+                    (x1 - x0).max(0.5),
+                    fmt_time(b.dur)
+                );
+            }
+            let mut cur: Option<Merged> = None;
+            for b in bars.iter().filter(|b| b.kind != BarKind::Park) {
+                let (x0, x1) = (x(b.ts), x(b.ts + b.dur));
+                let c = color(b);
+                if let Some(m) = &mut cur {
+                    let tiny =
+                        (x1 - x0) < 1.0 && (m.x1 - m.x0) < 1.0 || m.count > 1 && (x1 - x0) < 1.0;
+                    if x0 <= m.x1 + 0.5
+                        && (tiny
+                            || (m.color == c
+                                && m.span == (b.kind == BarKind::Span)
+                                && x0 <= m.x1 + 0.05))
+                    {
+                        m.x1 = m.x1.max(x1);
+                        m.t1 = m.t1.max(b.ts + b.dur - t0);
+                        m.count += 1;
+                        continue;
+                    }
+                }
+                if let Some(m) = cur.take() {
+                    m.write(&mut s, y, row_h);
+                }
+                cur = Some(Merged {
+                    x0,
+                    x1,
+                    t0: b.ts - t0,
+                    t1: b.ts + b.dur - t0,
+                    count: 1,
+                    color: c,
+                    span: b.kind == BarKind::Span,
+                    label: if b.graph.is_empty() || b.kind == BarKind::Span {
+                        b.name.clone()
+                    } else {
+                        format!("{} ({})", b.name, b.graph)
+                    },
+                });
+            }
+            if let Some(m) = cur.take() {
+                m.write(&mut s, y, row_h);
+            }
+        }
+        // Axis.
+        let ay = top + rows as f64 * row_h;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{label_w}" y1="{ay}" x2="{:.1}" y2="{ay}" stroke="#333"/>"##,
+            label_w + plot_w
+        );
+        let step = nice_step(span / 8.0);
+        let mut k = 0u64;
+        loop {
+            let t = k as f64 * step;
+            if t > span * 1.0001 {
+                break;
+            }
+            let tx = x(t0 + t);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{tx:.1}" y1="{ay}" x2="{tx:.1}" y2="{:.1}" stroke="#333"/>"##,
+                ay + 5.0
+            );
+            let _ = writeln!(
+                s,
+                r##"<line x1="{tx:.1}" y1="{top}" x2="{tx:.1}" y2="{ay}" stroke="#000" stroke-opacity="0.07"/>"##
+            );
+            let _ = writeln!(
+                s,
+                r##"<text x="{tx:.1}" y="{:.1}" text-anchor="middle" fill="#333">{}</text>"##,
+                ay + 18.0,
+                fmt_time(t)
+            );
+            k += 1;
+        }
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#555">time since the first event</text>"##,
+            label_w + plot_w,
+            ay + 34.0
+        );
+        // Legend.
+        let ly = ay + bottom - 4.0;
+        let mut lx = label_w;
+        let entries: Vec<(String, &str)> = if by_graph {
+            graphs
+                .iter()
+                .take(PALETTE.len())
+                .map(|g| {
+                    (
+                        g.to_string(),
+                        color(&Bar {
+                            row: 0,
+                            name: String::new(),
+                            graph: g.to_string(),
+                            ts: 0.0,
+                            dur: 0.0,
+                            kind: BarKind::Node,
+                        }),
+                    )
+                })
+                .collect()
+        } else {
+            let mut names: Vec<&str> = self
+                .bars
+                .iter()
+                .filter(|b| b.kind == BarKind::Node)
+                .map(|b| b.name.as_str())
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            if names.len() <= PALETTE.len() {
+                names
+                    .iter()
+                    .map(|n| {
+                        (
+                            n.to_string(),
+                            PALETTE[(fnv(n) % PALETTE.len() as u64) as usize],
+                        )
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            }
+        };
+        for (name, c) in entries {
+            let _ = writeln!(
+                s,
+                r##"<rect x="{lx:.1}" y="{:.1}" width="12" height="12" fill="{c}"/><text x="{:.1}" y="{:.1}" fill="#333">{}</text>"##,
+                ly - 10.0,
+                lx + 16.0,
+                ly,
+                esc(&name)
+            );
+            lx += 28.0 + 7.0 * name.chars().count() as f64;
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+}
+
+struct Merged {
+    x0: f64,
+    x1: f64,
+    t0: f64,
+    t1: f64,
+    count: usize,
+    color: &'static str,
+    span: bool,
+    label: String,
+}
+
+impl Merged {
+    fn write(&self, s: &mut String, y: f64, row_h: f64) {
+        let w = (self.x1 - self.x0).max(0.6);
+        let title = if self.count == 1 {
+            format!(
+                "{}: {} at {}",
+                self.label,
+                fmt_time(self.t1 - self.t0),
+                fmt_time(self.t0)
+            )
+        } else {
+            format!(
+                "{} slices from {} to {} (first: {})",
+                self.count,
+                fmt_time(self.t0),
+                fmt_time(self.t1),
+                self.label
+            )
+        };
+        let _ = write!(
+            s,
+            r#"<rect x="{:.2}" y="{:.1}" width="{w:.2}" height="{:.1}" fill="{}"><title>{}</title></rect>"#,
+            self.x0,
+            y + 4.0,
+            row_h - 8.0,
+            self.color,
+            esc(&title)
+        );
+        if self.span {
+            let _ = write!(
+                s,
+                r#"<rect x="{:.2}" y="{:.1}" width="{w:.2}" height="{:.1}" fill="url(#hatch)"/>"#,
+                self.x0,
+                y + 4.0,
+                row_h - 8.0
+            );
+        }
+        s.push('\n');
+    }
+}
+
+/// A tick step of 1, 2 or 5 times a power of ten, at least `raw`.
+fn nice_step(raw: f64) -> f64 {
+    if !(raw > 0.0) {
+        return 1.0;
+    }
+    let p = 10f64.powf(raw.log10().floor());
+    for m in [1.0, 2.0, 5.0, 10.0] {
+        if m * p >= raw {
+            return m * p;
+        }
+    }
+    10.0 * p
+}
+
+/// Formats microseconds with a fitting unit.
+fn fmt_time(us: f64) -> String {
+    let trim = |v: f64| {
+        let s = format!("{v:.3}");
+        let s = s.trim_end_matches('0').trim_end_matches('.').to_string();
+        if s.is_empty() || s == "-0" {
+            "0".to_string()
+        } else {
+            s
+        }
+    };
+    if us.abs() >= 1_000_000.0 {
+        format!("{} s", trim(us / 1_000_000.0))
+    } else if us.abs() >= 1000.0 {
+        format!("{} ms", trim(us / 1000.0))
+    } else if us.abs() >= 1.0 || us == 0.0 {
+        format!("{} µs", trim(us))
+    } else {
+        format!("{} ns", trim(us * 1000.0))
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x1000_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nice_steps_are_1_2_5() {
+        assert_eq!(nice_step(0.7), 1.0);
+        assert_eq!(nice_step(1.5), 2.0);
+        assert_eq!(nice_step(3.0), 5.0);
+        assert_eq!(nice_step(7.0), 10.0);
+        assert_eq!(nice_step(120.0), 200.0);
+    }
+
+    #[test]
+    fn times_get_units() {
+        assert_eq!(fmt_time(0.0), "0 µs");
+        assert_eq!(fmt_time(0.25), "250 ns");
+        assert_eq!(fmt_time(1500.0), "1.5 ms");
+        assert_eq!(fmt_time(2_000_000.0), "2 s");
+    }
+
+    #[test]
+    fn metrics_table_lists_every_metric() {
+        let t = metrics_table();
+        for &(name, ..) in METRICS {
+            assert!(t.contains(&format!("`{name}`")), "{name} missing");
+        }
+        assert_eq!(t.lines().count(), METRICS.len() + 2);
+    }
+
+    #[test]
+    fn svg_of_a_small_timeline() {
+        let v = json!({"traceEvents": [
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "worker 0 (core 0, host)"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "worker 1 (core 1, host)"}},
+            {"ph": "X", "name": "a", "cat": "g", "pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0, "args": {}},
+            {"ph": "X", "name": "park", "cat": "park", "pid": 1, "tid": 2, "ts": 0.0, "dur": 9.0, "args": {"kind": "park"}},
+            {"ph": "X", "name": "b", "cat": "g", "pid": 1, "tid": 2, "ts": 11.0, "dur": 10.0, "args": {}},
+        ]});
+        let t = Timeline::from_chrome_trace(&v).unwrap();
+        assert_eq!(
+            t.rows,
+            vec!["worker 0 (core 0, host)", "worker 1 (core 1, host)"]
+        );
+        assert_eq!(t.bars.len(), 3);
+        let svg = t.to_svg(800, ColorBy::Auto);
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("worker 1 (core 1, host)"));
+        assert!(svg.contains("a (g)") && svg.contains("b (g)"));
+        assert!(svg.contains("parked"));
+        assert!(svg.trim_end().ends_with("</svg>"));
+    }
+}

@@ -1,0 +1,553 @@
+//! Built-in graph shapes and the baselines boundpool is measured against.
+//!
+//! A [`Dag`] is a plain description (compressed successor lists); [`Dag::to_graph`] turns it into
+//! a boundpool [`Graph`], and [`rayon_spawn`], [`rayon_inline`] and [`thread_per_node`] run the same
+//! DAG with the schedulers a user would otherwise pick. The `boundpool` command line and the
+//! benches use these, so every figure compares like with like.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use boundpool_scheduler::{Graph, GraphBuilder, Pool};
+
+/// A built-in graph shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Shape {
+    /// `n` nodes, each after the previous one.
+    Chain,
+    /// A full binary out-tree (each node releases two children); `n` is rounded down to
+    /// `2^depth - 1` nodes.
+    Tree,
+    /// One source, `n - 2` independent nodes, one sink.
+    Wide,
+    /// A square grid, each cell after its left and upper neighbour; `n` is rounded down to a
+    /// square.
+    Wavefront,
+    /// A random DAG: each node after up to 4 earlier nodes (seeded, reproducible).
+    Random,
+}
+
+impl Shape {
+    /// Every shape, in table order.
+    pub const ALL: [Shape; 5] = [
+        Shape::Chain,
+        Shape::Tree,
+        Shape::Wide,
+        Shape::Wavefront,
+        Shape::Random,
+    ];
+
+    /// The shape's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Chain => "chain",
+            Shape::Tree => "tree",
+            Shape::Wide => "wide",
+            Shape::Wavefront => "wavefront",
+            Shape::Random => "random",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(s: &str) -> Option<Shape> {
+        Shape::ALL.into_iter().find(|sh| sh.name() == s)
+    }
+}
+
+/// A DAG as compressed successor lists, with names and optional busy work per node.
+#[derive(Clone, Debug, Default)]
+pub struct Dag {
+    /// Node names.
+    pub names: Vec<String>,
+    /// Busy work per node, in nanoseconds (0: an empty body).
+    pub work_ns: Vec<u64>,
+    /// Edges `(from, to)`.
+    pub edges: Vec<(u32, u32)>,
+}
+
+impl Dag {
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether the DAG has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// Builds a shape of about `n` nodes (see [`Shape`] for the rounding).
+    pub fn shape(shape: Shape, n: usize) -> Dag {
+        let mut edges = Vec::new();
+        let nodes = match shape {
+            Shape::Chain => {
+                edges.extend((1..n as u32).map(|i| (i - 1, i)));
+                n
+            }
+            Shape::Tree => {
+                let depth = usize::BITS - (n + 1).leading_zeros() - 1; // floor(log2(n + 1))
+                let m = (1usize << depth) - 1;
+                edges.extend((1..m as u32).map(|i| ((i - 1) / 2, i)));
+                m
+            }
+            Shape::Wide => {
+                let n = n.max(2);
+                let sink = (n - 1) as u32;
+                for i in 1..sink {
+                    edges.push((0, i));
+                    edges.push((i, sink));
+                }
+                if n == 2 {
+                    edges.push((0, 1));
+                }
+                n
+            }
+            Shape::Wavefront => {
+                let side = (n as f64).sqrt() as usize;
+                for r in 0..side {
+                    for c in 0..side {
+                        let i = (r * side + c) as u32;
+                        if c > 0 {
+                            edges.push((i - 1, i));
+                        }
+                        if r > 0 {
+                            edges.push((i - side as u32, i));
+                        }
+                    }
+                }
+                side * side
+            }
+            Shape::Random => {
+                let mut rng = 0x2545_F491_4F6C_DD1Du64;
+                for i in 1..n as u32 {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let k = (rng % 5) as u32;
+                    for j in 0..k {
+                        let window = i.min(64);
+                        let p = i - 1 - ((rng >> (8 * j + 3)) as u32 % window);
+                        edges.push((p, i));
+                    }
+                }
+                edges.sort_unstable();
+                edges.dedup();
+                n
+            }
+        };
+        Dag {
+            names: (0..nodes).map(|i| format!("n{i}")).collect(),
+            work_ns: vec![0; nodes],
+            edges,
+        }
+    }
+
+    /// Successor lists and in-degrees.
+    pub fn adjacency(&self) -> Adjacency {
+        let n = self.len();
+        let mut start = vec![0u32; n + 1];
+        for &(f, _) in &self.edges {
+            start[f as usize + 1] += 1;
+        }
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut fill = start.clone();
+        let mut succ = vec![0u32; self.edges.len()];
+        let mut indegree = vec![0u32; n];
+        for &(f, t) in &self.edges {
+            succ[fill[f as usize] as usize] = t;
+            fill[f as usize] += 1;
+            indegree[t as usize] += 1;
+        }
+        let bodies = self
+            .work_ns
+            .iter()
+            .map(|&w| -> Box<dyn Fn() + Send + Sync> {
+                if w == 0 {
+                    Box::new(|| {})
+                } else {
+                    Box::new(move || busy_work(w))
+                }
+            })
+            .collect();
+        Adjacency {
+            start,
+            succ,
+            indegree,
+            bodies,
+        }
+    }
+
+    /// A boundpool graph of this DAG whose node bodies call `body(node index)` (after the
+    /// node's busy work, if any).
+    pub fn to_graph<F>(&self, name: &str, body: F) -> Graph
+    where
+        F: Fn(u32) + Clone + Send + Sync + 'static,
+    {
+        let mut g = GraphBuilder::with_capacity(name.to_string(), self.len(), self.edges.len());
+        let ids: Vec<_> = (0..self.len())
+            .map(|i| {
+                let body = body.clone();
+                let work = self.work_ns[i];
+                let idx = i as u32;
+                g.node(self.names[i].clone(), move |_| {
+                    busy_work(work);
+                    body(idx);
+                    Ok(())
+                })
+            })
+            .collect();
+        for &(f, t) in &self.edges {
+            g.edge(ids[f as usize], ids[t as usize]);
+        }
+        g.build().expect("a built-in DAG is acyclic")
+    }
+}
+
+/// A shape built straight into a boundpool graph with empty node bodies: what the graph-building
+/// benchmark times (no intermediate `Dag`, static names).
+pub fn empty_graph(shape: Shape, n: usize) -> Graph {
+    let dag = Dag::shape(shape, n);
+    let mut g = GraphBuilder::with_capacity(shape.name(), dag.len(), dag.edges.len());
+    let ids: Vec<_> = (0..dag.len()).map(|_| g.node("n", |_| Ok(()))).collect();
+    for &(f, t) in &dag.edges {
+        g.edge(ids[f as usize], ids[t as usize]);
+    }
+    g.build().expect("a built-in DAG is acyclic")
+}
+
+/// Compressed successor lists, and each node's body as a boxed closure: the baselines call a
+/// node's body through a `dyn Fn` as boundpool does, so both pay for running user code.
+pub struct Adjacency {
+    start: Vec<u32>,
+    succ: Vec<u32>,
+    indegree: Vec<u32>,
+    bodies: Vec<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Adjacency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adjacency")
+            .field("nodes", &self.indegree.len())
+            .field("edges", &self.succ.len())
+            .finish()
+    }
+}
+
+impl Adjacency {
+    fn successors(&self, i: u32) -> &[u32] {
+        &self.succ[self.start[i as usize] as usize..self.start[i as usize + 1] as usize]
+    }
+
+    #[inline]
+    fn run_body(&self, i: u32) {
+        (self.bodies[i as usize])();
+    }
+
+    fn counters(&self) -> Vec<AtomicU32> {
+        self.indegree.iter().map(|&d| AtomicU32::new(d)).collect()
+    }
+
+    fn sources(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.indegree.len() as u32).filter(|&i| self.indegree[i as usize] == 0)
+    }
+}
+
+/// Spins for about `ns` nanoseconds (the `work_ns` of a graph file).
+pub fn busy_work(ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    let t0 = Instant::now();
+    while (t0.elapsed().as_nanos() as u64) < ns {
+        std::hint::spin_loop();
+    }
+}
+
+/// Runs `dag` on `pool` with empty bodies (plus busy work) and returns the elapsed time.
+pub fn run_boundpool(pool: &Pool, graph: &Graph) -> Duration {
+    let t0 = Instant::now();
+    pool.submit(graph)
+        .and_then(|h| h.wait())
+        .expect("the benchmark graph runs");
+    t0.elapsed()
+}
+
+/// Baseline (a): rayon-core, every ready successor spawned on the scope.
+pub fn rayon_spawn(pool: &rayon_core::ThreadPool, dag: &Dag, adj: &Adjacency) -> Duration {
+    let t0 = Instant::now();
+    let pending = adj.counters();
+    pool.scope(|s| {
+        for src in adj.sources() {
+            spawn_node(s, dag, adj, &pending, src);
+        }
+    });
+    t0.elapsed()
+}
+
+fn spawn_node<'s>(
+    s: &rayon_core::Scope<'s>,
+    dag: &'s Dag,
+    adj: &'s Adjacency,
+    pending: &'s [AtomicU32],
+    i: u32,
+) {
+    s.spawn(move |s| {
+        adj.run_body(i);
+        for &j in adj.successors(i) {
+            if pending[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                spawn_node(s, dag, adj, pending, j);
+            }
+        }
+    });
+}
+
+/// Baseline (b): rayon-core, the last ready successor run inline, the others spawned.
+pub fn rayon_inline(pool: &rayon_core::ThreadPool, dag: &Dag, adj: &Adjacency) -> Duration {
+    let t0 = Instant::now();
+    let pending = adj.counters();
+    pool.scope(|s| {
+        for src in adj.sources() {
+            let pending = &pending;
+            s.spawn(move |s| inline_from(s, dag, adj, pending, src));
+        }
+    });
+    t0.elapsed()
+}
+
+fn inline_from<'s>(
+    s: &rayon_core::Scope<'s>,
+    dag: &'s Dag,
+    adj: &'s Adjacency,
+    pending: &'s [AtomicU32],
+    mut i: u32,
+) {
+    loop {
+        adj.run_body(i);
+        let mut next = None;
+        for &j in adj.successors(i) {
+            if pending[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                if let Some(prev) = next.replace(j) {
+                    s.spawn(move |s| inline_from(s, dag, adj, pending, prev));
+                }
+            }
+        }
+        match next {
+            Some(j) => i = j,
+            None => return,
+        }
+    }
+}
+
+/// Baseline: one OS thread per node (spawned when the node is ready, joined at the end).
+/// Only sensible for small graphs; the benches use it for the wide shape at 20,000 nodes.
+pub fn thread_per_node(dag: &Dag, adj: &Adjacency) -> Duration {
+    let t0 = Instant::now();
+    let pending = adj.counters();
+    std::thread::scope(|s| {
+        fn go<'s, 'e>(
+            s: &'s std::thread::Scope<'s, 'e>,
+            dag: &'e Dag,
+            adj: &'e Adjacency,
+            pending: &'e [AtomicU32],
+            i: u32,
+        ) {
+            s.spawn(move || {
+                adj.run_body(i);
+                for &j in adj.successors(i) {
+                    if pending[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                        go(s, dag, adj, pending, j);
+                    }
+                }
+            });
+        }
+        for src in adj.sources() {
+            go(s, dag, adj, &pending, src);
+        }
+    });
+    t0.elapsed()
+}
+
+/// The median of `xs` (sorted in place).
+pub fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let n = xs.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// One row of the shape benchmark: an implementation's median ns per node on a shape.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchRow {
+    /// Shape name.
+    pub shape: &'static str,
+    /// `boundpool`, `rayon-spawn`, `rayon-inline` or `thread-per-node`.
+    #[serde(rename = "impl")]
+    pub implementation: &'static str,
+    /// Nodes in the graph.
+    pub nodes: usize,
+    /// Worker threads.
+    pub threads: usize,
+    /// Median execution time per node over the runs, in nanoseconds.
+    pub ns_per_node: f64,
+    /// Every run's ns per node.
+    pub runs: Vec<f64>,
+    /// `ns_per_node` divided by the better rayon-core variant's (boundpool rows only; lower is better).
+    pub vs_best_rayon: Option<f64>,
+}
+
+/// Settings of [`bench_shapes`].
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// Worker threads for boundpool and rayon.
+    pub threads: usize,
+    /// Runs per implementation and shape (the median is reported).
+    pub runs: usize,
+    /// Scale factor on the standard sizes (1.0: chain 1,000,000, tree depth 20, wide 1,000,000,
+    /// wavefront 1000x1000).
+    pub scale: f64,
+    /// Nodes of the wide shape for the thread-per-node baseline (0: skip it).
+    pub thread_per_node_nodes: usize,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            threads: 2,
+            runs: 7,
+            scale: 1.0,
+            thread_per_node_nodes: 20_000,
+        }
+    }
+}
+
+/// The standard benchmark shapes and sizes at `scale`.
+pub fn standard_shapes(scale: f64) -> Vec<(Shape, usize)> {
+    let s = |n: f64| ((n * scale) as usize).max(4);
+    vec![
+        (Shape::Chain, s(1_000_000.0)),
+        (Shape::Tree, s((1u64 << 20) as f64 - 1.0)),
+        (Shape::Wide, s(1_000_002.0)),
+        (Shape::Wavefront, s(1_000_000.0)),
+    ]
+}
+
+/// Runs the standard shapes on boundpool and the rayon-core baselines in this process,
+/// interleaving the implementations run by run so machine noise hits them alike.
+/// `progress` is called after each run with (done, total).
+pub fn bench_shapes(cfg: &BenchConfig, mut progress: impl FnMut(usize, usize)) -> Vec<BenchRow> {
+    let pool = boundpool_scheduler::PoolBuilder::new()
+        .name("bench")
+        .workers(cfg.threads)
+        .build()
+        .expect("the bench pool starts");
+    let rayon = rayon_core::ThreadPoolBuilder::new()
+        .num_threads(cfg.threads)
+        .build()
+        .expect("rayon starts");
+    let shapes = standard_shapes(cfg.scale);
+    let total = shapes.len() * cfg.runs * 3 + usize::from(cfg.thread_per_node_nodes > 0) * cfg.runs;
+    let mut done = 0;
+    let mut rows = Vec::new();
+    for (shape, n) in shapes {
+        let dag = Dag::shape(shape, n);
+        let adj = dag.adjacency();
+        let graph = empty_graph(shape, n);
+        let nodes = dag.len() as f64;
+        let (mut bp, mut rs, mut ri) = (Vec::new(), Vec::new(), Vec::new());
+        // One warm-up each.
+        run_boundpool(&pool, &graph);
+        rayon_spawn(&rayon, &dag, &adj);
+        rayon_inline(&rayon, &dag, &adj);
+        for _ in 0..cfg.runs {
+            bp.push(run_boundpool(&pool, &graph).as_nanos() as f64 / nodes);
+            rs.push(rayon_spawn(&rayon, &dag, &adj).as_nanos() as f64 / nodes);
+            ri.push(rayon_inline(&rayon, &dag, &adj).as_nanos() as f64 / nodes);
+            done += 3;
+            progress(done, total);
+        }
+        let (mbp, mrs, mri) = (
+            median(&mut bp.clone()),
+            median(&mut rs.clone()),
+            median(&mut ri.clone()),
+        );
+        let row = |implementation, ns_per_node, runs, vs| BenchRow {
+            shape: shape.name(),
+            implementation,
+            nodes: dag.len(),
+            threads: cfg.threads,
+            ns_per_node,
+            runs,
+            vs_best_rayon: vs,
+        };
+        rows.push(row("boundpool", mbp, bp, Some(mbp / mrs.min(mri))));
+        rows.push(row("rayon-spawn", mrs, rs, None));
+        rows.push(row("rayon-inline", mri, ri, None));
+    }
+    if cfg.thread_per_node_nodes > 0 {
+        let n = cfg.thread_per_node_nodes;
+        let dag = Dag::shape(Shape::Wide, n);
+        let adj = dag.adjacency();
+        let graph = empty_graph(Shape::Wide, n);
+        let (mut tp, mut bp) = (Vec::new(), Vec::new());
+        for _ in 0..cfg.runs {
+            tp.push(thread_per_node(&dag, &adj).as_nanos() as f64 / n as f64);
+            bp.push(run_boundpool(&pool, &graph).as_nanos() as f64 / n as f64);
+            done += 1;
+            progress(done, total);
+        }
+        let (mtp, mbp) = (median(&mut tp.clone()), median(&mut bp.clone()));
+        rows.push(BenchRow {
+            shape: "wide",
+            implementation: "thread-per-node",
+            nodes: n,
+            threads: cfg.threads,
+            ns_per_node: mtp,
+            runs: tp,
+            vs_best_rayon: None,
+        });
+        rows.push(BenchRow {
+            shape: "wide",
+            implementation: "boundpool",
+            nodes: n,
+            threads: cfg.threads,
+            ns_per_node: mbp,
+            runs: bp,
+            vs_best_rayon: None,
+        });
+    }
+    rows
+}
+
+/// Times building each standard shape's graph (nodes, edges, validation), median ns per node.
+pub fn bench_build(scale: f64, runs: usize) -> Vec<(&'static str, usize, f64)> {
+    standard_shapes(scale)
+        .into_iter()
+        .map(|(shape, n)| {
+            let dag = Dag::shape(shape, n);
+            let mut xs: Vec<f64> = (0..runs)
+                .map(|_| {
+                    let t0 = Instant::now();
+                    let mut g =
+                        GraphBuilder::<()>::with_capacity(shape.name(), dag.len(), dag.edges.len());
+                    let ids: Vec<_> = (0..dag.len()).map(|_| g.node("n", |_| Ok(()))).collect();
+                    for &(f, t) in &dag.edges {
+                        g.edge(ids[f as usize], ids[t as usize]);
+                    }
+                    let graph = g.build().expect("acyclic");
+                    let dt = t0.elapsed().as_nanos() as f64 / dag.len() as f64;
+                    drop(graph);
+                    dt
+                })
+                .collect();
+            (shape.name(), dag.len(), median(&mut xs))
+        })
+        .collect()
+}
