@@ -7,11 +7,11 @@ use std::task::Poll;
 
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::graph::{AnyValue, NodeId, NodeRef, Topology};
-use crate::sync::{AtomicBool, Ordering};
 use crate::handle::GraphHandle;
 use crate::pool::{GroupId, WorkerInfo};
 use crate::registry::Registry;
 use crate::run::{Run, Slot};
+use crate::sync::{AtomicBool, Ordering};
 use crate::Graph;
 
 /// A deferred completion registered with [`NodeCtx::complete_when`].
@@ -33,7 +33,10 @@ pub struct Inputs<'a> {
 
 impl fmt::Debug for Inputs<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Inputs").field("graph", &self.graph_name).field("node", &self.node_name()).finish()
+        f.debug_struct("Inputs")
+            .field("graph", &self.graph_name)
+            .field("node", &self.node_name())
+            .finish()
     }
 }
 
@@ -64,7 +67,9 @@ impl<'a> Inputs<'a> {
         }
         let index = self.base + from.id.index;
         if !self.topo.predecessors(self.node).contains(&index) {
-            return Err(self.bad_input(format!("reads node #{index}, which is not a direct predecessor")));
+            return Err(self.bad_input(format!(
+                "reads node #{index}, which is not a direct predecessor"
+            )));
         }
         // SAFETY: `index` is a direct predecessor, so it completed before this node became
         // ready (its counter decrement happened-before our Acquire of it reaching zero).
@@ -72,7 +77,12 @@ impl<'a> Inputs<'a> {
         match out.and_then(|o| o.value.as_deref()) {
             Some(v) => (v as &(dyn Any + Send + Sync))
                 .downcast_ref::<T>()
-                .ok_or_else(|| self.bad_input(format!("reads node #{index} as {}, which is not its output type", std::any::type_name::<T>()))),
+                .ok_or_else(|| {
+                    self.bad_input(format!(
+                        "reads node #{index} as {}, which is not its output type",
+                        std::any::type_name::<T>()
+                    ))
+                }),
             None if TypeId::of::<T>() == TypeId::of::<()>() => {
                 // A `()` output is never stored; any `()` will do.
                 Ok((&() as &dyn Any).downcast_ref::<T>().expect("T is ()"))
@@ -98,7 +108,12 @@ impl<'a> Inputs<'a> {
     fn bad_input(&self, what: String) -> Error {
         Error::new(
             ErrorKind::BadInput,
-            format!("node '{}' (#{}) of graph '{}' {what}", self.node_name(), self.node, self.graph_name),
+            format!(
+                "node '{}' (#{}) of graph '{}' {what}",
+                self.node_name(),
+                self.node,
+                self.graph_name
+            ),
         )
     }
 
@@ -114,30 +129,46 @@ impl<'a> Inputs<'a> {
 
     /// This node's id in the graph being run.
     pub fn node_id(&self) -> NodeId {
-        NodeId { graph: self.graph_uid, index: self.node }
+        NodeId {
+            graph: self.graph_uid,
+            index: self.node,
+        }
     }
 
     /// Direct predecessors, as ids of the graph being run.
     pub fn predecessors(&self) -> impl Iterator<Item = NodeId> + 'a {
         let g = self.graph_uid;
-        self.topo.predecessors(self.node).iter().map(move |&index| NodeId { graph: g, index })
+        self.topo
+            .predecessors(self.node)
+            .iter()
+            .map(move |&index| NodeId { graph: g, index })
     }
 
     /// Direct successors, as ids of the graph being run.
     pub fn successors(&self) -> impl Iterator<Item = NodeId> + 'a {
         let g = self.graph_uid;
-        self.topo.successors(self.node).iter().map(move |&index| NodeId { graph: g, index })
+        self.topo
+            .successors(self.node)
+            .iter()
+            .map(move |&index| NodeId { graph: g, index })
     }
 
     /// Markers that direct predecessors attached with [`NodeCtx::set_marker`].
-    pub fn predecessor_markers(&self) -> impl Iterator<Item = (NodeId, &'a (dyn Any + Send + Sync))> + 'a {
+    pub fn predecessor_markers(
+        &self,
+    ) -> impl Iterator<Item = (NodeId, &'a (dyn Any + Send + Sync))> + 'a {
         let g = self.graph_uid;
         let slots = self.slots;
-        self.topo.predecessors(self.node).iter().filter_map(move |&index| {
-            // SAFETY: a direct predecessor completed before this node became ready.
-            let out = unsafe { slots[index as usize].get() }?;
-            out.marker.as_deref().map(|m| (NodeId { graph: g, index }, m))
-        })
+        self.topo
+            .predecessors(self.node)
+            .iter()
+            .filter_map(move |&index| {
+                // SAFETY: a direct predecessor completed before this node became ready.
+                let out = unsafe { slots[index as usize].get() }?;
+                out.marker
+                    .as_deref()
+                    .map(|m| (NodeId { graph: g, index }, m))
+            })
     }
 }
 
@@ -183,7 +214,10 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
 
     /// Where node `id` of the running graph is placed (`None`: any worker).
     pub fn placement_of(&self, id: NodeId) -> Option<GroupId> {
-        self.run.plan.check(id).and_then(|i| self.run.plan.nodes[i as usize].placement)
+        self.run
+            .plan
+            .check(id)
+            .and_then(|i| self.run.plan.nodes[i as usize].placement)
     }
 
     /// Attaches a side value to this node's completion, readable by direct successors through
@@ -200,7 +234,10 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// its graph's completion counted) only once `poll` returns `Ready(Ok(()))`; `Ready(Err(_))`
     /// fails the graph naming this node. The same worker polls it between other nodes, and
     /// backs off (yields, then short timed parks) when it has nothing else to do.
-    pub fn complete_when(&self, poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static) {
+    pub fn complete_when(
+        &self,
+        poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static,
+    ) {
         self.deferred.set(Some(Box::new(poll)));
     }
 

@@ -50,7 +50,12 @@ pub struct Error {
 
 impl Error {
     pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into(), cancelled: 0, source: None }
+        Error {
+            kind,
+            message: message.into(),
+            cancelled: 0,
+            source: None,
+        }
     }
 
     pub(crate) fn with_source(mut self, source: BoxError) -> Self {
@@ -106,7 +111,9 @@ impl fmt::Debug for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_ref().map(|e| &**e as &(dyn std::error::Error + 'static))
+        self.source
+            .as_ref()
+            .map(|e| &**e as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -117,7 +124,10 @@ impl Clone for Error {
             kind: self.kind,
             message: self.message.clone(),
             cancelled: self.cancelled,
-            source: self.source.as_ref().map(|s| Box::new(SourceText(s.to_string())) as BoxError),
+            source: self
+                .source
+                .as_ref()
+                .map(|s| Box::new(SourceText(s.to_string())) as BoxError),
         }
     }
 }

@@ -52,7 +52,10 @@ pub struct NodeRef<T> {
 
 impl<T> NodeRef<T> {
     pub(crate) fn new(id: NodeId) -> Self {
-        NodeRef { id, _marker: PhantomData }
+        NodeRef {
+            id,
+            _marker: PhantomData,
+        }
     }
 
     /// The untyped id.
@@ -199,9 +202,18 @@ impl<S: 'static> GraphBuilder<S> {
 
     fn push(&mut self, name: Cow<'static, str>, body: Body<S>, unit: bool) -> NodeId {
         let index = u32::try_from(self.nodes.len()).expect("a graph holds at most 2^32 - 1 nodes");
-        self.nodes.push(NodeSpec { body, placement: None, origin: self.uid, base: 0, unit });
+        self.nodes.push(NodeSpec {
+            body,
+            placement: None,
+            origin: self.uid,
+            base: 0,
+            unit,
+        });
         self.names.push(name);
-        NodeId { graph: self.uid, index }
+        NodeId {
+            graph: self.uid,
+            index,
+        }
     }
 
     /// Adds a node that runs `body` on a pool worker. The body gets a [`NodeCtx`] (inputs,
@@ -293,7 +305,14 @@ impl<S: 'static> GraphBuilder<S> {
                 self.edges.push((offset + from as u32, offset + to));
             }
         }
-        Subgraph { inner: plan.uid, outer: self.uid, offset, len: plan.nodes.len() as u32, sources: plan.sources.clone(), sinks: plan.sinks() }
+        Subgraph {
+            inner: plan.uid,
+            outer: self.uid,
+            offset,
+            len: plan.nodes.len() as u32,
+            sources: plan.sources.clone(),
+            sinks: plan.sinks(),
+        }
     }
 
     /// Validates the graph and freezes it.
@@ -302,7 +321,9 @@ impl<S: 'static> GraphBuilder<S> {
     /// of another graph ([`ErrorKind::ForeignNode`]), or a cycle ([`ErrorKind::Cycle`], naming
     /// nodes on it). Nothing runs before this succeeds.
     pub fn build(self) -> Result<Graph<S>, Error> {
-        Plan::build(self).map(|plan| Graph { plan: Arc::new(plan) })
+        Plan::build(self).map(|plan| Graph {
+            plan: Arc::new(plan),
+        })
     }
 }
 
@@ -328,17 +349,26 @@ impl Subgraph {
             "{:?} is not a node of the inlined subgraph",
             r.id
         );
-        NodeRef::new(NodeId { graph: self.outer, index: self.offset + r.id.index })
+        NodeRef::new(NodeId {
+            graph: self.outer,
+            index: self.offset + r.id.index,
+        })
     }
 
     /// The inlined nodes that have no predecessor inside the subgraph.
     pub fn sources(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.sources.iter().map(move |&i| NodeId { graph: self.outer, index: self.offset + i })
+        self.sources.iter().map(move |&i| NodeId {
+            graph: self.outer,
+            index: self.offset + i,
+        })
     }
 
     /// The inlined nodes that have no successor inside the subgraph.
     pub fn sinks(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.sinks.iter().map(move |&i| NodeId { graph: self.outer, index: self.offset + i })
+        self.sinks.iter().map(move |&i| NodeId {
+            graph: self.outer,
+            index: self.offset + i,
+        })
     }
 }
 
@@ -350,7 +380,9 @@ pub struct Graph<S = ()> {
 
 impl<S> Clone for Graph<S> {
     fn clone(&self) -> Self {
-        Graph { plan: self.plan.clone() }
+        Graph {
+            plan: self.plan.clone(),
+        }
     }
 }
 
@@ -393,31 +425,45 @@ impl<S> Graph<S> {
 
     /// A node's name, if `id` belongs to this graph.
     pub fn node_name(&self, id: NodeId) -> Option<&str> {
-        self.plan.check(id).map(|i| &*self.plan.topo.names[i as usize])
+        self.plan
+            .check(id)
+            .map(|i| &*self.plan.topo.names[i as usize])
     }
 
     /// A node's placement (`None`: any worker), if `id` belongs to this graph.
     pub fn placement(&self, id: NodeId) -> Option<Option<GroupId>> {
-        self.plan.check(id).map(|i| self.plan.nodes[i as usize].placement)
+        self.plan
+            .check(id)
+            .map(|i| self.plan.nodes[i as usize].placement)
     }
 
     /// A node's direct successors.
     pub fn successors(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
         let uid = self.plan.uid;
-        let list = self.plan.check(id).map(|i| self.plan.successors(i)).unwrap_or(&[]);
+        let list = self
+            .plan
+            .check(id)
+            .map(|i| self.plan.successors(i))
+            .unwrap_or(&[]);
         list.iter().map(move |&index| NodeId { graph: uid, index })
     }
 
     /// A node's direct predecessors.
     pub fn predecessors(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
         let uid = self.plan.uid;
-        let list = self.plan.check(id).map(|i| self.plan.predecessors(i)).unwrap_or(&[]);
+        let list = self
+            .plan
+            .check(id)
+            .map(|i| self.plan.predecessors(i))
+            .unwrap_or(&[]);
         list.iter().map(move |&index| NodeId { graph: uid, index })
     }
 
     /// Whether `id` is a CPU-heavy node (see [`GraphBuilder::cpu_node`]).
     pub fn is_cpu_node(&self, id: NodeId) -> bool {
-        self.plan.check(id).is_some_and(|i| self.plan.nodes[i as usize].is_cpu())
+        self.plan
+            .check(id)
+            .is_some_and(|i| self.plan.nodes[i as usize].is_cpu())
     }
 
     /// The graph in Graphviz DOT: nodes labelled with their name and placement
@@ -431,9 +477,15 @@ impl<S> Graph<S> {
             let place = if spec.is_cpu() {
                 "cpu lane".to_string()
             } else {
-                spec.placement.map_or_else(|| "host".to_string(), &group_name)
+                spec.placement
+                    .map_or_else(|| "host".to_string(), &group_name)
             };
-            let _ = writeln!(s, "  n{i} [label=\"{}\\n[{}]\"];", dot_escape(&self.plan.topo.names[i]), dot_escape(&place));
+            let _ = writeln!(
+                s,
+                "  n{i} [label=\"{}\\n[{}]\"];",
+                dot_escape(&self.plan.topo.names[i]),
+                dot_escape(&place)
+            );
         }
         for i in 0..self.plan.nodes.len() as u32 {
             for &j in self.plan.successors(i) {
@@ -467,6 +519,9 @@ pub(crate) struct Plan<S> {
     max_placement: Option<(u32, GroupId)>,
 }
 
+/// (start offsets, list): compressed adjacency lists.
+type Csr = (Box<[u32]>, Box<[u32]>);
+
 /// Successor and predecessor lists in compressed form, and node names: what `Inputs` needs,
 /// without the state type.
 pub(crate) struct Topology {
@@ -475,7 +530,7 @@ pub(crate) struct Topology {
     succ: Box<[u32]>,
     /// (start, list), built from the successor lists the first time a node asks for its
     /// predecessors: graphs whose nodes never read inputs never pay for them.
-    preds: OnceLock<(Box<[u32]>, Box<[u32]>)>,
+    preds: OnceLock<Csr>,
     pub(crate) names: Box<[Cow<'static, str>]>,
 }
 
@@ -488,12 +543,14 @@ impl Topology {
 
     #[inline]
     pub(crate) fn predecessors(&self, i: u32) -> &[u32] {
-        let (start, list) = self.preds.get_or_init(|| Self::build_predecessors(&self.succ_start, &self.succ, self.n));
+        let (start, list) = self
+            .preds
+            .get_or_init(|| Self::build_predecessors(&self.succ_start, &self.succ, self.n));
         let i = i as usize;
         &list[start[i] as usize..start[i + 1] as usize]
     }
 
-    fn build_predecessors(succ_start: &[u32], succ: &[u32], n: usize) -> (Box<[u32]>, Box<[u32]>) {
+    fn build_predecessors(succ_start: &[u32], succ: &[u32], n: usize) -> Csr {
         let mut start = vec![0u32; n + 1];
         for &t in succ {
             start[t as usize + 1] += 1;
@@ -530,7 +587,9 @@ impl<S> Plan<S> {
     }
 
     fn sinks(&self) -> Vec<u32> {
-        (0..self.nodes.len() as u32).filter(|&i| self.successors(i).is_empty()).collect()
+        (0..self.nodes.len() as u32)
+            .filter(|&i| self.successors(i).is_empty())
+            .collect()
     }
 
     /// The index of `id` if it is a node of this plan.
@@ -539,7 +598,10 @@ impl<S> Plan<S> {
     }
 
     pub(crate) fn describe(&self, i: u32) -> String {
-        format!("node '{}' (#{}) of graph '{}'", self.topo.names[i as usize], i, self.name)
+        format!(
+            "node '{}' (#{}) of graph '{}'",
+            self.topo.names[i as usize], i, self.name
+        )
     }
 
     fn build(b: GraphBuilder<S>) -> Result<Self, Error> {
@@ -560,7 +622,10 @@ impl<S> Plan<S> {
             if id.index as usize >= n {
                 return Err(Error::new(
                     ErrorKind::UnknownNode,
-                    format!("graph '{}': {what} refers to node #{}, but the graph has {} node(s)", gname, id.index, n),
+                    format!(
+                        "graph '{}': {what} refers to node #{}, but the graph has {} node(s)",
+                        gname, id.index, n
+                    ),
                 ));
             }
             Ok(id.index)
@@ -579,12 +644,21 @@ impl<S> Plan<S> {
         for &(f, t) in &b.edges {
             if f as usize >= n || t as usize >= n {
                 let bad = if f as usize >= n { f } else { t };
-                check(NodeId { graph: uid, index: bad }, "an edge")?;
+                check(
+                    NodeId {
+                        graph: uid,
+                        index: bad,
+                    },
+                    "an edge",
+                )?;
             }
             if f == t {
                 return Err(Error::new(
                     ErrorKind::Cycle,
-                    format!("graph '{}' has a cycle: node '{}' (#{f}) depends on itself", gname, b.names[f as usize]),
+                    format!(
+                        "graph '{}' has a cycle: node '{}' (#{f}) depends on itself",
+                        gname, b.names[f as usize]
+                    ),
                 ));
             }
             forward &= f < t;
@@ -602,11 +676,17 @@ impl<S> Plan<S> {
             sfill[f as usize] += 1;
         }
         drop(sfill);
-        let sources: Vec<u32> = (0..n as u32).filter(|&i| indegree[i as usize] == 0).collect();
+        let sources: Vec<u32> = (0..n as u32)
+            .filter(|&i| indegree[i as usize] == 0)
+            .collect();
 
         // Kahn's algorithm: every node must become ready, or there is a cycle. Skipped when every
         // edge goes from a lower to a higher index: node order is then a topological order.
-        let mut remaining = if forward { Vec::new() } else { indegree.clone() };
+        let mut remaining = if forward {
+            Vec::new()
+        } else {
+            indegree.clone()
+        };
         let mut stack = if forward { Vec::new() } else { sources.clone() };
         let mut seen = if forward { n } else { 0 };
         while let Some(i) = stack.pop() {
@@ -623,10 +703,18 @@ impl<S> Plan<S> {
         if seen < n {
             let preds = Topology::build_predecessors(&succ_start, &succ, n);
             let cycle = find_cycle(&remaining, &preds.0, &preds.1);
-            let names: Vec<String> = cycle.iter().map(|&i| format!("'{}' (#{i})", b.names[i as usize])).collect();
+            let names: Vec<String> = cycle
+                .iter()
+                .map(|&i| format!("'{}' (#{i})", b.names[i as usize]))
+                .collect();
             return Err(Error::new(
                 ErrorKind::Cycle,
-                format!("graph '{}' has a cycle: {} -> {}", gname, names.join(" -> "), names[0]),
+                format!(
+                    "graph '{}' has a cycle: {} -> {}",
+                    gname,
+                    names.join(" -> "),
+                    names[0]
+                ),
             ));
         }
         let mut valued = Vec::new();
@@ -663,7 +751,10 @@ impl<S> Plan<S> {
 /// Walks predecessors among the nodes Kahn's algorithm could not reach until one repeats;
 /// returns that cycle in edge order.
 fn find_cycle(remaining: &[u32], pred_start: &[u32], pred: &[u32]) -> Vec<u32> {
-    let start = remaining.iter().position(|&r| r > 0).expect("a cycle exists") as u32;
+    let start = remaining
+        .iter()
+        .position(|&r| r > 0)
+        .expect("a cycle exists") as u32;
     let mut pos = vec![u32::MAX; remaining.len()];
     let mut path = Vec::new();
     let mut cur = start;
@@ -680,5 +771,221 @@ fn find_cycle(remaining: &[u32], pred_start: &[u32], pred: &[u32]) -> Vec<u32> {
             .iter()
             .find(|&&p| remaining[p as usize] > 0)
             .expect("a node left with predecessors has an unfinished one");
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::{Cores, PoolBuilder};
+
+    fn noop() -> impl Fn(&NodeCtx<'_, ()>) -> Result<(), BoxError> + Send + Sync + 'static {
+        |_| Ok(())
+    }
+
+    #[test]
+    fn unknown_node_ids_are_reported() {
+        let mut g = GraphBuilder::<()>::new("g");
+        let a = g.node("a", noop());
+        let _b = g.node("b", noop());
+        let ghost = NodeId {
+            graph: g.uid,
+            index: 7,
+        };
+        g.edge(a, ghost);
+        let err = g.build().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::UnknownNode);
+        let msg = err.to_string();
+        assert!(
+            msg.contains("#7") && msg.contains("2 node(s)") && msg.contains("'g'"),
+            "{msg}"
+        );
+
+        let mut g = GraphBuilder::<()>::new("g2");
+        let a = g.node("a", noop());
+        let ghost = NodeId {
+            graph: g.uid,
+            index: 1,
+        };
+        g.edge(ghost, a);
+        assert_eq!(g.build().unwrap_err().kind(), ErrorKind::UnknownNode);
+
+        // A placement naming a node that does not exist.
+        let mut g = GraphBuilder::<()>::new("g3");
+        g.node("a", noop());
+        let ghost = NodeId {
+            graph: g.uid,
+            index: 5,
+        };
+        g.place(ghost, GroupId::from_index(0));
+        assert_eq!(g.build().unwrap_err().kind(), ErrorKind::UnknownNode);
+    }
+
+    #[test]
+    fn plan_holds_degrees_sources_and_adjacency() {
+        // a -> b, a -> c, b -> d, c -> d, plus an isolated e and a duplicate edge c -> d.
+        let mut g = GraphBuilder::<()>::new("diamond");
+        let a = g.node("a", noop());
+        let b = g.node("b", noop());
+        let c = g.node("c", noop());
+        let d = g.node("d", noop());
+        let e = g.node("e", noop());
+        g.edge(a, b).edge(a, c).edge(b, d).edge(c, d).edge(c, d);
+        let graph = g.build().unwrap();
+        let p = &graph.plan;
+        assert_eq!(&*p.indegree, &[0, 1, 1, 3, 0]);
+        assert_eq!(&*p.sources, &[0, 4]);
+        assert_eq!(p.successors(0), &[1, 2]);
+        assert_eq!(p.successors(2), &[3, 3]);
+        assert!(p.successors(3).is_empty() && p.successors(4).is_empty());
+        let mut preds = p.predecessors(3).to_vec();
+        preds.sort();
+        assert_eq!(preds, vec![1, 2, 2]);
+        assert!(p.predecessors(0).is_empty());
+        assert_eq!(p.check(d.id()), Some(3));
+        assert_eq!(
+            p.check(NodeId {
+                graph: p.uid,
+                index: 5
+            }),
+            None
+        );
+        assert_eq!(
+            p.check(NodeId {
+                graph: p.uid + 1,
+                index: 0
+            }),
+            None
+        );
+        assert_eq!(p.describe(4), "node 'e' (#4) of graph 'diamond'");
+        let _ = e;
+    }
+
+    #[test]
+    fn backward_edges_that_form_no_cycle_build() {
+        // Edges from higher to lower index: node order is not a topological order.
+        let mut g = GraphBuilder::<()>::new("backward");
+        let refs: Vec<NodeRef<()>> = (0..100).map(|i| g.node(format!("n{i}"), noop())).collect();
+        for w in refs.windows(2) {
+            g.edge(w[1], w[0]);
+        }
+        let graph = g.build().unwrap();
+        assert_eq!(&*graph.plan.sources, &[99]);
+    }
+
+    /// The names of a cycle message, in order.
+    fn cycle_names(msg: &str) -> Vec<String> {
+        msg.split('\'')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn cycle_message_lists_the_cycle_in_edge_order() {
+        for rot in 0..4 {
+            let mut g = GraphBuilder::<()>::new("c");
+            let names = ["p", "q", "r", "s", "x", "y"];
+            let n: Vec<NodeRef<()>> = names.iter().map(|s| g.node(*s, noop())).collect();
+            // Cycle p -> q -> r -> s -> p, entered from x; y hangs off r. Edge order rotated.
+            let mut edges = vec![(0, 1), (1, 2), (2, 3), (3, 0)];
+            edges.rotate_left(rot);
+            edges.push((4, 0));
+            edges.push((2, 5));
+            for (f, t) in &edges {
+                g.edge(n[*f], n[*t]);
+            }
+            let msg = g.build().unwrap_err().to_string();
+            // "graph 'c' has a cycle: 'p' (#0) -> ... -> 'p' (#0)": drop the graph name.
+            let cyc = cycle_names(&msg)[1..].to_vec();
+            assert_eq!(cyc.first(), cyc.last(), "{msg}");
+            let cyc = &cyc[..cyc.len() - 1];
+            assert_eq!(cyc.len(), 4, "{msg}");
+            let idx = |s: &str| names.iter().position(|x| *x == s).unwrap();
+            for w in 0..cyc.len() {
+                let (f, t) = (idx(&cyc[w]), idx(&cyc[(w + 1) % cyc.len()]));
+                assert!(
+                    edges.contains(&(f, t)),
+                    "{} -> {} is not an edge: {msg}",
+                    cyc[w],
+                    cyc[(w + 1) % cyc.len()]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_output_type_and_unit_inputs() {
+        let pool = PoolBuilder::new()
+            .workers(1)
+            .cores(Cores::Unpinned)
+            .build()
+            .unwrap();
+        let mut g = GraphBuilder::<()>::new("types");
+        let a = g.node("a", |_| Ok(7u32));
+        let u = g.node("u", |_| Ok(()));
+        // A reference to `a` with the wrong type: only constructible inside the crate.
+        let wrong: NodeRef<u64> = NodeRef::new(a.id());
+        let b = g.node("b", move |ctx| {
+            let e = ctx.input(wrong).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::BadInput);
+            assert!(
+                e.to_string().contains("u64") && e.to_string().contains("'b'"),
+                "{e}"
+            );
+            ctx.input(u)?;
+            Ok(*ctx.input(a)? + 1)
+        });
+        // Reading a `()` node as something else fails: it left no value.
+        let wrong_unit: NodeRef<u8> = NodeRef::new(u.id());
+        let c = g.node("c", move |ctx| {
+            Ok(ctx.input(wrong_unit).map(|_| ()).map_err(|e| e.kind()))
+        });
+        g.edge(a, b).edge(u, b).edge(u, c);
+        let out = pool.run(&g.build().unwrap()).unwrap();
+        assert_eq!(out.get(b), Some(&8));
+        assert_eq!(out.get(c), Some(&Err(ErrorKind::BadInput)));
+        // The output holds `a` as u32, not as u64.
+        assert_eq!(out.get(wrong), None);
+        assert_eq!(out.get(a), Some(&7));
+    }
+
+    #[test]
+    fn inlined_nodes_keep_origin_and_base() {
+        let mut inner = GraphBuilder::<()>::new("inner");
+        let i0 = inner.node("i0", noop());
+        let i1 = inner.node("i1", noop());
+        inner.edge(i0, i1);
+        let inner = inner.build().unwrap();
+        let inner_uid = inner.plan.uid;
+
+        let mut mid = GraphBuilder::<()>::new("mid");
+        mid.node("m0", noop());
+        let s = mid.subgraph(&inner);
+        assert_eq!(s.node(i1).id().index(), 2);
+        let mid = mid.build().unwrap();
+        assert_eq!(mid.plan.nodes[1].origin, inner_uid);
+        assert_eq!(mid.plan.nodes[1].base, 1);
+
+        let mut outer = GraphBuilder::<()>::new("outer");
+        outer.node("o0", noop());
+        outer.node("o1", noop());
+        let s2 = outer.subgraph(&mid);
+        let outer = outer.build().unwrap();
+        // mid's node 2 (inner's i1) now sits at 2 + 2 = 4; its body still comes from `inner`.
+        assert_eq!(s2.node(s.node(i1)).id().index(), 4);
+        let spec = &outer.plan.nodes[4];
+        assert_eq!(spec.origin, inner_uid);
+        assert_eq!(spec.base, 2 + 1);
+        assert_eq!(outer.node_name(s2.node(s.node(i1)).id()), Some("i1"));
+        assert_eq!(outer.plan.successors(3), &[4]);
+    }
+
+    #[test]
+    fn empty_graph_plan() {
+        let g = GraphBuilder::<()>::new("nothing").build().unwrap();
+        assert!(g.plan.sources.is_empty() && g.plan.indegree.is_empty());
+        assert_eq!(g.edge_count(), 0);
     }
 }

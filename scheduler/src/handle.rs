@@ -22,7 +22,10 @@ pub struct GraphHandle {
 
 impl fmt::Debug for GraphHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GraphHandle").field("graph", &self.graph).field("done", &self.is_done()).finish()
+        f.debug_struct("GraphHandle")
+            .field("graph", &self.graph)
+            .field("done", &self.is_done())
+            .finish()
     }
 }
 
@@ -44,7 +47,9 @@ impl GraphHandle {
         if !self.completion.is_done() && !worker::help_until(&self.completion) {
             self.completion.block();
         }
-        self.completion.take_result().expect("a finished run has a result")
+        self.completion
+            .take_result()
+            .expect("a finished run has a result")
     }
 }
 
@@ -58,6 +63,10 @@ impl Future for GraphHandle {
                 return Poll::Pending;
             }
         }
-        Poll::Ready(self.completion.take_result().expect("GraphHandle polled after it returned Ready"))
+        Poll::Ready(
+            self.completion
+                .take_result()
+                .expect("GraphHandle polled after it returned Ready"),
+        )
     }
 }

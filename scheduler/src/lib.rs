@@ -58,6 +58,9 @@ pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::graph::{Graph, GraphBuilder, NodeId, NodeRef, Subgraph};
 pub use crate::handle::GraphHandle;
 pub use crate::metrics::{PoolStats, WorkerStats, METRICS};
-pub use crate::pool::{default_workers, Cores, GroupId, GroupSpec, GroupWaker, Pool, PoolBuilder, ShutdownMode, WorkerInfo};
+pub use crate::pool::{
+    default_workers, Cores, GroupId, GroupSpec, GroupWaker, Pool, PoolBuilder, ShutdownMode,
+    WorkerInfo,
+};
 pub use crate::run::GraphOutput;
 pub use crate::trace::{SliceKind, Trace, TraceSlice, TraceTrack};

@@ -8,7 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+};
 
 use crate::error::Error;
 use crate::registry::Registry;
@@ -148,24 +150,106 @@ fn queue_depth<S: Send + 'static>(reg: &Registry<S>) -> usize {
 /// Every metric this crate emits: (name, kind, unit, labels, meaning). The README's table is
 /// generated from the same list by the `boundpool metrics` command.
 pub const METRICS: &[(&str, &str, &str, &str, &str)] = &[
-    ("boundpool_nodes_run", "counter", "count", "pool, worker", "node bodies run by a worker"),
-    ("boundpool_steals", "counter", "count", "pool, worker", "ready nodes stolen from another worker's deque"),
-    ("boundpool_injector_pops", "counter", "count", "pool, worker", "batches taken from an injector (outside submissions, cross-group hand-offs)"),
-    ("boundpool_parks", "counter", "count", "pool, worker", "times a worker parked for lack of work"),
-    ("boundpool_cpu_lane_nodes", "counter", "count", "pool", "CPU-heavy nodes run on the rayon host-work lane"),
-    ("boundpool_graphs_submitted", "counter", "count", "pool", "graphs submitted"),
-    ("boundpool_graphs_completed", "counter", "count", "pool", "graphs that finished successfully"),
-    ("boundpool_graphs_failed", "counter", "count", "pool", "graphs failed by a node error or panic, or cancelled"),
-    ("boundpool_nodes_cancelled", "counter", "count", "pool", "nodes that never ran because their graph failed or was cancelled"),
-    ("boundpool_workers", "gauge", "count", "pool", "worker threads of the pool (fixed at build)"),
-    ("boundpool_queue_depth", "gauge", "count", "pool, worker", "ready nodes in the worker's deque when it last flushed"),
-    ("boundpool_node_run_seconds", "histogram", "seconds", "pool", "run time of a node body (one node in 256 per worker is timed)"),
-    ("boundpool_graph_latency_seconds", "histogram", "seconds", "pool", "time from submit to the graph's completion"),
+    (
+        "boundpool_nodes_run",
+        "counter",
+        "count",
+        "pool, worker",
+        "node bodies run by a worker",
+    ),
+    (
+        "boundpool_steals",
+        "counter",
+        "count",
+        "pool, worker",
+        "ready nodes stolen from another worker's deque",
+    ),
+    (
+        "boundpool_injector_pops",
+        "counter",
+        "count",
+        "pool, worker",
+        "batches taken from an injector (outside submissions, cross-group hand-offs)",
+    ),
+    (
+        "boundpool_parks",
+        "counter",
+        "count",
+        "pool, worker",
+        "times a worker parked for lack of work",
+    ),
+    (
+        "boundpool_cpu_lane_nodes",
+        "counter",
+        "count",
+        "pool",
+        "CPU-heavy nodes run on the rayon host-work lane",
+    ),
+    (
+        "boundpool_graphs_submitted",
+        "counter",
+        "count",
+        "pool",
+        "graphs submitted",
+    ),
+    (
+        "boundpool_graphs_completed",
+        "counter",
+        "count",
+        "pool",
+        "graphs that finished successfully",
+    ),
+    (
+        "boundpool_graphs_failed",
+        "counter",
+        "count",
+        "pool",
+        "graphs failed by a node error or panic, or cancelled",
+    ),
+    (
+        "boundpool_nodes_cancelled",
+        "counter",
+        "count",
+        "pool",
+        "nodes that never ran because their graph failed or was cancelled",
+    ),
+    (
+        "boundpool_workers",
+        "gauge",
+        "count",
+        "pool",
+        "worker threads of the pool (fixed at build)",
+    ),
+    (
+        "boundpool_queue_depth",
+        "gauge",
+        "count",
+        "pool, worker",
+        "ready nodes in the worker's deque when it last flushed",
+    ),
+    (
+        "boundpool_node_run_seconds",
+        "histogram",
+        "seconds",
+        "pool",
+        "run time of a node body (one node in 256 per worker is timed)",
+    ),
+    (
+        "boundpool_graph_latency_seconds",
+        "histogram",
+        "seconds",
+        "pool",
+        "time from submit to the graph's completion",
+    ),
 ];
 
 pub(crate) fn describe() {
     for &(name, kind, unit, _, help) in METRICS {
-        let unit = if unit == "seconds" { Unit::Seconds } else { Unit::Count };
+        let unit = if unit == "seconds" {
+            Unit::Seconds
+        } else {
+            Unit::Count
+        };
         match kind {
             "counter" => describe_counter!(name, unit, help),
             "gauge" => describe_gauge!(name, unit, help),
@@ -179,16 +263,27 @@ pub(crate) fn pool_started<S: Send + 'static>(reg: &Arc<Registry<S>>) {
 }
 
 pub(crate) fn graph_submitted<S: Send + 'static>(reg: &Registry<S>) {
+    if !reg.export_metrics {
+        return;
+    }
     counter!("boundpool_graphs_submitted", "pool" => reg.name.to_string()).increment(1);
 }
 
-pub(crate) fn graph_finished<S: Send + 'static>(reg: &Registry<S>, err: Option<&Error>, latency: Duration) {
+pub(crate) fn graph_finished<S: Send + 'static>(
+    reg: &Registry<S>,
+    err: Option<&Error>,
+    latency: Duration,
+) {
+    if !reg.export_metrics {
+        return;
+    }
     let pool = reg.name.to_string();
     match err {
         None => counter!("boundpool_graphs_completed", "pool" => pool.clone()).increment(1),
         Some(e) => {
             counter!("boundpool_graphs_failed", "pool" => pool.clone()).increment(1);
-            counter!("boundpool_nodes_cancelled", "pool" => pool.clone()).increment(e.cancelled_nodes() as u64);
+            counter!("boundpool_nodes_cancelled", "pool" => pool.clone())
+                .increment(e.cancelled_nodes() as u64);
         }
     }
     histogram!("boundpool_graph_latency_seconds", "pool" => pool).record(latency.as_secs_f64());
@@ -196,6 +291,9 @@ pub(crate) fn graph_finished<S: Send + 'static>(reg: &Registry<S>, err: Option<&
 
 pub(crate) fn cpu_lane_node<S: Send + 'static>(reg: &Registry<S>) {
     reg.counters.cpu_lane_nodes.fetch_add(1, Ordering::Relaxed);
+    if !reg.export_metrics {
+        return;
+    }
     counter!("boundpool_cpu_lane_nodes", "pool" => reg.name.to_string()).increment(1);
 }
 
@@ -209,7 +307,12 @@ pub(crate) struct Flusher {
 
 impl Flusher {
     pub(crate) fn new(pool: &str, worker: usize) -> Self {
-        Flusher { pool: pool.to_string(), worker: worker.to_string(), last: [0; 4], samples: Vec::new() }
+        Flusher {
+            pool: pool.to_string(),
+            worker: worker.to_string(),
+            last: [0; 4],
+            samples: Vec::new(),
+        }
     }
 
     pub(crate) fn sample(&mut self, secs: f64) {
@@ -217,12 +320,23 @@ impl Flusher {
     }
 
     pub(crate) fn flush(&mut self, c: &WorkerCounters, queue_depth: usize) {
-        let now = [c.nodes_run.get(), c.steals.get(), c.injector_pops.get(), c.parks.get()];
-        let names = ["boundpool_nodes_run", "boundpool_steals", "boundpool_injector_pops", "boundpool_parks"];
+        let now = [
+            c.nodes_run.get(),
+            c.steals.get(),
+            c.injector_pops.get(),
+            c.parks.get(),
+        ];
+        let names = [
+            "boundpool_nodes_run",
+            "boundpool_steals",
+            "boundpool_injector_pops",
+            "boundpool_parks",
+        ];
         for i in 0..4 {
             let d = now[i] - self.last[i];
             if d > 0 {
-                counter!(names[i], "pool" => self.pool.clone(), "worker" => self.worker.clone()).increment(d);
+                counter!(names[i], "pool" => self.pool.clone(), "worker" => self.worker.clone())
+                    .increment(d);
             }
         }
         self.last = now;

@@ -54,7 +54,11 @@ pub struct GroupSpec {
 impl GroupSpec {
     /// A group named `name` of `workers` workers on [`Cores::All`].
     pub fn new(name: impl Into<String>, workers: usize) -> Self {
-        GroupSpec { name: name.into(), workers, cores: Cores::All }
+        GroupSpec {
+            name: name.into(),
+            workers,
+            cores: Cores::All,
+        }
     }
 
     /// Sets the group's cores.
@@ -93,9 +97,9 @@ pub enum ShutdownMode {
     Cancel,
 }
 
-type StartHook<S> = Arc<dyn Fn(&WorkerInfo) -> Result<S, BoxError> + Send + Sync>;
-type StopHook<S> = Arc<dyn Fn(&WorkerInfo, S) + Send + Sync>;
-type IdleHook<S> = Arc<dyn Fn(&WorkerInfo, &S) + Send + Sync>;
+pub(crate) type StartHook<S> = Arc<dyn Fn(&WorkerInfo) -> Result<S, BoxError> + Send + Sync>;
+pub(crate) type StopHook<S> = Arc<dyn Fn(&WorkerInfo, S) + Send + Sync>;
+pub(crate) type IdleHook<S> = Arc<dyn Fn(&WorkerInfo, &S) + Send + Sync>;
 type NameFn = Arc<dyn Fn(&WorkerInfo) -> String + Send + Sync>;
 
 /// Configures and starts a [`Pool`].
@@ -125,6 +129,7 @@ pub struct PoolBuilder<S = ()> {
     cpu_lane_threads: Option<usize>,
     stack_size: Option<usize>,
     trace: bool,
+    metrics: bool,
 }
 
 impl<S> fmt::Debug for PoolBuilder<S> {
@@ -161,13 +166,16 @@ impl PoolBuilder<()> {
             cpu_lane_threads: None,
             stack_size: None,
             trace: false,
+            metrics: true,
         }
     }
 }
 
 /// The number of cores this process may run on.
 pub fn default_workers() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 impl<S: Send + 'static> PoolBuilder<S> {
@@ -197,7 +205,10 @@ impl<S: Send + 'static> PoolBuilder<S> {
     }
 
     /// Names each worker thread. Default `{pool}-{group}-{index_in_group}`.
-    pub fn thread_name(mut self, f: impl Fn(&WorkerInfo) -> String + Send + Sync + 'static) -> Self {
+    pub fn thread_name(
+        mut self,
+        f: impl Fn(&WorkerInfo) -> String + Send + Sync + 'static,
+    ) -> Self {
         self.thread_name = Some(Arc::new(f));
         self
     }
@@ -212,6 +223,13 @@ impl<S: Send + 'static> PoolBuilder<S> {
     /// [`Pool::take_trace`]. Off by default; when off it costs one branch per node.
     pub fn trace(mut self, on: bool) -> Self {
         self.trace = on;
+        self
+    }
+
+    /// Whether to export through the `metrics` facade (default on; with no recorder installed the
+    /// export costs next to nothing). [`Pool::stats`] works either way.
+    pub fn metrics(mut self, on: bool) -> Self {
+        self.metrics = on;
         self
     }
 
@@ -237,6 +255,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             cpu_lane_threads: self.cpu_lane_threads,
             stack_size: self.stack_size,
             trace: self.trace,
+            metrics: self.metrics,
         }
     }
 
@@ -276,13 +295,20 @@ impl<S: Send + 'static> PoolBuilder<S> {
     pub fn build(self) -> Result<Pool<S>, Error> {
         let specs = match self.groups {
             Some(g) => g,
-            None => vec![GroupSpec { name: "host".into(), workers: self.workers.unwrap_or_else(default_workers), cores: self.cores }],
+            None => vec![GroupSpec {
+                name: "host".into(),
+                workers: self.workers.unwrap_or_else(default_workers),
+                cores: self.cores,
+            }],
         };
         let infos = plan_workers(&self.name, &specs, self.thread_name.as_deref())?;
         let cpu_lane = match (self.rayon, self.cpu_lane_threads) {
             (Some(p), _) => Some(p),
             (None, Some(0)) => {
-                return Err(Error::new(ErrorKind::InvalidConfig, format!("pool '{}': cpu_lane_threads must be at least 1", self.name)))
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!("pool '{}': cpu_lane_threads must be at least 1", self.name),
+                ))
             }
             (None, Some(n)) => Some(Arc::new(
                 rayon_core::ThreadPoolBuilder::new()
@@ -292,13 +318,31 @@ impl<S: Send + 'static> PoolBuilder<S> {
                         move |i| format!("{name}-cpu-{i}")
                     })
                     .build()
-                    .map_err(|e| Error::new(ErrorKind::Spawn, format!("pool '{}': cannot start the cpu lane", self.name)).with_source(Box::new(e)))?,
+                    .map_err(|e| {
+                        Error::new(
+                            ErrorKind::Spawn,
+                            format!("pool '{}': cannot start the cpu lane", self.name),
+                        )
+                        .with_source(Box::new(e))
+                    })?,
             )),
             (None, None) => None,
         };
-        let hooks = Hooks { start: self.start, stop: self.stop, idle: self.idle };
+        let hooks = Hooks {
+            start: self.start,
+            stop: self.stop,
+            idle: self.idle,
+        };
         let group_names: Vec<String> = specs.iter().map(|g| g.name.clone()).collect();
-        let (registry, deques) = Registry::new(self.name.clone(), infos, group_names, hooks, cpu_lane, self.trace);
+        let (registry, deques) = Registry::new(
+            self.name.clone(),
+            infos,
+            group_names,
+            hooks,
+            cpu_lane,
+            self.trace,
+            self.metrics,
+        );
         let gate = Arc::new(worker::StartGate::new(registry.infos.len()));
         let mut threads: Vec<JoinHandle<()>> = Vec::with_capacity(deques.len());
         let mut spawn_error = None;
@@ -313,7 +357,13 @@ impl<S: Send + 'static> PoolBuilder<S> {
             match tb.spawn(move || worker::main(reg, index, deque, g)) {
                 Ok(h) => threads.push(h),
                 Err(e) => {
-                    spawn_error = Some(Error::new(ErrorKind::Spawn, format!("pool '{}': cannot start worker {}", self.name, info.name)).with_source(Box::new(e)));
+                    spawn_error = Some(
+                        Error::new(
+                            ErrorKind::Spawn,
+                            format!("pool '{}': cannot start worker {}", self.name, info.name),
+                        )
+                        .with_source(Box::new(e)),
+                    );
                     break;
                 }
             }
@@ -328,23 +378,36 @@ impl<S: Send + 'static> PoolBuilder<S> {
             return Err(err);
         }
         gate.release(true);
-        crate::metrics::describe();
-        crate::metrics::pool_started(&registry);
-        Ok(Pool { registry, threads: Mutex::new(threads) })
+        if registry.export_metrics {
+            crate::metrics::describe();
+            crate::metrics::pool_started(&registry);
+        }
+        Ok(Pool {
+            registry,
+            threads: Mutex::new(threads),
+        })
     }
 }
 
 /// Resolves cores and names for every worker, checking the settings.
-fn plan_workers(pool: &str, specs: &[GroupSpec], name_fn: Option<&(dyn Fn(&WorkerInfo) -> String + Send + Sync)>) -> Result<Vec<WorkerInfo>, Error> {
+fn plan_workers(
+    pool: &str,
+    specs: &[GroupSpec],
+    name_fn: Option<&(dyn Fn(&WorkerInfo) -> String + Send + Sync)>,
+) -> Result<Vec<WorkerInfo>, Error> {
     let invalid = |m: String| Error::new(ErrorKind::InvalidConfig, format!("pool '{pool}': {m}"));
     if specs.is_empty() {
         return Err(invalid("no worker groups".into()));
     }
-    let allowed: Option<Vec<usize>> = core_affinity::get_core_ids().map(|v| v.into_iter().map(|c| c.id).collect());
+    let allowed: Option<Vec<usize>> =
+        core_affinity::get_core_ids().map(|v| v.into_iter().map(|c| c.id).collect());
     let mut infos = Vec::new();
     for (gi, spec) in specs.iter().enumerate() {
         if spec.workers == 0 {
-            return Err(invalid(format!("group '{}' has 0 workers; a pool needs at least one worker per group", spec.name)));
+            return Err(invalid(format!(
+                "group '{}' has 0 workers; a pool needs at least one worker per group",
+                spec.name
+            )));
         }
         let cores: Vec<Option<usize>> = match &spec.cores {
             Cores::Unpinned => vec![None],
@@ -354,9 +417,17 @@ fn plan_workers(pool: &str, specs: &[GroupSpec], name_fn: Option<&(dyn Fn(&Worke
             },
             Cores::List(list) => {
                 if list.is_empty() {
-                    return Err(invalid(format!("group '{}' was given an empty core list", spec.name)));
+                    return Err(invalid(format!(
+                        "group '{}' was given an empty core list",
+                        spec.name
+                    )));
                 }
-                let a = allowed.as_ref().ok_or_else(|| invalid(format!("group '{}' asks for cores {:?}, but this platform cannot pin threads", spec.name, list)))?;
+                let a = allowed.as_ref().ok_or_else(|| {
+                    invalid(format!(
+                        "group '{}' asks for cores {:?}, but this platform cannot pin threads",
+                        spec.name, list
+                    ))
+                })?;
                 for &c in list {
                     if !a.contains(&c) {
                         return Err(invalid(format!(
@@ -369,7 +440,11 @@ fn plan_workers(pool: &str, specs: &[GroupSpec], name_fn: Option<&(dyn Fn(&Worke
             }
         };
         // With `All`, groups continue where the previous group stopped, spreading the pool.
-        let start = if spec.cores == Cores::All { infos.len() } else { 0 };
+        let start = if spec.cores == Cores::All {
+            infos.len()
+        } else {
+            0
+        };
         for j in 0..spec.workers {
             let index = infos.len();
             let mut info = WorkerInfo {
@@ -404,7 +479,10 @@ pub struct Pool<S: Send + 'static = ()> {
 
 impl<S: Send + 'static> fmt::Debug for Pool<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pool").field("name", &self.registry.name).field("workers", &self.registry.infos.len()).finish()
+        f.debug_struct("Pool")
+            .field("name", &self.registry.name)
+            .field("workers", &self.registry.infos.len())
+            .finish()
     }
 }
 
@@ -435,7 +513,11 @@ impl<S: Send + 'static> Pool<S> {
 
     /// The group named `name`.
     pub fn group(&self, name: &str) -> Option<GroupId> {
-        self.registry.groups.iter().position(|g| &*g.name == name).map(|i| GroupId(i as u32))
+        self.registry
+            .groups
+            .iter()
+            .position(|g| &*g.name == name)
+            .map(|i| GroupId(i as u32))
     }
 
     /// Number of worker groups.
@@ -445,7 +527,10 @@ impl<S: Send + 'static> Pool<S> {
 
     /// A handle that wakes an idle worker of `group` so it runs its idle hook.
     pub fn group_waker(&self, group: GroupId) -> GroupWaker {
-        GroupWaker { sleep: self.registry.sleep.clone(), group: group.index() }
+        GroupWaker {
+            sleep: self.registry.sleep.clone(),
+            group: group.index(),
+        }
     }
 
     /// Drains the timeline recorded so far (empty unless built with [`PoolBuilder::trace`]).
@@ -453,7 +538,11 @@ impl<S: Send + 'static> Pool<S> {
     pub fn take_trace(&self) -> crate::Trace {
         match &self.registry.trace {
             Some(t) => t.take(&self.registry.infos),
-            None => crate::Trace { epoch: std::time::Instant::now(), tracks: Vec::new(), slices: Vec::new() },
+            None => crate::Trace {
+                epoch: std::time::Instant::now(),
+                tracks: Vec::new(),
+                slices: Vec::new(),
+            },
         }
     }
 
@@ -464,7 +553,13 @@ impl<S: Send + 'static> Pool<S> {
 
     /// Adds a slice to an extra timeline track named `track` (created on first use), for example
     /// a GPU stream's busy time. Does nothing unless the pool records a trace.
-    pub fn record_span(&self, track: &str, name: &str, start: std::time::Instant, end: std::time::Instant) {
+    pub fn record_span(
+        &self,
+        track: &str,
+        name: &str,
+        start: std::time::Instant,
+        end: std::time::Instant,
+    ) {
         if let Some(t) = &self.registry.trace {
             t.span(track, name, start, end);
         }
@@ -509,7 +604,9 @@ pub struct GroupWaker {
 
 impl fmt::Debug for GroupWaker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GroupWaker").field("group", &self.group).finish()
+        f.debug_struct("GroupWaker")
+            .field("group", &self.group)
+            .finish()
     }
 }
 

@@ -10,15 +10,15 @@ use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, Plan};
 use crate::handle::GraphHandle;
 use crate::metrics::{PoolCounters, WorkerCounters};
-use crate::pool::{ShutdownMode, WorkerInfo};
+use crate::pool::{IdleHook, ShutdownMode, StartHook, StopHook, WorkerInfo};
 use crate::run::{Run, Task};
 use crate::sleep::Sleep;
 use crate::sync::{self, AtomicU64, AtomicU8, Condvar, Mutex, Ordering};
 
 pub(crate) struct Hooks<S> {
-    pub(crate) start: Arc<dyn Fn(&WorkerInfo) -> Result<S, crate::BoxError> + Send + Sync>,
-    pub(crate) stop: Option<Arc<dyn Fn(&WorkerInfo, S) + Send + Sync>>,
-    pub(crate) idle: Option<Arc<dyn Fn(&WorkerInfo, &S) + Send + Sync>>,
+    pub(crate) start: StartHook<S>,
+    pub(crate) stop: Option<StopHook<S>>,
+    pub(crate) idle: Option<IdleHook<S>>,
 }
 
 pub(crate) struct GroupQueues<S> {
@@ -48,6 +48,8 @@ pub(crate) struct Registry<S> {
     pub(crate) hooks: Hooks<S>,
     pub(crate) cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
     pub(crate) trace: Option<crate::trace::TraceSink>,
+    /// Export through the `metrics` facade (`PoolBuilder::metrics`).
+    pub(crate) export_metrics: bool,
 }
 
 impl<S: Send + 'static> Registry<S> {
@@ -58,6 +60,7 @@ impl<S: Send + 'static> Registry<S> {
         hooks: Hooks<S>,
         cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
         trace: bool,
+        export_metrics: bool,
     ) -> (Arc<Self>, Vec<Deque<Task<S>>>) {
         let deques: Vec<Deque<Task<S>>> = infos.iter().map(|_| Deque::new_lifo()).collect();
         let stealers = deques.iter().map(|d| d.stealer()).collect();
@@ -67,14 +70,22 @@ impl<S: Send + 'static> Registry<S> {
             .map(|(gi, n)| GroupQueues {
                 name: Arc::from(n.as_str()),
                 injector: Injector::new(),
-                members: infos.iter().filter(|i| i.group.index() == gi).map(|i| i.index).collect(),
+                members: infos
+                    .iter()
+                    .filter(|i| i.group.index() == gi)
+                    .map(|i| i.index)
+                    .collect(),
             })
             .collect();
         let trace = trace.then(|| crate::trace::TraceSink::new(infos.len()));
         let reg = Registry {
             trace,
+            export_metrics,
             name: Arc::from(name.as_str()),
-            workers: infos.iter().map(|_| CachePadded::new(WorkerCounters::new())).collect(),
+            workers: infos
+                .iter()
+                .map(|_| CachePadded::new(WorkerCounters::new()))
+                .collect(),
             sleep: Arc::new(Sleep::new(group_names.len(), infos.len())),
             infos: infos.into_boxed_slice(),
             groups,
@@ -113,24 +124,34 @@ impl<S: Send + 'static> Registry<S> {
         }
         let id = this.next_run.fetch_add(1, Ordering::Relaxed);
         let run = Arc::new(Run::new(id, plan.clone()));
-        let handle = GraphHandle { completion: run.completion.clone(), graph: plan.name.clone() };
+        let handle = GraphHandle {
+            completion: run.completion.clone(),
+            graph: plan.name.clone(),
+        };
         {
             let mut runs = sync::lock(&this.runs);
             if this.state.load(Ordering::Acquire) != RUNNING {
                 return Err(Error::new(
                     ErrorKind::ShutDown,
-                    format!("pool '{}' is shut down; graph '{}' was not submitted", this.name, plan.name),
+                    format!(
+                        "pool '{}' is shut down; graph '{}' was not submitted",
+                        this.name, plan.name
+                    ),
                 ));
             }
             if !plan.nodes.is_empty() {
                 runs.insert(id, run.clone());
             }
         }
-        this.counters.graphs_submitted.fetch_add(1, Ordering::Relaxed);
+        this.counters
+            .graphs_submitted
+            .fetch_add(1, Ordering::Relaxed);
         crate::metrics::graph_submitted(this);
         if plan.nodes.is_empty() {
             let result = run.take_result();
-            this.counters.graphs_completed.fetch_add(1, Ordering::Relaxed);
+            this.counters
+                .graphs_completed
+                .fetch_add(1, Ordering::Relaxed);
             run.completion.complete(result);
             return Ok(handle);
         }
@@ -187,11 +208,15 @@ impl<S: Send + 'static> Registry<S> {
         let elapsed = run.submitted.elapsed();
         match &result {
             Ok(_) => {
-                self.counters.graphs_completed.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .graphs_completed
+                    .fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
                 self.counters.graphs_failed.fetch_add(1, Ordering::Relaxed);
-                self.counters.nodes_cancelled.fetch_add(e.cancelled_nodes() as u64, Ordering::Relaxed);
+                self.counters
+                    .nodes_cancelled
+                    .fetch_add(e.cancelled_nodes() as u64, Ordering::Relaxed);
             }
         }
         crate::metrics::graph_finished(self, result.as_ref().err(), elapsed);
@@ -220,7 +245,10 @@ impl<S: Send + 'static> Registry<S> {
             for run in runs.values() {
                 run.fail(Error::new(
                     ErrorKind::Cancelled,
-                    format!("graph '{}' was cancelled: pool '{}' is shutting down", run.plan.name, self.name),
+                    format!(
+                        "graph '{}' was cancelled: pool '{}' is shutting down",
+                        run.plan.name, self.name
+                    ),
                 ));
             }
         }

@@ -16,7 +16,9 @@ use crossbeam_utils::CachePadded;
 
 use crate::error::{Error, ErrorKind};
 use crate::graph::{AnyValue, NodeId, NodeRef, Plan};
-use crate::sync::{self, current_thread, AtomicBool, AtomicU32, AtomicUsize, Mutex, Ordering, Thread};
+use crate::sync::{
+    self, current_thread, AtomicBool, AtomicU32, AtomicUsize, Mutex, Ordering, Thread,
+};
 
 /// What a finished node leaves for its successors and the submitter.
 pub(crate) struct NodeOutput {
@@ -64,7 +66,12 @@ impl Slot {
         let slot = unsafe { &mut *self.0.get() };
         match slot {
             Some(out) => out.value = Some(value),
-            None => *slot = Some(Box::new(NodeOutput { value: Some(value), marker: None })),
+            None => {
+                *slot = Some(Box::new(NodeOutput {
+                    value: Some(value),
+                    marker: None,
+                }))
+            }
         }
     }
 
@@ -77,7 +84,12 @@ impl Slot {
         let slot = unsafe { &mut *self.0.get() };
         match slot {
             Some(out) => out.marker = Some(marker),
-            None => *slot = Some(Box::new(NodeOutput { value: None, marker: Some(marker) })),
+            None => {
+                *slot = Some(Box::new(NodeOutput {
+                    value: None,
+                    marker: Some(marker),
+                }))
+            }
         }
     }
 
@@ -118,7 +130,10 @@ impl<S> Copy for Task<S> {}
 
 impl<S> Task<S> {
     pub(crate) fn new(run: &Run<S>, node: u32) -> Self {
-        Task { run: NonNull::from(run), node }
+        Task {
+            run: NonNull::from(run),
+            node,
+        }
     }
 
     /// The run this task belongs to.
@@ -203,7 +218,12 @@ impl<S> Run<S> {
     /// handed to `ready`. Returns how many were. The caller must then call [`settle`](Self::settle)
     /// with that number *before* queueing any of them.
     #[inline]
-    pub(crate) fn release(&self, node: u32, release: bool, mut ready: impl FnMut(Task<S>)) -> usize {
+    pub(crate) fn release(
+        &self,
+        node: u32,
+        release: bool,
+        mut ready: impl FnMut(Task<S>),
+    ) -> usize {
         let mut n = 0;
         if release && !self.is_failed() {
             for &s in self.plan.successors(node) {
@@ -211,7 +231,9 @@ impl<S> Run<S> {
                 // counter to touch. Otherwise AcqRel: our output (Release) must be visible to
                 // whoever takes the successor, and the last decrementer must see every
                 // predecessor's output (Acquire).
-                if self.plan.indegree[s as usize] == 1 || self.pending[s as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                if self.plan.indegree[s as usize] == 1
+                    || self.pending[s as usize].fetch_sub(1, Ordering::AcqRel) == 1
+                {
                     ready(Task::new(self, s));
                     n += 1;
                 }
@@ -246,10 +268,17 @@ impl<S> Run<S> {
     pub(crate) fn take_result(&self) -> Result<GraphOutput, Error> {
         if self.failed.load(Ordering::Acquire) {
             // Nodes never released (counter above zero) plus released-but-skipped ones.
-            let never = self.pending.iter().filter(|p| p.load(Ordering::Relaxed) > 0).count();
+            let never = self
+                .pending
+                .iter()
+                .filter(|p| p.load(Ordering::Relaxed) > 0)
+                .count();
             let cancelled = never + self.skipped.load(Ordering::Relaxed);
             let err = sync::lock(&self.error).take().unwrap_or_else(|| {
-                Error::new(ErrorKind::Cancelled, format!("graph '{}' failed", self.plan.name))
+                Error::new(
+                    ErrorKind::Cancelled,
+                    format!("graph '{}' failed", self.plan.name),
+                )
             });
             return Err(err.with_cancelled(cancelled));
         }
@@ -260,7 +289,11 @@ impl<S> Run<S> {
                 values.push((i, v));
             }
         }
-        Ok(GraphOutput { graph: self.plan.uid, name: self.plan.name.clone(), values })
+        Ok(GraphOutput {
+            graph: self.plan.uid,
+            name: self.plan.name.clone(),
+            values,
+        })
     }
 }
 
@@ -291,7 +324,10 @@ pub struct GraphOutput {
 
 impl fmt::Debug for GraphOutput {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GraphOutput").field("graph", &self.name).field("values", &self.values.len()).finish()
+        f.debug_struct("GraphOutput")
+            .field("graph", &self.name)
+            .field("values", &self.values.len())
+            .finish()
     }
 }
 
@@ -300,7 +336,9 @@ impl GraphOutput {
         if id.graph != self.graph {
             return None;
         }
-        self.values.binary_search_by_key(&id.index, |(i, _)| *i).ok()
+        self.values
+            .binary_search_by_key(&id.index, |(i, _)| *i)
+            .ok()
     }
 
     /// The output of node `r`, if `r` is a node of this graph whose output was not taken.
@@ -340,7 +378,11 @@ pub(crate) struct Completion {
 
 impl Completion {
     pub(crate) fn new() -> Self {
-        Completion { done: AtomicBool::new(false), result: Mutex::new(None), waiter: Mutex::new(Waiter::None) }
+        Completion {
+            done: AtomicBool::new(false),
+            result: Mutex::new(None),
+            waiter: Mutex::new(Waiter::None),
+        }
     }
 
     #[inline]

@@ -40,9 +40,17 @@ pub(crate) enum Woke {
 impl Sleep {
     pub(crate) fn new(groups: usize, workers: usize) -> Self {
         Sleep {
-            groups: (0..groups).map(|_| GroupSleep { idle: Mutex::new(Vec::new()), count: AtomicUsize::new(0) }).collect(),
+            groups: (0..groups)
+                .map(|_| GroupSleep {
+                    idle: Mutex::new(Vec::new()),
+                    count: AtomicUsize::new(0),
+                })
+                .collect(),
             workers: (0..workers)
-                .map(|_| WorkerSleep { thread: Mutex::new(None), notified: AtomicBool::new(false) })
+                .map(|_| WorkerSleep {
+                    thread: Mutex::new(None),
+                    notified: AtomicBool::new(false),
+                })
                 .collect(),
         }
     }
@@ -162,5 +170,212 @@ impl Sleep {
         for i in 0..self.workers.len() {
             self.unpark(i);
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize as StdAtomicUsize;
+    use std::sync::mpsc;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    fn idle_count(s: &Sleep, group: usize) -> usize {
+        s.groups[group].count.load(Ordering::SeqCst)
+    }
+
+    fn wait_until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting: {what}");
+            std::thread::yield_now();
+        }
+    }
+
+    /// Starts worker `w` of `group` sleeping once with no timeout; returns why it woke.
+    fn sleeper(s: &Arc<Sleep>, w: usize, group: usize) -> mpsc::Receiver<Woke> {
+        let (tx, rx) = mpsc::channel();
+        let s = s.clone();
+        std::thread::spawn(move || {
+            s.register(w, std::thread::current());
+            let woke = s.sleep(w, group, None, || false, || false);
+            tx.send(woke).unwrap();
+        });
+        rx
+    }
+
+    #[test]
+    fn notify_without_idle_workers_wakes_nobody() {
+        let s = Sleep::new(2, 2);
+        assert!(!s.notify_group(0));
+        assert!(!s.notify_any());
+    }
+
+    #[test]
+    fn notify_group_wakes_an_idle_worker() {
+        let s = Arc::new(Sleep::new(1, 1));
+        let rx = sleeper(&s, 0, 0);
+        wait_until("worker announced idle", || idle_count(&s, 0) == 1);
+        assert!(s.notify_group(0));
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Woke::Notified
+        );
+        assert_eq!(idle_count(&s, 0), 0);
+        assert!(s.groups[0].idle.lock().unwrap().is_empty());
+        assert!(!s.notify_group(0), "nobody is idle any more");
+    }
+
+    #[test]
+    fn notify_any_reaches_another_group_and_groups_are_separate() {
+        let s = Arc::new(Sleep::new(2, 2));
+        let rx = sleeper(&s, 1, 1);
+        wait_until("worker 1 announced idle", || idle_count(&s, 1) == 1);
+        assert!(!s.notify_group(0), "group 0 has nobody idle");
+        assert!(
+            rx.recv_timeout(Duration::from_millis(50)).is_err(),
+            "worker of group 1 stays asleep"
+        );
+        assert!(s.notify_any());
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Woke::Notified
+        );
+    }
+
+    #[test]
+    fn recheck_that_finds_work_does_not_park() {
+        let s = Sleep::new(1, 1);
+        s.register(0, std::thread::current());
+        let woke = s.sleep(0, 0, None, || true, || false);
+        assert_eq!(woke, Woke::Condition);
+        assert_eq!(idle_count(&s, 0), 0);
+        assert!(
+            s.groups[0].idle.lock().unwrap().is_empty(),
+            "cancelled announcement leaves the idle list"
+        );
+        let woke = s.sleep(0, 0, None, || false, || true);
+        assert_eq!(woke, Woke::Condition);
+        assert_eq!(idle_count(&s, 0), 0);
+    }
+
+    #[test]
+    fn timeout_returns_and_leaves_the_idle_list() {
+        let s = Sleep::new(1, 1);
+        s.register(0, std::thread::current());
+        let t0 = Instant::now();
+        let woke = s.sleep(0, 0, Some(Duration::from_millis(5)), || false, || false);
+        // A spurious unpark may end a timed park early; either way it reports a timeout.
+        assert_eq!(woke, Woke::Timeout);
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert_eq!(idle_count(&s, 0), 0);
+        assert!(s.groups[0].idle.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn stale_notification_gives_one_spurious_wake() {
+        let s = Sleep::new(1, 1);
+        s.register(0, std::thread::current());
+        s.unpark(0);
+        assert_eq!(s.sleep(0, 0, None, || false, || false), Woke::Notified);
+        assert_eq!(idle_count(&s, 0), 0);
+        // Consumed: the next sleep times out.
+        assert_eq!(
+            s.sleep(0, 0, Some(Duration::from_millis(1)), || false, || false),
+            Woke::Timeout
+        );
+    }
+
+    #[test]
+    fn condition_and_unpark_all_end_a_sleep() {
+        let s = Arc::new(Sleep::new(1, 2));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        for w in 0..2 {
+            let (s, stop, tx) = (s.clone(), stop.clone(), tx.clone());
+            std::thread::spawn(move || {
+                s.register(w, std::thread::current());
+                let woke = s.sleep(w, 0, None, || false, || stop.load(Ordering::SeqCst));
+                tx.send(woke).unwrap();
+            });
+        }
+        wait_until("both idle", || idle_count(&s, 0) == 2);
+        stop.store(true, Ordering::SeqCst);
+        s.unpark_all();
+        for _ in 0..2 {
+            let woke = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert!(matches!(woke, Woke::Notified | Woke::Condition), "{woke:?}");
+        }
+        assert_eq!(idle_count(&s, 0), 0);
+    }
+
+    /// Pushers and workers hammer the protocol; a lost wake-up leaves an item unconsumed and
+    /// the watchdog fails the test.
+    #[test]
+    fn no_lost_wakeups_under_stress() {
+        const WORKERS: usize = 3;
+        const ITEMS: usize = 20_000;
+        let s = Arc::new(Sleep::new(1, WORKERS));
+        let queue = Arc::new(StdAtomicUsize::new(0));
+        let consumed = Arc::new(StdAtomicUsize::new(0));
+        let (tx, rx) = mpsc::channel();
+        let mut handles = Vec::new();
+        for w in 0..WORKERS {
+            let (s, queue, consumed, tx) = (s.clone(), queue.clone(), consumed.clone(), tx.clone());
+            handles.push(std::thread::spawn(move || {
+                s.register(w, std::thread::current());
+                let take = || {
+                    queue
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| q.checked_sub(1))
+                        .is_ok()
+                };
+                while consumed.load(Ordering::SeqCst) < ITEMS {
+                    if take() {
+                        // Like a worker that found a batch: pass the surplus on.
+                        if queue.load(Ordering::SeqCst) > 0 {
+                            s.notify_group(0);
+                        }
+                        if consumed.fetch_add(1, Ordering::SeqCst) + 1 == ITEMS {
+                            s.unpark_all();
+                        }
+                        continue;
+                    }
+                    s.sleep(
+                        w,
+                        0,
+                        None,
+                        || queue.load(Ordering::SeqCst) > 0,
+                        || consumed.load(Ordering::SeqCst) >= ITEMS,
+                    );
+                }
+                tx.send(()).unwrap();
+            }));
+        }
+        let pushers: Vec<_> = (0..2)
+            .map(|_| {
+                let (s, queue) = (s.clone(), queue.clone());
+                std::thread::spawn(move || {
+                    for i in 0..ITEMS / 2 {
+                        queue.fetch_add(1, Ordering::SeqCst);
+                        s.notify_group(0);
+                        if i % 64 == 0 {
+                            std::thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for p in pushers {
+            p.join().unwrap();
+        }
+        for _ in 0..WORKERS {
+            rx.recv_timeout(Duration::from_secs(30))
+                .expect("a worker slept through available work (lost wake-up)");
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(consumed.load(Ordering::SeqCst), ITEMS);
     }
 }

@@ -7,7 +7,9 @@
 
 #[cfg(not(loom))]
 mod imp {
-    pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use std::sync::atomic::{
+        fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    };
     pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
     pub(crate) use std::thread::{current as current_thread, park, Thread};
 
@@ -24,7 +26,9 @@ mod imp {
 
 #[cfg(loom)]
 mod imp {
-    pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::atomic::{
+        fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    };
     pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
     pub(crate) use loom::thread::{current as current_thread, park, Thread};
 
@@ -63,7 +67,10 @@ impl OwnedCounter {
     /// Adds `n`. Only the owning worker may call this.
     #[inline]
     pub(crate) fn add(&self, n: u64) {
-        self.0.store(self.0.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
     }
 
     /// Reads the current value from any thread.

@@ -88,16 +88,45 @@ pub(crate) struct TraceSink {
 
 impl TraceSink {
     pub(crate) fn new(workers: usize) -> Self {
-        TraceSink { epoch: Instant::now(), workers, raw: Mutex::new(Vec::new()), extra: Mutex::new(Vec::new()) }
+        TraceSink {
+            epoch: Instant::now(),
+            workers,
+            raw: Mutex::new(Vec::new()),
+            extra: Mutex::new(Vec::new()),
+        }
     }
 
-    pub(crate) fn node(&self, worker: usize, name: &Cow<'static, str>, graph: &Arc<str>, node: u32, start: Instant, end: Instant, stolen: bool) {
-        let r = Raw { track: worker, name: name.clone(), graph: Some(graph.clone()), node: Some(node), start, end, kind: SliceKind::Node { stolen } };
+    pub(crate) fn node(
+        &self,
+        worker: usize,
+        name: Cow<'static, str>,
+        graph: &Arc<str>,
+        node: u32,
+        (start, end): (Instant, Instant),
+        stolen: bool,
+    ) {
+        let r = Raw {
+            track: worker,
+            name,
+            graph: Some(graph.clone()),
+            node: Some(node),
+            start,
+            end,
+            kind: SliceKind::Node { stolen },
+        };
         sync::lock(&self.raw).push(r);
     }
 
     pub(crate) fn park(&self, worker: usize, start: Instant, end: Instant) {
-        let r = Raw { track: worker, name: Cow::Borrowed("park"), graph: None, node: None, start, end, kind: SliceKind::Park };
+        let r = Raw {
+            track: worker,
+            name: Cow::Borrowed("park"),
+            graph: None,
+            node: None,
+            start,
+            end,
+            kind: SliceKind::Park,
+        };
         sync::lock(&self.raw).push(r);
     }
 
@@ -112,7 +141,15 @@ impl TraceSink {
                 }
             }
         };
-        let r = Raw { track: self.workers + idx, name: Cow::Owned(name.to_string()), graph: None, node: None, start, end, kind: SliceKind::Span };
+        let r = Raw {
+            track: self.workers + idx,
+            name: Cow::Owned(name.to_string()),
+            graph: None,
+            node: None,
+            start,
+            end,
+            kind: SliceKind::Span,
+        };
         sync::lock(&self.raw).push(r);
     }
 
@@ -130,7 +167,12 @@ impl TraceSink {
                 group: i.group_name.clone(),
             })
             .collect();
-        tracks.extend(sync::lock(&self.extra).iter().map(|t| TraceTrack { name: t.clone(), worker: None, core: None, group: String::new() }));
+        tracks.extend(sync::lock(&self.extra).iter().map(|t| TraceTrack {
+            name: t.clone(),
+            worker: None,
+            core: None,
+            group: String::new(),
+        }));
         let raw = std::mem::take(&mut *sync::lock(&self.raw));
         let slices = raw
             .into_iter()
@@ -144,6 +186,10 @@ impl TraceSink {
                 kind: r.kind,
             })
             .collect();
-        Trace { epoch: self.epoch, tracks, slices }
+        Trace {
+            epoch: self.epoch,
+            tracks,
+            slices,
+        }
     }
 }

@@ -41,7 +41,14 @@ struct GateState {
 
 impl StartGate {
     pub(crate) fn new(_workers: usize) -> Self {
-        StartGate { state: Mutex::new(GateState { reported: 0, first_error: None, go: None }), cv: Condvar::new() }
+        StartGate {
+            state: Mutex::new(GateState {
+                reported: 0,
+                first_error: None,
+                go: None,
+            }),
+            cv: Condvar::new(),
+        }
     }
 
     fn report(&self, index: usize, result: Result<(), Error>) {
@@ -91,7 +98,12 @@ pub(crate) fn panic_message(p: &(dyn Any + Send)) -> String {
 }
 
 /// The body of a worker thread.
-pub(crate) fn main<S: Send + 'static>(reg: Arc<Registry<S>>, index: usize, local: Deque<Task<S>>, gate: Arc<StartGate>) {
+pub(crate) fn main<S: Send + 'static>(
+    reg: Arc<Registry<S>>,
+    index: usize,
+    local: Deque<Task<S>>,
+    gate: Arc<StartGate>,
+) {
     let info = &reg.infos[index];
     reg.sleep.register(index, sync::current_thread());
     let pinned = match info.core {
@@ -103,7 +115,10 @@ pub(crate) fn main<S: Send + 'static>(reg: Arc<Registry<S>>, index: usize, local
             index,
             Err(Error::new(
                 ErrorKind::InvalidConfig,
-                format!("pool '{}': worker {} could not pin itself to core {:?}", reg.name, info.name, info.core),
+                format!(
+                    "pool '{}': worker {} could not pin itself to core {:?}",
+                    reg.name, info.name, info.core
+                ),
             )),
         );
         None
@@ -114,8 +129,14 @@ pub(crate) fn main<S: Send + 'static>(reg: Arc<Registry<S>>, index: usize, local
                 Some(s)
             }
             Ok(Err(e)) => {
-                let msg = format!("pool '{}': the start hook of worker {} (core {:?}) failed", reg.name, info.name, info.core);
-                gate.report(index, Err(Error::new(ErrorKind::StartHook, msg).with_source(e)));
+                let msg = format!(
+                    "pool '{}': the start hook of worker {} (core {:?}) failed",
+                    reg.name, info.name, info.core
+                );
+                gate.report(
+                    index,
+                    Err(Error::new(ErrorKind::StartHook, msg).with_source(e)),
+                );
                 None
             }
             Err(p) => {
@@ -151,17 +172,23 @@ pub(crate) fn main<S: Send + 'static>(reg: Arc<Registry<S>>, index: usize, local
         deferred: RefCell::new(Vec::new()),
         stolen: Cell::new(false),
         current: Cell::new(None),
-        rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9)),
+        rng: Cell::new(
+            0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
+        ),
     };
     let helper: &dyn Helper = &wt;
     // SAFETY: only the lifetime is erased; `wt` lives on this stack frame until after CURRENT is
     // cleared below, and CURRENT is thread-local, so nothing reads the pointer after `wt` is gone.
-    let helper: NonNull<dyn Helper> = unsafe { std::mem::transmute::<NonNull<dyn Helper + '_>, NonNull<dyn Helper>>(NonNull::from(helper)) };
+    let helper: NonNull<dyn Helper> = unsafe {
+        std::mem::transmute::<NonNull<dyn Helper + '_>, NonNull<dyn Helper>>(NonNull::from(helper))
+    };
     CURRENT.with(|c| c.set(Some(helper)));
     wt.main_loop();
     CURRENT.with(|c| c.set(None));
     wt.flush();
-    let WorkerThread { state, registry, .. } = wt;
+    let WorkerThread {
+        state, registry, ..
+    } = wt;
     if let Some(stop) = &registry.hooks.stop {
         stop(&registry.infos[index], state);
     }
@@ -272,7 +299,10 @@ impl<S: Send + 'static> WorkerThread<S> {
         let mut next = Some(task);
         while let Some(t) = next.take() {
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| self.execute_chain(t))) {
-                let failed = self.current.replace(outer).expect("a node body was running when it panicked");
+                let failed = self
+                    .current
+                    .replace(outer)
+                    .expect("a node body was running when it panicked");
                 let run = failed.run();
                 run.fail(node_panicked(run, failed.node, &*p));
                 next = self.complete(failed, false);
@@ -301,7 +331,12 @@ impl<S: Send + 'static> WorkerThread<S> {
     }
 
     fn flush(&self) {
-        self.flusher.borrow_mut().flush(self.counters(), self.local.len());
+        if !self.registry.export_metrics {
+            return;
+        }
+        self.flusher
+            .borrow_mut()
+            .flush(self.counters(), self.local.len());
     }
 
     fn next_rand(&self) -> usize {
@@ -372,12 +407,17 @@ impl<S: Send + 'static> WorkerThread<S> {
         !self.local.is_empty()
             || !reg.groups[self.group].injector.is_empty()
             || !reg.any.is_empty()
-            || reg.groups[self.group].members.iter().any(|&w| !reg.stealers[w].is_empty())
+            || reg.groups[self.group]
+                .members
+                .iter()
+                .any(|&w| !reg.stealers[w].is_empty())
     }
 
     fn go_idle(&self, idle_rounds: &mut u32, condition: &dyn Fn() -> bool) {
+        // The idle hook runs on every idle round (a `GroupWaker` wakes a parked worker exactly
+        // so that it runs); the metrics flush only when the worker first runs dry.
+        self.run_idle_hook();
         if *idle_rounds == 0 {
-            self.run_idle_hook();
             self.flush();
         }
         let timeout = if self.deferred.borrow().is_empty() {
@@ -394,7 +434,13 @@ impl<S: Send + 'static> WorkerThread<S> {
         self.counters().parks.add(1);
         let reg = &*self.registry;
         let start = reg.trace.as_ref().map(|_| Instant::now());
-        reg.sleep.sleep(self.index, self.group, timeout, || self.work_visible(), || condition() || reg.is_terminated());
+        reg.sleep.sleep(
+            self.index,
+            self.group,
+            timeout,
+            || self.work_visible(),
+            || condition() || reg.is_terminated(),
+        );
         if let (Some(sink), Some(start)) = (&reg.trace, start) {
             sink.park(self.index, start, Instant::now());
         }
@@ -460,7 +506,15 @@ impl<S: Send + 'static> WorkerThread<S> {
         self.current.set(prev);
         if let Some((sink, start)) = traced {
             let names = &run.plan.topo.names;
-            sink.node(self.index, &names[i as usize], &run.plan.name, i, start, Instant::now(), self.stolen.replace(false));
+            let span = (start, Instant::now());
+            sink.node(
+                self.index,
+                names[i as usize].clone(),
+                &run.plan.name,
+                i,
+                span,
+                self.stolen.replace(false),
+            );
         }
         if let Some(t0) = timed {
             self.flusher.borrow_mut().sample(t0.elapsed().as_secs_f64());
@@ -491,7 +545,8 @@ impl<S: Send + 'static> WorkerThread<S> {
         let run = task.run();
         if ok {
             if let [s] = *run.plan.successors(task.node) {
-                if run.plan.indegree[s as usize] == 1 && self.runs_here(run, s) && !run.is_failed() {
+                if run.plan.indegree[s as usize] == 1 && self.runs_here(run, s) && !run.is_failed()
+                {
                     return Some(Task::new(run, s));
                 }
             }
@@ -586,11 +641,18 @@ impl<S: Send + 'static> WorkerThread<S> {
 }
 
 fn node_failed<S>(run: &Run<S>, node: u32, e: BoxError) -> Error {
-    Error::new(ErrorKind::NodeFailed, format!("{} failed", run.plan.describe(node))).with_source(e)
+    Error::new(
+        ErrorKind::NodeFailed,
+        format!("{} failed", run.plan.describe(node)),
+    )
+    .with_source(e)
 }
 
 fn node_panicked<S>(run: &Run<S>, node: u32, p: &(dyn Any + Send)) -> Error {
-    Error::new(ErrorKind::NodePanicked, format!("{} panicked: {}", run.plan.describe(node), panic_message(p)))
+    Error::new(
+        ErrorKind::NodePanicked,
+        format!("{} panicked: {}", run.plan.describe(node), panic_message(p)),
+    )
 }
 
 /// Records a body's failure or panic on its run. Returns whether the body succeeded.
