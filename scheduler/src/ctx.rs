@@ -12,6 +12,7 @@ use crate::pool::{GroupId, WorkerInfo};
 use crate::registry::Registry;
 use crate::run::{Run, Slot};
 use crate::sync::{AtomicBool, Ordering};
+use crate::worker::WorkerThread;
 use crate::Graph;
 
 /// A deferred completion registered with [`NodeCtx::complete_when`].
@@ -21,20 +22,48 @@ pub(crate) type DeferFn<S> = Box<dyn FnMut(&S) -> Poll<Result<(), BoxError>> + S
 /// ([`GraphBuilder::cpu_node`](crate::GraphBuilder::cpu_node)) get only this; worker nodes get it
 /// through [`NodeCtx`] (which dereferences to it).
 pub struct Inputs<'a> {
-    pub(crate) slots: &'a [Slot],
-    pub(crate) stored: &'a AtomicBool,
-    pub(crate) topo: &'a Topology,
-    pub(crate) graph_uid: u32,
-    pub(crate) origin: u32,
-    pub(crate) base: u32,
+    pub(crate) run: &'a dyn RunAccess,
     pub(crate) node: u32,
-    pub(crate) graph_name: &'a str,
+}
+
+/// What `Inputs` needs of a run, without its state type (so `Inputs` stays two words wide and
+/// CPU-lane bodies need no type parameter).
+pub(crate) trait RunAccess: Sync {
+    fn slots(&self) -> &[Slot];
+    fn stored(&self) -> &AtomicBool;
+    fn topo(&self) -> &Topology;
+    fn graph_uid(&self) -> u32;
+    fn graph_name(&self) -> &str;
+    /// (origin graph, base offset) of a node's body: how its captured `NodeRef`s map here.
+    fn origin_base(&self, node: u32) -> (u32, u32);
+}
+
+impl<S: Send + 'static> RunAccess for Run<S> {
+    fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+    fn stored(&self) -> &AtomicBool {
+        &self.stored
+    }
+    fn topo(&self) -> &Topology {
+        &self.plan.topo
+    }
+    fn graph_uid(&self) -> u32 {
+        self.plan.uid
+    }
+    fn graph_name(&self) -> &str {
+        &self.plan.name
+    }
+    fn origin_base(&self, node: u32) -> (u32, u32) {
+        let spec = &self.plan.nodes[node as usize];
+        (spec.origin, spec.base)
+    }
 }
 
 impl fmt::Debug for Inputs<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Inputs")
-            .field("graph", &self.graph_name)
+            .field("graph", &self.graph_name())
             .field("node", &self.node_name())
             .finish()
     }
@@ -42,38 +71,29 @@ impl fmt::Debug for Inputs<'_> {
 
 impl<'a> Inputs<'a> {
     #[inline]
-    pub(crate) fn of<S>(run: &'a Run<S>, node: u32) -> Self {
-        let spec = &run.plan.nodes[node as usize];
-        Inputs {
-            slots: &run.slots,
-            stored: &run.stored,
-            topo: &run.plan.topo,
-            graph_uid: run.plan.uid,
-            origin: spec.origin,
-            base: spec.base,
-            node,
-            graph_name: &run.plan.name,
-        }
+    pub(crate) fn of<S: Send + 'static>(run: &'a Run<S>, node: u32) -> Self {
+        Inputs { run, node }
     }
 
     /// The output of `from`, which must be a direct predecessor of this node (an edge
     /// `from -> this`), created by the same builder as this node's body.
     pub fn input<T: 'static>(&self, from: NodeRef<T>) -> Result<&'a T, Error> {
-        if from.id.graph != self.origin {
+        let (origin, base) = self.run.origin_base(self.node);
+        if from.id.graph != origin {
             return Err(self.bad_input(format!(
                 "reads node #{} of graph {}, which is not a node of the graph that defined it",
                 from.id.index, from.id.graph
             )));
         }
-        let index = self.base + from.id.index;
-        if !self.topo.predecessors(self.node).contains(&index) {
+        let index = base + from.id.index;
+        if !self.run.topo().predecessors(self.node).contains(&index) {
             return Err(self.bad_input(format!(
                 "reads node #{index}, which is not a direct predecessor"
             )));
         }
         // SAFETY: `index` is a direct predecessor, so it completed before this node became
         // ready (its counter decrement happened-before our Acquire of it reaching zero).
-        let out = unsafe { self.slots[index as usize].get() };
+        let out = unsafe { self.run.slots()[index as usize].get() };
         match out.and_then(|o| o.value.as_deref()) {
             Some(v) => (v as &(dyn Any + Send + Sync))
                 .downcast_ref::<T>()
@@ -97,12 +117,13 @@ impl<'a> Inputs<'a> {
     /// Only the thread running this node may call this, before the node completes.
     #[inline]
     pub(crate) unsafe fn store_output(&self, value: AnyValue) {
-        if !self.stored.load(Ordering::Relaxed) {
-            self.stored.store(true, Ordering::Relaxed);
+        let stored = self.run.stored();
+        if !stored.load(Ordering::Relaxed) {
+            stored.store(true, Ordering::Relaxed);
         }
         // SAFETY: the caller runs this node, so it is the slot's only writer, and no successor
         // reads the slot before the node completes.
-        unsafe { self.slots[self.node as usize].set_value(value) }
+        unsafe { self.run.slots()[self.node as usize].set_value(value) }
     }
 
     fn bad_input(&self, what: String) -> Error {
@@ -112,33 +133,34 @@ impl<'a> Inputs<'a> {
                 "node '{}' (#{}) of graph '{}' {what}",
                 self.node_name(),
                 self.node,
-                self.graph_name
+                self.graph_name()
             ),
         )
     }
 
     /// This node's name.
     pub fn node_name(&self) -> &'a str {
-        &self.topo.names[self.node as usize]
+        &self.run.topo().names[self.node as usize]
     }
 
     /// The name of the graph being run.
     pub fn graph_name(&self) -> &'a str {
-        self.graph_name
+        self.run.graph_name()
     }
 
     /// This node's id in the graph being run.
     pub fn node_id(&self) -> NodeId {
         NodeId {
-            graph: self.graph_uid,
+            graph: self.run.graph_uid(),
             index: self.node,
         }
     }
 
     /// Direct predecessors, as ids of the graph being run.
     pub fn predecessors(&self) -> impl Iterator<Item = NodeId> + 'a {
-        let g = self.graph_uid;
-        self.topo
+        let g = self.run.graph_uid();
+        self.run
+            .topo()
             .predecessors(self.node)
             .iter()
             .map(move |&index| NodeId { graph: g, index })
@@ -146,8 +168,9 @@ impl<'a> Inputs<'a> {
 
     /// Direct successors, as ids of the graph being run.
     pub fn successors(&self) -> impl Iterator<Item = NodeId> + 'a {
-        let g = self.graph_uid;
-        self.topo
+        let g = self.run.graph_uid();
+        self.run
+            .topo()
             .successors(self.node)
             .iter()
             .map(move |&index| NodeId { graph: g, index })
@@ -157,9 +180,10 @@ impl<'a> Inputs<'a> {
     pub fn predecessor_markers(
         &self,
     ) -> impl Iterator<Item = (NodeId, &'a (dyn Any + Send + Sync))> + 'a {
-        let g = self.graph_uid;
-        let slots = self.slots;
-        self.topo
+        let g = self.run.graph_uid();
+        let slots = self.run.slots();
+        self.run
+            .topo()
             .predecessors(self.node)
             .iter()
             .filter_map(move |&index| {
@@ -177,23 +201,21 @@ impl<'a> Inputs<'a> {
 pub struct NodeCtx<'a, S> {
     pub(crate) inputs: Inputs<'a>,
     pub(crate) run: &'a Run<S>,
-    pub(crate) state: &'a S,
-    pub(crate) info: &'a WorkerInfo,
-    pub(crate) registry: &'a std::sync::Arc<Registry<S>>,
+    pub(crate) worker: &'a WorkerThread<S>,
     pub(crate) deferred: Cell<Option<DeferFn<S>>>,
 }
 
-impl<S> fmt::Debug for NodeCtx<'_, S> {
+impl<S: Send + 'static> fmt::Debug for NodeCtx<'_, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NodeCtx")
-            .field("graph", &self.inputs.graph_name)
+            .field("graph", &self.inputs.graph_name())
             .field("node", &self.inputs.node_name())
-            .field("worker", &self.info.index)
+            .field("worker", &self.worker.index)
             .finish()
     }
 }
 
-impl<'a, S> std::ops::Deref for NodeCtx<'a, S> {
+impl<'a, S: Send + 'static> std::ops::Deref for NodeCtx<'a, S> {
     type Target = Inputs<'a>;
     fn deref(&self) -> &Inputs<'a> {
         &self.inputs
@@ -204,12 +226,12 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// The state this worker's start hook returned (for the GPU backend: its bound context
     /// and streams).
     pub fn worker(&self) -> &'a S {
-        self.state
+        &self.worker.state
     }
 
     /// Which worker runs this node.
     pub fn worker_info(&self) -> &'a WorkerInfo {
-        self.info
+        &self.worker.registry.infos[self.worker.index]
     }
 
     /// Where node `id` of the running graph is placed (`None`: any worker).
@@ -244,6 +266,6 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// Submits `graph` to the pool running this node. Waiting on the handle from inside a node
     /// runs other nodes meanwhile, so nesting cannot deadlock the pool.
     pub fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
-        Registry::submit(self.registry, graph)
+        Registry::submit(&self.worker.registry, graph)
     }
 }

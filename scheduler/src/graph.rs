@@ -44,7 +44,7 @@ impl fmt::Debug for NodeId {
 }
 
 /// A typed reference to a node whose body returns `T`. Successors read the value with
-/// [`NodeCtx::input`], the submitter with [`GraphOutput::get`](crate::GraphOutput::get).
+/// [`Inputs::input`](crate::Inputs::input), the submitter with [`GraphOutput::get`](crate::GraphOutput::get).
 pub struct NodeRef<T> {
     pub(crate) id: NodeId,
     _marker: PhantomData<fn() -> T>,

@@ -14,7 +14,7 @@
 //!   nodes meanwhile, so nesting never deadlocks the pool.
 //! * A node's error or panic fails its graph with the node's name; nodes not yet started are
 //!   cancelled; the worker and other graphs go on.
-//! * Statistics are live in [`Pool::stats`] and exported through the [`metrics`] facade
+//! * Statistics are live in [`Pool::stats`] and exported through the [`metrics`](::metrics) facade
 //!   (see [`METRICS`]).
 //!
 //! ```

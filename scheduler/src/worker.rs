@@ -231,12 +231,12 @@ struct Deferred<S> {
     poll: DeferFn<S>,
 }
 
-struct WorkerThread<S: Send + 'static> {
-    registry: Arc<Registry<S>>,
-    index: usize,
+pub(crate) struct WorkerThread<S> {
+    pub(crate) registry: Arc<Registry<S>>,
+    pub(crate) index: usize,
     group: usize,
     local: Deque<Task<S>>,
-    state: S,
+    pub(crate) state: S,
     /// Scratch list for ready successors, reused to avoid allocating per node.
     ready: RefCell<Vec<Task<S>>>,
     deferred: RefCell<Vec<Deferred<S>>>,
@@ -493,9 +493,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         let ctx = NodeCtx {
             inputs: Inputs::of(run, i),
             run,
-            state: &self.state,
-            info: &self.registry.infos[self.index],
-            registry: &self.registry,
+            worker: self,
             deferred: Cell::new(None),
         };
         let counters = self.counters();
