@@ -19,6 +19,11 @@ pub(crate) type AnyValue = Box<dyn Any + Send + Sync>;
 pub(crate) type WorkerBody<S> = Box<dyn Fn(&NodeCtx<'_, S>) -> Result<(), BoxError> + Send + Sync>;
 pub(crate) type CpuBody = Box<dyn Fn(&Inputs<'_>) -> Result<(), BoxError> + Send + Sync>;
 
+#[inline(always)]
+fn is_unit<T: 'static>() -> bool {
+    TypeId::of::<T>() == TypeId::of::<()>()
+}
+
 /// Hands out a distinct id to every builder so edges between graphs can be told apart.
 static NEXT_GRAPH_UID: StdAtomicU32 = StdAtomicU32::new(1);
 
@@ -223,10 +228,12 @@ impl<S: 'static> GraphBuilder<S> {
         T: Send + Sync + 'static,
         F: Fn(&NodeCtx<'_, S>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
-        let unit = TypeId::of::<T>() == TypeId::of::<()>();
+        let unit = is_unit::<T>();
         let body: WorkerBody<S> = Box::new(move |ctx| {
             let v = body(ctx)?;
-            if !unit {
+            // Evaluated inside the closure (a constant per `T`) rather than captured, so that the
+            // wrapper of a zero-sized closure stays zero-sized and `Box` does not allocate.
+            if !is_unit::<T>() {
                 // SAFETY: a body runs only as its node, on the thread that runs the node.
                 unsafe { ctx.inputs.store_output(Box::new(v)) };
             }
@@ -244,10 +251,12 @@ impl<S: 'static> GraphBuilder<S> {
         T: Send + Sync + 'static,
         F: Fn(&Inputs<'_>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
-        let unit = TypeId::of::<T>() == TypeId::of::<()>();
+        let unit = is_unit::<T>();
         let body: CpuBody = Box::new(move |inputs| {
             let v = body(inputs)?;
-            if !unit {
+            // Evaluated inside the closure (a constant per `T`) rather than captured, so that the
+            // wrapper of a zero-sized closure stays zero-sized and `Box` does not allocate.
+            if !is_unit::<T>() {
                 // SAFETY: a body runs only as its node, on the thread that runs the node.
                 unsafe { inputs.store_output(Box::new(v)) };
             }

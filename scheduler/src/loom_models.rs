@@ -265,3 +265,24 @@ fn completion_vs_waker() {
         finisher.join().unwrap();
     });
 }
+
+#[test]
+fn zz_dekker_probe() {
+    loom::model(|| {
+        let x = Arc::new(AtomicUsize::new(0));
+        let y = Arc::new(AtomicUsize::new(0));
+        let t = {
+            let (x, y) = (x.clone(), y.clone());
+            thread::spawn(move || {
+                x.fetch_add(1, Ordering::SeqCst);
+                loom::sync::atomic::fence(Ordering::SeqCst);
+                y.load(Ordering::SeqCst)
+            })
+        };
+        y.fetch_add(1, Ordering::SeqCst);
+        loom::sync::atomic::fence(Ordering::SeqCst);
+        let r2 = x.load(Ordering::SeqCst);
+        let r1 = t.join().unwrap();
+        assert!(r1 == 1 || r2 == 1, "both missed");
+    });
+}

@@ -43,7 +43,7 @@ pub(crate) struct Registry<S> {
     runs: Mutex<HashMap<u64, Arc<Run<S>>>>,
     runs_changed: Condvar,
     next_run: AtomicU64,
-    pub(crate) workers: Box<[CachePadded<WorkerCounters>]>,
+    pub(crate) workers: Box<[Arc<CachePadded<WorkerCounters>>]>,
     pub(crate) counters: PoolCounters,
     pub(crate) hooks: Hooks<S>,
     pub(crate) cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
@@ -84,7 +84,7 @@ impl<S: Send + 'static> Registry<S> {
             name: Arc::from(name.as_str()),
             workers: infos
                 .iter()
-                .map(|_| CachePadded::new(WorkerCounters::new()))
+                .map(|_| Arc::new(CachePadded::new(WorkerCounters::new())))
                 .collect(),
             sleep: Arc::new(Sleep::new(group_names.len(), infos.len())),
             infos: infos.into_boxed_slice(),

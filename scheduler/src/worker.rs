@@ -10,6 +10,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Steal, Worker as Deque};
+use crossbeam_utils::CachePadded;
 
 use crate::ctx::{DeferFn, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
@@ -164,6 +165,7 @@ pub(crate) fn main<S: Send + 'static>(
     let wt = WorkerThread {
         group: info.group.index(),
         flusher: RefCell::new(Flusher::new(&reg.name, index)),
+        counters: reg.workers[index].clone(),
         registry: reg.clone(),
         index,
         local,
@@ -233,6 +235,8 @@ struct Deferred<S> {
 
 pub(crate) struct WorkerThread<S> {
     pub(crate) registry: Arc<Registry<S>>,
+    /// This worker's block of `registry.workers`, held directly to save the indexing per node.
+    counters: Arc<CachePadded<WorkerCounters>>,
     pub(crate) index: usize,
     group: usize,
     local: Deque<Task<S>>,
@@ -272,7 +276,7 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
 impl<S: Send + 'static> WorkerThread<S> {
     #[inline]
     fn counters(&self) -> &WorkerCounters {
-        &self.registry.workers[self.index]
+        &self.counters
     }
 
     fn main_loop(&self) {
@@ -536,7 +540,7 @@ impl<S: Send + 'static> WorkerThread<S> {
 
     /// Releases the node's successors: one that may run here is returned as the continuation,
     /// the others are queued (here, or on their group's injector) and sleepers are woken.
-    #[inline]
+    #[inline(always)]
     fn complete(&self, task: Task<S>, ok: bool) -> Option<Task<S>> {
         // Fast path: a single successor whose only predecessor is this node, placed here. It is
         // ready without touching a shared counter and takes over this node's in-flight unit.
@@ -560,6 +564,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
+    #[inline(never)]
     fn complete_general(&self, task: Task<S>, ok: bool) -> Option<Task<S>> {
         let run = task.run();
         let mut cont = None;
