@@ -286,3 +286,101 @@ fn zz_dekker_probe() {
         assert!(r1 == 1 || r2 == 1, "both missed");
     });
 }
+
+#[test]
+fn zz_replica_probe() {
+    use loom::sync::atomic::{fence, AtomicBool};
+    use loom::sync::Mutex;
+    static LOG: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    fn log(s: String) {
+        eprintln!("{s}");
+    }
+    loom::model(|| {
+        eprintln!("=== iteration");
+        let idle = Arc::new(Mutex::new(Vec::<usize>::new()));
+        let count = Arc::new(AtomicUsize::new(0));
+        let notified = Arc::new(AtomicBool::new(false));
+        let thread_slot: Arc<Mutex<Option<loom::thread::Thread>>> = Arc::new(Mutex::new(None));
+        let queue = Arc::new(AtomicUsize::new(0));
+        let worker = {
+            let (idle, count, notified, thread_slot, queue) = (idle.clone(), count.clone(), notified.clone(), thread_slot.clone(), queue.clone());
+            thread::spawn(move || {
+                *thread_slot.lock().unwrap() = Some(loom::thread::current());
+                loop {
+                    let q = queue.load(Ordering::SeqCst);
+                    log(format!("w: first load {q}"));
+                    if q > 0 {
+                        break;
+                    }
+                    idle.lock().unwrap().push(0);
+                    count.fetch_add(1, Ordering::SeqCst);
+                    fence(Ordering::SeqCst);
+                    let q = queue.load(Ordering::SeqCst);
+                    log(format!("w: recheck {q}"));
+                    if q > 0 {
+                        let mut i = idle.lock().unwrap();
+                        if let Some(p) = i.iter().position(|&x| x == 0) {
+                            i.swap_remove(p);
+                            count.fetch_sub(1, Ordering::SeqCst);
+                        }
+                        continue;
+                    }
+                    loop {
+                        if notified.swap(false, Ordering::AcqRel) {
+                            log("w: notified".into());
+                            break;
+                        }
+                        eprintln!("w: park");
+                        loom::thread::park();
+                        log("w: unparked".into());
+                    }
+                    let mut i = idle.lock().unwrap();
+                    if let Some(p) = i.iter().position(|&x| x == 0) {
+                        i.swap_remove(p);
+                        count.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        };
+        queue.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let c = count.load(Ordering::SeqCst);
+        log(format!("p: count {c}"));
+        if c > 0 {
+            let w = idle.lock().unwrap().pop();
+            log(format!("p: popped {w:?}"));
+            if w.is_some() {
+                count.fetch_sub(1, Ordering::SeqCst);
+                notified.store(true, Ordering::Release);
+                if let Some(t) = thread_slot.lock().unwrap().as_ref() {
+                    log("p: unpark".into());
+                    t.unpark();
+                }
+            }
+        }
+        worker.join().unwrap();
+    });
+}
+
+#[test]
+fn zz_rmw_probe() {
+    use loom::sync::atomic::AtomicBool;
+    loom::model(|| {
+        let a = Arc::new(AtomicBool::new(false));
+        let flag = Arc::new(AtomicUsize::new(0));
+        let t = {
+            let (a, flag) = (a.clone(), flag.clone());
+            thread::spawn(move || {
+                a.store(true, Ordering::Release);
+                flag.store(1, Ordering::Release);
+            })
+        };
+        let r1 = a.swap(false, Ordering::AcqRel);
+        while flag.load(Ordering::Acquire) == 0 {
+            loom::thread::yield_now();
+        }
+        let r2 = a.swap(false, Ordering::AcqRel);
+        assert!(r1 || r2, "the store of true was lost between two swaps");
+        t.join().unwrap();
+    });
+}

@@ -451,7 +451,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     }
 
     /// Runs one ready node; returns the successor to run next on this worker, if any.
-    #[inline]
+    #[inline(always)]
     fn run_task(&self, task: Task<S>) -> Option<Task<S>> {
         let run = task.run();
         let spec = &run.plan.nodes[task.node as usize];
@@ -463,6 +463,7 @@ impl<S: Send + 'static> WorkerThread<S> {
 
     /// The uncommon cases: a failed run, a cpu node, an inlined body.
     #[cold]
+    #[inline(never)]
     fn run_task_slow(&self, task: Task<S>) -> Option<Task<S>> {
         let run = task.run();
         let i = task.node;
@@ -490,8 +491,34 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn run_worker_body(&self, task: Task<S>, body: &WorkerBody<S>) -> Option<Task<S>> {
+        let run = task.run();
+        let counters = self.counters();
+        let n = counters.nodes_run.get();
+        if n % SAMPLE_EVERY == 0 || self.registry.trace.is_some() {
+            return self.run_worker_body_instrumented(task, body);
+        }
+        let ctx = NodeCtx {
+            inputs: Inputs::of(run, task.node),
+            run,
+            worker: self,
+            deferred: Cell::new(None),
+        };
+        let prev = self.current.replace(Some(task));
+        let res = body(&ctx);
+        self.current.set(prev);
+        counters.nodes_run.add(1);
+        match (res, ctx.deferred.take()) {
+            (Ok(()), None) => self.complete(task, true),
+            (res, deferred) => self.after_body_slow(task, res, deferred),
+        }
+    }
+
+    /// `run_worker_body` with the run time sampled for the histogram and, when the pool records a
+    /// trace, the node's slice recorded.
+    #[inline(never)]
+    fn run_worker_body_instrumented(&self, task: Task<S>, body: &WorkerBody<S>) -> Option<Task<S>> {
         let run = task.run();
         let i = task.node;
         let ctx = NodeCtx {
@@ -500,39 +527,53 @@ impl<S: Send + 'static> WorkerThread<S> {
             worker: self,
             deferred: Cell::new(None),
         };
-        let counters = self.counters();
-        let timed = (counters.nodes_run.get() % SAMPLE_EVERY == 0).then(Instant::now);
-        let traced = self.registry.trace.as_ref().map(|t| (t, Instant::now()));
+        let start = Instant::now();
         let prev = self.current.replace(Some(task));
         let res = body(&ctx);
         self.current.set(prev);
-        if let Some((sink, start)) = traced {
-            let names = &run.plan.topo.names;
-            let span = (start, Instant::now());
+        let end = Instant::now();
+        if let Some(sink) = &self.registry.trace {
+            let name = run.plan.topo.names[i as usize].clone();
             sink.node(
                 self.index,
-                names[i as usize].clone(),
+                name,
                 &run.plan.name,
                 i,
-                span,
+                (start, end),
                 self.stolen.replace(false),
             );
         }
-        if let Some(t0) = timed {
-            self.flusher.borrow_mut().sample(t0.elapsed().as_secs_f64());
+        let counters = self.counters();
+        if counters.nodes_run.get() % SAMPLE_EVERY == 0 {
+            self.flusher
+                .borrow_mut()
+                .sample(end.saturating_duration_since(start).as_secs_f64());
         }
         counters.nodes_run.add(1);
-        let deferred = ctx.deferred.take();
-        match res {
-            Ok(()) => match deferred {
-                None => self.complete(task, true),
-                Some(poll) => {
-                    self.deferred.borrow_mut().push(Deferred { task, poll });
-                    None
-                }
-            },
-            Err(e) => {
-                run.fail(node_failed(run, i, e));
+        match (res, ctx.deferred.take()) {
+            (Ok(()), None) => self.complete(task, true),
+            (res, deferred) => self.after_body_slow(task, res, deferred),
+        }
+    }
+
+    /// A body that failed, or deferred its completion.
+    #[cold]
+    #[inline(never)]
+    fn after_body_slow(
+        &self,
+        task: Task<S>,
+        res: Result<(), BoxError>,
+        deferred: Option<DeferFn<S>>,
+    ) -> Option<Task<S>> {
+        match (res, deferred) {
+            (Ok(()), Some(poll)) => {
+                self.deferred.borrow_mut().push(Deferred { task, poll });
+                None
+            }
+            (Ok(()), None) => self.complete(task, true),
+            (Err(e), _) => {
+                let run = task.run();
+                run.fail(node_failed(run, task.node, e));
                 self.complete(task, false)
             }
         }
