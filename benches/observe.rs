@@ -1,2 +1,115 @@
-//! Placeholder, replaced below.
-fn main() {}
+//! What observability costs: tracing off vs on, metrics export off vs on with no recorder, and
+//! with a recorder installed.
+//!
+//! `cargo bench --bench observe` (`BOUNDPOOL_BENCH_SCALE=0.2` for a quick run,
+//! `BOUNDPOOL_BENCH_RUNS` for the runs per configuration, default 9).
+//!
+//! Every configuration is a pool of 2 workers running the same graphs of empty nodes (the
+//! worst case: nothing to hide the bookkeeping behind); runs are interleaved configuration by
+//! configuration so machine noise hits them alike, and each figure is the median ns per node.
+//! The baseline is `metrics(false)` + `trace(false)`: no export and no recording, the closest a
+//! build gets to having both compiled out. A global recorder cannot be uninstalled, so the
+//! configurations without a recorder run first, then a Prometheus recorder (no listener) is
+//! installed and the baseline runs again beside the recorder configuration.
+
+use boundpool::observe::install_prometheus_recorder;
+use boundpool::workloads::{empty_graph, median, run_boundpool, Shape};
+use boundpool::{Graph, Pool, PoolBuilder};
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Config {
+    label: &'static str,
+    pool: Pool,
+}
+
+fn pool(label: &'static str, metrics: bool, trace: bool) -> Config {
+    let pool = PoolBuilder::new()
+        .name(label)
+        .workers(2)
+        .metrics(metrics)
+        .trace(trace)
+        .build()
+        .expect("the pool starts");
+    Config { label, pool }
+}
+
+/// Runs every configuration `runs` times on `graph`, interleaved; returns median ns per node.
+fn measure(configs: &[Config], graph: &Graph, runs: usize) -> Vec<f64> {
+    let n = graph.len() as f64;
+    let mut samples = vec![Vec::new(); configs.len()];
+    for r in 0..runs {
+        // Rotate the order each round, and let the previous pool's workers park first, so no
+        // configuration always runs beside another's winding-down workers.
+        for k in 0..configs.len() {
+            let i = (r + k) % configs.len();
+            let c = &configs[i];
+            // An untimed run first: dropping the previous pool's drained trace hands memory back
+            // to the allocator, and the run after that pays page faults the others do not.
+            run_boundpool(&c.pool, graph);
+            let warm = c.pool.take_trace(); // dropped after the timed run
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            samples[i].push(run_boundpool(&c.pool, graph).as_nanos() as f64 / n);
+            // Drain what tracing recorded, outside the timed region.
+            let _ = c.pool.take_trace();
+            drop(warm);
+        }
+    }
+    samples.iter_mut().map(|s| median(s)).collect()
+}
+
+fn report(title: &str, shape: Shape, nodes: usize, configs: &[Config], medians: &[f64]) {
+    println!("{title}: {} of {nodes} nodes", shape.name());
+    for (c, m) in configs.iter().zip(medians) {
+        println!(
+            "  {:<34} {:>8.1} ns/node  {:>5.2}x",
+            c.label,
+            m,
+            m / medians[0]
+        );
+    }
+}
+
+fn main() {
+    let scale: f64 = env("BOUNDPOOL_BENCH_SCALE", 1.0);
+    let runs: usize = env("BOUNDPOOL_BENCH_RUNS", 9);
+    let shapes = [
+        (Shape::Chain, ((500_000.0 * scale) as usize).max(100)),
+        (Shape::Wavefront, ((500_000.0 * scale) as usize).max(100)),
+    ];
+    println!("median ns per node over {runs} runs, 2 workers, empty nodes; ratio against the first line\n");
+
+    let configs = [
+        pool("metrics off, tracing off (baseline)", false, false),
+        pool("metrics on, no recorder (default)", true, false),
+        pool("metrics on, tracing on", true, true),
+    ];
+    for &(shape, n) in &shapes {
+        let g = empty_graph(shape, n);
+        let m = measure(&configs, &g, runs);
+        report("no recorder", shape, g.len(), &configs, &m);
+    }
+    drop(configs);
+
+    let _handle = install_prometheus_recorder().expect("no recorder installed yet");
+    let configs = [
+        pool("metrics off, tracing off (baseline)", false, false),
+        pool("metrics on, Prometheus recorder", true, false),
+    ];
+    for &(shape, n) in &shapes {
+        let g = empty_graph(shape, n);
+        let m = measure(&configs, &g, runs);
+        report(
+            "with a Prometheus recorder installed",
+            shape,
+            g.len(),
+            &configs,
+            &m,
+        );
+    }
+}

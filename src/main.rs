@@ -138,7 +138,7 @@ struct TraceArgs {
     /// Width of the picture in pixels.
     #[arg(long, default_value_t = 1400)]
     width: u32,
-    /// Colour node bars by graph or by node name (auto: by graph when there are several).
+    /// Colour node bars by graph, run or node name (auto: graph if several, else run if several, else node).
     #[arg(long, value_enum, default_value_t = ColorArg::Auto)]
     color: ColorArg,
 }
@@ -146,10 +146,13 @@ struct TraceArgs {
 /// How node bars are coloured.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum ColorArg {
-    /// By graph when the trace holds several graphs, else by node name.
+    /// By graph when the trace holds several graphs, else by run when it holds several runs,
+    /// else by node name.
     Auto,
     /// One colour per graph.
     Graph,
+    /// One colour per run (`run --repeat`).
+    Run,
     /// One colour per node name.
     Node,
 }

@@ -41,6 +41,20 @@ impl fmt::Display for ObserveError {
 
 impl std::error::Error for ObserveError {}
 
+/// Histogram buckets, in seconds (node run times and graph latencies: 100 ns to 10 s).
+pub const BUCKETS_SECONDS: &[f64] = &[
+    1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0,
+    10.0,
+];
+
+/// The builder both set-ups use: histograms exported as Prometheus histograms with
+/// [`BUCKETS_SECONDS`] (rather than client-side summaries), so they aggregate across processes.
+fn prometheus_builder() -> PrometheusBuilder {
+    PrometheusBuilder::new()
+        .set_buckets(BUCKETS_SECONDS)
+        .expect("the bucket list is not empty")
+}
+
 /// Installs a Prometheus recorder as the process's global `metrics` recorder and serves the
 /// exposition text at `http://ADDR/metrics` (any path answers) until the process exits.
 ///
@@ -51,7 +65,7 @@ impl std::error::Error for ObserveError {}
 /// Errors: the address cannot be bound, or a global recorder is already installed.
 pub fn install_prometheus(addr: impl Into<SocketAddr>) -> Result<PrometheusHandle, ObserveError> {
     let addr = addr.into();
-    let builder = PrometheusBuilder::new().with_http_listener(addr);
+    let builder = prometheus_builder().with_http_listener(addr);
     let err = |e: &dyn fmt::Display| {
         ObserveError(format!("cannot serve Prometheus metrics on {addr}: {e}"))
     };
@@ -90,7 +104,7 @@ pub fn install_prometheus(addr: impl Into<SocketAddr>) -> Result<PrometheusHandl
 ///
 /// Errors: a global recorder is already installed.
 pub fn install_prometheus_recorder() -> Result<PrometheusHandle, ObserveError> {
-    PrometheusBuilder::new()
+    prometheus_builder()
         .install_recorder()
         .map_err(|e| ObserveError(format!("cannot install the Prometheus recorder: {e}")))
 }
@@ -204,16 +218,23 @@ pub struct Bar {
     pub dur: f64,
     /// What it is.
     pub kind: BarKind,
+    /// The node was stolen from another worker's deque (`args.stolen`).
+    pub stolen: bool,
+    /// The run it belongs to (`args.run`, written by `boundpool run --repeat`).
+    pub run: Option<u64>,
 }
 
 /// How [`Timeline::to_svg`] colours node bars.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ColorBy {
-    /// By graph when the trace holds more than one graph, else by node name.
+    /// By graph when the trace holds more than one graph, else by run when it holds more than
+    /// one run, else by node name.
     #[default]
     Auto,
     /// One colour per graph.
     Graph,
+    /// One colour per run (`args.run`).
+    Run,
     /// One colour per node name.
     Node,
 }
@@ -323,6 +344,11 @@ impl Timeline {
                 Some("span") => BarKind::Span,
                 _ => BarKind::Node,
             };
+            let stolen = e
+                .pointer("/args/stolen")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            let run = e.pointer("/args/run").and_then(Value::as_u64);
             bars.push(Bar {
                 row: row_of[&key(e)],
                 name,
@@ -330,6 +356,8 @@ impl Timeline {
                 ts,
                 dur,
                 kind,
+                stolen,
+                run,
             });
         }
         Ok(Timeline { rows, bars })
@@ -368,19 +396,47 @@ impl Timeline {
             g.dedup();
             g
         };
-        let by_graph = match color_by {
-            ColorBy::Graph => true,
-            ColorBy::Node => false,
-            ColorBy::Auto => graphs.len() > 1,
+        // Node names, when few enough to give each its own colour (else colours are hashed).
+        let names: Vec<&str> = {
+            let mut n: Vec<&str> = self
+                .bars
+                .iter()
+                .filter(|b| b.kind == BarKind::Node)
+                .map(|b| b.name.as_str())
+                .collect();
+            n.sort_unstable();
+            n.dedup();
+            if n.len() > PALETTE.len() {
+                n.clear();
+            }
+            n
+        };
+        let runs: Vec<u64> = {
+            let mut r: Vec<u64> = self.bars.iter().filter_map(|b| b.run).collect();
+            r.sort_unstable();
+            r.dedup();
+            r
+        };
+        let by = match color_by {
+            ColorBy::Auto if graphs.len() > 1 => ColorBy::Graph,
+            ColorBy::Auto if runs.len() > 1 => ColorBy::Run,
+            ColorBy::Auto => ColorBy::Node,
+            c => c,
         };
         let color = |b: &Bar| -> &'static str {
-            let key = if by_graph { &b.graph } else { &b.name };
-            if by_graph {
-                if let Ok(i) = graphs.binary_search(&key.as_str()) {
-                    return PALETTE[i % PALETTE.len()];
-                }
-            }
-            PALETTE[(fnv(key) % PALETTE.len() as u64) as usize]
+            let i = match by {
+                ColorBy::Graph => graphs
+                    .binary_search(&b.graph.as_str())
+                    .unwrap_or_else(|_| fnv(&b.graph) as usize),
+                ColorBy::Run => b
+                    .run
+                    .and_then(|r| runs.binary_search(&r).ok())
+                    .unwrap_or_else(|| fnv(&b.name) as usize),
+                _ => names
+                    .binary_search(&b.name.as_str())
+                    .unwrap_or_else(|_| fnv(&b.name) as usize),
+            };
+            PALETTE[i % PALETTE.len()]
         };
         let legend_h = 24.0;
         let height = top + rows as f64 * row_h + bottom + legend_h;
@@ -397,13 +453,17 @@ impl Timeline {
         let n_nodes = self.bars.iter().filter(|b| b.kind == BarKind::Node).count();
         let _ = writeln!(
             s,
-            r##"<text x="{}" y="22" font-size="15" font-weight="bold" fill="#222">boundpool timeline</text><text x="{}" y="40" fill="#555">{} node slices on {} tracks over {}; colour by {}; grey line: parked; blank: searching for work</text>"##,
+            r##"<text x="{}" y="22" font-size="15" font-weight="bold" fill="#222">boundpool timeline</text><text x="{}" y="40" fill="#555">{} node slices on {} tracks over {}; colour by {}; dark top edge: stolen; grey line: parked; blank: searching for work</text>"##,
             12,
             12,
             n_nodes,
             self.rows.len(),
             fmt_time(span),
-            if by_graph { "graph" } else { "node name" }
+            match by {
+                ColorBy::Graph => "graph",
+                ColorBy::Run => "run",
+                _ => "node name",
+            }
         );
         // Rows.
         for (i, name) in self.rows.iter().enumerate() {
@@ -447,14 +507,10 @@ impl Timeline {
                 let (x0, x1) = (x(b.ts), x(b.ts + b.dur));
                 let c = color(b);
                 if let Some(m) = &mut cur {
-                    let tiny =
-                        (x1 - x0) < 1.0 && (m.x1 - m.x0) < 1.0 || m.count > 1 && (x1 - x0) < 1.0;
-                    if x0 <= m.x1 + 0.5
-                        && (tiny
-                            || (m.color == c
-                                && m.span == (b.kind == BarKind::Span)
-                                && x0 <= m.x1 + 0.05))
-                    {
+                    // Merge only sub-pixel slices: anything wider keeps its own bar, so node
+                    // boundaries stay visible.
+                    let tiny = (x1 - x0) < 1.0 && ((m.x1 - m.x0) < 1.0 || m.count > 1);
+                    if x0 <= m.x1 + 0.5 && tiny {
                         m.x1 = m.x1.max(x1);
                         m.t1 = m.t1.max(b.ts + b.dur - t0);
                         m.count += 1;
@@ -470,6 +526,7 @@ impl Timeline {
                     t0: b.ts - t0,
                     t1: b.ts + b.dur - t0,
                     count: 1,
+                    stolen: b.stolen,
                     color: c,
                     span: b.kind == BarKind::Span,
                     label: if b.graph.is_empty() || b.kind == BarKind::Span {
@@ -522,48 +579,26 @@ impl Timeline {
             ay + 34.0
         );
         // Legend.
-        let ly = ay + bottom - 4.0;
+        let ly = ay + bottom + 12.0;
         let mut lx = label_w;
-        let entries: Vec<(String, &str)> = if by_graph {
-            graphs
+        let entries: Vec<(String, &str)> = match by {
+            ColorBy::Graph => graphs
                 .iter()
+                .enumerate()
                 .take(PALETTE.len())
-                .map(|g| {
-                    (
-                        g.to_string(),
-                        color(&Bar {
-                            row: 0,
-                            name: String::new(),
-                            graph: g.to_string(),
-                            ts: 0.0,
-                            dur: 0.0,
-                            kind: BarKind::Node,
-                        }),
-                    )
-                })
-                .collect()
-        } else {
-            let mut names: Vec<&str> = self
-                .bars
+                .map(|(i, g)| (g.to_string(), PALETTE[i]))
+                .collect(),
+            ColorBy::Run => runs
                 .iter()
-                .filter(|b| b.kind == BarKind::Node)
-                .map(|b| b.name.as_str())
-                .collect();
-            names.sort_unstable();
-            names.dedup();
-            if names.len() <= PALETTE.len() {
-                names
-                    .iter()
-                    .map(|n| {
-                        (
-                            n.to_string(),
-                            PALETTE[(fnv(n) % PALETTE.len() as u64) as usize],
-                        )
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            }
+                .enumerate()
+                .take(PALETTE.len())
+                .map(|(i, r)| (format!("run {r}"), PALETTE[i]))
+                .collect(),
+            _ => names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.to_string(), PALETTE[i]))
+                .collect(),
         };
         for (name, c) in entries {
             let _ = writeln!(
@@ -587,6 +622,7 @@ struct Merged {
     t0: f64,
     t1: f64,
     count: usize,
+    stolen: bool,
     color: &'static str,
     span: bool,
     label: String,
@@ -594,10 +630,13 @@ struct Merged {
 
 impl Merged {
     fn write(&self, s: &mut String, y: f64, row_h: f64) {
-        let w = (self.x1 - self.x0).max(0.6);
+        // Bars wider than 2 px leave a half-pixel gap at their end, so neighbours stay apart.
+        let w = self.x1 - self.x0;
+        let w = if w > 2.0 { w - 0.5 } else { w.max(0.6) };
         let title = if self.count == 1 {
+            let stolen = if self.stolen { ", stolen" } else { "" };
             format!(
-                "{}: {} at {}",
+                "{}: {} at {}{stolen}",
                 self.label,
                 fmt_time(self.t1 - self.t0),
                 fmt_time(self.t0)
@@ -629,13 +668,21 @@ impl Merged {
                 row_h - 8.0
             );
         }
+        if self.stolen && self.count == 1 {
+            let _ = write!(
+                s,
+                r##"<rect x="{:.2}" y="{:.1}" width="{w:.2}" height="3" fill="#222"/>"##,
+                self.x0,
+                y + 4.0
+            );
+        }
         s.push('\n');
     }
 }
 
 /// A tick step of 1, 2 or 5 times a power of ten, at least `raw`.
 fn nice_step(raw: f64) -> f64 {
-    if !(raw > 0.0) {
+    if raw.is_nan() || raw <= 0.0 {
         return 1.0;
     }
     let p = 10f64.powf(raw.log10().floor());

@@ -19,13 +19,32 @@ fn main() {
                 Err(e) => println!("raw k={k}: {e}"),
             }
         }
-        match b::thread_per_task(0, 2000) { Ok(m) => println!("thread per task: {:.0}/s", m.rate()), Err(e) => println!("tpt: {e}") }
-        match b::server_thread(0, 8, 80_000) { Ok(m) => println!("server thread (8 submitters): {:.0}/s", m.rate()), Err(e) => println!("server: {e}") }
-        match b::event_edge_chain(0, 20_000) { Ok(m) => println!("event edge chain: {:.2} us/edge", m.micros_per_op()), Err(e) => println!("edge: {e}") }
-        match b::host_sync_edge_chain(0, 20_000) { Ok(m) => println!("host sync edge chain: {:.2} us/edge", m.micros_per_op()), Err(e) => println!("hedge: {e}") }
+        match b::thread_per_task(0, 2000) {
+            Ok(m) => println!("thread per task: {:.0}/s", m.rate()),
+            Err(e) => println!("tpt: {e}"),
+        }
+        match b::server_thread(0, 8, 80_000) {
+            Ok(m) => println!("server thread (8 submitters): {:.0}/s", m.rate()),
+            Err(e) => println!("server: {e}"),
+        }
+        match b::event_edge_chain(0, 20_000) {
+            Ok(m) => println!("event edge chain: {:.2} us/edge", m.micros_per_op()),
+            Err(e) => println!("edge: {e}"),
+        }
+        match b::host_sync_edge_chain(0, 20_000) {
+            Ok(m) => println!("host sync edge chain: {:.2} us/edge", m.micros_per_op()),
+            Err(e) => println!("hedge: {e}"),
+        }
     }
     match boundpool_gpu::probe(0, sticky) {
-        Ok(lines) => for l in lines { println!("{l}"); },
-        Err(e) => { println!("probe failed: {e}"); std::process::exit(1); }
+        Ok(lines) => {
+            for l in lines {
+                println!("{l}");
+            }
+        }
+        Err(e) => {
+            println!("probe failed: {e}");
+            std::process::exit(1);
+        }
     }
 }

@@ -45,7 +45,8 @@ impl Raw {
     fn open(ordinal: i32) -> GpuResult<Raw> {
         crate::detect::detect()?;
         let what = format!("baseline device {ordinal}");
-        let dev = driver::device_get(ordinal).map_err(|e| GpuError::driver("cuDeviceGet", &what, e))?;
+        let dev =
+            driver::device_get(ordinal).map_err(|e| GpuError::driver("cuDeviceGet", &what, e))?;
         let ctx = driver::primary_ctx_retain(dev)
             .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", &what, e))?;
         let m = Module::builtin();
@@ -88,7 +89,12 @@ fn on_bound<R: Send>(ctx: Ctx, f: impl FnOnce() -> GpuResult<R> + Send) -> GpuRe
             r
         })
         .join()
-        .unwrap_or_else(|_| Err(GpuError::new(GpuErrorKind::Driver, "baseline thread panicked")))
+        .unwrap_or_else(|_| {
+            Err(GpuError::new(
+                GpuErrorKind::Driver,
+                "baseline thread panicked",
+            ))
+        })
     })
 }
 
@@ -140,7 +146,10 @@ pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> GpuResul
         hs.into_iter()
             .map(|h| {
                 h.join().unwrap_or_else(|_| {
-                    Err(GpuError::new(GpuErrorKind::Driver, "baseline thread panicked"))
+                    Err(GpuError::new(
+                        GpuErrorKind::Driver,
+                        "baseline thread panicked",
+                    ))
                 })
             })
             .collect()
@@ -176,15 +185,20 @@ pub fn thread_per_task(ordinal: i32, tasks: usize) -> GpuResult<Measurement> {
         .collect();
     let mut first_err = None;
     for h in hs {
-        if let Err(e) = h.join().unwrap_or_else(|_| {
-            Err(GpuError::new(GpuErrorKind::Driver, "task thread panicked"))
-        }) {
+        if let Err(e) = h
+            .join()
+            .unwrap_or_else(|_| Err(GpuError::new(GpuErrorKind::Driver, "task thread panicked")))
+        {
             first_err.get_or_insert(e);
         }
     }
-    on_bound(ctx, || drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st)))?;
+    on_bound(ctx, || {
+        drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))
+    })?;
     let elapsed = t0.elapsed();
-    on_bound(ctx, || drv("cuStreamDestroy", driver::stream_destroy(ctx, st)))?;
+    on_bound(ctx, || {
+        drv("cuStreamDestroy", driver::stream_destroy(ctx, st))
+    })?;
     if let Some(e) = first_err {
         return Err(e);
     }
@@ -206,9 +220,11 @@ pub fn server_thread(ordinal: i32, submitters: usize, total: usize) -> GpuResult
     let (ready_tx, ready_rx) = mpsc::channel::<GpuResult<Stream>>();
     let server = std::thread::spawn(move || {
         let st = bind(ctx).and_then(|_| drv("cuStreamCreate", driver::stream_create(ctx)));
-        let _ = ready_tx.send(st.as_ref().map(|s| *s).map_err(|e| {
-            GpuError::new(GpuErrorKind::Driver, e.message().to_owned())
-        }));
+        let _ = ready_tx.send(
+            st.as_ref()
+                .map(|s| *s)
+                .map_err(|e| GpuError::new(GpuErrorKind::Driver, e.message().to_owned())),
+        );
         while let Ok(job) = rx.recv() {
             job();
         }
@@ -298,7 +314,10 @@ fn chain(ordinal: i32, edges: usize, host: bool) -> GpuResult<Measurement> {
                 }
                 launch_empty(ctx, f, b)?;
             }
-            drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s[n % 2]))?;
+            drv(
+                "cuStreamSynchronize",
+                driver::stream_synchronize(ctx, s[n % 2]),
+            )?;
             Ok(t0.elapsed())
         };
         run(256)?;

@@ -53,7 +53,8 @@ pub fn device_info(ordinal: i32) -> GpuResult<DeviceInfo> {
 pub(crate) fn open_device(ordinal: i32) -> GpuResult<(Dev, DeviceInfo)> {
     let what = format!("device {ordinal}");
     let dev = driver::device_get(ordinal).map_err(|e| GpuError::driver("cuDeviceGet", &what, e))?;
-    let name = driver::device_name(dev).map_err(|e| GpuError::driver("cuDeviceGetName", &what, e))?;
+    let name =
+        driver::device_name(dev).map_err(|e| GpuError::driver("cuDeviceGetName", &what, e))?;
     let pci_bus_id = driver::device_pci_bus_id(dev)
         .map_err(|e| GpuError::driver("cuDeviceGetPCIBusId", &what, e))?;
     let total_memory = driver::device_total_mem(dev)
@@ -132,7 +133,11 @@ fn core_affinity_list() -> Vec<usize> {
 /// Picks `workers` cores for each device: GPU-local cores first (those of the process's
 /// cores that the system says are local to it), spread so devices overlap as little as
 /// possible; then round-robin over the process's cores.
-pub(crate) fn plan_cores(devices: &[DeviceInfo], workers: usize, process: &[usize]) -> Vec<Vec<usize>> {
+pub(crate) fn plan_cores(
+    devices: &[DeviceInfo],
+    workers: usize,
+    process: &[usize],
+) -> Vec<Vec<usize>> {
     let n_dev = devices.len().max(1);
     let mut plans = Vec::with_capacity(devices.len());
     for (i, d) in devices.iter().enumerate() {
@@ -150,7 +155,11 @@ pub(crate) fn plan_cores(devices: &[DeviceInfo], workers: usize, process: &[usiz
             // Spread devices over disjoint slices of the process's cores where possible.
             let per = (process.len() / n_dev).max(1);
             let start = (i * per) % process.len();
-            let mut v: Vec<usize> = process[start..].iter().chain(&process[..start]).copied().collect();
+            let mut v: Vec<usize> = process[start..]
+                .iter()
+                .chain(&process[..start])
+                .copied()
+                .collect();
             v.truncate(per.max(workers.min(process.len())));
             v
         };
@@ -161,7 +170,11 @@ pub(crate) fn plan_cores(devices: &[DeviceInfo], workers: usize, process: &[usiz
             .filter(|o| !o.local_cores.is_empty() && o.local_cores == d.local_cores)
             .count();
         let offset = sharing * workers;
-        plans.push((0..workers).map(|w| pool[(offset + w) % pool.len()]).collect());
+        plans.push(
+            (0..workers)
+                .map(|w| pool[(offset + w) % pool.len()])
+                .collect(),
+        );
     }
     plans
 }

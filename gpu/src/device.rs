@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 
 use crate::driver::{self, Ctx, DResult, Dev, Event, Func, Module as RawModule, Stream};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
@@ -47,14 +47,16 @@ pub(crate) struct DeviceShared {
     events_created: AtomicUsize,
     releases: Mutex<Vec<Release>>,
     release_pending: AtomicBool,
-    waker: OnceLock<Box<dyn Fn() + Send + Sync>>,
-    streams: Mutex<Vec<Stream>>,
+    waker: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
+    streams: RwLock<Vec<Stream>>,
     modules: Mutex<HashMap<u64, RawModule>>,
     functions: Mutex<HashMap<u64, Func>>,
     failed: OnceLock<String>,
     closed: AtomicBool,
     live_workers: AtomicUsize,
-    pub(crate) live_allocations: AtomicUsize,
+    /// Device allocations made through the pool and not yet freed (freed at teardown if
+    /// their owners still hold them).
+    allocations: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl fmt::Debug for DeviceShared {
@@ -77,14 +79,14 @@ impl DeviceShared {
             events_created: AtomicUsize::new(0),
             releases: Mutex::new(Vec::new()),
             release_pending: AtomicBool::new(false),
-            waker: OnceLock::new(),
-            streams: Mutex::new(Vec::new()),
+            waker: Mutex::new(None),
+            streams: RwLock::new(Vec::new()),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             failed: OnceLock::new(),
             closed: AtomicBool::new(false),
             live_workers: AtomicUsize::new(0),
-            live_allocations: AtomicUsize::new(0),
+            allocations: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -94,7 +96,10 @@ impl DeviceShared {
 
     /// The primary context; only valid after a worker of the device has started.
     pub(crate) fn ctx(&self) -> Ctx {
-        *self.ctx.get().expect("device context used before any worker bound it")
+        *self
+            .ctx
+            .get()
+            .expect("device context used before any worker bound it")
     }
 
     /// Retains the primary context once per device (the first worker to start does it) and
@@ -201,14 +206,32 @@ impl DeviceShared {
 
     pub(crate) fn register_stream(&self, s: Stream) {
         self.streams
-            .lock()
+            .write()
             .unwrap_or_else(|e| e.into_inner())
             .push(s);
     }
 
+    /// Makes `own` wait for everything enqueued so far on `other`, another worker's stream of
+    /// this device: records an event from the table on `other` and waits on it. Holds the
+    /// stream list meanwhile, so `other` cannot be destroyed under us; if it is already gone,
+    /// its worker synchronised it before destroying it and there is nothing to wait for.
+    pub(crate) fn wait_for_stream(&self, own: Stream, other: Stream) -> DResult<()> {
+        let ctx = self.ctx();
+        let streams = self.streams.read().unwrap_or_else(|e| e.into_inner());
+        if !streams.contains(&other) {
+            return Ok(());
+        }
+        let e = self.take_event()?;
+        let r = driver::event_record(ctx, e, other)
+            .and_then(|_| driver::stream_wait_event(ctx, own, e));
+        drop(streams);
+        self.put_event(e);
+        r
+    }
+
     pub(crate) fn unregister_stream(&self, s: Stream) {
         self.streams
-            .lock()
+            .write()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|x| *x != s);
     }
@@ -216,13 +239,13 @@ impl DeviceShared {
     // ---------------------------------------------------------------- release queue
 
     pub(crate) fn set_waker(&self, f: Box<dyn Fn() + Send + Sync>) {
-        let _ = self.waker.set(f);
+        *self.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
     }
 
     /// Queues a handle for release by a bound worker; no driver call, any thread.
     pub(crate) fn release(&self, r: Release) {
         if self.closed.load(Ordering::Acquire) {
-            // The device's workers are gone and its context released: nothing left to free.
+            // The device's workers are gone: teardown freed everything already.
             return;
         }
         self.releases
@@ -230,7 +253,7 @@ impl DeviceShared {
             .unwrap_or_else(|e| e.into_inner())
             .push(r);
         if !self.release_pending.swap(true, Ordering::AcqRel) {
-            if let Some(w) = self.waker.get() {
+            if let Some(w) = &*self.waker.lock().unwrap_or_else(|e| e.into_inner()) {
                 w();
             }
         }
@@ -254,41 +277,59 @@ impl DeviceShared {
             return 0;
         }
         let ctx = self.ctx();
-        let others: Vec<Stream> = self
-            .streams
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .copied()
-            .filter(|s| *s != own)
-            .collect();
+        // Hold the stream list while fencing so that no worker destroys a stream we record on
+        // (a stopping worker unregisters its stream under this lock before destroying it).
         let mut fenced = true;
-        for s in others {
-            let ok = self.take_event().and_then(|e| {
-                let r = driver::event_record(ctx, e, s)
-                    .and_then(|_| driver::stream_wait_event(ctx, own, e));
-                self.put_event(e);
-                r
-            });
-            if ok.is_err() {
-                fenced = false;
+        {
+            let streams = self.streams.read().unwrap_or_else(|e| e.into_inner());
+            for &s in streams.iter().filter(|s| **s != own) {
+                let ok = self.take_event().and_then(|e| {
+                    let r = driver::event_record(ctx, e, s)
+                        .and_then(|_| driver::stream_wait_event(ctx, own, e));
+                    self.put_event(e);
+                    r
+                });
+                if ok.is_err() {
+                    fenced = false;
+                }
             }
         }
         let n = batch.len();
         for r in batch {
             match r {
                 Release::Mem(p) => {
-                    let res = if fenced {
+                    // Forget first: once freed, the address may be handed out again.
+                    self.forget_allocation(p);
+                    let _ = if fenced {
                         driver::mem_free_async(ctx, p, own)
                     } else {
                         driver::mem_free(ctx, p)
                     };
-                    let _ = res;
-                    self.live_allocations.fetch_sub(1, Ordering::Relaxed);
                 }
             }
         }
         n
+    }
+
+    pub(crate) fn track_allocation(&self, p: u64) {
+        self.allocations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(p);
+    }
+
+    fn forget_allocation(&self, p: u64) {
+        self.allocations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&p);
+    }
+
+    pub(crate) fn live_allocations(&self) -> usize {
+        self.allocations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     // ---------------------------------------------------------------- modules
@@ -349,31 +390,43 @@ impl DeviceShared {
     /// the device frees what is left and releases the primary context.
     pub(crate) fn worker_stopped(&self, last_stream: Stream) {
         let ctx = self.ctx();
-        let failed = self.failed().is_some();
         // Free what is queued while this worker's stream still exists.
         self.drain_releases(last_stream);
-        if !failed {
+        if self.failed().is_none() {
             let _ = driver::stream_synchronize(ctx, last_stream);
         }
         self.unregister_stream(last_stream);
         let _ = driver::stream_destroy(ctx, last_stream);
+        self.worker_stopped_without_stream();
+    }
+
+    /// Teardown of a worker that has no stream (its creation failed), and the common tail.
+    pub(crate) fn worker_stopped_without_stream(&self) {
+        let ctx = self.ctx();
+        let failed = self.failed().is_some();
         if self.live_workers.fetch_sub(1, Ordering::SeqCst) != 1 {
             return;
         }
         // Last worker of this device.
         self.closed.store(true, Ordering::Release);
+        drop(self.waker.lock().unwrap_or_else(|e| e.into_inner()).take());
         if !failed {
             let _ = driver::ctx_synchronize(ctx);
         }
-        let pending: Vec<Release> =
-            std::mem::take(&mut *self.releases.lock().unwrap_or_else(|e| e.into_inner()));
-        for r in pending {
-            match r {
-                Release::Mem(p) => {
-                    let _ = driver::mem_free(ctx, p);
-                    self.live_allocations.fetch_sub(1, Ordering::Relaxed);
-                }
-            }
+        // Everything still allocated: queued releases and buffers whose owners outlive the
+        // pool (their later drop does nothing).
+        self.releases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        let live: Vec<u64> = self
+            .allocations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        for p in live {
+            let _ = driver::mem_free(ctx, p);
         }
         for e in std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner())) {
             let _ = driver::event_destroy(ctx, e);
@@ -382,8 +435,7 @@ impl DeviceShared {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
-        for (_, m) in std::mem::take(&mut *self.modules.lock().unwrap_or_else(|e| e.into_inner()))
-        {
+        for (_, m) in std::mem::take(&mut *self.modules.lock().unwrap_or_else(|e| e.into_inner())) {
             let _ = driver::module_unload(ctx, m);
         }
         if !failed {
@@ -393,11 +445,4 @@ impl DeviceShared {
         let _ = driver::ctx_unbind();
         let _ = driver::primary_ctx_release(self.dev);
     }
-
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
 }
-
-/// Shared handle to a device's state.
-pub(crate) type DeviceRef = Arc<DeviceShared>;

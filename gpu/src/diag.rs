@@ -49,7 +49,8 @@ impl MemoryProbe {
     pub fn new(ordinal: i32) -> GpuResult<Self> {
         crate::detect::detect()?;
         let what = format!("memory probe, device {ordinal}");
-        let dev = driver::device_get(ordinal).map_err(|e| GpuError::driver("cuDeviceGet", &what, e))?;
+        let dev =
+            driver::device_get(ordinal).map_err(|e| GpuError::driver("cuDeviceGet", &what, e))?;
         let ctx = driver::primary_ctx_retain(dev)
             .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", &what, e))?;
         Ok(Self { dev, ctx })
@@ -68,7 +69,12 @@ impl MemoryProbe {
                 r.map(|(f, _)| f)
             })
             .join()
-            .unwrap_or_else(|_| Err(GpuError::new(crate::GpuErrorKind::Driver, "probe thread panicked")))
+            .unwrap_or_else(|_| {
+                Err(GpuError::new(
+                    crate::GpuErrorKind::Driver,
+                    "probe thread panicked",
+                ))
+            })
         })
     }
 }
@@ -103,10 +109,15 @@ pub fn probe(ordinal: i32, sticky: bool) -> GpuResult<Vec<String>> {
         s.spawn(move || -> GpuResult<Vec<String>> {
             let mut out = Vec::new();
             let before = driver::ctx_current().ok().flatten();
-            out.push(format!("fresh thread: current context before binding = {before:?}"));
+            out.push(format!(
+                "fresh thread: current context before binding = {before:?}"
+            ));
             let ctx = sh.bind_worker()?;
-            out.push(format!("bound primary context {ctx:?}; cuCtxGetCurrent agrees"));
-            let st = driver::stream_create(ctx).map_err(|e| GpuError::driver("cuStreamCreate", "probe", e))?;
+            out.push(format!(
+                "bound primary context {ctx:?}; cuCtxGetCurrent agrees"
+            ));
+            let st = driver::stream_create(ctx)
+                .map_err(|e| GpuError::driver("cuStreamCreate", "probe", e))?;
             sh.register_stream(st);
             let r = probe_kernels(&sh, st, &mut out);
             if let Err(e) = &r {
@@ -123,7 +134,12 @@ pub fn probe(ordinal: i32, sticky: bool) -> GpuResult<Vec<String>> {
             r.map(|_| out)
         })
         .join()
-        .unwrap_or_else(|_| Err(GpuError::new(crate::GpuErrorKind::Driver, "probe thread panicked")))
+        .unwrap_or_else(|_| {
+            Err(GpuError::new(
+                crate::GpuErrorKind::Driver,
+                "probe thread panicked",
+            ))
+        })
     })?;
     out.extend(lines);
     if sticky {
@@ -132,12 +148,15 @@ pub fn probe(ordinal: i32, sticky: bool) -> GpuResult<Vec<String>> {
             s.spawn(move || -> GpuResult<String> {
                 let c = driver::primary_ctx_retain(dev)
                     .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", "re-probe", e))?;
-                driver::ctx_set_current(c).map_err(|e| GpuError::driver("cuCtxSetCurrent", "re-probe", e))?;
-                let st = driver::stream_create(c).map_err(|e| GpuError::driver("cuStreamCreate", "re-probe", e));
+                driver::ctx_set_current(c)
+                    .map_err(|e| GpuError::driver("cuCtxSetCurrent", "re-probe", e))?;
+                let st = driver::stream_create(c)
+                    .map_err(|e| GpuError::driver("cuStreamCreate", "re-probe", e));
                 let res = match st {
                     Ok(st) => {
                         let _ = driver::stream_destroy(c, st);
-                        "after releasing the failed context, a new retain works (stream created)".to_string()
+                        "after releasing the failed context, a new retain works (stream created)"
+                            .to_string()
                     }
                     Err(e) => format!("after releasing the failed context: {e}"),
                 };
@@ -146,7 +165,12 @@ pub fn probe(ordinal: i32, sticky: bool) -> GpuResult<Vec<String>> {
                 Ok(res)
             })
             .join()
-            .unwrap_or_else(|_| Err(GpuError::new(crate::GpuErrorKind::Driver, "re-probe panicked")))
+            .unwrap_or_else(|_| {
+                Err(GpuError::new(
+                    crate::GpuErrorKind::Driver,
+                    "re-probe panicked",
+                ))
+            })
         });
         out.push(match r {
             Ok(s) => s,
@@ -167,7 +191,14 @@ fn drv<T>(call: &str, r: driver::DResult<T>) -> GpuResult<T> {
     r.map_err(|e| GpuError::driver(call, "probe", e))
 }
 
-fn launch(sh: &DeviceShared, k: &Kernel, st: Stream, grid: u32, block: u32, params: &mut [*mut std::ffi::c_void]) -> GpuResult<()> {
+fn launch(
+    sh: &DeviceShared,
+    k: &Kernel,
+    st: Stream,
+    grid: u32,
+    block: u32,
+    params: &mut [*mut std::ffi::c_void],
+) -> GpuResult<()> {
     let f = sh.function(k)?;
     // SAFETY: callers pass one pointer per kernel parameter, to values of the right types, and
     // device buffers that outlive the launch (they synchronise before freeing).
@@ -212,7 +243,9 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
     // counting
     let buf = drv("cuMemAllocAsync", driver::mem_alloc_async(ctx, 64, st))?;
     // SAFETY: `buf` holds 64 bytes.
-    drv("cuMemsetD8Async", unsafe { driver::memset_d8_async(ctx, buf, 0, 64, st) })?;
+    drv("cuMemsetD8Async", unsafe {
+        driver::memset_d8_async(ctx, buf, 0, 64, st)
+    })?;
     let count = m.kernel(builtin::COUNT)?;
     for _ in 0..1000 {
         let mut p = buf;
@@ -220,55 +253,145 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
     }
     let mut host = [0u32; 1];
     // SAFETY: 4 bytes into a 4-byte host array from a 64-byte allocation.
-    drv("cuMemcpyDtoHAsync", unsafe { driver::memcpy_dtoh_async(ctx, host.as_mut_ptr() as *mut u8, buf, 4, st) })?;
+    drv("cuMemcpyDtoHAsync", unsafe {
+        driver::memcpy_dtoh_async(ctx, host.as_mut_ptr() as *mut u8, buf, 4, st)
+    })?;
     drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
-    out.push(format!("count kernel x1000 -> {} ({})", host[0], ok(host[0] == 1000)));
+    out.push(format!(
+        "count kernel x1000 -> {} ({})",
+        host[0],
+        ok(host[0] == 1000)
+    ));
     // set / add
     let a = buf;
     let b = buf + 8;
     let (mut pa, mut pb, mut v7, mut v5) = (a, b, 7i64, 5i64);
-    launch(sh, &m.kernel(builtin::SET_I64)?, st, 1, 1, &mut [(&mut pa) as *mut u64 as *mut _, (&mut v7) as *mut i64 as *mut _])?;
-    launch(sh, &m.kernel(builtin::SET_I64)?, st, 1, 1, &mut [(&mut pb) as *mut u64 as *mut _, (&mut v5) as *mut i64 as *mut _])?;
-    launch(sh, &m.kernel(builtin::ADD_I64)?, st, 1, 1, &mut [(&mut pa) as *mut u64 as *mut _, (&mut pb) as *mut u64 as *mut _])?;
+    launch(
+        sh,
+        &m.kernel(builtin::SET_I64)?,
+        st,
+        1,
+        1,
+        &mut [
+            (&mut pa) as *mut u64 as *mut _,
+            (&mut v7) as *mut i64 as *mut _,
+        ],
+    )?;
+    launch(
+        sh,
+        &m.kernel(builtin::SET_I64)?,
+        st,
+        1,
+        1,
+        &mut [
+            (&mut pb) as *mut u64 as *mut _,
+            (&mut v5) as *mut i64 as *mut _,
+        ],
+    )?;
+    launch(
+        sh,
+        &m.kernel(builtin::ADD_I64)?,
+        st,
+        1,
+        1,
+        &mut [
+            (&mut pa) as *mut u64 as *mut _,
+            (&mut pb) as *mut u64 as *mut _,
+        ],
+    )?;
     let mut hv = [0i64; 1];
     // SAFETY: 8 bytes into an 8-byte host array.
-    drv("cuMemcpyDtoHAsync", unsafe { driver::memcpy_dtoh_async(ctx, hv.as_mut_ptr() as *mut u8, a, 8, st) })?;
+    drv("cuMemcpyDtoHAsync", unsafe {
+        driver::memcpy_dtoh_async(ctx, hv.as_mut_ptr() as *mut u8, a, 8, st)
+    })?;
     drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
-    out.push(format!("set 7, set 5, add -> {} ({})", hv[0], ok(hv[0] == 12)));
+    out.push(format!(
+        "set 7, set 5, add -> {} ({})",
+        hv[0],
+        ok(hv[0] == 12)
+    ));
     // scale + sum
     let n = 1000u32;
     let xs: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let x = drv("cuMemAllocAsync", driver::mem_alloc_async(ctx, 4 * n as usize, st))?;
+    let x = drv(
+        "cuMemAllocAsync",
+        driver::mem_alloc_async(ctx, 4 * n as usize, st),
+    )?;
     let sum = drv("cuMemAllocAsync", driver::mem_alloc_async(ctx, 4, st))?;
     // SAFETY: sizes match the allocations; pageable source is staged before return.
     unsafe {
-        drv("cuMemcpyHtoDAsync", driver::memcpy_htod_async(ctx, x, xs.as_ptr() as *const u8, 4 * n as usize, st))?;
-        drv("cuMemsetD8Async", driver::memset_d8_async(ctx, sum, 0, 4, st))?;
+        drv(
+            "cuMemcpyHtoDAsync",
+            driver::memcpy_htod_async(ctx, x, xs.as_ptr() as *const u8, 4 * n as usize, st),
+        )?;
+        drv(
+            "cuMemsetD8Async",
+            driver::memset_d8_async(ctx, sum, 0, 4, st),
+        )?;
     }
     let (mut px, mut a2, mut nn, mut ps) = (x, 2.0f32, n, sum);
-    launch(sh, &m.kernel(builtin::SCALE_F32)?, st, n.div_ceil(256), 256, &mut [(&mut px) as *mut u64 as *mut _, (&mut a2) as *mut f32 as *mut _, (&mut nn) as *mut u32 as *mut _])?;
-    launch(sh, &m.kernel(builtin::SUM_F32)?, st, n.div_ceil(256), 256, &mut [(&mut px) as *mut u64 as *mut _, (&mut ps) as *mut u64 as *mut _, (&mut nn) as *mut u32 as *mut _])?;
+    launch(
+        sh,
+        &m.kernel(builtin::SCALE_F32)?,
+        st,
+        n.div_ceil(256),
+        256,
+        &mut [
+            (&mut px) as *mut u64 as *mut _,
+            (&mut a2) as *mut f32 as *mut _,
+            (&mut nn) as *mut u32 as *mut _,
+        ],
+    )?;
+    launch(
+        sh,
+        &m.kernel(builtin::SUM_F32)?,
+        st,
+        n.div_ceil(256),
+        256,
+        &mut [
+            (&mut px) as *mut u64 as *mut _,
+            (&mut ps) as *mut u64 as *mut _,
+            (&mut nn) as *mut u32 as *mut _,
+        ],
+    )?;
     let mut hs = [0f32; 1];
     // SAFETY: 4 bytes into a 4-byte host array.
-    drv("cuMemcpyDtoHAsync", unsafe { driver::memcpy_dtoh_async(ctx, hs.as_mut_ptr() as *mut u8, sum, 4, st) })?;
+    drv("cuMemcpyDtoHAsync", unsafe {
+        driver::memcpy_dtoh_async(ctx, hs.as_mut_ptr() as *mut u8, sum, 4, st)
+    })?;
     drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
     let expect = 2.0 * (n as f32 - 1.0) * n as f32 / 2.0;
-    out.push(format!("scale x2 + sum of 0..1000 -> {} (expect {expect}, {})", hs[0], ok((hs[0] - expect).abs() < 1.0)));
+    out.push(format!(
+        "scale x2 + sum of 0..1000 -> {} (expect {expect}, {})",
+        hs[0],
+        ok((hs[0] - expect).abs() < 1.0)
+    ));
     // spin
     let mut cycles = 2_000_000i64;
     let t0 = Instant::now();
-    launch(sh, &m.kernel(builtin::SPIN)?, st, 1, 1, &mut [(&mut cycles) as *mut i64 as *mut _])?;
+    launch(
+        sh,
+        &m.kernel(builtin::SPIN)?,
+        st,
+        1,
+        1,
+        &mut [(&mut cycles) as *mut i64 as *mut _],
+    )?;
     drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
     out.push(format!("spin 2M cycles took {:?}", t0.elapsed()));
     // events
-    let ev = sh.take_event().map_err(|e| GpuError::driver("cuEventCreate", "probe", e))?;
+    let ev = sh
+        .take_event()
+        .map_err(|e| GpuError::driver("cuEventCreate", "probe", e))?;
     drv("cuEventRecord", driver::event_record(ctx, ev, st))?;
     let mut polls = 0;
     while !drv("cuEventQuery", driver::event_query(ctx, ev))? {
         polls += 1;
     }
     sh.put_event(ev);
-    out.push(format!("event record + query: complete after {polls} not-ready polls"));
+    out.push(format!(
+        "event record + query: complete after {polls} not-ready polls"
+    ));
     for p in [buf, x, sum] {
         drv("cuMemFreeAsync", driver::mem_free_async(ctx, p, st))?;
     }
@@ -296,8 +419,17 @@ fn probe_sticky(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) {
     let r = (|| -> GpuResult<()> {
         let m = Module::builtin();
         let mut addr = 8u64;
-        launch(sh, &m.kernel(builtin::POKE)?, st, 1, 1, &mut [(&mut addr) as *mut u64 as *mut _])?;
-        let ev = sh.take_event().map_err(|e| GpuError::driver("cuEventCreate", "probe", e))?;
+        launch(
+            sh,
+            &m.kernel(builtin::POKE)?,
+            st,
+            1,
+            1,
+            &mut [(&mut addr) as *mut u64 as *mut _],
+        )?;
+        let ev = sh
+            .take_event()
+            .map_err(|e| GpuError::driver("cuEventCreate", "probe", e))?;
         let _ = driver::event_record(ctx, ev, st);
         let t0 = Instant::now();
         loop {

@@ -122,12 +122,6 @@ handle!(
     sys::CUfunction
 );
 
-impl Stream {
-    pub(crate) fn addr(self) -> usize {
-        self.0 as usize
-    }
-}
-
 /// A device ordinal resolved by the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Dev(pub(crate) sys::CUdevice);
@@ -175,7 +169,11 @@ pub(crate) fn device_get(ordinal: i32) -> DResult<Dev> {
 }
 
 fn c_buf_to_string(buf: &[c_char]) -> String {
-    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -226,7 +224,11 @@ pub(crate) fn ctx_unbind() -> DResult<()> {
 
 pub(crate) fn ctx_current() -> DResult<Option<Ctx>> {
     let c = current_raw()?;
-    Ok(if c == 0 { None } else { Some(Ctx(c as sys::CUcontext)) })
+    Ok(if c == 0 {
+        None
+    } else {
+        Some(Ctx(c as sys::CUcontext))
+    })
 }
 
 pub(crate) fn ctx_synchronize(expect: Ctx) -> DResult<()> {
@@ -307,12 +309,6 @@ pub(crate) fn event_query(expect: Ctx, e: Event) -> DResult<bool> {
         sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
         other => Err(DriverError(other)),
     }
-}
-
-pub(crate) fn event_synchronize(expect: Ctx, e: Event) -> DResult<()> {
-    check(expect, "cuEventSynchronize");
-    // SAFETY: crate invariant: `e` is live.
-    unsafe { sys::cuEventSynchronize(e.0).result() }
 }
 
 pub(crate) fn event_destroy(expect: Ctx, e: Event) -> DResult<()> {

@@ -1,17 +1,55 @@
 //! # boundpool-gpu
 //!
-//! The CUDA backend of boundpool (work in progress).
+//! The CUDA backend of boundpool, on [cudarc]'s driver bindings: a [`GpuPool`] of pinned
+//! workers, several per device, each holding its device's primary context bound for life and
+//! its own stream; GPU nodes ([`GpuGraphExt::gpu_node`]) that enqueue kernels, copies and
+//! allocations on their worker's stream; GPU-side edges between them; and resource tables so
+//! that no driver call is ever made from an unbound thread.
+//!
+//! * **Binding.** A device worker's start hook retains the device's primary context (once per
+//!   device), binds it, checks it with `cuCtxGetCurrent` and creates the worker's stream. A
+//!   machine without a driver or a missing device is an error from [`GpuPoolBuilder::build`],
+//!   never a panic.
+//! * **Edges.** A GPU node publishes the stream its work went to. A GPU successor on the same
+//!   stream needs nothing; one placed on another group (another worker, or another device)
+//!   waits (`cuStreamWaitEvent`) on an event the predecessor recorded right after its work;
+//!   one of the same group that was stolen by another worker records an event on the
+//!   predecessor's stream itself and waits on it. No host synchronise between GPU nodes.
+//! * **Completion.** A GPU node with a host successor, or none (a sink), completes only when
+//!   the device has done its work: its worker polls one event per burst of nodes
+//!   (`cuEventQuery`) between other nodes, never from a driver callback thread.
+//! * **Drops anywhere.** [`DeviceBuffer`] and the event table's events may be dropped on any
+//!   thread: the drop queues the handle for a bound worker of its device (woken for it), which
+//!   frees it after the work already enqueued on the device. Shutdown frees everything, unloads
+//!   modules, trims the memory pool and releases the contexts.
+//! * **Errors.** A failed launch or copy fails the graph naming the node and the driver error;
+//!   a sticky error (illegal address) marks the device failed and later submissions to it say
+//!   why; out of memory fails the node only.
+//! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context.
+//!
+//! [cudarc]: https://docs.rs/cudarc
 
 pub mod baselines;
+mod buffer;
 mod detect;
 mod device;
 mod diag;
 mod driver;
 mod error;
 mod module;
+mod node;
+mod pool;
+mod worker;
 
+pub use buffer::{DeviceBuffer, DeviceCopy};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
 pub use device::DeviceInfo;
 pub use diag::{context_check, probe, MemoryProbe};
 pub use error::{GpuError, GpuErrorKind, GpuResult};
 pub use module::{builtin, Kernel, Module};
+pub use node::{GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, MAX_KERNEL_ARGS};
+pub use pool::{Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
+pub use worker::GpuWorker;
+
+/// Re-exports of the scheduler types GPU graphs use.
+pub use boundpool_scheduler::{BoxError, Cores, GraphHandle, GroupId, NodeRef, ShutdownMode};

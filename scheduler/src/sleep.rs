@@ -160,7 +160,10 @@ impl Sleep {
     /// Wakes `worker` whether or not it is idle (used at shutdown and by group wakers).
     pub(crate) fn unpark(&self, worker: usize) {
         let w = &self.workers[worker];
-        w.notified.store(true, Ordering::Release);
+        // A swap rather than a store: the same on hardware (this path takes a lock and makes a
+        // syscall anyway), and it keeps the loom model sound, since loom lets an RMW read around a
+        // concurrent plain store (tokio-rs/loom#254).
+        w.notified.swap(true, Ordering::AcqRel);
         if let Some(t) = sync::lock(&w.thread).as_ref() {
             t.unpark();
         }

@@ -299,6 +299,9 @@ fn custom_thread_names_and_stack_size() {
     );
 }
 
+/// A node's placement group and the worker that ran it.
+type Seen = (Option<usize>, usize);
+
 #[test]
 fn groups_and_placement() {
     let pool = PoolBuilder::new()
@@ -326,7 +329,8 @@ fn groups_and_placement() {
 
     // Chains alternating between groups, plus free nodes; every placed node checks its worker.
     let wrong = Arc::new(AtomicUsize::new(0));
-    let seen: Arc<Mutex<HashSet<(Option<usize>, usize)>>> = Arc::new(Mutex::new(HashSet::new()));
+    // (placement group, worker) pairs seen.
+    let seen: Arc<Mutex<HashSet<Seen>>> = Arc::new(Mutex::new(HashSet::new()));
     let mut g = GraphBuilder::<()>::new("placed");
     let root = g.node("root", |_| Ok(()));
     for chain in 0..20 {

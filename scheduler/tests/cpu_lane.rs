@@ -11,15 +11,18 @@ use boundpool_scheduler::{
     BoxError, Cores, ErrorKind, Graph, GraphBuilder, NodeRef, Pool, PoolBuilder,
 };
 
-/// worker `src` -> cpu `crunch_i` (x 8) -> worker `sum`, and a cpu node after `sum`.
-/// Each cpu node reports its thread's name.
-fn lane_graph() -> (
+/// The graph, its crunch nodes, `sum`, the cpu node `last`, and `sum-thread`.
+type LaneGraph = (
     Graph,
     Vec<NodeRef<(u64, String)>>,
     NodeRef<u64>,
     NodeRef<String>,
     NodeRef<String>,
-) {
+);
+
+/// worker `src` -> cpu `crunch_i` (x 8) -> worker `sum`, and a cpu node after `sum`.
+/// Each cpu node reports its thread's name.
+fn lane_graph() -> LaneGraph {
     let mut g = GraphBuilder::<()>::new("lane");
     let src = g.node("src", |_| Ok(10u64));
     let crunch: Vec<NodeRef<(u64, String)>> = (0..8u64)
@@ -135,6 +138,7 @@ fn without_a_lane_cpu_nodes_run_on_workers() {
 
 #[test]
 fn failures_on_the_lane() {
+    common::quiet_worker_panics();
     common::with_deadline(30, "lane_failures", || {
         let pool = PoolBuilder::new()
             .name("lanefail")

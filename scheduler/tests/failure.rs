@@ -98,6 +98,7 @@ fn node_error_fails_the_graph_naming_the_node() {
 
 #[test]
 fn panic_fails_the_graph_with_the_message() {
+    common::quiet_worker_panics();
     let pool = pool("fail2", 1);
     let (graph, ran) = failing_chain(|| panic!("kaboom number {}", 7));
     let err = pool.run(&graph).unwrap_err();
@@ -118,6 +119,7 @@ fn panic_fails_the_graph_with_the_message() {
 
 #[test]
 fn worker_survives_failures_even_when_alone() {
+    common::quiet_worker_panics();
     let pool = pool("survivor", 1);
     let (bad, _) = failing_chain(|| Err("nope".into()));
     let (panicky, _) = failing_chain(|| panic!("oh no"));
@@ -225,6 +227,7 @@ fn failure_cancels_pending_siblings_and_counts_them() {
 
 #[test]
 fn other_graphs_are_unaffected() {
+    common::quiet_worker_panics();
     let pool = pool("mixed", 2);
     let (bad, _) = failing_chain(|| Err("bad".into()));
     let (panicky, _) = failing_chain(|| panic!("panicky"));

@@ -9,7 +9,7 @@ use super::progress::Progress;
 use crate::BenchArgs;
 
 pub(crate) fn main(a: BenchArgs) -> ExitCode {
-    if !(a.scale > 0.0) || a.runs == 0 {
+    if a.scale.is_nan() || a.scale <= 0.0 || a.runs == 0 {
         eprintln!("boundpool bench: --scale must be positive and --runs at least 1");
         return ExitCode::from(2);
     }

@@ -83,7 +83,10 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
     let n = dag.len();
     let check = Arc::new(Check::new(n));
     let t_build = Instant::now();
-    let graph = build_graph(&dag, &name, &check).map_err(|e| Fail::Input(e.to_string()))?;
+    let graph = build_graph(&dag, &name, &check).map_err(|e| match &a.graph {
+        Some(path) => Fail::Input(format!("bad graph file {}: {e}", path.display())),
+        None => Fail::Input(e.to_string()),
+    })?;
     let build_ns_per_node = t_build.elapsed().as_nanos() as f64 / n as f64;
     if let Some(path) = &a.dot {
         write(path, "the DOT graph", &graph.to_dot_with(|_| "host".into()))?;

@@ -27,6 +27,7 @@ pub(crate) fn main(a: TraceArgs) -> ExitCode {
         let color = match a.color {
             ColorArg::Auto => ColorBy::Auto,
             ColorArg::Graph => ColorBy::Graph,
+            ColorArg::Run => ColorBy::Run,
             ColorArg::Node => ColorBy::Node,
         };
         if let Err(e) = std::fs::write(out, t.to_svg(a.width, color)) {

@@ -111,3 +111,19 @@ pub(crate) fn eventually(secs: u64, f: impl Fn() -> bool) -> bool {
         thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// Installs (once) a panic hook that stays silent for panics on pool threads (names containing
+/// `-host-` or `-cpu-`): those are the tests' deliberate node panics, which the pool catches and
+/// reports as `NodePanicked` errors anyway. Other threads' panics print as usual.
+pub(crate) fn quiet_worker_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let name = thread::current().name().unwrap_or("").to_string();
+            if !(name.contains("-host-") || name.contains("-cpu-")) {
+                default(info);
+            }
+        }));
+    });
+}

@@ -1,0 +1,538 @@
+//! GPU nodes: the body wrapper that orders a node after its GPU predecessors on the device,
+//! publishes its own position for its successors, and defers its completion until the device
+//! has done its work when a host node (or the submitter) depends on it.
+
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::Arc;
+
+use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef};
+
+use crate::buffer::{DeviceBuffer, DeviceCopy};
+use crate::device::{DeviceInfo, DeviceShared};
+use crate::driver::{self, Event, Stream};
+use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::module::Kernel;
+use crate::pool::GpuDevice;
+use crate::worker::{Bound, GpuWorker};
+
+/// What a GPU node leaves for its GPU successors (through the scheduler's node markers): the
+/// stream its work went to, and, when a successor is placed on another group (so surely on
+/// another stream), an event recorded right after it. A successor on the same stream needs
+/// nothing; one on another stream with no event (a stolen successor of the same group)
+/// records an event on this stream itself (everything this node enqueued is already there)
+/// and waits on it.
+pub(crate) struct GpuMarker {
+    device: Arc<DeviceShared>,
+    stream: Stream,
+    event: Option<Event>,
+}
+
+impl Drop for GpuMarker {
+    fn drop(&mut self) {
+        if let Some(e) = self.event.take() {
+            // Back to the table: no driver call, any thread.
+            self.device.put_event(e);
+        }
+    }
+}
+
+/// The context a GPU node's body gets: its inputs, its device, and helpers that enqueue work on
+/// its worker's stream (allocations, copies, kernel launches). Everything it enqueues is
+/// ordered after the node's GPU predecessors and before its GPU successors, on the device.
+pub struct GpuCtx<'a, 'n> {
+    node: &'a NodeCtx<'n, GpuWorker>,
+    b: &'a Bound,
+}
+
+impl fmt::Debug for GpuCtx<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuCtx")
+            .field("node", &self.node.node_name())
+            .field("device", &self.b.device.ordinal())
+            .finish()
+    }
+}
+
+/// Grid and block shape and dynamic shared memory of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in the grid.
+    pub grid: (u32, u32, u32),
+    /// Threads per block.
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// One block of one thread.
+    pub fn single() -> Self {
+        Self {
+            grid: (1, 1, 1),
+            block: (1, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Enough 256-thread blocks for one thread per element of `n`.
+    pub fn for_elements(n: usize) -> Self {
+        let blocks = n.div_ceil(256).max(1) as u32;
+        Self {
+            grid: (blocks, 1, 1),
+            block: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+}
+
+/// A value that can be passed to a kernel by value (scalars, and device buffers as pointers).
+pub trait KernelArg {
+    /// The argument's bytes, little-endian, in the low bytes of a `u64` (at most 8 bytes).
+    fn to_bits(&self) -> u64;
+}
+
+macro_rules! kernel_arg_int {
+    ($($t:ty),*) => { $(
+        impl KernelArg for $t {
+            fn to_bits(&self) -> u64 {
+                let mut out = [0u8; 8];
+                let b = self.to_le_bytes();
+                out[..b.len()].copy_from_slice(&b);
+                u64::from_le_bytes(out)
+            }
+        }
+    )* };
+}
+kernel_arg_int!(u8, i8, u16, i16, u32, i32, u64, i64, usize, isize, f32, f64);
+
+impl<T: DeviceCopy> KernelArg for &DeviceBuffer<T> {
+    fn to_bits(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl<T: DeviceCopy> KernelArg for &mut DeviceBuffer<T> {
+    fn to_bits(&self) -> u64 {
+        self.ptr
+    }
+}
+
+/// Most kernel arguments a [`Launch`] takes.
+pub const MAX_KERNEL_ARGS: usize = 16;
+
+/// A kernel launch being assembled: add arguments in order with [`arg`](Self::arg), then
+/// [`launch`](Self::launch).
+pub struct Launch<'c, 'a, 'n> {
+    ctx: &'c GpuCtx<'a, 'n>,
+    kernel: &'c Kernel,
+    cfg: LaunchConfig,
+    args: [u64; MAX_KERNEL_ARGS],
+    n: usize,
+    too_many: bool,
+}
+
+impl fmt::Debug for Launch<'_, '_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Launch")
+            .field("kernel", &self.kernel.name())
+            .field("cfg", &self.cfg)
+            .field("args", &self.n)
+            .finish()
+    }
+}
+
+impl Launch<'_, '_, '_> {
+    /// Appends one argument.
+    pub fn arg(mut self, a: impl KernelArg) -> Self {
+        if self.n < MAX_KERNEL_ARGS {
+            self.args[self.n] = a.to_bits();
+            self.n += 1;
+        } else {
+            self.too_many = true;
+        }
+        self
+    }
+
+    /// Enqueues the launch on the node's stream.
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameters in number, order and size, and the
+    /// kernel must only access memory that stays valid until it ends (buffers owned by this
+    /// node's inputs or outputs, which outlive the graph's GPU work).
+    pub unsafe fn launch(mut self) -> GpuResult<()> {
+        if self.too_many {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!(
+                    "{}: kernel '{}' given more than {MAX_KERNEL_ARGS} arguments",
+                    self.ctx.what(),
+                    self.kernel.name()
+                ),
+            ));
+        }
+        let b = self.ctx.b;
+        let f = b
+            .function(self.kernel)
+            .map_err(|e| e.prefixed(&self.ctx.what()))?;
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_KERNEL_ARGS];
+        for (p, a) in ptrs.iter_mut().zip(self.args.iter_mut()).take(self.n) {
+            *p = a as *mut u64 as *mut c_void;
+        }
+        // SAFETY: each pointer points to an 8-byte slot holding the argument's little-endian
+        // bytes (the driver reads the parameter's size from it); validity of the kernel's
+        // accesses is the caller's contract.
+        let r = unsafe {
+            driver::launch(
+                b.ctx,
+                f,
+                self.cfg.grid,
+                self.cfg.block,
+                self.cfg.shared_mem_bytes,
+                b.stream,
+                &mut ptrs[..self.n],
+            )
+        };
+        r.map_err(|e| self.ctx.fail("cuLaunchKernel", e))
+    }
+}
+
+impl<'a, 'n> GpuCtx<'a, 'n> {
+    fn what(&self) -> String {
+        format!(
+            "node '{}' of graph '{}' on device {}",
+            self.node.node_name(),
+            self.node.graph_name(),
+            self.b.device.ordinal()
+        )
+    }
+
+    fn fail(&self, call: &str, e: driver::DriverError) -> GpuError {
+        self.b.device.driver_error(call, &self.what(), e)
+    }
+
+    /// The output of direct predecessor `from`.
+    pub fn input<T: 'static>(&self, from: NodeRef<T>) -> GpuResult<&'n T> {
+        self.node
+            .input(from)
+            .map_err(|e| GpuError::new(GpuErrorKind::Scheduler, e.to_string()).with_source(e))
+    }
+
+    /// The scheduler's context of this node (worker identity, graph, nested submission).
+    pub fn node(&self) -> &'a NodeCtx<'n, GpuWorker> {
+        self.node
+    }
+
+    /// This node's name.
+    pub fn node_name(&self) -> &'n str {
+        self.node.node_name()
+    }
+
+    /// The device this node runs on.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.b.device.info
+    }
+
+    /// Enqueues an allocation of `len` elements (contents undefined).
+    pub fn alloc<T: DeviceCopy>(&self, len: usize) -> GpuResult<DeviceBuffer<T>> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!("{}: allocation of {len} elements overflows", self.what()),
+            )
+        })?;
+        let p = driver::mem_alloc_async(self.b.ctx, bytes, self.b.stream).map_err(|e| {
+            let mut err = self.fail("cuMemAllocAsync", e);
+            if err.kind() == GpuErrorKind::OutOfMemory {
+                err = GpuError::new(
+                    GpuErrorKind::OutOfMemory,
+                    format!("{} ({bytes} bytes)", err.message()),
+                )
+                .with_source(e);
+            }
+            err
+        })?;
+        Ok(DeviceBuffer::from_raw(p, len, self.b.device.clone()))
+    }
+
+    /// Enqueues an allocation of `len` zeroed elements.
+    pub fn alloc_zeros<T: DeviceCopy>(&self, len: usize) -> GpuResult<DeviceBuffer<T>> {
+        let mut buf = self.alloc::<T>(len)?;
+        self.memset_zero(&mut buf)?;
+        Ok(buf)
+    }
+
+    /// Enqueues setting every byte of `buf` to zero.
+    pub fn memset_zero<T: DeviceCopy>(&self, buf: &mut DeviceBuffer<T>) -> GpuResult<()> {
+        self.check_device(&buf.device)?;
+        // SAFETY: `buf` is a live allocation of `buf.bytes()` bytes on this device.
+        unsafe { driver::memset_d8_async(self.b.ctx, buf.ptr, 0, buf.bytes(), self.b.stream) }
+            .map_err(|e| self.fail("cuMemsetD8Async", e))
+    }
+
+    /// Allocates a buffer and enqueues a copy of `src` into it. `src` may be dropped as soon as
+    /// this returns (pageable memory is staged by the driver before the call returns).
+    pub fn upload<T: DeviceCopy>(&self, src: &[T]) -> GpuResult<DeviceBuffer<T>> {
+        let mut buf = self.alloc::<T>(src.len())?;
+        self.copy_to_device(src, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Enqueues a copy of `src` into `dst` (same length).
+    pub fn copy_to_device<T: DeviceCopy>(
+        &self,
+        src: &[T],
+        dst: &mut DeviceBuffer<T>,
+    ) -> GpuResult<()> {
+        self.check_device(&dst.device)?;
+        if src.len() != dst.len {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!(
+                    "{}: copy of {} elements into a buffer of {}",
+                    self.what(),
+                    src.len(),
+                    dst.len
+                ),
+            ));
+        }
+        // SAFETY: lengths match; the source is pageable host memory, staged before return.
+        unsafe {
+            driver::memcpy_htod_async(
+                self.b.ctx,
+                dst.ptr,
+                src.as_ptr() as *const u8,
+                dst.bytes(),
+                self.b.stream,
+            )
+        }
+        .map_err(|e| self.fail("cuMemcpyHtoDAsync", e))
+    }
+
+    /// Copies `src` to a new host vector. This waits (on this worker) until the node's earlier
+    /// work on the stream and the copy are done: the driver returns from a copy into pageable
+    /// memory only once it has completed.
+    pub fn download<T: DeviceCopy>(&self, src: &DeviceBuffer<T>) -> GpuResult<Vec<T>> {
+        self.check_device(&src.device)?;
+        self.download_raw(src.ptr, src.len)
+    }
+
+    /// `download` of a live allocation of this device given by address and length.
+    pub(crate) fn download_raw<T: DeviceCopy>(&self, ptr: u64, len: usize) -> GpuResult<Vec<T>> {
+        let bytes = len * std::mem::size_of::<T>();
+        let mut v: Vec<T> = Vec::with_capacity(len);
+        // SAFETY: the vector has capacity for `len` elements; the copy writes all of them
+        // before returning (pageable destination, then a stream synchronise), and every bit
+        // pattern is a valid `T`. Callers pass a live allocation of `bytes` bytes.
+        unsafe {
+            driver::memcpy_dtoh_async(
+                self.b.ctx,
+                v.as_mut_ptr() as *mut u8,
+                ptr,
+                bytes,
+                self.b.stream,
+            )
+            .map_err(|e| self.fail("cuMemcpyDtoHAsync", e))?;
+            driver::stream_synchronize(self.b.ctx, self.b.stream)
+                .map_err(|e| self.fail("cuStreamSynchronize", e))?;
+            v.set_len(len);
+        }
+        Ok(v)
+    }
+
+    /// Enqueues a device-to-device copy of `src` into `dst` (same length, same device).
+    pub fn copy_device<T: DeviceCopy>(
+        &self,
+        src: &DeviceBuffer<T>,
+        dst: &mut DeviceBuffer<T>,
+    ) -> GpuResult<()> {
+        self.check_device(&src.device)?;
+        self.check_device(&dst.device)?;
+        if src.len != dst.len {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!(
+                    "{}: copy of {} elements into {}",
+                    self.what(),
+                    src.len,
+                    dst.len
+                ),
+            ));
+        }
+        // SAFETY: both are live allocations of `bytes()` bytes on this device.
+        unsafe {
+            driver::memcpy_dtod_async(self.b.ctx, dst.ptr, src.ptr, src.bytes(), self.b.stream)
+        }
+        .map_err(|e| self.fail("cuMemcpyDtoDAsync", e))
+    }
+
+    /// Starts a launch of `kernel` with `cfg` on this node's stream.
+    pub fn launch<'c>(&'c self, kernel: &'c Kernel, cfg: LaunchConfig) -> Launch<'c, 'a, 'n> {
+        Launch {
+            ctx: self,
+            kernel,
+            cfg,
+            args: [0; MAX_KERNEL_ARGS],
+            n: 0,
+            too_many: false,
+        }
+    }
+
+    /// Free and total memory of the device, in bytes.
+    pub fn memory_info(&self) -> GpuResult<(usize, usize)> {
+        driver::mem_get_info(self.b.ctx).map_err(|e| self.fail("cuMemGetInfo", e))
+    }
+
+    fn check_device(&self, d: &Arc<DeviceShared>) -> GpuResult<()> {
+        if Arc::ptr_eq(d, &self.b.device) {
+            Ok(())
+        } else {
+            Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!(
+                    "{}: buffer lives on device {}, not this node's",
+                    self.what(),
+                    d.ordinal()
+                ),
+            ))
+        }
+    }
+}
+
+/// Adds GPU nodes to a graph of a [`GpuPool`](crate::GpuPool).
+pub trait GpuGraphExt {
+    /// Adds a node that runs `body` on a worker of `device` (placed on the device's first
+    /// group). The body's GPU work is ordered after its GPU predecessors' on the device, and
+    /// its successors and the graph's completion wait for that work to finish where they need
+    /// to (host successors, sinks), without a host synchronise between GPU nodes.
+    fn gpu_node<T, F>(&mut self, device: &GpuDevice, name: &str, body: F) -> NodeRef<T>
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static;
+
+    /// Like [`gpu_node`](Self::gpu_node), placed on a given device group (see
+    /// [`GpuDevice::groups`]).
+    fn gpu_node_in<T, F>(&mut self, group: GroupId, name: &str, body: F) -> NodeRef<T>
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static;
+}
+
+impl GpuGraphExt for GraphBuilder<GpuWorker> {
+    fn gpu_node<T, F>(&mut self, device: &GpuDevice, name: &str, body: F) -> NodeRef<T>
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        self.gpu_node_in(device.group(), name, body)
+    }
+
+    fn gpu_node_in<T, F>(&mut self, group: GroupId, name: &str, body: F) -> NodeRef<T>
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        let r = self.node(name.to_owned(), move |node: &NodeCtx<'_, GpuWorker>| {
+            run_gpu_node(node, &body)
+        });
+        self.place(r, group);
+        r
+    }
+}
+
+fn run_gpu_node<T, F>(node: &NodeCtx<'_, GpuWorker>, body: &F) -> Result<T, BoxError>
+where
+    F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError>,
+{
+    let w = node.worker();
+    let Some(b) = w.bound.as_ref() else {
+        return Err(Box::new(GpuError::new(
+            GpuErrorKind::InvalidArgument,
+            format!(
+                "GPU node '{}' ran on host worker {} (place GPU nodes on a device group)",
+                node.node_name(),
+                node.worker_info().name
+            ),
+        )));
+    };
+    if let Err(e) = b.device.check_usable() {
+        return Err(Box::new(
+            e.prefixed(&format!("node '{}'", node.node_name())),
+        ));
+    }
+    let ctx = GpuCtx { node, b };
+    // Order after GPU predecessors on other streams: one wait per other stream of this device
+    // suffices (an event recorded on it now follows everything its predecessors enqueued).
+    let mut waited: Vec<Stream> = Vec::new();
+    for (_, m) in node.predecessor_markers() {
+        let Some(m) = m.downcast_ref::<GpuMarker>() else {
+            continue;
+        };
+        if m.stream == b.stream {
+            continue;
+        }
+        if m.event.is_none() {
+            if waited.contains(&m.stream) {
+                continue;
+            }
+            waited.push(m.stream);
+        }
+        let r = match m.event {
+            Some(e) => driver::stream_wait_event(b.ctx, b.stream, e),
+            None => b.device.wait_for_stream(b.stream, m.stream),
+        };
+        r.map_err(|e| Box::new(ctx.fail("cuStreamWaitEvent", e)) as BoxError)?;
+    }
+    let out = body(&ctx)?;
+    let seq = b.seq.get() + 1;
+    b.seq.set(seq);
+    // Who depends on this node?
+    let mut gpu_succ = false;
+    // A successor placed on another group surely runs on another worker (another stream, or
+    // another device): record the event here, right after the work, on the stream this thread
+    // just used. A successor of the same group may well run here (no event at all); if it is
+    // stolen, it records one on this stream itself.
+    let mut eager = false;
+    let mut host_succ = false;
+    let my_group = node.worker_info().group;
+    for s in node.successors() {
+        let placed = node.placement_of(s);
+        match placed.and_then(|g| w.shared.device_of_group(g)) {
+            Some(d) => {
+                gpu_succ = true;
+                if d != b.device_index || placed != Some(my_group) {
+                    eager = true;
+                }
+            }
+            None => host_succ = true,
+        }
+    }
+    let sink = !gpu_succ && !host_succ;
+    if gpu_succ {
+        let event = if eager {
+            let e = b
+                .device
+                .take_event()
+                .map_err(|e| Box::new(ctx.fail("cuEventCreate", e)) as BoxError)?;
+            if let Err(err) = driver::event_record(b.ctx, e, b.stream) {
+                b.device.put_event(e);
+                return Err(Box::new(ctx.fail("cuEventRecord", err)));
+            }
+            Some(e)
+        } else {
+            None
+        };
+        node.set_marker(Box::new(GpuMarker {
+            device: b.device.clone(),
+            stream: b.stream,
+            event,
+        }));
+    }
+    if host_succ || sink {
+        node.complete_when(move |w: &GpuWorker| match &w.bound {
+            Some(b) => b.poll_done(seq),
+            None => std::task::Poll::Ready(Ok(())),
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,436 @@
+//! Building a pool of context-bound workers, one group (or several) per device.
+
+use std::fmt;
+use std::sync::Arc;
+
+use boundpool_scheduler::{
+    BoxError, Cores, Graph, GraphBuilder, GraphHandle, GroupId, GroupSpec, Pool, PoolBuilder,
+    ShutdownMode,
+};
+
+use crate::buffer::{DeviceBuffer, DeviceCopy};
+use crate::detect::{self, plan_cores, process_cores};
+use crate::device::{DeviceInfo, DeviceShared};
+use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::node::{GpuCtx, GpuGraphExt};
+use crate::worker::{GpuWorker, PoolShared};
+
+/// Which devices a pool uses.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum Devices {
+    /// Every device the driver reports.
+    #[default]
+    All,
+    /// These CUDA ordinals, in this order.
+    List(Vec<i32>),
+}
+
+/// Configures a [`GpuPool`].
+///
+/// ```no_run
+/// use boundpool_gpu::GpuPoolBuilder;
+/// let pool = GpuPoolBuilder::new().workers_per_device(4).build()?;
+/// # Ok::<(), boundpool_gpu::GpuError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct GpuPoolBuilder {
+    name: String,
+    devices: Devices,
+    workers_per_device: usize,
+    groups_per_device: usize,
+    device_cores: Vec<(i32, Vec<usize>)>,
+    pin: bool,
+    host_workers: usize,
+    host_cores: Option<Cores>,
+}
+
+impl Default for GpuPoolBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GpuPoolBuilder {
+    /// All devices, 4 workers per device, pinned to GPU-local cores where the system says which,
+    /// no host group.
+    pub fn new() -> Self {
+        Self {
+            name: "gpu".into(),
+            devices: Devices::All,
+            workers_per_device: 4,
+            groups_per_device: 1,
+            device_cores: Vec::new(),
+            pin: true,
+            host_workers: 0,
+            host_cores: None,
+        }
+    }
+
+    /// The pool's name (thread names, errors).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_owned();
+        self
+    }
+
+    /// Which devices to use.
+    pub fn devices(mut self, devices: Devices) -> Self {
+        self.devices = devices;
+        self
+    }
+
+    /// Bound workers per device (each with its own stream). At least one.
+    pub fn workers_per_device(mut self, n: usize) -> Self {
+        self.workers_per_device = n;
+        self
+    }
+
+    /// Splits each device's workers into `n` groups (`gpu<ordinal>` when 1, else
+    /// `gpu<ordinal>.<i>`), so that nodes can be placed on part of a device's workers (for
+    /// example to force consecutive nodes onto different streams). Default 1.
+    pub fn groups_per_device(mut self, n: usize) -> Self {
+        self.groups_per_device = n;
+        self
+    }
+
+    /// The cores of device `ordinal`'s workers (one per worker, in turn), instead of the default.
+    pub fn device_cores(mut self, ordinal: i32, cores: Vec<usize>) -> Self {
+        self.device_cores.retain(|(o, _)| *o != ordinal);
+        self.device_cores.push((ordinal, cores));
+        self
+    }
+
+    /// Do not pin workers to cores.
+    pub fn unpinned(mut self) -> Self {
+        self.pin = false;
+        self
+    }
+
+    /// Adds a group named `host` of `n` unbound workers for host nodes (0: none, the default;
+    /// host nodes then run on device workers).
+    pub fn host_workers(mut self, n: usize, cores: Cores) -> Self {
+        self.host_workers = n;
+        self.host_cores = Some(cores);
+        self
+    }
+
+    /// Detects the devices (an error, not a panic, when there is no driver or no such device),
+    /// then starts the workers: each pins itself, binds its device's primary context (retained
+    /// once per device), checks it with `cuCtxGetCurrent` and creates its stream.
+    pub fn build(self) -> GpuResult<GpuPool> {
+        let count = detect::detect()?;
+        if count == 0 {
+            return Err(GpuError::new(
+                GpuErrorKind::NoDevice,
+                "the CUDA driver reports no device",
+            ));
+        }
+        let ordinals: Vec<i32> = match &self.devices {
+            Devices::All => (0..count as i32).collect(),
+            Devices::List(v) => v.clone(),
+        };
+        if ordinals.is_empty() {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                "no device selected",
+            ));
+        }
+        if self.workers_per_device == 0 || self.groups_per_device == 0 {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                "workers_per_device and groups_per_device must be at least 1",
+            ));
+        }
+        if self.groups_per_device > self.workers_per_device {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                "groups_per_device cannot exceed workers_per_device",
+            ));
+        }
+        let mut seen = Vec::new();
+        for &o in &ordinals {
+            if o < 0 || o as usize >= count {
+                return Err(GpuError::new(
+                    GpuErrorKind::NoDevice,
+                    format!("device {o} does not exist (the driver reports {count} device(s))"),
+                ));
+            }
+            if seen.contains(&o) {
+                return Err(GpuError::new(
+                    GpuErrorKind::InvalidArgument,
+                    format!("device {o} listed twice"),
+                ));
+            }
+            seen.push(o);
+        }
+        let mut devices = Vec::new();
+        let mut infos = Vec::new();
+        for &o in &ordinals {
+            let (dev, info) = detect::open_device(o)?;
+            infos.push(info.clone());
+            devices.push(Arc::new(DeviceShared::new(info, dev)));
+        }
+        let process = process_cores();
+        let plans = plan_cores(&infos, self.workers_per_device, &process);
+        let mut specs = Vec::new();
+        let mut group_device = Vec::new();
+        let mut device_groups: Vec<Vec<GroupId>> = vec![Vec::new(); devices.len()];
+        for (i, d) in devices.iter().enumerate() {
+            let cores = self
+                .device_cores
+                .iter()
+                .find(|(o, _)| *o == d.ordinal())
+                .map(|(_, c)| c.clone())
+                .unwrap_or_else(|| plans[i].clone());
+            let g = self.groups_per_device;
+            for k in 0..g {
+                // Split the device's workers as evenly as possible.
+                let lo = k * self.workers_per_device / g;
+                let hi = (k + 1) * self.workers_per_device / g;
+                let name = if g == 1 {
+                    format!("gpu{}", d.ordinal())
+                } else {
+                    format!("gpu{}.{k}", d.ordinal())
+                };
+                let cores = if !self.pin {
+                    Cores::Unpinned
+                } else if cores.is_empty() {
+                    Cores::All
+                } else {
+                    Cores::List((lo..hi).map(|w| cores[w % cores.len()]).collect())
+                };
+                device_groups[i].push(GroupId::from_index(specs.len()));
+                group_device.push(Some(i));
+                specs.push(GroupSpec {
+                    name,
+                    workers: hi - lo,
+                    cores,
+                });
+            }
+        }
+        let host_group = if self.host_workers > 0 {
+            let id = GroupId::from_index(specs.len());
+            group_device.push(None);
+            specs.push(GroupSpec {
+                name: "host".into(),
+                workers: self.host_workers,
+                cores: if self.pin {
+                    self.host_cores.clone().unwrap_or_default()
+                } else {
+                    Cores::Unpinned
+                },
+            });
+            Some(id)
+        } else {
+            None
+        };
+        let shared = Arc::new(PoolShared {
+            group_device,
+            devices: devices.clone(),
+        });
+        let sh_start = shared.clone();
+        let pool_name = self.name.clone();
+        let pool = PoolBuilder::new()
+            .name(&self.name)
+            .groups(specs)
+            .thread_name(move |info| {
+                format!("{pool_name}-{}-{}", info.group_name, info.index_in_group)
+            })
+            .start_hook(move |info| -> Result<GpuWorker, BoxError> {
+                match sh_start.device_of_group(info.group) {
+                    Some(d) => GpuWorker::start_device(sh_start.clone(), d)
+                        .map_err(|e| Box::new(e) as BoxError),
+                    None => Ok(GpuWorker::host(sh_start.clone())),
+                }
+            })
+            .stop_hook(|_, w: GpuWorker| w.stop())
+            .idle_hook(|_, w: &GpuWorker| w.idle())
+            .build()
+            .map_err(|e| {
+                GpuError::new(
+                    GpuErrorKind::Scheduler,
+                    format!("starting the GPU pool: {e}"),
+                )
+                .with_source(e)
+            })?;
+        for (i, d) in devices.iter().enumerate() {
+            let waker = pool.group_waker(device_groups[i][0]);
+            d.set_waker(Box::new(move || waker.wake()));
+        }
+        let gdevices = devices
+            .into_iter()
+            .zip(device_groups)
+            .map(|(shared, groups)| GpuDevice { shared, groups })
+            .collect();
+        Ok(GpuPool {
+            pool,
+            devices: gdevices,
+            host_group,
+        })
+    }
+}
+
+/// One device of a [`GpuPool`]: where to place its nodes, and its state.
+#[derive(Clone)]
+pub struct GpuDevice {
+    pub(crate) shared: Arc<DeviceShared>,
+    groups: Vec<GroupId>,
+}
+
+impl fmt::Debug for GpuDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuDevice")
+            .field("ordinal", &self.shared.ordinal())
+            .field("groups", &self.groups)
+            .field("failed", &self.shared.failed())
+            .finish()
+    }
+}
+
+impl GpuDevice {
+    /// The CUDA ordinal.
+    pub fn ordinal(&self) -> i32 {
+        self.shared.ordinal()
+    }
+    /// Name, bus id, memory, local cores.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.shared.info
+    }
+    /// The device's (first) worker group: place GPU nodes here.
+    pub fn group(&self) -> GroupId {
+        self.groups[0]
+    }
+    /// All of the device's groups (more than one with
+    /// [`GpuPoolBuilder::groups_per_device`]).
+    pub fn groups(&self) -> &[GroupId] {
+        &self.groups
+    }
+    /// Why the device was marked failed (a sticky error), if it was.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failed().map(str::to_owned)
+    }
+    /// Device buffers currently allocated through this pool and not yet freed.
+    pub fn live_allocations(&self) -> usize {
+        self.shared.live_allocations()
+    }
+    /// Events created so far for the device's event table (the table recycles them).
+    pub fn events_created(&self) -> usize {
+        self.shared.events_created()
+    }
+}
+
+/// A pool of pinned workers bound to their devices' contexts (plus optional host workers),
+/// running graphs whose GPU nodes are made with [`GpuGraphExt`].
+pub struct GpuPool {
+    pool: Pool<GpuWorker>,
+    devices: Vec<GpuDevice>,
+    host_group: Option<GroupId>,
+}
+
+impl fmt::Debug for GpuPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuPool")
+            .field("devices", &self.devices)
+            .field("workers", &self.pool.workers().len())
+            .finish()
+    }
+}
+
+/// The state type of a GPU pool's graphs.
+pub type GpuGraph = Graph<GpuWorker>;
+/// The builder of a GPU pool's graphs.
+pub type GpuGraphBuilder = GraphBuilder<GpuWorker>;
+
+impl GpuPool {
+    /// The pool's devices, in the order asked for.
+    pub fn devices(&self) -> &[GpuDevice] {
+        &self.devices
+    }
+
+    /// The device with CUDA ordinal `ordinal`, if the pool uses it.
+    pub fn device(&self, ordinal: i32) -> Option<&GpuDevice> {
+        self.devices.iter().find(|d| d.ordinal() == ordinal)
+    }
+
+    /// The host group, if the pool has one.
+    pub fn host_group(&self) -> Option<GroupId> {
+        self.host_group
+    }
+
+    /// The scheduler pool underneath (stats, workers, shutdown).
+    pub fn pool(&self) -> &Pool<GpuWorker> {
+        &self.pool
+    }
+
+    /// Submits a graph. Fails at once, saying why, if a device the pool uses has failed and the
+    /// graph places nodes on it.
+    pub fn submit(&self, graph: &GpuGraph) -> GpuResult<GraphHandle> {
+        for d in &self.devices {
+            if let Some(why) = d.shared.failed() {
+                let uses = graph.nodes().any(|n| {
+                    graph
+                        .placement(n)
+                        .flatten()
+                        .is_some_and(|g| d.groups.contains(&g))
+                });
+                if uses {
+                    return Err(GpuError::new(
+                        GpuErrorKind::DeviceFailed,
+                        format!(
+                            "graph '{}' places nodes on device {}, which failed earlier: {why}",
+                            graph.name(),
+                            d.ordinal()
+                        ),
+                    ));
+                }
+            }
+        }
+        self.pool
+            .submit(graph)
+            .map_err(|e| GpuError::new(GpuErrorKind::Scheduler, e.to_string()).with_source(e))
+    }
+
+    /// Runs `f` as a one-node graph on a worker of `device` and returns its result: "call and
+    /// get a result" without a channel of its own.
+    pub fn call<T, F>(&self, device: &GpuDevice, f: F) -> GpuResult<T>
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        let mut g = GraphBuilder::new("call");
+        let n = g.gpu_node(device, "call", f);
+        let graph = g
+            .build()
+            .map_err(|e| GpuError::new(GpuErrorKind::Scheduler, e.to_string()).with_source(e))?;
+        let mut out = self.submit(&graph)?.wait().map_err(scheduler_error)?;
+        out.take(n)
+            .ok_or_else(|| GpuError::new(GpuErrorKind::Scheduler, "call produced no output"))
+    }
+
+    /// Copies a device buffer to the host, on a worker of its device.
+    pub fn download<T: DeviceCopy>(&self, buf: &DeviceBuffer<T>) -> GpuResult<Vec<T>> {
+        let dev = self
+            .devices
+            .iter()
+            .find(|d| Arc::ptr_eq(&d.shared, &buf.device))
+            .ok_or_else(|| {
+                GpuError::new(
+                    GpuErrorKind::InvalidArgument,
+                    "buffer belongs to another pool",
+                )
+            })?
+            .clone();
+        let (ptr, len) = (buf.ptr, buf.len);
+        // The caller's borrow of `buf` keeps the allocation alive until `call` returns.
+        self.call(&dev, move |ctx| Ok(ctx.download_raw::<T>(ptr, len)?))
+    }
+
+    /// Stops the pool: `Finish` lets submitted graphs end, `Cancel` fails them. Workers then run
+    /// their stop hooks: they free what their devices still hold and release the contexts.
+    pub fn shutdown(&self, mode: ShutdownMode) {
+        self.pool.shutdown(mode)
+    }
+}
+
+fn scheduler_error(e: boundpool_scheduler::Error) -> GpuError {
+    GpuError::new(GpuErrorKind::Scheduler, e.to_string()).with_source(e)
+}

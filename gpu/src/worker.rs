@@ -1,0 +1,207 @@
+//! The state each pool worker holds for life: its device's bound context, its stream, its
+//! function cache and its completion tracker.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use boundpool_scheduler::{BoxError, GroupId};
+
+use crate::device::DeviceShared;
+use crate::driver::{self, Ctx, Event, Func, Stream};
+use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::module::Kernel;
+
+/// Pool-wide facts every worker needs: which group belongs to which device.
+#[derive(Debug)]
+pub(crate) struct PoolShared {
+    /// Group index -> index into `devices` (None: a host group).
+    pub(crate) group_device: Vec<Option<usize>>,
+    pub(crate) devices: Vec<Arc<DeviceShared>>,
+}
+
+impl PoolShared {
+    pub(crate) fn device_of_group(&self, g: GroupId) -> Option<usize> {
+        self.group_device.get(g.index()).copied().flatten()
+    }
+}
+
+/// A bound device worker's own resources.
+pub(crate) struct Bound {
+    pub(crate) device: Arc<DeviceShared>,
+    pub(crate) device_index: usize,
+    pub(crate) ctx: Ctx,
+    pub(crate) stream: Stream,
+    funcs: RefCell<HashMap<u64, Func>>,
+    /// GPU nodes enqueued on `stream` so far.
+    pub(crate) seq: Cell<u64>,
+    completion: RefCell<Completion>,
+}
+
+#[derive(Default)]
+struct Completion {
+    /// Highest sequence number known complete on the device.
+    done: u64,
+    /// Events recorded on the stream, with the sequence number each covers, oldest first.
+    recorded: VecDeque<(u64, Event)>,
+    /// When the oldest event was last found not ready.
+    last_not_ready: Option<Instant>,
+}
+
+/// The state of one pool worker (the scheduler's `S`): for a device worker, its device's
+/// primary context bound to the thread for life and its own stream; for a host worker, nothing.
+/// Nodes reach it through [`GpuCtx`](crate::GpuCtx); it is not used directly.
+pub struct GpuWorker {
+    pub(crate) bound: Option<Bound>,
+    pub(crate) shared: Arc<PoolShared>,
+}
+
+impl fmt::Debug for GpuWorker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuWorker")
+            .field("device", &self.bound.as_ref().map(|b| b.device.ordinal()))
+            .finish()
+    }
+}
+
+/// Poll no faster than this when the oldest event is not ready (a query costs ~1 µs).
+const REQUERY_AFTER: Duration = Duration::from_micros(2);
+
+impl GpuWorker {
+    pub(crate) fn host(shared: Arc<PoolShared>) -> Self {
+        Self {
+            bound: None,
+            shared,
+        }
+    }
+
+    /// Start hook of a device worker: bind the primary context, check it, create the stream.
+    pub(crate) fn start_device(shared: Arc<PoolShared>, device_index: usize) -> GpuResult<Self> {
+        let device = shared.devices[device_index].clone();
+        let ctx = device.bind_worker()?;
+        let stream = match driver::stream_create(ctx) {
+            Ok(s) => s,
+            Err(e) => {
+                // Undo the bind so the context's reference count stays right.
+                let err =
+                    GpuError::driver("cuStreamCreate", &format!("device {}", device.ordinal()), e);
+                device.worker_stopped_without_stream();
+                return Err(err);
+            }
+        };
+        device.register_stream(stream);
+        Ok(Self {
+            bound: Some(Bound {
+                device,
+                device_index,
+                ctx,
+                stream,
+                funcs: RefCell::new(HashMap::new()),
+                seq: Cell::new(0),
+                completion: RefCell::new(Completion::default()),
+            }),
+            shared,
+        })
+    }
+
+    /// Stop hook: finish the stream's work, give back every event, free what is queued, and
+    /// (last worker of the device) release the device.
+    pub(crate) fn stop(self) {
+        if let Some(b) = self.bound {
+            let comp = b.completion.into_inner();
+            for (_, e) in comp.recorded {
+                b.device.put_event(e);
+            }
+            b.device.worker_stopped(b.stream);
+        }
+    }
+
+    /// Idle hook: free handles dropped elsewhere.
+    pub(crate) fn idle(&self) {
+        if let Some(b) = &self.bound {
+            if b.device.has_pending_releases() {
+                b.device.drain_releases(b.stream);
+            }
+        }
+    }
+}
+
+impl Bound {
+    pub(crate) fn function(&self, k: &Kernel) -> GpuResult<Func> {
+        if let Some(f) = self.funcs.borrow().get(&k.inner.id) {
+            return Ok(*f);
+        }
+        let f = self.device.function(k)?;
+        self.funcs.borrow_mut().insert(k.inner.id, f);
+        Ok(f)
+    }
+
+    /// Polls whether the work up to sequence number `seq` on this worker's stream has completed.
+    /// Records one event covering everything enqueued so far when no recorded event covers
+    /// `seq` yet, so a burst of nodes shares one event, and queries the oldest event at most
+    /// once every few microseconds.
+    pub(crate) fn poll_done(&self, seq: u64) -> Poll<Result<(), BoxError>> {
+        let mut c = self.completion.borrow_mut();
+        if c.done >= seq {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(why) = self.device.failed() {
+            return Poll::Ready(Err(Box::new(GpuError::new(
+                GpuErrorKind::DeviceFailed,
+                format!("device {} failed: {why}", self.device.ordinal()),
+            ))));
+        }
+        let throttled = c
+            .last_not_ready
+            .is_some_and(|t| t.elapsed() < REQUERY_AFTER);
+        if !throttled {
+            while let Some(&(s, e)) = c.recorded.front() {
+                match driver::event_query(self.ctx, e) {
+                    Ok(true) => {
+                        c.done = c.done.max(s);
+                        c.recorded.pop_front();
+                        self.device.put_event(e);
+                        c.last_not_ready = None;
+                    }
+                    Ok(false) => {
+                        c.last_not_ready = Some(Instant::now());
+                        break;
+                    }
+                    Err(err) => {
+                        let e =
+                            self.device
+                                .driver_error("cuEventQuery", "waiting for GPU work", err);
+                        return Poll::Ready(Err(Box::new(e)));
+                    }
+                }
+            }
+        }
+        if c.done >= seq {
+            return Poll::Ready(Ok(()));
+        }
+        let covered = c.recorded.back().is_some_and(|&(s, _)| s >= seq);
+        if !covered {
+            let tail = self.seq.get();
+            let rec = self.device.take_event().and_then(|e| {
+                driver::event_record(self.ctx, e, self.stream)
+                    .map(|_| e)
+                    .inspect_err(|_| {
+                        self.device.put_event(e);
+                    })
+            });
+            match rec {
+                Ok(e) => c.recorded.push_back((tail, e)),
+                Err(err) => {
+                    let e = self
+                        .device
+                        .driver_error("cuEventRecord", "waiting for GPU work", err);
+                    return Poll::Ready(Err(Box::new(e)));
+                }
+            }
+        }
+        Poll::Pending
+    }
+}

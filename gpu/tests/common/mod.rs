@@ -1,0 +1,84 @@
+//! Shared helpers of the GPU tests.
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+/// Whether a GPU is usable. Without one: prints why and returns false, or panics when
+/// `BOUNDPOOL_REQUIRE_GPU=1`.
+pub fn gpu_or_skip(test: &str) -> bool {
+    match boundpool_gpu::gpu_unavailable_reason() {
+        None => {
+            boundpool_gpu::context_check::set_enabled(true);
+            true
+        }
+        Some(why) => {
+            if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("{test}: BOUNDPOOL_REQUIRE_GPU=1 but no GPU: {why}");
+            }
+            eprintln!("SKIPPED {test}: no GPU: {why}");
+            false
+        }
+    }
+}
+
+/// Aborts the process if the returned guard is not dropped within `secs` (a hang is a failure).
+pub fn watchdog(test: &'static str, secs: u64) -> Watchdog {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            rx.recv_timeout(Duration::from_secs(secs))
+        {
+            eprintln!("{test}: HUNG for {secs} s, aborting");
+            std::process::abort();
+        }
+    });
+    Watchdog(Some(tx))
+}
+
+pub struct Watchdog(Option<std::sync::mpsc::Sender<()>>);
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Asserts that no framework driver call so far was made with the wrong or no context.
+pub fn assert_no_wrong_context(test: &str) {
+    let wrong = boundpool_gpu::context_check::wrong_context_calls();
+    let checked = boundpool_gpu::context_check::checked_calls();
+    eprintln!("{test}: context check: {checked} driver calls checked, {wrong} wrong");
+    assert!(checked > 0, "{test}: context checking did not run");
+    assert_eq!(
+        wrong,
+        0,
+        "{test}: driver calls with the wrong context: {:?}",
+        boundpool_gpu::context_check::wrong_context_samples()
+    );
+}
+
+/// Full error chain as one string.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(" <- ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// OS threads of this process.
+pub fn os_threads() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Threads:")
+                    .map(|v| v.trim().parse().unwrap_or(0))
+            })
+        })
+        .unwrap_or(0)
+}

@@ -1,0 +1,511 @@
+//! The `boundpool` binary, run as a user runs it: every shape, the JSON summary, graph files good
+//! and bad, the bench, the trace and its picture, the DOT graph, the metric table and the
+//! exposition text. Sizes are small: CI has 2 cores.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_boundpool"))
+}
+
+fn run(args: &[&str]) -> Output {
+    bin()
+        .args(args)
+        .output()
+        .expect("the boundpool binary starts")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A fresh scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("boundpool-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn json_summary(args: &[&str]) -> Value {
+    let o = run(args);
+    assert!(o.status.success(), "{args:?} failed: {}", stderr(&o));
+    let text = stdout(&o);
+    assert_eq!(
+        text.trim().lines().count(),
+        1,
+        "--json prints one line: {text}"
+    );
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+#[test]
+fn every_shape_runs_verified_with_a_fixed_thread_count() {
+    // (shape, --size, nodes after rounding)
+    let cases = [
+        ("chain", 300, 300),
+        ("tree", 300, 255),
+        ("wide", 300, 300),
+        ("wavefront", 300, 289),
+        ("random", 300, 300),
+    ];
+    for (shape, size, nodes) in cases {
+        let v = json_summary(&[
+            "run",
+            "--shape",
+            shape,
+            "--size",
+            &size.to_string(),
+            "--threads",
+            "2",
+            "--repeat",
+            "3",
+            "--json",
+        ]);
+        assert_eq!(v["nodes"], nodes, "{shape}: {v}");
+        assert_eq!(v["verified"], true, "{shape}: {v}");
+        assert_eq!(
+            v["nodes_run"],
+            3 * nodes,
+            "{shape}: every node of the 3 runs ran: {v}"
+        );
+        assert!(v["ns_per_node"].as_f64().unwrap() > 0.0, "{shape}: {v}");
+        assert_eq!(
+            v["runs_ns_per_node"].as_array().unwrap().len(),
+            3,
+            "{shape}: {v}"
+        );
+        assert!(v["steals"].is_u64(), "{shape}: {v}");
+        if cfg!(target_os = "linux") {
+            // main thread + 2 workers, and nothing else, whatever the shape.
+            assert_eq!(v["peak_os_threads"], 3, "{shape}: {v}");
+        }
+    }
+}
+
+#[test]
+fn human_summary_names_every_figure_and_prints_nothing_else() {
+    let o = run(&["run", "--shape", "chain", "--size", "100", "--threads", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for key in [
+        "graph            chain",
+        "nodes            100",
+        "ns per node",
+        "peak OS threads",
+        "steals",
+        "verified         yes",
+    ] {
+        assert!(out.contains(key), "missing {key:?} in:\n{out}");
+    }
+    // Not a terminal: no progress bar, no notes.
+    assert_eq!(stderr(&o), "", "stderr should be empty when not a terminal");
+}
+
+#[test]
+fn a_good_graph_file_runs_and_verifies() {
+    let d = scratch("good");
+    let f = d.join("pipeline.json");
+    std::fs::write(
+        &f,
+        r#"{"nodes": [{"name": "load", "work_ns": 2000}, {"name": "left"}, {"name": "right", "work_ns": 1000}, {"name": "join"}],
+            "edges": [["load", "left"], ["load", "right"], ["left", "join"], ["right", "join"]]}"#,
+    )
+    .unwrap();
+    let v = json_summary(&[
+        "run",
+        "--graph",
+        f.to_str().unwrap(),
+        "--threads",
+        "2",
+        "--repeat",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(v["nodes"], 4);
+    assert_eq!(v["edges"], 4);
+    assert_eq!(v["graph"], "pipeline");
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["nodes_run"], 8);
+}
+
+/// Runs a bad file and returns stderr; checks the exit status and that nothing ran (no summary,
+/// and the trace and DOT files a run would write were never created).
+fn bad_file(name: &str, text: &str) -> String {
+    let d = scratch(name);
+    let f = d.join(format!("{name}.json"));
+    std::fs::write(&f, text).unwrap();
+    let (trace, dot) = (d.join("trace.json"), d.join("graph.dot"));
+    let o = run(&[
+        "run",
+        "--graph",
+        f.to_str().unwrap(),
+        "--threads",
+        "2",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--dot",
+        dot.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+    assert_eq!(stdout(&o), "", "{name}: no summary");
+    assert!(
+        !trace.exists() && !dot.exists(),
+        "{name}: nothing ran, nothing written"
+    );
+    let e = stderr(&o);
+    assert!(
+        e.contains(&format!("{name}.json")),
+        "{name}: the message names the file: {e}"
+    );
+    e
+}
+
+#[test]
+fn a_cycle_is_rejected_naming_its_nodes() {
+    let e = bad_file(
+        "cycle",
+        r#"{"nodes": [{"name": "src"}, {"name": "a"}, {"name": "b"}, {"name": "c"}], "edges": [["src", "a"], ["a", "b"], ["b", "c"], ["c", "a"]]}"#,
+    );
+    assert!(e.contains("cycle"), "{e}");
+    for n in ["'a'", "'b'", "'c'"] {
+        assert!(e.contains(n), "the cycle's node {n} is named: {e}");
+    }
+    assert!(!e.contains("'src'"), "src is not on the cycle: {e}");
+}
+
+#[test]
+fn a_self_edge_is_a_cycle() {
+    let e = bad_file(
+        "selfedge",
+        r#"{"nodes": [{"name": "a"}, {"name": "me"}], "edges": [["a", "me"], ["me", "me"]]}"#,
+    );
+    assert!(e.contains("cycle") && e.contains("'me'"), "{e}");
+}
+
+#[test]
+fn an_edge_to_an_unknown_node_is_rejected_naming_it() {
+    let e = bad_file(
+        "unknown",
+        r#"{"nodes": [{"name": "a"}, {"name": "b"}], "edges": [["a", "b"], ["b", "ghost"]]}"#,
+    );
+    assert!(e.contains("unknown node \"ghost\""), "{e}");
+}
+
+#[test]
+fn a_duplicate_name_is_rejected_naming_it() {
+    let e = bad_file(
+        "duplicate",
+        r#"{"nodes": [{"name": "a"}, {"name": "twice"}, {"name": "twice"}], "edges": []}"#,
+    );
+    assert!(e.contains("duplicate node name \"twice\""), "{e}");
+}
+
+#[test]
+fn malformed_json_is_rejected() {
+    let e = bad_file("malformed", r#"{"nodes": [{"name": "a"}, "#);
+    assert!(e.contains("malformed JSON") && e.contains("line"), "{e}");
+}
+
+#[test]
+fn unknown_fields_are_rejected() {
+    let e = bad_file("typo", r#"{"nodes": [{"name": "a", "work_nsec": 5}]}"#);
+    assert!(e.contains("unknown field `work_nsec`"), "{e}");
+}
+
+#[test]
+fn bench_json_has_every_shape_and_implementation() {
+    let o = run(&[
+        "bench",
+        "--json",
+        "--scale",
+        "0.01",
+        "--runs",
+        "1",
+        "--threads",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<Value> = serde_json::from_str(&stdout(&o)).expect("a JSON array");
+    let mut seen: HashMap<(String, String), f64> = HashMap::new();
+    for r in &rows {
+        let ns = r["ns_per_node"].as_f64().expect("ns_per_node is a number");
+        assert!(ns > 0.0, "{r}");
+        seen.insert(
+            (
+                r["shape"].as_str().unwrap().into(),
+                r["impl"].as_str().unwrap().into(),
+            ),
+            ns,
+        );
+    }
+    for shape in ["chain", "tree", "wide", "wavefront"] {
+        for imp in ["boundpool", "rayon-spawn", "rayon-inline"] {
+            assert!(
+                seen.contains_key(&(shape.into(), imp.into())),
+                "missing {shape}/{imp} in {rows:?}"
+            );
+        }
+    }
+    assert!(
+        seen.contains_key(&("wide".into(), "thread-per-node".into())),
+        "{rows:?}"
+    );
+}
+
+#[test]
+fn bench_table_has_ratios() {
+    let o = run(&[
+        "bench",
+        "--scale",
+        "0.005",
+        "--runs",
+        "1",
+        "--threads",
+        "2",
+        "--thread-per-node",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("vs best rayon"), "{out}");
+    // Each shape's better rayon variant has ratio 1.00.
+    for shape in ["chain", "tree", "wide", "wavefront"] {
+        let ones = out
+            .lines()
+            .filter(|l| {
+                l.starts_with(shape) && l.contains("rayon") && l.trim_end().ends_with("1.00")
+            })
+            .count();
+        assert!(ones >= 1, "{shape} has no rayon row at 1.00:\n{out}");
+    }
+}
+
+/// `n{i} -> n{j};` lines of a DOT file, as index pairs.
+fn dot_edges(dot: &str) -> Vec<(u64, u64)> {
+    dot.lines()
+        .filter_map(|l| {
+            let (a, b) = l.trim().trim_end_matches(';').split_once(" -> ")?;
+            Some((
+                a.strip_prefix('n')?.parse().ok()?,
+                b.strip_prefix('n')?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn trace_has_every_node_once_per_run_no_overlaps_and_respects_edges() {
+    let d = scratch("trace");
+    let (trace, dot, svg) = (
+        d.join("trace.json"),
+        d.join("graph.dot"),
+        d.join("timeline.svg"),
+    );
+    let o = run(&[
+        "run",
+        "--shape",
+        "wavefront",
+        "--size",
+        "144",
+        "--threads",
+        "2",
+        "--work-ns",
+        "2000",
+        "--repeat",
+        "2",
+        "--quiet",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--dot",
+        dot.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let dot = std::fs::read_to_string(&dot).unwrap();
+    assert!(dot.starts_with("digraph \"wavefront\""), "{dot}");
+    assert_eq!(dot.matches("[label=").count(), 144, "a line per node");
+    let edges = dot_edges(&dot);
+    assert_eq!(edges.len(), 2 * 12 * 11, "a 12x12 grid has 264 edges");
+
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().expect("traceEvents");
+    // One named track per worker.
+    let mut tracks: HashMap<u64, String> = HashMap::new();
+    for e in events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+    {
+        tracks.insert(
+            e["tid"].as_u64().unwrap(),
+            e["args"]["name"].as_str().unwrap().to_string(),
+        );
+    }
+    assert_eq!(tracks.len(), 2, "{tracks:?}");
+    for (i, name) in [(1, "worker 0 ("), (2, "worker 1 (")] {
+        assert!(
+            tracks[&i].starts_with(name) && tracks[&i].ends_with(", host)"),
+            "{tracks:?}"
+        );
+    }
+    let xs: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    // Slices on one track never overlap (nodes and parks alike).
+    let mut by_track: HashMap<u64, Vec<(f64, f64)>> = HashMap::new();
+    for e in &xs {
+        let ts = e["ts"].as_f64().unwrap();
+        by_track
+            .entry(e["tid"].as_u64().unwrap())
+            .or_default()
+            .push((ts, ts + e["dur"].as_f64().unwrap()));
+    }
+    for (tid, mut spans) in by_track {
+        assert!(
+            tracks.contains_key(&tid),
+            "a slice on an unnamed track {tid}"
+        );
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for w in spans.windows(2) {
+            assert!(
+                w[0].1 <= w[1].0 + 1e-6,
+                "overlap on track {tid}: {:?} and {:?}",
+                w[0],
+                w[1]
+            );
+        }
+    }
+    // Every node exactly once per run, each after its predecessors ended.
+    for run in [1, 2] {
+        let mut at: HashMap<u64, (f64, f64)> = HashMap::new();
+        for e in xs
+            .iter()
+            .filter(|e| e["cat"] == "wavefront" && e["args"]["run"] == run)
+        {
+            assert_eq!(e["args"]["graph"], "wavefront");
+            assert!(e["args"]["stolen"].is_boolean());
+            let node = e["args"]["node"].as_u64().unwrap();
+            assert_eq!(e["name"], format!("n{node}"));
+            let ts = e["ts"].as_f64().unwrap();
+            assert!(
+                at.insert(node, (ts, ts + e["dur"].as_f64().unwrap()))
+                    .is_none(),
+                "run {run}: node {node} appears twice"
+            );
+        }
+        assert_eq!(at.len(), 144, "run {run}: every node appears");
+        for &(p, s) in &edges {
+            assert!(
+                at[&p].1 <= at[&s].0 + 1e-6,
+                "run {run}: n{s} started at {} before n{p} ended at {}",
+                at[&s].0,
+                at[&p].1
+            );
+        }
+    }
+
+    // The picture and the summary.
+    let o = run(&[
+        "trace",
+        trace.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+        "--width",
+        "900",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+    assert!(
+        s.contains(&tracks[&1]) && s.contains(&tracks[&2]),
+        "rows are labelled"
+    );
+    assert!(
+        s.contains("run 1") && s.contains("run 2"),
+        "coloured by run, with a legend"
+    );
+    assert!(
+        s.contains(" µs</text>") || s.contains(" ms</text>"),
+        "the axis has labelled ticks"
+    );
+    let o = run(&["trace", trace.to_str().unwrap()]);
+    assert!(o.status.success());
+    assert!(stdout(&o).contains("worker 0 ("), "{}", stdout(&o));
+}
+
+#[test]
+fn metrics_table_lists_every_metric_and_the_readme_is_current() {
+    let o = run(&["metrics"]);
+    assert!(o.status.success());
+    let table = stdout(&o);
+    for &(name, kind, unit, ..) in boundpool::METRICS {
+        let line = table
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{name}` |")))
+            .unwrap_or_else(|| panic!("{name} missing"));
+        assert!(line.contains(&format!("| {kind} | {unit} |")), "{line}");
+    }
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    assert!(
+        readme.contains(&table),
+        "README.md's metric table differs from `boundpool metrics`; paste its output"
+    );
+}
+
+#[test]
+fn metrics_out_writes_the_exposition_text() {
+    let d = scratch("metrics-out");
+    let f = d.join("metrics.prom");
+    let o = run(&[
+        "run",
+        "--shape",
+        "wide",
+        "--size",
+        "500",
+        "--threads",
+        "2",
+        "--repeat",
+        "2",
+        "--quiet",
+        "--metrics-out",
+        f.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&f).unwrap();
+    for t in [
+        "# TYPE boundpool_nodes_run counter",
+        "# TYPE boundpool_workers gauge",
+        "# TYPE boundpool_graph_latency_seconds histogram",
+    ] {
+        assert!(text.contains(t), "missing {t:?} in:\n{text}");
+    }
+    let nodes_run: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("boundpool_nodes_run{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(nodes_run, 1000.0, "2 runs of 500 nodes:\n{text}");
+    assert!(
+        text.contains("boundpool_graphs_submitted{pool=\"boundpool\"} 2"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_arguments_fail_cleanly() {
+    let o = run(&["run", "--shape", "pentagon"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("pentagon"));
+    let o = run(&["run", "--shape", "chain", "--size", "10", "--threads", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("0 workers"), "{}", stderr(&o));
+    let o = run(&["run", "--shape", "chain", "--size", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no nodes"), "{}", stderr(&o));
+}

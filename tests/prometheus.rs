@@ -1,0 +1,178 @@
+//! The Prometheus endpoint, scraped over loopback with a real HTTP request (a plain `TcpStream`
+//! GET): from the library's one-line set-up, and from `boundpool run --prometheus`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use boundpool::workloads::{Dag, Shape};
+use boundpool::PoolBuilder;
+
+/// A loopback port that was free a moment ago.
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// `GET /metrics` over HTTP/1.0; returns the body of a 200 answer.
+fn scrape(addr: SocketAddr) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("no header end in {raw:?}")))?;
+    let status = head.lines().next().unwrap_or("");
+    if !status.contains(" 200") {
+        return Err(std::io::Error::other(format!("status {status:?}")));
+    }
+    Ok(body.to_string())
+}
+
+/// The sum of a metric's samples (over its label sets), if it appears.
+fn total(text: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// Scrapes until `name`'s total reaches `want` (workers flush their counters when they go idle,
+/// just after a graph's handle returns), for at most 10 s.
+fn scrape_until(addr: SocketAddr, name: &str, want: f64) -> String {
+    let t0 = Instant::now();
+    loop {
+        let text = scrape(addr).expect("the endpoint answers");
+        if total(&text, name).is_some_and(|v| v >= want) || t0.elapsed() > Duration::from_secs(10) {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn library_endpoint_serves_every_kind_and_counters_grow() {
+    let addr = free_port();
+    let handle = boundpool::observe::install_prometheus(addr).expect("the endpoint starts");
+    let pool = PoolBuilder::new()
+        .name("scraped")
+        .workers(2)
+        .build()
+        .unwrap();
+    let graph = Dag::shape(Shape::Wavefront, 400).to_graph("grid", |_| {});
+    for _ in 0..3 {
+        pool.run(&graph).unwrap();
+    }
+    let first = scrape_until(addr, "boundpool_nodes_run", 1200.0);
+    for (name, kind) in [
+        ("boundpool_nodes_run", "counter"),
+        ("boundpool_steals", "counter"),
+        ("boundpool_parks", "counter"),
+        ("boundpool_graphs_submitted", "counter"),
+        ("boundpool_graphs_completed", "counter"),
+        ("boundpool_workers", "gauge"),
+        ("boundpool_queue_depth", "gauge"),
+        ("boundpool_graph_latency_seconds", "histogram"),
+    ] {
+        assert!(
+            first.contains(&format!("# TYPE {name} {kind}\n")),
+            "no `# TYPE {name} {kind}` in:\n{first}"
+        );
+        assert!(
+            boundpool::METRICS
+                .iter()
+                .any(|m| m.0 == name && m.1 == kind),
+            "{name} is in METRICS as a {kind}"
+        );
+    }
+    assert!(
+        first.contains("boundpool_workers{pool=\"scraped\"} 2"),
+        "{first}"
+    );
+    assert!(
+        first.contains("worker=\"0\"") && first.contains("worker=\"1\""),
+        "per-worker labels:\n{first}"
+    );
+    assert!(
+        first.contains("boundpool_graph_latency_seconds_bucket{pool=\"scraped\",le=\"0.001\"}"),
+        "{first}"
+    );
+    let nodes1 = total(&first, "boundpool_nodes_run").unwrap();
+    let graphs1 = total(&first, "boundpool_graphs_completed").unwrap();
+    assert_eq!(nodes1, 1200.0, "3 runs of a 20x20 grid");
+    assert_eq!(graphs1, 3.0);
+
+    for _ in 0..2 {
+        pool.run(&graph).unwrap();
+    }
+    let second = scrape_until(addr, "boundpool_nodes_run", 2000.0);
+    let nodes2 = total(&second, "boundpool_nodes_run").unwrap();
+    assert_eq!(
+        nodes2, 2000.0,
+        "the counter grew by the 800 nodes run in between"
+    );
+    assert_eq!(total(&second, "boundpool_graphs_completed"), Some(5.0));
+    assert_eq!(
+        total(&second, "boundpool_graph_latency_seconds_count"),
+        Some(5.0)
+    );
+    // The in-process handle renders the same figures.
+    assert_eq!(total(&handle.render(), "boundpool_nodes_run"), Some(2000.0));
+}
+
+#[test]
+fn cli_serves_metrics_while_it_runs() {
+    let addr = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_boundpool"))
+        .args([
+            "run",
+            "--shape",
+            "chain",
+            "--size",
+            "2000",
+            "--threads",
+            "2",
+            "--repeat",
+            "2",
+            "--quiet",
+            "--linger",
+            "3",
+        ])
+        .args(["--prometheus", &addr.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    // The endpoint stays up for 3 s after the runs: scrape until both runs are counted.
+    let t0 = Instant::now();
+    let text = loop {
+        match scrape(addr) {
+            Ok(t) if total(&t, "boundpool_nodes_run") == Some(4000.0) => break t,
+            _ if t0.elapsed() > Duration::from_secs(20) => {
+                let _ = child.kill();
+                panic!("no scrape counted 4000 nodes");
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    assert!(
+        text.contains("# TYPE boundpool_graphs_submitted counter"),
+        "{text}"
+    );
+    assert_eq!(total(&text, "boundpool_graphs_submitted"), Some(2.0));
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
