@@ -275,42 +275,36 @@ pub fn run_boundpool(pool: &Pool, graph: &Graph) -> Duration {
 }
 
 /// Baseline (a): rayon-core, every ready successor spawned on the scope.
-pub fn rayon_spawn(pool: &rayon_core::ThreadPool, dag: &Dag, adj: &Adjacency) -> Duration {
+pub fn rayon_spawn(pool: &rayon_core::ThreadPool, adj: &Adjacency) -> Duration {
     let t0 = Instant::now();
     let pending = adj.counters();
     pool.scope(|s| {
         for src in adj.sources() {
-            spawn_node(s, dag, adj, &pending, src);
+            spawn_node(s, adj, &pending, src);
         }
     });
     t0.elapsed()
 }
 
-fn spawn_node<'s>(
-    s: &rayon_core::Scope<'s>,
-    dag: &'s Dag,
-    adj: &'s Adjacency,
-    pending: &'s [AtomicU32],
-    i: u32,
-) {
+fn spawn_node<'s>(s: &rayon_core::Scope<'s>, adj: &'s Adjacency, pending: &'s [AtomicU32], i: u32) {
     s.spawn(move |s| {
         adj.run_body(i);
         for &j in adj.successors(i) {
             if pending[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
-                spawn_node(s, dag, adj, pending, j);
+                spawn_node(s, adj, pending, j);
             }
         }
     });
 }
 
 /// Baseline (b): rayon-core, the last ready successor run inline, the others spawned.
-pub fn rayon_inline(pool: &rayon_core::ThreadPool, dag: &Dag, adj: &Adjacency) -> Duration {
+pub fn rayon_inline(pool: &rayon_core::ThreadPool, adj: &Adjacency) -> Duration {
     let t0 = Instant::now();
     let pending = adj.counters();
     pool.scope(|s| {
         for src in adj.sources() {
             let pending = &pending;
-            s.spawn(move |s| inline_from(s, dag, adj, pending, src));
+            s.spawn(move |s| inline_from(s, adj, pending, src));
         }
     });
     t0.elapsed()
@@ -318,7 +312,6 @@ pub fn rayon_inline(pool: &rayon_core::ThreadPool, dag: &Dag, adj: &Adjacency) -
 
 fn inline_from<'s>(
     s: &rayon_core::Scope<'s>,
-    dag: &'s Dag,
     adj: &'s Adjacency,
     pending: &'s [AtomicU32],
     mut i: u32,
@@ -329,7 +322,7 @@ fn inline_from<'s>(
         for &j in adj.successors(i) {
             if pending[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
                 if let Some(prev) = next.replace(j) {
-                    s.spawn(move |s| inline_from(s, dag, adj, pending, prev));
+                    s.spawn(move |s| inline_from(s, adj, pending, prev));
                 }
             }
         }
@@ -342,13 +335,12 @@ fn inline_from<'s>(
 
 /// Baseline: one OS thread per node (spawned when the node is ready, joined at the end).
 /// Only sensible for small graphs; the benches use it for the wide shape at 20,000 nodes.
-pub fn thread_per_node(dag: &Dag, adj: &Adjacency) -> Duration {
+pub fn thread_per_node(adj: &Adjacency) -> Duration {
     let t0 = Instant::now();
     let pending = adj.counters();
     std::thread::scope(|s| {
         fn go<'s, 'e>(
             s: &'s std::thread::Scope<'s, 'e>,
-            dag: &'e Dag,
             adj: &'e Adjacency,
             pending: &'e [AtomicU32],
             i: u32,
@@ -357,13 +349,13 @@ pub fn thread_per_node(dag: &Dag, adj: &Adjacency) -> Duration {
                 adj.run_body(i);
                 for &j in adj.successors(i) {
                     if pending[j as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
-                        go(s, dag, adj, pending, j);
+                        go(s, adj, pending, j);
                     }
                 }
             });
         }
         for src in adj.sources() {
-            go(s, dag, adj, &pending, src);
+            go(s, adj, &pending, src);
         }
     });
     t0.elapsed()
@@ -464,12 +456,12 @@ pub fn bench_shapes(cfg: &BenchConfig, mut progress: impl FnMut(usize, usize)) -
         let (mut bp, mut rs, mut ri) = (Vec::new(), Vec::new(), Vec::new());
         // One warm-up each.
         run_boundpool(&pool, &graph);
-        rayon_spawn(&rayon, &dag, &adj);
-        rayon_inline(&rayon, &dag, &adj);
+        rayon_spawn(&rayon, &adj);
+        rayon_inline(&rayon, &adj);
         for _ in 0..cfg.runs {
             bp.push(run_boundpool(&pool, &graph).as_nanos() as f64 / nodes);
-            rs.push(rayon_spawn(&rayon, &dag, &adj).as_nanos() as f64 / nodes);
-            ri.push(rayon_inline(&rayon, &dag, &adj).as_nanos() as f64 / nodes);
+            rs.push(rayon_spawn(&rayon, &adj).as_nanos() as f64 / nodes);
+            ri.push(rayon_inline(&rayon, &adj).as_nanos() as f64 / nodes);
             done += 3;
             progress(done, total);
         }
@@ -498,7 +490,7 @@ pub fn bench_shapes(cfg: &BenchConfig, mut progress: impl FnMut(usize, usize)) -
         let graph = empty_graph(Shape::Wide, n);
         let (mut tp, mut bp) = (Vec::new(), Vec::new());
         for _ in 0..cfg.runs {
-            tp.push(thread_per_node(&dag, &adj).as_nanos() as f64 / n as f64);
+            tp.push(thread_per_node(&adj).as_nanos() as f64 / n as f64);
             bp.push(run_boundpool(&pool, &graph).as_nanos() as f64 / n as f64);
             done += 1;
             progress(done, total);

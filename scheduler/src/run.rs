@@ -151,6 +151,10 @@ impl<S> fmt::Debug for Task<S> {
     }
 }
 
+/// The counter value of a one-predecessor node whose predecessor ended without releasing it
+/// (such counters otherwise stay at 1).
+const UNRELEASED: u32 = u32::MAX;
+
 pub(crate) struct Run<S> {
     pub(crate) id: u64,
     pub(crate) plan: std::sync::Arc<Plan<S>>,
@@ -225,7 +229,9 @@ impl<S> Run<S> {
         mut ready: impl FnMut(Task<S>),
     ) -> usize {
         let mut n = 0;
-        if release && !self.is_failed() {
+        if !release || self.is_failed() {
+            self.mark_unreleased(node);
+        } else {
             for &s in self.plan.successors(node) {
                 // A node with one predecessor is ready as soon as that one completes: no shared
                 // counter to touch. Otherwise AcqRel: our output (Release) must be visible to
@@ -260,6 +266,58 @@ impl<S> Run<S> {
         }
     }
 
+    /// Marks `node`'s one-predecessor successors as never released. Their counters are not
+    /// otherwise touched (see `release`), so without the mark `take_result` could not tell them
+    /// from released ones. Only on the failure path.
+    #[cold]
+    fn mark_unreleased(&self, node: u32) {
+        for &s in self.plan.successors(node) {
+            if self.plan.indegree[s as usize] == 1 {
+                self.pending[s as usize].store(UNRELEASED, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Nodes that were never released: a counter above zero for several predecessors; for one
+    /// predecessor, a mark or a predecessor that was itself never released.
+    fn count_unreleased(&self) -> usize {
+        let n = self.plan.nodes.len();
+        // 0 unknown, 1 released, 2 not released.
+        let mut state = vec![0u8; n];
+        let mut path = Vec::new();
+        let mut count = 0;
+        for v in 0..n {
+            // Walk up the one-predecessor chain until a node whose state is known.
+            let mut u = v;
+            let known = loop {
+                if state[u] != 0 {
+                    break state[u];
+                }
+                let pending = self.pending[u].load(Ordering::Relaxed);
+                let s = match self.plan.indegree[u] {
+                    0 => 1,
+                    1 if pending == UNRELEASED => 2,
+                    1 => {
+                        path.push(u);
+                        u = self.plan.topo.predecessors(u as u32)[0] as usize;
+                        continue;
+                    }
+                    _ if pending == 0 => 1,
+                    _ => 2,
+                };
+                state[u] = s;
+                break s;
+            };
+            for w in path.drain(..) {
+                state[w] = known;
+            }
+            if state[v] == 2 {
+                count += 1;
+            }
+        }
+        count
+    }
+
     pub(crate) fn note_skipped(&self) {
         self.skipped.fetch_add(1, Ordering::Relaxed);
     }
@@ -268,12 +326,7 @@ impl<S> Run<S> {
     pub(crate) fn take_result(&self) -> Result<GraphOutput, Error> {
         if self.failed.load(Ordering::Acquire) {
             // Nodes never released (counter above zero) plus released-but-skipped ones.
-            let never = self
-                .pending
-                .iter()
-                .filter(|p| p.load(Ordering::Relaxed) > 0)
-                .count();
-            let cancelled = never + self.skipped.load(Ordering::Relaxed);
+            let cancelled = self.count_unreleased() + self.skipped.load(Ordering::Relaxed);
             let err = sync::lock(&self.error).take().unwrap_or_else(|| {
                 Error::new(
                     ErrorKind::Cancelled,

@@ -307,6 +307,8 @@ impl<S: Send + 'static> WorkerThread<S> {
                     .current
                     .replace(outer)
                     .expect("a node body was running when it panicked");
+                // The body unwound past its own `nodes_run` count.
+                self.counters().nodes_run.add(1);
                 let run = failed.run();
                 run.fail(node_panicked(run, failed.node, &*p));
                 next = self.complete(failed, false);
