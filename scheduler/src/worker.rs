@@ -26,6 +26,10 @@ const IDLE_HOOK_EVERY: u64 = 64;
 const YIELD_ROUNDS: u32 = 64;
 /// The timed park of a worker that waits for deferred completions and has nothing else to do.
 const DEFERRED_PARK: Duration = Duration::from_micros(50);
+/// How long a worker that just ran dry watches the queues before it parks. Work often follows
+/// within microseconds (a chain of GPU nodes hopping between workers, a burst of submissions),
+/// and a futex wake-up costs several; an idle pool still parks after this, so it burns nothing.
+const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
 
 /// Start-up rendezvous: every worker reports its start hook's outcome, then waits for the
 /// builder's verdict (run, or exit because another worker failed).
@@ -420,6 +424,9 @@ impl<S: Send + 'static> WorkerThread<S> {
     }
 
     fn go_idle(&self, idle_rounds: &mut u32, condition: &dyn Fn() -> bool) {
+        if *idle_rounds == 0 && self.deferred.borrow().is_empty() && self.spin(condition) {
+            return;
+        }
         // The idle hook runs on every idle round (a `GroupWaker` wakes a parked worker exactly
         // so that it runs); the metrics flush only when the worker first runs dry.
         self.run_idle_hook();
@@ -450,6 +457,29 @@ impl<S: Send + 'static> WorkerThread<S> {
         if let (Some(sink), Some(start)) = (&reg.trace, start) {
             sink.park(self.index, start, Instant::now());
         }
+    }
+
+    /// Watches the queues (and `condition`) for up to [`SPIN_BEFORE_PARK`]; returns whether
+    /// something turned up. Under loom, never: the models check the parking protocol itself.
+    #[cfg(not(loom))]
+    fn spin(&self, condition: &dyn Fn() -> bool) -> bool {
+        let start = Instant::now();
+        loop {
+            for _ in 0..16 {
+                std::hint::spin_loop();
+            }
+            if self.work_visible() || condition() {
+                return true;
+            }
+            if start.elapsed() >= SPIN_BEFORE_PARK {
+                return false;
+            }
+        }
+    }
+
+    #[cfg(loom)]
+    fn spin(&self, _condition: &dyn Fn() -> bool) -> bool {
+        false
     }
 
     /// Runs one ready node; returns the successor to run next on this worker, if any.

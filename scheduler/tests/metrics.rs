@@ -13,7 +13,9 @@ use metrics_util::MetricKind;
 #[derive(Default)]
 struct Seen {
     counters: HashMap<(String, Vec<(String, String)>), u64>,
-    gauges: HashMap<(String, Vec<(String, String)>), f64>,
+    /// Every value a snapshot returned. `DebuggingRecorder` swaps a gauge to zero when it
+    /// snapshots it, so a later snapshot reads 0 for a gauge set once: keep them all.
+    gauges: HashMap<(String, Vec<(String, String)>), Vec<f64>>,
     histograms: HashMap<String, Vec<f64>>,
     descriptions: HashMap<String, (MetricKind, Option<Unit>, String)>,
 }
@@ -35,7 +37,10 @@ impl Seen {
             match value {
                 DebugValue::Counter(v) => *self.counters.entry((name, labels)).or_default() += v,
                 DebugValue::Gauge(v) => {
-                    self.gauges.insert((name, labels), v.into_inner());
+                    self.gauges
+                        .entry((name, labels))
+                        .or_default()
+                        .push(v.into_inner());
                 }
                 DebugValue::Histogram(v) => self
                     .histograms
@@ -161,7 +166,11 @@ fn metrics_are_emitted_and_described() {
         "boundpool_workers".to_string(),
         vec![("pool".to_string(), "metered".to_string())],
     );
-    assert_eq!(seen.gauges.get(&workers), Some(&2.0));
+    assert_eq!(
+        seen.gauges.get(&workers).and_then(|v| v.first()),
+        Some(&2.0),
+        "the workers gauge is set when the pool starts"
+    );
     assert!(seen
         .gauges
         .keys()
