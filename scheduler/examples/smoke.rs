@@ -1,4 +1,4 @@
-//! Runs one shape repeatedly (for profiling): `smoke [chain|wide|tree] [runs]`.
+//! Runs one shape repeatedly (for profiling): `smoke [chain|wide|tree|wavefront] [runs]`.
 use boundpool_scheduler::*;
 use std::time::Instant;
 fn main() {
@@ -7,7 +7,11 @@ fn main() {
         .nth(2)
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
-    let pool = PoolBuilder::new().workers(2).build().unwrap();
+    let workers: usize = std::env::args()
+        .nth(3)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let pool = PoolBuilder::new().workers(workers).build().unwrap();
     let n = 1_000_000u32;
     let mut g = GraphBuilder::with_capacity("g", n as usize + 2, n as usize * 2);
     let first = g.node("n", |_| Ok(()));
@@ -25,6 +29,21 @@ fn main() {
             for i in 1..n {
                 let x = g.node("n", |_| Ok(()));
                 g.edge(ids[((i - 1) / 2) as usize], x);
+                ids.push(x);
+            }
+        }
+        "wavefront" => {
+            let side = 1000u32;
+            let mut ids = vec![first];
+            for i in 1..n {
+                let x = g.node("n", |_| Ok(()));
+                let (r, c) = (i / side, i % side);
+                if c > 0 {
+                    g.edge(ids[(i - 1) as usize], x);
+                }
+                if r > 0 {
+                    g.edge(ids[(i - side) as usize], x);
+                }
                 ids.push(x);
             }
         }

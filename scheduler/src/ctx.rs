@@ -55,8 +55,7 @@ impl<S: Send + 'static> RunAccess for Run<S> {
         &self.plan.name
     }
     fn origin_base(&self, node: u32) -> (u32, u32) {
-        let spec = &self.plan.nodes[node as usize];
-        (spec.origin, spec.base)
+        self.plan.nodes[node as usize].origin_base(self.plan.uid)
     }
 }
 
@@ -239,7 +238,7 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
         self.run
             .plan
             .check(id)
-            .and_then(|i| self.run.plan.nodes[i as usize].placement)
+            .and_then(|i| self.run.plan.nodes[i as usize].placement())
     }
 
     /// Attaches a side value to this node's completion, readable by direct successors through

@@ -100,16 +100,27 @@ pub(crate) enum Body<S> {
     /// CPU-heavy: runs on the rayon lane when the pool has one.
     Cpu(CpuBody),
     /// A node of an inlined subgraph: the body lives in the subgraph's plan.
-    Inlined(Arc<Plan<S>>, u32),
+    Inlined(Box<InlinedBody<S>>),
 }
 
-pub(crate) struct NodeSpec<S> {
-    pub(crate) body: Body<S>,
-    pub(crate) placement: Option<GroupId>,
-    /// The graph whose builder created this node's body: `NodeRef`s the body captured carry it.
+/// Where an inlined node's body lives, and how the `NodeRef`s it captured map to this graph.
+pub(crate) struct InlinedBody<S> {
+    pub(crate) plan: Arc<Plan<S>>,
+    pub(crate) index: u32,
+    /// The graph whose builder created the body: `NodeRef`s the body captured carry it.
     pub(crate) origin: u32,
     /// Where the origin graph's node 0 sits in this graph.
     pub(crate) base: u32,
+}
+
+/// `NodeSpec::placement` of a node that may run on any worker.
+const ANY_GROUP: u32 = u32::MAX;
+
+/// One node of a graph, kept to 32 bytes: building a large graph is mostly writing these.
+pub(crate) struct NodeSpec<S> {
+    pub(crate) body: Body<S>,
+    /// The group index, or [`ANY_GROUP`].
+    placement: u32,
     /// The body returns `()`: nothing to store.
     pub(crate) unit: bool,
 }
@@ -118,13 +129,33 @@ impl<S> NodeSpec<S> {
     /// The node's body with inlining resolved.
     pub(crate) fn resolved_body(&self) -> &Body<S> {
         match &self.body {
-            Body::Inlined(plan, i) => plan.nodes[*i as usize].resolved_body(),
+            Body::Inlined(b) => b.plan.nodes[b.index as usize].resolved_body(),
             b => b,
         }
     }
 
     pub(crate) fn is_cpu(&self) -> bool {
         matches!(self.resolved_body(), Body::Cpu(_))
+    }
+
+    /// The group this node is restricted to, if any.
+    #[inline]
+    pub(crate) fn placement(&self) -> Option<GroupId> {
+        (self.placement != ANY_GROUP).then_some(GroupId(self.placement))
+    }
+
+    fn set_placement(&mut self, g: Option<GroupId>) {
+        self.placement = g.map_or(ANY_GROUP, |g| g.0);
+    }
+
+    /// (origin, base): the graph whose builder created the body, and where that graph's node 0
+    /// sits in the graph `uid` this node belongs to.
+    #[inline]
+    pub(crate) fn origin_base(&self, uid: u32) -> (u32, u32) {
+        match &self.body {
+            Body::Inlined(b) => (b.origin, b.base),
+            _ => (uid, 0),
+        }
     }
 }
 
@@ -209,9 +240,7 @@ impl<S: 'static> GraphBuilder<S> {
         let index = u32::try_from(self.nodes.len()).expect("a graph holds at most 2^32 - 1 nodes");
         self.nodes.push(NodeSpec {
             body,
-            placement: None,
-            origin: self.uid,
-            base: 0,
+            placement: ANY_GROUP,
             unit,
         });
         self.names.push(name);
@@ -282,7 +311,7 @@ impl<S: 'static> GraphBuilder<S> {
     pub fn place(&mut self, node: impl Into<NodeId>, group: GroupId) -> &mut Self {
         let id = node.into();
         if id.graph == self.uid && (id.index as usize) < self.nodes.len() {
-            self.nodes[id.index as usize].placement = Some(group);
+            self.nodes[id.index as usize].set_placement(Some(group));
         } else if self.bad_placement.is_none() {
             self.bad_placement = Some(id);
         }
@@ -296,16 +325,20 @@ impl<S: 'static> GraphBuilder<S> {
         let plan = &graph.plan;
         let offset = u32::try_from(self.nodes.len()).expect("a graph holds at most 2^32 - 1 nodes");
         for (i, spec) in plan.nodes.iter().enumerate() {
+            let (origin, base) = spec.origin_base(plan.uid);
             let (body_plan, body_index) = match &spec.body {
-                Body::Inlined(p, j) => (p.clone(), *j),
+                Body::Inlined(b) => (b.plan.clone(), b.index),
                 _ => (plan.clone(), i as u32),
             };
             self.names.push(plan.topo.names[i].clone());
             self.nodes.push(NodeSpec {
-                body: Body::Inlined(body_plan, body_index),
+                body: Body::Inlined(Box::new(InlinedBody {
+                    plan: body_plan,
+                    index: body_index,
+                    origin,
+                    base: offset + base,
+                })),
                 placement: spec.placement,
-                origin: spec.origin,
-                base: offset + spec.base,
                 unit: spec.unit,
             });
         }
@@ -443,7 +476,7 @@ impl<S> Graph<S> {
     pub fn placement(&self, id: NodeId) -> Option<Option<GroupId>> {
         self.plan
             .check(id)
-            .map(|i| self.plan.nodes[i as usize].placement)
+            .map(|i| self.plan.nodes[i as usize].placement())
     }
 
     /// A node's direct successors.
@@ -486,7 +519,7 @@ impl<S> Graph<S> {
             let place = if spec.is_cpu() {
                 "cpu lane".to_string()
             } else {
-                spec.placement
+                spec.placement()
                     .map_or_else(|| "host".to_string(), &group_name)
             };
             let _ = writeln!(
@@ -671,20 +704,21 @@ impl<S> Plan<S> {
                 ));
             }
             forward &= f < t;
-            succ_start[f as usize + 1] += 1;
+            succ_start[f as usize] += 1;
             indegree[t as usize] += 1;
         }
-        for i in 0..n {
-            succ_start[i + 1] += succ_start[i];
-        }
+        // Inclusive prefix sums make `succ_start[i]` the end of `i`'s list; filling the lists
+        // back to front then walks each entry down to its start, keeping edge order.
         let m = b.edges.len();
-        let mut succ = vec![0u32; m];
-        let mut sfill: Vec<u32> = succ_start[..n].to_vec();
-        for &(f, t) in &b.edges {
-            succ[sfill[f as usize] as usize] = t;
-            sfill[f as usize] += 1;
+        for i in 1..n {
+            succ_start[i] += succ_start[i - 1];
         }
-        drop(sfill);
+        succ_start[n] = m as u32;
+        let mut succ = vec![0u32; m];
+        for &(f, t) in b.edges.iter().rev() {
+            succ_start[f as usize] -= 1;
+            succ[succ_start[f as usize] as usize] = t;
+        }
         let sources: Vec<u32> = (0..n as u32)
             .filter(|&i| indegree[i as usize] == 0)
             .collect();
@@ -732,7 +766,7 @@ impl<S> Plan<S> {
             if !spec.unit {
                 valued.push(i as u32);
             }
-            if let Some(g) = spec.placement {
+            if let Some(g) = spec.placement() {
                 if max_placement.is_none_or(|(_, m)| g > m) {
                     max_placement = Some((i as u32, g));
                 }
@@ -974,8 +1008,8 @@ mod tests {
         let s = mid.subgraph(&inner);
         assert_eq!(s.node(i1).id().index(), 2);
         let mid = mid.build().unwrap();
-        assert_eq!(mid.plan.nodes[1].origin, inner_uid);
-        assert_eq!(mid.plan.nodes[1].base, 1);
+        assert_eq!(mid.plan.nodes[1].origin_base(mid.plan.uid), (inner_uid, 1));
+        assert_eq!(mid.plan.nodes[0].origin_base(mid.plan.uid), (mid.plan.uid, 0));
 
         let mut outer = GraphBuilder::<()>::new("outer");
         outer.node("o0", noop());
@@ -985,10 +1019,17 @@ mod tests {
         // mid's node 2 (inner's i1) now sits at 2 + 2 = 4; its body still comes from `inner`.
         assert_eq!(s2.node(s.node(i1)).id().index(), 4);
         let spec = &outer.plan.nodes[4];
-        assert_eq!(spec.origin, inner_uid);
-        assert_eq!(spec.base, 2 + 1);
+        assert_eq!(spec.origin_base(outer.plan.uid), (inner_uid, 2 + 1));
+        // mid's own node 0 keeps mid as its origin, now based at 2.
+        assert_eq!(outer.plan.nodes[2].origin_base(outer.plan.uid), (mid.plan.uid, 2));
         assert_eq!(outer.node_name(s2.node(s.node(i1)).id()), Some("i1"));
         assert_eq!(outer.plan.successors(3), &[4]);
+    }
+
+    #[test]
+    fn node_spec_stays_small() {
+        // Building a large graph is mostly writing these: keep them at 32 bytes.
+        assert!(std::mem::size_of::<NodeSpec<()>>() <= 32);
     }
 
     #[test]

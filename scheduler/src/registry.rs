@@ -159,7 +159,7 @@ impl<S: Send + 'static> Registry<S> {
         let mut per_group = vec![0usize; this.groups.len()];
         for &s in plan.sources.iter() {
             let t = Task::new(&run, s);
-            match plan.nodes[s as usize].placement {
+            match plan.nodes[s as usize].placement() {
                 None => {
                     this.any.push(t);
                     any += 1;
@@ -189,7 +189,7 @@ impl<S: Send + 'static> Registry<S> {
 
     /// Pushes a ready task from a thread that is not one of this pool's workers (the cpu lane).
     pub(crate) fn push_external(&self, t: Task<S>) {
-        match t.run().plan.nodes[t.node as usize].placement {
+        match t.run().plan.nodes[t.node as usize].placement() {
             None => {
                 self.any.push(t);
                 self.sleep.notify_any();

@@ -631,7 +631,7 @@ impl<S: Send + 'static> WorkerThread<S> {
 
     #[inline]
     fn runs_here(&self, run: &Run<S>, node: u32) -> bool {
-        match run.plan.nodes[node as usize].placement {
+        match run.plan.nodes[node as usize].placement() {
             None => true,
             Some(g) => g.index() == self.group,
         }
@@ -657,7 +657,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         if !ready.is_empty() {
             let mut pushed_here = false;
             for t in ready.drain(..) {
-                match run.plan.nodes[t.node as usize].placement {
+                match run.plan.nodes[t.node as usize].placement() {
                     Some(g) if g.index() != self.group => {
                         self.registry.groups[g.index()].injector.push(t);
                         self.registry.sleep.notify_group(g.index());
