@@ -233,19 +233,39 @@ impl<S> Run<S> {
             self.mark_unreleased(node);
         } else {
             for &s in self.plan.successors(node) {
-                // A node with one predecessor is ready as soon as that one completes: no shared
-                // counter to touch. Otherwise AcqRel: our output (Release) must be visible to
-                // whoever takes the successor, and the last decrementer must see every
-                // predecessor's output (Acquire).
-                if self.plan.indegree[s as usize] == 1
-                    || self.pending[s as usize].fetch_sub(1, Ordering::AcqRel) == 1
-                {
-                    ready(Task::new(self, s));
-                    n += 1;
+                let pending = &self.pending[s as usize];
+                // A count of 1 seen by a predecessor that has not yet decremented means it is
+                // the last one (every predecessor decrements once): the node is ready without a
+                // read-modify-write. That covers one-predecessor nodes, whose count is never
+                // decremented, and the last predecessor of most others. The Acquire load (or the
+                // AcqRel decrement) pairs with the other predecessors' Release decrements, so
+                // their outputs are visible to whoever runs the node; our own output reaches it
+                // through the queue hand-off. The store of 0 (into a line we just read) keeps
+                // "released" readable for `take_result`.
+                if pending.load(Ordering::Acquire) == 1 {
+                    pending.store(0, Ordering::Relaxed);
+                } else if pending.fetch_sub(1, Ordering::AcqRel) != 1 {
+                    continue;
                 }
+                ready(Task::new(self, s));
+                n += 1;
             }
         }
         n
+    }
+
+    /// Adds one task to the in-flight count. Call it before queueing a task that a node made
+    /// ready, while the node's own unit still keeps the run alive.
+    #[inline]
+    pub(crate) fn enter(&self) {
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Removes one task from the in-flight count. Returns `true` when it reached zero: the caller
+    /// must then call `Registry::finish(self)` and not touch the run again.
+    #[inline]
+    pub(crate) fn leave(&self) -> bool {
+        self.inflight.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
     /// Adjusts the in-flight count for a completed node that made `newly_ready` tasks ready
@@ -257,7 +277,7 @@ impl<S> Run<S> {
     #[inline]
     pub(crate) fn settle(&self, newly_ready: usize) -> bool {
         match newly_ready {
-            0 => self.inflight.fetch_sub(1, Ordering::AcqRel) == 1,
+            0 => self.leave(),
             1 => false,
             k => {
                 self.inflight.fetch_add(k - 1, Ordering::AcqRel);

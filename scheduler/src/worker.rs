@@ -174,7 +174,6 @@ pub(crate) fn main<S: Send + 'static>(
         index,
         local,
         state,
-        ready: RefCell::new(Vec::new()),
         deferred: RefCell::new(Vec::new()),
         stolen: Cell::new(false),
         current: Cell::new(None),
@@ -245,8 +244,6 @@ pub(crate) struct WorkerThread<S> {
     group: usize,
     local: Deque<Task<S>>,
     pub(crate) state: S,
-    /// Scratch list for ready successors, reused to avoid allocating per node.
-    ready: RefCell<Vec<Task<S>>>,
     deferred: RefCell<Vec<Deferred<S>>>,
     flusher: RefCell<Flusher>,
     rng: Cell<u64>,
@@ -637,40 +634,38 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
+    /// Releases the successors of a node that has more than one, or whose one successor may
+    /// be waiting on others or run elsewhere. The first ready one that may run here becomes the
+    /// continuation and takes over the node's in-flight unit; every other one enters the
+    /// in-flight count before it is queued, so the node's own unit keeps the run alive until
+    /// the loop is over.
     #[inline(never)]
     fn complete_general(&self, task: Task<S>, ok: bool) -> Option<Task<S>> {
         let run = task.run();
         let mut cont = None;
-        let mut ready = self.ready.borrow_mut();
-        let n = run.release(task.node, ok, |t| {
+        let mut pushed_here = false;
+        run.release(task.node, ok, |t| {
             if cont.is_none() && self.runs_here(run, t.node) {
                 cont = Some(t);
-            } else {
-                ready.push(t);
+                return;
             }
-        });
-        if run.settle(n) {
-            drop(ready);
-            self.registry.finish(run);
-            return None;
-        }
-        if !ready.is_empty() {
-            let mut pushed_here = false;
-            for t in ready.drain(..) {
-                match run.plan.nodes[t.node as usize].placement() {
-                    Some(g) if g.index() != self.group => {
-                        self.registry.groups[g.index()].injector.push(t);
-                        self.registry.sleep.notify_group(g.index());
-                    }
-                    _ => {
-                        self.local.push(t);
-                        pushed_here = true;
-                    }
+            run.enter();
+            match run.plan.nodes[t.node as usize].placement() {
+                Some(g) if g.index() != self.group => {
+                    self.registry.groups[g.index()].injector.push(t);
+                    self.registry.sleep.notify_group(g.index());
+                }
+                _ => {
+                    self.local.push(t);
+                    pushed_here = true;
                 }
             }
-            if pushed_here {
-                self.registry.sleep.notify_local(self.group);
-            }
+        });
+        if pushed_here {
+            self.registry.sleep.notify_local(self.group);
+        }
+        if cont.is_none() && run.leave() {
+            self.registry.finish(run);
         }
         cont
     }
