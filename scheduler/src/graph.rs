@@ -183,7 +183,7 @@ pub struct GraphBuilder<S = ()> {
     uid: u32,
     name: Cow<'static, str>,
     nodes: Vec<NodeSpec<S>>,
-    names: Vec<Cow<'static, str>>,
+    names: NameTable,
     /// Edges by node index; ids of other graphs are caught when the edge is added.
     edges: Vec<(u32, u32)>,
     /// A placement that named a bad node; reported by `build`.
@@ -214,7 +214,7 @@ impl<S: 'static> GraphBuilder<S> {
             uid: NEXT_GRAPH_UID.fetch_add(1, StdOrdering::Relaxed),
             name: name.into(),
             nodes: Vec::with_capacity(nodes),
-            names: Vec::with_capacity(nodes),
+            names: NameTable::with_capacity(nodes),
             edges: Vec::with_capacity(edges),
             bad_placement: None,
             foreign_edge: None,
@@ -243,7 +243,7 @@ impl<S: 'static> GraphBuilder<S> {
             placement: ANY_GROUP,
             unit,
         });
-        self.names.push(name);
+        self.names.push(&name);
         NodeId {
             graph: self.uid,
             index,
@@ -330,7 +330,7 @@ impl<S: 'static> GraphBuilder<S> {
                 Body::Inlined(b) => (b.plan.clone(), b.index),
                 _ => (plan.clone(), i as u32),
             };
-            self.names.push(plan.topo.names[i].clone());
+            self.names.push(&plan.topo.names[i]);
             self.nodes.push(NodeSpec {
                 body: Body::Inlined(Box::new(InlinedBody {
                     plan: body_plan,
@@ -469,7 +469,7 @@ impl<S> Graph<S> {
     pub fn node_name(&self, id: NodeId) -> Option<&str> {
         self.plan
             .check(id)
-            .map(|i| &*self.plan.topo.names[i as usize])
+            .map(|i| &self.plan.topo.names[i as usize])
     }
 
     /// A node's placement (`None`: any worker), if `id` belongs to this graph.
@@ -564,6 +564,46 @@ pub(crate) struct Plan<S> {
 /// (start offsets, list): compressed adjacency lists.
 type Csr = (Box<[u32]>, Box<[u32]>);
 
+/// Node names packed into one string: a node costs 4 bytes plus its name's bytes, where a
+/// `Cow<str>` per node would cost 24 (building a large graph is mostly writing memory).
+#[derive(Default)]
+pub(crate) struct NameTable {
+    text: String,
+    /// End of each name in `text`.
+    ends: Vec<u32>,
+}
+
+impl NameTable {
+    fn with_capacity(n: usize) -> Self {
+        NameTable {
+            text: String::with_capacity(n),
+            ends: Vec::with_capacity(n),
+        }
+    }
+
+    fn push(&mut self, name: &str) {
+        self.text.push_str(name);
+        let end = u32::try_from(self.text.len()).expect("a graph's node names total under 4 GiB");
+        self.ends.push(end);
+    }
+
+    fn shrunk(mut self) -> Self {
+        self.text.shrink_to_fit();
+        self.ends.shrink_to_fit();
+        self
+    }
+}
+
+impl std::ops::Index<usize> for NameTable {
+    type Output = str;
+
+    #[inline]
+    fn index(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.text[start..self.ends[i] as usize]
+    }
+}
+
 /// Successor and predecessor lists in compressed form, and node names: what `Inputs` needs,
 /// without the state type.
 pub(crate) struct Topology {
@@ -573,7 +613,7 @@ pub(crate) struct Topology {
     /// (start, list), built from the successor lists the first time a node asks for its
     /// predecessors: graphs whose nodes never read inputs never pay for them.
     preds: OnceLock<Csr>,
-    pub(crate) names: Box<[Cow<'static, str>]>,
+    pub(crate) names: NameTable,
 }
 
 impl Topology {
@@ -642,7 +682,7 @@ impl<S> Plan<S> {
     pub(crate) fn describe(&self, i: u32) -> String {
         format!(
             "node '{}' (#{}) of graph '{}'",
-            self.topo.names[i as usize], i, self.name
+            &self.topo.names[i as usize], i, self.name
         )
     }
 
@@ -699,7 +739,7 @@ impl<S> Plan<S> {
                     ErrorKind::Cycle,
                     format!(
                         "graph '{}' has a cycle: node '{}' (#{f}) depends on itself",
-                        gname, b.names[f as usize]
+                        gname, &b.names[f as usize]
                     ),
                 ));
             }
@@ -748,7 +788,7 @@ impl<S> Plan<S> {
             let cycle = find_cycle(&remaining, &preds.0, &preds.1);
             let names: Vec<String> = cycle
                 .iter()
-                .map(|&i| format!("'{}' (#{i})", b.names[i as usize]))
+                .map(|&i| format!("'{}' (#{i})", &b.names[i as usize]))
                 .collect();
             return Err(Error::new(
                 ErrorKind::Cycle,
@@ -781,7 +821,7 @@ impl<S> Plan<S> {
                 succ_start: succ_start.into_boxed_slice(),
                 succ: succ.into_boxed_slice(),
                 preds: OnceLock::new(),
-                names: b.names.into_boxed_slice(),
+                names: b.names.shrunk(),
             },
             indegree: indegree.into_boxed_slice(),
             sources: sources.into_boxed_slice(),

@@ -2,6 +2,7 @@
 //! helping while a node waits for a nested graph.
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
@@ -562,7 +563,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         self.current.set(prev);
         let end = Instant::now();
         if let Some(sink) = &self.registry.trace {
-            let name = run.plan.topo.names[i as usize].clone();
+            let name = Cow::Owned(run.plan.topo.names[i as usize].to_owned());
             sink.node(
                 self.index,
                 name,
