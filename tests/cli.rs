@@ -110,6 +110,60 @@ fn human_summary_names_every_figure_and_prints_nothing_else() {
     assert_eq!(stderr(&o), "", "stderr should be empty when not a terminal");
 }
 
+/// Runs the binary with stdin, stdout and stderr on a pseudo-terminal (through util-linux
+/// `script`); returns what the terminal showed, or `None` (after saying why) without `script`.
+fn run_on_a_terminal(args: &[&str]) -> Option<String> {
+    let mut cmd = format!("'{}'", env!("CARGO_BIN_EXE_boundpool"));
+    for a in args {
+        assert!(!a.contains('\''), "{a}");
+        cmd.push_str(&format!(" '{a}'"));
+    }
+    let o = match Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            println!("skipped: no `script` to give the binary a terminal ({e})");
+            return None;
+        }
+    };
+    assert!(o.status.success(), "{args:?} on a terminal: {}", stderr(&o));
+    Some(stdout(&o))
+}
+
+#[test]
+fn progress_bar_only_on_a_terminal_and_not_with_quiet() {
+    // 0.8 s of work: the bar shows once a run has taken half a second. (Not a terminal: see
+    // `human_summary_names_every_figure_and_prints_nothing_else`.)
+    let args = [
+        "run",
+        "--shape",
+        "chain",
+        "--size",
+        "32",
+        "--work-ns",
+        "25000000",
+        "--threads",
+        "2",
+    ];
+    let bar = "chain: 32 nodes x 1 [";
+    let Some(tty) = run_on_a_terminal(&args) else {
+        return;
+    };
+    assert!(tty.contains(bar), "a bar on a terminal:\n{tty}");
+    assert!(tty.contains("verified         yes"), "{tty}");
+    let mut quiet = args.to_vec();
+    quiet.push("--quiet");
+    let tty = run_on_a_terminal(&quiet).unwrap();
+    assert!(
+        !tty.contains(bar) && !tty.contains('%'),
+        "no bar with --quiet:\n{tty}"
+    );
+    assert!(tty.contains("verified         yes"), "{tty}");
+}
+
 #[test]
 fn a_good_graph_file_runs_and_verifies() {
     let d = scratch("good");

@@ -258,9 +258,38 @@ pub(crate) fn describe() {
     }
 }
 
+/// Sets the workers gauge and registers every counter series of the pool at zero, so that a
+/// scrape shows each counter (its `# TYPE` line and a 0) before its first event: a pool that
+/// has not stolen yet still exports `boundpool_steals`, and `rate()` has a starting point.
 pub(crate) fn pool_started<S: Send + 'static>(reg: &Arc<Registry<S>>) {
-    gauge!("boundpool_workers", "pool" => reg.name.to_string()).set(reg.infos.len() as f64);
+    let pool = reg.name.to_string();
+    gauge!("boundpool_workers", "pool" => pool.clone()).set(reg.infos.len() as f64);
+    for name in [
+        "boundpool_graphs_submitted",
+        "boundpool_graphs_completed",
+        "boundpool_graphs_failed",
+        "boundpool_nodes_cancelled",
+    ] {
+        counter!(name, "pool" => pool.clone()).increment(0);
+    }
+    if reg.cpu_lane.is_some() {
+        counter!("boundpool_cpu_lane_nodes", "pool" => pool.clone()).increment(0);
+    }
+    for info in reg.infos.iter() {
+        let worker = info.index.to_string();
+        for name in FLUSHED_COUNTERS {
+            counter!(name, "pool" => pool.clone(), "worker" => worker.clone()).increment(0);
+        }
+    }
 }
+
+/// The per-worker counters a [`Flusher`] pushes, in its order.
+const FLUSHED_COUNTERS: [&str; 4] = [
+    "boundpool_nodes_run",
+    "boundpool_steals",
+    "boundpool_injector_pops",
+    "boundpool_parks",
+];
 
 pub(crate) fn graph_submitted<S: Send + 'static>(reg: &Registry<S>) {
     if !reg.export_metrics {
@@ -326,16 +355,10 @@ impl Flusher {
             c.injector_pops.get(),
             c.parks.get(),
         ];
-        let names = [
-            "boundpool_nodes_run",
-            "boundpool_steals",
-            "boundpool_injector_pops",
-            "boundpool_parks",
-        ];
-        for i in 0..4 {
+        for (i, name) in FLUSHED_COUNTERS.into_iter().enumerate() {
             let d = now[i] - self.last[i];
             if d > 0 {
-                counter!(names[i], "pool" => self.pool.clone(), "worker" => self.worker.clone())
+                counter!(name, "pool" => self.pool.clone(), "worker" => self.worker.clone())
                     .increment(d);
             }
         }

@@ -9,13 +9,16 @@ use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
 
+/// A series: a metric name and its sorted labels.
+type Series = (String, Vec<(String, String)>);
+
 /// Everything seen so far. A snapshot drains counters and histograms, so deltas are summed.
 #[derive(Default)]
 struct Seen {
-    counters: HashMap<(String, Vec<(String, String)>), u64>,
+    counters: HashMap<Series, u64>,
     /// Every value a snapshot returned. `DebuggingRecorder` swaps a gauge to zero when it
     /// snapshots it, so a later snapshot reads 0 for a gauge set once: keep them all.
-    gauges: HashMap<(String, Vec<(String, String)>), Vec<f64>>,
+    gauges: HashMap<Series, Vec<f64>>,
     histograms: HashMap<String, Vec<f64>>,
     descriptions: HashMap<String, (MetricKind, Option<Unit>, String)>,
 }

@@ -2,7 +2,9 @@
 //! records its run count and a global sequence number at start and finish; every node must run
 //! exactly once, and start only after all its predecessors finished. A second property injects a
 //! failure and checks that nodes run + nodes cancelled = nodes, and that nothing after the failing
-//! node runs.
+//! node runs. Proptest draws sizes skewed small (a few cases of 4,000 to 10,000 nodes per run);
+//! `largest_dags_on_one_and_eight_workers` runs the bounds, 10,000 nodes on 1 and on 8 workers,
+//! every time.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -161,6 +163,71 @@ fn check_order(rec: &Record, edges: &[(usize, usize)]) -> Result<(), TestCaseErr
     Ok(())
 }
 
+/// The exactly-once-after-predecessors property for one DAG on one pool (two runs of the graph).
+fn run_every_node_once(
+    n: usize,
+    shape: u8,
+    seed: u64,
+    workers: usize,
+    lane: bool,
+) -> Result<(), TestCaseError> {
+    let edges = dag(n, shape, seed);
+    let rec = Record::new(n);
+    let (graph, refs) = build(n, &edges, &rec, None);
+    let mut b = PoolBuilder::new()
+        .name("prop")
+        .workers(workers)
+        .cores(if seed % 2 == 0 {
+            Cores::All
+        } else {
+            Cores::Unpinned
+        });
+    if lane {
+        b = b.cpu_lane_threads(2);
+    }
+    let pool = b.build().unwrap();
+    prop_assert_eq!(pool.workers().len(), workers);
+    for round in 0..2 {
+        rec.reset();
+        let out = pool
+            .run(&graph)
+            .map_err(|e| TestCaseError::fail(format!("round {round}: {e}")))?;
+        for i in 0..n {
+            prop_assert_eq!(
+                rec.runs[i].load(Ordering::SeqCst),
+                1,
+                "node {} ran {} times",
+                i,
+                rec.runs[i].load(Ordering::SeqCst)
+            );
+        }
+        check_order(&rec, &edges)?;
+        prop_assert_eq!(out.get(refs[n - 1]), Some(&(n as u64 - 1)));
+    }
+    let st = pool.stats();
+    prop_assert_eq!(st.nodes_run(), 2 * n as u64);
+    prop_assert_eq!(st.graphs_completed, 2);
+    Ok(())
+}
+
+/// The largest DAGs on the smallest and the largest pools, every shape, whatever proptest's
+/// random draws: the strategy below reaches 10,000 nodes and 8 workers only by chance.
+#[test]
+fn largest_dags_on_one_and_eight_workers() {
+    #[cfg(not(miri))]
+    const N: usize = 10_000;
+    #[cfg(miri)]
+    const N: usize = 24;
+    for shape in 0u8..4 {
+        for (workers, lane) in [(1, false), (8, true)] {
+            let seed = 0x9E37_79B9_7F4A_7C15 ^ u64::from(shape) ^ workers as u64;
+            if let Err(e) = run_every_node_once(N, shape, seed, workers, lane) {
+                panic!("{N} nodes, shape {shape}, {workers} workers: {e}");
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: CASES, max_shrink_iters: 64, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -172,26 +239,7 @@ proptest! {
         workers in 1usize..=8,
         lane in any::<bool>(),
     ) {
-        let edges = dag(n, shape, seed);
-        let rec = Record::new(n);
-        let (graph, refs) = build(n, &edges, &rec, None);
-        let mut b = PoolBuilder::new().name("prop").workers(workers).cores(if seed % 2 == 0 { Cores::All } else { Cores::Unpinned });
-        if lane {
-            b = b.cpu_lane_threads(2);
-        }
-        let pool = b.build().unwrap();
-        for round in 0..2 {
-            rec.reset();
-            let out = pool.run(&graph).map_err(|e| TestCaseError::fail(format!("round {round}: {e}")))?;
-            for i in 0..n {
-                prop_assert_eq!(rec.runs[i].load(Ordering::SeqCst), 1, "node {} ran {} times", i, rec.runs[i].load(Ordering::SeqCst));
-            }
-            check_order(&rec, &edges)?;
-            prop_assert_eq!(out.get(refs[n - 1]), Some(&(n as u64 - 1)));
-        }
-        let st = pool.stats();
-        prop_assert_eq!(st.nodes_run(), 2 * n as u64);
-        prop_assert_eq!(st.graphs_completed, 2);
+        run_every_node_once(n, shape, seed, workers, lane)?;
     }
 
     #[test]

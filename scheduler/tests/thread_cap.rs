@@ -11,11 +11,22 @@ use std::time::Duration;
 
 use boundpool_scheduler::{BoxError, Cores, GraphBuilder, NodeRef, PoolBuilder};
 
+#[cfg(not(miri))]
 const SUBMITTERS: usize = 64;
+#[cfg(not(miri))]
 const GRAPHS: usize = 10_000;
+// Under Miri (an interpreter) the same pattern, smaller.
+#[cfg(miri)]
+const SUBMITTERS: usize = 4;
+#[cfg(miri)]
+const GRAPHS: usize = 40;
 const WORKERS: usize = 4;
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "thread counts come from /proc, which under Miri describes the interpreter"
+)]
 fn os_threads_stay_bounded_under_many_submitters() {
     common::with_deadline(120, "thread_cap", || {
         // The sampler runs before the baseline is taken, so it is part of it.

@@ -26,7 +26,8 @@ pub(crate) fn main(a: BenchArgs) -> ExitCode {
             .thread_per_node
             .unwrap_or(((20_000.0 * a.scale.min(1.0)) as usize).max(2)),
     };
-    let mut progress = Progress::new(1, "bench", a.quiet);
+    // Per mille of the measurements done (the bar's length must match the positions set).
+    let mut progress = Progress::new(1000, "bench", a.quiet);
     let rows = bench_shapes(&cfg, |done, total| {
         progress.set(done as u64 * 1000 / total.max(1) as u64);
     });
