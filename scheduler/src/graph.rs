@@ -1049,7 +1049,10 @@ mod tests {
         assert_eq!(s.node(i1).id().index(), 2);
         let mid = mid.build().unwrap();
         assert_eq!(mid.plan.nodes[1].origin_base(mid.plan.uid), (inner_uid, 1));
-        assert_eq!(mid.plan.nodes[0].origin_base(mid.plan.uid), (mid.plan.uid, 0));
+        assert_eq!(
+            mid.plan.nodes[0].origin_base(mid.plan.uid),
+            (mid.plan.uid, 0)
+        );
 
         let mut outer = GraphBuilder::<()>::new("outer");
         outer.node("o0", noop());
@@ -1061,7 +1064,10 @@ mod tests {
         let spec = &outer.plan.nodes[4];
         assert_eq!(spec.origin_base(outer.plan.uid), (inner_uid, 2 + 1));
         // mid's own node 0 keeps mid as its origin, now based at 2.
-        assert_eq!(outer.plan.nodes[2].origin_base(outer.plan.uid), (mid.plan.uid, 2));
+        assert_eq!(
+            outer.plan.nodes[2].origin_base(outer.plan.uid),
+            (mid.plan.uid, 2)
+        );
         assert_eq!(outer.node_name(s2.node(s.node(i1)).id()), Some("i1"));
         assert_eq!(outer.plan.successors(3), &[4]);
     }
