@@ -1,8 +1,7 @@
-//! The Prometheus endpoint, scraped over loopback with a real HTTP request (a plain `TcpStream`
-//! GET): from the library's one-line set-up, and from `boundpool run --prometheus`.
+//! The Prometheus endpoint, scraped over loopback with a real HTTP client (`ureq`): from the
+//! library's one-line set-up, and from `boundpool run --prometheus`.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,21 +16,16 @@ fn free_port() -> SocketAddr {
         .unwrap()
 }
 
-/// `GET /metrics` over HTTP/1.0; returns the body of a 200 answer.
-fn scrape(addr: SocketAddr) -> std::io::Result<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other(format!("no header end in {raw:?}")))?;
-    let status = head.lines().next().unwrap_or("");
-    if !status.contains(" 200") {
-        return Err(std::io::Error::other(format!("status {status:?}")));
+/// `GET /metrics`; returns the body of a 200 answer.
+fn scrape(addr: SocketAddr) -> Result<String, Box<dyn std::error::Error>> {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(5))
+        .build();
+    let resp = agent.get(&format!("http://{addr}/metrics")).call()?;
+    if resp.status() != 200 {
+        return Err(format!("status {}", resp.status()).into());
     }
-    Ok(body.to_string())
+    Ok(resp.into_string()?)
 }
 
 /// The sum of a metric's samples (over its label sets), if it appears.
