@@ -24,3 +24,8 @@ pub use boundpool_scheduler::*;
 
 pub mod observe;
 pub mod workloads;
+
+/// The README's Rust examples, compiled and run as doctests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
