@@ -334,6 +334,129 @@ fn chain(ordinal: i32, edges: usize, host: bool) -> GpuResult<Measurement> {
     Ok(m)
 }
 
+/// The event-edge chain of [`event_edge_chain`] with its nodes alternating between two bound
+/// threads, each with its own stream: thread `i % 2` runs node `i` once node `i - 1` was
+/// enqueued (a spin on a shared counter, the cheapest possible host handoff): wait on the
+/// predecessor's event, launch, record. The floor for a chain whose consecutive nodes run on
+/// different workers. `ops` = edges.
+pub fn event_edge_chain_two_threads(ordinal: i32, edges: usize) -> GpuResult<Measurement> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const RING: usize = 4;
+    let raw = Raw::open(ordinal)?;
+    let (ctx, f) = (raw.ctx, raw.empty);
+    let (streams, events) = on_bound(ctx, || {
+        let s = [
+            drv("cuStreamCreate", driver::stream_create(ctx))?,
+            drv("cuStreamCreate", driver::stream_create(ctx))?,
+        ];
+        let mut ev = Vec::with_capacity(RING);
+        for _ in 0..RING {
+            ev.push(drv("cuEventCreate", driver::event_create(ctx))?);
+        }
+        Ok((s, ev))
+    })?;
+    let run = |n: usize| -> GpuResult<Duration> {
+        let turn = AtomicUsize::new(0);
+        let barrier = Barrier::new(2);
+        let times: Vec<GpuResult<(Option<Instant>, Option<Instant>)>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..2)
+                .map(|t| {
+                    let (turn, barrier, events) = (&turn, &barrier, &events);
+                    sc.spawn(move || -> GpuResult<(Option<Instant>, Option<Instant>)> {
+                        bind(ctx)?;
+                        let own = streams[t];
+                        barrier.wait();
+                        let start = (t == 0).then(Instant::now);
+                        let mut end = None;
+                        let mut i = t;
+                        let r = (|| {
+                            while i <= n {
+                                loop {
+                                    match turn.load(Ordering::Acquire) {
+                                        v if v == i => break,
+                                        usize::MAX => {
+                                            return Err(GpuError::new(
+                                                GpuErrorKind::Driver,
+                                                "the other baseline thread failed",
+                                            ))
+                                        }
+                                        _ => std::hint::spin_loop(),
+                                    }
+                                }
+                                if i > 0 {
+                                    let e = events[(i - 1) % RING];
+                                    drv(
+                                        "cuStreamWaitEvent",
+                                        driver::stream_wait_event(ctx, own, e),
+                                    )?;
+                                }
+                                launch_empty(ctx, f, own)?;
+                                if i < n {
+                                    let e = events[i % RING];
+                                    drv("cuEventRecord", driver::event_record(ctx, e, own))?;
+                                } else {
+                                    drv(
+                                        "cuStreamSynchronize",
+                                        driver::stream_synchronize(ctx, own),
+                                    )?;
+                                    end = Some(Instant::now());
+                                }
+                                turn.store(i + 1, Ordering::Release);
+                                i += 2;
+                            }
+                            Ok(())
+                        })();
+                        if r.is_err() {
+                            // Let the other thread finish.
+                            turn.store(usize::MAX, Ordering::Release);
+                        }
+                        let _ = driver::ctx_unbind();
+                        r.map(|_| (start, end))
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(GpuError::new(
+                            GpuErrorKind::Driver,
+                            "baseline thread panicked",
+                        ))
+                    })
+                })
+                .collect()
+        });
+        let (mut start, mut end) = (None, None);
+        for t in times {
+            let (s, e) = t?;
+            start = start.or(s);
+            end = end.or(e);
+        }
+        match (start, end) {
+            (Some(s), Some(e)) => Ok(e - s),
+            _ => Err(GpuError::new(
+                GpuErrorKind::Driver,
+                "baseline chain ended early",
+            )),
+        }
+    };
+    let m = run(256).and_then(|_| run(edges)).map(|el| Measurement {
+        ops: edges as u64,
+        elapsed: el,
+    });
+    let _ = on_bound(ctx, || {
+        for e in &events {
+            let _ = driver::event_destroy(ctx, *e);
+        }
+        for s in streams {
+            let _ = driver::stream_destroy(ctx, s);
+        }
+        Ok(())
+    });
+    drop(raw);
+    m
+}
+
 /// Cost of one `cuEventRecord` + `cuEventQuery` pair and of one launch, on one bound thread, in
 /// nanoseconds: `(launch, record, query)`. For the probe and for tuning.
 pub fn call_costs(ordinal: i32, n: usize) -> GpuResult<(f64, f64, f64)> {

@@ -14,6 +14,7 @@ use std::sync::{Mutex, OnceLock, RwLock};
 use crate::driver::{self, Ctx, DResult, Dev, Event, Func, Module as RawModule, Stream};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
+use crate::timing::DeviceTiming;
 
 /// A handle whose release waits for a bound worker.
 #[derive(Debug)]
@@ -57,6 +58,8 @@ pub(crate) struct DeviceShared {
     /// Device allocations made through the pool and not yet freed (freed at teardown if
     /// their owners still hold them).
     allocations: Mutex<std::collections::HashSet<u64>>,
+    /// GPU stream tracks of the trace (only when the pool records one).
+    pub(crate) timing: Option<DeviceTiming>,
 }
 
 impl fmt::Debug for DeviceShared {
@@ -69,8 +72,9 @@ impl fmt::Debug for DeviceShared {
 }
 
 impl DeviceShared {
-    pub(crate) fn new(info: DeviceInfo, dev: Dev) -> Self {
+    pub(crate) fn new(info: DeviceInfo, dev: Dev, trace: bool) -> Self {
         Self {
+            timing: trace.then(|| DeviceTiming::new(info.ordinal, &info.name)),
             info,
             dev,
             ctx: OnceLock::new(),
@@ -212,28 +216,12 @@ impl DeviceShared {
     }
 
     /// Makes `own` wait for everything enqueued so far on `other`, another worker's stream of
-    /// this device: records an event from the table on `other` and waits on it. Holds the
-    /// stream list meanwhile, so `other` cannot be destroyed under us; if it is already gone,
-    /// its worker synchronised it before destroying it and there is nothing to wait for.
-    pub(crate) fn wait_for_stream(&self, own: Stream, other: Stream) -> DResult<()> {
+    /// this device: records `e` (one of the calling worker's events) on `other` and waits on it.
+    /// Needs no lock: a worker's stream lives until the device's last worker stops, so it
+    /// outlives every node that can still name it.
+    pub(crate) fn wait_for_stream(&self, own: Stream, other: Stream, e: Event) -> DResult<()> {
         let ctx = self.ctx();
-        let streams = self.streams.read().unwrap_or_else(|e| e.into_inner());
-        if !streams.contains(&other) {
-            return Ok(());
-        }
-        let e = self.take_event()?;
-        let r = driver::event_record(ctx, e, other)
-            .and_then(|_| driver::stream_wait_event(ctx, own, e));
-        drop(streams);
-        self.put_event(e);
-        r
-    }
-
-    pub(crate) fn unregister_stream(&self, s: Stream) {
-        self.streams
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|x| *x != s);
+        driver::event_record(ctx, e, other).and_then(|_| driver::stream_wait_event(ctx, own, e))
     }
 
     // ---------------------------------------------------------------- release queue
@@ -277,8 +265,8 @@ impl DeviceShared {
             return 0;
         }
         let ctx = self.ctx();
-        // Hold the stream list while fencing so that no worker destroys a stream we record on
-        // (a stopping worker unregisters its stream under this lock before destroying it).
+        // Every registered stream lives until the device's last worker stops (which is after
+        // this worker), so recording on them is safe.
         let mut fenced = true;
         {
             let streams = self.streams.read().unwrap_or_else(|e| e.into_inner());
@@ -386,17 +374,15 @@ impl DeviceShared {
 
     // ---------------------------------------------------------------- teardown
 
-    /// Called by each worker as it stops (after it destroyed its own stream). The last worker of
-    /// the device frees what is left and releases the primary context.
-    pub(crate) fn worker_stopped(&self, last_stream: Stream) {
+    /// Called by each worker as it stops. Its stream stays (idle) until the device's last
+    /// worker stops, so that a node still running on another worker may record on it; the last
+    /// worker destroys every stream, frees what is left and releases the primary context.
+    pub(crate) fn worker_stopped(&self, own: Stream) {
         let ctx = self.ctx();
-        // Free what is queued while this worker's stream still exists.
-        self.drain_releases(last_stream);
+        self.drain_releases(own);
         if self.failed().is_none() {
-            let _ = driver::stream_synchronize(ctx, last_stream);
+            let _ = driver::stream_synchronize(ctx, own);
         }
-        self.unregister_stream(last_stream);
-        let _ = driver::stream_destroy(ctx, last_stream);
         self.worker_stopped_without_stream();
     }
 
@@ -428,8 +414,14 @@ impl DeviceShared {
         for p in live {
             let _ = driver::mem_free(ctx, p);
         }
+        for s in std::mem::take(&mut *self.streams.write().unwrap_or_else(|e| e.into_inner())) {
+            let _ = driver::stream_destroy(ctx, s);
+        }
         for e in std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner())) {
             let _ = driver::event_destroy(ctx, e);
+        }
+        if let Some(t) = &self.timing {
+            t.destroy(ctx);
         }
         self.functions
             .lock()

@@ -103,7 +103,7 @@ pub fn probe(ordinal: i32, sticky: bool) -> GpuResult<Vec<String>> {
     let was_checking = driver::checking();
     driver::set_checking(true);
     let wrong0 = driver::wrong_calls();
-    let shared = std::sync::Arc::new(DeviceShared::new(info, dev));
+    let shared = std::sync::Arc::new(DeviceShared::new(info, dev, false));
     let sh = shared.clone();
     let lines = std::thread::scope(|s| {
         s.spawn(move || -> GpuResult<Vec<String>> {

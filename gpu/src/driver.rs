@@ -107,7 +107,7 @@ handle!(
     sys::CUstream
 );
 handle!(
-    /// An event (created with timing disabled).
+    /// An event (created with timing disabled, except the trace's timing events).
     Event,
     sys::CUevent
 );
@@ -298,6 +298,34 @@ pub(crate) fn event_record(expect: Ctx, e: Event, s: Stream) -> DResult<()> {
     check(expect, "cuEventRecord");
     // SAFETY: crate invariant: both handles are live and of the same context.
     unsafe { sys::cuEventRecord(e.0, s.0).result() }
+}
+
+/// An event that records a timestamp (for the trace's GPU stream tracks only: timing events
+/// cost more to record than the crate's usual ones).
+pub(crate) fn event_create_timed(expect: Ctx) -> DResult<Event> {
+    check(expect, "cuEventCreate");
+    let mut e = MaybeUninit::<sys::CUevent>::uninit();
+    // SAFETY: writes one event handle.
+    unsafe {
+        sys::cuEventCreate(e.as_mut_ptr(), sys::CUevent_flags::CU_EVENT_DEFAULT as u32).result()?;
+        Ok(Event(e.assume_init()))
+    }
+}
+
+/// Milliseconds from `start` to `end`, two completed timing events of the same context.
+pub(crate) fn event_elapsed_ms(expect: Ctx, start: Event, end: Event) -> DResult<f32> {
+    check(expect, "cuEventElapsedTime");
+    let mut ms: f32 = 0.0;
+    // SAFETY: writes one float; both handles are live (crate invariant).
+    unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.0, end.0).result()? };
+    Ok(ms)
+}
+
+/// Blocks until the event's work is complete.
+pub(crate) fn event_synchronize(expect: Ctx, e: Event) -> DResult<()> {
+    check(expect, "cuEventSynchronize");
+    // SAFETY: crate invariant: `e` is live.
+    unsafe { sys::cuEventSynchronize(e.0).result() }
 }
 
 /// `Ok(true)` when the event's work is complete, `Ok(false)` when not yet.

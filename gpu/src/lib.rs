@@ -39,6 +39,7 @@ mod error;
 mod module;
 mod node;
 mod pool;
+mod timing;
 mod worker;
 
 pub use buffer::{DeviceBuffer, DeviceCopy};

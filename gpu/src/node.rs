@@ -14,7 +14,7 @@ use crate::driver::{self, Event, Stream};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
 use crate::pool::GpuDevice;
-use crate::worker::{Bound, GpuWorker};
+use crate::worker::{Bound, EventReturn, GpuWorker};
 
 /// What a GPU node leaves for its GPU successors (through the scheduler's node markers): the
 /// stream its work went to, and, when a successor is placed on another group (so surely on
@@ -23,16 +23,18 @@ use crate::worker::{Bound, GpuWorker};
 /// records an event on this stream itself (everything this node enqueued is already there)
 /// and waits on it.
 pub(crate) struct GpuMarker {
-    device: Arc<DeviceShared>,
+    /// The recording worker's return list (its own reference count: no line shared with the
+    /// device's other workers on the node path).
+    events: Option<Arc<EventReturn>>,
     stream: Stream,
     event: Option<Event>,
 }
 
 impl Drop for GpuMarker {
     fn drop(&mut self) {
-        if let Some(e) = self.event.take() {
-            // Back to the table: no driver call, any thread.
-            self.device.put_event(e);
+        if let (Some(e), Some(back)) = (self.event.take(), &self.events) {
+            // Back to the recording worker: no driver call, any thread.
+            back.put(e);
         }
     }
 }
@@ -479,11 +481,32 @@ where
         }
         let r = match m.event {
             Some(e) => driver::stream_wait_event(b.ctx, b.stream, e),
-            None => b.device.wait_for_stream(b.stream, m.stream),
+            None => b.take_event().and_then(|e| {
+                let r = b.device.wait_for_stream(b.stream, m.stream, e);
+                b.put_event(e);
+                r
+            }),
         };
         r.map_err(|e| Box::new(ctx.fail("cuStreamWaitEvent", e)) as BoxError)?;
     }
-    let out = body(&ctx)?;
+    let started = match &b.device.timing {
+        Some(t) => Some(
+            t.begin(b.ctx, b.stream)
+                .map_err(|e| Box::new(ctx.fail("cuEventRecord", e)) as BoxError)?,
+        ),
+        None => None,
+    };
+    let out = body(&ctx);
+    if let (Some(t), Some(s)) = (&b.device.timing, started) {
+        let who = (
+            node.node_name(),
+            node.graph_name(),
+            node.node_id().index() as u32,
+        );
+        t.end(b.ctx, b.trace_stream, s, out.is_ok(), who)
+            .map_err(|e| Box::new(ctx.fail("cuEventRecord", e)) as BoxError)?;
+    }
+    let out = out?;
     let seq = b.seq.get() + 1;
     b.seq.set(seq);
     // Who depends on this node?
@@ -511,11 +534,10 @@ where
     if gpu_succ {
         let event = if eager {
             let e = b
-                .device
                 .take_event()
                 .map_err(|e| Box::new(ctx.fail("cuEventCreate", e)) as BoxError)?;
             if let Err(err) = driver::event_record(b.ctx, e, b.stream) {
-                b.device.put_event(e);
+                b.put_event(e);
                 return Err(Box::new(ctx.fail("cuEventRecord", err)));
             }
             Some(e)
@@ -523,7 +545,7 @@ where
             None
         };
         node.set_marker(Box::new(GpuMarker {
-            device: b.device.clone(),
+            events: event.is_some().then(|| b.returned.clone()),
             stream: b.stream,
             event,
         }));

@@ -42,6 +42,7 @@ pub struct GpuPoolBuilder {
     pin: bool,
     host_workers: usize,
     host_cores: Option<Cores>,
+    trace: bool,
 }
 
 impl Default for GpuPoolBuilder {
@@ -63,6 +64,7 @@ impl GpuPoolBuilder {
             pin: true,
             host_workers: 0,
             host_cores: None,
+            trace: false,
         }
     }
 
@@ -110,6 +112,14 @@ impl GpuPoolBuilder {
     pub fn host_workers(mut self, n: usize, cores: Cores) -> Self {
         self.host_workers = n;
         self.host_cores = Some(cores);
+        self
+    }
+
+    /// Records a timeline ([`GpuPool::take_trace`]): the scheduler's worker tracks, plus one
+    /// track per GPU stream (`GPU <ordinal> (<name>) stream <i>`) with each GPU node's device
+    /// time, measured with timing events. Off by default; when off no timing event exists.
+    pub fn trace(mut self, on: bool) -> Self {
+        self.trace = on;
         self
     }
 
@@ -167,7 +177,7 @@ impl GpuPoolBuilder {
         for &o in &ordinals {
             let (dev, info) = detect::open_device(o)?;
             infos.push(info.clone());
-            devices.push(Arc::new(DeviceShared::new(info, dev)));
+            devices.push(Arc::new(DeviceShared::new(info, dev, self.trace)));
         }
         let process = process_cores();
         let plans = plan_cores(&infos, self.workers_per_device, &process);
@@ -244,6 +254,7 @@ impl GpuPoolBuilder {
             })
             .stop_hook(|_, w: GpuWorker| w.stop())
             .idle_hook(|_, w: &GpuWorker| w.idle())
+            .trace(self.trace)
             .build()
             .map_err(|e| {
                 GpuError::new(
@@ -252,6 +263,13 @@ impl GpuPoolBuilder {
                 )
                 .with_source(e)
             })?;
+        if let Some(r) = pool.span_recorder() {
+            for d in &devices {
+                if let Some(t) = &d.timing {
+                    t.set_recorder(r.clone());
+                }
+            }
+        }
         for (i, d) in devices.iter().enumerate() {
             let waker = pool.group_waker(device_groups[i][0]);
             d.set_waker(Box::new(move || waker.wake()));
@@ -315,6 +333,14 @@ impl GpuDevice {
     /// Events created so far for the device's event table (the table recycles them).
     pub fn events_created(&self) -> usize {
         self.shared.events_created()
+    }
+    /// Timing events created so far for the trace's GPU stream tracks (recycled; always 0
+    /// when the pool does not record a trace).
+    pub fn timing_events_created(&self) -> usize {
+        self.shared
+            .timing
+            .as_ref()
+            .map_or(0, |t| t.events_created())
     }
 }
 
@@ -422,6 +448,42 @@ impl GpuPool {
         let (ptr, len) = (buf.ptr, buf.len);
         // The caller's borrow of `buf` keeps the allocation alive until `call` returns.
         self.call(&dev, move |ctx| Ok(ctx.download_raw::<T>(ptr, len)?))
+    }
+
+    /// Drains the timeline recorded so far (empty unless built with
+    /// [`GpuPoolBuilder::trace`]): the worker tracks, and the GPU stream tracks with every GPU
+    /// node whose work was enqueued before this call (it first waits, on a worker of each device,
+    /// for that work's timing events; that worker's track shows a `trace flush` node of graph
+    /// `gpu trace flush`). [`Pool::take_trace`](boundpool_scheduler::Pool::take_trace) alone may miss GPU slices not resolved yet.
+    pub fn take_trace(&self) -> boundpool_scheduler::Trace {
+        if self.pool.is_tracing() {
+            let mut g = GraphBuilder::new("gpu trace flush");
+            for d in &self.devices {
+                if d.shared.failed().is_some() {
+                    continue;
+                }
+                let n = g.node(
+                    "trace flush",
+                    |node: &boundpool_scheduler::NodeCtx<'_, GpuWorker>| {
+                        if let Some(b) = &node.worker().bound {
+                            if let Some(t) = &b.device.timing {
+                                t.resolve(b.ctx, true);
+                            }
+                        }
+                        Ok(())
+                    },
+                );
+                g.place(n, d.group());
+            }
+            // After shutdown there is nothing to flush: each worker resolved its device's
+            // pending slices as it stopped.
+            if let Ok(graph) = g.build() {
+                if let Ok(h) = self.pool.submit(&graph) {
+                    let _ = h.wait();
+                }
+            }
+        }
+        self.pool.take_trace()
     }
 
     /// Stops the pool: `Finish` lets submitted graphs end, `Cancel` fails them. Workers then run

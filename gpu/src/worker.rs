@@ -4,7 +4,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -29,16 +29,37 @@ impl PoolShared {
     }
 }
 
+/// Events a worker recorded for its successors come back here when their markers are dropped
+/// (any thread, no driver call); the worker takes them back in one batch. Keeps the node path
+/// free of the device-wide event table and of shared reference counts.
+#[derive(Debug, Default)]
+pub(crate) struct EventReturn {
+    back: Mutex<Vec<Event>>,
+}
+
+impl EventReturn {
+    /// Gives an event back; no driver call, any thread.
+    pub(crate) fn put(&self, e: Event) {
+        self.back.lock().unwrap_or_else(|e| e.into_inner()).push(e);
+    }
+}
+
 /// A bound device worker's own resources.
 pub(crate) struct Bound {
     pub(crate) device: Arc<DeviceShared>,
     pub(crate) device_index: usize,
     pub(crate) ctx: Ctx,
     pub(crate) stream: Stream,
+    /// The stream's index in the device's trace tracks (0 when not tracing).
+    pub(crate) trace_stream: usize,
     funcs: RefCell<HashMap<u64, Func>>,
     /// GPU nodes enqueued on `stream` so far.
     pub(crate) seq: Cell<u64>,
     completion: RefCell<Completion>,
+    /// Events ready for reuse, this worker's own.
+    events: RefCell<Vec<Event>>,
+    /// Where this worker's events come back from markers.
+    pub(crate) returned: Arc<EventReturn>,
 }
 
 #[derive(Default)]
@@ -93,15 +114,33 @@ impl GpuWorker {
             }
         };
         device.register_stream(stream);
+        let trace_stream = match &device.timing {
+            Some(t) => match t.add_stream(ctx, stream) {
+                Ok(i) => i,
+                Err(e) => {
+                    let err = GpuError::driver(
+                        "cuEventRecord",
+                        &format!("device {}: trace reference event", device.ordinal()),
+                        e,
+                    );
+                    device.worker_stopped(stream);
+                    return Err(err);
+                }
+            },
+            None => 0,
+        };
         Ok(Self {
             bound: Some(Bound {
                 device,
                 device_index,
                 ctx,
                 stream,
+                trace_stream,
                 funcs: RefCell::new(HashMap::new()),
                 seq: Cell::new(0),
                 completion: RefCell::new(Completion::default()),
+                events: RefCell::new(Vec::new()),
+                returned: Arc::new(EventReturn::default()),
             }),
             shared,
         })
@@ -115,6 +154,16 @@ impl GpuWorker {
             for (_, e) in comp.recorded {
                 b.device.put_event(e);
             }
+            for e in b.events.into_inner() {
+                b.device.put_event(e);
+            }
+            for e in std::mem::take(&mut *b.returned.back.lock().unwrap_or_else(|e| e.into_inner()))
+            {
+                b.device.put_event(e);
+            }
+            if let Some(t) = &b.device.timing {
+                t.resolve(b.ctx, true);
+            }
             b.device.worker_stopped(b.stream);
         }
     }
@@ -125,11 +174,39 @@ impl GpuWorker {
             if b.device.has_pending_releases() {
                 b.device.drain_releases(b.stream);
             }
+            if let Some(t) = &b.device.timing {
+                if t.has_pending() {
+                    t.resolve(b.ctx, false);
+                }
+            }
         }
     }
 }
 
 impl Bound {
+    /// An event for this worker's use: its own spare ones first, then those its markers gave
+    /// back (one lock for the whole batch), then the device's table (which creates one when
+    /// empty).
+    pub(crate) fn take_event(&self) -> crate::driver::DResult<Event> {
+        let mut own = self.events.borrow_mut();
+        if let Some(e) = own.pop() {
+            return Ok(e);
+        }
+        {
+            let mut back = self.returned.back.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::swap(&mut *own, &mut *back);
+        }
+        match own.pop() {
+            Some(e) => Ok(e),
+            None => self.device.take_event(),
+        }
+    }
+
+    /// Gives an event back to this worker's spares.
+    pub(crate) fn put_event(&self, e: Event) {
+        self.events.borrow_mut().push(e);
+    }
+
     pub(crate) fn function(&self, k: &Kernel) -> GpuResult<Func> {
         if let Some(f) = self.funcs.borrow().get(&k.inner.id) {
             return Ok(*f);
@@ -163,7 +240,7 @@ impl Bound {
                     Ok(true) => {
                         c.done = c.done.max(s);
                         c.recorded.pop_front();
-                        self.device.put_event(e);
+                        self.put_event(e);
                         c.last_not_ready = None;
                     }
                     Ok(false) => {
@@ -180,16 +257,19 @@ impl Bound {
             }
         }
         if c.done >= seq {
+            if let Some(t) = &self.device.timing {
+                t.resolve(self.ctx, false);
+            }
             return Poll::Ready(Ok(()));
         }
         let covered = c.recorded.back().is_some_and(|&(s, _)| s >= seq);
         if !covered {
             let tail = self.seq.get();
-            let rec = self.device.take_event().and_then(|e| {
+            let rec = self.take_event().and_then(|e| {
                 driver::event_record(self.ctx, e, self.stream)
                     .map(|_| e)
                     .inspect_err(|_| {
-                        self.device.put_event(e);
+                        self.put_event(e);
                     })
             });
             match rec {

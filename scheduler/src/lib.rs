@@ -63,4 +63,4 @@ pub use crate::pool::{
     WorkerInfo,
 };
 pub use crate::run::GraphOutput;
-pub use crate::trace::{SliceKind, Trace, TraceSlice, TraceTrack};
+pub use crate::trace::{SliceKind, SpanRecorder, Trace, TraceSlice, TraceTrack};

@@ -561,8 +561,18 @@ impl<S: Send + 'static> Pool<S> {
         end: std::time::Instant,
     ) {
         if let Some(t) = &self.registry.trace {
-            t.span(track, name, start, end);
+            t.span(track, name, None, start, end);
         }
+    }
+
+    /// A handle that adds slices to extra tracks from any thread (what
+    /// [`record_span`](Self::record_span) does, without a borrow of the pool); `None` unless
+    /// the pool records a trace.
+    pub fn span_recorder(&self) -> Option<crate::SpanRecorder> {
+        self.registry
+            .trace
+            .as_ref()
+            .map(|t| crate::SpanRecorder::new(t.clone()))
     }
 
     /// The scheduler's counters, read live (no metrics recorder needed).

@@ -79,21 +79,76 @@ struct Raw {
     kind: SliceKind,
 }
 
-pub(crate) struct TraceSink {
+/// The recording state; shared (cheap clones) so that a [`SpanRecorder`] can outlive a borrow
+/// of the pool.
+#[derive(Clone)]
+pub(crate) struct TraceSink(Arc<SinkInner>);
+
+pub(crate) struct SinkInner {
     epoch: Instant,
     workers: usize,
     raw: Mutex<Vec<Raw>>,
     extra: Mutex<Vec<String>>,
 }
 
+impl std::ops::Deref for TraceSink {
+    type Target = SinkInner;
+    fn deref(&self) -> &SinkInner {
+        &self.0
+    }
+}
+
+/// A handle that adds slices to extra tracks of a pool's trace from any thread, for example a
+/// GPU stream's per-node device time (from [`Pool::span_recorder`](crate::Pool::span_recorder);
+/// only exists while the pool records a trace). Keeps the recorded slices alive, not the pool.
+#[derive(Clone)]
+pub struct SpanRecorder(TraceSink);
+
+impl std::fmt::Debug for SpanRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpanRecorder").finish_non_exhaustive()
+    }
+}
+
+impl SpanRecorder {
+    pub(crate) fn new(sink: TraceSink) -> Self {
+        SpanRecorder(sink)
+    }
+
+    /// The instant the trace's times are measured from.
+    pub fn epoch(&self) -> Instant {
+        self.0.epoch
+    }
+
+    /// Adds a slice named `name` to the extra track `track` (created on first use).
+    pub fn span(&self, track: &str, name: &str, start: Instant, end: Instant) {
+        self.0.span(track, name, None, start, end);
+    }
+
+    /// Adds a slice standing for node `node` (its index in its graph) of graph `graph` to the
+    /// extra track `track`: the slice carries the graph's name and the node's index, like a
+    /// worker track's node slice, with [`SliceKind::Span`].
+    pub fn node_span(
+        &self,
+        track: &str,
+        name: &str,
+        (graph, node): (&str, u32),
+        start: Instant,
+        end: Instant,
+    ) {
+        self.0
+            .span(track, name, Some((Arc::from(graph), node)), start, end);
+    }
+}
+
 impl TraceSink {
     pub(crate) fn new(workers: usize) -> Self {
-        TraceSink {
+        TraceSink(Arc::new(SinkInner {
             epoch: Instant::now(),
             workers,
             raw: Mutex::new(Vec::new()),
             extra: Mutex::new(Vec::new()),
-        }
+        }))
     }
 
     pub(crate) fn node(
@@ -130,7 +185,14 @@ impl TraceSink {
         sync::lock(&self.raw).push(r);
     }
 
-    pub(crate) fn span(&self, track: &str, name: &str, start: Instant, end: Instant) {
+    pub(crate) fn span(
+        &self,
+        track: &str,
+        name: &str,
+        node: Option<(Arc<str>, u32)>,
+        start: Instant,
+        end: Instant,
+    ) {
         let idx = {
             let mut extra = sync::lock(&self.extra);
             match extra.iter().position(|t| t == track) {
@@ -141,11 +203,15 @@ impl TraceSink {
                 }
             }
         };
+        let (graph, node) = match node {
+            Some((g, n)) => (Some(g), Some(n)),
+            None => (None, None),
+        };
         let r = Raw {
             track: self.workers + idx,
             name: Cow::Owned(name.to_string()),
-            graph: None,
-            node: None,
+            graph,
+            node,
             start,
             end,
             kind: SliceKind::Span,
