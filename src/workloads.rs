@@ -431,8 +431,25 @@ pub fn standard_shapes(scale: f64) -> Vec<(Shape, usize)> {
     ]
 }
 
+/// Evicts the caches (writes and reads a buffer larger than any last-level cache these
+/// machines have), so that a timed run does not find the data of the run before it in cache:
+/// the two rayon-core variants share one DAG, and whichever ran second would otherwise start
+/// warm while boundpool starts cold.
+pub fn evict_caches(buf: &mut [u64]) -> u64 {
+    let mut sum = 0u64;
+    for (i, x) in buf.iter_mut().enumerate() {
+        *x = x.wrapping_add(i as u64);
+        sum = sum.wrapping_add(*x);
+    }
+    std::hint::black_box(sum)
+}
+
+/// Bytes written by [`evict_caches`] before each timed run of [`bench_shapes`].
+pub const EVICT_BYTES: usize = 128 << 20;
+
 /// Runs the standard shapes on boundpool and the rayon-core baselines in this process,
-/// interleaving the implementations run by run so machine noise hits them alike.
+/// interleaving the implementations run by run so machine noise hits them alike, and evicting
+/// the caches before each timed run ([`evict_caches`]) so none inherits another's warm data.
 /// `progress` is called after each run with (done, total).
 pub fn bench_shapes(cfg: &BenchConfig, mut progress: impl FnMut(usize, usize)) -> Vec<BenchRow> {
     let pool = boundpool_scheduler::PoolBuilder::new()
@@ -446,6 +463,7 @@ pub fn bench_shapes(cfg: &BenchConfig, mut progress: impl FnMut(usize, usize)) -
         .expect("rayon starts");
     let shapes = standard_shapes(cfg.scale);
     let total = shapes.len() * cfg.runs * 3 + usize::from(cfg.thread_per_node_nodes > 0) * cfg.runs;
+    let mut evict = vec![0u64; EVICT_BYTES / 8];
     let mut done = 0;
     let mut rows = Vec::new();
     for (shape, n) in shapes {
@@ -459,8 +477,11 @@ pub fn bench_shapes(cfg: &BenchConfig, mut progress: impl FnMut(usize, usize)) -
         rayon_spawn(&rayon, &adj);
         rayon_inline(&rayon, &adj);
         for _ in 0..cfg.runs {
+            evict_caches(&mut evict);
             bp.push(run_boundpool(&pool, &graph).as_nanos() as f64 / nodes);
+            evict_caches(&mut evict);
             rs.push(rayon_spawn(&rayon, &adj).as_nanos() as f64 / nodes);
+            evict_caches(&mut evict);
             ri.push(rayon_inline(&rayon, &adj).as_nanos() as f64 / nodes);
             done += 3;
             progress(done, total);

@@ -1,17 +1,15 @@
 //! What a node body sees: its inputs, its worker, and a way to submit nested graphs.
 
 use std::any::{Any, TypeId};
-use std::cell::Cell;
 use std::fmt;
 use std::task::Poll;
 
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::{AnyValue, NodeId, NodeRef, Topology};
+use crate::graph::{AnyValue, NodeId, NodeRef};
 use crate::handle::GraphHandle;
 use crate::pool::{GroupId, WorkerInfo};
 use crate::registry::Registry;
-use crate::run::{Run, Slot};
-use crate::sync::{AtomicBool, Ordering};
+use crate::run::{Run, Slots};
 use crate::worker::WorkerThread;
 use crate::Graph;
 
@@ -29,24 +27,30 @@ pub struct Inputs<'a> {
 /// What `Inputs` needs of a run, without its state type (so `Inputs` stays two words wide and
 /// CPU-lane bodies need no type parameter).
 pub(crate) trait RunAccess: Sync {
-    fn slots(&self) -> &[Slot];
-    fn stored(&self) -> &AtomicBool;
-    fn topo(&self) -> &Topology;
+    fn slots(&self) -> &Slots;
+    fn successors(&self, node: u32) -> &[u32];
+    fn predecessors(&self, node: u32) -> &[u32];
+    fn node_name(&self, node: u32) -> &str;
     fn graph_uid(&self) -> u32;
     fn graph_name(&self) -> &str;
     /// (origin graph, base offset) of a node's body: how its captured `NodeRef`s map here.
     fn origin_base(&self, node: u32) -> (u32, u32);
+    /// Where node `id` of this run's graph is placed, if it is a node of it and is placed.
+    fn placement_of(&self, id: NodeId) -> Option<GroupId>;
 }
 
 impl<S: Send + 'static> RunAccess for Run<S> {
-    fn slots(&self) -> &[Slot] {
+    fn slots(&self) -> &Slots {
         &self.slots
     }
-    fn stored(&self) -> &AtomicBool {
-        &self.stored
+    fn successors(&self, node: u32) -> &[u32] {
+        self.plan.successors(node)
     }
-    fn topo(&self) -> &Topology {
-        &self.plan.topo
+    fn predecessors(&self, node: u32) -> &[u32] {
+        self.plan.predecessors(node)
+    }
+    fn node_name(&self, node: u32) -> &str {
+        &self.plan.names[node as usize]
     }
     fn graph_uid(&self) -> u32 {
         self.plan.uid
@@ -56,6 +60,11 @@ impl<S: Send + 'static> RunAccess for Run<S> {
     }
     fn origin_base(&self, node: u32) -> (u32, u32) {
         self.plan.nodes[node as usize].origin_base(self.plan.uid)
+    }
+    fn placement_of(&self, id: NodeId) -> Option<GroupId> {
+        self.plan
+            .check(id)
+            .and_then(|i| self.plan.nodes[i as usize].placement())
     }
 }
 
@@ -85,14 +94,14 @@ impl<'a> Inputs<'a> {
             )));
         }
         let index = base + from.id.index;
-        if !self.run.topo().predecessors(self.node).contains(&index) {
+        if !self.run.predecessors(self.node).contains(&index) {
             return Err(self.bad_input(format!(
                 "reads node #{index}, which is not a direct predecessor"
             )));
         }
         // SAFETY: `index` is a direct predecessor, so it completed before this node became
         // ready (its counter decrement happened-before our Acquire of it reaching zero).
-        let out = unsafe { self.run.slots()[index as usize].get() };
+        let out = self.run.slots().get(index).and_then(|s| unsafe { s.get() });
         match out.and_then(|o| o.value.as_deref()) {
             Some(v) => (v as &(dyn Any + Send + Sync))
                 .downcast_ref::<T>()
@@ -116,13 +125,9 @@ impl<'a> Inputs<'a> {
     /// Only the thread running this node may call this, before the node completes.
     #[inline]
     pub(crate) unsafe fn store_output(&self, value: AnyValue) {
-        let stored = self.run.stored();
-        if !stored.load(Ordering::Relaxed) {
-            stored.store(true, Ordering::Relaxed);
-        }
         // SAFETY: the caller runs this node, so it is the slot's only writer, and no successor
         // reads the slot before the node completes.
-        unsafe { self.run.slots()[self.node as usize].set_value(value) }
+        unsafe { self.run.slots().get_or_alloc(self.node).set_value(value) }
     }
 
     fn bad_input(&self, what: String) -> Error {
@@ -139,7 +144,7 @@ impl<'a> Inputs<'a> {
 
     /// This node's name.
     pub fn node_name(&self) -> &'a str {
-        &self.run.topo().names[self.node as usize]
+        self.run.node_name(self.node)
     }
 
     /// The name of the graph being run.
@@ -159,7 +164,6 @@ impl<'a> Inputs<'a> {
     pub fn predecessors(&self) -> impl Iterator<Item = NodeId> + 'a {
         let g = self.run.graph_uid();
         self.run
-            .topo()
             .predecessors(self.node)
             .iter()
             .map(move |&index| NodeId { graph: g, index })
@@ -169,7 +173,6 @@ impl<'a> Inputs<'a> {
     pub fn successors(&self) -> impl Iterator<Item = NodeId> + 'a {
         let g = self.run.graph_uid();
         self.run
-            .topo()
             .successors(self.node)
             .iter()
             .map(move |&index| NodeId { graph: g, index })
@@ -182,12 +185,11 @@ impl<'a> Inputs<'a> {
         let g = self.run.graph_uid();
         let slots = self.run.slots();
         self.run
-            .topo()
             .predecessors(self.node)
             .iter()
             .filter_map(move |&index| {
                 // SAFETY: a direct predecessor completed before this node became ready.
-                let out = unsafe { slots[index as usize].get() }?;
+                let out = unsafe { slots.get(index)?.get() }?;
                 out.marker
                     .as_deref()
                     .map(|m| (NodeId { graph: g, index }, m))
@@ -199,9 +201,7 @@ impl<'a> Inputs<'a> {
 /// worker's state and identity, and nested submission.
 pub struct NodeCtx<'a, S> {
     pub(crate) inputs: Inputs<'a>,
-    pub(crate) run: &'a Run<S>,
     pub(crate) worker: &'a WorkerThread<S>,
-    pub(crate) deferred: Cell<Option<DeferFn<S>>>,
 }
 
 impl<S: Send + 'static> fmt::Debug for NodeCtx<'_, S> {
@@ -235,20 +235,22 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
 
     /// Where node `id` of the running graph is placed (`None`: any worker).
     pub fn placement_of(&self, id: NodeId) -> Option<GroupId> {
-        self.run
-            .plan
-            .check(id)
-            .and_then(|i| self.run.plan.nodes[i as usize].placement())
+        self.inputs.run.placement_of(id)
     }
 
     /// Attaches a side value to this node's completion, readable by direct successors through
     /// [`Inputs::predecessor_markers`] (the GPU backend attaches the event recorded after the
     /// node's work). Replaces an earlier marker.
     pub fn set_marker(&self, marker: Box<dyn Any + Send + Sync>) {
-        self.run.note_stored();
         // SAFETY: this worker is running the node, so it is the slot's only writer, and no
         // successor reads it before the node completes.
-        unsafe { self.run.slots[self.inputs.node as usize].set_marker(marker) }
+        unsafe {
+            self.inputs
+                .run
+                .slots()
+                .get_or_alloc(self.inputs.node)
+                .set_marker(marker)
+        }
     }
 
     /// Defers this node's completion: after the body returns, its successors are released (and
@@ -259,7 +261,7 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
         &self,
         poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static,
     ) {
-        self.deferred.set(Some(Box::new(poll)));
+        self.worker.set_deferred(Box::new(poll));
     }
 
     /// Submits `graph` to the pool running this node. Waiting on the handle from inside a node

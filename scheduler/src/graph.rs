@@ -1,28 +1,20 @@
 //! Graph building and validation: `GraphBuilder` collects nodes and edges, `build` checks them
 //! and freezes them into a `Plan` that any number of runs share.
 
-use std::any::{Any, TypeId};
+use std::any::Any;
 use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32 as StdAtomicU32, Ordering as StdOrdering};
 use std::sync::{Arc, OnceLock};
 
+use crate::body::{is_unit, CpuFn, NodeBody, ThinBody, WorkerFn};
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::pool::GroupId;
 
 /// A node's output, type-erased.
 pub(crate) type AnyValue = Box<dyn Any + Send + Sync>;
-/// A type-erased worker body. It stores its own output (so the call returns two words in
-/// registers instead of a value through memory).
-pub(crate) type WorkerBody<S> = Box<dyn Fn(&NodeCtx<'_, S>) -> Result<(), BoxError> + Send + Sync>;
-pub(crate) type CpuBody = Box<dyn Fn(&Inputs<'_>) -> Result<(), BoxError> + Send + Sync>;
-
-#[inline(always)]
-fn is_unit<T: 'static>() -> bool {
-    TypeId::of::<T>() == TypeId::of::<()>()
-}
 
 /// Hands out a distinct id to every builder so edges between graphs can be told apart.
 static NEXT_GRAPH_UID: StdAtomicU32 = StdAtomicU32::new(1);
@@ -94,16 +86,8 @@ impl<T> From<&NodeRef<T>> for NodeId {
     }
 }
 
-pub(crate) enum Body<S> {
-    /// Runs on a pool worker with its state.
-    Worker(WorkerBody<S>),
-    /// CPU-heavy: runs on the rayon lane when the pool has one.
-    Cpu(CpuBody),
-    /// A node of an inlined subgraph: the body lives in the subgraph's plan.
-    Inlined(Box<InlinedBody<S>>),
-}
-
-/// Where an inlined node's body lives, and how the `NodeRef`s it captured map to this graph.
+/// A node of an inlined subgraph: the body lives in the subgraph's plan, and the `NodeRef`s it
+/// captured map to this graph through `origin` and `base`.
 pub(crate) struct InlinedBody<S> {
     pub(crate) plan: Arc<Plan<S>>,
     pub(crate) index: u32,
@@ -113,50 +97,142 @@ pub(crate) struct InlinedBody<S> {
     pub(crate) base: u32,
 }
 
-/// `NodeSpec::placement` of a node that may run on any worker.
-const ANY_GROUP: u32 = u32::MAX;
+impl<S: Send + 'static> NodeBody<S> for InlinedBody<S> {
+    fn run(&self, ctx: &NodeCtx<'_, S>) -> Result<(), BoxError> {
+        self.plan.nodes[self.index as usize].body.run(ctx)
+    }
 
-/// One node of a graph, kept to 32 bytes: building a large graph is mostly writing these.
+    fn run_inputs(&self, inputs: &Inputs<'_>) -> Result<(), BoxError> {
+        self.plan.nodes[self.index as usize].body.run_inputs(inputs)
+    }
+
+    fn inlined(&self) -> Option<&InlinedBody<S>> {
+        Some(self)
+    }
+}
+
+/// Bits of [`NodeSpec::meta`]: the placement in the low 24 bits, then the flags.
+const PLACEMENT_MASK: u32 = 0x00FF_FFFF;
+/// The placement of a node that may run on any worker.
+const ANY_GROUP: u32 = PLACEMENT_MASK;
+/// How `NodeSpec::succ` holds the successors: 0, 1 or 2 inline, or `SUCC_EXTERNAL`.
+const SUCC_SHIFT: u32 = 24;
+const SUCC_MASK: u32 = 3 << SUCC_SHIFT;
+/// `succ` is `[start, len]` in `Plan::ext`.
+const SUCC_EXTERNAL: u32 = 3;
+/// A CPU-heavy node ([`GraphBuilder::cpu_node`]).
+const FLAG_CPU: u32 = 1 << 26;
+/// The body returns `()`: nothing to store.
+const FLAG_UNIT: u32 = 1 << 27;
+/// The body is an [`InlinedBody`].
+const FLAG_INLINED: u32 = 1 << 28;
+/// The node's one successor has this node as its only predecessor and may run wherever this
+/// node runs: it is the node's continuation, with no check at run time (set by `build`).
+const FLAG_CHAIN: u32 = 1 << 29;
+
+/// One node of a graph, 24 bytes: its body, how many predecessors it waits for, its placement
+/// and flags, and its successors (up to two inline, more in the plan's `ext` list). Everything
+/// the scheduler reads to run a node and release its successors sits in this one record, and a
+/// successor's record is the one read next when it runs as the continuation, so a chain or a
+/// tree touches one record per node instead of several arrays.
 pub(crate) struct NodeSpec<S> {
-    pub(crate) body: Body<S>,
-    /// The group index, or [`ANY_GROUP`].
-    placement: u32,
-    /// The body returns `()`: nothing to store.
-    pub(crate) unit: bool,
+    pub(crate) body: ThinBody<S>,
+    /// Up to two successors inline (while building: the first two), or `[start, len]` in the
+    /// plan's `ext` list (see `SUCC_MASK`).
+    succ: [u32; 2],
+    /// Number of predecessors (edges into this node, repeated edges counted each time).
+    pub(crate) indegree: u32,
+    /// Placement and flags (`PLACEMENT_MASK`, `SUCC_MASK`, `FLAG_*`).
+    meta: u32,
 }
 
 impl<S> NodeSpec<S> {
-    /// The node's body with inlining resolved.
-    pub(crate) fn resolved_body(&self) -> &Body<S> {
-        match &self.body {
-            Body::Inlined(b) => b.plan.nodes[b.index as usize].resolved_body(),
-            b => b,
+    fn new(body: ThinBody<S>, flags: u32) -> Self {
+        NodeSpec {
+            body,
+            succ: [0; 2],
+            indegree: 0,
+            meta: ANY_GROUP | flags,
         }
     }
 
+    #[inline]
     pub(crate) fn is_cpu(&self) -> bool {
-        matches!(self.resolved_body(), Body::Cpu(_))
+        self.meta & FLAG_CPU != 0
+    }
+
+    #[inline]
+    pub(crate) fn is_unit(&self) -> bool {
+        self.meta & FLAG_UNIT != 0
+    }
+
+    /// The node's continuation, if it is a link of a chain (see `FLAG_CHAIN`).
+    #[inline(always)]
+    pub(crate) fn chain_successor(&self) -> Option<u32> {
+        (self.meta & FLAG_CHAIN != 0).then_some(self.succ[0])
+    }
+
+    #[inline]
+    fn succ_mode(&self) -> u32 {
+        (self.meta & SUCC_MASK) >> SUCC_SHIFT
+    }
+
+    fn set_succ_mode(&mut self, mode: u32) {
+        self.meta = (self.meta & !SUCC_MASK) | (mode << SUCC_SHIFT);
     }
 
     /// The group this node is restricted to, if any.
     #[inline]
     pub(crate) fn placement(&self) -> Option<GroupId> {
-        (self.placement != ANY_GROUP).then_some(GroupId(self.placement))
+        let p = self.meta & PLACEMENT_MASK;
+        (p != ANY_GROUP).then_some(GroupId(p))
     }
 
-    fn set_placement(&mut self, g: Option<GroupId>) {
-        self.placement = g.map_or(ANY_GROUP, |g| g.0);
+    /// The raw placement (`ANY_GROUP` or a group index), for comparing two nodes'.
+    #[inline]
+    pub(crate) fn placement_bits(&self) -> u32 {
+        self.meta & PLACEMENT_MASK
+    }
+
+    fn set_placement_bits(&mut self, p: u32) {
+        self.meta = (self.meta & !PLACEMENT_MASK) | p;
     }
 
     /// (origin, base): the graph whose builder created the body, and where that graph's node 0
     /// sits in the graph `uid` this node belongs to.
     #[inline]
     pub(crate) fn origin_base(&self, uid: u32) -> (u32, u32) {
-        match &self.body {
-            Body::Inlined(b) => (b.origin, b.base),
-            _ => (uid, 0),
+        if self.meta & FLAG_INLINED != 0 {
+            if let Some(b) = self.body.inlined() {
+                return (b.origin, b.base);
+            }
         }
+        (uid, 0)
     }
+}
+
+/// The successors of node `i`: inline in its record or in `ext`.
+#[inline]
+fn successors_of<'a, S>(nodes: &'a [NodeSpec<S>], ext: &'a [u32], i: u32) -> &'a [u32] {
+    let spec = &nodes[i as usize];
+    match spec.succ_mode() {
+        SUCC_EXTERNAL => {
+            let [start, len] = spec.succ;
+            &ext[start as usize..start as usize + len as usize]
+        }
+        k => &spec.succ[..k as usize],
+    }
+}
+
+/// An edge that `build` rejects: the first one added.
+#[derive(Clone, Copy)]
+enum BadEdge {
+    /// An endpoint of another graph.
+    Foreign(NodeId),
+    /// An endpoint this graph does not have.
+    Unknown(NodeId),
+    /// A node after itself.
+    SelfLoop(u32),
 }
 
 /// Builds a task graph: named nodes, edges, placements and inlined subgraphs.
@@ -184,12 +260,27 @@ pub struct GraphBuilder<S = ()> {
     name: Cow<'static, str>,
     nodes: Vec<NodeSpec<S>>,
     names: NameTable,
-    /// Edges by node index; ids of other graphs are caught when the edge is added.
-    edges: Vec<(u32, u32)>,
-    /// A placement that named a bad node; reported by `build`.
-    bad_placement: Option<NodeId>,
-    /// The first edge endpoint that was a node of another graph; reported by `build`.
-    foreign_edge: Option<NodeId>,
+    /// Edges beyond their source's second successor, in the order added (the first two of a
+    /// node's successors go into its record at once).
+    overflow: Vec<(u32, u32)>,
+    /// Edges added (and accepted).
+    edges: usize,
+    /// One bit per node: the node has a predecessor (so it is not a source).
+    has_pred: Vec<u64>,
+    /// Every edge so far goes from a lower to a higher index: node order is a topological order.
+    forward: bool,
+    /// Some node has more than one predecessor (runs need dependency counters).
+    joins: bool,
+    /// Nodes whose output is not `()`.
+    valued: Vec<u32>,
+    /// A node with the highest placement, kept up to date while nodes are placed.
+    max_placement: Option<(u32, GroupId)>,
+    /// A node was placed again: `max_placement` must be recomputed at build.
+    replaced: bool,
+    /// A placement that named a bad node or group; reported by `build`.
+    bad_placement: Option<(NodeId, Option<GroupId>)>,
+    /// The first bad edge; reported by `build`.
+    bad_edge: Option<BadEdge>,
 }
 
 impl<S> fmt::Debug for GraphBuilder<S> {
@@ -197,12 +288,12 @@ impl<S> fmt::Debug for GraphBuilder<S> {
         f.debug_struct("GraphBuilder")
             .field("name", &self.name)
             .field("nodes", &self.nodes.len())
-            .field("edges", &self.edges.len())
+            .field("edges", &self.edges)
             .finish()
     }
 }
 
-impl<S: 'static> GraphBuilder<S> {
+impl<S: Send + 'static> GraphBuilder<S> {
     /// An empty graph named `name` (the name appears in errors and metrics).
     pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
         Self::with_capacity(name, 0, 0)
@@ -210,14 +301,24 @@ impl<S: 'static> GraphBuilder<S> {
 
     /// An empty graph with room for `nodes` nodes and `edges` edges.
     pub fn with_capacity(name: impl Into<Cow<'static, str>>, nodes: usize, edges: usize) -> Self {
+        // Edges mostly live in their source's record; only those past a node's second
+        // successor are listed apart, so reserve little for them.
+        let _ = edges;
         GraphBuilder {
             uid: NEXT_GRAPH_UID.fetch_add(1, StdOrdering::Relaxed),
             name: name.into(),
             nodes: Vec::with_capacity(nodes),
             names: NameTable::with_capacity(nodes),
-            edges: Vec::with_capacity(edges),
+            overflow: Vec::new(),
+            edges: 0,
+            has_pred: Vec::with_capacity(nodes.div_ceil(64)),
+            forward: true,
+            joins: false,
+            valued: Vec::new(),
+            max_placement: None,
+            replaced: false,
             bad_placement: None,
-            foreign_edge: None,
+            bad_edge: None,
         }
     }
 
@@ -236,14 +337,19 @@ impl<S: 'static> GraphBuilder<S> {
         self.nodes.is_empty()
     }
 
-    fn push(&mut self, name: Cow<'static, str>, body: Body<S>, unit: bool) -> NodeId {
-        let index = u32::try_from(self.nodes.len()).expect("a graph holds at most 2^32 - 1 nodes");
-        self.nodes.push(NodeSpec {
-            body,
-            placement: ANY_GROUP,
-            unit,
-        });
-        self.names.push(&name);
+    fn push(&mut self, name: &str, spec: NodeSpec<S>) -> NodeId {
+        let index = u32::try_from(self.nodes.len())
+            .ok()
+            .filter(|&i| i < u32::MAX)
+            .expect("a graph holds at most 2^32 - 2 nodes");
+        if index % 64 == 0 {
+            self.has_pred.push(0);
+        }
+        if !spec.is_unit() {
+            self.valued.push(index);
+        }
+        self.nodes.push(spec);
+        self.names.push(name);
         NodeId {
             graph: self.uid,
             index,
@@ -257,18 +363,9 @@ impl<S: 'static> GraphBuilder<S> {
         T: Send + Sync + 'static,
         F: Fn(&NodeCtx<'_, S>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
-        let unit = is_unit::<T>();
-        let body: WorkerBody<S> = Box::new(move |ctx| {
-            let v = body(ctx)?;
-            // Evaluated inside the closure (a constant per `T`) rather than captured, so that the
-            // wrapper of a zero-sized closure stays zero-sized and `Box` does not allocate.
-            if !is_unit::<T>() {
-                // SAFETY: a body runs only as its node, on the thread that runs the node.
-                unsafe { ctx.inputs.store_output(Box::new(v)) };
-            }
-            Ok(())
-        });
-        NodeRef::new(self.push(name.into(), Body::Worker(body), unit))
+        let flags = if is_unit::<T>() { FLAG_UNIT } else { 0 };
+        let spec = NodeSpec::new(ThinBody::new(WorkerFn(body, PhantomData)), flags);
+        NodeRef::new(self.push(&name.into(), spec))
     }
 
     /// Adds a CPU-heavy node. When the pool has a host-work lane (see
@@ -280,40 +377,82 @@ impl<S: 'static> GraphBuilder<S> {
         T: Send + Sync + 'static,
         F: Fn(&Inputs<'_>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
-        let unit = is_unit::<T>();
-        let body: CpuBody = Box::new(move |inputs| {
-            let v = body(inputs)?;
-            // Evaluated inside the closure (a constant per `T`) rather than captured, so that the
-            // wrapper of a zero-sized closure stays zero-sized and `Box` does not allocate.
-            if !is_unit::<T>() {
-                // SAFETY: a body runs only as its node, on the thread that runs the node.
-                unsafe { inputs.store_output(Box::new(v)) };
-            }
-            Ok(())
-        });
-        NodeRef::new(self.push(name.into(), Body::Cpu(body), unit))
+        let flags = FLAG_CPU | if is_unit::<T>() { FLAG_UNIT } else { 0 };
+        let spec = NodeSpec::new(ThinBody::new(CpuFn(body, PhantomData)), flags);
+        NodeRef::new(self.push(&name.into(), spec))
     }
 
     /// Adds an edge: `to` starts only after `from` has finished, and may read its output.
-    /// Ids are checked by [`build`](Self::build).
+    /// A node of another graph, a node this graph does not have, or a node after itself is
+    /// reported by [`build`](Self::build).
     pub fn edge(&mut self, from: impl Into<NodeId>, to: impl Into<NodeId>) -> &mut Self {
         let (from, to) = (from.into(), to.into());
-        for id in [from, to] {
-            if id.graph != self.uid && self.foreign_edge.is_none() {
-                self.foreign_edge = Some(id);
+        let n = self.nodes.len() as u32;
+        let bad = if from.graph != self.uid {
+            Some(BadEdge::Foreign(from))
+        } else if to.graph != self.uid {
+            Some(BadEdge::Foreign(to))
+        } else if from.index >= n {
+            Some(BadEdge::Unknown(from))
+        } else if to.index >= n {
+            Some(BadEdge::Unknown(to))
+        } else if from.index == to.index {
+            Some(BadEdge::SelfLoop(from.index))
+        } else {
+            None
+        };
+        match bad {
+            None => self.add_edge(from.index, to.index),
+            Some(b) => {
+                if self.bad_edge.is_none() {
+                    self.bad_edge = Some(b);
+                }
             }
         }
-        self.edges.push((from.index, to.index));
         self
+    }
+
+    /// Records edge `f -> t` (two distinct nodes of this builder).
+    #[inline]
+    fn add_edge(&mut self, f: u32, t: u32) {
+        self.forward &= f < t;
+        self.edges += 1;
+        let to = &mut self.nodes[t as usize];
+        to.indegree = to
+            .indegree
+            .checked_add(1)
+            .expect("a node has at most 2^32 - 1 predecessors");
+        self.joins |= to.indegree > 1;
+        self.has_pred[t as usize / 64] |= 1 << (t % 64);
+        let from = &mut self.nodes[f as usize];
+        match from.succ_mode() {
+            k @ (0 | 1) => {
+                from.succ[k as usize] = t;
+                from.set_succ_mode(k + 1);
+            }
+            2 => {
+                from.set_succ_mode(SUCC_EXTERNAL);
+                self.overflow.push((f, t));
+            }
+            _ => self.overflow.push((f, t)),
+        }
     }
 
     /// Restricts `node` to the workers of `group` (for example a GPU's workers).
     pub fn place(&mut self, node: impl Into<NodeId>, group: GroupId) -> &mut Self {
         let id = node.into();
-        if id.graph == self.uid && (id.index as usize) < self.nodes.len() {
-            self.nodes[id.index as usize].set_placement(Some(group));
+        let ok_node = id.graph == self.uid && (id.index as usize) < self.nodes.len();
+        if ok_node && group.0 < ANY_GROUP {
+            let spec = &mut self.nodes[id.index as usize];
+            if spec.placement().is_some() {
+                self.replaced = true;
+            }
+            spec.set_placement_bits(group.0);
+            if self.max_placement.is_none_or(|(_, m)| group > m) {
+                self.max_placement = Some((id.index, group));
+            }
         } else if self.bad_placement.is_none() {
-            self.bad_placement = Some(id);
+            self.bad_placement = Some((id, ok_node.then_some(group)));
         }
         self
     }
@@ -323,28 +462,34 @@ impl<S: 'static> GraphBuilder<S> {
     /// Bodies are shared, not cloned, so one `Graph` may be inlined many times.
     pub fn subgraph(&mut self, graph: &Graph<S>) -> Subgraph {
         let plan = &graph.plan;
-        let offset = u32::try_from(self.nodes.len()).expect("a graph holds at most 2^32 - 1 nodes");
+        let offset = u32::try_from(self.nodes.len()).expect("a graph holds at most 2^32 - 2 nodes");
         for (i, spec) in plan.nodes.iter().enumerate() {
             let (origin, base) = spec.origin_base(plan.uid);
-            let (body_plan, body_index) = match &spec.body {
-                Body::Inlined(b) => (b.plan.clone(), b.index),
-                _ => (plan.clone(), i as u32),
+            let (body_plan, body_index) = match spec.body.inlined() {
+                Some(b) => (b.plan.clone(), b.index),
+                None => (plan.clone(), i as u32),
             };
-            self.names.push(&plan.topo.names[i]);
-            self.nodes.push(NodeSpec {
-                body: Body::Inlined(Box::new(InlinedBody {
+            let flags = spec.meta & (FLAG_CPU | FLAG_UNIT) | FLAG_INLINED;
+            let mut inner = NodeSpec::new(
+                ThinBody::new(InlinedBody {
                     plan: body_plan,
                     index: body_index,
                     origin,
                     base: offset + base,
-                })),
-                placement: spec.placement,
-                unit: spec.unit,
-            });
+                }),
+                flags,
+            );
+            inner.set_placement_bits(spec.placement_bits());
+            let id = self.push(&plan.names[i], inner);
+            if let Some(g) = spec.placement() {
+                if self.max_placement.is_none_or(|(_, m)| g > m) {
+                    self.max_placement = Some((id.index, g));
+                }
+            }
         }
-        for (from, tos) in (0..plan.nodes.len()).map(|i| (i, plan.successors(i as u32))) {
-            for &to in tos {
-                self.edges.push((offset + from as u32, offset + to));
+        for from in 0..plan.nodes.len() as u32 {
+            for &to in plan.successors(from) {
+                self.add_edge(offset + from, offset + to);
             }
         }
         Subgraph {
@@ -360,8 +505,9 @@ impl<S: 'static> GraphBuilder<S> {
     /// Validates the graph and freezes it.
     ///
     /// Errors: an edge naming a node this graph does not have ([`ErrorKind::UnknownNode`]), a node
-    /// of another graph ([`ErrorKind::ForeignNode`]), or a cycle ([`ErrorKind::Cycle`], naming
-    /// nodes on it). Nothing runs before this succeeds.
+    /// of another graph ([`ErrorKind::ForeignNode`]), a placement on a group index no pool can
+    /// have ([`ErrorKind::UnknownGroup`]), or a cycle ([`ErrorKind::Cycle`], naming nodes on it).
+    /// Nothing runs before this succeeds.
     pub fn build(self) -> Result<Graph<S>, Error> {
         Plan::build(self).map(|plan| Graph {
             plan: Arc::new(plan),
@@ -433,7 +579,7 @@ impl<S> fmt::Debug for Graph<S> {
         f.debug_struct("Graph")
             .field("name", &self.plan.name)
             .field("nodes", &self.plan.nodes.len())
-            .field("edges", &self.plan.topo.succ.len())
+            .field("edges", &self.plan.edges)
             .finish()
     }
 }
@@ -456,7 +602,7 @@ impl<S> Graph<S> {
 
     /// Number of edges.
     pub fn edge_count(&self) -> usize {
-        self.plan.topo.succ.len()
+        self.plan.edges
     }
 
     /// Every node's id, in order.
@@ -467,9 +613,7 @@ impl<S> Graph<S> {
 
     /// A node's name, if `id` belongs to this graph.
     pub fn node_name(&self, id: NodeId) -> Option<&str> {
-        self.plan
-            .check(id)
-            .map(|i| &self.plan.topo.names[i as usize])
+        self.plan.check(id).map(|i| &self.plan.names[i as usize])
     }
 
     /// A node's placement (`None`: any worker), if `id` belongs to this graph.
@@ -525,7 +669,7 @@ impl<S> Graph<S> {
             let _ = writeln!(
                 s,
                 "  n{i} [label=\"{}\\n[{}]\"];",
-                dot_escape(&self.plan.topo.names[i]),
+                dot_escape(&self.plan.names[i]),
                 dot_escape(&place)
             );
         }
@@ -548,13 +692,22 @@ fn dot_escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
-/// A validated graph in compressed form: successor and predecessor lists, in-degrees, sources.
+/// A validated graph: node records (bodies, degrees, placements, inline successors), the
+/// successor lists of nodes with more than two, sources, names.
 pub(crate) struct Plan<S> {
     pub(crate) uid: u32,
     pub(crate) name: Arc<str>,
     pub(crate) nodes: Box<[NodeSpec<S>]>,
-    pub(crate) topo: Topology,
-    pub(crate) indegree: Box<[u32]>,
+    /// Successor lists of the nodes that have more than two (`SUCC_EXTERNAL`).
+    ext: Box<[u32]>,
+    /// Number of edges.
+    pub(crate) edges: usize,
+    /// Some node has more than one predecessor.
+    pub(crate) joins: bool,
+    /// (start, list), built from the successor lists the first time a node asks for its
+    /// predecessors: graphs whose nodes never read inputs never pay for them.
+    preds: OnceLock<Csr>,
+    pub(crate) names: NameTable,
     pub(crate) sources: Box<[u32]>,
     /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.
     pub(crate) valued: Box<[u32]>,
@@ -581,6 +734,7 @@ impl NameTable {
         }
     }
 
+    #[inline]
     fn push(&mut self, name: &str) {
         self.text.push_str(name);
         let end = u32::try_from(self.text.len()).expect("a graph's node names total under 4 GiB");
@@ -604,63 +758,41 @@ impl std::ops::Index<usize> for NameTable {
     }
 }
 
-/// Successor and predecessor lists in compressed form, and node names: what `Inputs` needs,
-/// without the state type.
-pub(crate) struct Topology {
-    n: usize,
-    succ_start: Box<[u32]>,
-    succ: Box<[u32]>,
-    /// (start, list), built from the successor lists the first time a node asks for its
-    /// predecessors: graphs whose nodes never read inputs never pay for them.
-    preds: OnceLock<Csr>,
-    pub(crate) names: NameTable,
+/// Predecessor lists in compressed form, from the successor lists of `n` nodes.
+fn build_predecessors<'a>(n: usize, successors: impl Fn(u32) -> &'a [u32]) -> Csr {
+    let mut start = vec![0u32; n + 1];
+    for f in 0..n as u32 {
+        for &t in successors(f) {
+            start[t as usize + 1] += 1;
+        }
+    }
+    for i in 0..n {
+        start[i + 1] += start[i];
+    }
+    let mut fill: Vec<u32> = start[..n].to_vec();
+    let mut list = vec![0u32; start[n] as usize];
+    for f in 0..n as u32 {
+        for &t in successors(f) {
+            list[fill[t as usize] as usize] = f;
+            fill[t as usize] += 1;
+        }
+    }
+    (start.into_boxed_slice(), list.into_boxed_slice())
 }
 
-impl Topology {
+impl<S> Plan<S> {
     #[inline]
     pub(crate) fn successors(&self, i: u32) -> &[u32] {
-        let i = i as usize;
-        &self.succ[self.succ_start[i] as usize..self.succ_start[i + 1] as usize]
+        successors_of(&self.nodes, &self.ext, i)
     }
 
     #[inline]
     pub(crate) fn predecessors(&self, i: u32) -> &[u32] {
         let (start, list) = self
             .preds
-            .get_or_init(|| Self::build_predecessors(&self.succ_start, &self.succ, self.n));
+            .get_or_init(|| build_predecessors(self.nodes.len(), |f| self.successors(f)));
         let i = i as usize;
         &list[start[i] as usize..start[i + 1] as usize]
-    }
-
-    fn build_predecessors(succ_start: &[u32], succ: &[u32], n: usize) -> Csr {
-        let mut start = vec![0u32; n + 1];
-        for &t in succ {
-            start[t as usize + 1] += 1;
-        }
-        for i in 0..n {
-            start[i + 1] += start[i];
-        }
-        let mut fill: Vec<u32> = start[..n].to_vec();
-        let mut list = vec![0u32; succ.len()];
-        for f in 0..n {
-            for &t in &succ[succ_start[f] as usize..succ_start[f + 1] as usize] {
-                list[fill[t as usize] as usize] = f as u32;
-                fill[t as usize] += 1;
-            }
-        }
-        (start.into_boxed_slice(), list.into_boxed_slice())
-    }
-}
-
-impl<S> Plan<S> {
-    #[inline]
-    pub(crate) fn successors(&self, i: u32) -> &[u32] {
-        self.topo.successors(i)
-    }
-
-    #[inline]
-    pub(crate) fn predecessors(&self, i: u32) -> &[u32] {
-        self.topo.predecessors(i)
     }
 
     /// A node with the highest group placement, for checking placements against a pool.
@@ -682,59 +814,36 @@ impl<S> Plan<S> {
     pub(crate) fn describe(&self, i: u32) -> String {
         format!(
             "node '{}' (#{}) of graph '{}'",
-            &self.topo.names[i as usize], i, self.name
+            &self.names[i as usize], i, self.name
         )
     }
 
-    fn build(b: GraphBuilder<S>) -> Result<Self, Error> {
+    fn build(mut b: GraphBuilder<S>) -> Result<Self, Error> {
         let n = b.nodes.len();
-        let uid = b.uid;
         let gname: Arc<str> = Arc::from(&*b.name);
-        let check = |id: NodeId, what: &str| -> Result<u32, Error> {
-            if id.graph != uid {
-                return Err(Error::new(
-                    ErrorKind::ForeignNode,
+        if let Some((id, group)) = b.bad_placement {
+            return Err(match group {
+                Some(g) => Error::new(
+                    ErrorKind::UnknownGroup,
                     format!(
-                        "graph '{}': {what} refers to node #{} of another graph; \
-                         inline that graph with `subgraph` and map the node through the returned `Subgraph`",
-                        gname, id.index
+                        "graph '{}': node '{}' (#{}) is placed on group {}, above the largest \
+                         group index a pool can have ({})",
+                        gname,
+                        &b.names[id.index as usize],
+                        id.index,
+                        g.index(),
+                        ANY_GROUP - 1
                     ),
-                ));
-            }
-            if id.index as usize >= n {
-                return Err(Error::new(
-                    ErrorKind::UnknownNode,
-                    format!(
-                        "graph '{}': {what} refers to node #{}, but the graph has {} node(s)",
-                        gname, id.index, n
-                    ),
-                ));
-            }
-            Ok(id.index)
-        };
-        if let Some(id) = b.bad_placement {
-            check(id, "a placement")?;
+                ),
+                None => node_error(&gname, id, b.uid, n, "a placement"),
+            });
         }
-        if let Some(id) = b.foreign_edge {
-            check(id, "an edge")?;
-        }
-        // Counting sort of the edges by source: compressed successor lists. Predecessor lists are
-        // built on first use (`Topology::predecessors`).
-        let mut succ_start = vec![0u32; n + 1];
-        let mut indegree = vec![0u32; n];
-        let mut forward = true;
-        for &(f, t) in &b.edges {
-            if f as usize >= n || t as usize >= n {
-                let bad = if f as usize >= n { f } else { t };
-                check(
-                    NodeId {
-                        graph: uid,
-                        index: bad,
-                    },
-                    "an edge",
-                )?;
+        match b.bad_edge {
+            None => {}
+            Some(BadEdge::Foreign(id)) | Some(BadEdge::Unknown(id)) => {
+                return Err(node_error(&gname, id, b.uid, n, "an edge"));
             }
-            if f == t {
+            Some(BadEdge::SelfLoop(f)) => {
                 return Err(Error::new(
                     ErrorKind::Cycle,
                     format!(
@@ -743,91 +852,159 @@ impl<S> Plan<S> {
                     ),
                 ));
             }
-            forward &= f < t;
-            succ_start[f as usize] += 1;
-            indegree[t as usize] += 1;
         }
-        // Inclusive prefix sums make `succ_start[i]` the end of `i`'s list; filling the lists
-        // back to front then walks each entry down to its start, keeping edge order.
-        let m = b.edges.len();
-        for i in 1..n {
-            succ_start[i] += succ_start[i - 1];
+        let ext = external_successors(&mut b.nodes, &b.overflow);
+        mark_chains(&mut b.nodes);
+        let mut sources = Vec::new();
+        for (w, &bits) in b.has_pred.iter().enumerate() {
+            let mut free = !bits;
+            while free != 0 {
+                let i = w * 64 + free.trailing_zeros() as usize;
+                if i >= n {
+                    break;
+                }
+                sources.push(i as u32);
+                free &= free - 1;
+            }
         }
-        succ_start[n] = m as u32;
-        let mut succ = vec![0u32; m];
-        for &(f, t) in b.edges.iter().rev() {
-            succ_start[f as usize] -= 1;
-            succ[succ_start[f as usize] as usize] = t;
-        }
-        let sources: Vec<u32> = (0..n as u32)
-            .filter(|&i| indegree[i as usize] == 0)
-            .collect();
 
         // Kahn's algorithm: every node must become ready, or there is a cycle. Skipped when every
         // edge goes from a lower to a higher index: node order is then a topological order.
-        let mut remaining = if forward {
-            Vec::new()
-        } else {
-            indegree.clone()
-        };
-        let mut stack = if forward { Vec::new() } else { sources.clone() };
-        let mut seen = if forward { n } else { 0 };
-        while let Some(i) = stack.pop() {
-            seen += 1;
-            let i = i as usize;
-            for &s in &succ[succ_start[i] as usize..succ_start[i + 1] as usize] {
-                let r = &mut remaining[s as usize];
-                *r -= 1;
-                if *r == 0 {
-                    stack.push(s);
+        if !b.forward {
+            let mut remaining: Vec<u32> = b.nodes.iter().map(|s| s.indegree).collect();
+            let mut stack = sources.clone();
+            let mut seen = 0;
+            while let Some(i) = stack.pop() {
+                seen += 1;
+                for &s in successors_of(&b.nodes, &ext, i) {
+                    let r = &mut remaining[s as usize];
+                    *r -= 1;
+                    if *r == 0 {
+                        stack.push(s);
+                    }
                 }
             }
-        }
-        if seen < n {
-            let preds = Topology::build_predecessors(&succ_start, &succ, n);
-            let cycle = find_cycle(&remaining, &preds.0, &preds.1);
-            let names: Vec<String> = cycle
-                .iter()
-                .map(|&i| format!("'{}' (#{i})", &b.names[i as usize]))
-                .collect();
-            return Err(Error::new(
-                ErrorKind::Cycle,
-                format!(
-                    "graph '{}' has a cycle: {} -> {}",
-                    gname,
-                    names.join(" -> "),
-                    names[0]
-                ),
-            ));
-        }
-        let mut valued = Vec::new();
-        let mut max_placement: Option<(u32, GroupId)> = None;
-        for (i, spec) in b.nodes.iter().enumerate() {
-            if !spec.unit {
-                valued.push(i as u32);
+            if seen < n {
+                let preds = build_predecessors(n, |f| successors_of(&b.nodes, &ext, f));
+                let cycle = find_cycle(&remaining, &preds.0, &preds.1);
+                let names: Vec<String> = cycle
+                    .iter()
+                    .map(|&i| format!("'{}' (#{i})", &b.names[i as usize]))
+                    .collect();
+                return Err(Error::new(
+                    ErrorKind::Cycle,
+                    format!(
+                        "graph '{}' has a cycle: {} -> {}",
+                        gname,
+                        names.join(" -> "),
+                        names[0]
+                    ),
+                ));
             }
-            if let Some(g) = spec.placement() {
-                if max_placement.is_none_or(|(_, m)| g > m) {
-                    max_placement = Some((i as u32, g));
+        }
+        let mut max_placement = b.max_placement;
+        if b.replaced {
+            max_placement = None;
+            for (i, spec) in b.nodes.iter().enumerate() {
+                if let Some(g) = spec.placement() {
+                    if max_placement.is_none_or(|(_, m)| g > m) {
+                        max_placement = Some((i as u32, g));
+                    }
                 }
             }
         }
         Ok(Plan {
-            uid,
+            uid: b.uid,
             name: gname,
             nodes: b.nodes.into_boxed_slice(),
-            topo: Topology {
-                n,
-                succ_start: succ_start.into_boxed_slice(),
-                succ: succ.into_boxed_slice(),
-                preds: OnceLock::new(),
-                names: b.names.shrunk(),
-            },
-            indegree: indegree.into_boxed_slice(),
+            ext,
+            edges: b.edges,
+            joins: b.joins,
+            preds: OnceLock::new(),
+            names: b.names.shrunk(),
             sources: sources.into_boxed_slice(),
-            valued: valued.into_boxed_slice(),
+            valued: b.valued.into_boxed_slice(),
             max_placement,
         })
+    }
+}
+
+/// The error for a placement or edge naming node `id`, which is of another graph or beyond the
+/// `n` nodes of graph `uid`.
+fn node_error(gname: &str, id: NodeId, uid: u32, n: usize, what: &str) -> Error {
+    if id.graph != uid {
+        Error::new(
+            ErrorKind::ForeignNode,
+            format!(
+                "graph '{gname}': {what} refers to node #{} of another graph; \
+                 inline that graph with `subgraph` and map the node through the returned `Subgraph`",
+                id.index
+            ),
+        )
+    } else {
+        Error::new(
+            ErrorKind::UnknownNode,
+            format!(
+                "graph '{gname}': {what} refers to node #{}, but the graph has {n} node(s)",
+                id.index
+            ),
+        )
+    }
+}
+
+/// Moves the successors of nodes with more than two into one list: each such node's first two
+/// (from its record) and then its `overflow` edges, in the order they were added; the record
+/// then holds `[start, len]`. Nothing to do (and nothing allocated) when no node has more than two.
+fn external_successors<S>(nodes: &mut [NodeSpec<S>], overflow: &[(u32, u32)]) -> Box<[u32]> {
+    if overflow.is_empty() {
+        return Box::new([]);
+    }
+    // Overflow edges per node; then each node's fill cursor.
+    let mut extra = vec![0u32; nodes.len()];
+    for &(f, _) in overflow {
+        extra[f as usize] += 1;
+    }
+    let total: usize = extra
+        .iter()
+        .filter(|&&k| k > 0)
+        .map(|&k| 2 + k as usize)
+        .sum();
+    let total_u32 = u32::try_from(total).expect("a graph holds at most 2^32 - 1 edges");
+    let mut ext = vec![0u32; total_u32 as usize];
+    let mut cursor = 0u32;
+    for (f, k) in extra.iter_mut().enumerate() {
+        if *k == 0 {
+            continue;
+        }
+        let spec = &mut nodes[f];
+        let len = 2 + *k;
+        ext[cursor as usize] = spec.succ[0];
+        ext[cursor as usize + 1] = spec.succ[1];
+        spec.succ = [cursor, len];
+        *k = cursor + 2;
+        cursor += len;
+    }
+    for &(f, t) in overflow {
+        let at = &mut extra[f as usize];
+        ext[*at as usize] = t;
+        *at += 1;
+    }
+    ext.into_boxed_slice()
+}
+
+/// Sets `FLAG_CHAIN` on every node whose one successor has it as its only predecessor and is
+/// placed anywhere or where the node is.
+fn mark_chains<S>(nodes: &mut [NodeSpec<S>]) {
+    for i in 0..nodes.len() {
+        let spec = &nodes[i];
+        if spec.succ_mode() != 1 {
+            continue;
+        }
+        let next = &nodes[spec.succ[0] as usize];
+        let place = next.placement_bits();
+        if next.indegree == 1 && (place == ANY_GROUP || place == spec.placement_bits()) {
+            nodes[i].meta |= FLAG_CHAIN;
+        }
     }
 }
 
@@ -916,7 +1093,8 @@ mod tests {
         g.edge(a, b).edge(a, c).edge(b, d).edge(c, d).edge(c, d);
         let graph = g.build().unwrap();
         let p = &graph.plan;
-        assert_eq!(&*p.indegree, &[0, 1, 1, 3, 0]);
+        let indegree: Vec<u32> = p.nodes.iter().map(|s| s.indegree).collect();
+        assert_eq!(indegree, vec![0, 1, 1, 3, 0]);
         assert_eq!(&*p.sources, &[0, 4]);
         assert_eq!(p.successors(0), &[1, 2]);
         assert_eq!(p.successors(2), &[3, 3]);
@@ -1074,14 +1252,15 @@ mod tests {
 
     #[test]
     fn node_spec_stays_small() {
-        // Building a large graph is mostly writing these: keep them at 32 bytes.
-        assert!(std::mem::size_of::<NodeSpec<()>>() <= 32);
+        // Building and running a large graph is mostly writing and reading these: keep them
+        // at 24 bytes.
+        assert_eq!(std::mem::size_of::<NodeSpec<()>>(), 24);
     }
 
     #[test]
     fn empty_graph_plan() {
         let g = GraphBuilder::<()>::new("nothing").build().unwrap();
-        assert!(g.plan.sources.is_empty() && g.plan.indegree.is_empty());
+        assert!(g.plan.sources.is_empty() && g.plan.nodes.is_empty());
         assert_eq!(g.edge_count(), 0);
     }
 }

@@ -37,6 +37,7 @@
 //!
 //! The worker loop, memory orderings and shutdown steps are described in the crate's README.
 
+mod body;
 mod ctx;
 mod error;
 mod graph;

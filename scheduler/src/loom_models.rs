@@ -9,8 +9,9 @@
 //!
 //! 1. the dependency counters and the in-flight count of a `Run` (a join node becomes ready
 //!    exactly once; the run is finished exactly once; failures still finish it once and count
-//!    the cancelled nodes), and the ready-queue hand-off (the in-flight count is raised before a
-//!    ready node is queued, so a thief finishing it cannot end the run early);
+//!    the cancelled nodes), the ready-queue hand-off (the in-flight count is raised before a
+//!    ready node is queued, so a thief finishing it cannot end the run early), and the output
+//!    slots allocated by the first node that stores (racing writers, readers after release);
 //! 2. the sleep protocol of `Sleep` (a worker that announces itself idle and re-checks, against a
 //!    pusher that pushes and notifies: no lost wake-up);
 //! 3. `Completion` (complete against a parked waiter or a registered waker: no lost wake-up, the
@@ -227,6 +228,57 @@ fn ready_handoff_keeps_the_run_alive() {
             finishes.fetch_add(1, Ordering::SeqCst);
         }
         thief.join().unwrap();
+        assert_eq!(finishes.load(Ordering::SeqCst), 1);
+        assert_eq!(run.inflight.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// The output slots are allocated by the first node that stores a value: the two middle nodes
+/// of a diamond store theirs at once (racing to allocate; one allocation wins, the other is
+/// freed), then release the join node, which reads both values.
+#[test]
+fn lazily_allocated_slots() {
+    loom::model(|| {
+        let graph = diamond();
+        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let (ready, _) = complete(&run, 0, true);
+        assert_eq!(ready, vec![1, 2]);
+        let finishes = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = [1u32, 2]
+            .into_iter()
+            .map(|node| {
+                let (run, finishes) = (run.clone(), finishes.clone());
+                thread::spawn(move || {
+                    // SAFETY: this thread runs `node`: the slot's only writer, before release.
+                    unsafe {
+                        run.slots
+                            .get_or_alloc(node)
+                            .set_value(Box::new(node as u64 * 10))
+                    };
+                    let (ready, fin) = complete(&run, node, true);
+                    if fin {
+                        finishes.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if ready == [3] {
+                        // The join node reads both predecessors' values.
+                        for (p, want) in [(1u32, 10u64), (2, 20)] {
+                            let slot = run.slots.get(p).expect("the slots were allocated");
+                            // SAFETY: `p` completed before the join node became ready.
+                            let out = unsafe { slot.get() }.expect("the value was stored");
+                            let v = out.value.as_deref().unwrap();
+                            assert_eq!(v.downcast_ref::<u64>(), Some(&want));
+                        }
+                        let (_, fin) = complete(&run, 3, true);
+                        if fin {
+                            finishes.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
         assert_eq!(finishes.load(Ordering::SeqCst), 1);
         assert_eq!(run.inflight.load(Ordering::SeqCst), 0);
     });

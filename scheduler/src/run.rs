@@ -17,7 +17,7 @@ use crossbeam_utils::CachePadded;
 use crate::error::{Error, ErrorKind};
 use crate::graph::{AnyValue, NodeId, NodeRef, Plan};
 use crate::sync::{
-    self, current_thread, AtomicBool, AtomicU32, AtomicUsize, Mutex, Ordering, Thread,
+    self, current_thread, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Mutex, Ordering, Thread,
 };
 
 /// What a finished node leaves for its successors and the submitter.
@@ -38,24 +38,6 @@ pub(crate) struct Slot(UnsafeCell<Option<Box<NodeOutput>>>);
 unsafe impl Sync for Slot {}
 
 impl Slot {
-    /// `n` empty slots from zeroed memory: the allocator hands out untouched pages, so a graph
-    /// whose nodes leave no output never pays for initialising its slots.
-    fn zeroed(n: usize) -> Box<[Slot]> {
-        if n == 0 {
-            return Box::new([]);
-        }
-        let layout = std::alloc::Layout::array::<Slot>(n).expect("slot array size");
-        // SAFETY: `layout` has a non-zero size (n > 0 and `Slot` is pointer-sized).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        // SAFETY: `Slot` is `UnsafeCell<Option<Box<_>>>`, whose all-zero bit pattern is `None`
-        // (the null-pointer niche of `Box`), so the zeroed memory holds `n` valid slots; the
-        // allocation has the layout `Box<[Slot]>` frees with.
-        unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) }
-    }
-
     /// Stores the node's value.
     ///
     /// # Safety
@@ -109,6 +91,87 @@ impl Slot {
     }
 }
 
+/// A run's output slots, allocated when the first node stores a value or a marker: a graph
+/// whose nodes leave nothing (most large host graphs) never allocates or frees them.
+pub(crate) struct Slots {
+    ptr: AtomicPtr<Slot>,
+    len: usize,
+}
+
+impl Slots {
+    fn new(len: usize) -> Self {
+        Slots {
+            ptr: AtomicPtr::new(std::ptr::null_mut()),
+            len,
+        }
+    }
+
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::array::<Slot>(len).expect("slot array size")
+    }
+
+    /// Slot `i`, if any slot was ever allocated (readers: a node that stored something
+    /// allocated them before its completion, which happened-before the read).
+    #[inline]
+    pub(crate) fn get(&self, i: u32) -> Option<&Slot> {
+        let p = self.ptr.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        assert!((i as usize) < self.len, "slot index out of range");
+        // SAFETY: `p` points to `len` initialised slots that live until the run is dropped.
+        Some(unsafe { &*p.add(i as usize) })
+    }
+
+    /// Slot `i`, allocating the slots on first use (several writers may race to allocate:
+    /// one wins, the others free theirs).
+    pub(crate) fn get_or_alloc(&self, i: u32) -> &Slot {
+        assert!((i as usize) < self.len, "slot index out of range");
+        let mut p = self.ptr.load(Ordering::Acquire);
+        if p.is_null() {
+            let layout = Self::layout(self.len);
+            // SAFETY: `layout` has a non-zero size (`len > 0`, since node `i` exists).
+            let fresh = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
+            if fresh.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            // All-zero bits are `None` in every slot (the null niche of `Box`).
+            match self.ptr.compare_exchange(
+                std::ptr::null_mut(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => p = fresh,
+                Err(won) => {
+                    // SAFETY: `fresh` came from `alloc_zeroed(layout)` and was never shared.
+                    unsafe { std::alloc::dealloc(fresh as *mut u8, layout) };
+                    p = won;
+                }
+            }
+        }
+        // SAFETY: as in `get`.
+        unsafe { &*p.add(i as usize) }
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        // `&mut self`: no other thread can be writing (a Relaxed load is exact).
+        let p = self.ptr.load(Ordering::Relaxed);
+        if p.is_null() {
+            return;
+        }
+        for i in 0..self.len {
+            // SAFETY: `&mut self`: no other reference to the slots exists; each slot is
+            // initialised and dropped exactly once here.
+            unsafe { std::ptr::drop_in_place(p.add(i)) };
+        }
+        // SAFETY: the memory came from `alloc_zeroed` with this layout.
+        unsafe { std::alloc::dealloc(p as *mut u8, Self::layout(self.len)) };
+    }
+}
+
 /// A ready node of a run, as it sits in a deque or injector. Copying one is allowed only to pass
 /// it along: exactly one copy is completed.
 pub(crate) struct Task<S> {
@@ -151,18 +214,15 @@ impl<S> fmt::Debug for Task<S> {
     }
 }
 
-/// The counter value of a one-predecessor node whose predecessor ended without releasing it
-/// (such counters otherwise stay at 1).
-const UNRELEASED: u32 = u32::MAX;
-
 pub(crate) struct Run<S> {
     pub(crate) id: u64,
     pub(crate) plan: std::sync::Arc<Plan<S>>,
-    /// Unfinished predecessors of each node.
+    /// Finished predecessors of each node with more than one, counting up from 0 (zeroed
+    /// memory; empty when the graph has no such node: one-predecessor nodes need no counter).
     pub(crate) pending: Box<[AtomicU32]>,
-    pub(crate) slots: std::mem::ManuallyDrop<Box<[Slot]>>,
-    /// Some slot was written: dropping the slots must visit them. Graphs of `()` nodes skip that.
-    pub(crate) stored: AtomicBool,
+    pub(crate) slots: Slots,
+    /// One-predecessor nodes whose predecessor ended without releasing them (failures only).
+    unreleased: Mutex<Vec<u32>>,
     /// Tasks of this run that are queued or running (deferred completions included).
     /// The run is over when it drops to zero.
     pub(crate) inflight: CachePadded<AtomicUsize>,
@@ -177,29 +237,20 @@ pub(crate) struct Run<S> {
 impl<S> Run<S> {
     pub(crate) fn new(id: u64, plan: std::sync::Arc<Plan<S>>) -> Self {
         let n = plan.nodes.len();
-        let pending = plan.indegree.iter().map(|&d| AtomicU32::new(d)).collect();
-        let slots = Slot::zeroed(n);
+        let pending = sync::zeroed_counters(if plan.joins { n } else { 0 });
         let inflight = CachePadded::new(AtomicUsize::new(plan.sources.len()));
         Run {
             id,
             plan,
             pending,
-            slots: std::mem::ManuallyDrop::new(slots),
-            stored: AtomicBool::new(false),
+            slots: Slots::new(n),
+            unreleased: Mutex::new(Vec::new()),
             inflight,
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
             skipped: AtomicUsize::new(0),
             completion: std::sync::Arc::new(Completion::new()),
             submitted: Instant::now(),
-        }
-    }
-
-    /// Records that a slot was written (see `stored`).
-    #[inline]
-    pub(crate) fn note_stored(&self) {
-        if !self.stored.load(Ordering::Relaxed) {
-            self.stored.store(true, Ordering::Relaxed);
         }
     }
 
@@ -233,19 +284,22 @@ impl<S> Run<S> {
             self.mark_unreleased(node);
         } else {
             for &s in self.plan.successors(node) {
-                let pending = &self.pending[s as usize];
-                // A count of 1 seen by a predecessor that has not yet decremented means it is
-                // the last one (every predecessor decrements once): the node is ready without a
-                // read-modify-write. That covers one-predecessor nodes, whose count is never
-                // decremented, and the last predecessor of most others. The Acquire load (or the
-                // AcqRel decrement) pairs with the other predecessors' Release decrements, so
-                // their outputs are visible to whoever runs the node; our own output reaches it
-                // through the queue hand-off. The store of 0 (into a line we just read) keeps
-                // "released" readable for `take_result`.
-                if pending.load(Ordering::Acquire) == 1 {
-                    pending.store(0, Ordering::Relaxed);
-                } else if pending.fetch_sub(1, Ordering::AcqRel) != 1 {
-                    continue;
+                let d = self.plan.nodes[s as usize].indegree;
+                // One predecessor (the common case): ready, no shared counter at all; our
+                // output reaches the successor through the queue hand-off. Otherwise count
+                // up: a count of d - 1 seen by a predecessor that has not yet counted means it
+                // is the last one (each counts once), so the node is ready without a
+                // read-modify-write. The Acquire load (or the AcqRel increment) pairs with the
+                // other predecessors' Release increments, so their outputs are visible to
+                // whoever runs the node. The store of d keeps "released" readable for
+                // `take_result`.
+                if d != 1 {
+                    let pending = &self.pending[s as usize];
+                    if pending.load(Ordering::Acquire) == d - 1 {
+                        pending.store(d, Ordering::Relaxed);
+                    } else if pending.fetch_add(1, Ordering::AcqRel) != d - 1 {
+                        continue;
+                    }
                 }
                 ready(Task::new(self, s));
                 n += 1;
@@ -291,19 +345,25 @@ impl<S> Run<S> {
     /// from released ones. Only on the failure path.
     #[cold]
     fn mark_unreleased(&self, node: u32) {
-        for &s in self.plan.successors(node) {
-            if self.plan.indegree[s as usize] == 1 {
-                self.pending[s as usize].store(UNRELEASED, Ordering::Relaxed);
-            }
-        }
+        let nodes = &self.plan.nodes;
+        let mut list = sync::lock(&self.unreleased);
+        list.extend(
+            self.plan
+                .successors(node)
+                .iter()
+                .filter(|&&s| nodes[s as usize].indegree == 1),
+        );
     }
 
-    /// Nodes that were never released: a counter above zero for several predecessors; for one
-    /// predecessor, a mark or a predecessor that was itself never released.
+    /// Nodes that were never released: a counter below the in-degree for several predecessors;
+    /// for one predecessor, a mark or a predecessor that was itself never released.
     fn count_unreleased(&self) -> usize {
         let n = self.plan.nodes.len();
         // 0 unknown, 1 released, 2 not released.
         let mut state = vec![0u8; n];
+        for &u in sync::lock(&self.unreleased).iter() {
+            state[u as usize] = 2;
+        }
         let mut path = Vec::new();
         let mut count = 0;
         for v in 0..n {
@@ -313,16 +373,14 @@ impl<S> Run<S> {
                 if state[u] != 0 {
                     break state[u];
                 }
-                let pending = self.pending[u].load(Ordering::Relaxed);
-                let s = match self.plan.indegree[u] {
+                let s = match self.plan.nodes[u].indegree {
                     0 => 1,
-                    1 if pending == UNRELEASED => 2,
                     1 => {
                         path.push(u);
-                        u = self.plan.topo.predecessors(u as u32)[0] as usize;
+                        u = self.plan.predecessors(u as u32)[0] as usize;
                         continue;
                     }
-                    _ if pending == 0 => 1,
+                    d if self.pending[u].load(Ordering::Relaxed) == d => 1,
                     _ => 2,
                 };
                 state[u] = s;
@@ -345,7 +403,7 @@ impl<S> Run<S> {
     /// Builds the run's result. Called once, by the thread that brought `inflight` to zero.
     pub(crate) fn take_result(&self) -> Result<GraphOutput, Error> {
         if self.failed.load(Ordering::Acquire) {
-            // Nodes never released (counter above zero) plus released-but-skipped ones.
+            // Nodes never released (counter below the in-degree) plus released-but-skipped ones.
             let cancelled = self.count_unreleased() + self.skipped.load(Ordering::Relaxed);
             let err = sync::lock(&self.error).take().unwrap_or_else(|| {
                 Error::new(
@@ -358,7 +416,8 @@ impl<S> Run<S> {
         let mut values = Vec::with_capacity(self.plan.valued.len());
         for &i in self.plan.valued.iter() {
             // SAFETY: in-flight reached zero, so no other thread touches this run's slots.
-            if let Some(v) = unsafe { self.slots[i as usize].take() }.and_then(|o| o.value) {
+            let out = self.slots.get(i).and_then(|s| unsafe { s.take() });
+            if let Some(v) = out.and_then(|o| o.value) {
                 values.push((i, v));
             }
         }
@@ -367,23 +426,6 @@ impl<S> Run<S> {
             name: self.plan.name.clone(),
             values,
         })
-    }
-}
-
-impl<S> Drop for Run<S> {
-    fn drop(&mut self) {
-        // SAFETY: `slots` is not used after this; it is dropped or freed exactly once here.
-        let slots = unsafe { std::mem::ManuallyDrop::take(&mut self.slots) };
-        if self.stored.load(Ordering::Acquire) || slots.is_empty() {
-            drop(slots);
-        } else {
-            // Every slot is still `None`: free the memory without visiting a million empty slots.
-            let layout = std::alloc::Layout::array::<Slot>(slots.len()).expect("slot array size");
-            let ptr = Box::into_raw(slots) as *mut Slot as *mut u8;
-            // SAFETY: the memory came from `Slot::zeroed` with this layout, and no slot holds a
-            // value needing drop (none was stored).
-            unsafe { std::alloc::dealloc(ptr, layout) };
-        }
     }
 }
 

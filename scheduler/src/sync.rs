@@ -8,7 +8,7 @@
 #[cfg(not(loom))]
 mod imp {
     pub(crate) use std::sync::atomic::{
-        fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+        fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
     };
     pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
     pub(crate) use std::thread::{current as current_thread, park, Thread};
@@ -27,7 +27,7 @@ mod imp {
 #[cfg(loom)]
 mod imp {
     pub(crate) use loom::sync::atomic::{
-        fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+        fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
     };
     pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
     pub(crate) use loom::thread::{current as current_thread, park, Thread};
@@ -44,6 +44,31 @@ mod imp {
 }
 
 pub(crate) use imp::*;
+
+/// `n` counters at zero. Outside loom they come from zeroed memory: the allocator hands out
+/// untouched pages, so counters that a run never touches (nodes with one predecessor) cost
+/// nothing to create.
+#[cfg(not(loom))]
+pub(crate) fn zeroed_counters(n: usize) -> Box<[AtomicU32]> {
+    if n == 0 {
+        return Box::new([]);
+    }
+    let layout = std::alloc::Layout::array::<AtomicU32>(n).expect("counter array size");
+    // SAFETY: `layout` has a non-zero size (n > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut AtomicU32;
+    if ptr.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: an `AtomicU32` has the layout of a `u32`, for which all-zero bits are 0; the
+    // memory holds `n` of them and was allocated with the layout `Box<[AtomicU32]>` frees with.
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) }
+}
+
+/// `n` counters at zero (loom's atomics must be constructed).
+#[cfg(loom)]
+pub(crate) fn zeroed_counters(n: usize) -> Box<[AtomicU32]> {
+    (0..n).map(|_| AtomicU32::new(0)).collect()
+}
 
 /// Locks `m`, ignoring poisoning: the scheduler's own critical sections never panic while
 /// holding a lock, and a node's panic is caught before it can reach one.
@@ -71,6 +96,12 @@ impl OwnedCounter {
             self.0.load(Ordering::Relaxed).wrapping_add(n),
             Ordering::Relaxed,
         );
+    }
+
+    /// Sets the value. Only the owning worker may call this.
+    #[inline]
+    pub(crate) fn set(&self, n: u64) {
+        self.0.store(n, Ordering::Relaxed);
     }
 
     /// Reads the current value from any thread.

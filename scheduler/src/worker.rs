@@ -15,14 +15,19 @@ use crossbeam_utils::CachePadded;
 
 use crate::ctx::{DeferFn, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::{Body, WorkerBody};
+use crate::graph::NodeSpec;
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
+use crate::pool::GroupId;
 use crate::registry::Registry;
 use crate::run::{Completion, Run, Task};
 use crate::sync::{self, Condvar, Mutex};
 
-/// Nodes between two runs of the idle hook on a busy worker.
-const IDLE_HOOK_EVERY: u64 = 64;
+/// Nodes between two service points of a busy worker (idle hook, metrics flush, timing
+/// sample); [`FLUSH_EVERY`] and [`SAMPLE_EVERY`] are multiples of it.
+const SERVICE_EVERY: u64 = 64;
+const _: () = assert!(FLUSH_EVERY % SERVICE_EVERY == 0 && SAMPLE_EVERY % SERVICE_EVERY == 0);
+/// `running` between node bodies.
+const NO_NODE: u32 = u32::MAX;
 /// Idle rounds spent yielding before a worker with deferred completions parks with a timeout.
 const YIELD_ROUNDS: u32 = 64;
 /// The timed park of a worker that waits for deferred completions and has nothing else to do.
@@ -176,8 +181,8 @@ pub(crate) fn main<S: Send + 'static>(
         local,
         state,
         deferred: RefCell::new(Vec::new()),
+        defer_slot: Cell::new(None),
         stolen: Cell::new(false),
-        current: Cell::new(None),
         rng: Cell::new(
             0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
         ),
@@ -246,16 +251,30 @@ pub(crate) struct WorkerThread<S> {
     local: Deque<Task<S>>,
     pub(crate) state: S,
     deferred: RefCell<Vec<Deferred<S>>>,
+    /// What the running node's body passed to `NodeCtx::complete_when`, taken after the body.
+    defer_slot: Cell<Option<DeferFn<S>>>,
     flusher: RefCell<Flusher>,
     rng: Cell<u64>,
     /// The task `find_task` just returned was stolen (for the trace).
     stolen: Cell<bool>,
-    /// The node whose body is running (innermost, when nodes wait on nested graphs).
-    current: Cell<Option<Task<S>>>,
 }
 
 impl<S: Send + 'static> Helper for WorkerThread<S> {
     fn help_until(&self, c: &Completion) {
+        // The waiting body may already have deferred its completion: keep that apart while
+        // other nodes run here, and put it back for the waiting node.
+        let waiting = self.defer_slot.take();
+        self.help_loop(c);
+        self.defer_slot.set(waiting);
+    }
+
+    fn registry_addr(&self) -> usize {
+        Arc::as_ptr(&self.registry) as *const () as usize
+    }
+}
+
+impl<S: Send + 'static> WorkerThread<S> {
+    fn help_loop(&self, c: &Completion) {
         c.register_thread();
         let mut idle_rounds = 0;
         while !c.is_done() {
@@ -270,12 +289,11 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
         }
     }
 
-    fn registry_addr(&self) -> usize {
-        Arc::as_ptr(&self.registry) as *const () as usize
+    /// Called by `NodeCtx::complete_when` from the running body.
+    pub(crate) fn set_deferred(&self, poll: DeferFn<S>) {
+        self.defer_slot.set(Some(poll));
     }
-}
 
-impl<S: Send + 'static> WorkerThread<S> {
     #[inline]
     fn counters(&self) -> &WorkerCounters {
         &self.counters
@@ -298,37 +316,106 @@ impl<S: Send + 'static> WorkerThread<S> {
     }
 
     /// Runs `task` and the chain of continuations it hands on. A panicking node body unwinds to
-    /// here (one landing pad for the whole chain instead of a `catch_unwind` per node); the node
-    /// that was running is found in `current`.
+    /// here (one landing pad for the whole chain instead of a `catch_unwind` per node); the
+    /// chain loop keeps the running node in `running`, so the landing pad knows which failed.
     fn execute(&self, task: Task<S>) {
-        let outer = self.current.get();
-        let mut next = Some(task);
-        while let Some(t) = next.take() {
-            if let Err(p) = catch_unwind(AssertUnwindSafe(|| self.execute_chain(t))) {
-                let failed = self
-                    .current
-                    .replace(outer)
-                    .expect("a node body was running when it panicked");
-                // The body unwound past its own `nodes_run` count.
-                self.counters().nodes_run.add(1);
-                let run = failed.run();
-                run.fail(node_panicked(run, failed.node, &*p));
-                next = self.complete(failed, false);
+        let run = task.run();
+        let mut running = task.node;
+        loop {
+            let mut cur = running;
+            match catch_unwind(AssertUnwindSafe(|| self.execute_chain(run, &mut cur))) {
+                Ok(()) => return,
+                Err(p) => {
+                    if cur == NO_NODE {
+                        // The scheduler's own code panicked: its state cannot be trusted (a
+                        // node might complete twice), so stop here rather than corrupt runs.
+                        eprintln!(
+                            "boundpool-scheduler: internal error: a panic outside a node body: {}",
+                            panic_message(&*p)
+                        );
+                        std::process::abort();
+                    }
+                    // The body unwound past its own `nodes_run` count.
+                    self.counters().nodes_run.add(1);
+                    run.fail(node_panicked(run, cur, &*p));
+                    match self.complete(run, cur, false) {
+                        Some(s) => running = s,
+                        None => return,
+                    }
+                }
             }
         }
     }
 
-    fn execute_chain(&self, task: Task<S>) {
-        let mut next = Some(task);
-        while let Some(t) = next {
-            next = self.run_task(t);
-            let n = self.counters().nodes_run.get();
-            if n % IDLE_HOOK_EVERY == 0 {
-                self.run_idle_hook();
-                if n % FLUSH_EVERY == 0 {
-                    self.flush();
+    /// The loop of a chain of continuations, starting at node `*running`. They all belong to
+    /// `run`, so its node records are read from a slice held in registers, and one `NodeCtx`
+    /// serves the whole chain (only its node changes). `*running` names the node whose body
+    /// runs ([`NO_NODE`] between bodies).
+    fn execute_chain(&self, run: &Run<S>, running: &mut u32) {
+        let nodes: &[NodeSpec<S>] = &run.plan.nodes;
+        let counters = self.counters();
+        let tracing = self.registry.trace.is_some();
+        let mut node = *running;
+        *running = NO_NODE;
+        let mut ctx = NodeCtx {
+            inputs: Inputs::of(run, node),
+            worker: self,
+        };
+        let mut n = counters.nodes_run.get();
+        loop {
+            let spec = &nodes[node as usize];
+            let next = if !spec.is_cpu() && !run.is_failed() && !tracing && n % SERVICE_EVERY != 0 {
+                // The fast path: a body on this worker, then its continuation if any.
+                ctx.inputs.node = node;
+                *running = node;
+                // The count before this body (the landing pad counts a panicking one).
+                counters.nodes_run.set(n);
+                let res = spec.body.run(&ctx);
+                *running = NO_NODE;
+                n += 1;
+                match (res, self.defer_slot.take()) {
+                    // A failed run is caught when the continuation starts: it is skipped and
+                    // counted there.
+                    (Ok(()), None) => {
+                        if let Some(s) = spec.chain_successor() {
+                            node = s;
+                            continue;
+                        }
+                        counters.nodes_run.set(n);
+                        self.complete_general(run, node, true)
+                    }
+                    (res, deferred) => {
+                        counters.nodes_run.set(n);
+                        self.after_body_slow(run, node, res, deferred)
+                    }
                 }
+            } else {
+                counters.nodes_run.set(n);
+                if spec.is_cpu() || run.is_failed() {
+                    self.run_task_slow(run, node)
+                } else {
+                    self.service(n);
+                    self.run_worker_body_instrumented(run, node, running, n % SAMPLE_EVERY == 0)
+                }
+            };
+            n = counters.nodes_run.get();
+            match next {
+                Some(s) => node = s,
+                None => return,
             }
+        }
+    }
+
+    /// Every [`SERVICE_EVERY`] nodes: the idle hook (a busy worker still frees what its
+    /// device's drops queued) and, less often, the metrics flush.
+    #[cold]
+    fn service(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.run_idle_hook();
+        if n % FLUSH_EVERY == 0 {
+            self.flush();
         }
     }
 
@@ -461,15 +548,17 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// something turned up. Under loom, never: the models check the parking protocol itself.
     #[cfg(not(loom))]
     fn spin(&self, condition: &dyn Fn() -> bool) -> bool {
+        // Look often (a hand-off between two workers waits for exactly this look), read the
+        // clock seldom.
         let start = Instant::now();
+        let mut looks = 0u32;
         loop {
-            for _ in 0..16 {
-                std::hint::spin_loop();
-            }
+            std::hint::spin_loop();
             if self.work_visible() || condition() {
                 return true;
             }
-            if start.elapsed() >= SPIN_BEFORE_PARK {
+            looks = looks.wrapping_add(1);
+            if looks % 64 == 0 && start.elapsed() >= SPIN_BEFORE_PARK {
                 return false;
             }
         }
@@ -480,90 +569,50 @@ impl<S: Send + 'static> WorkerThread<S> {
         false
     }
 
-    /// Runs one ready node; returns the successor to run next on this worker, if any.
-    #[inline(always)]
-    fn run_task(&self, task: Task<S>) -> Option<Task<S>> {
-        let run = task.run();
-        let spec = &run.plan.nodes[task.node as usize];
-        match &spec.body {
-            Body::Worker(body) if !run.is_failed() => self.run_worker_body(task, body),
-            _ => self.run_task_slow(task),
-        }
-    }
-
-    /// The uncommon cases: a failed run, a cpu node, an inlined body.
+    /// The uncommon cases: a failed run, a CPU-heavy node.
     #[cold]
     #[inline(never)]
-    fn run_task_slow(&self, task: Task<S>) -> Option<Task<S>> {
-        let run = task.run();
-        let i = task.node;
+    fn run_task_slow(&self, run: &Run<S>, i: u32) -> Option<u32> {
         if run.is_failed() {
             self.counters().skipped.add(1);
             run.note_skipped();
-            return self.complete(task, false);
+            return self.complete(run, i, false);
         }
         let spec = &run.plan.nodes[i as usize];
-        match spec.resolved_body() {
-            Body::Cpu(f) => {
-                if let Some(lane) = &self.registry.cpu_lane {
-                    let reg = self.registry.clone();
-                    lane.spawn(move || run_on_cpu_lane(reg, task));
-                    return None;
-                }
-                let inputs = Inputs::of(run, i);
-                let res = catch_unwind(AssertUnwindSafe(|| f(&inputs)));
-                self.counters().nodes_run.add(1);
-                let ok = store_outcome(&task, res);
-                self.complete(task, ok)
-            }
-            Body::Worker(f) => self.run_worker_body(task, f),
-            Body::Inlined(..) => unreachable!("resolved_body never returns Inlined"),
+        if let Some(lane) = &self.registry.cpu_lane {
+            let reg = self.registry.clone();
+            let task = Task::new(run, i);
+            lane.spawn(move || run_on_cpu_lane(reg, task));
+            return None;
         }
+        let inputs = Inputs::of(run, i);
+        let res = catch_unwind(AssertUnwindSafe(|| spec.body.run_inputs(&inputs)));
+        self.counters().nodes_run.add(1);
+        let ok = store_outcome(run, i, res);
+        self.complete(run, i, ok)
     }
 
-    #[inline(always)]
-    fn run_worker_body(&self, task: Task<S>, body: &WorkerBody<S>) -> Option<Task<S>> {
-        let run = task.run();
-        let counters = self.counters();
-        let n = counters.nodes_run.get();
-        if n % SAMPLE_EVERY == 0 || self.registry.trace.is_some() {
-            return self.run_worker_body_instrumented(task, body);
-        }
-        let ctx = NodeCtx {
-            inputs: Inputs::of(run, task.node),
-            run,
-            worker: self,
-            deferred: Cell::new(None),
-        };
-        let prev = self.current.replace(Some(task));
-        let res = body(&ctx);
-        self.current.set(prev);
-        counters.nodes_run.add(1);
-        match (res, ctx.deferred.take()) {
-            (Ok(()), None) => self.complete(task, true),
-            (res, deferred) => self.after_body_slow(task, res, deferred),
-        }
-    }
-
-    /// `run_worker_body` with the run time sampled for the histogram and, when the pool records a
-    /// trace, the node's slice recorded.
+    /// A node body run with its run time sampled for the histogram (`sample`) and, when the pool
+    /// records a trace, its slice recorded.
     #[inline(never)]
-    fn run_worker_body_instrumented(&self, task: Task<S>, body: &WorkerBody<S>) -> Option<Task<S>> {
-        let run = task.run();
-        let i = task.node;
+    fn run_worker_body_instrumented(
+        &self,
+        run: &Run<S>,
+        i: u32,
+        running: &mut u32,
+        sample: bool,
+    ) -> Option<u32> {
         let ctx = NodeCtx {
             inputs: Inputs::of(run, i),
-            run,
             worker: self,
-            deferred: Cell::new(None),
         };
         let start = Instant::now();
-        let prev = self.current.replace(Some(task));
-        let res = body(&ctx);
-        self.current.set(prev);
+        *running = i;
+        let res = run.plan.nodes[i as usize].body.run(&ctx);
+        *running = NO_NODE;
         let end = Instant::now();
         if let Some(sink) = &self.registry.trace {
-            let name = Cow::Owned(run.plan.topo.names[i as usize].to_owned());
+            let name = Cow::Owned(run.plan.names[i as usize].to_owned());
             sink.node(
                 self.index,
                 name,
@@ -573,16 +622,15 @@ impl<S: Send + 'static> WorkerThread<S> {
                 self.stolen.replace(false),
             );
         }
-        let counters = self.counters();
-        if counters.nodes_run.get() % SAMPLE_EVERY == 0 {
+        if sample {
             self.flusher
                 .borrow_mut()
                 .sample(end.saturating_duration_since(start).as_secs_f64());
         }
-        counters.nodes_run.add(1);
-        match (res, ctx.deferred.take()) {
-            (Ok(()), None) => self.complete(task, true),
-            (res, deferred) => self.after_body_slow(task, res, deferred),
+        self.counters().nodes_run.add(1);
+        match (res, self.defer_slot.take()) {
+            (Ok(()), None) => self.complete(run, i, true),
+            (res, deferred) => self.after_body_slow(run, i, res, deferred),
         }
     }
 
@@ -591,45 +639,43 @@ impl<S: Send + 'static> WorkerThread<S> {
     #[inline(never)]
     fn after_body_slow(
         &self,
-        task: Task<S>,
+        run: &Run<S>,
+        i: u32,
         res: Result<(), BoxError>,
         deferred: Option<DeferFn<S>>,
-    ) -> Option<Task<S>> {
+    ) -> Option<u32> {
         match (res, deferred) {
             (Ok(()), Some(poll)) => {
-                self.deferred.borrow_mut().push(Deferred { task, poll });
+                self.deferred.borrow_mut().push(Deferred {
+                    task: Task::new(run, i),
+                    poll,
+                });
                 None
             }
-            (Ok(()), None) => self.complete(task, true),
+            (Ok(()), None) => self.complete(run, i, true),
             (Err(e), _) => {
-                let run = task.run();
-                run.fail(node_failed(run, task.node, e));
-                self.complete(task, false)
+                run.fail(node_failed(run, i, e));
+                self.complete(run, i, false)
             }
         }
     }
 
-    /// Releases the node's successors: one that may run here is returned as the continuation,
-    /// the others are queued (here, or on their group's injector) and sleepers are woken.
-    #[inline(always)]
-    fn complete(&self, task: Task<S>, ok: bool) -> Option<Task<S>> {
-        // Fast path: a single successor whose only predecessor is this node, placed here. It is
-        // ready without touching a shared counter and takes over this node's in-flight unit.
-        let run = task.run();
+    /// Releases the successors of node `i`: one that may run here is returned as the
+    /// continuation, the others are queued (here, or on their group's injector) and sleepers
+    /// are woken. A link of a chain hands on its successor without any check.
+    #[inline]
+    fn complete(&self, run: &Run<S>, i: u32, ok: bool) -> Option<u32> {
         if ok {
-            if let [s] = *run.plan.successors(task.node) {
-                if run.plan.indegree[s as usize] == 1 && self.runs_here(run, s) && !run.is_failed()
-                {
-                    return Some(Task::new(run, s));
-                }
+            if let Some(s) = run.plan.nodes[i as usize].chain_successor() {
+                return Some(s);
             }
         }
-        self.complete_general(task, ok)
+        self.complete_general(run, i, ok)
     }
 
     #[inline]
-    fn runs_here(&self, run: &Run<S>, node: u32) -> bool {
-        match run.plan.nodes[node as usize].placement() {
+    fn runs_here(&self, spec: &NodeSpec<S>) -> bool {
+        match spec.placement() {
             None => true,
             Some(g) => g.index() == self.group,
         }
@@ -637,31 +683,43 @@ impl<S: Send + 'static> WorkerThread<S> {
 
     /// Releases the successors of a node that has more than one, or whose one successor may
     /// be waiting on others or run elsewhere. The first ready one that may run here becomes the
-    /// continuation and takes over the node's in-flight unit; every other one enters the
-    /// in-flight count before it is queued, so the node's own unit keeps the run alive until
-    /// the loop is over.
+    /// continuation and takes over the node's in-flight unit. The others are queued; each
+    /// enters the in-flight count before it is queued, so the node's own unit keeps the run
+    /// alive until the loop is over, except the last one when there is no continuation: it
+    /// takes over the node's unit (no count traffic for a node whose one successor runs on
+    /// another worker), and the run is not touched after it is queued.
     #[inline(never)]
-    fn complete_general(&self, task: Task<S>, ok: bool) -> Option<Task<S>> {
-        let run = task.run();
+    fn complete_general(&self, run: &Run<S>, i: u32, ok: bool) -> Option<u32> {
+        let nodes = &run.plan.nodes;
         let mut cont = None;
+        let mut held: Option<(Task<S>, Option<GroupId>)> = None;
         let mut pushed_here = false;
-        run.release(task.node, ok, |t| {
-            if cont.is_none() && self.runs_here(run, t.node) {
-                cont = Some(t);
+        run.release(i, ok, |t| {
+            let spec = &nodes[t.node as usize];
+            if cont.is_none() && self.runs_here(spec) {
+                cont = Some(t.node);
                 return;
             }
-            run.enter();
-            match run.plan.nodes[t.node as usize].placement() {
-                Some(g) if g.index() != self.group => {
-                    self.registry.groups[g.index()].injector.push(t);
-                    self.registry.sleep.notify_group(g.index());
-                }
-                _ => {
-                    self.local.push(t);
-                    pushed_here = true;
-                }
+            if let Some((prev, place)) = held.replace((t, spec.placement())) {
+                run.enter();
+                pushed_here |= self.queue(prev, place);
             }
         });
+        match (cont, held) {
+            (_, None) => {}
+            (Some(_), Some((t, place))) => {
+                run.enter();
+                pushed_here |= self.queue(t, place);
+            }
+            (None, Some((t, place))) => {
+                // `t` carries this node's unit: once it is queued the run may end any moment.
+                pushed_here |= self.queue(t, place);
+                if pushed_here {
+                    self.registry.sleep.notify_local(self.group);
+                }
+                return None;
+            }
+        }
         if pushed_here {
             self.registry.sleep.notify_local(self.group);
         }
@@ -669,6 +727,23 @@ impl<S: Send + 'static> WorkerThread<S> {
             self.registry.finish(run);
         }
         cont
+    }
+
+    /// Queues a ready task placed on `place`: on this worker's deque (returns `true`; the caller
+    /// wakes a peer once for all), or on its group's injector, waking a worker there.
+    #[inline]
+    fn queue(&self, t: Task<S>, place: Option<GroupId>) -> bool {
+        match place {
+            Some(g) if g.index() != self.group => {
+                self.registry.groups[g.index()].injector.push(t);
+                self.registry.sleep.notify_group(g.index());
+                false
+            }
+            _ => {
+                self.local.push(t);
+                true
+            }
+        }
     }
 
     /// Polls deferred completions; returns whether any completed.
@@ -701,8 +776,9 @@ impl<S: Send + 'static> WorkerThread<S> {
             };
             let d = list.swap_remove(i);
             progressed = true;
-            if let Some(c) = self.complete(d.task, ok) {
-                self.execute(c);
+            let run = d.task.run();
+            if let Some(c) = self.complete(run, d.task.node, ok) {
+                self.execute(Task::new(run, c));
             }
         }
         let mut cur = self.deferred.borrow_mut();
@@ -728,16 +804,15 @@ fn node_panicked<S>(run: &Run<S>, node: u32, p: &(dyn Any + Send)) -> Error {
 }
 
 /// Records a body's failure or panic on its run. Returns whether the body succeeded.
-fn store_outcome<S>(task: &Task<S>, res: std::thread::Result<Result<(), BoxError>>) -> bool {
-    let run = task.run();
+fn store_outcome<S>(run: &Run<S>, i: u32, res: std::thread::Result<Result<(), BoxError>>) -> bool {
     match res {
         Ok(Ok(())) => true,
         Ok(Err(e)) => {
-            run.fail(node_failed(run, task.node, e));
+            run.fail(node_failed(run, i, e));
             false
         }
         Err(p) => {
-            run.fail(node_panicked(run, task.node, &*p));
+            run.fail(node_panicked(run, i, &*p));
             false
         }
     }
@@ -751,13 +826,11 @@ fn run_on_cpu_lane<S: Send + 'static>(reg: Arc<Registry<S>>, task: Task<S>) {
         run.note_skipped();
         false
     } else {
-        let Body::Cpu(f) = run.plan.nodes[i as usize].resolved_body() else {
-            unreachable!("only cpu nodes are sent to the cpu lane")
-        };
         let inputs = Inputs::of(run, i);
-        let res = catch_unwind(AssertUnwindSafe(|| f(&inputs)));
+        let body = &run.plan.nodes[i as usize].body;
+        let res = catch_unwind(AssertUnwindSafe(|| body.run_inputs(&inputs)));
         metrics::cpu_lane_node(&reg);
-        store_outcome(&task, res)
+        store_outcome(run, i, res)
     };
     let mut ready = Vec::new();
     let n = run.release(i, ok, |t| ready.push(t));
