@@ -338,8 +338,19 @@ fn chain(ordinal: i32, edges: usize, host: bool) -> GpuResult<Measurement> {
 /// threads, each with its own stream: thread `i % 2` runs node `i` once node `i - 1` was
 /// enqueued (a spin on a shared counter, the cheapest possible host handoff): wait on the
 /// predecessor's event, launch, record. The floor for a chain whose consecutive nodes run on
-/// different workers. `ops` = edges.
+/// different workers and streams. `ops` = edges.
 pub fn event_edge_chain_two_threads(ordinal: i32, edges: usize) -> GpuResult<Measurement> {
+    two_thread_chain(ordinal, edges, false)
+}
+
+/// [`event_edge_chain_two_threads`] with both threads launching on one stream, so an edge is
+/// a launch and nothing else: the floor for a chain whose consecutive nodes run on different
+/// workers and hand their stream over. `ops` = edges.
+pub fn shared_stream_chain_two_threads(ordinal: i32, edges: usize) -> GpuResult<Measurement> {
+    two_thread_chain(ordinal, edges, true)
+}
+
+fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measurement> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     const RING: usize = 4;
     let raw = Raw::open(ordinal)?;
@@ -364,7 +375,7 @@ pub fn event_edge_chain_two_threads(ordinal: i32, edges: usize) -> GpuResult<Mea
                     let (turn, barrier, events) = (&turn, &barrier, &events);
                     sc.spawn(move || -> GpuResult<(Option<Instant>, Option<Instant>)> {
                         bind(ctx)?;
-                        let own = streams[t];
+                        let own = if shared { streams[0] } else { streams[t] };
                         barrier.wait();
                         let start = (t == 0).then(Instant::now);
                         let mut end = None;
@@ -383,7 +394,7 @@ pub fn event_edge_chain_two_threads(ordinal: i32, edges: usize) -> GpuResult<Mea
                                         _ => std::hint::spin_loop(),
                                     }
                                 }
-                                if i > 0 {
+                                if i > 0 && !shared {
                                     let e = events[(i - 1) % RING];
                                     drv(
                                         "cuStreamWaitEvent",
@@ -391,7 +402,7 @@ pub fn event_edge_chain_two_threads(ordinal: i32, edges: usize) -> GpuResult<Mea
                                     )?;
                                 }
                                 launch_empty(ctx, f, own)?;
-                                if i < n {
+                                if i < n && !shared {
                                     let e = events[i % RING];
                                     drv("cuEventRecord", driver::event_record(ctx, e, own))?;
                                 } else {

@@ -14,20 +14,25 @@ use crate::driver::{self, Event, Stream};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
 use crate::pool::GpuDevice;
-use crate::worker::{Bound, EventReturn, GpuWorker};
+use crate::worker::{Bound, EventReturn, GpuWorker, PendingEvent};
 
 /// What a GPU node leaves for its GPU successors (through the scheduler's node markers): the
-/// stream its work went to, and, when a successor is placed on another group (so surely on
-/// another stream), an event recorded right after it. A successor on the same stream needs
-/// nothing; one on another stream with no event (a stolen successor of the same group)
-/// records an event on this stream itself (everything this node enqueued is already there)
-/// and waits on it.
+/// stream its work went to, and either
+///
+/// * a *hand-off*: the node has one GPU successor, on the same device, which enqueues its work
+///   on this same stream (whichever worker runs it), so the edge costs no event at all; or
+/// * when a successor is placed on another group or device (so surely on another stream), an
+///   event recorded right after the node's work, for successors to wait on; or
+/// * neither: a successor on the same stream needs nothing, one on another stream (a stolen
+///   successor of the same group) records an event on this stream itself (everything this
+///   node enqueued is already there) and waits on it.
 pub(crate) struct GpuMarker {
     /// The recording worker's return list (its own reference count: no line shared with the
     /// device's other workers on the node path).
     events: Option<Arc<EventReturn>>,
     stream: Stream,
     event: Option<Event>,
+    handoff: bool,
 }
 
 impl Drop for GpuMarker {
@@ -45,6 +50,8 @@ impl Drop for GpuMarker {
 pub struct GpuCtx<'a, 'n> {
     node: &'a NodeCtx<'n, GpuWorker>,
     b: &'a Bound,
+    /// Where this node's work goes: its worker's stream, or the one its predecessor handed over.
+    stream: Stream,
 }
 
 impl fmt::Debug for GpuCtx<'_, '_> {
@@ -191,7 +198,7 @@ impl Launch<'_, '_, '_> {
                 self.cfg.grid,
                 self.cfg.block,
                 self.cfg.shared_mem_bytes,
-                b.stream,
+                self.ctx.stream,
                 &mut ptrs[..self.n],
             )
         };
@@ -243,7 +250,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
                 format!("{}: allocation of {len} elements overflows", self.what()),
             )
         })?;
-        let p = driver::mem_alloc_async(self.b.ctx, bytes, self.b.stream).map_err(|e| {
+        let p = driver::mem_alloc_async(self.b.ctx, bytes, self.stream).map_err(|e| {
             let mut err = self.fail("cuMemAllocAsync", e);
             if err.kind() == GpuErrorKind::OutOfMemory {
                 err = GpuError::new(
@@ -268,7 +275,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
     pub fn memset_zero<T: DeviceCopy>(&self, buf: &mut DeviceBuffer<T>) -> GpuResult<()> {
         self.check_device(&buf.device)?;
         // SAFETY: `buf` is a live allocation of `buf.bytes()` bytes on this device.
-        unsafe { driver::memset_d8_async(self.b.ctx, buf.ptr, 0, buf.bytes(), self.b.stream) }
+        unsafe { driver::memset_d8_async(self.b.ctx, buf.ptr, 0, buf.bytes(), self.stream) }
             .map_err(|e| self.fail("cuMemsetD8Async", e))
     }
 
@@ -305,7 +312,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
                 dst.ptr,
                 src.as_ptr() as *const u8,
                 dst.bytes(),
-                self.b.stream,
+                self.stream,
             )
         }
         .map_err(|e| self.fail("cuMemcpyHtoDAsync", e))
@@ -332,10 +339,10 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
                 v.as_mut_ptr() as *mut u8,
                 ptr,
                 bytes,
-                self.b.stream,
+                self.stream,
             )
             .map_err(|e| self.fail("cuMemcpyDtoHAsync", e))?;
-            driver::stream_synchronize(self.b.ctx, self.b.stream)
+            driver::stream_synchronize(self.b.ctx, self.stream)
                 .map_err(|e| self.fail("cuStreamSynchronize", e))?;
             v.set_len(len);
         }
@@ -363,7 +370,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         }
         // SAFETY: both are live allocations of `bytes()` bytes on this device.
         unsafe {
-            driver::memcpy_dtod_async(self.b.ctx, dst.ptr, src.ptr, src.bytes(), self.b.stream)
+            driver::memcpy_dtod_async(self.b.ctx, dst.ptr, src.ptr, src.bytes(), self.stream)
         }
         .map_err(|e| self.fail("cuMemcpyDtoDAsync", e))
     }
@@ -462,7 +469,14 @@ where
             e.prefixed(&format!("node '{}'", node.node_name())),
         ));
     }
-    let ctx = GpuCtx { node, b };
+    // A predecessor that handed its stream over (this is its one GPU successor): enqueue on that
+    // stream, so the edge needs no event. Otherwise this worker's own stream.
+    let stream = node
+        .predecessor_markers()
+        .filter_map(|(_, m)| m.downcast_ref::<GpuMarker>())
+        .find(|m| m.handoff)
+        .map_or(b.stream, |m| m.stream);
+    let ctx = GpuCtx { node, b, stream };
     // Order after GPU predecessors on other streams: one wait per other stream of this device
     // suffices (an event recorded on it now follows everything its predecessors enqueued).
     let mut waited: Vec<Stream> = Vec::new();
@@ -470,7 +484,7 @@ where
         let Some(m) = m.downcast_ref::<GpuMarker>() else {
             continue;
         };
-        if m.stream == b.stream {
+        if m.stream == stream {
             continue;
         }
         if m.event.is_none() {
@@ -480,9 +494,9 @@ where
             waited.push(m.stream);
         }
         let r = match m.event {
-            Some(e) => driver::stream_wait_event(b.ctx, b.stream, e),
+            Some(e) => driver::stream_wait_event(b.ctx, stream, e),
             None => b.take_event().and_then(|e| {
-                let r = b.device.wait_for_stream(b.stream, m.stream, e);
+                let r = b.device.wait_for_stream(stream, m.stream, e);
                 b.put_event(e);
                 r
             }),
@@ -491,7 +505,7 @@ where
     }
     let started = match &b.device.timing {
         Some(t) => Some(
-            t.begin(b.ctx, b.stream)
+            t.begin(b.ctx, stream)
                 .map_err(|e| Box::new(ctx.fail("cuEventRecord", e)) as BoxError)?,
         ),
         None => None,
@@ -503,18 +517,28 @@ where
             node.graph_name(),
             node.node_id().index() as u32,
         );
-        t.end(b.ctx, b.trace_stream, s, out.is_ok(), who)
+        t.end(b.ctx, stream, s, out.is_ok(), who)
             .map_err(|e| Box::new(ctx.fail("cuEventRecord", e)) as BoxError)?;
     }
     let out = out?;
-    let seq = b.seq.get() + 1;
-    b.seq.set(seq);
+    // Completion on the worker's own stream is tracked by sequence number (one event per burst
+    // of nodes); on a handed-over stream, by an event of its own.
+    let own = stream == b.stream;
+    let seq = if own {
+        let seq = b.seq.get() + 1;
+        b.seq.set(seq);
+        seq
+    } else {
+        0
+    };
     // Who depends on this node?
-    let mut gpu_succ = false;
+    let mut gpu_succ = 0usize;
+    let mut gpu_succ_here = 0usize;
     // A successor placed on another group surely runs on another worker (another stream, or
     // another device): record the event here, right after the work, on the stream this thread
-    // just used. A successor of the same group may well run here (no event at all); if it is
-    // stolen, it records one on this stream itself.
+    // just used, unless the stream is handed over. A successor of the same group may well run
+    // here (no event at all); if it is stolen, it takes the stream over or records an event
+    // on it itself.
     let mut eager = false;
     let mut host_succ = false;
     let my_group = node.worker_info().group;
@@ -522,7 +546,10 @@ where
         let placed = node.placement_of(s);
         match placed.and_then(|g| w.shared.device_of_group(g)) {
             Some(d) => {
-                gpu_succ = true;
+                gpu_succ += 1;
+                if d == b.device_index {
+                    gpu_succ_here += 1;
+                }
                 if d != b.device_index || placed != Some(my_group) {
                     eager = true;
                 }
@@ -530,13 +557,14 @@ where
             None => host_succ = true,
         }
     }
-    let sink = !gpu_succ && !host_succ;
-    if gpu_succ {
-        let event = if eager {
+    let sink = gpu_succ == 0 && !host_succ;
+    if gpu_succ > 0 {
+        let handoff = w.shared.stream_handoff && gpu_succ == 1 && gpu_succ_here == 1;
+        let event = if eager && !handoff {
             let e = b
                 .take_event()
                 .map_err(|e| Box::new(ctx.fail("cuEventCreate", e)) as BoxError)?;
-            if let Err(err) = driver::event_record(b.ctx, e, b.stream) {
+            if let Err(err) = driver::event_record(b.ctx, e, stream) {
                 b.put_event(e);
                 return Err(Box::new(ctx.fail("cuEventRecord", err)));
             }
@@ -546,15 +574,35 @@ where
         };
         node.set_marker(Box::new(GpuMarker {
             events: event.is_some().then(|| b.returned.clone()),
-            stream: b.stream,
+            stream,
             event,
+            handoff,
         }));
     }
     if host_succ || sink {
-        node.complete_when(move |w: &GpuWorker| match &w.bound {
-            Some(b) => b.poll_done(seq),
-            None => std::task::Poll::Ready(Ok(())),
-        });
+        if own {
+            node.complete_when(move |w: &GpuWorker| match &w.bound {
+                Some(b) => b.poll_done(seq),
+                None => std::task::Poll::Ready(Ok(())),
+            });
+        } else {
+            let e = b
+                .take_event()
+                .map_err(|e| Box::new(ctx.fail("cuEventCreate", e)) as BoxError)?;
+            if let Err(err) = driver::event_record(b.ctx, e, stream) {
+                b.put_event(e);
+                return Err(Box::new(ctx.fail("cuEventRecord", err)));
+            }
+            let mut pending = PendingEvent {
+                event: Some(e),
+                back: b.returned.clone(),
+                last: None,
+            };
+            node.complete_when(move |w: &GpuWorker| match &w.bound {
+                Some(b) => b.poll_event(&mut pending),
+                None => std::task::Poll::Ready(Ok(())),
+            });
+        }
     }
     Ok(out)
 }

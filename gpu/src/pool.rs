@@ -43,6 +43,7 @@ pub struct GpuPoolBuilder {
     host_workers: usize,
     host_cores: Option<Cores>,
     trace: bool,
+    stream_handoff: bool,
 }
 
 impl Default for GpuPoolBuilder {
@@ -65,6 +66,7 @@ impl GpuPoolBuilder {
             host_workers: 0,
             host_cores: None,
             trace: false,
+            stream_handoff: true,
         }
     }
 
@@ -112,6 +114,17 @@ impl GpuPoolBuilder {
     pub fn host_workers(mut self, n: usize, cores: Cores) -> Self {
         self.host_workers = n;
         self.host_cores = Some(cores);
+        self
+    }
+
+    /// Whether a GPU node whose one GPU successor is on the same device hands its stream over
+    /// to it (on by default): the successor enqueues on that stream, whichever worker runs it,
+    /// so the edge costs no event record and wait. Off: every worker enqueues only on its own
+    /// stream and such edges cost an event (recorded eagerly when the successor is placed on
+    /// another group, else by the worker that steals the successor), which leaves a chain's
+    /// work free to move to the stream of whichever worker runs it.
+    pub fn stream_handoff(mut self, on: bool) -> Self {
+        self.stream_handoff = on;
         self
     }
 
@@ -236,6 +249,7 @@ impl GpuPoolBuilder {
         let shared = Arc::new(PoolShared {
             group_device,
             devices: devices.clone(),
+            stream_handoff: self.stream_handoff,
         });
         let sh_start = shared.clone();
         let pool_name = self.name.clone();

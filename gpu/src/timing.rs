@@ -16,9 +16,11 @@
 //!   queue until the end event has completed; any bound worker of the device resolves it (at its
 //!   next traced node, when polling completion, when idle; [`GpuPool::take_trace`](crate::GpuPool::take_trace)
 //!   and shutdown wait for all of them) into a slice on the stream's track.
-//! * **Order.** One worker owns a stream and queues its nodes in stream order, and the queue is
+//! * **Order.** Pairs are queued in the order their nodes were enqueued, and the queue is
 //!   resolved in order, so the slices of one track come out in stream order; a start is never
-//!   put before the previous end on the same stream (that could only come from rounding).
+//!   put before the previous end on the same stream. (A stream handed over to another worker's
+//!   node can, in a rare race with its owner, see two nodes queued out of stream order: the
+//!   later one is then drawn from the earlier one's end, never overlapping.)
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -147,7 +149,7 @@ impl DeviceTiming {
     pub(crate) fn end(
         &self,
         ctx: Ctx,
-        stream: usize,
+        s: Stream,
         mut started: Started<'_>,
         ok: bool,
         (name, graph, node): (&str, &str, u32),
@@ -157,11 +159,15 @@ impl DeviceTiming {
         };
         let mut st = self.lock();
         st.open -= 1;
+        // The node ran on `s`: its worker's own stream, or one a predecessor handed over.
+        let Some(stream) = st.streams.iter().position(|t| t.stream == s) else {
+            st.free.push(start);
+            return Ok(());
+        };
         if !ok {
             st.free.push(start);
             return Ok(());
         }
-        let s = st.streams[stream].stream;
         let e = match take(ctx, &mut st.free, &self.created) {
             Ok(e) => e,
             Err(err) => {

@@ -21,6 +21,8 @@ pub(crate) struct PoolShared {
     /// Group index -> index into `devices` (None: a host group).
     pub(crate) group_device: Vec<Option<usize>>,
     pub(crate) devices: Vec<Arc<DeviceShared>>,
+    /// `GpuPoolBuilder::stream_handoff`.
+    pub(crate) stream_handoff: bool,
 }
 
 impl PoolShared {
@@ -44,14 +46,30 @@ impl EventReturn {
     }
 }
 
+/// An event recorded after a node's work on a stream handed over to it, polled by the node's
+/// deferred completion. Dropped before it completed (the pool stopped), it gives the event back
+/// to its worker.
+pub(crate) struct PendingEvent {
+    pub(crate) event: Option<Event>,
+    pub(crate) back: Arc<EventReturn>,
+    /// When the event was last found not ready.
+    pub(crate) last: Option<Instant>,
+}
+
+impl Drop for PendingEvent {
+    fn drop(&mut self) {
+        if let Some(e) = self.event.take() {
+            self.back.put(e);
+        }
+    }
+}
+
 /// A bound device worker's own resources.
 pub(crate) struct Bound {
     pub(crate) device: Arc<DeviceShared>,
     pub(crate) device_index: usize,
     pub(crate) ctx: Ctx,
     pub(crate) stream: Stream,
-    /// The stream's index in the device's trace tracks (0 when not tracing).
-    pub(crate) trace_stream: usize,
     funcs: RefCell<HashMap<u64, Func>>,
     /// GPU nodes enqueued on `stream` so far.
     pub(crate) seq: Cell<u64>,
@@ -114,28 +132,23 @@ impl GpuWorker {
             }
         };
         device.register_stream(stream);
-        let trace_stream = match &device.timing {
-            Some(t) => match t.add_stream(ctx, stream) {
-                Ok(i) => i,
-                Err(e) => {
-                    let err = GpuError::driver(
-                        "cuEventRecord",
-                        &format!("device {}: trace reference event", device.ordinal()),
-                        e,
-                    );
-                    device.worker_stopped(stream);
-                    return Err(err);
-                }
-            },
-            None => 0,
-        };
+        if let Some(t) = &device.timing {
+            if let Err(e) = t.add_stream(ctx, stream) {
+                let err = GpuError::driver(
+                    "cuEventRecord",
+                    &format!("device {}: trace reference event", device.ordinal()),
+                    e,
+                );
+                device.worker_stopped(stream);
+                return Err(err);
+            }
+        }
         Ok(Self {
             bound: Some(Bound {
                 device,
                 device_index,
                 ctx,
                 stream,
-                trace_stream,
                 funcs: RefCell::new(HashMap::new()),
                 seq: Cell::new(0),
                 completion: RefCell::new(Completion::default()),
@@ -214,6 +227,42 @@ impl Bound {
         let f = self.device.function(k)?;
         self.funcs.borrow_mut().insert(k.inner.id, f);
         Ok(f)
+    }
+
+    /// Polls whether the work before `pending`'s event (recorded on a stream another worker's
+    /// node handed over) has completed, at most once every few microseconds.
+    pub(crate) fn poll_event(&self, pending: &mut PendingEvent) -> Poll<Result<(), BoxError>> {
+        if let Some(why) = self.device.failed() {
+            return Poll::Ready(Err(Box::new(GpuError::new(
+                GpuErrorKind::DeviceFailed,
+                format!("device {} failed: {why}", self.device.ordinal()),
+            ))));
+        }
+        if pending.last.is_some_and(|t| t.elapsed() < REQUERY_AFTER) {
+            return Poll::Pending;
+        }
+        let Some(e) = pending.event else {
+            return Poll::Ready(Ok(()));
+        };
+        match driver::event_query(self.ctx, e) {
+            Ok(true) => {
+                pending.event = None;
+                self.put_event(e);
+                if let Some(t) = &self.device.timing {
+                    t.resolve(self.ctx, false);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Ok(false) => {
+                pending.last = Some(Instant::now());
+                Poll::Pending
+            }
+            Err(err) => Poll::Ready(Err(Box::new(self.device.driver_error(
+                "cuEventQuery",
+                "waiting for GPU work",
+                err,
+            )))),
+        }
     }
 
     /// Polls whether the work up to sequence number `seq` on this worker's stream has completed.

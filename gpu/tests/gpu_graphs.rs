@@ -404,3 +404,104 @@ fn oom_panic_and_bad_kernel_fail_only_their_graph() {
     drop(p);
     assert_no_wrong_context("errors");
 }
+
+/// A chain whose consecutive nodes are placed on two groups (so on different workers): each
+/// node hands its stream over to the next, which adds 1 to its predecessor's device value after
+/// a random spin. A missing order between two nodes would read a value not yet written. Then a
+/// chain whose last node, a sink on a handed-over stream, has its completion tracked there.
+#[test]
+fn chain_across_workers_hands_its_stream_over() {
+    if !gpu_or_skip("chain_across_workers_hands_its_stream_over") {
+        return;
+    }
+    let _w = watchdog("handoff", 180);
+    let p = pool(2, 2);
+    let d = p.devices()[0].clone();
+    let m = Module::builtin();
+    let (set, add, spin) = (
+        m.kernel(builtin::SET_I64).unwrap(),
+        m.kernel(builtin::ADD_I64).unwrap(),
+        m.kernel(builtin::SPIN).unwrap(),
+    );
+    let n = 300usize;
+    let mut g = GpuGraphBuilder::new("handoff-chain");
+    let mut prev: Option<boundpool_gpu::NodeRef<DeviceBuffer<i64>>> = None;
+    for i in 0..n {
+        let (set, add, spin) = (set.clone(), add.clone(), spin.clone());
+        let before = prev;
+        let cycles = ((i * 7919) % 50_000) as i64;
+        let r = g.gpu_node_in(d.groups()[i % 2], &format!("c{i}"), move |ctx| {
+            let mut out = ctx.alloc::<i64>(1)?;
+            // SAFETY: kernels get the argument types they declare; buffers are node outputs,
+            // which outlive the graph's GPU work.
+            unsafe {
+                ctx.launch(&spin, LaunchConfig::single())
+                    .arg(cycles)
+                    .launch()?;
+                ctx.launch(&set, LaunchConfig::single())
+                    .arg(&mut out)
+                    .arg(1i64)
+                    .launch()?;
+                if let Some(b) = before {
+                    let src: &DeviceBuffer<i64> = ctx.input(b)?;
+                    ctx.launch(&add, LaunchConfig::single())
+                        .arg(&mut out)
+                        .arg(src)
+                        .launch()?;
+                }
+            }
+            Ok(out)
+        });
+        if let Some(b) = prev {
+            g.edge(b, r);
+        }
+        prev = Some(r);
+    }
+    let last = prev.unwrap();
+    // Two GPU successors of the last node (so no hand-off: an event), one of which downloads.
+    let sink = g.gpu_node_in(d.groups()[n % 2], "sink", move |ctx| {
+        let v: &DeviceBuffer<i64> = ctx.input(last)?;
+        Ok(v.len())
+    });
+    g.edge(last, sink);
+    let read = g.gpu_node_in(d.groups()[(n + 1) % 2], "read", move |ctx| {
+        Ok(ctx.download(ctx.input(last)?)?[0])
+    });
+    g.edge(last, read);
+    let graph = g.build().unwrap();
+    for round in 0..3 {
+        let out = p.submit(&graph).unwrap().wait().unwrap();
+        assert_eq!(out.get(read), Some(&(n as i64)), "round {round}");
+        assert_eq!(out.get(sink), Some(&1));
+    }
+    // Without a host reader: the graph's completion waits for the chain's GPU work, tracked
+    // on the handed-over stream of its last node.
+    let mut g = GpuGraphBuilder::new("handoff-sink");
+    let mut prev = None;
+    for i in 0..4 {
+        let spin = spin.clone();
+        let r = g.gpu_node_in(d.groups()[i % 2], &format!("s{i}"), move |ctx| {
+            // SAFETY: bp_spin takes one i64; ~25 ms at ~2 GHz.
+            unsafe {
+                ctx.launch(&spin, LaunchConfig::single())
+                    .arg(50_000_000i64)
+                    .launch()?
+            };
+            Ok(())
+        });
+        if let Some(b) = prev {
+            g.edge(b, r);
+        }
+        prev = Some(r);
+    }
+    let graph = g.build().unwrap();
+    let t0 = Instant::now();
+    p.submit(&graph).unwrap().wait().unwrap();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(40),
+        "graph completed before its chain's GPU work: {:?}",
+        t0.elapsed()
+    );
+    drop(p);
+    assert_no_wrong_context("handoff");
+}

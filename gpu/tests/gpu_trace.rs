@@ -180,6 +180,52 @@ fn gpu_nodes_on_stream_tracks() {
         t.tracks.len(),
         t.slices.len()
     );
+
+    // A chain alternating between the two groups: each node hands its stream over to the
+    // next, so the whole chain is on one stream track, in chain order, though its nodes ran on
+    // different workers.
+    let groups = p.devices()[0].groups().to_vec();
+    let mut g = GpuGraphBuilder::new("handoff");
+    let mut prev: Option<NodeRef<()>> = None;
+    let links = 8;
+    for i in 0..links {
+        let k = k.clone();
+        let r = g.gpu_node_in(groups[i % 2], &format!("h{i}"), move |ctx| {
+            // SAFETY: bp_spin takes one i64 (cycles) and touches no memory.
+            unsafe {
+                ctx.launch(&k, LaunchConfig::single())
+                    .arg(20_000i64)
+                    .launch()?
+            };
+            Ok(())
+        });
+        if let Some(p) = prev {
+            g.edge(p, r);
+        }
+        prev = Some(r);
+    }
+    p.submit(&g.build().unwrap()).unwrap().wait().unwrap();
+    let t = p.take_trace();
+    let mut gpu: Vec<(u32, usize, u64, u64)> = Vec::new();
+    let mut workers = std::collections::HashSet::new();
+    for s in t.slices.iter().filter(|s| s.graph == "handoff") {
+        match s.kind {
+            SliceKind::Node { .. } => {
+                workers.insert(t.tracks[s.track].worker);
+            }
+            _ => gpu.push((s.node.unwrap(), s.track, s.start_ns, s.end_ns)),
+        }
+    }
+    assert!(workers.len() >= 2, "the chain ran on one worker: {workers:?}");
+    assert_eq!(gpu.len(), links, "GPU slices of the chain: {gpu:?}");
+    assert!(
+        gpu.iter().all(|x| x.1 == gpu[0].1),
+        "the chain's GPU work is on several streams: {gpu:?}"
+    );
+    gpu.sort();
+    for w in gpu.windows(2) {
+        assert!(w[0].3 <= w[1].2, "chain slices out of order: {w:?}");
+    }
     drop(p);
     assert_no_wrong_context("gpu_nodes_on_stream_tracks");
 }
