@@ -19,7 +19,7 @@ use crate::sync::{AtomicU64, Ordering, OwnedCounter};
 /// Nodes between two flushes of a busy worker's counters to the `metrics` facade.
 pub(crate) const FLUSH_EVERY: u64 = 1024;
 /// One node in this many has its run time measured for the `boundpool_node_run_seconds` histogram.
-pub(crate) const SAMPLE_EVERY: u64 = 256;
+pub(crate) const SAMPLE_EVERY: u64 = 4096;
 
 pub(crate) struct WorkerCounters {
     pub(crate) nodes_run: OwnedCounter,
@@ -232,7 +232,7 @@ pub const METRICS: &[(&str, &str, &str, &str, &str)] = &[
         "histogram",
         "seconds",
         "pool",
-        "run time of a node body (one node in 256 per worker is timed)",
+        "run time of a node body (one node in 4,096 per worker is timed)",
     ),
     (
         "boundpool_graph_latency_seconds",
@@ -326,19 +326,26 @@ pub(crate) fn cpu_lane_node<S: Send + 'static>(reg: &Registry<S>) {
     counter!("boundpool_cpu_lane_nodes", "pool" => reg.name.to_string()).increment(1);
 }
 
-/// A worker's record of what it already pushed to the facade.
+/// A worker's record of what it already pushed to the facade, and its metric handles, taken
+/// from the recorder once when the worker starts (so a flush makes no allocation and no lookup;
+/// install the recorder before building pools, as with any `metrics` library).
 pub(crate) struct Flusher {
-    pool: String,
-    worker: String,
+    counters: [metrics::Counter; 4],
+    queue_depth: metrics::Gauge,
+    run_time: metrics::Histogram,
     last: [u64; 4],
     samples: Vec<f64>,
 }
 
 impl Flusher {
     pub(crate) fn new(pool: &str, worker: usize) -> Self {
+        let (pool, worker) = (pool.to_string(), worker.to_string());
+        let counters = FLUSHED_COUNTERS
+            .map(|name| counter!(name, "pool" => pool.clone(), "worker" => worker.clone()));
         Flusher {
-            pool: pool.to_string(),
-            worker: worker.to_string(),
+            counters,
+            queue_depth: gauge!("boundpool_queue_depth", "pool" => pool.clone(), "worker" => worker),
+            run_time: histogram!("boundpool_node_run_seconds", "pool" => pool),
             last: [0; 4],
             samples: Vec::new(),
         }
@@ -355,20 +362,16 @@ impl Flusher {
             c.injector_pops.get(),
             c.parks.get(),
         ];
-        for (i, name) in FLUSHED_COUNTERS.into_iter().enumerate() {
+        for (i, counter) in self.counters.iter().enumerate() {
             let d = now[i] - self.last[i];
             if d > 0 {
-                counter!(name, "pool" => self.pool.clone(), "worker" => self.worker.clone())
-                    .increment(d);
+                counter.increment(d);
             }
         }
         self.last = now;
-        gauge!("boundpool_queue_depth", "pool" => self.pool.clone(), "worker" => self.worker.clone()).set(queue_depth as f64);
-        if !self.samples.is_empty() {
-            let h = histogram!("boundpool_node_run_seconds", "pool" => self.pool.clone());
-            for s in self.samples.drain(..) {
-                h.record(s);
-            }
+        self.queue_depth.set(queue_depth as f64);
+        for s in self.samples.drain(..) {
+            self.run_time.record(s);
         }
     }
 }

@@ -394,8 +394,12 @@ impl<S: Send + 'static> WorkerThread<S> {
                 if spec.is_cpu() || run.is_failed() {
                     self.run_task_slow(run, node)
                 } else {
-                    self.service(n);
-                    self.run_worker_body_instrumented(run, node, running, n % SAMPLE_EVERY == 0)
+                    // A service point, or every node when tracing.
+                    if n % SERVICE_EVERY == 0 {
+                        self.service(n);
+                    }
+                    let sample = n % SAMPLE_EVERY == 0 && self.registry.export_metrics;
+                    self.run_worker_body_instrumented(run, node, running, sample, tracing)
                 }
             };
             n = counters.nodes_run.get();
@@ -592,8 +596,8 @@ impl<S: Send + 'static> WorkerThread<S> {
         self.complete(run, i, ok)
     }
 
-    /// A node body run with its run time sampled for the histogram (`sample`) and, when the pool
-    /// records a trace, its slice recorded.
+    /// A node body run out of the fast path: its run time sampled for the histogram (`sample`)
+    /// and, when the pool records a trace (`tracing`), its slice recorded.
     #[inline(never)]
     fn run_worker_body_instrumented(
         &self,
@@ -601,15 +605,28 @@ impl<S: Send + 'static> WorkerThread<S> {
         i: u32,
         running: &mut u32,
         sample: bool,
+        tracing: bool,
     ) -> Option<u32> {
         let ctx = NodeCtx {
             inputs: Inputs::of(run, i),
             worker: self,
         };
-        let start = Instant::now();
+        let start = (sample || tracing).then(Instant::now);
         *running = i;
         let res = run.plan.nodes[i as usize].body.run(&ctx);
         *running = NO_NODE;
+        if let Some(start) = start {
+            self.record_slice(run, i, start, sample);
+        }
+        self.counters().nodes_run.add(1);
+        match (res, self.defer_slot.take()) {
+            (Ok(()), None) => self.complete(run, i, true),
+            (res, deferred) => self.after_body_slow(run, i, res, deferred),
+        }
+    }
+
+    /// Records a node's trace slice (when the pool traces) and run-time sample.
+    fn record_slice(&self, run: &Run<S>, i: u32, start: Instant, sample: bool) {
         let end = Instant::now();
         if let Some(sink) = &self.registry.trace {
             let name = Cow::Owned(run.plan.names[i as usize].to_owned());
@@ -626,11 +643,6 @@ impl<S: Send + 'static> WorkerThread<S> {
             self.flusher
                 .borrow_mut()
                 .sample(end.saturating_duration_since(start).as_secs_f64());
-        }
-        self.counters().nodes_run.add(1);
-        match (res, self.defer_slot.take()) {
-            (Ok(()), None) => self.complete(run, i, true),
-            (res, deferred) => self.after_body_slow(run, i, res, deferred),
         }
     }
 
