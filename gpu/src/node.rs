@@ -369,10 +369,8 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
             ));
         }
         // SAFETY: both are live allocations of `bytes()` bytes on this device.
-        unsafe {
-            driver::memcpy_dtod_async(self.b.ctx, dst.ptr, src.ptr, src.bytes(), self.stream)
-        }
-        .map_err(|e| self.fail("cuMemcpyDtoDAsync", e))
+        unsafe { driver::memcpy_dtod_async(self.b.ctx, dst.ptr, src.ptr, src.bytes(), self.stream) }
+            .map_err(|e| self.fail("cuMemcpyDtoDAsync", e))
     }
 
     /// Starts a launch of `kernel` with `cfg` on this node's stream.

@@ -216,7 +216,10 @@ fn gpu_nodes_on_stream_tracks() {
             _ => gpu.push((s.node.unwrap(), s.track, s.start_ns, s.end_ns)),
         }
     }
-    assert!(workers.len() >= 2, "the chain ran on one worker: {workers:?}");
+    assert!(
+        workers.len() >= 2,
+        "the chain ran on one worker: {workers:?}"
+    );
     assert_eq!(gpu.len(), links, "GPU slices of the chain: {gpu:?}");
     assert!(
         gpu.iter().all(|x| x.1 == gpu[0].1),
