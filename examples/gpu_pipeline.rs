@@ -1,10 +1,16 @@
 //! A GPU pipeline as a graph: for each vector of a batch, upload → scale → reduce → download,
 //! the numbers checked on the host. Consecutive stages are placed on different worker groups
-//! of the device, so their edges are device-side event waits between streams.
+//! of the device: an edge from a node with one GPU successor hands its stream over (scale →
+//! reduce → download enqueue on one stream, whichever worker runs them), the others are
+//! device-side event waits between streams (upload → scale, upload → reduce).
 //!
 //! On a machine without a GPU it runs the same pipeline on host workers and says so.
 //!
-//! `cargo run --release --example gpu_pipeline [-- vectors length]`
+//! `cargo run --release --example gpu_pipeline [-- vectors length] [--trace FILE.json]`
+//!
+//! With `--trace`, the pool records a timeline (a track per worker, and on a GPU a track per
+//! stream with each node's device time) and writes it in the Chrome trace format:
+//! `boundpool trace FILE.json --svg timeline.svg` draws it.
 
 use std::time::Instant;
 
@@ -42,18 +48,28 @@ fn check(results: &[(usize, f32)], len: usize) -> bool {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    let vectors: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(16);
-    let len: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1 << 20);
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let trace = match args.iter().position(|a| a == "--trace") {
+        Some(i) if i + 1 < args.len() => {
+            let f = args.remove(i + 1);
+            args.remove(i);
+            Some(f)
+        }
+        Some(_) => return Err("--trace needs a file name".into()),
+        None => None,
+    };
+    let vectors: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(16);
+    let len: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1 << 20);
 
     if let Some(why) = boundpool_gpu::gpu_unavailable_reason() {
         println!("no GPU ({why}): running the host version of the pipeline");
-        return host_version(vectors, len);
+        return host_version(vectors, len, trace.as_deref());
     }
 
     let pool = GpuPoolBuilder::new()
         .workers_per_device(4)
         .groups_per_device(2)
+        .trace(trace.is_some())
         .build()?;
     let d = pool.devices()[0].clone();
     println!(
@@ -126,11 +142,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Err("GPU results differ from the host's".into());
         }
     }
+    if let Some(file) = trace {
+        write_trace(&pool.take_trace(), &file)?;
+    }
     Ok(())
 }
 
-fn host_version(vectors: usize, len: usize) -> Result<(), Box<dyn std::error::Error>> {
-    let pool = PoolBuilder::new().workers(2).build()?;
+/// Writes `t` in the Chrome trace format.
+fn write_trace(t: &boundpool::Trace, file: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let json = boundpool::observe::chrome_trace(t, |_, _| {});
+    std::fs::write(file, serde_json::to_string(&json)?)?;
+    println!(
+        "trace: {} slices on {} tracks written to {file}",
+        t.slices.len(),
+        t.tracks.len()
+    );
+    Ok(())
+}
+
+fn host_version(
+    vectors: usize,
+    len: usize,
+    trace: Option<&str>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let pool = PoolBuilder::new()
+        .workers(2)
+        .trace(trace.is_some())
+        .build()?;
     let mut g = GraphBuilder::new("pipeline-host");
     let mut outs = Vec::new();
     for v in 0..vectors {
@@ -161,9 +199,11 @@ fn host_version(vectors: usize, len: usize) -> Result<(), Box<dyn std::error::Er
         t0.elapsed(),
         if ok { "all sums match" } else { "MISMATCH" }
     );
-    if ok {
-        Ok(())
-    } else {
-        Err("host pipeline mismatch".into())
+    if !ok {
+        return Err("host pipeline mismatch".into());
     }
+    if let Some(file) = trace {
+        write_trace(&pool.take_trace(), file)?;
+    }
+    Ok(())
 }

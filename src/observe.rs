@@ -141,7 +141,9 @@ pub fn metrics_table() -> String {
 /// * A complete event (`ph: "X"`) per node: `name` the node's name, `cat` its graph's name,
 ///   `args` `{graph, stolen, node}` (`node`: its index in the graph).
 /// * A complete event per park (`name` and `cat` `"park"`, `args.kind` `"park"`) and per extra
-///   span (`cat` `"span"`, `args.kind` `"span"`).
+///   span (`args.kind` `"span"`; `cat` `"span"`, or for a span standing for a node, such as a
+///   GPU node's device time on its stream's track, its graph's name, with `args` `graph` and
+///   `node` as for a node slice).
 /// * `ts` and `dur` in microseconds (fractional: nanosecond resolution) since the pool's build.
 ///
 /// `annotate` may add entries to a node event's `args` (the command line adds the run number).
@@ -175,7 +177,15 @@ pub fn chrome_trace(
             }
             SliceKind::Span => {
                 args.insert("kind".into(), json!("span"));
-                "span"
+                // A span standing for a node (a GPU node's device time on its stream's track)
+                // names it like a node slice does.
+                if let Some(node) = s.node {
+                    args.insert("graph".into(), json!(s.graph));
+                    args.insert("node".into(), json!(node));
+                    s.graph.as_str()
+                } else {
+                    "span"
+                }
             }
         };
         events.push(json!({
@@ -780,5 +790,64 @@ mod tests {
         assert!(svg.contains("a (g)") && svg.contains("b (g)"));
         assert!(svg.contains("parked"));
         assert!(svg.trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn chrome_trace_names_node_spans_like_nodes() {
+        let track = |name: &str, worker| crate::TraceTrack {
+            name: name.into(),
+            worker,
+            core: None,
+            group: String::new(),
+        };
+        let slice = |track, name: &str, graph: &str, node, kind| crate::TraceSlice {
+            track,
+            name: name.into(),
+            graph: graph.into(),
+            node,
+            start_ns: 1_000,
+            end_ns: 3_000,
+            kind,
+        };
+        let t = Trace {
+            epoch: std::time::Instant::now(),
+            tracks: vec![
+                track("worker 0", Some(0)),
+                track("GPU 0 (x) stream 0", None),
+            ],
+            slices: vec![
+                slice(0, "k", "g", Some(4), SliceKind::Node { stolen: false }),
+                slice(1, "k", "g", Some(4), SliceKind::Span),
+                slice(1, "marker", "", None, SliceKind::Span),
+            ],
+        };
+        let v = chrome_trace(&t, |_, _| {});
+        let xs: Vec<&Value> = v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .collect();
+        assert_eq!(xs.len(), 3);
+        let gpu = xs
+            .iter()
+            .find(|e| e["tid"] == 2 && e["name"] == "k")
+            .unwrap();
+        assert_eq!(gpu["cat"], "g");
+        assert_eq!(gpu["args"]["kind"], "span");
+        assert_eq!(gpu["args"]["node"], 4);
+        assert_eq!(gpu["args"]["graph"], "g");
+        assert_eq!(gpu["dur"], 2.0);
+        let plain = xs.iter().find(|e| e["name"] == "marker").unwrap();
+        assert_eq!(plain["cat"], "span");
+        assert!(plain["args"].get("node").is_none());
+        // Read back: the node span is a span bar of graph `g`.
+        let tl = Timeline::from_chrome_trace(&v).unwrap();
+        let bar = tl
+            .bars
+            .iter()
+            .find(|b| b.row == 1 && b.name == "k")
+            .unwrap();
+        assert_eq!((bar.kind, bar.graph.as_str()), (BarKind::Span, "g"));
     }
 }

@@ -143,16 +143,7 @@ pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> GpuResul
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(GpuError::new(
-                        GpuErrorKind::Driver,
-                        "baseline thread panicked",
-                    ))
-                })
-            })
-            .collect()
+        hs.into_iter().map(joined).collect()
     });
     let mut start: Option<Instant> = None;
     let mut end: Option<Instant> = None;
@@ -334,6 +325,16 @@ fn chain(ordinal: i32, edges: usize, host: bool) -> GpuResult<Measurement> {
     Ok(m)
 }
 
+/// A baseline thread's result; a panic is an error.
+fn joined<T>(h: std::thread::ScopedJoinHandle<'_, GpuResult<T>>) -> GpuResult<T> {
+    h.join().unwrap_or_else(|_| {
+        Err(GpuError::new(
+            GpuErrorKind::Driver,
+            "baseline thread panicked",
+        ))
+    })
+}
+
 /// The event-edge chain of [`event_edge_chain`] with its nodes alternating between two bound
 /// threads, each with its own stream: thread `i % 2` runs node `i` once node `i - 1` was
 /// enqueued (a spin on a shared counter, the cheapest possible host handoff): wait on the
@@ -426,16 +427,7 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measu
                     })
                 })
                 .collect();
-            hs.into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(GpuError::new(
-                            GpuErrorKind::Driver,
-                            "baseline thread panicked",
-                        ))
-                    })
-                })
-                .collect()
+            hs.into_iter().map(joined).collect()
         });
         let (mut start, mut end) = (None, None);
         for t in times {

@@ -447,6 +447,13 @@ impl GpuGraphExt for GraphBuilder<GpuWorker> {
     }
 }
 
+/// Records an event of the node's worker on `stream`, right after the node's work.
+fn record(ctx: &GpuCtx<'_, '_>, stream: Stream) -> Result<Event, BoxError> {
+    ctx.b
+        .record_event(stream)
+        .map_err(|(call, e)| Box::new(ctx.fail(call, e)) as BoxError)
+}
+
 fn run_gpu_node<T, F>(node: &NodeCtx<'_, GpuWorker>, body: &F) -> Result<T, BoxError>
 where
     F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError>,
@@ -559,14 +566,7 @@ where
     if gpu_succ > 0 {
         let handoff = w.shared.stream_handoff && gpu_succ == 1 && gpu_succ_here == 1;
         let event = if eager && !handoff {
-            let e = b
-                .take_event()
-                .map_err(|e| Box::new(ctx.fail("cuEventCreate", e)) as BoxError)?;
-            if let Err(err) = driver::event_record(b.ctx, e, stream) {
-                b.put_event(e);
-                return Err(Box::new(ctx.fail("cuEventRecord", err)));
-            }
-            Some(e)
+            Some(record(&ctx, stream)?)
         } else {
             None
         };
@@ -584,13 +584,7 @@ where
                 None => std::task::Poll::Ready(Ok(())),
             });
         } else {
-            let e = b
-                .take_event()
-                .map_err(|e| Box::new(ctx.fail("cuEventCreate", e)) as BoxError)?;
-            if let Err(err) = driver::event_record(b.ctx, e, stream) {
-                b.put_event(e);
-                return Err(Box::new(ctx.fail("cuEventRecord", err)));
-            }
+            let e = record(&ctx, stream)?;
             let mut pending = PendingEvent {
                 event: Some(e),
                 back: b.returned.clone(),

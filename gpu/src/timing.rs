@@ -102,7 +102,11 @@ impl DeviceTiming {
         self.created.load(Ordering::Relaxed)
     }
 
+    /// Connects the pool's trace; the stream tracks are created now, in stream order.
     pub(crate) fn set_recorder(&self, r: SpanRecorder) {
+        for t in &self.lock().streams {
+            r.add_track(&t.track);
+        }
         let _ = self.recorder.set(r);
     }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use boundpool_scheduler::{BoxError, GroupId};
 
 use crate::device::DeviceShared;
-use crate::driver::{self, Ctx, Event, Func, Stream};
+use crate::driver::{self, Ctx, DriverError, Event, Func, Stream};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
 
@@ -220,6 +220,20 @@ impl Bound {
         self.events.borrow_mut().push(e);
     }
 
+    /// Records one of this worker's events on `stream` (after everything enqueued there so
+    /// far); on failure the event goes back to the spares.
+    pub(crate) fn record_event(
+        &self,
+        stream: Stream,
+    ) -> Result<Event, (&'static str, DriverError)> {
+        let e = self.take_event().map_err(|err| ("cuEventCreate", err))?;
+        driver::event_record(self.ctx, e, stream).map_err(|err| {
+            self.put_event(e);
+            ("cuEventRecord", err)
+        })?;
+        Ok(e)
+    }
+
     pub(crate) fn function(&self, k: &Kernel) -> GpuResult<Func> {
         if let Some(f) = self.funcs.borrow().get(&k.inner.id) {
             return Ok(*f);
@@ -314,19 +328,10 @@ impl Bound {
         let covered = c.recorded.back().is_some_and(|&(s, _)| s >= seq);
         if !covered {
             let tail = self.seq.get();
-            let rec = self.take_event().and_then(|e| {
-                driver::event_record(self.ctx, e, self.stream)
-                    .map(|_| e)
-                    .inspect_err(|_| {
-                        self.put_event(e);
-                    })
-            });
-            match rec {
+            match self.record_event(self.stream) {
                 Ok(e) => c.recorded.push_back((tail, e)),
-                Err(err) => {
-                    let e = self
-                        .device
-                        .driver_error("cuEventRecord", "waiting for GPU work", err);
+                Err((call, err)) => {
+                    let e = self.device.driver_error(call, "waiting for GPU work", err);
                     return Poll::Ready(Err(Box::new(e)));
                 }
             }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use boundpool_gpu::{
     builtin, context_check, DeviceBuffer, Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt,
-    GpuPool, GpuPoolBuilder, LaunchConfig, Module,
+    GpuPool, GpuPoolBuilder, Kernel, LaunchConfig, Module,
 };
 use common::{assert_no_wrong_context, chain, gpu_or_skip, watchdog};
 
@@ -21,6 +21,16 @@ fn pool(workers: usize, groups: usize) -> GpuPool {
         .host_workers(1, boundpool_scheduler::Cores::Unpinned)
         .build()
         .expect("GPU pool")
+}
+
+/// The built-in kernels `bp_set_i64`, `bp_add_i64` and `bp_spin`.
+fn set_add_spin() -> (Kernel, Kernel, Kernel) {
+    let m = Module::builtin();
+    (
+        m.kernel(builtin::SET_I64).unwrap(),
+        m.kernel(builtin::ADD_I64).unwrap(),
+        m.kernel(builtin::SPIN).unwrap(),
+    )
 }
 
 #[test]
@@ -183,12 +193,7 @@ fn random_dag_matches_host() {
     let _w = watchdog("dag", 300);
     let p = pool(6, 3);
     let d = p.devices()[0].clone();
-    let m = Module::builtin();
-    let (set, add, spin) = (
-        m.kernel(builtin::SET_I64).unwrap(),
-        m.kernel(builtin::ADD_I64).unwrap(),
-        m.kernel(builtin::SPIN).unwrap(),
-    );
+    let (set, add, spin) = set_add_spin();
     let mut rng = 0x2545_F491_4F6C_DD1Du64;
     let mut next = move || {
         rng ^= rng << 13;
@@ -417,12 +422,7 @@ fn chain_across_workers_hands_its_stream_over() {
     let _w = watchdog("handoff", 180);
     let p = pool(2, 2);
     let d = p.devices()[0].clone();
-    let m = Module::builtin();
-    let (set, add, spin) = (
-        m.kernel(builtin::SET_I64).unwrap(),
-        m.kernel(builtin::ADD_I64).unwrap(),
-        m.kernel(builtin::SPIN).unwrap(),
-    );
+    let (set, add, spin) = set_add_spin();
     let n = 300usize;
     let mut g = GpuGraphBuilder::new("handoff-chain");
     let mut prev: Option<boundpool_gpu::NodeRef<DeviceBuffer<i64>>> = None;

@@ -1251,6 +1251,84 @@ mod tests {
     }
 
     #[test]
+    fn successor_lists_inline_and_external_keep_edge_order() {
+        let mut g = GraphBuilder::<()>::new("fan");
+        let n: Vec<NodeRef<()>> = (0..8).map(|i| g.node(format!("n{i}"), noop())).collect();
+        // n0 gets five successors (two inline, then the list), interleaved with other edges
+        // and with a repeated one; n6 one successor, n5 two.
+        g.edge(n[0], n[3])
+            .edge(n[5], n[6])
+            .edge(n[0], n[1])
+            .edge(n[0], n[7]);
+        g.edge(n[5], n[7])
+            .edge(n[0], n[2])
+            .edge(n[6], n[7])
+            .edge(n[0], n[3]);
+        let graph = g.build().unwrap();
+        let p = &graph.plan;
+        assert_eq!(p.successors(0), &[3, 1, 7, 2, 3]);
+        assert_eq!(p.successors(5), &[6, 7]);
+        assert_eq!(p.successors(6), &[7]);
+        assert!(p.successors(7).is_empty());
+        assert_eq!(graph.edge_count(), 8);
+        let indegree: Vec<u32> = p.nodes.iter().map(|s| s.indegree).collect();
+        assert_eq!(indegree, vec![0, 1, 1, 2, 0, 0, 1, 3]);
+        assert_eq!(&*p.sources, &[0, 4, 5]);
+        let mut preds = p.predecessors(7).to_vec();
+        preds.sort();
+        assert_eq!(preds, vec![0, 5, 6]);
+        // n6's one successor has other predecessors: not a chain link.
+        assert_eq!(p.nodes[6].chain_successor(), None);
+    }
+
+    #[test]
+    fn chain_links_need_one_predecessor_and_a_compatible_placement() {
+        let mut g = GraphBuilder::<()>::new("links");
+        let n: Vec<NodeRef<()>> = (0..5).map(|i| g.node(format!("n{i}"), noop())).collect();
+        g.edge(n[0], n[1])
+            .edge(n[1], n[2])
+            .edge(n[2], n[3])
+            .edge(n[3], n[4]);
+        // n1 and n2 on group 1; n3 on group 2; n4 anywhere.
+        g.place(n[1], GroupId::from_index(1));
+        g.place(n[2], GroupId::from_index(1));
+        g.place(n[3], GroupId::from_index(2));
+        let graph = g.build().unwrap();
+        let links: Vec<Option<u32>> = graph
+            .plan
+            .nodes
+            .iter()
+            .map(|s| s.chain_successor())
+            .collect();
+        // n0 (anywhere) -> n1 (group 1): checked at run time, not a link; n1 -> n2 same group: a
+        // link; n2 -> n3 other group: not; n3 -> n4 (anywhere): a link.
+        assert_eq!(links, vec![None, Some(2), None, Some(4), None]);
+        assert_eq!(
+            graph.plan.max_placement(),
+            Some((3, GroupId::from_index(2)))
+        );
+        // Re-placing a node recomputes the highest placement.
+        let mut g = GraphBuilder::<()>::new("replaced");
+        let a = g.node("a", noop());
+        let b = g.node("b", noop());
+        g.place(a, GroupId::from_index(5));
+        g.place(b, GroupId::from_index(1));
+        g.place(a, GroupId::from_index(0));
+        let graph = g.build().unwrap();
+        assert_eq!(
+            graph.plan.max_placement(),
+            Some((1, GroupId::from_index(1)))
+        );
+        // A group index no pool can have is an error at build.
+        let mut g = GraphBuilder::<()>::new("huge");
+        let a = g.node("a", noop());
+        g.place(a, GroupId::from_index(1 << 30));
+        let err = g.build().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::UnknownGroup);
+        assert!(err.to_string().contains("'a'"), "{err}");
+    }
+
+    #[test]
     fn node_spec_stays_small() {
         // Building and running a large graph is mostly writing and reading these: keep them
         // at 24 bytes.

@@ -48,7 +48,7 @@ pub struct TraceSlice {
     pub name: String,
     /// Graph name (empty for parks).
     pub graph: String,
-    /// The node's index in its graph, for node slices.
+    /// The node's index in its graph, for node slices and spans that stand for a node.
     pub node: Option<u32>,
     /// Start, in nanoseconds since [`Trace::epoch`].
     pub start_ns: u64,
@@ -120,6 +120,12 @@ impl SpanRecorder {
         self.0.epoch
     }
 
+    /// Creates the extra track `track` now, if it does not exist yet (extra tracks come in the
+    /// order they were created: create them up front to fix their order).
+    pub fn add_track(&self, track: &str) {
+        self.0.extra_track(track);
+    }
+
     /// Adds a slice named `name` to the extra track `track` (created on first use).
     pub fn span(&self, track: &str, name: &str, start: Instant, end: Instant) {
         self.0.span(track, name, None, start, end);
@@ -185,6 +191,18 @@ impl TraceSink {
         sync::lock(&self.raw).push(r);
     }
 
+    /// The index of extra track `track` among the extra tracks, created if new.
+    pub(crate) fn extra_track(&self, track: &str) -> usize {
+        let mut extra = sync::lock(&self.extra);
+        match extra.iter().position(|t| t == track) {
+            Some(i) => i,
+            None => {
+                extra.push(track.to_string());
+                extra.len() - 1
+            }
+        }
+    }
+
     pub(crate) fn span(
         &self,
         track: &str,
@@ -193,16 +211,7 @@ impl TraceSink {
         start: Instant,
         end: Instant,
     ) {
-        let idx = {
-            let mut extra = sync::lock(&self.extra);
-            match extra.iter().position(|t| t == track) {
-                Some(i) => i,
-                None => {
-                    extra.push(track.to_string());
-                    extra.len() - 1
-                }
-            }
-        };
+        let idx = self.extra_track(track);
         let (graph, node) = match node {
             Some((g, n)) => (Some(g), Some(n)),
             None => (None, None),

@@ -2,7 +2,8 @@
 //! records its run count and a global sequence number at start and finish; every node must run
 //! exactly once, and start only after all its predecessors finished. A second property injects a
 //! failure and checks that nodes run + nodes cancelled = nodes, and that nothing after the failing
-//! node runs. Proptest draws sizes skewed small (a few cases of 4,000 to 10,000 nodes per run);
+//! node runs. A third places nodes on three worker groups of 1 to 3 workers and checks each ran
+//! on a worker of its group. Proptest draws sizes skewed small (a few cases of 4,000 to 10,000 nodes per run);
 //! `largest_dags_on_one_and_eight_workers` runs the bounds, 10,000 nodes on 1 and on 8 workers,
 //! every time.
 
@@ -210,6 +211,83 @@ fn run_every_node_once(
     Ok(())
 }
 
+/// Random DAGs whose nodes are placed on one of three worker groups (or left anywhere): every
+/// node runs exactly once, after its predecessors, on a worker of its group. Edges between
+/// groups hand ready nodes over through the group injectors.
+fn run_placed(n: usize, shape: u8, seed: u64, sizes: [usize; 3]) -> Result<(), TestCaseError> {
+    use boundpool_scheduler::{GroupId, GroupSpec};
+    let edges = dag(n, shape, seed);
+    let rec = Record::new(n);
+    let ran_on: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..n).map(|_| AtomicUsize::new(usize::MAX)).collect());
+    let place: Vec<Option<usize>> = (0..n)
+        .map(|i| match (seed.rotate_left(i as u32 % 64) ^ i as u64) % 4 {
+            3 => None,
+            g => Some(g as usize),
+        })
+        .collect();
+    let mut g = GraphBuilder::<()>::with_capacity("placed", n, edges.len());
+    let refs: Vec<NodeRef<()>> = (0..n)
+        .map(|i| {
+            let (rec, ran_on) = (rec.clone(), ran_on.clone());
+            let r = g.node(format!("p{i}"), move |ctx| {
+                rec.enter(i);
+                ran_on[i].store(ctx.worker_info().group.index(), Ordering::SeqCst);
+                rec.leave(i);
+                Ok(())
+            });
+            if let Some(grp) = place[i] {
+                g.place(r, GroupId::from_index(grp));
+            }
+            r
+        })
+        .collect();
+    for &(a, b) in &edges {
+        g.edge(refs[a], refs[b]);
+    }
+    let graph = g.build().expect("a DAG builds");
+    let pool = PoolBuilder::new()
+        .name("placed")
+        .groups(
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| {
+                    let mut s = GroupSpec::new(format!("g{i}"), w);
+                    s.cores = Cores::Unpinned;
+                    s
+                })
+                .collect(),
+        )
+        .build()
+        .unwrap();
+    for round in 0..3 {
+        rec.reset();
+        pool.run(&graph)
+            .map_err(|e| TestCaseError::fail(format!("round {round}: {e}")))?;
+        for i in 0..n {
+            prop_assert_eq!(
+                rec.runs[i].load(Ordering::SeqCst),
+                1,
+                "node {} ran {} times",
+                i,
+                rec.runs[i].load(Ordering::SeqCst)
+            );
+            if let Some(grp) = place[i] {
+                prop_assert_eq!(
+                    ran_on[i].load(Ordering::SeqCst),
+                    grp,
+                    "node {} ran outside its group",
+                    i
+                );
+            }
+        }
+        check_order(&rec, &edges)?;
+    }
+    prop_assert_eq!(pool.stats().nodes_run(), 3 * n as u64);
+    Ok(())
+}
+
 /// The largest DAGs on the smallest and the largest pools, every shape, whatever proptest's
 /// random draws: the strategy below reaches 10,000 nodes and 8 workers only by chance.
 #[test]
@@ -240,6 +318,16 @@ proptest! {
         lane in any::<bool>(),
     ) {
         run_every_node_once(n, shape, seed, workers, lane)?;
+    }
+
+    #[test]
+    fn random_placed_dags_run_every_node_once_in_its_group(
+        n in size(),
+        shape in 0u8..4,
+        seed in any::<u64>(),
+        sizes in [1usize..=3, 1usize..=3, 1usize..=3],
+    ) {
+        run_placed(n, shape, seed, sizes)?;
     }
 
     #[test]
