@@ -254,26 +254,12 @@ fn main() {
             bg.push(time_graph(&p, &bare_gpu).as_secs_f64() * 1e6 / edges as f64);
             ours.push(time_graph(&p, &g).as_secs_f64() * 1e6 / edges as f64);
             ours_same.push(time_graph(&p, &same).as_secs_f64() * 1e6 / edges as f64);
-            ev.push(
-                baselines::event_edge_chain(0, edges)
-                    .unwrap()
-                    .micros_per_op(),
-            );
-            host.push(
-                baselines::host_sync_edge_chain(0, edges)
-                    .unwrap()
-                    .micros_per_op(),
-            );
-            ev2.push(
-                baselines::event_edge_chain_two_threads(0, edges)
-                    .unwrap()
-                    .micros_per_op(),
-            );
-            sh2.push(
-                baselines::shared_stream_chain_two_threads(0, edges)
-                    .unwrap()
-                    .micros_per_op(),
-            );
+            let us =
+                |m: boundpool_gpu::GpuResult<baselines::Measurement>| m.unwrap().micros_per_op();
+            ev.push(us(baselines::event_edge_chain(0, edges)));
+            host.push(us(baselines::host_sync_edge_chain(0, edges)));
+            ev2.push(us(baselines::event_edge_chain_two_threads(0, edges)));
+            sh2.push(us(baselines::shared_stream_chain_two_threads(0, edges)));
         }
         println!("chain runs (us/edge): boundpool {ours:.2?}; raw event edge {ev:.2?}; raw two-thread event edge {ev2:.2?}; raw two-thread shared stream {sh2:.2?}; host sync {host:.2?}");
         let (o, s, e, h) = (median(ours), median(ours_same), median(ev), median(host));

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use boundpool_gpu::{
-    builtin, context_check, DeviceBuffer, Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt,
-    GpuPool, GpuPoolBuilder, Kernel, LaunchConfig, Module,
+    builtin, context_check, BoxError, DeviceBuffer, Devices, GpuCtx, GpuErrorKind, GpuGraphBuilder,
+    GpuGraphExt, GpuPool, GpuPoolBuilder, Kernel, LaunchConfig, Module, NodeRef,
 };
 use common::{assert_no_wrong_context, chain, gpu_or_skip, watchdog};
 
@@ -31,6 +31,36 @@ fn set_add_spin() -> (Kernel, Kernel, Kernel) {
         m.kernel(builtin::ADD_I64).unwrap(),
         m.kernel(builtin::SPIN).unwrap(),
     )
+}
+
+/// A node body: spin `cycles`, then a new one-element buffer set to `value` plus each input's.
+fn spin_set_add(
+    ctx: &GpuCtx<'_, '_>,
+    (set, add, spin): (&Kernel, &Kernel, &Kernel),
+    cycles: i64,
+    value: i64,
+    inputs: &[NodeRef<DeviceBuffer<i64>>],
+) -> Result<DeviceBuffer<i64>, BoxError> {
+    let mut out = ctx.alloc::<i64>(1)?;
+    // SAFETY: kernels get the argument types they declare; buffers are node outputs, which
+    // outlive the graph's GPU work.
+    unsafe {
+        ctx.launch(spin, LaunchConfig::single())
+            .arg(cycles)
+            .launch()?;
+        ctx.launch(set, LaunchConfig::single())
+            .arg(&mut out)
+            .arg(value)
+            .launch()?;
+        for p in inputs {
+            let src: &DeviceBuffer<i64> = ctx.input(*p)?;
+            ctx.launch(add, LaunchConfig::single())
+                .arg(&mut out)
+                .arg(src)
+                .launch()?;
+        }
+    }
+    Ok(out)
 }
 
 #[test]
@@ -234,27 +264,7 @@ fn random_dag_matches_host() {
             let cycles = (next() % 20_000) as i64;
             let pr2 = pr.clone();
             let r = g.gpu_node_in(group, &format!("n{i}"), move |ctx| {
-                let pr = &pr2;
-                let mut out = ctx.alloc::<i64>(1)?;
-                // SAFETY: kernels get the argument types they declare; buffers outlive the
-                // graph's GPU work (they are node outputs).
-                unsafe {
-                    ctx.launch(&spin, LaunchConfig::single())
-                        .arg(cycles)
-                        .launch()?;
-                    ctx.launch(&set, LaunchConfig::single())
-                        .arg(&mut out)
-                        .arg(i as i64 + 1)
-                        .launch()?;
-                    for p in pr {
-                        let src: &DeviceBuffer<i64> = ctx.input(*p)?;
-                        ctx.launch(&add, LaunchConfig::single())
-                            .arg(&mut out)
-                            .arg(src)
-                            .launch()?;
-                    }
-                }
-                Ok(out)
+                spin_set_add(ctx, (&set, &add, &spin), cycles, i as i64 + 1, &pr2)
             });
             for &p in &pr {
                 g.edge(p, r);
@@ -431,26 +441,8 @@ fn chain_across_workers_hands_its_stream_over() {
         let before = prev;
         let cycles = ((i * 7919) % 50_000) as i64;
         let r = g.gpu_node_in(d.groups()[i % 2], &format!("c{i}"), move |ctx| {
-            let mut out = ctx.alloc::<i64>(1)?;
-            // SAFETY: kernels get the argument types they declare; buffers are node outputs,
-            // which outlive the graph's GPU work.
-            unsafe {
-                ctx.launch(&spin, LaunchConfig::single())
-                    .arg(cycles)
-                    .launch()?;
-                ctx.launch(&set, LaunchConfig::single())
-                    .arg(&mut out)
-                    .arg(1i64)
-                    .launch()?;
-                if let Some(b) = before {
-                    let src: &DeviceBuffer<i64> = ctx.input(b)?;
-                    ctx.launch(&add, LaunchConfig::single())
-                        .arg(&mut out)
-                        .arg(src)
-                        .launch()?;
-                }
-            }
-            Ok(out)
+            let inputs: Vec<_> = before.into_iter().collect();
+            spin_set_add(ctx, (&set, &add, &spin), cycles, 1, &inputs)
         });
         if let Some(b) = prev {
             g.edge(b, r);
