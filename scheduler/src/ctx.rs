@@ -135,9 +135,9 @@ impl<'a> Inputs<'a> {
             ErrorKind::BadInput,
             format!(
                 "node '{}' (#{}) of graph '{}' {what}",
-                self.node_name(),
+                crate::error::bounded(self.node_name()),
                 self.node,
-                self.graph_name()
+                crate::error::bounded(self.graph_name())
             ),
         )
     }

@@ -142,3 +142,67 @@ impl fmt::Display for SourceText {
 }
 
 impl std::error::Error for SourceText {}
+
+/// The most characters of one name (a node, graph, group or worker name, a panic message) that
+/// an error message quotes; longer ones are cut with `…`, so that no message grows with its input.
+pub(crate) const NAME_LIMIT: usize = 64;
+
+/// The most items of a list (a cycle's nodes, cores) that an error message names.
+pub(crate) const LIST_LIMIT: usize = 10;
+
+/// `s`, cut to [`NAME_LIMIT`] characters (with `…` when it was longer).
+pub(crate) fn bounded(s: &str) -> std::borrow::Cow<'_, str> {
+    match s.char_indices().nth(NAME_LIMIT) {
+        None => std::borrow::Cow::Borrowed(s),
+        Some((cut, _)) => std::borrow::Cow::Owned(format!("{}…", &s[..cut])),
+    }
+}
+
+/// At most [`LIST_LIMIT`] of the `len` items of `items`, joined by `sep`: the first ones, `…`,
+/// and the last ones, so that both ends of a long list stay visible.
+pub(crate) fn bounded_list<I>(items: I, len: usize, sep: &str) -> String
+where
+    I: IntoIterator,
+    I::Item: fmt::Display,
+{
+    let head = if len > LIST_LIMIT {
+        LIST_LIMIT - 4
+    } else {
+        len
+    };
+    let tail_from = if len > LIST_LIMIT { len - 4 } else { len };
+    let mut out = String::new();
+    for (i, item) in items.into_iter().enumerate() {
+        if i < head || i >= tail_from {
+            if !out.is_empty() {
+                out.push_str(sep);
+            }
+            out.push_str(&item.to_string());
+        } else if i == head {
+            out.push_str(sep);
+            out.push('…');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_names_and_lists() {
+        assert_eq!(bounded("short"), "short");
+        let long = "é".repeat(NAME_LIMIT + 5);
+        let cut = bounded(&long);
+        assert_eq!(cut.chars().count(), NAME_LIMIT + 1);
+        assert!(cut.ends_with('…'));
+        assert_eq!(bounded_list(0..3, 3, ", "), "0, 1, 2");
+        assert_eq!(bounded_list(0..10, 10, ", "), "0, 1, 2, 3, 4, 5, 6, 7, 8, 9");
+        assert_eq!(
+            bounded_list(0..1000, 1000, ", "),
+            "0, 1, 2, 3, 4, 5, …, 996, 997, 998, 999"
+        );
+        assert_eq!(bounded_list(0..0, 0, ", "), "");
+    }
+}

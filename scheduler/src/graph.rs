@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::body::{is_unit, CpuFn, NodeBody, ThinBody, WorkerFn};
 use crate::ctx::{Inputs, NodeCtx};
-use crate::error::{BoxError, Error, ErrorKind};
+use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::pool::GroupId;
 
 /// A node's output, type-erased.
@@ -814,7 +814,9 @@ impl<S> Plan<S> {
     pub(crate) fn describe(&self, i: u32) -> String {
         format!(
             "node '{}' (#{}) of graph '{}'",
-            &self.names[i as usize], i, self.name
+            bounded(&self.names[i as usize]),
+            i,
+            bounded(&self.name)
         )
     }
 
@@ -828,8 +830,8 @@ impl<S> Plan<S> {
                     format!(
                         "graph '{}': node '{}' (#{}) is placed on group {}, above the largest \
                          group index a pool can have ({})",
-                        gname,
-                        &b.names[id.index as usize],
+                        bounded(&gname),
+                        bounded(&b.names[id.index as usize]),
                         id.index,
                         g.index(),
                         ANY_GROUP - 1
@@ -847,8 +849,9 @@ impl<S> Plan<S> {
                 return Err(Error::new(
                     ErrorKind::Cycle,
                     format!(
-                        "graph '{}' has a cycle: node '{}' (#{f}) depends on itself",
-                        gname, &b.names[f as usize]
+                        "graph '{}' has a cycle of 1 node: node '{}' (#{f}) depends on itself",
+                        bounded(&gname),
+                        bounded(&b.names[f as usize])
                     ),
                 ));
             }
@@ -887,17 +890,16 @@ impl<S> Plan<S> {
             if seen < n {
                 let preds = build_predecessors(n, |f| successors_of(&b.nodes, &ext, f));
                 let cycle = find_cycle(&remaining, &preds.0, &preds.1);
-                let names: Vec<String> = cycle
-                    .iter()
-                    .map(|&i| format!("'{}' (#{i})", &b.names[i as usize]))
-                    .collect();
+                // Name at most a few of its nodes: a cycle can be millions of nodes long.
+                let name = |i: u32| format!("'{}' (#{i})", bounded(&b.names[i as usize]));
                 return Err(Error::new(
                     ErrorKind::Cycle,
                     format!(
-                        "graph '{}' has a cycle: {} -> {}",
-                        gname,
-                        names.join(" -> "),
-                        names[0]
+                        "graph '{}' has a cycle of {} nodes: {} -> {}",
+                        bounded(&gname),
+                        cycle.len(),
+                        bounded_list(cycle.iter().map(|&i| name(i)), cycle.len(), " -> "),
+                        name(cycle[0])
                     ),
                 ));
             }
@@ -932,6 +934,7 @@ impl<S> Plan<S> {
 /// The error for a placement or edge naming node `id`, which is of another graph or beyond the
 /// `n` nodes of graph `uid`.
 fn node_error(gname: &str, id: NodeId, uid: u32, n: usize, what: &str) -> Error {
+    let gname = bounded(gname);
     if id.graph != uid {
         Error::new(
             ErrorKind::ForeignNode,

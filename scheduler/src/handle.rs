@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::run::{Completion, GraphOutput};
@@ -44,12 +45,64 @@ impl GraphHandle {
     /// failed it (its [`cancelled_nodes`](Error::cancelled_nodes) says how many nodes never ran).
     /// When this returns, no node of the run is still executing.
     pub fn wait(self) -> Result<GraphOutput, Error> {
-        if !self.completion.is_done() && !worker::help_until(&self.completion) {
-            self.completion.block();
+        match self.wait_until(None) {
+            Ok(result) => result,
+            Err(_) => unreachable!("a wait without a deadline returns only when the graph is done"),
         }
-        self.completion
+    }
+
+    /// Waits at most `timeout` for the graph: its result as [`wait`](Self::wait) gives it, or,
+    /// if the graph is still running, `Err` with this handle back to wait again (or drop). A
+    /// timeout does not cancel the graph.
+    ///
+    /// On a worker thread (inside a node) it runs the pool's other nodes meanwhile, as `wait`
+    /// does, and returns once the deadline passes even when the worker has more to do. A
+    /// `Duration::MAX` timeout waits for ever.
+    ///
+    /// ```
+    /// # use boundpool_scheduler::{Cores, GraphBuilder, PoolBuilder};
+    /// # use std::time::Duration;
+    /// # let pool = PoolBuilder::new().workers(1).cores(Cores::Unpinned).build()?;
+    /// let mut g = GraphBuilder::new("g");
+    /// g.node("a", |_| Ok(()));
+    /// let mut handle = pool.submit(&g.build()?)?;
+    /// let output = loop {
+    ///     match handle.wait_timeout(Duration::from_millis(10)) {
+    ///         Ok(result) => break result?,
+    ///         Err(still_running) => handle = still_running,
+    ///     }
+    /// };
+    /// # let _ = output;
+    /// # Ok::<(), boundpool_scheduler::Error>(())
+    /// ```
+    #[allow(clippy::result_large_err)]
+    pub fn wait_timeout(
+        self,
+        timeout: Duration,
+    ) -> Result<Result<GraphOutput, Error>, GraphHandle> {
+        // A deadline beyond what `Instant` can hold is no deadline.
+        let deadline = Instant::now().checked_add(timeout);
+        self.wait_until(deadline)
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn wait_until(
+        self,
+        deadline: Option<Instant>,
+    ) -> Result<Result<GraphOutput, Error>, GraphHandle> {
+        if !self.completion.is_done() {
+            let done = match worker::help_until(&self.completion, deadline) {
+                Some(done) => done,
+                None => self.completion.block_until(deadline),
+            };
+            if !done {
+                return Err(self);
+            }
+        }
+        Ok(self
+            .completion
             .take_result()
-            .expect("a finished run has a result")
+            .expect("a finished run has a result"))
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::error::{BoxError, Error, ErrorKind};
+use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::graph::Graph;
 use crate::handle::GraphHandle;
 use crate::registry::{Hooks, Registry};
@@ -395,7 +395,12 @@ fn plan_workers(
     specs: &[GroupSpec],
     name_fn: Option<&(dyn Fn(&WorkerInfo) -> String + Send + Sync)>,
 ) -> Result<Vec<WorkerInfo>, Error> {
-    let invalid = |m: String| Error::new(ErrorKind::InvalidConfig, format!("pool '{pool}': {m}"));
+    let invalid = |m: String| {
+        Error::new(
+            ErrorKind::InvalidConfig,
+            format!("pool '{}': {m}", bounded(pool)),
+        )
+    };
     if specs.is_empty() {
         return Err(invalid("no worker groups".into()));
     }
@@ -406,7 +411,7 @@ fn plan_workers(
         if spec.workers == 0 {
             return Err(invalid(format!(
                 "group '{}' has 0 workers; a pool needs at least one worker per group",
-                spec.name
+                bounded(&spec.name)
             )));
         }
         let cores: Vec<Option<usize>> = match &spec.cores {
@@ -419,20 +424,24 @@ fn plan_workers(
                 if list.is_empty() {
                     return Err(invalid(format!(
                         "group '{}' was given an empty core list",
-                        spec.name
+                        bounded(&spec.name)
                     )));
                 }
                 let a = allowed.as_ref().ok_or_else(|| {
                     invalid(format!(
-                        "group '{}' asks for cores {:?}, but this platform cannot pin threads",
-                        spec.name, list
+                        "group '{}' asks for cores [{}], but this platform cannot pin threads",
+                        bounded(&spec.name),
+                        bounded_list(list, list.len(), ", ")
                     ))
                 })?;
                 for &c in list {
                     if !a.contains(&c) {
                         return Err(invalid(format!(
-                            "group '{}' asks for core {c}, which does not exist or is outside this process's affinity mask (allowed: {:?})",
-                            spec.name, a
+                            "group '{}' asks for core {c}, which does not exist or is outside \
+                             this process's affinity mask (allowed: {} core(s): {})",
+                            bounded(&spec.name),
+                            a.len(),
+                            bounded_list(a, a.len(), ", ")
                         )));
                     }
                 }
@@ -573,6 +582,13 @@ impl<S: Send + 'static> Pool<S> {
             .trace
             .as_ref()
             .map(|t| crate::SpanRecorder::new(t.clone()))
+    }
+
+    /// Graphs submitted to this pool that have not finished yet (the pool's table of active
+    /// runs). A finished graph leaves the table before its handle's `wait` returns, whether or
+    /// not anyone waits, so an idle pool reads 0.
+    pub fn graphs_in_flight(&self) -> usize {
+        self.registry.active_runs()
     }
 
     /// The scheduler's counters, read live (no metrics recorder needed).

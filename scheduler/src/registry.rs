@@ -11,9 +11,26 @@ use crate::graph::{Graph, Plan};
 use crate::handle::GraphHandle;
 use crate::metrics::{PoolCounters, WorkerCounters};
 use crate::pool::{IdleHook, ShutdownMode, StartHook, StopHook, WorkerInfo};
-use crate::run::{Run, Task};
+use crate::run::{Completion, GraphOutput, Run, Task};
 use crate::sleep::Sleep;
 use crate::sync::{self, AtomicU64, AtomicU8, Condvar, Mutex, Ordering};
+
+/// A run that is over and out of the active-run table: the last reference to it, and its
+/// result for the waiter.
+pub(crate) struct Finished<S> {
+    keep: Option<Arc<Run<S>>>,
+    completion: Arc<Completion>,
+    result: Result<GraphOutput, Error>,
+}
+
+impl<S> Finished<S> {
+    /// Frees the run, then hands the result to the waiter (so the run's bodies and unclaimed
+    /// outputs are gone by the time `wait` returns).
+    pub(crate) fn settle(self) {
+        drop(self.keep);
+        self.completion.complete(self.result);
+    }
+}
 
 pub(crate) struct Hooks<S> {
     pub(crate) start: StartHook<S>,
@@ -116,7 +133,7 @@ impl<S: Send + 'static> Registry<S> {
                         "{} is placed on group {}, but pool '{}' has {} group(s)",
                         plan.describe(node),
                         g.index(),
-                        this.name,
+                        crate::error::bounded(&this.name),
                         this.groups.len()
                     ),
                 ));
@@ -135,7 +152,8 @@ impl<S: Send + 'static> Registry<S> {
                     ErrorKind::ShutDown,
                     format!(
                         "pool '{}' is shut down; graph '{}' was not submitted",
-                        this.name, plan.name
+                        crate::error::bounded(&this.name),
+                        crate::error::bounded(&plan.name)
                     ),
                 ));
             }
@@ -152,6 +170,7 @@ impl<S: Send + 'static> Registry<S> {
             this.counters
                 .graphs_completed
                 .fetch_add(1, Ordering::Relaxed);
+            crate::metrics::graph_finished(this, None, run.submitted.elapsed());
             run.completion.complete(result);
             return Ok(handle);
         }
@@ -202,8 +221,13 @@ impl<S: Send + 'static> Registry<S> {
     }
 
     /// Called by the thread whose decrement brought `run`'s in-flight count to zero.
-    /// The caller must not touch `run` afterwards.
-    pub(crate) fn finish(&self, run: &Run<S>) {
+    /// The caller must not touch `run` afterwards, and must [`settle`](Finished::settle) what
+    /// this returns once no function that holds a `&Run` of it as an argument is on its stack:
+    /// settling may free the run, and freeing memory that a reference argument still points to
+    /// is undefined behaviour (Miri's protectors find it), even if the reference is never used
+    /// again.
+    #[must_use = "a finished run must be settled, or its waiter is never told"]
+    pub(crate) fn finish(&self, run: &Run<S>) -> Finished<S> {
         let result = run.take_result();
         let elapsed = run.submitted.elapsed();
         match &result {
@@ -231,9 +255,16 @@ impl<S: Send + 'static> Registry<S> {
             self.runs_changed.notify_all();
             keep
         };
-        // `run` may be freed from here on.
-        drop(keep);
-        completion.complete(result);
+        Finished {
+            keep,
+            completion,
+            result,
+        }
+    }
+
+    /// The number of runs in the active-run table.
+    pub(crate) fn active_runs(&self) -> usize {
+        sync::lock(&self.runs).len()
     }
 
     pub(crate) fn begin_shutdown(&self, mode: ShutdownMode) {
@@ -247,7 +278,8 @@ impl<S: Send + 'static> Registry<S> {
                     ErrorKind::Cancelled,
                     format!(
                         "graph '{}' was cancelled: pool '{}' is shutting down",
-                        run.plan.name, self.name
+                        crate::error::bounded(&run.plan.name),
+                        crate::error::bounded(&self.name)
                     ),
                 ));
             }

@@ -408,7 +408,7 @@ impl<S> Run<S> {
             let err = sync::lock(&self.error).take().unwrap_or_else(|| {
                 Error::new(
                     ErrorKind::Cancelled,
-                    format!("graph '{}' failed", self.plan.name),
+                    format!("graph '{}' failed", crate::error::bounded(&self.plan.name)),
                 )
             });
             return Err(err.with_cancelled(cancelled));
@@ -537,10 +537,27 @@ impl Completion {
     }
 
     /// Blocks the current (non-worker) thread until completion.
+    #[cfg_attr(not(loom), allow(dead_code))]
     pub(crate) fn block(&self) {
+        self.block_until(None);
+    }
+
+    /// Blocks the current (non-worker) thread until completion or `deadline`; returns whether
+    /// the run completed.
+    pub(crate) fn block_until(&self, deadline: Option<Instant>) -> bool {
         self.register_thread();
         while !self.is_done() {
-            sync::park();
+            match deadline {
+                None => sync::park(),
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return false;
+                    }
+                    sync::park_timeout(left);
+                }
+            }
         }
+        true
     }
 }

@@ -18,7 +18,7 @@ use crate::error::{BoxError, Error, ErrorKind};
 use crate::graph::NodeSpec;
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::pool::GroupId;
-use crate::registry::Registry;
+use crate::registry::{Finished, Registry};
 use crate::run::{Completion, Run, Task};
 use crate::sync::{self, Condvar, Mutex};
 
@@ -167,9 +167,7 @@ pub(crate) fn main<S: Send + 'static>(
     drop(gate);
     let Some(state) = state else { return };
     if !go {
-        if let Some(stop) = &reg.hooks.stop {
-            stop(info, state);
-        }
+        run_stop_hook(&reg, index, state);
         return;
     }
     let wt = WorkerThread {
@@ -181,6 +179,7 @@ pub(crate) fn main<S: Send + 'static>(
         local,
         state,
         deferred: RefCell::new(Vec::new()),
+        finished: RefCell::new(Vec::new()),
         defer_slot: Cell::new(None),
         stolen: Cell::new(false),
         rng: Cell::new(
@@ -188,26 +187,103 @@ pub(crate) fn main<S: Send + 'static>(
         ),
     };
     let helper: &dyn Helper = &wt;
-    // SAFETY: only the lifetime is erased; `wt` lives on this stack frame until after CURRENT is
-    // cleared below, and CURRENT is thread-local, so nothing reads the pointer after `wt` is gone.
+    // SAFETY: only the lifetime is erased; `wt` lives on this stack frame until after the
+    // `CurrentGuard` below has cleared CURRENT (on return or unwind), and CURRENT is
+    // thread-local, so nothing reads the pointer after `wt` is gone.
     let helper: NonNull<dyn Helper> = unsafe {
         std::mem::transmute::<NonNull<dyn Helper + '_>, NonNull<dyn Helper>>(NonNull::from(helper))
     };
-    CURRENT.with(|c| c.set(Some(helper)));
-    wt.main_loop();
-    CURRENT.with(|c| c.set(None));
+    let abort_guard = AbortOnUnwind {
+        pool: &reg.name,
+        worker: &info.name,
+    };
+    {
+        let _current = CurrentGuard::set(helper);
+        wt.main_loop();
+    }
     wt.flush();
+    std::mem::forget(abort_guard);
     let WorkerThread {
         state, registry, ..
     } = wt;
-    if let Some(stop) = &registry.hooks.stop {
-        stop(&registry.infos[index], state);
+    run_stop_hook(&registry, index, state);
+}
+
+/// Runs the stop hook of worker `index`; a panic there aborts the process with a message
+/// naming the worker (see [`abort_on_hook_panic`]).
+fn run_stop_hook<S: Send + 'static>(reg: &Registry<S>, index: usize, state: S) {
+    if let Some(stop) = &reg.hooks.stop {
+        let info = &reg.infos[index];
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| stop(info, state))) {
+            abort_on_hook_panic(&reg.name, &info.name, "stop hook", &*p);
+        }
+    }
+}
+
+/// A panic in a hook the worker runs between nodes (idle, stop): the hook's state (the GPU
+/// backend's release queues and streams) cannot be trusted any more, and the worker cannot go on
+/// without it, so, as rayon-core does for a panic outside a job, the process aborts with a
+/// message rather than lose a worker quietly and leave its graphs (and `shutdown`) waiting.
+#[cold]
+fn abort_on_hook_panic(pool: &str, worker: &str, hook: &str, p: &(dyn Any + Send)) -> ! {
+    abort_with(&format!(
+        "pool '{}': the {hook} of worker {} panicked: {}",
+        crate::error::bounded(pool),
+        crate::error::bounded(worker),
+        crate::error::bounded(&panic_message(p)),
+    ))
+}
+
+/// Writes `msg` to the process's real stderr (not the test harness's capture, which an abort
+/// would discard) and aborts.
+#[cold]
+fn abort_with(msg: &str) -> ! {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "boundpool-scheduler: {msg}; aborting");
+    std::process::abort()
+}
+
+/// Aborts if a worker's main loop unwinds: a panic there comes from outside any node body and
+/// any hook (the scheduler itself, a metrics recorder, a waker, an output's destructor), after
+/// which the worker's queues and its runs' counters cannot be trusted, and a worker that quietly
+/// exits would leave the graphs placed on its group, and `shutdown`, waiting for ever.
+struct AbortOnUnwind<'a> {
+    pool: &'a str,
+    worker: &'a str,
+}
+
+impl Drop for AbortOnUnwind<'_> {
+    fn drop(&mut self) {
+        abort_with(&format!(
+            "pool '{}': worker {} unwound out of its main loop (a panic outside a node body: \
+             in a metrics recorder, a waker, an output's destructor, or the scheduler itself)",
+            crate::error::bounded(self.pool),
+            crate::error::bounded(self.worker),
+        ));
+    }
+}
+
+/// Points `CURRENT` at this thread's worker for as long as it lives, and clears it when dropped,
+/// also when the thread unwinds, so nothing ever reads a pointer to a dropped worker.
+struct CurrentGuard;
+
+impl CurrentGuard {
+    fn set(helper: NonNull<dyn Helper>) -> Self {
+        CURRENT.with(|c| c.set(Some(helper)));
+        CurrentGuard
+    }
+}
+
+impl Drop for CurrentGuard {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(None));
     }
 }
 
 /// A node waiting on a nested graph helps through this, whatever the pool's state type.
 trait Helper {
-    fn help_until(&self, c: &Completion);
+    /// Runs other nodes until `c` completes (returns `true`) or `deadline` passes (`false`).
+    fn help_until(&self, c: &Completion, deadline: Option<Instant>) -> bool;
     fn registry_addr(&self) -> usize;
 }
 
@@ -215,16 +291,14 @@ thread_local! {
     static CURRENT: Cell<Option<NonNull<dyn Helper>>> = const { Cell::new(None) };
 }
 
-/// If this thread is a pool worker, runs other nodes until `c` completes and returns `true`.
-pub(crate) fn help_until(c: &Completion) -> bool {
+/// If this thread is a pool worker, runs other nodes until `c` completes or `deadline` passes,
+/// and returns whether `c` completed; `None` on a thread that is not a worker.
+pub(crate) fn help_until(c: &Completion, deadline: Option<Instant>) -> Option<bool> {
     match CURRENT.with(|cur| cur.get()) {
-        Some(p) => {
-            // SAFETY: CURRENT is set only while the worker's `WorkerThread` is alive on this
-            // thread's stack (see `main`), and we are on that thread.
-            unsafe { p.as_ref() }.help_until(c);
-            true
-        }
-        None => false,
+        // SAFETY: CURRENT is set only while the worker's `WorkerThread` is alive on this
+        // thread's stack (see `main`), and we are on that thread.
+        Some(p) => Some(unsafe { p.as_ref() }.help_until(c, deadline)),
+        None => None,
     }
 }
 
@@ -251,6 +325,8 @@ pub(crate) struct WorkerThread<S> {
     local: Deque<Task<S>>,
     pub(crate) state: S,
     deferred: RefCell<Vec<Deferred<S>>>,
+    /// Runs that finished here, to settle once no frame holds a reference to them.
+    finished: RefCell<Vec<Finished<S>>>,
     /// What the running node's body passed to `NodeCtx::complete_when`, taken after the body.
     defer_slot: Cell<Option<DeferFn<S>>>,
     flusher: RefCell<Flusher>,
@@ -260,12 +336,13 @@ pub(crate) struct WorkerThread<S> {
 }
 
 impl<S: Send + 'static> Helper for WorkerThread<S> {
-    fn help_until(&self, c: &Completion) {
+    fn help_until(&self, c: &Completion, deadline: Option<Instant>) -> bool {
         // The waiting body may already have deferred its completion: keep that apart while
         // other nodes run here, and put it back for the waiting node.
         let waiting = self.defer_slot.take();
-        self.help_loop(c);
+        let done = self.help_loop(c, deadline);
         self.defer_slot.set(waiting);
+        done
     }
 
     fn registry_addr(&self) -> usize {
@@ -274,19 +351,23 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
 }
 
 impl<S: Send + 'static> WorkerThread<S> {
-    fn help_loop(&self, c: &Completion) {
+    fn help_loop(&self, c: &Completion, deadline: Option<Instant>) -> bool {
         c.register_thread();
         let mut idle_rounds = 0;
         while !c.is_done() {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
             if let Some(t) = self.find_task() {
                 self.execute(t);
                 idle_rounds = 0;
             } else if self.poll_deferred() {
                 idle_rounds = 0;
             } else {
-                self.go_idle(&mut idle_rounds, &|| c.is_done());
+                self.go_idle(&mut idle_rounds, &|| c.is_done(), deadline);
             }
         }
+        true
     }
 
     /// Called by `NodeCtx::complete_when` from the running body.
@@ -310,7 +391,7 @@ impl<S: Send + 'static> WorkerThread<S> {
             } else if self.registry.is_terminated() && self.deferred.borrow().is_empty() {
                 break;
             } else {
-                self.go_idle(&mut idle_rounds, &|| false);
+                self.go_idle(&mut idle_rounds, &|| false, None);
             }
         }
     }
@@ -319,6 +400,35 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// here (one landing pad for the whole chain instead of a `catch_unwind` per node); the
     /// chain loop keeps the running node in `running`, so the landing pad knows which failed.
     fn execute(&self, task: Task<S>) {
+        self.execute_task(task);
+        self.settle_finished();
+    }
+
+    /// Settles the runs that finished on this worker since the last call. Called only where no
+    /// function holding a `&Run` argument is on the stack (see `Registry::finish`).
+    #[inline]
+    fn settle_finished(&self) {
+        if self.finished.borrow().is_empty() {
+            return;
+        }
+        let done = std::mem::take(&mut *self.finished.borrow_mut());
+        for f in done {
+            // The waiter's waker and the run's destructors (bodies, unclaimed outputs) are
+            // foreign code: a panic there must not unwind into a node waiting on a nested graph
+            // (it would be taken for that node's panic) nor skip the other waiters.
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f.settle())) {
+                abort_with(&format!(
+                    "pool '{}': worker {}: a panic while completing a graph (in its waker or a \
+                     destructor of its nodes or outputs): {}",
+                    crate::error::bounded(&self.registry.name),
+                    crate::error::bounded(&self.registry.infos[self.index].name),
+                    crate::error::bounded(&panic_message(&*p)),
+                ));
+            }
+        }
+    }
+
+    fn execute_task(&self, task: Task<S>) {
         let run = task.run();
         let mut running = task.node;
         loop {
@@ -329,11 +439,13 @@ impl<S: Send + 'static> WorkerThread<S> {
                     if cur == NO_NODE {
                         // The scheduler's own code panicked: its state cannot be trusted (a
                         // node might complete twice), so stop here rather than corrupt runs.
-                        eprintln!(
-                            "boundpool-scheduler: internal error: a panic outside a node body: {}",
-                            panic_message(&*p)
-                        );
-                        std::process::abort();
+                        abort_with(&format!(
+                            "pool '{}': worker {}: a panic outside a node body (in a waker, a \
+                             metrics recorder, an output's destructor, or the scheduler itself): {}",
+                            crate::error::bounded(&self.registry.name),
+                            crate::error::bounded(&self.registry.infos[self.index].name),
+                            crate::error::bounded(&panic_message(&*p)),
+                        ));
                     }
                     // The body unwound past its own `nodes_run` count.
                     self.counters().nodes_run.add(1);
@@ -425,7 +537,10 @@ impl<S: Send + 'static> WorkerThread<S> {
 
     fn run_idle_hook(&self) {
         if let Some(h) = &self.registry.hooks.idle {
-            h(&self.registry.infos[self.index], &self.state);
+            let info = &self.registry.infos[self.index];
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| h(info, &self.state))) {
+                abort_on_hook_panic(&self.registry.name, &info.name, "idle hook", &*p);
+            }
         }
     }
 
@@ -512,7 +627,14 @@ impl<S: Send + 'static> WorkerThread<S> {
                 .any(|&w| !reg.stealers[w].is_empty())
     }
 
-    fn go_idle(&self, idle_rounds: &mut u32, condition: &dyn Fn() -> bool) {
+    /// Spins, then parks until work, `condition`, termination or `deadline` (a nested
+    /// `wait_timeout`).
+    fn go_idle(
+        &self,
+        idle_rounds: &mut u32,
+        condition: &dyn Fn() -> bool,
+        deadline: Option<Instant>,
+    ) {
         if *idle_rounds == 0 && self.deferred.borrow().is_empty() && self.spin(condition) {
             return;
         }
@@ -531,6 +653,16 @@ impl<S: Send + 'static> WorkerThread<S> {
                 return;
             }
             Some(DEFERRED_PARK)
+        };
+        let timeout = match deadline {
+            None => timeout,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return;
+                }
+                Some(timeout.map_or(left, |t| t.min(left)))
+            }
         };
         *idle_rounds = idle_rounds.saturating_add(1);
         self.counters().parks.add(1);
@@ -736,7 +868,8 @@ impl<S: Send + 'static> WorkerThread<S> {
             self.registry.sleep.notify_local(self.group);
         }
         if cont.is_none() && run.leave() {
-            self.registry.finish(run);
+            // Settled in `execute`, once this frame (and its caller's) holding `run` are gone.
+            self.finished.borrow_mut().push(self.registry.finish(run));
         }
         cont
     }
@@ -792,6 +925,7 @@ impl<S: Send + 'static> WorkerThread<S> {
             if let Some(c) = self.complete(run, d.task.node, ok) {
                 self.execute(Task::new(run, c));
             }
+            self.settle_finished();
         }
         let mut cur = self.deferred.borrow_mut();
         list.append(&mut cur);
@@ -847,7 +981,7 @@ fn run_on_cpu_lane<S: Send + 'static>(reg: Arc<Registry<S>>, task: Task<S>) {
     let mut ready = Vec::new();
     let n = run.release(i, ok, |t| ready.push(t));
     if run.settle(n) {
-        reg.finish(run);
+        reg.finish(run).settle();
         return;
     }
     for t in ready {
