@@ -260,7 +260,8 @@ impl<S: Send + 'static> PoolBuilder<S> {
     }
 
     /// Runs on each worker as it exits, with its state (so resources bound to the worker's
-    /// thread are released there).
+    /// thread are released there). A panic in it aborts the process with a message naming the
+    /// worker (see the crate README, "Failure").
     pub fn stop_hook(mut self, f: impl Fn(&WorkerInfo, S) + Send + Sync + 'static) -> Self {
         self.stop = Some(Arc::new(f));
         self
@@ -268,6 +269,9 @@ impl<S: Send + 'static> PoolBuilder<S> {
 
     /// Runs on a worker each time it runs out of work (before it parks) and every 64 nodes it
     /// runs: the place for deferred releases. [`GroupWaker::wake`] makes an idle worker run it.
+    /// A panic in it aborts the process with a message naming the worker: a worker cannot go on
+    /// without the state its hook keeps, and one that quietly exited would leave its graphs
+    /// waiting.
     pub fn idle_hook(mut self, f: impl Fn(&WorkerInfo, &S) + Send + Sync + 'static) -> Self {
         self.idle = Some(Arc::new(f));
         self
