@@ -198,7 +198,10 @@ mod tests {
         assert_eq!(cut.chars().count(), NAME_LIMIT + 1);
         assert!(cut.ends_with('…'));
         assert_eq!(bounded_list(0..3, 3, ", "), "0, 1, 2");
-        assert_eq!(bounded_list(0..10, 10, ", "), "0, 1, 2, 3, 4, 5, 6, 7, 8, 9");
+        assert_eq!(
+            bounded_list(0..10, 10, ", "),
+            "0, 1, 2, 3, 4, 5, 6, 7, 8, 9"
+        );
         assert_eq!(
             bounded_list(0..1000, 1000, ", "),
             "0, 1, 2, 3, 4, 5, …, 996, 997, 998, 999"

@@ -294,12 +294,11 @@ thread_local! {
 /// If this thread is a pool worker, runs other nodes until `c` completes or `deadline` passes,
 /// and returns whether `c` completed; `None` on a thread that is not a worker.
 pub(crate) fn help_until(c: &Completion, deadline: Option<Instant>) -> Option<bool> {
-    match CURRENT.with(|cur| cur.get()) {
+    CURRENT.with(|cur| cur.get()).map(|p| {
         // SAFETY: CURRENT is set only while the worker's `WorkerThread` is alive on this
         // thread's stack (see `main`), and we are on that thread.
-        Some(p) => Some(unsafe { p.as_ref() }.help_until(c, deadline)),
-        None => None,
-    }
+        unsafe { p.as_ref() }.help_until(c, deadline)
+    })
 }
 
 /// Whether this thread is a worker of `reg`'s pool.

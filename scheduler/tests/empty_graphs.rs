@@ -17,7 +17,9 @@ fn pool(workers: usize) -> Pool {
 }
 
 fn empty() -> Graph {
-    GraphBuilder::<()>::new("nothing").build().expect("an empty graph builds")
+    GraphBuilder::<()>::new("nothing")
+        .build()
+        .expect("an empty graph builds")
 }
 
 #[test]

@@ -224,7 +224,10 @@ fn wait_timeout_returns_the_handle_and_does_not_cancel() {
         let handle = pool.submit(&graph).unwrap();
         let start = Instant::now();
         let handle = match handle.wait_timeout(Duration::from_millis(30)) {
-            Ok(r) => panic!("returned before the graph could finish: {:?}", r.map(|_| ())),
+            Ok(r) => panic!(
+                "returned before the graph could finish: {:?}",
+                r.map(|_| ())
+            ),
             Err(h) => h,
         };
         assert!(start.elapsed() >= Duration::from_millis(30));

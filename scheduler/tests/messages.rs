@@ -70,12 +70,17 @@ fn a_huge_node_name_is_cut_in_messages() {
         .build()
         .unwrap();
     let mut g = GraphBuilder::<()>::new(huge.clone());
-    g.node(huge.clone(), |_| -> Result<(), BoxError> { Err("bad".into()) });
+    g.node(huge.clone(), |_| -> Result<(), BoxError> {
+        Err("bad".into())
+    });
     let err = pool.run(&g.build().unwrap()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NodeFailed);
     let msg = err.to_string();
     assert!(msg.len() < 400, "{} bytes", msg.len());
-    assert!(msg.contains("xxxx…") && msg.ends_with("failed: bad"), "{msg}");
+    assert!(
+        msg.contains("xxxx…") && msg.ends_with("failed: bad"),
+        "{msg}"
+    );
 }
 
 #[test]
