@@ -300,6 +300,39 @@ mod tests {
     }
 
     #[test]
+    fn pending_hook_request_stops_a_park_until_taken() {
+        let s = Sleep::new(2, 1);
+        s.register(0, std::thread::current());
+        // Nobody is idle: the request only leaves its flag.
+        s.request_hook(&[0]);
+        assert_eq!(s.sleep(0, 0, None, || false, || false), Woke::Condition);
+        assert_eq!(idle_count(&s, 0), 0);
+        // Another group's request is not this worker's.
+        assert!(!s.take_hook_request(1));
+        assert!(s.take_hook_request(0));
+        assert!(!s.take_hook_request(0), "taken once");
+        assert_eq!(
+            s.sleep(0, 0, Some(Duration::from_millis(1)), || false, || false),
+            Woke::Timeout
+        );
+    }
+
+    #[test]
+    fn hook_request_wakes_a_parked_worker_of_any_of_its_groups() {
+        let s = Arc::new(Sleep::new(2, 1));
+        let rx = sleeper(&s, 0, 1);
+        wait_until("worker of group 1 announced idle", || {
+            idle_count(&s, 1) == 1
+        });
+        s.request_hook(&[0, 1]);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Woke::Notified
+        );
+        assert!(s.take_hook_request(1));
+    }
+
+    #[test]
     fn timeout_returns_and_leaves_the_idle_list() {
         let s = Sleep::new(1, 1);
         s.register(0, std::thread::current());
