@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::graph::Graph;
 use crate::handle::GraphHandle;
-use crate::registry::{Hooks, Registry};
+use crate::registry::{Hooks, Registry, Topology};
 use crate::sleep::Sleep;
 use crate::sync::{self, Mutex};
 use crate::worker;
@@ -377,8 +377,10 @@ impl<S: Send + 'static> PoolBuilder<S> {
         let (registry, deques) = Registry::new(
             self.name.clone(),
             infos,
-            group_names,
-            domains,
+            Topology {
+                groups: group_names,
+                domains,
+            },
             hooks,
             cpu_lane,
             self.trace,

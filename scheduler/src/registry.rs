@@ -39,6 +39,13 @@ pub(crate) struct DomainQueues<S> {
     pub(crate) workers: usize,
 }
 
+/// The pool's groups (names, in `GroupId` order) and domains (names and group indices, in
+/// `DomainId` order), checked by the builder.
+pub(crate) struct Topology {
+    pub(crate) groups: Vec<String>,
+    pub(crate) domains: Vec<(String, Vec<usize>)>,
+}
+
 const RUNNING: u8 = 0;
 const SHUTTING_DOWN: u8 = 1;
 const TERMINATED: u8 = 2;
@@ -69,13 +76,16 @@ impl<S: Send + 'static> Registry<S> {
     pub(crate) fn new(
         name: String,
         infos: Vec<WorkerInfo>,
-        group_names: Vec<String>,
-        domain_specs: Vec<(String, Vec<usize>)>,
+        topology: Topology,
         hooks: Hooks<S>,
         cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
         trace: bool,
         export_metrics: bool,
     ) -> (Arc<Self>, Vec<Deque<Task<S>>>) {
+        let Topology {
+            groups: group_names,
+            domains: domain_specs,
+        } = topology;
         let deques: Vec<Deque<Task<S>>> = infos.iter().map(|_| Deque::new_lifo()).collect();
         let stealers = deques.iter().map(|d| d.stealer()).collect();
         let groups = group_names
