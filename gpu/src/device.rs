@@ -254,7 +254,11 @@ impl DeviceShared {
     /// Frees the queued handles. Runs on a bound worker (`own` is its stream): the worker first
     /// makes its stream wait for everything already enqueued on the device's other streams (a
     /// handle dropped anywhere was last used by work enqueued before the drop), then frees
-    /// stream-ordered. Returns how many were released.
+    /// stream-ordered. When every stream of the device was idle before the drain, it then
+    /// synchronises its stream (at once: only the frees are queued there), so that the memory
+    /// pool hands the freed memory back to the device (the default pool keeps nothing past a
+    /// synchronise) and an idle device's free memory comes back. Returns how many were
+    /// released.
     pub(crate) fn drain_releases(&self, own: Stream) -> usize {
         if !self.release_pending.swap(false, Ordering::AcqRel) {
             return 0;
@@ -268,8 +272,12 @@ impl DeviceShared {
         // Every registered stream lives until the device's last worker stops (which is after
         // this worker), so recording on them is safe.
         let mut fenced = true;
+        let device_idle;
         {
             let streams = self.streams.read().unwrap_or_else(|e| e.into_inner());
+            device_idle = streams
+                .iter()
+                .all(|&s| driver::stream_query(ctx, s).unwrap_or(false));
             for &s in streams.iter().filter(|s| **s != own) {
                 let ok = self.take_event().and_then(|e| {
                     let r = driver::event_record(ctx, e, s)
@@ -295,6 +303,9 @@ impl DeviceShared {
                     };
                 }
             }
+        }
+        if device_idle && fenced {
+            let _ = driver::stream_synchronize(ctx, own);
         }
         n
     }

@@ -34,6 +34,27 @@ pub mod context_check {
     }
 }
 
+/// Context checking switched on for as long as it lives; dropping it (on any return path,
+/// an early `?` or a panic included) restores the setting found at creation, so a function
+/// that turns checking on for its own calls leaves nothing switched on after an error.
+struct CheckingOn {
+    was: bool,
+}
+
+impl CheckingOn {
+    fn new() -> Self {
+        let was = driver::checking();
+        driver::set_checking(true);
+        CheckingOn { was }
+    }
+}
+
+impl Drop for CheckingOn {
+    fn drop(&mut self) {
+        driver::set_checking(self.was);
+    }
+}
+
 /// Measures device `ordinal`'s free memory in bytes from a short-lived helper thread that binds
 /// the primary context (which must be retained by someone, e.g. a [`MemoryProbe`]).
 #[derive(Debug)]
@@ -92,6 +113,14 @@ impl Drop for MemoryProbe {
 /// recreated afterwards (this poisons the device's primary context for the whole process while
 /// it is retained).
 pub fn probe(ordinal: i32, sticky: bool) -> GpuResult<Vec<String>> {
+    probe_with(ordinal, sticky, probe_kernels)
+}
+
+/// The kernel checks of a probe, on its bound thread.
+type KernelChecks = fn(&DeviceShared, Stream, &mut Vec<String>) -> GpuResult<()>;
+
+/// [`probe`] with its kernel checks given (a test makes them fail).
+fn probe_with(ordinal: i32, sticky: bool, kernels: KernelChecks) -> GpuResult<Vec<String>> {
     let mut out = Vec::new();
     let n = crate::detect::detect()?;
     out.push(format!(
@@ -100,8 +129,7 @@ pub fn probe(ordinal: i32, sticky: bool) -> GpuResult<Vec<String>> {
     ));
     let (dev, info) = crate::detect::open_device(ordinal)?;
     out.push(format!("device {ordinal}: {info:?}"));
-    let was_checking = driver::checking();
-    driver::set_checking(true);
+    let _checking = CheckingOn::new();
     let wrong0 = driver::wrong_calls();
     let shared = std::sync::Arc::new(DeviceShared::new(info, dev, false));
     let sh = shared.clone();
@@ -119,7 +147,7 @@ pub fn probe(ordinal: i32, sticky: bool) -> GpuResult<Vec<String>> {
             let st = driver::stream_create(ctx)
                 .map_err(|e| GpuError::driver("cuStreamCreate", "probe", e))?;
             sh.register_stream(st);
-            let r = probe_kernels(&sh, st, &mut out);
+            let r = kernels(&sh, st, &mut out);
             if let Err(e) = &r {
                 out.push(format!("FAILED: {e}"));
             }
@@ -183,7 +211,6 @@ pub fn probe(ordinal: i32, sticky: bool) -> GpuResult<Vec<String>> {
         driver::wrong_calls() - wrong0,
         driver::wrong_samples()
     ));
-    driver::set_checking(was_checking);
     Ok(out)
 }
 
@@ -472,5 +499,75 @@ fn ok(b: bool) -> &'static str {
         "ok"
     } else {
         "WRONG"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Context checking is process-wide: the tests that switch it run one at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn failing_kernels(_: &DeviceShared, _: Stream, _: &mut Vec<String>) -> GpuResult<()> {
+        Err(GpuError::new(
+            crate::GpuErrorKind::Driver,
+            "injected failure",
+        ))
+    }
+
+    /// The guard restores the setting on an early `?` return and on a panic, and leaves an
+    /// already enabled setting on.
+    #[test]
+    fn checking_guard_restores_after_error_and_panic() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let was = driver::checking();
+        fn fails_early() -> GpuResult<()> {
+            let _on = CheckingOn::new();
+            assert!(driver::checking());
+            Err(GpuError::new(crate::GpuErrorKind::Driver, "early"))?;
+            unreachable!()
+        }
+        driver::set_checking(false);
+        assert!(fails_early().is_err());
+        assert!(!driver::checking(), "checking left on after an early error");
+        let r = std::panic::catch_unwind(|| {
+            let _on = CheckingOn::new();
+            panic!("inside");
+        });
+        assert!(r.is_err());
+        assert!(!driver::checking(), "checking left on after a panic");
+        driver::set_checking(true);
+        assert!(fails_early().is_err());
+        assert!(
+            driver::checking(),
+            "checking switched off though it was on before"
+        );
+        driver::set_checking(was);
+    }
+
+    /// `probe` whose kernel checks fail returns the error and leaves checking as it found it
+    /// (it used to return early with checking on). Needs a GPU: skips without one.
+    #[test]
+    fn failed_probe_leaves_checking_off() {
+        if let Some(why) = crate::detect::gpu_unavailable_reason() {
+            if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!(
+                    "failed_probe_leaves_checking_off: BOUNDPOOL_REQUIRE_GPU=1 but no GPU: {why}"
+                );
+            }
+            eprintln!("SKIPPED failed_probe_leaves_checking_off: no GPU: {why}");
+            return;
+        }
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let was = driver::checking();
+        driver::set_checking(false);
+        let err = probe_with(0, false, failing_kernels).unwrap_err();
+        assert!(err.to_string().contains("injected failure"), "{err}");
+        assert!(
+            !driver::checking(),
+            "probe left context checking on after an error"
+        );
+        driver::set_checking(was);
     }
 }

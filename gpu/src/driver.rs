@@ -274,6 +274,17 @@ pub(crate) fn stream_synchronize(expect: Ctx, s: Stream) -> DResult<()> {
     unsafe { sys::cuStreamSynchronize(s.0).result() }
 }
 
+/// `Ok(true)` when all work enqueued on `s` is complete, `Ok(false)` when not yet.
+pub(crate) fn stream_query(expect: Ctx, s: Stream) -> DResult<bool> {
+    check(expect, "cuStreamQuery");
+    // SAFETY: crate invariant: `s` is live.
+    match unsafe { sys::cuStreamQuery(s.0) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        other => Err(DriverError(other)),
+    }
+}
+
 pub(crate) fn stream_wait_event(expect: Ctx, s: Stream, e: Event) -> DResult<()> {
     check(expect, "cuStreamWaitEvent");
     // SAFETY: crate invariant: both handles are live.

@@ -53,4 +53,6 @@ pub use pool::{Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBu
 pub use worker::GpuWorker;
 
 /// Re-exports of the scheduler types GPU graphs use.
-pub use boundpool_scheduler::{BoxError, Cores, GraphHandle, GroupId, NodeRef, ShutdownMode};
+pub use boundpool_scheduler::{
+    BoxError, Cores, DomainId, GraphHandle, GroupId, NodeRef, Placement, ShutdownMode,
+};

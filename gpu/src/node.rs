@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::sync::Arc;
 
-use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef};
+use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef, Placement};
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::device::{DeviceInfo, DeviceShared};
@@ -408,8 +408,9 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
 
 /// Adds GPU nodes to a graph of a [`GpuPool`](crate::GpuPool).
 pub trait GpuGraphExt {
-    /// Adds a node that runs `body` on a worker of `device` (placed on the device's first
-    /// group). The body's GPU work is ordered after its GPU predecessors' on the device, and
+    /// Adds a node that runs `body` on a worker of `device` (placed on
+    /// [`GpuDevice::placement`]: any of the device's workers, whatever its number of groups).
+    /// The body's GPU work is ordered after its GPU predecessors' on the device, and
     /// its successors and the graph's completion wait for that work to finish where they need
     /// to (host successors, sinks), without a host synchronise between GPU nodes.
     fn gpu_node<T, F>(&mut self, device: &GpuDevice, name: &str, body: F) -> NodeRef<T>
@@ -431,7 +432,11 @@ impl GpuGraphExt for GraphBuilder<GpuWorker> {
         T: Send + Sync + 'static,
         F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
-        self.gpu_node_in(device.group(), name, body)
+        let r = self.node(name.to_owned(), move |node: &NodeCtx<'_, GpuWorker>| {
+            run_gpu_node(node, &body)
+        });
+        self.place(r, device.placement());
+        r
     }
 
     fn gpu_node_in<T, F>(&mut self, group: GroupId, name: &str, body: F) -> NodeRef<T>
@@ -541,21 +546,25 @@ where
     let mut gpu_succ_here = 0usize;
     // A successor placed on another group surely runs on another worker (another stream, or
     // another device): record the event here, right after the work, on the stream this thread
-    // just used, unless the stream is handed over. A successor of the same group may well run
-    // here (no event at all); if it is stolen, it takes the stream over or records an event
-    // on it itself.
+    // just used, unless the stream is handed over. A successor of the same group, or placed on
+    // this device as a whole, may well run here (no event at all); if another worker runs it,
+    // it takes the stream over or records an event on it itself.
     let mut eager = false;
     let mut host_succ = false;
     let my_group = node.worker_info().group;
     for s in node.successors() {
         let placed = node.placement_of(s);
-        match placed.and_then(|g| w.shared.device_of_group(g)) {
+        match w.shared.device_of(placed) {
             Some(d) => {
                 gpu_succ += 1;
                 if d == b.device_index {
                     gpu_succ_here += 1;
                 }
-                if d != b.device_index || placed != Some(my_group) {
+                let may_run_here = match placed {
+                    Placement::Group(g) => g == my_group,
+                    _ => true,
+                };
+                if d != b.device_index || !may_run_here {
                     eager = true;
                 }
             }

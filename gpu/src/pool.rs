@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use boundpool_scheduler::{
-    BoxError, Cores, Graph, GraphBuilder, GraphHandle, GroupId, GroupSpec, Pool, PoolBuilder,
-    ShutdownMode,
+    BoxError, Cores, DomainId, Graph, GraphBuilder, GraphHandle, GroupId, GroupSpec, Placement,
+    Pool, PoolBuilder, ShutdownMode,
 };
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
@@ -90,7 +90,10 @@ impl GpuPoolBuilder {
 
     /// Splits each device's workers into `n` groups (`gpu<ordinal>` when 1, else
     /// `gpu<ordinal>.<i>`), so that nodes can be placed on part of a device's workers (for
-    /// example to force consecutive nodes onto different streams). Default 1.
+    /// example to force consecutive nodes onto different streams). Default 1. Nodes placed on
+    /// the device itself ([`GpuGraphExt::gpu_node`], [`GpuDevice::placement`]) still run on
+    /// any of its workers: with more than one group, the device is a scheduler domain
+    /// (`gpu<ordinal>`) over its groups.
     pub fn groups_per_device(mut self, n: usize) -> Self {
         self.groups_per_device = n;
         self
@@ -197,6 +200,9 @@ impl GpuPoolBuilder {
         let mut specs = Vec::new();
         let mut group_device = Vec::new();
         let mut device_groups: Vec<Vec<GroupId>> = vec![Vec::new(); devices.len()];
+        // With one group per device the group is the device's placement; with more, a domain
+        // over them (domain k is device k's).
+        let mut domain_device = Vec::new();
         for (i, d) in devices.iter().enumerate() {
             let cores = self
                 .device_cores
@@ -246,16 +252,24 @@ impl GpuPoolBuilder {
         } else {
             None
         };
+        if self.groups_per_device > 1 {
+            domain_device.extend(0..devices.len());
+        }
         let shared = Arc::new(PoolShared {
             group_device,
+            domain_device,
             devices: devices.clone(),
             stream_handoff: self.stream_handoff,
         });
         let sh_start = shared.clone();
         let pool_name = self.name.clone();
-        let pool = PoolBuilder::new()
-            .name(&self.name)
-            .groups(specs)
+        let mut builder = PoolBuilder::new().name(&self.name).groups(specs);
+        if self.groups_per_device > 1 {
+            for (i, d) in devices.iter().enumerate() {
+                builder = builder.domain(format!("gpu{}", d.ordinal()), device_groups[i].clone());
+            }
+        }
+        let pool = builder
             .thread_name(move |info| {
                 format!("{pool_name}-{}-{}", info.group_name, info.index_in_group)
             })
@@ -284,14 +298,33 @@ impl GpuPoolBuilder {
                 }
             }
         }
+        let placements: Vec<Placement> = (0..devices.len())
+            .map(|i| {
+                if self.groups_per_device > 1 {
+                    Placement::Domain(DomainId::from_index(i))
+                } else {
+                    Placement::Group(device_groups[i][0])
+                }
+            })
+            .collect();
         for (i, d) in devices.iter().enumerate() {
-            let waker = pool.group_waker(device_groups[i][0]);
+            // A handle dropped anywhere is released by whichever of the device's workers comes
+            // first.
+            let waker = match placements[i] {
+                Placement::Domain(dom) => pool.domain_waker(dom),
+                _ => pool.group_waker(device_groups[i][0]),
+            };
             d.set_waker(Box::new(move || waker.wake()));
         }
         let gdevices = devices
             .into_iter()
             .zip(device_groups)
-            .map(|(shared, groups)| GpuDevice { shared, groups })
+            .zip(placements)
+            .map(|((shared, groups), placement)| GpuDevice {
+                shared,
+                groups,
+                placement,
+            })
             .collect();
         Ok(GpuPool {
             pool,
@@ -306,6 +339,7 @@ impl GpuPoolBuilder {
 pub struct GpuDevice {
     pub(crate) shared: Arc<DeviceShared>,
     groups: Vec<GroupId>,
+    placement: Placement,
 }
 
 impl fmt::Debug for GpuDevice {
@@ -313,6 +347,7 @@ impl fmt::Debug for GpuDevice {
         f.debug_struct("GpuDevice")
             .field("ordinal", &self.shared.ordinal())
             .field("groups", &self.groups)
+            .field("placement", &self.placement)
             .field("failed", &self.shared.failed())
             .finish()
     }
@@ -327,7 +362,17 @@ impl GpuDevice {
     pub fn info(&self) -> &DeviceInfo {
         &self.shared.info
     }
-    /// The device's (first) worker group: place GPU nodes here.
+    /// The device as a placement: any of its workers, whatever the number of groups they form
+    /// (the device's group when it has one, else the scheduler domain over its groups). This
+    /// is where [`GpuGraphExt::gpu_node`] places its nodes; pass it to
+    /// [`GraphBuilder::place`](boundpool_scheduler::GraphBuilder::place) for other nodes that
+    /// need the device's context.
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+    /// The device's first worker group: only that group's workers (with
+    /// [`GpuPoolBuilder::groups_per_device`] above 1, part of the device's workers). To mean
+    /// the whole device, use [`placement`](Self::placement).
     pub fn group(&self) -> GroupId {
         self.groups[0]
     }
@@ -335,6 +380,14 @@ impl GpuDevice {
     /// [`GpuPoolBuilder::groups_per_device`]).
     pub fn groups(&self) -> &[GroupId] {
         &self.groups
+    }
+    /// Whether a node placed on `p` runs on this device's workers.
+    fn serves(&self, p: Placement) -> bool {
+        match p {
+            Placement::Group(g) => self.groups.contains(&g),
+            Placement::Domain(_) => p == self.placement,
+            Placement::Any => false,
+        }
     }
     /// Why the device was marked failed (a sticky error), if it was.
     pub fn failure(&self) -> Option<String> {
@@ -406,12 +459,9 @@ impl GpuPool {
     pub fn submit(&self, graph: &GpuGraph) -> GpuResult<GraphHandle> {
         for d in &self.devices {
             if let Some(why) = d.shared.failed() {
-                let uses = graph.nodes().any(|n| {
-                    graph
-                        .placement(n)
-                        .flatten()
-                        .is_some_and(|g| d.groups.contains(&g))
-                });
+                let uses = graph
+                    .nodes()
+                    .any(|n| graph.placement(n).is_some_and(|p| d.serves(p)));
                 if uses {
                     return Err(GpuError::new(
                         GpuErrorKind::DeviceFailed,
@@ -487,7 +537,7 @@ impl GpuPool {
                         Ok(())
                     },
                 );
-                g.place(n, d.group());
+                g.place(n, d.placement());
             }
             // After shutdown there is nothing to flush: each worker resolved its device's
             // pending slices as it stopped.

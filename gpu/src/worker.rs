@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use boundpool_scheduler::{BoxError, GroupId};
+use boundpool_scheduler::{BoxError, GroupId, Placement};
 
 use crate::device::DeviceShared;
 use crate::driver::{self, Ctx, DriverError, Event, Func, Stream};
@@ -20,6 +20,8 @@ use crate::module::Kernel;
 pub(crate) struct PoolShared {
     /// Group index -> index into `devices` (None: a host group).
     pub(crate) group_device: Vec<Option<usize>>,
+    /// Domain index -> index into `devices` (a device of several groups is a domain).
+    pub(crate) domain_device: Vec<usize>,
     pub(crate) devices: Vec<Arc<DeviceShared>>,
     /// `GpuPoolBuilder::stream_handoff`.
     pub(crate) stream_handoff: bool,
@@ -28,6 +30,15 @@ pub(crate) struct PoolShared {
 impl PoolShared {
     pub(crate) fn device_of_group(&self, g: GroupId) -> Option<usize> {
         self.group_device.get(g.index()).copied().flatten()
+    }
+
+    /// The device whose workers run a node placed on `p` (None: host or any worker).
+    pub(crate) fn device_of(&self, p: Placement) -> Option<usize> {
+        match p {
+            Placement::Group(g) => self.device_of_group(g),
+            Placement::Domain(d) => self.domain_device.get(d.index()).copied(),
+            Placement::Any => None,
+        }
     }
 }
 

@@ -5,9 +5,9 @@ use std::fmt;
 use std::task::Poll;
 
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::{AnyValue, NodeId, NodeRef};
+use crate::graph::{AnyValue, NodeId, NodeRef, Placement};
 use crate::handle::GraphHandle;
-use crate::pool::{GroupId, WorkerInfo};
+use crate::pool::WorkerInfo;
 use crate::registry::Registry;
 use crate::run::{Run, Slots};
 use crate::worker::WorkerThread;
@@ -35,8 +35,8 @@ pub(crate) trait RunAccess: Sync {
     fn graph_name(&self) -> &str;
     /// (origin graph, base offset) of a node's body: how its captured `NodeRef`s map here.
     fn origin_base(&self, node: u32) -> (u32, u32);
-    /// Where node `id` of this run's graph is placed, if it is a node of it and is placed.
-    fn placement_of(&self, id: NodeId) -> Option<GroupId>;
+    /// Where node `id` of this run's graph is placed (`Any` for a node of another graph).
+    fn placement_of(&self, id: NodeId) -> Placement;
 }
 
 impl<S: Send + 'static> RunAccess for Run<S> {
@@ -61,10 +61,10 @@ impl<S: Send + 'static> RunAccess for Run<S> {
     fn origin_base(&self, node: u32) -> (u32, u32) {
         self.plan.nodes[node as usize].origin_base(self.plan.uid)
     }
-    fn placement_of(&self, id: NodeId) -> Option<GroupId> {
+    fn placement_of(&self, id: NodeId) -> Placement {
         self.plan
             .check(id)
-            .and_then(|i| self.plan.nodes[i as usize].placement())
+            .map_or(Placement::Any, |i| self.plan.nodes[i as usize].placement())
     }
 }
 
@@ -233,8 +233,9 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
         &self.worker.registry.infos[self.worker.index]
     }
 
-    /// Where node `id` of the running graph is placed (`None`: any worker).
-    pub fn placement_of(&self, id: NodeId) -> Option<GroupId> {
+    /// Where node `id` of the running graph is placed ([`Placement::Any`] also for a node of
+    /// another graph).
+    pub fn placement_of(&self, id: NodeId) -> Placement {
         self.inputs.run.placement_of(id)
     }
 

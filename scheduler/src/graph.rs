@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use crate::body::{is_unit, CpuFn, NodeBody, ThinBody, WorkerFn};
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
-use crate::pool::GroupId;
+use crate::pool::{DomainId, GroupId};
 
 /// A node's output, type-erased.
 pub(crate) type AnyValue = Box<dyn Any + Send + Sync>;
@@ -114,7 +114,104 @@ impl<S: Send + 'static> NodeBody<S> for InlinedBody<S> {
 /// Bits of [`NodeSpec::meta`]: the placement in the low 24 bits, then the flags.
 const PLACEMENT_MASK: u32 = 0x00FF_FFFF;
 /// The placement of a node that may run on any worker.
-const ANY_GROUP: u32 = PLACEMENT_MASK;
+pub(crate) const ANY_GROUP: u32 = PLACEMENT_MASK;
+/// Set in a placement that names a domain (its index in the bits below); clear for a group.
+pub(crate) const DOMAIN_BIT: u32 = 1 << 23;
+
+/// Where a node may run: any worker, the workers of one group, or the workers of every group of
+/// a domain (for example all of a GPU's workers, whatever the number of groups they form).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub enum Placement {
+    /// Any worker of the pool.
+    #[default]
+    Any,
+    /// Only workers of this group.
+    Group(GroupId),
+    /// Any worker of any group of this domain ([`PoolBuilder::domain`](crate::PoolBuilder::domain)).
+    Domain(DomainId),
+}
+
+impl Placement {
+    /// The group, for a node placed on one.
+    pub fn group(self) -> Option<GroupId> {
+        match self {
+            Placement::Group(g) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// The domain, for a node placed on one.
+    pub fn domain(self) -> Option<DomainId> {
+        match self {
+            Placement::Domain(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The raw bits of a node record, if the index fits.
+    fn bits(self) -> Option<u32> {
+        match self {
+            Placement::Any => Some(ANY_GROUP),
+            Placement::Group(g) => (g.0 < DOMAIN_BIT).then_some(g.0),
+            Placement::Domain(d) => (d.0 < ANY_GROUP - DOMAIN_BIT).then_some(d.0 | DOMAIN_BIT),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn from_bits(p: u32) -> Self {
+        if p == ANY_GROUP {
+            Placement::Any
+        } else if p & DOMAIN_BIT != 0 {
+            Placement::Domain(DomainId(p & !DOMAIN_BIT))
+        } else {
+            Placement::Group(GroupId(p))
+        }
+    }
+}
+
+impl From<GroupId> for Placement {
+    fn from(g: GroupId) -> Self {
+        Placement::Group(g)
+    }
+}
+
+impl From<DomainId> for Placement {
+    fn from(d: DomainId) -> Self {
+        Placement::Domain(d)
+    }
+}
+
+impl From<Option<GroupId>> for Placement {
+    fn from(g: Option<GroupId>) -> Self {
+        g.map_or(Placement::Any, Placement::Group)
+    }
+}
+
+/// The highest group and the highest domain nodes are placed on (with a node placed there),
+/// checked against a pool at submit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct MaxPlacement {
+    pub(crate) group: Option<(u32, GroupId)>,
+    pub(crate) domain: Option<(u32, DomainId)>,
+}
+
+impl MaxPlacement {
+    fn note(&mut self, node: u32, p: Placement) {
+        match p {
+            Placement::Any => {}
+            Placement::Group(g) => {
+                if self.group.is_none_or(|(_, m)| g > m) {
+                    self.group = Some((node, g));
+                }
+            }
+            Placement::Domain(d) => {
+                if self.domain.is_none_or(|(_, m)| d > m) {
+                    self.domain = Some((node, d));
+                }
+            }
+        }
+    }
+}
 /// How `NodeSpec::succ` holds the successors: 0, 1 or 2 inline, or `SUCC_EXTERNAL`.
 const SUCC_SHIFT: u32 = 24;
 const SUCC_MASK: u32 = 3 << SUCC_SHIFT;
@@ -181,14 +278,14 @@ impl<S> NodeSpec<S> {
         self.meta = (self.meta & !SUCC_MASK) | (mode << SUCC_SHIFT);
     }
 
-    /// The group this node is restricted to, if any.
+    /// Where this node may run.
     #[inline]
-    pub(crate) fn placement(&self) -> Option<GroupId> {
-        let p = self.meta & PLACEMENT_MASK;
-        (p != ANY_GROUP).then_some(GroupId(p))
+    pub(crate) fn placement(&self) -> Placement {
+        Placement::from_bits(self.meta & PLACEMENT_MASK)
     }
 
-    /// The raw placement (`ANY_GROUP` or a group index), for comparing two nodes'.
+    /// The raw placement (`ANY_GROUP`, a group index, or `DOMAIN_BIT` | a domain index), for
+    /// comparing two nodes'.
     #[inline]
     pub(crate) fn placement_bits(&self) -> u32 {
         self.meta & PLACEMENT_MASK
@@ -273,12 +370,12 @@ pub struct GraphBuilder<S = ()> {
     joins: bool,
     /// Nodes whose output is not `()`.
     valued: Vec<u32>,
-    /// A node with the highest placement, kept up to date while nodes are placed.
-    max_placement: Option<(u32, GroupId)>,
+    /// Nodes with the highest placements, kept up to date while nodes are placed.
+    max_placement: MaxPlacement,
     /// A node was placed again: `max_placement` must be recomputed at build.
     replaced: bool,
-    /// A placement that named a bad node or group; reported by `build`.
-    bad_placement: Option<(NodeId, Option<GroupId>)>,
+    /// A placement that named a bad node, group or domain; reported by `build`.
+    bad_placement: Option<(NodeId, Option<Placement>)>,
     /// The first bad edge; reported by `build`.
     bad_edge: Option<BadEdge>,
 }
@@ -315,7 +412,7 @@ impl<S: Send + 'static> GraphBuilder<S> {
             forward: true,
             joins: false,
             valued: Vec::new(),
-            max_placement: None,
+            max_placement: MaxPlacement::default(),
             replaced: false,
             bad_placement: None,
             bad_edge: None,
@@ -438,21 +535,27 @@ impl<S: Send + 'static> GraphBuilder<S> {
         }
     }
 
-    /// Restricts `node` to the workers of `group` (for example a GPU's workers).
-    pub fn place(&mut self, node: impl Into<NodeId>, group: GroupId) -> &mut Self {
+    /// Restricts `node` to the workers of a group (`GroupId`), or of every group of a domain
+    /// (`DomainId`, for example all of a GPU's workers), or lifts the restriction
+    /// (`Placement::Any`). The last call for a node wins.
+    pub fn place(&mut self, node: impl Into<NodeId>, placement: impl Into<Placement>) -> &mut Self {
         let id = node.into();
+        let placement = placement.into();
         let ok_node = id.graph == self.uid && (id.index as usize) < self.nodes.len();
-        if ok_node && group.0 < ANY_GROUP {
-            let spec = &mut self.nodes[id.index as usize];
-            if spec.placement().is_some() {
-                self.replaced = true;
+        match placement.bits() {
+            Some(bits) if ok_node => {
+                let spec = &mut self.nodes[id.index as usize];
+                if spec.placement() != Placement::Any {
+                    self.replaced = true;
+                }
+                spec.set_placement_bits(bits);
+                self.max_placement.note(id.index, placement);
             }
-            spec.set_placement_bits(group.0);
-            if self.max_placement.is_none_or(|(_, m)| group > m) {
-                self.max_placement = Some((id.index, group));
+            _ => {
+                if self.bad_placement.is_none() {
+                    self.bad_placement = Some((id, ok_node.then_some(placement)));
+                }
             }
-        } else if self.bad_placement.is_none() {
-            self.bad_placement = Some((id, ok_node.then_some(group)));
         }
         self
     }
@@ -481,11 +584,7 @@ impl<S: Send + 'static> GraphBuilder<S> {
             );
             inner.set_placement_bits(spec.placement_bits());
             let id = self.push(&plan.names[i], inner);
-            if let Some(g) = spec.placement() {
-                if self.max_placement.is_none_or(|(_, m)| g > m) {
-                    self.max_placement = Some((id.index, g));
-                }
-            }
+            self.max_placement.note(id.index, spec.placement());
         }
         for from in 0..plan.nodes.len() as u32 {
             for &to in plan.successors(from) {
@@ -616,8 +715,8 @@ impl<S> Graph<S> {
         self.plan.check(id).map(|i| &self.plan.names[i as usize])
     }
 
-    /// A node's placement (`None`: any worker), if `id` belongs to this graph.
-    pub fn placement(&self, id: NodeId) -> Option<Option<GroupId>> {
+    /// A node's placement, if `id` belongs to this graph.
+    pub fn placement(&self, id: NodeId) -> Option<Placement> {
         self.plan
             .check(id)
             .map(|i| self.plan.nodes[i as usize].placement())
@@ -663,8 +762,11 @@ impl<S> Graph<S> {
             let place = if spec.is_cpu() {
                 "cpu lane".to_string()
             } else {
-                spec.placement()
-                    .map_or_else(|| "host".to_string(), &group_name)
+                match spec.placement() {
+                    Placement::Any => "host".to_string(),
+                    Placement::Group(g) => group_name(g),
+                    Placement::Domain(d) => format!("domain {}", d.index()),
+                }
             };
             let _ = writeln!(
                 s,
@@ -711,7 +813,7 @@ pub(crate) struct Plan<S> {
     pub(crate) sources: Box<[u32]>,
     /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.
     pub(crate) valued: Box<[u32]>,
-    max_placement: Option<(u32, GroupId)>,
+    max_placement: MaxPlacement,
 }
 
 /// (start offsets, list): compressed adjacency lists.
@@ -797,7 +899,12 @@ impl<S> Plan<S> {
 
     /// A node with the highest group placement, for checking placements against a pool.
     pub(crate) fn max_placement(&self) -> Option<(u32, GroupId)> {
-        self.max_placement
+        self.max_placement.group
+    }
+
+    /// A node with the highest domain placement, for checking placements against a pool.
+    pub(crate) fn max_domain(&self) -> Option<(u32, DomainId)> {
+        self.max_placement.domain
     }
 
     fn sinks(&self) -> Vec<u32> {
@@ -823,20 +930,25 @@ impl<S> Plan<S> {
     fn build(mut b: GraphBuilder<S>) -> Result<Self, Error> {
         let n = b.nodes.len();
         let gname: Arc<str> = Arc::from(&*b.name);
-        if let Some((id, group)) = b.bad_placement {
-            return Err(match group {
-                Some(g) => Error::new(
-                    ErrorKind::UnknownGroup,
-                    format!(
-                        "graph '{}': node '{}' (#{}) is placed on group {}, above the largest \
-                         group index a pool can have ({})",
-                        bounded(&gname),
-                        bounded(&b.names[id.index as usize]),
-                        id.index,
-                        g.index(),
-                        ANY_GROUP - 1
-                    ),
-                ),
+        if let Some((id, placement)) = b.bad_placement {
+            return Err(match placement {
+                Some(p) => {
+                    let (what, index, max) = match p {
+                        Placement::Domain(d) => ("domain", d.index(), ANY_GROUP - DOMAIN_BIT - 1),
+                        Placement::Group(g) => ("group", g.index(), DOMAIN_BIT - 1),
+                        Placement::Any => unreachable!("`Any` always fits"),
+                    };
+                    Error::new(
+                        ErrorKind::UnknownGroup,
+                        format!(
+                            "graph '{}': node '{}' (#{}) is placed on {what} {index}, above the \
+                             largest {what} index a pool can have ({max})",
+                            bounded(&gname),
+                            bounded(&b.names[id.index as usize]),
+                            id.index,
+                        ),
+                    )
+                }
                 None => node_error(&gname, id, b.uid, n, "a placement"),
             });
         }
@@ -906,13 +1018,9 @@ impl<S> Plan<S> {
         }
         let mut max_placement = b.max_placement;
         if b.replaced {
-            max_placement = None;
+            max_placement = MaxPlacement::default();
             for (i, spec) in b.nodes.iter().enumerate() {
-                if let Some(g) = spec.placement() {
-                    if max_placement.is_none_or(|(_, m)| g > m) {
-                        max_placement = Some((i as u32, g));
-                    }
-                }
+                max_placement.note(i as u32, spec.placement());
             }
         }
         Ok(Plan {

@@ -56,12 +56,12 @@ mod loom_models;
 
 pub use crate::ctx::{Inputs, NodeCtx};
 pub use crate::error::{BoxError, Error, ErrorKind};
-pub use crate::graph::{Graph, GraphBuilder, NodeId, NodeRef, Subgraph};
+pub use crate::graph::{Graph, GraphBuilder, NodeId, NodeRef, Placement, Subgraph};
 pub use crate::handle::GraphHandle;
 pub use crate::metrics::{PoolStats, WorkerStats, METRICS};
 pub use crate::pool::{
-    default_workers, Cores, GroupId, GroupSpec, GroupWaker, Pool, PoolBuilder, ShutdownMode,
-    WorkerInfo,
+    default_workers, Cores, DomainId, GroupId, GroupSpec, GroupWaker, Pool, PoolBuilder,
+    ShutdownMode, WorkerInfo,
 };
 pub use crate::run::GraphOutput;
 pub use crate::trace::{SliceKind, SpanRecorder, Trace, TraceSlice, TraceTrack};

@@ -15,7 +15,11 @@
 //! 2. the sleep protocol of `Sleep` (a worker that announces itself idle and re-checks, against a
 //!    pusher that pushes and notifies: no lost wake-up);
 //! 3. `Completion` (complete against a parked waiter or a registered waker: no lost wake-up, the
-//!    result is there when the waiter sees `done`).
+//!    result is there when the waiter sees `done`);
+//! 4. the idle-hook request (`Sleep::request_hook`, what a `GroupWaker` does after a handle was
+//!    queued for release) against a worker that drains the release queue in its idle hook and
+//!    parks: the request is never lost, whether it comes before, during or after the drain; and
+//!    a wake-up for a domain's work reaches an idle worker of any of its groups.
 //!
 //! A lost wake-up shows up as a loom deadlock (every thread parked).
 
@@ -409,5 +413,93 @@ fn completion_vs_waker() {
         // Not joined: the finisher may still be unparking this thread, and loom lets an unpark
         // end any block, a join's included (std keeps it as a token for the next park).
         drop(finisher);
+    });
+}
+
+/// The release queue's hand-off: a foreign thread queues a handle and asks for the idle hook
+/// (`request_hook`); the worker takes the request, runs its hook (drains the queue), and parks
+/// when nothing is left. The queue is invisible to the worker's re-check of its task queues,
+/// so only the request flag, read after the worker announced itself idle, keeps a request made
+/// between the drain and the park from being lost (without that read the model deadlocks).
+#[test]
+fn hook_request_vs_drain_and_park() {
+    hook_requests(1);
+}
+
+/// Two requesters: one request may come while the worker runs the hook for the other (after
+/// it took the flag), and must still be served. Bounded preemptions keep the model small.
+#[test]
+fn hook_requests_from_two_threads() {
+    hook_requests(2);
+}
+
+fn hook_requests(requesters: usize) {
+    let mut builder = loom::model::Builder::new();
+    if requesters > 1 {
+        builder.preemption_bound = Some(2);
+    }
+    builder.check(move || {
+        let sleep = Arc::new(Sleep::new(1, 1));
+        let released = Arc::new(AtomicUsize::new(0));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let worker = {
+            let (sleep, released, queued) = (sleep.clone(), released.clone(), queued.clone());
+            thread::spawn(move || {
+                sleep.register(0, crate::sync::current_thread());
+                loop {
+                    // `run_idle_hook`: take the request, then run the hook.
+                    sleep.take_hook_request(0);
+                    let n = queued.swap(0, Ordering::SeqCst);
+                    if released.fetch_add(n, Ordering::SeqCst) + n == requesters {
+                        break;
+                    }
+                    sleep.sleep(0, 0, None, || false, || false);
+                }
+            })
+        };
+        let droppers: Vec<_> = (1..requesters)
+            .map(|_| {
+                let (sleep, queued) = (sleep.clone(), queued.clone());
+                thread::spawn(move || {
+                    queued.fetch_add(1, Ordering::SeqCst);
+                    sleep.request_hook(&[0]);
+                })
+            })
+            .collect();
+        queued.fetch_add(1, Ordering::SeqCst);
+        sleep.request_hook(&[0]);
+        for d in droppers {
+            d.join().unwrap();
+        }
+        worker.join().unwrap();
+        assert_eq!(released.load(Ordering::SeqCst), requesters);
+    });
+}
+
+/// Work for a domain of groups 0 and 1, whose only worker is in group 1: `notify_groups`
+/// reaches it however the push and its announce-and-re-check interleave.
+#[test]
+fn domain_push_wakes_a_worker_of_another_group() {
+    loom::model(|| {
+        let sleep = Arc::new(Sleep::new(2, 1));
+        let queue = Arc::new(AtomicUsize::new(0));
+        let worker = {
+            let (sleep, queue) = (sleep.clone(), queue.clone());
+            thread::spawn(move || {
+                sleep.register(0, crate::sync::current_thread());
+                loop {
+                    if queue
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| q.checked_sub(1))
+                        .is_ok()
+                    {
+                        break;
+                    }
+                    sleep.sleep(0, 1, None, || queue.load(Ordering::SeqCst) > 0, || false);
+                }
+            })
+        };
+        queue.fetch_add(1, Ordering::SeqCst);
+        sleep.notify_groups(&[0, 1]);
+        worker.join().unwrap();
     });
 }

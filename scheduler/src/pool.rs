@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::graph::Graph;
 use crate::handle::GraphHandle;
-use crate::registry::{Hooks, Registry};
+use crate::registry::{Hooks, Registry, Topology};
 use crate::sleep::Sleep;
 use crate::sync::{self, Mutex};
 use crate::worker;
@@ -25,6 +25,23 @@ impl GroupId {
     /// The group at position `index` (as given to [`PoolBuilder::groups`]).
     pub fn from_index(index: usize) -> Self {
         GroupId(u32::try_from(index).expect("group index fits in u32"))
+    }
+}
+
+/// Identifies a domain of a pool: a set of groups whose workers all serve the nodes placed on
+/// it (see [`PoolBuilder::domain`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct DomainId(pub(crate) u32);
+
+impl DomainId {
+    /// The domain's position in the order [`PoolBuilder::domain`] was called.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The domain at position `index`.
+    pub fn from_index(index: usize) -> Self {
+        DomainId(u32::try_from(index).expect("domain index fits in u32"))
     }
 }
 
@@ -121,6 +138,7 @@ pub struct PoolBuilder<S = ()> {
     workers: Option<usize>,
     cores: Cores,
     groups: Option<Vec<GroupSpec>>,
+    domains: Vec<(String, Vec<GroupId>)>,
     thread_name: Option<NameFn>,
     start: StartHook<S>,
     stop: Option<StopHook<S>>,
@@ -158,6 +176,7 @@ impl PoolBuilder<()> {
             workers: None,
             cores: Cores::All,
             groups: None,
+            domains: Vec::new(),
             thread_name: None,
             start: Arc::new(|_| Ok(())),
             stop: None,
@@ -204,6 +223,24 @@ impl<S: Send + 'static> PoolBuilder<S> {
         self
     }
 
+    /// Adds a domain named `name` over `groups`: a node placed on it
+    /// ([`GraphBuilder::place`](crate::GraphBuilder::place) with the [`DomainId`], the index of
+    /// this call among the builder's `domain` calls) may run on any worker of any of those
+    /// groups, and its ready successors placed on it are queued where all of them look. Groups
+    /// stay placements of their own. A group may belong to several domains.
+    ///
+    /// `build` fails ([`ErrorKind::InvalidConfig`]) for a domain without groups, a group the
+    /// pool does not have, a group named twice in a domain, or a name used twice.
+    pub fn domain(
+        mut self,
+        name: impl Into<String>,
+        groups: impl IntoIterator<Item = GroupId>,
+    ) -> Self {
+        self.domains
+            .push((name.into(), groups.into_iter().collect()));
+        self
+    }
+
     /// Names each worker thread. Default `{pool}-{group}-{index_in_group}`.
     pub fn thread_name(
         mut self,
@@ -247,6 +284,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             workers: self.workers,
             cores: self.cores,
             groups: self.groups,
+            domains: self.domains,
             thread_name: self.thread_name,
             start: Arc::new(f),
             stop: None,
@@ -268,7 +306,8 @@ impl<S: Send + 'static> PoolBuilder<S> {
     }
 
     /// Runs on a worker each time it runs out of work (before it parks) and every 64 nodes it
-    /// runs: the place for deferred releases. [`GroupWaker::wake`] makes an idle worker run it.
+    /// runs: the place for deferred releases. [`GroupWaker::wake`] makes a worker of the
+    /// waker's group run it soon, also one that was about to park.
     /// A panic in it aborts the process with a message naming the worker: a worker cannot go on
     /// without the state its hook keeps, and one that quietly exited would leave its graphs
     /// waiting.
@@ -338,10 +377,14 @@ impl<S: Send + 'static> PoolBuilder<S> {
             idle: self.idle,
         };
         let group_names: Vec<String> = specs.iter().map(|g| g.name.clone()).collect();
+        let domains = check_domains(&self.name, &group_names, self.domains)?;
         let (registry, deques) = Registry::new(
             self.name.clone(),
             infos,
-            group_names,
+            Topology {
+                groups: group_names,
+                domains,
+            },
             hooks,
             cpu_lane,
             self.trace,
@@ -391,6 +434,43 @@ impl<S: Send + 'static> PoolBuilder<S> {
             threads: Mutex::new(threads),
         })
     }
+}
+
+/// Checks the domains against the groups; returns them as (name, group indices).
+fn check_domains(
+    pool: &str,
+    groups: &[String],
+    domains: Vec<(String, Vec<GroupId>)>,
+) -> Result<Vec<(String, Vec<usize>)>, Error> {
+    let invalid = |m: String| Error::new(ErrorKind::InvalidConfig, format!("pool '{pool}': {m}"));
+    let mut out: Vec<(String, Vec<usize>)> = Vec::with_capacity(domains.len());
+    for (name, members) in domains {
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(invalid(format!("two domains are named '{name}'")));
+        }
+        if members.is_empty() {
+            return Err(invalid(format!("domain '{name}' has no groups")));
+        }
+        let mut idx = Vec::with_capacity(members.len());
+        for g in members {
+            if g.index() >= groups.len() {
+                return Err(invalid(format!(
+                    "domain '{name}' names group {}, but the pool has {} group(s)",
+                    g.index(),
+                    groups.len()
+                )));
+            }
+            if idx.contains(&g.index()) {
+                return Err(invalid(format!(
+                    "domain '{name}' names group '{}' twice",
+                    groups[g.index()]
+                )));
+            }
+            idx.push(g.index());
+        }
+        out.push((name, idx));
+    }
+    Ok(out)
 }
 
 /// Resolves cores and names for every worker, checking the settings.
@@ -542,7 +622,42 @@ impl<S: Send + 'static> Pool<S> {
     pub fn group_waker(&self, group: GroupId) -> GroupWaker {
         GroupWaker {
             sleep: self.registry.sleep.clone(),
-            group: group.index(),
+            groups: Arc::from([group.index()]),
+        }
+    }
+
+    /// The domain named `name`.
+    pub fn domain(&self, name: &str) -> Option<DomainId> {
+        self.registry
+            .domains
+            .iter()
+            .position(|d| &*d.name == name)
+            .map(|i| DomainId(i as u32))
+    }
+
+    /// Number of domains.
+    pub fn domain_count(&self) -> usize {
+        self.registry.domains.len()
+    }
+
+    /// The groups of `domain` (empty for a domain this pool does not have).
+    pub fn domain_groups(&self, domain: DomainId) -> Vec<GroupId> {
+        self.registry
+            .domains
+            .get(domain.index())
+            .map_or_else(Vec::new, |d| {
+                d.groups.iter().map(|&g| GroupId(g as u32)).collect()
+            })
+    }
+
+    /// A handle that makes a worker of `domain` (any of its groups) run its idle hook.
+    ///
+    /// # Panics
+    /// If the pool has no such domain.
+    pub fn domain_waker(&self, domain: DomainId) -> GroupWaker {
+        GroupWaker {
+            sleep: self.registry.sleep.clone(),
+            groups: self.registry.domains[domain.index()].groups.clone(),
         }
     }
 
@@ -624,26 +739,29 @@ impl<S: Send + 'static> Drop for Pool<S> {
     }
 }
 
-/// Wakes an idle worker of one group (see [`PoolBuilder::idle_hook`]). Cheap to clone; usable
+/// Makes a worker of one group, or of a domain's groups, run its idle hook (see
+/// [`PoolBuilder::idle_hook`], [`Pool::group_waker`], [`Pool::domain_waker`]). Cheap to clone; usable
 /// from any thread, also after the pool is gone (it then does nothing useful).
 #[derive(Clone)]
 pub struct GroupWaker {
     sleep: Arc<Sleep>,
-    group: usize,
+    groups: Arc<[usize]>,
 }
 
 impl fmt::Debug for GroupWaker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GroupWaker")
-            .field("group", &self.group)
+            .field("groups", &self.groups)
             .finish()
     }
 }
 
 impl GroupWaker {
-    /// Wakes one idle worker of the group, if one is idle. Busy workers run the idle hook
-    /// anyway every 64 nodes.
+    /// Makes a worker of the group (of the domain's groups, for a domain waker) run its idle
+    /// hook soon, whatever the workers are doing: an idle one is woken; one about to park
+    /// runs the hook first; a busy one runs it within 64 nodes. Call it after making what the
+    /// hook should handle visible (a handle queued for release): the hook runs after the call.
     pub fn wake(&self) {
-        self.sleep.notify_group(self.group);
+        self.sleep.request_hook(&self.groups);
     }
 }

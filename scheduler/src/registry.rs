@@ -7,7 +7,7 @@ use crossbeam_deque::{Injector, Stealer, Worker as Deque};
 use crossbeam_utils::CachePadded;
 
 use crate::error::{Error, ErrorKind};
-use crate::graph::{Graph, Plan};
+use crate::graph::{Graph, Placement, Plan};
 use crate::handle::GraphHandle;
 use crate::metrics::{PoolCounters, WorkerCounters};
 use crate::pool::{IdleHook, ShutdownMode, StartHook, StopHook, WorkerInfo};
@@ -42,6 +42,25 @@ pub(crate) struct GroupQueues<S> {
     pub(crate) name: Arc<str>,
     pub(crate) injector: Injector<Task<S>>,
     pub(crate) members: Box<[usize]>,
+    /// The domains this group belongs to: its workers take from their injectors too.
+    pub(crate) domains: Box<[u32]>,
+}
+
+/// A set of groups whose workers all serve the nodes placed on it: ready nodes of the domain
+/// that do not run at once as a continuation wait here, where every one of them looks.
+pub(crate) struct DomainQueues<S> {
+    pub(crate) name: Arc<str>,
+    pub(crate) injector: Injector<Task<S>>,
+    pub(crate) groups: Arc<[usize]>,
+    /// Workers of all its groups.
+    pub(crate) workers: usize,
+}
+
+/// The pool's groups (names, in `GroupId` order) and domains (names and group indices, in
+/// `DomainId` order), checked by the builder.
+pub(crate) struct Topology {
+    pub(crate) groups: Vec<String>,
+    pub(crate) domains: Vec<(String, Vec<usize>)>,
 }
 
 const RUNNING: u8 = 0;
@@ -52,6 +71,7 @@ pub(crate) struct Registry<S> {
     pub(crate) name: Arc<str>,
     pub(crate) infos: Box<[WorkerInfo]>,
     pub(crate) groups: Box<[GroupQueues<S>]>,
+    pub(crate) domains: Box<[DomainQueues<S>]>,
     /// Ready nodes with no placement, from threads that are not workers of this pool.
     pub(crate) any: Injector<Task<S>>,
     pub(crate) stealers: Box<[Stealer<Task<S>>]>,
@@ -73,12 +93,16 @@ impl<S: Send + 'static> Registry<S> {
     pub(crate) fn new(
         name: String,
         infos: Vec<WorkerInfo>,
-        group_names: Vec<String>,
+        topology: Topology,
         hooks: Hooks<S>,
         cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
         trace: bool,
         export_metrics: bool,
     ) -> (Arc<Self>, Vec<Deque<Task<S>>>) {
+        let Topology {
+            groups: group_names,
+            domains: domain_specs,
+        } = topology;
         let deques: Vec<Deque<Task<S>>> = infos.iter().map(|_| Deque::new_lifo()).collect();
         let stealers = deques.iter().map(|d| d.stealer()).collect();
         let groups = group_names
@@ -92,6 +116,21 @@ impl<S: Send + 'static> Registry<S> {
                     .filter(|i| i.group.index() == gi)
                     .map(|i| i.index)
                     .collect(),
+                domains: domain_specs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (_, gs))| gs.contains(&gi))
+                    .map(|(d, _)| d as u32)
+                    .collect(),
+            })
+            .collect::<Box<[GroupQueues<S>]>>();
+        let domains = domain_specs
+            .into_iter()
+            .map(|(n, gs)| DomainQueues {
+                name: Arc::from(n.as_str()),
+                injector: Injector::new(),
+                workers: gs.iter().map(|&g| groups[g].members.len()).sum(),
+                groups: Arc::from(gs),
             })
             .collect();
         let trace = trace.then(|| crate::trace::TraceSink::new(infos.len()));
@@ -106,6 +145,7 @@ impl<S: Send + 'static> Registry<S> {
             sleep: Arc::new(Sleep::new(group_names.len(), infos.len())),
             infos: infos.into_boxed_slice(),
             groups,
+            domains,
             any: Injector::new(),
             stealers,
             state: AtomicU8::new(RUNNING),
@@ -135,6 +175,20 @@ impl<S: Send + 'static> Registry<S> {
                         g.index(),
                         crate::error::bounded(&this.name),
                         this.groups.len()
+                    ),
+                ));
+            }
+        }
+        if let Some((node, d)) = plan.max_domain() {
+            if d.index() >= this.domains.len() {
+                return Err(Error::new(
+                    ErrorKind::UnknownGroup,
+                    format!(
+                        "{} is placed on domain {}, but pool '{}' has {} domain(s)",
+                        plan.describe(node),
+                        d.index(),
+                        this.name,
+                        this.domains.len()
                     ),
                 ));
             }
@@ -176,16 +230,21 @@ impl<S: Send + 'static> Registry<S> {
         }
         let mut any = 0usize;
         let mut per_group = vec![0usize; this.groups.len()];
+        let mut per_domain = vec![0usize; this.domains.len()];
         for &s in plan.sources.iter() {
             let t = Task::new(&run, s);
             match plan.nodes[s as usize].placement() {
-                None => {
+                Placement::Any => {
                     this.any.push(t);
                     any += 1;
                 }
-                Some(g) => {
+                Placement::Group(g) => {
                     this.groups[g.index()].injector.push(t);
                     per_group[g.index()] += 1;
+                }
+                Placement::Domain(d) => {
+                    this.domains[d.index()].injector.push(t);
+                    per_domain[d.index()] += 1;
                 }
             }
         }
@@ -194,6 +253,14 @@ impl<S: Send + 'static> Registry<S> {
         for (g, &n) in per_group.iter().enumerate() {
             for _ in 0..n.min(this.groups[g].members.len()) {
                 if !this.sleep.notify_group(g) {
+                    break;
+                }
+            }
+        }
+        for (d, &n) in per_domain.iter().enumerate() {
+            let domain = &this.domains[d];
+            for _ in 0..n.min(domain.workers) {
+                if !this.sleep.notify_groups(&domain.groups) {
                     break;
                 }
             }
@@ -209,13 +276,18 @@ impl<S: Send + 'static> Registry<S> {
     /// Pushes a ready task from a thread that is not one of this pool's workers (the cpu lane).
     pub(crate) fn push_external(&self, t: Task<S>) {
         match t.run().plan.nodes[t.node as usize].placement() {
-            None => {
+            Placement::Any => {
                 self.any.push(t);
                 self.sleep.notify_any();
             }
-            Some(g) => {
+            Placement::Group(g) => {
                 self.groups[g.index()].injector.push(t);
                 self.sleep.notify_group(g.index());
+            }
+            Placement::Domain(d) => {
+                let domain = &self.domains[d.index()];
+                domain.injector.push(t);
+                self.sleep.notify_groups(&domain.groups);
             }
         }
     }

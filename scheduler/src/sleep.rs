@@ -6,6 +6,12 @@
 //! idle count; if it is non-zero it pops one idle worker, sets that worker's `notified` flag and
 //! unparks it. The two fences order the push before the count read and the count bump before the
 //! re-check, so either the idle worker sees the work or the pusher sees the idle worker.
+//!
+//! A request to run the idle hook (`request_hook`, what a `GroupWaker` sends after queueing a
+//! handle for release) is work of the same kind: the requester sets its group's `hook` flag
+//! (SeqCst) before the fence and the idle-count read, and a worker reads the flag after it
+//! announced itself, before it parks. A worker that is busy or still spinning when the request
+//! comes finds the flag the next time it goes idle; one that announced itself is woken.
 
 use std::time::Duration;
 
@@ -14,6 +20,9 @@ use crate::sync::{self, fence, AtomicBool, AtomicUsize, Mutex, Ordering, Thread}
 struct GroupSleep {
     idle: Mutex<Vec<usize>>,
     count: AtomicUsize,
+    /// Someone asked a worker of the group to run its idle hook (`request_hook`); cleared by the
+    /// worker that takes the request, right before it runs the hook.
+    hook: AtomicBool,
 }
 
 struct WorkerSleep {
@@ -44,6 +53,7 @@ impl Sleep {
                 .map(|_| GroupSleep {
                     idle: Mutex::new(Vec::new()),
                     count: AtomicUsize::new(0),
+                    hook: AtomicBool::new(false),
                 })
                 .collect(),
             workers: (0..workers)
@@ -62,7 +72,8 @@ impl Sleep {
 
     /// Parks `worker` of `group` until a pusher notifies it, `condition` holds, or `timeout`
     /// passes. `recheck` is called once after announcing (it must look at every queue the
-    /// worker could take from); `condition` is checked before every park.
+    /// worker could take from); `condition` is checked before every park. A pending idle-hook
+    /// request for the group counts as work: the worker returns (`Woke::Condition`) to run it.
     pub(crate) fn sleep(
         &self,
         worker: usize,
@@ -76,7 +87,7 @@ impl Sleep {
         sync::lock(&g.idle).push(worker);
         g.count.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        if recheck() || condition() {
+        if g.hook.load(Ordering::SeqCst) || recheck() || condition() {
             self.cancel(worker, group);
             return Woke::Condition;
         }
@@ -136,6 +147,31 @@ impl Sleep {
     pub(crate) fn notify_any(&self) -> bool {
         fence(Ordering::SeqCst);
         (0..self.groups.len()).any(|g| self.wake_one(g))
+    }
+
+    /// Like `notify_group`, for work of a domain: wakes one idle worker of any of `groups`.
+    pub(crate) fn notify_groups(&self, groups: &[usize]) -> bool {
+        fence(Ordering::SeqCst);
+        groups.iter().any(|&g| self.wake_one(g))
+    }
+
+    /// Asks a worker of one of `groups` to run its idle hook: sets each group's request flag,
+    /// then wakes one idle worker of them, if any. A worker that is not parked yet sees the flag
+    /// before it parks (see the module docs); a busy one runs its hook within 64 nodes anyway.
+    pub(crate) fn request_hook(&self, groups: &[usize]) {
+        for &g in groups {
+            // A swap rather than a store, for loom (see `unpark`).
+            self.groups[g].hook.swap(true, Ordering::SeqCst);
+        }
+        self.notify_groups(groups);
+    }
+
+    /// Takes `group`'s idle-hook request, if there is one; the caller then runs the hook, so a
+    /// request made while the hook runs sets the flag again and is not lost.
+    #[inline]
+    pub(crate) fn take_hook_request(&self, group: usize) -> bool {
+        let flag = &self.groups[group].hook;
+        flag.load(Ordering::Relaxed) && flag.swap(false, Ordering::AcqRel)
     }
 
     fn wake_one(&self, group: usize) -> bool {
@@ -261,6 +297,39 @@ mod tests {
         let woke = s.sleep(0, 0, None, || false, || true);
         assert_eq!(woke, Woke::Condition);
         assert_eq!(idle_count(&s, 0), 0);
+    }
+
+    #[test]
+    fn pending_hook_request_stops_a_park_until_taken() {
+        let s = Sleep::new(2, 1);
+        s.register(0, std::thread::current());
+        // Nobody is idle: the request only leaves its flag.
+        s.request_hook(&[0]);
+        assert_eq!(s.sleep(0, 0, None, || false, || false), Woke::Condition);
+        assert_eq!(idle_count(&s, 0), 0);
+        // Another group's request is not this worker's.
+        assert!(!s.take_hook_request(1));
+        assert!(s.take_hook_request(0));
+        assert!(!s.take_hook_request(0), "taken once");
+        assert_eq!(
+            s.sleep(0, 0, Some(Duration::from_millis(1)), || false, || false),
+            Woke::Timeout
+        );
+    }
+
+    #[test]
+    fn hook_request_wakes_a_parked_worker_of_any_of_its_groups() {
+        let s = Arc::new(Sleep::new(2, 1));
+        let rx = sleeper(&s, 0, 1);
+        wait_until("worker of group 1 announced idle", || {
+            idle_count(&s, 1) == 1
+        });
+        s.request_hook(&[0, 1]);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Woke::Notified
+        );
+        assert!(s.take_hook_request(1));
     }
 
     #[test]

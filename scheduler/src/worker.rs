@@ -15,9 +15,8 @@ use crossbeam_utils::CachePadded;
 
 use crate::ctx::{DeferFn, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::NodeSpec;
+use crate::graph::{NodeSpec, Placement, ANY_GROUP, DOMAIN_BIT};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
-use crate::pool::GroupId;
 use crate::registry::{Finished, Registry};
 use crate::run::{Completion, Run, Task};
 use crate::sync::{self, Condvar, Mutex};
@@ -535,6 +534,9 @@ impl<S: Send + 'static> WorkerThread<S> {
     }
 
     fn run_idle_hook(&self) {
+        // Take a waker's request before the hook runs, so that one made while it runs (for a
+        // handle queued after the hook looked) sets the flag again and is served next time.
+        self.registry.sleep.take_hook_request(self.group);
         if let Some(h) = &self.registry.hooks.idle {
             let info = &self.registry.infos[self.index];
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| h(info, &self.state))) {
@@ -567,9 +569,20 @@ impl<S: Send + 'static> WorkerThread<S> {
             return Some(t);
         }
         let reg = &*self.registry;
+        let group = &reg.groups[self.group];
         loop {
             let mut retry = false;
-            for injector in [&reg.groups[self.group].injector, &reg.any] {
+            // The group's injector, then those of its domains (none in most pools), then the
+            // pool-wide one.
+            let injectors = std::iter::once(&group.injector)
+                .chain(
+                    group
+                        .domains
+                        .iter()
+                        .map(|&d| &reg.domains[d as usize].injector),
+                )
+                .chain(std::iter::once(&reg.any));
+            for injector in injectors {
                 match injector.steal_batch_and_pop(&self.local) {
                     Steal::Success(t) => {
                         self.counters().injector_pops.add(1);
@@ -580,7 +593,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                     Steal::Empty => {}
                 }
             }
-            let members = &reg.groups[self.group].members;
+            let members = &group.members;
             let n = members.len();
             if n > 1 {
                 let start = self.next_rand() % n;
@@ -617,13 +630,15 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// Whether any queue this worker may take from holds a task (the re-check before parking).
     fn work_visible(&self) -> bool {
         let reg = &*self.registry;
+        let group = &reg.groups[self.group];
         !self.local.is_empty()
-            || !reg.groups[self.group].injector.is_empty()
-            || !reg.any.is_empty()
-            || reg.groups[self.group]
-                .members
+            || !group.injector.is_empty()
+            || group
+                .domains
                 .iter()
-                .any(|&w| !reg.stealers[w].is_empty())
+                .any(|&d| !reg.domains[d as usize].injector.is_empty())
+            || !reg.any.is_empty()
+            || group.members.iter().any(|&w| !reg.stealers[w].is_empty())
     }
 
     /// Spins, then parks until work, `condition`, termination or `deadline` (a nested
@@ -818,10 +833,13 @@ impl<S: Send + 'static> WorkerThread<S> {
 
     #[inline]
     fn runs_here(&self, spec: &NodeSpec<S>) -> bool {
-        match spec.placement() {
-            None => true,
-            Some(g) => g.index() == self.group,
-        }
+        let p = spec.placement_bits();
+        p == ANY_GROUP
+            || p == self.group as u32
+            || (p & DOMAIN_BIT != 0
+                && self.registry.groups[self.group]
+                    .domains
+                    .contains(&(p & !DOMAIN_BIT)))
     }
 
     /// Releases the successors of a node that has more than one, or whose one successor may
@@ -835,7 +853,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     fn complete_general(&self, run: &Run<S>, i: u32, ok: bool) -> Option<u32> {
         let nodes = &run.plan.nodes;
         let mut cont = None;
-        let mut held: Option<(Task<S>, Option<GroupId>)> = None;
+        let mut held: Option<(Task<S>, Placement)> = None;
         let mut pushed_here = false;
         run.release(i, ok, |t| {
             let spec = &nodes[t.node as usize];
@@ -874,13 +892,21 @@ impl<S: Send + 'static> WorkerThread<S> {
     }
 
     /// Queues a ready task placed on `place`: on this worker's deque (returns `true`; the caller
-    /// wakes a peer once for all), or on its group's injector, waking a worker there.
+    /// wakes a peer once for all), or on its group's or domain's injector, waking a worker
+    /// there. A domain's tasks always go to its injector, even from one of its workers: only
+    /// the own group steals from this deque, and every worker of the domain may run them.
     #[inline]
-    fn queue(&self, t: Task<S>, place: Option<GroupId>) -> bool {
+    fn queue(&self, t: Task<S>, place: Placement) -> bool {
         match place {
-            Some(g) if g.index() != self.group => {
+            Placement::Group(g) if g.index() != self.group => {
                 self.registry.groups[g.index()].injector.push(t);
                 self.registry.sleep.notify_group(g.index());
+                false
+            }
+            Placement::Domain(d) => {
+                let domain = &self.registry.domains[d.index()];
+                domain.injector.push(t);
+                self.registry.sleep.notify_groups(&domain.groups);
                 false
             }
             _ => {

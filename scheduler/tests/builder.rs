@@ -389,7 +389,7 @@ fn groups_and_placement() {
             let n = g.node(format!("c{chain}s{step}"), move |ctx| {
                 let info = ctx.worker_info();
                 if place.is_some_and(|p| p != info.group)
-                    || ctx.placement_of(ctx.node_id()) != place
+                    || ctx.placement_of(ctx.node_id()) != place.into()
                 {
                     w.fetch_add(1, Ordering::SeqCst);
                 }

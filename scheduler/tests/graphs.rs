@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use boundpool_scheduler::{
-    Cores, Error, ErrorKind, GraphBuilder, GroupId, NodeRef, Pool, PoolBuilder,
+    Cores, Error, ErrorKind, GraphBuilder, GroupId, NodeRef, Placement, Pool, PoolBuilder,
 };
 
 fn pool(workers: usize) -> Pool {
@@ -191,8 +191,11 @@ fn graph_introspection() {
     assert_eq!(graph.edge_count(), 3);
     assert_eq!(graph.name(), "intro");
     assert_eq!(graph.node_name(b.id()), Some("b"));
-    assert_eq!(graph.placement(b.id()), Some(Some(GroupId::from_index(0))));
-    assert_eq!(graph.placement(a.id()), Some(None));
+    assert_eq!(
+        graph.placement(b.id()),
+        Some(Placement::Group(GroupId::from_index(0)))
+    );
+    assert_eq!(graph.placement(a.id()), Some(Placement::Any));
     assert!(graph.is_cpu_node(c.id()) && !graph.is_cpu_node(a.id()));
     let mut succ: Vec<_> = graph.successors(a.id()).collect();
     succ.sort();

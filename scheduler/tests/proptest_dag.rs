@@ -211,17 +211,20 @@ fn run_every_node_once(
     Ok(())
 }
 
-/// Random DAGs whose nodes are placed on one of three worker groups (or left anywhere): every
-/// node runs exactly once, after its predecessors, on a worker of its group. Edges between
-/// groups hand ready nodes over through the group injectors.
+/// Random DAGs whose nodes are placed on one of three worker groups, on the domain of groups 0
+/// and 1, or left anywhere: every node runs exactly once, after its predecessors, on a worker
+/// of its group (of one of its domain's groups). Edges between placements hand ready nodes
+/// over through the group and domain injectors.
 fn run_placed(n: usize, shape: u8, seed: u64, sizes: [usize; 3]) -> Result<(), TestCaseError> {
-    use boundpool_scheduler::{GroupId, GroupSpec};
+    use boundpool_scheduler::{DomainId, GroupId, GroupSpec};
+    /// Placement 4 of `place`: the domain of groups 0 and 1.
+    const DOMAIN: usize = 4;
     let edges = dag(n, shape, seed);
     let rec = Record::new(n);
     let ran_on: Arc<Vec<AtomicUsize>> =
         Arc::new((0..n).map(|_| AtomicUsize::new(usize::MAX)).collect());
     let place: Vec<Option<usize>> = (0..n)
-        .map(|i| match (seed.rotate_left(i as u32 % 64) ^ i as u64) % 4 {
+        .map(|i| match (seed.rotate_left(i as u32 % 64) ^ i as u64) % 5 {
             3 => None,
             g => Some(g as usize),
         })
@@ -236,8 +239,14 @@ fn run_placed(n: usize, shape: u8, seed: u64, sizes: [usize; 3]) -> Result<(), T
                 rec.leave(i);
                 Ok(())
             });
-            if let Some(grp) = place[i] {
-                g.place(r, GroupId::from_index(grp));
+            match place[i] {
+                Some(DOMAIN) => {
+                    g.place(r, DomainId::from_index(0));
+                }
+                Some(grp) => {
+                    g.place(r, GroupId::from_index(grp));
+                }
+                None => {}
             }
             r
         })
@@ -259,6 +268,7 @@ fn run_placed(n: usize, shape: u8, seed: u64, sizes: [usize; 3]) -> Result<(), T
                 })
                 .collect(),
         )
+        .domain("g0+g1", [GroupId::from_index(0), GroupId::from_index(1)])
         .build()
         .unwrap();
     for round in 0..3 {
@@ -267,13 +277,16 @@ fn run_placed(n: usize, shape: u8, seed: u64, sizes: [usize; 3]) -> Result<(), T
             .map_err(|e| TestCaseError::fail(format!("round {round}: {e}")))?;
         check_once_in_order(&rec, &edges)?;
         for i in 0..n {
-            if let Some(grp) = place[i] {
-                prop_assert_eq!(
-                    ran_on[i].load(Ordering::SeqCst),
-                    grp,
-                    "node {} ran outside its group",
-                    i
-                );
+            let on = ran_on[i].load(Ordering::SeqCst);
+            match place[i] {
+                Some(DOMAIN) => prop_assert!(
+                    on <= 1,
+                    "node {} ran on group {}, outside its domain",
+                    i,
+                    on
+                ),
+                Some(grp) => prop_assert_eq!(on, grp, "node {} ran outside its group", i),
+                None => {}
             }
         }
     }
