@@ -559,7 +559,143 @@ fn bad_arguments_fail_cleanly() {
     let o = run(&["run", "--shape", "chain", "--size", "10", "--threads", "0"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("0 workers"), "{}", stderr(&o));
-    let o = run(&["run", "--shape", "chain", "--size", "0"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("no nodes"), "{}", stderr(&o));
+}
+
+#[test]
+fn empty_graphs_run_report_zero_nodes_and_succeed() {
+    for shape in ["chain", "tree", "wide", "wavefront", "random"] {
+        let v = json_summary(&[
+            "run",
+            "--shape",
+            shape,
+            "--size",
+            "0",
+            "--threads",
+            "2",
+            "--json",
+        ]);
+        assert_eq!(v["nodes"], 0, "{shape}: {v}");
+        assert_eq!(v["edges"], 0, "{shape}: {v}");
+        assert_eq!(v["verified"], true, "{shape}: {v}");
+        assert!(
+            v["ns_per_node"].is_null(),
+            "{shape}: no per-node figure: {v}"
+        );
+        let o = run(&["run", "--shape", shape, "--size", "0", "--threads", "2"]);
+        assert!(o.status.success(), "{shape}: {}", stderr(&o));
+        let text = stdout(&o);
+        assert!(
+            text.contains("nodes            0 (0 edges)"),
+            "{shape}: {text}"
+        );
+        assert!(text.contains("verified         yes"), "{shape}: {text}");
+        assert!(
+            !text.contains("NaN") && !text.contains("inf"),
+            "{shape}: {text}"
+        );
+    }
+    let d = scratch("empty");
+    for (file, text) in [
+        ("bare.json", r#"{"nodes": []}"#),
+        (
+            "named.json",
+            r#"{"name": "nothing", "nodes": [], "edges": []}"#,
+        ),
+    ] {
+        let f = d.join(file);
+        std::fs::write(&f, text).unwrap();
+        let f = f.to_str().unwrap();
+        let v = json_summary(&[
+            "run",
+            "--graph",
+            f,
+            "--threads",
+            "2",
+            "--json",
+            "--repeat",
+            "2",
+        ]);
+        assert_eq!(v["nodes"], 0, "{file}: {v}");
+        assert_eq!(v["verified"], true, "{file}: {v}");
+        let o = run(&["run", "--graph", f, "--threads", "2"]);
+        assert!(o.status.success(), "{file}: {}", stderr(&o));
+        assert!(
+            stdout(&o).contains("nodes            0 (0 edges)"),
+            "{file}: {}",
+            stdout(&o)
+        );
+    }
+}
+
+#[test]
+fn a_thousand_workers_make_one_short_threads_line() {
+    let o = run(&[
+        "run",
+        "--shape",
+        "chain",
+        "--size",
+        "20",
+        "--threads",
+        "1000",
+        "--repeat",
+        "30",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let threads = text
+        .lines()
+        .find(|l| l.starts_with("threads"))
+        .unwrap_or_else(|| panic!("no threads line: {text}"));
+    assert!(threads.contains("1000 workers"), "{threads}");
+    assert!(threads.contains("… (990 more)"), "{threads}");
+    assert!(threads.len() < 120, "{} bytes: {threads}", threads.len());
+    let runs = text.lines().find(|l| l.starts_with("ns per node")).unwrap();
+    assert!(runs.contains("… (20 more)") && runs.len() < 200, "{runs}");
+    for line in text.lines() {
+        assert!(line.len() < 200, "a long summary line: {line}");
+    }
+}
+
+#[test]
+fn a_long_cycle_and_huge_names_give_short_messages() {
+    // A 20,000-node cycle: the message names some of it and stays short.
+    let n = 20_000;
+    let nodes: Vec<String> = (0..n).map(|i| format!(r#"{{"name": "n{i}"}}"#)).collect();
+    let edges: Vec<String> = (0..n)
+        .map(|i| format!(r#"["n{i}", "n{}"]"#, (i + 1) % n))
+        .collect();
+    let e = bad_file(
+        "longcycle",
+        &format!(
+            r#"{{"nodes": [{}], "edges": [{}]}}"#,
+            nodes.join(","),
+            edges.join(",")
+        ),
+    );
+    assert!(e.contains("cycle"), "{e}");
+    assert!(e.len() < 1500, "{} bytes of message", e.len());
+    let long = "x".repeat(200_000);
+    for (name, text) in [
+        (
+            "hugedup",
+            format!(r#"{{"nodes": [{{"name": "{long}"}}, {{"name": "{long}"}}]}}"#),
+        ),
+        (
+            "hugeunknown",
+            format!(r#"{{"nodes": [{{"name": "a"}}], "edges": [["{long}", "a"]]}}"#),
+        ),
+        (
+            "hugefield",
+            format!(r#"{{"nodes": [{{"name": "a", "{long}": 1}}]}}"#),
+        ),
+        ("hugetype", format!(r#"{{"nodes": "{long}"}}"#)),
+    ] {
+        let e = bad_file(name, &text);
+        assert!(e.len() < 1500, "{name}: {} bytes of message", e.len());
+        assert!(
+            e.contains("more chars") || e.contains("left out"),
+            "{name}: {e}"
+        );
+    }
 }
