@@ -233,14 +233,17 @@ fn check_failure(
 ) {
     match res {
         Ok(_) => tally.violation(format!("{what}: succeeded, but a node was made to fail")),
-        Err(e) if e.kind() != kind => {
-            tally.violation(format!("{what}: failed as {:?}, expected {kind:?}: {e}", e.kind()))
-        }
+        Err(e) if e.kind() != kind => tally.violation(format!(
+            "{what}: failed as {:?}, expected {kind:?}: {e}",
+            e.kind()
+        )),
         Err(e) => {
             let text = e.to_string();
             for n in names {
                 if !text.contains(&format!("node '{n}'")) {
-                    tally.violation(format!("{what}: the error does not name node '{n}': {text}"));
+                    tally.violation(format!(
+                        "{what}: the error does not name node '{n}': {text}"
+                    ));
                 }
             }
         }
@@ -687,10 +690,7 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
         (None, None) => unreachable!("one pool or the other"),
     };
     let device_level = |g: &GpuSide| {
-        let free = g
-            .pool
-            .call(&g.device, |ctx| Ok(ctx.memory_info()?.0))
-            .ok();
+        let free = g.pool.call(&g.device, |ctx| Ok(ctx.memory_info()?.0)).ok();
         (free, g.device.live_allocations(), g.device.events_created())
     };
     // Main + workers, and with a GPU the driver's own threads: counted once, before any submitter.
@@ -790,11 +790,15 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
     let mut dev_end = None;
     if let Some(g) = &gpu {
         let (start_free, start_live, start_events) = dev_start.expect("measured with the pool");
-        let (warm_free, _, warm_events) = dev_warm.unwrap_or((start_free, start_live, start_events));
+        let (warm_free, _, warm_events) =
+            dev_warm.unwrap_or((start_free, start_live, start_events));
         let t = Instant::now();
         let mut end = device_level(g);
         while (end.1 != start_live
-            || end.0.zip(warm_free).is_some_and(|(e, w)| e + DEVICE_TOLERANCE_BYTES < w))
+            || end
+                .0
+                .zip(warm_free)
+                .is_some_and(|(e, w)| e + DEVICE_TOLERANCE_BYTES < w))
             && t.elapsed() < Duration::from_secs(5)
         {
             std::thread::sleep(Duration::from_millis(10));
