@@ -699,3 +699,65 @@ fn a_long_cycle_and_huge_names_give_short_messages() {
         );
     }
 }
+
+#[test]
+fn a_short_soak_checks_every_outcome_and_finds_no_violation() {
+    let v = json_summary(&[
+        "soak",
+        "--seconds",
+        "2",
+        "--submitters",
+        "8",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(v["violations"], 0, "{v}");
+    assert_eq!(v["workers"], 2, "{v}");
+    for k in ["graphs", "nodes", "graphs_ok"] {
+        assert!(v[k].as_u64().unwrap() > 0, "{k}: {v}");
+    }
+    for k in ["errors", "panics", "cancels", "nested", "dropped_handles"] {
+        assert!(v["faults"][k].as_u64().unwrap() > 0, "no {k} injected: {v}");
+    }
+    // main + 2 workers + 8 submitters, and back to main + workers at the end.
+    assert_eq!(v["os_threads"]["expected"], 11, "{v}");
+    assert_eq!(v["os_threads"]["min"], 11, "{v}");
+    assert_eq!(v["os_threads"]["end"], 3, "{v}");
+}
+
+#[test]
+fn a_soak_reports_a_wrong_value_and_exits_1() {
+    let o = run(&[
+        "soak",
+        "--seconds",
+        "1",
+        "--submitters",
+        "2",
+        "--threads",
+        "2",
+        "--inject-wrong-value",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("violations       1"), "{text}");
+    assert!(
+        text.contains("node n0 gave") && text.contains("expected"),
+        "{text}"
+    );
+}
+
+#[test]
+fn soak_without_a_gpu_says_so_with_exit_2() {
+    if boundpool::gpu::gpu_unavailable_reason().is_none() {
+        return; // a GPU is here: `soak --gpu` would run
+    }
+    let o = run(&["soak", "--gpu", "--seconds", "1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no GPU"), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "");
+    let o = run(&["soak", "--seconds", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = run(&["soak", "--seconds", "1", "--submitters", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+}

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use boundpool::bounded;
 use boundpool::gpu::{
-    builtin, DeviceBuffer, GpuCtx, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
+    builtin, DeviceBuffer, Devices, GpuCtx, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
     GpuPoolBuilder, GpuWorker, Kernel, LaunchConfig, Module,
 };
 use boundpool::workloads::busy_work;
@@ -413,7 +413,12 @@ fn cancel(rng: &mut Rng, what: &str, env: &Env<'_>) {
     Tally::add(&tally.nodes, shape.len() as u64);
     Tally::add(&tally.cancels, 1);
     env.extra.created.fetch_add(1, Ordering::SeqCst);
-    let pool = match PoolBuilder::new().name("soak-cancel").workers(1).build() {
+    let pool = match PoolBuilder::new()
+        .name("soak-cancel")
+        .thread_name(|_| CANCEL_POOL_THREAD.into())
+        .workers(1)
+        .build()
+    {
         Ok(p) => p,
         Err(e) => {
             env.extra.destroyed.fetch_add(1, Ordering::SeqCst);
@@ -583,6 +588,29 @@ fn gpu_scenario(rng: &mut Rng, what: &str, gpu: &GpuSide, env: &Env<'_>) {
     Tally::add(&tally.ok, 1);
 }
 
+/// Runs one small GPU graph on every worker's stream and downloads its result.
+fn warm_up(gpu: &GpuSide) -> Result<(), BoxError> {
+    let workers = gpu.pool.pool().workers().len();
+    let mut g = GpuGraphBuilder::new("warm-up");
+    let refs: Vec<NodeRef<DeviceBuffer<i64>>> = (0..workers.max(1) * 2)
+        .map(|i| {
+            let kernels = gpu.kernels.clone();
+            g.gpu_node(&gpu.device, &format!("w{i}"), move |ctx| {
+                spin_set_add(ctx, &kernels, 1_000, i as i64, &[])
+            })
+        })
+        .collect();
+    let g = g.build()?;
+    let mut out = gpu.pool.submit(&g)?.wait()?;
+    for (i, r) in refs.iter().enumerate() {
+        let buf = out.take(*r).ok_or("a warm-up node has no output")?;
+        if gpu.pool.download(&buf)? != [i as i64] {
+            return Err(format!("warm-up node w{i} gave a wrong value").into());
+        }
+    }
+    Ok(())
+}
+
 /// Resident memory of this process (Linux: `VmRSS` of `/proc/self/status`), in bytes.
 fn rss_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -594,6 +622,20 @@ fn rss_bytes() -> Option<u64> {
 
 fn os_threads() -> usize {
     boundpool::observe::os_threads().unwrap_or(0)
+}
+
+/// The name of the short-lived pools' worker threads.
+const CANCEL_POOL_THREAD: &str = "soak-cancel";
+
+/// The ids of this process's OS threads (`/proc/self/task`).
+fn thread_ids() -> std::collections::HashSet<u32> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|t| t.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Installs a panic hook that keeps injected panics off stderr (and counts nothing else out).
@@ -633,6 +675,7 @@ pub(crate) fn main(a: SoakArgs) -> ExitCode {
         }
         let pool = match GpuPoolBuilder::new()
             .name("soak-gpu")
+            .devices(Devices::List(vec![0]))
             .workers_per_device(threads)
             .build()
         {
@@ -657,11 +700,18 @@ pub(crate) fn main(a: SoakArgs) -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        Some(GpuSide {
+        let side = GpuSide {
             pool,
             device,
             kernels,
-        })
+        };
+        // One GPU graph before anything is counted: the driver starts threads of its own and
+        // loads the module lazily, and those belong to the levels the soak starts from.
+        if let Err(e) = warm_up(&side) {
+            eprintln!("boundpool soak: the GPU warm-up failed: {e}");
+            return ExitCode::from(1);
+        }
+        Some(side)
     } else {
         None
     };
@@ -702,6 +752,7 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
     let warm_at = t0 + Duration::from_secs_f64((a.seconds * 0.1).min(10.0));
     let start = Barrier::new(a.submitters + 1);
     let (mut min_threads, mut max_threads, mut samples) = (usize::MAX, 0usize, 0u64);
+    let (mut max_cancel_threads, mut lingering_rereads) = (0usize, 0u64);
     let mut rss_warm = None;
     let mut dev_warm = None;
     let env = Env {
@@ -728,24 +779,57 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
                 })
                 .expect("a submitter thread starts");
         }
+        // The submitters wait at the barrier: no short-lived pool exists yet, so every thread
+        // listed now is main, a worker, the driver's, or a submitter.
+        let core_tids = thread_ids();
+        if core_tids.len() != base_threads + a.submitters {
+            tally.violation(format!(
+                "{} OS threads with the submitters started, expected {}",
+                core_tids.len(),
+                base_threads + a.submitters
+            ));
+        }
         start.wait();
-        let expected = base_threads + a.submitters;
         while Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20).min(deadline - Instant::now()));
-            // Destroyed first, created last: the difference bounds the short-lived pools' threads
-            // alive at the moment of the count.
-            let destroyed = extra.destroyed.load(Ordering::SeqCst);
-            let n = os_threads();
-            let created = extra.created.load(Ordering::SeqCst);
-            let alive_extra = created.saturating_sub(destroyed);
+            // The threads listed before the start (main, workers, submitters) must all still
+            // be there; any other thread must be a short-lived pool's, at most as many as are
+            // alive. A joined thread can stay listed for a moment after `join` returns (the
+            // kernel removes it after waking the joiner), so an excess is read again a few times
+            // before it counts.
+            let mut tries = 0;
+            let (present, others, alive_extra) = loop {
+                // Destroyed first, created last: the difference bounds the short-lived pools'
+                // threads alive at the moment of the census.
+                let destroyed = extra.destroyed.load(Ordering::SeqCst);
+                let tids = thread_ids();
+                let created = extra.created.load(Ordering::SeqCst);
+                let alive = created.saturating_sub(destroyed);
+                let present = core_tids.iter().filter(|t| tids.contains(t)).count();
+                let others = tids.len() - present;
+                tries += 1;
+                if others <= alive || tries == 5 {
+                    break (present, others, alive);
+                }
+                lingering_rereads += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            };
             samples += 1;
-            min_threads = min_threads.min(n);
-            max_threads = max_threads.max(n);
-            if n < expected || n > expected + alive_extra {
+            min_threads = min_threads.min(present + others);
+            max_threads = max_threads.max(present + others);
+            max_cancel_threads = max_cancel_threads.max(others);
+            if present != core_tids.len() {
                 tally.violation(format!(
-                    "{n} OS threads, expected {expected} (main + {workers} workers + {} submitters{}) plus at most {alive_extra} of short-lived pools",
+                    "{} of the {} threads listed at the start (main + {workers} workers + {} submitters{}) have exited",
+                    core_tids.len() - present,
+                    core_tids.len(),
                     a.submitters,
                     if base_threads > 1 + workers { " + the driver's" } else { "" }
+                ));
+            }
+            if others > alive_extra {
+                tally.violation(format!(
+                    "{others} OS threads besides main, the workers and the submitters; at most {alive_extra} short-lived pools' threads are alive"
                 ));
             }
             if rss_warm.is_none() && Instant::now() >= warm_at {
@@ -792,23 +876,35 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
         let (start_free, start_live, start_events) = dev_start.expect("measured with the pool");
         let (warm_free, _, warm_events) =
             dev_warm.unwrap_or((start_free, start_live, start_events));
+        // Nothing the soak made is held now: every buffer was dropped (on the submitters), and
+        // the device's idle workers must release them without another graph to wake them, so
+        // the count is polled without submitting anything (the issue-9 deadline is 1 ms; 2 s
+        // here is a hang guard).
+        let t = Instant::now();
+        while g.device.live_allocations() != 0 && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let idle_live = g.device.live_allocations();
+        if idle_live != 0 {
+            tally.violation(format!(
+                "{idle_live} device allocations still live {:?} after the last graph, with the workers idle ({start_live} after the warm-up)",
+                t.elapsed()
+            ));
+        }
         let t = Instant::now();
         let mut end = device_level(g);
-        while (end.1 != start_live
-            || end
-                .0
-                .zip(warm_free)
-                .is_some_and(|(e, w)| e + DEVICE_TOLERANCE_BYTES < w))
+        while end
+            .0
+            .zip(warm_free)
+            .is_some_and(|(e, w)| e + DEVICE_TOLERANCE_BYTES < w)
             && t.elapsed() < Duration::from_secs(5)
         {
             std::thread::sleep(Duration::from_millis(10));
             end = device_level(g);
         }
         let (end_free, end_live, end_events) = end;
-        if end_live != start_live {
-            tally.violation(format!(
-                "{end_live} device allocations live at the end, {start_live} at the start"
-            ));
+        if end_live != 0 {
+            tally.violation(format!("{end_live} device allocations live at the end"));
         }
         match (end_free, warm_free) {
             (Some(e), Some(w)) if e + DEVICE_TOLERANCE_BYTES < w => tally.violation(format!(
@@ -867,6 +963,8 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
                 "min": (samples > 0).then_some(min_threads),
                 "max": (samples > 0).then_some(max_threads),
                 "samples": samples,
+                "rereads": lingering_rereads,
+                "max_short_lived_pool_threads": max_cancel_threads,
                 "end": end_threads,
             },
             "rss_mib": {"start": mib(rss_start), "warm": mib(rss_warm), "end": mib(rss_end)},
@@ -925,6 +1023,9 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
             } else {
                 String::new()
             }
+        );
+        println!(
+            "                 {samples} samples ({lingering_rereads} read again); short-lived pools: at most {max_cancel_threads} threads at once"
         );
         println!(
             "resident memory  {} MiB at the start, {} after the warm-up, {} at the end",
