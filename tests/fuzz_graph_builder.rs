@@ -248,7 +248,7 @@ fn check(ops: &[Op]) -> Result<Outcome, TestCaseError> {
             "a valid graph failed: {e} ({ops:?})"
         )));
     }
-    for k in 0..nodes {
+    for (k, place) in placed.iter().enumerate() {
         prop_assert_eq!(
             rec.runs[k].load(Relaxed),
             1,
@@ -256,7 +256,7 @@ fn check(ops: &[Op]) -> Result<Outcome, TestCaseError> {
             k,
             rec.runs[k].load(Relaxed)
         );
-        if let Some(grp) = placed[k] {
+        if let Some(grp) = *place {
             let on = rec.group[k].load(Relaxed);
             // Inlined and CPU nodes record no group.
             prop_assert!(
