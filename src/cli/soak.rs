@@ -23,6 +23,7 @@
 //! At the end it checks that resident memory, and with `--gpu` the device's free memory, its live
 //! allocations and its event table, are back to their level after the warm-up.
 
+use std::collections::HashMap;
 use std::panic;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -271,17 +272,30 @@ struct GpuSide {
     kernels: Arc<(Kernel, Kernel, Kernel)>,
 }
 
-/// Threads of the short-lived pools: created before each is built, destroyed after it is joined.
+/// The short-lived pools' worker threads by id: registered by each worker's start hook, and
+/// marked with the time its stop hook ran (the thread is about to exit).
 #[derive(Default)]
 struct ExtraThreads {
-    created: AtomicUsize,
-    destroyed: AtomicUsize,
+    threads: Mutex<HashMap<u32, Option<Instant>>>,
+    /// Short-lived pools inside `build`: their worker may exist before its start hook ran.
+    building: AtomicUsize,
 }
+
+impl ExtraThreads {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Option<Instant>>> {
+        self.threads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// How long a short-lived pool's thread may stay listed after its stop hook ran: the thread
+/// still unwinds its stack and frees its thread-locals, and the kernel removes it from
+/// `/proc/self/task` a moment after it woke its joiner (on a loaded machine, milliseconds).
+const EXIT_GRACE: Duration = Duration::from_secs(1);
 
 struct Env<'a> {
     gpu: Option<&'a GpuSide>,
     tally: &'a Tally,
-    extra: &'a ExtraThreads,
+    extra: &'a Arc<ExtraThreads>,
     stop: &'a AtomicBool,
     wrong_value: &'a AtomicBool,
 }
@@ -409,19 +423,30 @@ fn cancel(rng: &mut Rng, what: &str, env: &Env<'_>) {
         base: (0..32).map(|_| rng.next() >> 8).collect(),
     };
     let work = Arc::new(|| busy_work(5_000)) as Arc<dyn Fn() + Send + Sync>;
-    let (g, refs) = host_graph::<()>("cancelled", &shape, None, Some(work));
+    let (g, refs) = host_graph::<u32>("cancelled", &shape, None, Some(work));
     Tally::add(&tally.nodes, shape.len() as u64);
     Tally::add(&tally.cancels, 1);
-    env.extra.created.fetch_add(1, Ordering::SeqCst);
-    let pool = match PoolBuilder::new()
+    let (on_start, on_stop) = (env.extra.clone(), env.extra.clone());
+    // `build` returns once every worker's start hook ran: until then its one worker may be
+    // listed and not registered yet.
+    env.extra.building.fetch_add(1, Ordering::SeqCst);
+    let built = PoolBuilder::new()
         .name("soak-cancel")
         .thread_name(|_| CANCEL_POOL_THREAD.into())
         .workers(1)
-        .build()
-    {
+        .start_hook(move |_| {
+            let tid = current_tid().ok_or("no /proc/thread-self")?;
+            on_start.lock().insert(tid, None);
+            Ok(tid)
+        })
+        .stop_hook(move |_, tid| {
+            on_stop.lock().insert(tid, Some(Instant::now()));
+        })
+        .build();
+    env.extra.building.fetch_sub(1, Ordering::SeqCst);
+    let pool = match built {
         Ok(p) => p,
         Err(e) => {
-            env.extra.destroyed.fetch_add(1, Ordering::SeqCst);
             return tally.violation(format!("{what}: the short-lived pool did not start: {e}"));
         }
     };
@@ -439,7 +464,6 @@ fn cancel(rng: &mut Rng, what: &str, env: &Env<'_>) {
         Ok(_) => tally.violation(format!("{what}: submit after shutdown was accepted")),
     }
     drop(pool);
-    env.extra.destroyed.fetch_add(1, Ordering::SeqCst);
 }
 
 /// A node that submits a subgraph from inside the pool and waits on it.
@@ -627,6 +651,16 @@ fn os_threads() -> usize {
 /// The name of the short-lived pools' worker threads.
 const CANCEL_POOL_THREAD: &str = "soak-cancel";
 
+/// The calling thread's OS id (Linux: `/proc/thread-self` links to `PID/task/TID`).
+fn current_tid() -> Option<u32> {
+    std::fs::read_link("/proc/thread-self")
+        .ok()?
+        .file_name()?
+        .to_str()?
+        .parse()
+        .ok()
+}
+
 /// The ids of this process's OS threads (`/proc/self/task`).
 fn thread_ids() -> std::collections::HashSet<u32> {
     std::fs::read_dir("/proc/self/task")
@@ -731,7 +765,7 @@ pub(crate) fn main(a: SoakArgs) -> ExitCode {
 
 fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode {
     let tally = Tally::default();
-    let extra = ExtraThreads::default();
+    let extra = Arc::new(ExtraThreads::default());
     let stop = AtomicBool::new(false);
     let wrong_value = AtomicBool::new(a.inject_wrong_value);
     let workers = match (&host_pool, &gpu) {
@@ -752,7 +786,7 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
     let warm_at = t0 + Duration::from_secs_f64((a.seconds * 0.1).min(10.0));
     let start = Barrier::new(a.submitters + 1);
     let (mut min_threads, mut max_threads, mut samples) = (usize::MAX, 0usize, 0u64);
-    let (mut max_cancel_threads, mut lingering_rereads) = (0usize, 0u64);
+    let (mut max_cancel_threads, mut max_unregistered) = (0usize, 0usize);
     let mut rss_warm = None;
     let mut dev_warm = None;
     let env = Env {
@@ -793,27 +827,29 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
         while Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20).min(deadline - Instant::now()));
             // The threads listed before the start (main, workers, submitters) must all still
-            // be there; any other thread must be a short-lived pool's, at most as many as are
-            // alive. A joined thread can stay listed for a moment after `join` returns (the
-            // kernel removes it after waking the joiner), so an excess is read again a few times
-            // before it counts.
-            let mut tries = 0;
-            let (present, others, alive_extra) = loop {
-                // Destroyed first, created last: the difference bounds the short-lived pools'
-                // threads alive at the moment of the census.
-                let destroyed = extra.destroyed.load(Ordering::SeqCst);
-                let tids = thread_ids();
-                let created = extra.created.load(Ordering::SeqCst);
-                let alive = created.saturating_sub(destroyed);
-                let present = core_tids.iter().filter(|t| tids.contains(t)).count();
-                let others = tids.len() - present;
-                tries += 1;
-                if others <= alive || tries == 5 {
-                    break (present, others, alive);
+            // be there, and every other one must be a short-lived pool's worker: registered by
+            // its start hook, and gone within EXIT_GRACE of its stop hook, or not registered yet
+            // because its pool is still in `build`. Read in this order (the listing, then the
+            // pools in `build`, then the registry), a worker found unregistered belongs to a
+            // pool that was in `build` when the count was read, so unknown <= building.
+            let tids = thread_ids();
+            let building = extra.building.load(Ordering::SeqCst);
+            let present = core_tids.iter().filter(|t| tids.contains(t)).count();
+            let mut reg = extra.lock();
+            // Forget the exited threads the listing no longer shows (ids are reused).
+            reg.retain(|tid, stopped| stopped.is_none() || tids.contains(tid));
+            let (mut others, mut unknown, mut late) = (0, 0, 0);
+            for tid in tids.iter().filter(|t| !core_tids.contains(t)) {
+                others += 1;
+                match reg.get(tid) {
+                    None => unknown += 1,
+                    Some(Some(t)) if t.elapsed() > EXIT_GRACE => late += 1,
+                    Some(_) => {}
                 }
-                lingering_rereads += 1;
-                std::thread::sleep(Duration::from_millis(2));
-            };
+            }
+            drop(reg);
+            max_unregistered = max_unregistered.max(unknown);
+            let unknown = unknown.saturating_sub(building);
             samples += 1;
             min_threads = min_threads.min(present + others);
             max_threads = max_threads.max(present + others);
@@ -827,9 +863,14 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
                     if base_threads > 1 + workers { " + the driver's" } else { "" }
                 ));
             }
-            if others > alive_extra {
+            if unknown > 0 {
                 tally.violation(format!(
-                    "{others} OS threads besides main, the workers and the submitters; at most {alive_extra} short-lived pools' threads are alive"
+                    "{unknown} OS threads that are neither main, a worker, a submitter nor a short-lived pool's worker"
+                ));
+            }
+            if late > 0 {
+                tally.violation(format!(
+                    "{late} short-lived pools' threads still listed {EXIT_GRACE:?} after they stopped"
                 ));
             }
             if rss_warm.is_none() && Instant::now() >= warm_at {
@@ -963,7 +1004,7 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
                 "min": (samples > 0).then_some(min_threads),
                 "max": (samples > 0).then_some(max_threads),
                 "samples": samples,
-                "rereads": lingering_rereads,
+                "max_starting": max_unregistered,
                 "max_short_lived_pool_threads": max_cancel_threads,
                 "end": end_threads,
             },
@@ -1025,7 +1066,7 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
             }
         );
         println!(
-            "                 {samples} samples ({lingering_rereads} read again); short-lived pools: at most {max_cancel_threads} threads at once"
+            "                 {samples} samples; short-lived pools: at most {max_cancel_threads} threads at once ({max_unregistered} of them starting)"
         );
         println!(
             "resident memory  {} MiB at the start, {} after the warm-up, {} at the end",
