@@ -34,9 +34,15 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(g.names.len(), g.work_ns.len());
     let n = g.names.len() as u32;
     assert!(g.edges.iter().all(|&(a, b)| a < n && b < n));
-    assert!(g.edges.windows(2).all(|w| w[0] < w[1]), "edges sorted, each once");
+    assert!(
+        g.edges.windows(2).all(|w| w[0] < w[1]),
+        "edges sorted, each once"
+    );
     let mut seen = std::collections::HashSet::new();
-    assert!(g.names.iter().all(|s| seen.insert(s.as_str())), "names unique");
+    assert!(
+        g.names.iter().all(|s| seen.insert(s.as_str())),
+        "names unique"
+    );
     // The scheduler's validation: the only way such a graph can fail is a cycle.
     let mut b = boundpool_scheduler::GraphBuilder::<()>::new(g.name.clone());
     let ids: Vec<_> = g
