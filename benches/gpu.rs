@@ -147,7 +147,7 @@ fn time_graph(p: &GpuPool, g: &GpuGraph) -> Duration {
 
 fn main() {
     if let Some(why) = boundpool_gpu::gpu_unavailable_reason() {
-        println!("gpu bench skipped: no GPU: {why}");
+        eprintln!("SKIPPED gpu bench: no GPU: {why}");
         if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
             std::process::exit(1);
         }

@@ -22,6 +22,8 @@
 pub use boundpool_gpu as gpu;
 pub use boundpool_scheduler::*;
 
+pub mod bounded;
+pub mod graph_file;
 pub mod observe;
 pub mod workloads;
 

@@ -7,6 +7,7 @@
 //! boundpool bench --scale 0.1
 //! boundpool trace trace.json --svg timeline.svg
 //! boundpool metrics
+//! boundpool soak --seconds 600 --submitters 64 [--gpu]
 //! ```
 //!
 //! Exit status: 0 on success, 1 when a run failed or its verification did not pass, 2 for bad
@@ -39,6 +40,35 @@ enum Command {
     Trace(TraceArgs),
     /// Print the markdown table of every metric the scheduler exports.
     Metrics,
+    /// Submit random graphs with injected errors, panics, cancels, nested submits and dropped
+    /// handles from many threads for a while; check every outcome, the OS threads and the
+    /// memory; exit 1 on any violation.
+    Soak(SoakArgs),
+}
+
+#[derive(Args, Debug)]
+struct SoakArgs {
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Also run GPU graphs, on a GPU pool of device 0 (exit 2 when there is no GPU).
+    #[arg(long)]
+    gpu: bool,
+    /// Submitter threads.
+    #[arg(long, default_value_t = 64)]
+    submitters: usize,
+    /// Worker threads (default: the cores this process may use; with --gpu, per device).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Seed of the submitters' random choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Test only: make the checker expect a wrong value once (a violation must be reported).
+    #[arg(long, hide = true)]
+    inject_wrong_value: bool,
 }
 
 /// A built-in graph shape.
@@ -163,6 +193,7 @@ fn main() -> ExitCode {
         Command::Run(a) => cli::run::main(a),
         Command::Bench(a) => cli::bench::main(a),
         Command::Trace(a) => cli::trace::main(a),
+        Command::Soak(a) => cli::soak::main(a),
         Command::Metrics => {
             print!("{}", boundpool::observe::metrics_table());
             ExitCode::SUCCESS

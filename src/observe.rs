@@ -62,21 +62,31 @@ fn prometheus_builder() -> PrometheusBuilder {
 /// thread); otherwise it gets one thread of its own, named `boundpool-prometheus`, running a
 /// single-threaded tokio runtime. The returned handle renders the same text in process.
 ///
-/// Errors: the address cannot be bound, or a global recorder is already installed.
+/// Errors: the address cannot be bound, or a global recorder is already installed. On an error
+/// nothing is left running: the socket is bound but not served until the recorder is installed,
+/// and the listener's task or thread starts only after that, so a failed call closes the port
+/// again and starts no thread.
 pub fn install_prometheus(addr: impl Into<SocketAddr>) -> Result<PrometheusHandle, ObserveError> {
     let addr = addr.into();
     let builder = prometheus_builder().with_http_listener(addr);
     let err = |e: &dyn fmt::Display| {
         ObserveError(format!("cannot serve Prometheus metrics on {addr}: {e}"))
     };
-    let (recorder, handle) = if let Ok(rt) = tokio::runtime::Handle::try_current() {
+    // The exporter is a future: building it binds the socket, but nothing serves it until it is
+    // spawned. Install the recorder first, so that its error drops the future (and the socket).
+    let install = |recorder: metrics_exporter_prometheus::PrometheusRecorder| {
+        let handle = recorder.handle();
+        metrics::set_global_recorder(recorder).map_err(|e| err(&e))?;
+        Ok::<_, ObserveError>(handle)
+    };
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
         let (recorder, exporter) = {
             let _g = rt.enter();
             builder.build().map_err(|e| err(&e))?
         };
+        let handle = install(recorder)?;
         rt.spawn(exporter);
-        let handle = recorder.handle();
-        (recorder, handle)
+        Ok(handle)
     } else {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -86,17 +96,15 @@ pub fn install_prometheus(addr: impl Into<SocketAddr>) -> Result<PrometheusHandl
             let _g = rt.enter();
             builder.build().map_err(|e| err(&e))?
         };
+        let handle = install(recorder)?;
         std::thread::Builder::new()
             .name("boundpool-prometheus".into())
             .spawn(move || {
                 let _ = rt.block_on(exporter);
             })
             .map_err(|e| err(&e))?;
-        let handle = recorder.handle();
-        (recorder, handle)
-    };
-    metrics::set_global_recorder(recorder).map_err(|e| err(&e))?;
-    Ok(handle)
+        Ok(handle)
+    }
 }
 
 /// Installs a Prometheus recorder as the global `metrics` recorder without any listener (no

@@ -18,7 +18,7 @@ pub enum Shape {
     /// A full binary out-tree (each node releases two children); `n` is rounded down to
     /// `2^depth - 1` nodes.
     Tree,
-    /// One source, `n - 2` independent nodes, one sink.
+    /// One source, `n - 2` independent nodes, one sink (`n` < 2: `n` nodes, no edges).
     Wide,
     /// A square grid, each cell after its left and upper neighbour; `n` is rounded down to a
     /// square.
@@ -90,8 +90,8 @@ impl Dag {
                 edges.extend((1..m as u32).map(|i| ((i - 1) / 2, i)));
                 m
             }
+            Shape::Wide if n < 2 => n, // no nodes, or the source alone
             Shape::Wide => {
-                let n = n.max(2);
                 let sink = (n - 1) as u32;
                 for i in 1..sink {
                     edges.push((0, i));

@@ -559,7 +559,205 @@ fn bad_arguments_fail_cleanly() {
     let o = run(&["run", "--shape", "chain", "--size", "10", "--threads", "0"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("0 workers"), "{}", stderr(&o));
-    let o = run(&["run", "--shape", "chain", "--size", "0"]);
+}
+
+#[test]
+fn empty_graphs_run_report_zero_nodes_and_succeed() {
+    for shape in ["chain", "tree", "wide", "wavefront", "random"] {
+        let v = json_summary(&[
+            "run",
+            "--shape",
+            shape,
+            "--size",
+            "0",
+            "--threads",
+            "2",
+            "--json",
+        ]);
+        assert_eq!(v["nodes"], 0, "{shape}: {v}");
+        assert_eq!(v["edges"], 0, "{shape}: {v}");
+        assert_eq!(v["verified"], true, "{shape}: {v}");
+        assert!(
+            v["ns_per_node"].is_null(),
+            "{shape}: no per-node figure: {v}"
+        );
+        let o = run(&["run", "--shape", shape, "--size", "0", "--threads", "2"]);
+        assert!(o.status.success(), "{shape}: {}", stderr(&o));
+        let text = stdout(&o);
+        assert!(
+            text.contains("nodes            0 (0 edges)"),
+            "{shape}: {text}"
+        );
+        assert!(text.contains("verified         yes"), "{shape}: {text}");
+        assert!(
+            !text.contains("NaN") && !text.contains("inf"),
+            "{shape}: {text}"
+        );
+    }
+    let d = scratch("empty");
+    for (file, text) in [
+        ("bare.json", r#"{"nodes": []}"#),
+        (
+            "named.json",
+            r#"{"name": "nothing", "nodes": [], "edges": []}"#,
+        ),
+    ] {
+        let f = d.join(file);
+        std::fs::write(&f, text).unwrap();
+        let f = f.to_str().unwrap();
+        let v = json_summary(&[
+            "run",
+            "--graph",
+            f,
+            "--threads",
+            "2",
+            "--json",
+            "--repeat",
+            "2",
+        ]);
+        assert_eq!(v["nodes"], 0, "{file}: {v}");
+        assert_eq!(v["verified"], true, "{file}: {v}");
+        let o = run(&["run", "--graph", f, "--threads", "2"]);
+        assert!(o.status.success(), "{file}: {}", stderr(&o));
+        assert!(
+            stdout(&o).contains("nodes            0 (0 edges)"),
+            "{file}: {}",
+            stdout(&o)
+        );
+    }
+}
+
+#[test]
+fn a_thousand_workers_make_one_short_threads_line() {
+    let o = run(&[
+        "run",
+        "--shape",
+        "chain",
+        "--size",
+        "20",
+        "--threads",
+        "1000",
+        "--repeat",
+        "30",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let threads = text
+        .lines()
+        .find(|l| l.starts_with("threads"))
+        .unwrap_or_else(|| panic!("no threads line: {text}"));
+    assert!(threads.contains("1000 workers"), "{threads}");
+    assert!(threads.contains("… (990 more)"), "{threads}");
+    assert!(threads.len() < 120, "{} bytes: {threads}", threads.len());
+    let runs = text.lines().find(|l| l.starts_with("ns per node")).unwrap();
+    assert!(runs.contains("… (20 more)") && runs.len() < 200, "{runs}");
+    for line in text.lines() {
+        assert!(line.len() < 200, "a long summary line: {line}");
+    }
+}
+
+#[test]
+fn a_long_cycle_and_huge_names_give_short_messages() {
+    // A 20,000-node cycle: the message names some of it and stays short.
+    let n = 20_000;
+    let nodes: Vec<String> = (0..n).map(|i| format!(r#"{{"name": "n{i}"}}"#)).collect();
+    let edges: Vec<String> = (0..n)
+        .map(|i| format!(r#"["n{i}", "n{}"]"#, (i + 1) % n))
+        .collect();
+    let e = bad_file(
+        "longcycle",
+        &format!(
+            r#"{{"nodes": [{}], "edges": [{}]}}"#,
+            nodes.join(","),
+            edges.join(",")
+        ),
+    );
+    assert!(e.contains("cycle"), "{e}");
+    assert!(e.len() < 1500, "{} bytes of message", e.len());
+    let long = "x".repeat(200_000);
+    for (name, text) in [
+        (
+            "hugedup",
+            format!(r#"{{"nodes": [{{"name": "{long}"}}, {{"name": "{long}"}}]}}"#),
+        ),
+        (
+            "hugeunknown",
+            format!(r#"{{"nodes": [{{"name": "a"}}], "edges": [["{long}", "a"]]}}"#),
+        ),
+        (
+            "hugefield",
+            format!(r#"{{"nodes": [{{"name": "a", "{long}": 1}}]}}"#),
+        ),
+        ("hugetype", format!(r#"{{"nodes": "{long}"}}"#)),
+    ] {
+        let e = bad_file(name, &text);
+        assert!(e.len() < 1500, "{name}: {} bytes of message", e.len());
+        assert!(
+            e.contains("more chars") || e.contains("left out"),
+            "{name}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_short_soak_checks_every_outcome_and_finds_no_violation() {
+    let v = json_summary(&[
+        "soak",
+        "--seconds",
+        "2",
+        "--submitters",
+        "8",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(v["violations"], 0, "{v}");
+    assert_eq!(v["workers"], 2, "{v}");
+    for k in ["graphs", "nodes", "graphs_ok"] {
+        assert!(v[k].as_u64().unwrap() > 0, "{k}: {v}");
+    }
+    for k in ["errors", "panics", "cancels", "nested", "dropped_handles"] {
+        assert!(v["faults"][k].as_u64().unwrap() > 0, "no {k} injected: {v}");
+    }
+    // main + 2 workers + 8 submitters, and back to main + workers at the end.
+    assert_eq!(v["os_threads"]["expected"], 11, "{v}");
+    assert_eq!(v["os_threads"]["min"], 11, "{v}");
+    assert_eq!(v["os_threads"]["end"], 3, "{v}");
+}
+
+#[test]
+fn a_soak_reports_a_wrong_value_and_exits_1() {
+    let o = run(&[
+        "soak",
+        "--seconds",
+        "1",
+        "--submitters",
+        "2",
+        "--threads",
+        "2",
+        "--inject-wrong-value",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("violations       1"), "{text}");
+    assert!(
+        text.contains("node n0 gave") && text.contains("expected"),
+        "{text}"
+    );
+}
+
+#[test]
+fn soak_without_a_gpu_says_so_with_exit_2() {
+    if boundpool::gpu::gpu_unavailable_reason().is_none() {
+        return; // a GPU is here: `soak --gpu` would run
+    }
+    let o = run(&["soak", "--gpu", "--seconds", "1"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("no nodes"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no GPU"), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "");
+    let o = run(&["soak", "--seconds", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = run(&["soak", "--seconds", "1", "--submitters", "0"]);
+    assert_eq!(o.status.code(), Some(2));
 }

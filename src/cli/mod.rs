@@ -4,5 +4,6 @@ pub(crate) mod bench;
 pub(crate) mod graph_file;
 pub(crate) mod progress;
 pub(crate) mod run;
+pub(crate) mod soak;
 pub(crate) mod trace;
 pub(crate) mod verify;

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use boundpool::bounded;
 use boundpool::observe::{self, PrometheusHandle};
 use boundpool::workloads::{median, Dag, Shape};
 use boundpool::{default_workers, PoolBuilder};
@@ -68,14 +69,8 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
         }
         None => {
             let shape = shape_of(a.shape.unwrap_or(ShapeArg::Wavefront));
+            // A size that rounds to no nodes gives an empty graph, which runs (and completes at once).
             let mut dag = Dag::shape(shape, a.size);
-            if dag.is_empty() {
-                return Err(Fail::Input(format!(
-                    "--size {} gives a {} with no nodes",
-                    a.size,
-                    shape.name()
-                )));
-            }
             dag.work_ns.iter_mut().for_each(|w| *w = a.work_ns);
             (shape.name().to_string(), Some(shape), dag)
         }
@@ -83,11 +78,18 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
     let n = dag.len();
     let check = Arc::new(Check::new(n));
     let t_build = Instant::now();
+    // The scheduler's message names nodes of a cycle; clipped here too, so that no graph makes
+    // this line long.
     let graph = build_graph(&dag, &name, &check).map_err(|e| match &a.graph {
-        Some(path) => Fail::Input(format!("bad graph file {}: {e}", path.display())),
-        None => Fail::Input(e.to_string()),
+        Some(path) => Fail::Input(format!(
+            "bad graph file {}: {}",
+            path.display(),
+            bounded::clip_message(e.to_string())
+        )),
+        None => Fail::Input(bounded::clip_message(e.to_string())),
     })?;
-    let build_ns_per_node = t_build.elapsed().as_nanos() as f64 / n as f64;
+    let per = |d: Duration| (n > 0).then(|| d.as_nanos() as f64 / n as f64);
+    let build_ns_per_node = per(t_build.elapsed());
     if let Some(path) = &a.dot {
         write(path, "the DOT graph", &graph.to_dot_with(|_| "host".into()))?;
         note(format!("wrote the graph in DOT to {}", path.display()));
@@ -118,7 +120,7 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
 
     let mut progress = Progress::new(
         (n * a.repeat) as u64,
-        &format!("{name}: {n} nodes x {}", a.repeat),
+        &format!("{}: {n} nodes x {}", bounded::name(&name), a.repeat),
         a.quiet,
     );
     let mut per_node = Vec::with_capacity(a.repeat);
@@ -139,8 +141,10 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
         };
         let dt = t0.elapsed();
         windows.push((t0, t0 + dt));
-        res.map_err(|e| Fail::Run(format!("run {} failed: {e}", r + 1)))?;
-        per_node.push(dt.as_nanos() as f64 / n as f64);
+        res.map_err(|e| Fail::Run(bounded::clip_message(format!("run {} failed: {e}", r + 1))))?;
+        if let Some(x) = per(dt) {
+            per_node.push(x);
+        }
         if failure.is_none() {
             if let Err(e) = check.verify(&dag) {
                 failure = Some(format!("run {}: {e}", r + 1));
@@ -191,7 +195,8 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
         ));
     }
 
-    let ns_per_node = median(&mut per_node.clone());
+    // No per-node figure for a graph of no nodes (null in JSON, "-" in the table).
+    let ns_per_node = (!per_node.is_empty()).then(|| median(&mut per_node.clone()));
     let verified = failure.is_none();
     if a.json {
         let v = json!({
@@ -217,26 +222,34 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
         let what = match (shape, &a.graph) {
             (Some(Shape::Wavefront), _) => format!("wavefront {0}x{0}", (n as f64).sqrt() as usize),
             (Some(s), _) => s.name().to_string(),
-            (None, Some(p)) => format!("{name} (from {})", p.display()),
-            (None, None) => name.clone(),
+            (None, Some(p)) => format!("{} (from {})", bounded::name(&name), p.display()),
+            (None, None) => bounded::name(&name),
         };
-        let cores: Vec<String> = cores
-            .iter()
-            .map(|c| c.map_or("-".into(), |c| c.to_string()))
-            .collect();
-        let runs: Vec<String> = per_node.iter().map(|x| format!("{x:.1}")).collect();
+        // Lists are bounded (the first ten, then how many more): 1,000 workers or runs make
+        // one short line each.
+        let cores = bounded::list(
+            cores
+                .iter()
+                .map(|c| c.map_or("-".into(), |c| c.to_string())),
+            ", ",
+        );
+        let runs = bounded::list(per_node.iter().map(|x| format!("{x:.1}")), " ");
         println!("graph            {what}");
         println!("nodes            {n} ({} edges)", dag.edges.len());
-        println!(
-            "threads          {threads} workers (cores {})",
-            cores.join(", ")
-        );
-        println!(
-            "ns per node      {ns_per_node:.1} (median of {} run(s): {})",
-            a.repeat,
-            runs.join(" ")
-        );
-        println!("build            {build_ns_per_node:.1} ns per node");
+        println!("threads          {threads} workers (cores {cores})");
+        match (ns_per_node, build_ns_per_node) {
+            (Some(ns), Some(build)) => {
+                println!(
+                    "ns per node      {ns:.1} (median of {} run(s): {runs})",
+                    a.repeat
+                );
+                println!("build            {build:.1} ns per node");
+            }
+            _ => {
+                println!("ns per node      - (no nodes; {} run(s))", a.repeat);
+                println!("build            - (no nodes)");
+            }
+        }
         match peak {
             Some(p) => println!("peak OS threads  {p}"),
             None => println!("peak OS threads  unknown (no /proc/self/task)"),

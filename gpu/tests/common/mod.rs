@@ -3,8 +3,16 @@
 
 use std::time::Duration;
 
-/// Whether a GPU is usable. Without one: prints why and returns false, or panics when
-/// `BOUNDPOOL_REQUIRE_GPU=1`.
+/// Writes `line` to the process's real stderr. The test harness captures what `print!` and
+/// `eprint!` write (and shows it only for a failed test), not writes to the stderr handle, so a
+/// skip written here shows in a plain `cargo test` run.
+pub fn uncaptured_notice(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// Whether a GPU is usable. Without one: says so on the real stderr (seen in a plain
+/// `cargo test` run) and returns false, or panics when `BOUNDPOOL_REQUIRE_GPU=1`.
 pub fn gpu_or_skip(test: &str) -> bool {
     match boundpool_gpu::gpu_unavailable_reason() {
         None => {
@@ -15,7 +23,7 @@ pub fn gpu_or_skip(test: &str) -> bool {
             if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
                 panic!("{test}: BOUNDPOOL_REQUIRE_GPU=1 but no GPU: {why}");
             }
-            eprintln!("SKIPPED {test}: no GPU: {why}");
+            uncaptured_notice(&format!("SKIPPED {test}: no GPU: {why}"));
             false
         }
     }
@@ -28,7 +36,8 @@ pub fn watchdog(test: &'static str, secs: u64) -> Watchdog {
         if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
             rx.recv_timeout(Duration::from_secs(secs))
         {
-            eprintln!("{test}: HUNG for {secs} s, aborting");
+            // The harness's capture is lost when the process aborts.
+            uncaptured_notice(&format!("{test}: HUNG for {secs} s, aborting"));
             std::process::abort();
         }
     });
