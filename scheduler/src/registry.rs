@@ -59,7 +59,7 @@ impl<S: Send + 'static> Registry<S> {
         group_names: Vec<String>,
         hooks: Hooks<S>,
         cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
-        trace: bool,
+        trace: Option<usize>,
         export_metrics: bool,
     ) -> (Arc<Self>, Vec<Deque<Task<S>>>) {
         let deques: Vec<Deque<Task<S>>> = infos.iter().map(|_| Deque::new_lifo()).collect();
@@ -77,7 +77,7 @@ impl<S: Send + 'static> Registry<S> {
                     .collect(),
             })
             .collect();
-        let trace = trace.then(|| crate::trace::TraceSink::new(infos.len()));
+        let trace = trace.map(|window| crate::trace::TraceSink::new(&infos, window));
         let reg = Registry {
             trace,
             export_metrics,

@@ -2,7 +2,6 @@
 //! helping while a node waits for a nested graph.
 
 use std::any::Any;
-use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
@@ -535,7 +534,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         *idle_rounds = idle_rounds.saturating_add(1);
         self.counters().parks.add(1);
         let reg = &*self.registry;
-        let start = reg.trace.as_ref().map(|_| Instant::now());
+        let start = reg.trace.as_ref().map(|t| t.now());
         reg.sleep.sleep(
             self.index,
             self.group,
@@ -544,7 +543,7 @@ impl<S: Send + 'static> WorkerThread<S> {
             || condition() || reg.is_terminated(),
         );
         if let (Some(sink), Some(start)) = (&reg.trace, start) {
-            sink.park(self.index, start, Instant::now());
+            sink.park(self.index, start, sink.now());
         }
     }
 
@@ -611,13 +610,15 @@ impl<S: Send + 'static> WorkerThread<S> {
             inputs: Inputs::of(run, i),
             worker: self,
         };
-        let start = (sample || tracing).then(Instant::now);
+        let start = sample.then(Instant::now);
+        let tick = match &self.registry.trace {
+            Some(sink) if tracing => Some(sink.now()),
+            _ => None,
+        };
         *running = i;
         let res = run.plan.nodes[i as usize].body.run(&ctx);
         *running = NO_NODE;
-        if let Some(start) = start {
-            self.record_slice(run, i, start, sample);
-        }
+        self.record_slice(run, i, start, tick);
         self.counters().nodes_run.add(1);
         match (res, self.defer_slot.take()) {
             (Ok(()), None) => self.complete(run, i, true),
@@ -625,24 +626,18 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// Records a node's trace slice (when the pool traces) and run-time sample.
-    fn record_slice(&self, run: &Run<S>, i: u32, start: Instant, sample: bool) {
-        let end = Instant::now();
-        if let Some(sink) = &self.registry.trace {
-            let name = Cow::Owned(run.plan.names[i as usize].to_owned());
-            sink.node(
-                self.index,
-                name,
-                &run.plan.name,
-                i,
-                (start, end),
-                self.stolen.replace(false),
-            );
+    /// Records a node's trace slice (from trace tick `tick`, when the pool traces) and run-time
+    /// sample (from `start`).
+    #[inline]
+    fn record_slice(&self, run: &Run<S>, i: u32, start: Option<Instant>, tick: Option<u64>) {
+        if let (Some(sink), Some(tick)) = (&self.registry.trace, tick) {
+            let span = (tick, sink.now());
+            sink.node(self.index, &run.plan, i, span, self.stolen.replace(false));
         }
-        if sample {
+        if let Some(start) = start {
             self.flusher
                 .borrow_mut()
-                .sample(end.saturating_duration_since(start).as_secs_f64());
+                .sample(start.elapsed().as_secs_f64());
         }
     }
 
