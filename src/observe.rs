@@ -820,6 +820,7 @@ mod tests {
                 slice(1, "k", "g", Some(4), SliceKind::Span),
                 slice(1, "marker", "", None, SliceKind::Span),
             ],
+            dropped: 0,
         };
         let v = chrome_trace(&t, |_, _| {});
         let xs: Vec<&Value> = v["traceEvents"]

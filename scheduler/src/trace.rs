@@ -109,8 +109,9 @@ const KIND_NODE: u64 = 0;
 const KIND_STOLEN: u64 = 1;
 const KIND_PARK: u64 = 2;
 
-/// One slice as a worker writes it. Atomics so that a reader may copy a record while its
+/// One slice as a worker writes it (`repr(C)`: all-zero bits are a valid slot). Atomics so that a reader may copy a record while its
 /// worker overwrites it (the copy is then dropped); the worker's stores are plain stores.
+#[repr(C)]
 struct Slot {
     start: AtomicU64,
     end: AtomicU64,
@@ -118,6 +119,36 @@ struct Slot {
     plan: AtomicU64,
     /// `node | kind << 32`.
     word: AtomicU64,
+}
+
+/// `n` slots at zero. Outside loom they come from zeroed memory: the allocator hands out
+/// untouched pages, so the slots of a large window cost nothing until the worker reaches them.
+#[cfg(not(loom))]
+fn zeroed_slots(n: usize) -> Box<[Slot]> {
+    assert!(n > 0);
+    let layout = std::alloc::Layout::array::<Slot>(n).expect("trace window size");
+    // SAFETY: `layout` has a non-zero size (n > 0 and a `Slot` is 32 bytes).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
+    if ptr.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: a `Slot` is four `AtomicU64`s, which have the layout of `u64`s, for which all-zero
+    // bits are 0; the memory holds `n` of them and was allocated with the layout that
+    // `Box<[Slot]>` frees with.
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) }
+}
+
+/// `n` slots at zero (loom's atomics must be constructed).
+#[cfg(loom)]
+fn zeroed_slots(n: usize) -> Box<[Slot]> {
+    (0..n)
+        .map(|_| Slot {
+            start: AtomicU64::new(0),
+            end: AtomicU64::new(0),
+            plan: AtomicU64::new(0),
+            word: AtomicU64::new(0),
+        })
+        .collect()
 }
 
 /// A record copied out of a ring.
@@ -141,11 +172,16 @@ struct PlanTable {
     taken: u64,
 }
 
-/// One worker's slices: a ring of `window + 1` slots (the slot after the newest record is the
-/// one being written, so `window` records are always whole), written by that worker only.
+/// One worker's slices: a ring of more than `window` slots (a power of two, so a slot is found
+/// with a mask; the slot after the newest record is the one being written, so `window` records
+/// are always whole), written by that worker only.
 pub(crate) struct WorkerRing {
     slots: Box<[Slot]>,
-    /// Records published (the next one goes to `slots[head % len]`). Written by the worker only.
+    /// `slots.len() - 1`.
+    mask: u64,
+    /// Records a read returns at most.
+    window: u64,
+    /// Records published (the next one goes to `slots[head & mask]`). Written by the worker only.
     head: AtomicU64,
     /// The plan address the worker records now. Read and written by the worker only.
     current: AtomicU64,
@@ -154,16 +190,12 @@ pub(crate) struct WorkerRing {
 
 impl WorkerRing {
     pub(crate) fn new(window: usize) -> Self {
-        let slots = (0..window.max(1) + 1)
-            .map(|_| Slot {
-                start: AtomicU64::new(0),
-                end: AtomicU64::new(0),
-                plan: AtomicU64::new(0),
-                word: AtomicU64::new(0),
-            })
-            .collect();
+        let window = window.max(1);
+        let len = (window + 1).next_power_of_two();
         WorkerRing {
-            slots,
+            slots: zeroed_slots(len),
+            mask: len as u64 - 1,
+            window: window as u64,
             head: AtomicU64::new(0),
             current: AtomicU64::new(0),
             table: Mutex::new(PlanTable::default()),
@@ -174,7 +206,7 @@ impl WorkerRing {
     #[inline]
     pub(crate) fn push(&self, r: Record) {
         let head = self.head.load(Ordering::Relaxed);
-        let slot = &self.slots[(head % self.slots.len() as u64) as usize];
+        let slot = &self.slots[(head & self.mask) as usize];
         // Orders the previous record's head store before this record's stores: a reader that
         // sees any of them then sees a head past the previous record, so it drops the record
         // this slot held before (the seqlock's "write begins").
@@ -201,9 +233,7 @@ impl WorkerRing {
         self.current.store(key, Ordering::Relaxed);
         if t.plans.len() >= (2 * t.pruned_len).max(16) {
             // Plans none of whose records the ring still holds (or that were taken) go.
-            let oldest = (head + 1)
-                .saturating_sub(self.slots.len() as u64)
-                .max(t.taken);
+            let oldest = head.saturating_sub(self.window).max(t.taken);
             t.plans.retain(|_, e| e.1 > oldest);
             t.pruned_len = t.plans.len();
         }
@@ -236,11 +266,12 @@ impl WorkerRing {
     pub(crate) fn read_records(&self, taken: u64) -> (Vec<Record>, u64) {
         let len = self.slots.len() as u64;
         let head = self.head.load(Ordering::Acquire);
-        // The slot after the newest record may be being written: `len - 1` records are whole.
-        let from = taken.max((head + 1).saturating_sub(len));
+        // At most the window; the slot after the newest record may be being written, so
+        // `len - 1 >= window` records are whole.
+        let from = taken.max(head.saturating_sub(self.window));
         let mut out: Vec<Record> = (from..head)
             .map(|i| {
-                let s = &self.slots[(i % len) as usize];
+                let s = &self.slots[(i & self.mask) as usize];
                 Record {
                     start: s.start.load(Ordering::Relaxed),
                     end: s.end.load(Ordering::Relaxed),
