@@ -439,14 +439,20 @@ fn trace_ring_reader_keeps_only_whole_records() {
                 }
             })
         };
-        let (kept, head) = ring.read_records(0);
-        assert!(kept.len() <= 1);
-        for (k, r) in kept.iter().enumerate() {
-            // Record index `head - kept.len() + k` was written with value index + 1.
-            let index = head - kept.len() as u64 + k as u64;
-            assert_eq!(*r, record(index + 1), "a torn or overwritten record");
-        }
+        let reader = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                let (kept, head) = ring.read_records(0);
+                assert!(kept.len() <= 1);
+                for (k, r) in kept.iter().enumerate() {
+                    // Record index `head - kept.len() + k` was written with value index + 1.
+                    let index = head - kept.len() as u64 + k as u64;
+                    assert_eq!(*r, record(index + 1), "a torn or overwritten record");
+                }
+            })
+        };
         writer.join().unwrap();
+        reader.join().unwrap();
         assert_eq!(ring.read_records(0), (vec![record(3)], 3));
     });
 }
