@@ -104,6 +104,9 @@ impl<S: Send + 'static> PlanNames for Plan<S> {
     }
 }
 
+/// Plan address -> the plan, for the records of one read.
+type Plans = HashMap<u64, Arc<dyn PlanNames>>;
+
 /// The low word of a record's `word` field: the node's index; the high word: the kind.
 const KIND_NODE: u64 = 0;
 const KIND_STOLEN: u64 = 1;
@@ -242,7 +245,7 @@ impl WorkerRing {
     /// Copies the records not taken yet (and marks them taken if `drain`), with the plans
     /// they point to; the second value counts the records the ring overwrote before they
     /// could be taken.
-    pub(crate) fn read(&self, drain: bool) -> (Vec<Record>, u64, HashMap<u64, Arc<dyn PlanNames>>) {
+    pub(crate) fn read(&self, drain: bool) -> (Vec<Record>, u64, Plans) {
         // Holding the table keeps the worker from pruning (or adding) plans meanwhile: every
         // record read points to a plan in it.
         let mut t = sync::lock(&self.table);

@@ -46,8 +46,11 @@ fn grid(name: &str, side: usize) -> Graph {
     g.build().unwrap()
 }
 
-/// Node slices of `graph`: node index -> (name, start, end, stolen, track).
-fn nodes_of(t: &Trace, graph: &str) -> HashMap<u32, Vec<(String, u64, u64, bool, usize)>> {
+/// Node index -> its slices' (name, start, end, stolen, track).
+type NodeSlices = HashMap<u32, Vec<(String, u64, u64, bool, usize)>>;
+
+/// The node slices of `graph`.
+fn nodes_of(t: &Trace, graph: &str) -> NodeSlices {
     let mut m: HashMap<u32, Vec<_>> = HashMap::new();
     for s in &t.slices {
         if let SliceKind::Node { stolen } = s.kind {
