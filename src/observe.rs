@@ -117,9 +117,10 @@ static PUBLISHED_TRACES: std::sync::Mutex<Vec<(String, crate::SpanRecorder)>> =
 
 /// Makes `pool`'s timeline (its rolling window, see
 /// [`PoolBuilder::trace_window`](crate::PoolBuilder::trace_window)) what the `/trace` path of
-/// [`serve_metrics_and_trace`] serves, under the pool's name. Holds the trace, not the pool.
+/// [`serve_metrics_and_trace`] serves, under the pool's name (a later pool of the same name
+/// replaces it). Holds the trace, not the pool.
 /// Returns whether the pool records a trace (nothing is published otherwise).
-pub fn publish_trace(pool: &crate::Pool) -> bool {
+pub fn publish_trace<S: Send + 'static>(pool: &crate::Pool<S>) -> bool {
     match pool.span_recorder() {
         Some(r) => {
             publish_trace_of(pool.name(), r);
@@ -129,8 +130,8 @@ pub fn publish_trace(pool: &crate::Pool) -> bool {
     }
 }
 
-/// [`publish_trace`] for a trace's reader without its pool, e.g. a GPU pool's
-/// (`GpuPool::pool().span_recorder()`), under `name`; a later one of the same name replaces it.
+/// [`publish_trace`] for a trace's reader without its pool ([`Pool::span_recorder`](crate::Pool::span_recorder)),
+/// under `name`; a later one of the same name replaces it. (A GPU pool: `publish_trace(gpu_pool.pool())`.)
 pub fn publish_trace_of(name: &str, recorder: crate::SpanRecorder) {
     let mut list = PUBLISHED_TRACES.lock().unwrap_or_else(|e| e.into_inner());
     list.retain(|(n, _)| n != name);
