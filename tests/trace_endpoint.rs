@@ -29,6 +29,7 @@ fn trace_and_metrics_on_one_port() {
     let pool = PoolBuilder::new()
         .name("served")
         .workers(2)
+        .trace(true)
         .trace_window(10_000)
         .build()
         .unwrap();

@@ -128,8 +128,8 @@ pub struct PoolBuilder<S = ()> {
     rayon: Option<Arc<rayon_core::ThreadPool>>,
     cpu_lane_threads: Option<usize>,
     stack_size: Option<usize>,
-    /// The trace window (slices per worker), when tracing.
-    trace: Option<usize>,
+    /// Whether to record a trace, and its window (slices per worker).
+    trace: (bool, usize),
     metrics: bool,
 }
 
@@ -166,7 +166,7 @@ impl PoolBuilder<()> {
             rayon: None,
             cpu_lane_threads: None,
             stack_size: None,
-            trace: None,
+            trace: (false, crate::trace::DEFAULT_WINDOW),
             metrics: true,
         }
     }
@@ -225,17 +225,16 @@ impl<S: Send + 'static> PoolBuilder<S> {
     /// branch per node, when on a few ns per node (each worker writes its own ring, no lock).
     /// Each worker keeps its last [`trace_window`](Self::trace_window) slices.
     pub fn trace(mut self, on: bool) -> Self {
-        self.trace = on.then(|| self.trace.unwrap_or(crate::trace::DEFAULT_WINDOW));
+        self.trace.0 = on;
         self
     }
 
-    /// Records a timeline (as [`trace`](Self::trace)`(true)`) keeping the last `slices` slices
-    /// of each worker and of each extra track: a rolling window that a service can leave on
-    /// and take on demand; older slices are overwritten ([`Trace::dropped`](crate::Trace::dropped)
-    /// counts them). Default 1,048,576 (a worker's ring costs 32 bytes a slice, touched as it
-    /// fills).
+    /// When tracing ([`trace`](Self::trace)), keep the last `slices` slices of each worker and
+    /// of each extra track: a rolling window that a service can leave on and take on demand;
+    /// older slices are overwritten ([`Trace::dropped`](crate::Trace::dropped) counts them).
+    /// Default 1,048,576 (a worker's ring costs 32 bytes a slice, touched as it fills).
     pub fn trace_window(mut self, slices: usize) -> Self {
-        self.trace = Some(slices.max(1));
+        self.trace.1 = slices.max(1);
         self
     }
 
@@ -353,7 +352,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             group_names,
             hooks,
             cpu_lane,
-            self.trace,
+            self.trace.0.then_some(self.trace.1),
             self.metrics,
         );
         let gate = Arc::new(worker::StartGate::new(registry.infos.len()));

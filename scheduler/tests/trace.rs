@@ -259,7 +259,12 @@ fn extra_tracks_keep_a_window_too() {
 
 #[test]
 fn untraced_pool_gives_an_empty_trace() {
-    let p = PoolBuilder::new().workers(1).build().unwrap();
+    // A window alone does not turn tracing on.
+    let p = PoolBuilder::new()
+        .workers(1)
+        .trace_window(10)
+        .build()
+        .unwrap();
     p.run(&chain("c", 5)).unwrap();
     assert!(!p.is_tracing());
     assert!(p.take_trace().slices.is_empty());
