@@ -353,7 +353,8 @@ impl<S: Send + 'static> WorkerThread<S> {
     fn execute_chain(&self, run: &Run<S>, running: &mut u32) {
         let nodes: &[NodeSpec<S>] = &run.plan.nodes;
         let counters = self.counters();
-        let tracing = self.registry.trace.is_some();
+        let sink = self.registry.trace.as_ref();
+        let tracing = sink.is_some();
         let mut node = *running;
         *running = NO_NODE;
         let mut ctx = NodeCtx {
@@ -361,23 +362,41 @@ impl<S: Send + 'static> WorkerThread<S> {
             worker: self,
         };
         let mut n = counters.nodes_run.get();
+        // The trace tick at which the previous body of this chain ended, when this node is its
+        // continuation: that body's end is this one's start (one clock read a node).
+        let mut chained: Option<u64> = None;
         loop {
             let spec = &nodes[node as usize];
-            let next = if !spec.is_cpu() && !run.is_failed() && !tracing && n % SERVICE_EVERY != 0 {
+            let next = if !spec.is_cpu() && !run.is_failed() && n % SERVICE_EVERY != 0 {
                 // The fast path: a body on this worker, then its continuation if any.
                 ctx.inputs.node = node;
                 *running = node;
                 // The count before this body (the landing pad counts a panicking one).
                 counters.nodes_run.set(n);
+                let tick = sink.map(|t| chained.take().unwrap_or_else(|| t.now()));
                 let res = spec.body.run(&ctx);
                 *running = NO_NODE;
                 n += 1;
+                let mut end = None;
+                if let (Some(t), Some(tick)) = (sink, tick) {
+                    // Before the node completes, so a trace taken once its graph is done has it.
+                    let e = t.now();
+                    t.node(
+                        self.index,
+                        &run.plan,
+                        node,
+                        (tick, e),
+                        self.stolen.replace(false),
+                    );
+                    end = Some(e);
+                }
                 match (res, self.defer_slot.take()) {
                     // A failed run is caught when the continuation starts: it is skipped and
                     // counted there.
                     (Ok(()), None) => {
                         if let Some(s) = spec.chain_successor() {
                             node = s;
+                            chained = end;
                             continue;
                         }
                         counters.nodes_run.set(n);
@@ -389,11 +408,12 @@ impl<S: Send + 'static> WorkerThread<S> {
                     }
                 }
             } else {
+                chained = None;
                 counters.nodes_run.set(n);
                 if spec.is_cpu() || run.is_failed() {
                     self.run_task_slow(run, node)
                 } else {
-                    // A service point, or every node when tracing.
+                    // A service point.
                     if n % SERVICE_EVERY == 0 {
                         self.service(n);
                     }
