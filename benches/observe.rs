@@ -7,6 +7,9 @@
 //! Every configuration is a pool of 2 workers running the same graphs of empty nodes (the
 //! worst case: nothing to hide the bookkeeping behind); runs are interleaved configuration by
 //! configuration so machine noise hits them alike, and each figure is the median ns per node.
+//! Each configuration is also given in CPU ns per node (all threads of the process, from
+//! `/proc/self/task/*/schedstat`), which other programs on a shared machine disturb far less
+//! than wall time.
 //! The baseline is `metrics(false)` + `trace(false)`: no export and no recording, the closest a
 //! build gets to having both compiled out. A global recorder cannot be uninstalled, so the
 //! configurations without a recorder run first, then a Prometheus recorder (no listener) is
@@ -39,10 +42,24 @@ fn pool(label: &'static str, metrics: bool, trace: bool) -> Config {
     Config { label, pool }
 }
 
-/// Runs every configuration `runs` times on `graph`, interleaved; returns median ns per node.
-fn measure(configs: &[Config], graph: &Graph, runs: usize) -> Vec<f64> {
+/// CPU time of every thread of this process so far, in ns (`/proc/self/task/*/schedstat`; `None`
+/// off Linux). Unlike wall time it does not count the time other programs had the cores, so on
+/// a shared machine it shows what the configuration itself costs.
+fn process_cpu_ns() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// Runs every configuration `runs` times on `graph`, interleaved; returns, per configuration,
+/// the median wall ns per node and the median CPU ns per node (all threads of the process).
+fn measure(configs: &[Config], graph: &Graph, runs: usize) -> Vec<(f64, f64)> {
     let n = graph.len() as f64;
     let mut samples = vec![Vec::new(); configs.len()];
+    let mut cpu = vec![Vec::new(); configs.len()];
     for r in 0..runs {
         // Rotate the order each round, and let the previous pool's workers park first, so no
         // configuration always runs beside another's winding-down workers.
@@ -54,23 +71,34 @@ fn measure(configs: &[Config], graph: &Graph, runs: usize) -> Vec<f64> {
             run_boundpool(&c.pool, graph);
             let warm = c.pool.take_trace(); // dropped after the timed run
             std::thread::sleep(std::time::Duration::from_millis(5));
+            let cpu0 = process_cpu_ns();
             samples[i].push(run_boundpool(&c.pool, graph).as_nanos() as f64 / n);
+            if let (Some(a), Some(b)) = (cpu0, process_cpu_ns()) {
+                cpu[i].push(b.saturating_sub(a) as f64 / n);
+            }
             // Drain what tracing recorded, outside the timed region.
             let _ = c.pool.take_trace();
             drop(warm);
         }
     }
-    samples.iter_mut().map(|s| median(s)).collect()
+    samples
+        .iter_mut()
+        .zip(&mut cpu)
+        .map(|(s, c)| (median(s), median(c)))
+        .collect()
 }
 
-fn report(title: &str, shape: Shape, nodes: usize, configs: &[Config], medians: &[f64]) {
+fn report(title: &str, shape: Shape, nodes: usize, configs: &[Config], medians: &[(f64, f64)]) {
     println!("{title}: {} of {nodes} nodes", shape.name());
-    for (c, m) in configs.iter().zip(medians) {
+    let (wall0, cpu0) = medians[0];
+    for (c, &(wall, cpu)) in configs.iter().zip(medians) {
         println!(
-            "  {:<34} {:>8.1} ns/node  {:>5.2}x",
+            "  {:<38} {:>7.1} ns/node {:>6.2}x   cpu {:>7.1} ns/node {:>+7.1}",
             c.label,
-            m,
-            m / medians[0]
+            wall,
+            wall / wall0,
+            cpu,
+            cpu - cpu0
         );
     }
 }
@@ -82,7 +110,10 @@ fn main() {
         (Shape::Chain, ((500_000.0 * scale) as usize).max(100)),
         (Shape::Wavefront, ((500_000.0 * scale) as usize).max(100)),
     ];
-    println!("median ns per node over {runs} runs, 2 workers, empty nodes; ratio against the first line\n");
+    println!(
+        "median ns per node over {runs} runs, 2 workers, empty nodes: wall time and its ratio to \
+         the first line; CPU time of the process and its difference from the first line\n"
+    );
 
     let configs = [
         pool("metrics off, tracing off (baseline)", false, false),

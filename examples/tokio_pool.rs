@@ -128,10 +128,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let completed: f64 = metrics
         .render()
         .lines()
-        .filter(|l| l.starts_with("boundpool_graphs_completed{"))
+        .filter(|l| l.starts_with("boundpool_graphs_completed_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    println!("boundpool_graphs_completed on the endpoint: {completed}");
+    println!("boundpool_graphs_completed_total on the endpoint: {completed}");
     if cfg!(target_os = "linux") && (lo != hi || hi != Some(expected)) {
         return Err(format!(
             "the OS thread count moved or is not {expected}: min {lo:?} max {hi:?}"

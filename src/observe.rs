@@ -15,6 +15,8 @@
 //!   ```
 //! * [`chrome_trace`] — a [`Trace`] in the Chrome trace format that Perfetto's UI and
 //!   `chrome://tracing` open.
+//! * [`serve_metrics_and_trace`] — `/metrics` and, for the pools given to [`publish_trace`],
+//!   `/trace` (the rolling window as Chrome trace JSON) on one port.
 //! * [`Timeline`] — reads such a file back and draws it as an SVG picture ([`Timeline::to_svg`]).
 //! * [`metrics_table`] — the markdown table of every metric, generated from [`METRICS`].
 //! * [`os_threads`] — the number of OS threads of this process (Linux: `/proc/self/task`).
@@ -115,6 +117,124 @@ pub fn install_prometheus_recorder() -> Result<PrometheusHandle, ObserveError> {
     prometheus_builder()
         .install_recorder()
         .map_err(|e| ObserveError(format!("cannot install the Prometheus recorder: {e}")))
+}
+
+/// The traces `/trace` serves: (pool name, its trace's reader), in publication order.
+static PUBLISHED_TRACES: std::sync::Mutex<Vec<(String, crate::SpanRecorder)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Makes `pool`'s timeline (its rolling window, see
+/// [`PoolBuilder::trace_window`](crate::PoolBuilder::trace_window)) what the `/trace` path of
+/// [`serve_metrics_and_trace`] serves, under the pool's name (a later pool of the same name
+/// replaces it). Holds the trace, not the pool.
+/// Returns whether the pool records a trace (nothing is published otherwise).
+pub fn publish_trace<S: Send + 'static>(pool: &crate::Pool<S>) -> bool {
+    match pool.span_recorder() {
+        Some(r) => {
+            publish_trace_of(pool.name(), r);
+            true
+        }
+        None => false,
+    }
+}
+
+/// [`publish_trace`] for a trace's reader without its pool ([`Pool::span_recorder`](crate::Pool::span_recorder)),
+/// under `name`; a later one of the same name replaces it. (A GPU pool: `publish_trace(gpu_pool.pool())`.)
+pub fn publish_trace_of(name: &str, recorder: crate::SpanRecorder) {
+    let mut list = PUBLISHED_TRACES.lock().unwrap_or_else(|e| e.into_inner());
+    list.retain(|(n, _)| n != name);
+    list.push((name.to_string(), recorder));
+}
+
+/// Installs a Prometheus recorder as the global `metrics` recorder and serves, on one thread of
+/// its own (`boundpool-observe`), `GET /metrics` (the exposition text) and `GET /trace` (the
+/// published pool's current window as Chrome trace JSON, see [`publish_trace`]; with several
+/// published pools, `/trace?pool=NAME` picks one, and `/trace` serves the first). The window is
+/// read, not drained: [`Pool::take_trace`](crate::Pool::take_trace) still returns it. Any other
+/// path answers 404.
+///
+/// Errors: the address cannot be bound, or a global recorder is already installed; the recorder
+/// is installed before the socket is bound and the thread starts last, so an error leaves no
+/// thread and no bound port (but, for a bind error, the recorder installed).
+pub fn serve_metrics_and_trace(
+    addr: impl Into<SocketAddr>,
+) -> Result<PrometheusHandle, ObserveError> {
+    let addr = addr.into();
+    let err = |e: &dyn fmt::Display| {
+        ObserveError(format!("cannot serve metrics and trace on {addr}: {e}"))
+    };
+    let recorder = prometheus_builder().build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|e| err(&e))?;
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| err(&e))?;
+    let served = handle.clone();
+    std::thread::Builder::new()
+        .name("boundpool-observe".into())
+        .spawn(move || {
+            for stream in listener.incoming().flatten() {
+                // One connection at a time: a slow client cannot hold it for long.
+                let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+                let _ = answer(stream, &served);
+            }
+        })
+        .map_err(|e| err(&e))?;
+    Ok(handle)
+}
+
+/// Reads one HTTP request from `stream` and answers it (`Connection: close`).
+fn answer(mut stream: std::net::TcpStream, metrics: &PrometheusHandle) -> std::io::Result<()> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    // The rest of the head, up to the empty line.
+    let mut header = String::new();
+    while reader.read_line(&mut header)? > 2 {
+        header.clear();
+    }
+    let mut words = line.split_whitespace();
+    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let (status, kind, body) = match (method, path) {
+        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
+        ("GET", "/trace") => {
+            let want = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("pool="))
+                .map(str::to_string);
+            let list = PUBLISHED_TRACES.lock().unwrap_or_else(|e| e.into_inner());
+            let found = match &want {
+                Some(name) => list.iter().find(|(n, _)| n == name),
+                None => list.first(),
+            }
+            .map(|(_, r)| r.clone());
+            drop(list);
+            match found {
+                Some(r) => (
+                    "200 OK",
+                    "application/json",
+                    chrome_trace(&r.snapshot(), |_, _| {}).to_string(),
+                ),
+                None => (
+                    "404 Not Found",
+                    "text/plain",
+                    "no published trace (observe::publish_trace)\n".to_string(),
+                ),
+            }
+        }
+        _ => (
+            "404 Not Found",
+            "text/plain",
+            "/metrics or /trace\n".to_string(),
+        ),
+    };
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    stream.write_all(body.as_bytes())?;
+    stream.flush()
 }
 
 /// The number of OS threads of this process, counted from `/proc/self/task` (`None` where that
@@ -828,6 +948,7 @@ mod tests {
                 slice(1, "k", "g", Some(4), SliceKind::Span),
                 slice(1, "marker", "", None, SliceKind::Span),
             ],
+            dropped: 0,
         };
         let v = chrome_trace(&t, |_, _| {});
         let xs: Vec<&Value> = v["traceEvents"]

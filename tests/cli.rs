@@ -533,7 +533,7 @@ fn metrics_out_writes_the_exposition_text() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&f).unwrap();
     for t in [
-        "# TYPE boundpool_nodes_run counter",
+        "# TYPE boundpool_nodes_run_total counter",
         "# TYPE boundpool_workers gauge",
         "# TYPE boundpool_graph_latency_seconds histogram",
     ] {
@@ -541,12 +541,12 @@ fn metrics_out_writes_the_exposition_text() {
     }
     let nodes_run: f64 = text
         .lines()
-        .filter(|l| l.starts_with("boundpool_nodes_run{"))
+        .filter(|l| l.starts_with("boundpool_nodes_run_total{"))
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
         .sum();
     assert_eq!(nodes_run, 1000.0, "2 runs of 500 nodes:\n{text}");
     assert!(
-        text.contains("boundpool_graphs_submitted{pool=\"boundpool\"} 2"),
+        text.contains("boundpool_graphs_submitted_total{pool=\"boundpool\"} 2"),
         "{text}"
     );
 }

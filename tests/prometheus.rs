@@ -67,7 +67,7 @@ fn library_endpoint_serves_every_kind_and_counters_grow() {
     for _ in 0..3 {
         pool.run(&graph).unwrap();
     }
-    let first = scrape_until(addr, "boundpool_nodes_run", 1200.0);
+    let first = scrape_until(addr, "boundpool_nodes_run_total", 1200.0);
     // Every metric of the table is served with its type, including counters that have not
     // moved yet (a pool registers its series at zero) and the cpu lane's.
     for &(name, kind, ..) in boundpool::METRICS {
@@ -75,9 +75,22 @@ fn library_endpoint_serves_every_kind_and_counters_grow() {
             first.contains(&format!("# TYPE {name} {kind}\n")),
             "no `# TYPE {name} {kind}` in:\n{first}"
         );
+        // Counters are named as Prometheus names accumulating counts, and the exporter (its
+        // recommended naming is off) serves the name as it is: no `_total_total`.
+        if kind == "counter" {
+            assert!(
+                name.ends_with("_total"),
+                "counter {name} does not end in _total"
+            );
+            assert!(
+                first.contains(&format!("\n{name}{{")),
+                "no sample of {name} in:\n{first}"
+            );
+        }
     }
+    assert!(!first.contains("_total_total"), "{first}");
     assert!(
-        first.contains("boundpool_graphs_failed{pool=\"scraped\"} 0"),
+        first.contains("boundpool_graphs_failed_total{pool=\"scraped\"} 0"),
         "{first}"
     );
     assert!(
@@ -92,27 +105,33 @@ fn library_endpoint_serves_every_kind_and_counters_grow() {
         first.contains("boundpool_graph_latency_seconds_bucket{pool=\"scraped\",le=\"0.001\"}"),
         "{first}"
     );
-    let nodes1 = total(&first, "boundpool_nodes_run").unwrap();
-    let graphs1 = total(&first, "boundpool_graphs_completed").unwrap();
+    let nodes1 = total(&first, "boundpool_nodes_run_total").unwrap();
+    let graphs1 = total(&first, "boundpool_graphs_completed_total").unwrap();
     assert_eq!(nodes1, 1200.0, "3 runs of a 20x20 grid");
     assert_eq!(graphs1, 3.0);
 
     for _ in 0..2 {
         pool.run(&graph).unwrap();
     }
-    let second = scrape_until(addr, "boundpool_nodes_run", 2000.0);
-    let nodes2 = total(&second, "boundpool_nodes_run").unwrap();
+    let second = scrape_until(addr, "boundpool_nodes_run_total", 2000.0);
+    let nodes2 = total(&second, "boundpool_nodes_run_total").unwrap();
     assert_eq!(
         nodes2, 2000.0,
         "the counter grew by the 800 nodes run in between"
     );
-    assert_eq!(total(&second, "boundpool_graphs_completed"), Some(5.0));
+    assert_eq!(
+        total(&second, "boundpool_graphs_completed_total"),
+        Some(5.0)
+    );
     assert_eq!(
         total(&second, "boundpool_graph_latency_seconds_count"),
         Some(5.0)
     );
     // The in-process handle renders the same figures.
-    assert_eq!(total(&handle.render(), "boundpool_nodes_run"), Some(2000.0));
+    assert_eq!(
+        total(&handle.render(), "boundpool_nodes_run_total"),
+        Some(2000.0)
+    );
 }
 
 #[test]
@@ -142,7 +161,7 @@ fn cli_serves_metrics_while_it_runs() {
     let t0 = Instant::now();
     let text = loop {
         match scrape(addr) {
-            Ok(t) if total(&t, "boundpool_nodes_run") == Some(4000.0) => break t,
+            Ok(t) if total(&t, "boundpool_nodes_run_total") == Some(4000.0) => break t,
             _ if t0.elapsed() > Duration::from_secs(20) => {
                 let _ = child.kill();
                 panic!("no scrape counted 4000 nodes");
@@ -151,10 +170,10 @@ fn cli_serves_metrics_while_it_runs() {
         }
     };
     assert!(
-        text.contains("# TYPE boundpool_graphs_submitted counter"),
+        text.contains("# TYPE boundpool_graphs_submitted_total counter"),
         "{text}"
     );
-    assert_eq!(total(&text, "boundpool_graphs_submitted"), Some(2.0));
+    assert_eq!(total(&text, "boundpool_graphs_submitted_total"), Some(2.0));
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),

@@ -151,63 +151,63 @@ fn queue_depth<S: Send + 'static>(reg: &Registry<S>) -> usize {
 /// generated from the same list by the `boundpool metrics` command.
 pub const METRICS: &[(&str, &str, &str, &str, &str)] = &[
     (
-        "boundpool_nodes_run",
+        "boundpool_nodes_run_total",
         "counter",
         "count",
         "pool, worker",
         "node bodies run by a worker",
     ),
     (
-        "boundpool_steals",
+        "boundpool_steals_total",
         "counter",
         "count",
         "pool, worker",
         "ready nodes stolen from another worker's deque",
     ),
     (
-        "boundpool_injector_pops",
+        "boundpool_injector_pops_total",
         "counter",
         "count",
         "pool, worker",
         "batches taken from an injector (outside submissions, cross-group hand-offs)",
     ),
     (
-        "boundpool_parks",
+        "boundpool_parks_total",
         "counter",
         "count",
         "pool, worker",
         "times a worker parked for lack of work",
     ),
     (
-        "boundpool_cpu_lane_nodes",
+        "boundpool_cpu_lane_nodes_total",
         "counter",
         "count",
         "pool",
         "CPU-heavy nodes run on the rayon host-work lane",
     ),
     (
-        "boundpool_graphs_submitted",
+        "boundpool_graphs_submitted_total",
         "counter",
         "count",
         "pool",
         "graphs submitted",
     ),
     (
-        "boundpool_graphs_completed",
+        "boundpool_graphs_completed_total",
         "counter",
         "count",
         "pool",
         "graphs that finished successfully",
     ),
     (
-        "boundpool_graphs_failed",
+        "boundpool_graphs_failed_total",
         "counter",
         "count",
         "pool",
         "graphs failed by a node error or panic, or cancelled",
     ),
     (
-        "boundpool_nodes_cancelled",
+        "boundpool_nodes_cancelled_total",
         "counter",
         "count",
         "pool",
@@ -260,20 +260,20 @@ pub(crate) fn describe() {
 
 /// Sets the workers gauge and registers every counter series of the pool at zero, so that a
 /// scrape shows each counter (its `# TYPE` line and a 0) before its first event: a pool that
-/// has not stolen yet still exports `boundpool_steals`, and `rate()` has a starting point.
+/// has not stolen yet still exports `boundpool_steals_total`, and `rate()` has a starting point.
 pub(crate) fn pool_started<S: Send + 'static>(reg: &Arc<Registry<S>>) {
     let pool = reg.name.to_string();
     gauge!("boundpool_workers", "pool" => pool.clone()).set(reg.infos.len() as f64);
     for name in [
-        "boundpool_graphs_submitted",
-        "boundpool_graphs_completed",
-        "boundpool_graphs_failed",
-        "boundpool_nodes_cancelled",
+        "boundpool_graphs_submitted_total",
+        "boundpool_graphs_completed_total",
+        "boundpool_graphs_failed_total",
+        "boundpool_nodes_cancelled_total",
     ] {
         counter!(name, "pool" => pool.clone()).increment(0);
     }
     if reg.cpu_lane.is_some() {
-        counter!("boundpool_cpu_lane_nodes", "pool" => pool.clone()).increment(0);
+        counter!("boundpool_cpu_lane_nodes_total", "pool" => pool.clone()).increment(0);
     }
     for info in reg.infos.iter() {
         let worker = info.index.to_string();
@@ -285,17 +285,17 @@ pub(crate) fn pool_started<S: Send + 'static>(reg: &Arc<Registry<S>>) {
 
 /// The per-worker counters a [`Flusher`] pushes, in its order.
 const FLUSHED_COUNTERS: [&str; 4] = [
-    "boundpool_nodes_run",
-    "boundpool_steals",
-    "boundpool_injector_pops",
-    "boundpool_parks",
+    "boundpool_nodes_run_total",
+    "boundpool_steals_total",
+    "boundpool_injector_pops_total",
+    "boundpool_parks_total",
 ];
 
 pub(crate) fn graph_submitted<S: Send + 'static>(reg: &Registry<S>) {
     if !reg.export_metrics {
         return;
     }
-    counter!("boundpool_graphs_submitted", "pool" => reg.name.to_string()).increment(1);
+    counter!("boundpool_graphs_submitted_total", "pool" => reg.name.to_string()).increment(1);
 }
 
 pub(crate) fn graph_finished<S: Send + 'static>(
@@ -308,10 +308,10 @@ pub(crate) fn graph_finished<S: Send + 'static>(
     }
     let pool = reg.name.to_string();
     match err {
-        None => counter!("boundpool_graphs_completed", "pool" => pool.clone()).increment(1),
+        None => counter!("boundpool_graphs_completed_total", "pool" => pool.clone()).increment(1),
         Some(e) => {
-            counter!("boundpool_graphs_failed", "pool" => pool.clone()).increment(1);
-            counter!("boundpool_nodes_cancelled", "pool" => pool.clone())
+            counter!("boundpool_graphs_failed_total", "pool" => pool.clone()).increment(1);
+            counter!("boundpool_nodes_cancelled_total", "pool" => pool.clone())
                 .increment(e.cancelled_nodes() as u64);
         }
     }
@@ -323,7 +323,7 @@ pub(crate) fn cpu_lane_node<S: Send + 'static>(reg: &Registry<S>) {
     if !reg.export_metrics {
         return;
     }
-    counter!("boundpool_cpu_lane_nodes", "pool" => reg.name.to_string()).increment(1);
+    counter!("boundpool_cpu_lane_nodes_total", "pool" => reg.name.to_string()).increment(1);
 }
 
 /// A worker's record of what it already pushed to the facade, and its metric handles, taken

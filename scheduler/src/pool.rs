@@ -146,7 +146,8 @@ pub struct PoolBuilder<S = ()> {
     rayon: Option<Arc<rayon_core::ThreadPool>>,
     cpu_lane_threads: Option<usize>,
     stack_size: Option<usize>,
-    trace: bool,
+    /// Whether to record a trace, and its window (slices per worker).
+    trace: (bool, usize),
     metrics: bool,
 }
 
@@ -184,7 +185,7 @@ impl PoolBuilder<()> {
             rayon: None,
             cpu_lane_threads: None,
             stack_size: None,
-            trace: false,
+            trace: (false, crate::trace::DEFAULT_WINDOW),
             metrics: true,
         }
     }
@@ -257,9 +258,20 @@ impl<S: Send + 'static> PoolBuilder<S> {
     }
 
     /// Records a timeline (a slice per node and per park on each worker's track), read with
-    /// [`Pool::take_trace`]. Off by default; when off it costs one branch per node.
+    /// [`Pool::take_trace`] or [`Pool::snapshot_trace`]. Off by default; when off it costs one
+    /// branch per node, when on a few ns per node (each worker writes its own ring, no lock).
+    /// Each worker keeps its last [`trace_window`](Self::trace_window) slices.
     pub fn trace(mut self, on: bool) -> Self {
-        self.trace = on;
+        self.trace.0 = on;
+        self
+    }
+
+    /// When tracing ([`trace`](Self::trace)), keep the last `slices` slices of each worker and
+    /// of each extra track: a rolling window that a service can leave on and take on demand;
+    /// older slices are overwritten ([`Trace::dropped`](crate::Trace::dropped) counts them).
+    /// Default 1,048,576 (a worker's ring costs 32 bytes a slice, touched as it fills).
+    pub fn trace_window(mut self, slices: usize) -> Self {
+        self.trace.1 = slices.max(1);
         self
     }
 
@@ -387,7 +399,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             },
             hooks,
             cpu_lane,
-            self.trace,
+            self.trace.0.then_some(self.trace.1),
             self.metrics,
         );
         let gate = Arc::new(worker::StartGate::new(registry.infos.len()));
@@ -661,15 +673,27 @@ impl<S: Send + 'static> Pool<S> {
         }
     }
 
-    /// Drains the timeline recorded so far (empty unless built with [`PoolBuilder::trace`]).
-    /// Every node of a graph whose handle returned is in it.
+    /// Drains the timeline recorded since the last take (empty unless built with
+    /// [`PoolBuilder::trace`]). Every node of a graph whose handle returned is in it, unless
+    /// the window overflowed since the last take ([`Trace::dropped`](crate::Trace::dropped)).
     pub fn take_trace(&self) -> crate::Trace {
+        self.read_trace(true)
+    }
+
+    /// The timeline recorded since the last take, left in place for the next take or
+    /// snapshot (what a `/trace` endpoint serves).
+    pub fn snapshot_trace(&self) -> crate::Trace {
+        self.read_trace(false)
+    }
+
+    fn read_trace(&self, drain: bool) -> crate::Trace {
         match &self.registry.trace {
-            Some(t) => t.take(&self.registry.infos),
+            Some(t) => t.read(drain),
             None => crate::Trace {
                 epoch: std::time::Instant::now(),
                 tracks: Vec::new(),
                 slices: Vec::new(),
+                dropped: 0,
             },
         }
     }

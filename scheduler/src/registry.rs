@@ -96,7 +96,7 @@ impl<S: Send + 'static> Registry<S> {
         topology: Topology,
         hooks: Hooks<S>,
         cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
-        trace: bool,
+        trace: Option<usize>,
         export_metrics: bool,
     ) -> (Arc<Self>, Vec<Deque<Task<S>>>) {
         let Topology {
@@ -133,7 +133,7 @@ impl<S: Send + 'static> Registry<S> {
                 groups: Arc::from(gs),
             })
             .collect();
-        let trace = trace.then(|| crate::trace::TraceSink::new(infos.len()));
+        let trace = trace.map(|window| crate::trace::TraceSink::new(&infos, window));
         let reg = Registry {
             trace,
             export_metrics,

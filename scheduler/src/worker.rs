@@ -2,7 +2,6 @@
 //! helping while a node waits for a nested graph.
 
 use std::any::Any;
-use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
@@ -464,7 +463,8 @@ impl<S: Send + 'static> WorkerThread<S> {
     fn execute_chain(&self, run: &Run<S>, running: &mut u32) {
         let nodes: &[NodeSpec<S>] = &run.plan.nodes;
         let counters = self.counters();
-        let tracing = self.registry.trace.is_some();
+        let sink = self.registry.trace.as_ref();
+        let tracing = sink.is_some();
         let mut node = *running;
         *running = NO_NODE;
         let mut ctx = NodeCtx {
@@ -472,23 +472,41 @@ impl<S: Send + 'static> WorkerThread<S> {
             worker: self,
         };
         let mut n = counters.nodes_run.get();
+        // The trace tick at which the previous body of this chain ended, when this node is its
+        // continuation: that body's end is this one's start (one clock read a node).
+        let mut chained: Option<u64> = None;
         loop {
             let spec = &nodes[node as usize];
-            let next = if !spec.is_cpu() && !run.is_failed() && !tracing && n % SERVICE_EVERY != 0 {
+            let next = if !spec.is_cpu() && !run.is_failed() && n % SERVICE_EVERY != 0 {
                 // The fast path: a body on this worker, then its continuation if any.
                 ctx.inputs.node = node;
                 *running = node;
                 // The count before this body (the landing pad counts a panicking one).
                 counters.nodes_run.set(n);
+                let tick = sink.map(|t| chained.take().unwrap_or_else(|| t.now()));
                 let res = spec.body.run(&ctx);
                 *running = NO_NODE;
                 n += 1;
+                let mut end = None;
+                if let (Some(t), Some(tick)) = (sink, tick) {
+                    // Before the node completes, so a trace taken once its graph is done has it.
+                    let e = t.now();
+                    t.node(
+                        self.index,
+                        &run.plan,
+                        node,
+                        (tick, e),
+                        self.stolen.replace(false),
+                    );
+                    end = Some(e);
+                }
                 match (res, self.defer_slot.take()) {
                     // A failed run is caught when the continuation starts: it is skipped and
                     // counted there.
                     (Ok(()), None) => {
                         if let Some(s) = spec.chain_successor() {
                             node = s;
+                            chained = end;
                             continue;
                         }
                         counters.nodes_run.set(n);
@@ -500,11 +518,12 @@ impl<S: Send + 'static> WorkerThread<S> {
                     }
                 }
             } else {
+                chained = None;
                 counters.nodes_run.set(n);
                 if spec.is_cpu() || run.is_failed() {
                     self.run_task_slow(run, node)
                 } else {
-                    // A service point, or every node when tracing.
+                    // A service point.
                     if n % SERVICE_EVERY == 0 {
                         self.service(n);
                     }
@@ -681,7 +700,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         *idle_rounds = idle_rounds.saturating_add(1);
         self.counters().parks.add(1);
         let reg = &*self.registry;
-        let start = reg.trace.as_ref().map(|_| Instant::now());
+        let start = reg.trace.as_ref().map(|t| t.now());
         reg.sleep.sleep(
             self.index,
             self.group,
@@ -690,7 +709,7 @@ impl<S: Send + 'static> WorkerThread<S> {
             || condition() || reg.is_terminated(),
         );
         if let (Some(sink), Some(start)) = (&reg.trace, start) {
-            sink.park(self.index, start, Instant::now());
+            sink.park(self.index, start, sink.now());
         }
     }
 
@@ -757,13 +776,15 @@ impl<S: Send + 'static> WorkerThread<S> {
             inputs: Inputs::of(run, i),
             worker: self,
         };
-        let start = (sample || tracing).then(Instant::now);
+        let start = sample.then(Instant::now);
+        let tick = match &self.registry.trace {
+            Some(sink) if tracing => Some(sink.now()),
+            _ => None,
+        };
         *running = i;
         let res = run.plan.nodes[i as usize].body.run(&ctx);
         *running = NO_NODE;
-        if let Some(start) = start {
-            self.record_slice(run, i, start, sample);
-        }
+        self.record_slice(run, i, start, tick);
         self.counters().nodes_run.add(1);
         match (res, self.defer_slot.take()) {
             (Ok(()), None) => self.complete(run, i, true),
@@ -771,24 +792,18 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// Records a node's trace slice (when the pool traces) and run-time sample.
-    fn record_slice(&self, run: &Run<S>, i: u32, start: Instant, sample: bool) {
-        let end = Instant::now();
-        if let Some(sink) = &self.registry.trace {
-            let name = Cow::Owned(run.plan.names[i as usize].to_owned());
-            sink.node(
-                self.index,
-                name,
-                &run.plan.name,
-                i,
-                (start, end),
-                self.stolen.replace(false),
-            );
+    /// Records a node's trace slice (from trace tick `tick`, when the pool traces) and run-time
+    /// sample (from `start`).
+    #[inline]
+    fn record_slice(&self, run: &Run<S>, i: u32, start: Option<Instant>, tick: Option<u64>) {
+        if let (Some(sink), Some(tick)) = (&self.registry.trace, tick) {
+            let span = (tick, sink.now());
+            sink.node(self.index, &run.plan, i, span, self.stolen.replace(false));
         }
-        if sample {
+        if let Some(start) = start {
             self.flusher
                 .borrow_mut()
-                .sample(end.saturating_duration_since(start).as_secs_f64());
+                .sample(start.elapsed().as_secs_f64());
         }
     }
 

@@ -117,13 +117,13 @@ fn metrics_are_emitted_and_described() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         seen.absorb(&snapshotter);
-        if seen.counter("boundpool_nodes_run", "metered") == worker_nodes {
+        if seen.counter("boundpool_nodes_run_total", "metered") == worker_nodes {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "boundpool_nodes_run = {} after the flush deadline, expected {worker_nodes}",
-            seen.counter("boundpool_nodes_run", "metered")
+            "boundpool_nodes_run_total = {} after the flush deadline, expected {worker_nodes}",
+            seen.counter("boundpool_nodes_run_total", "metered")
         );
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -132,7 +132,7 @@ fn metrics_are_emitted_and_described() {
     let series: Vec<_> = seen
         .counters
         .keys()
-        .filter(|(n, _)| n == "boundpool_nodes_run")
+        .filter(|(n, _)| n == "boundpool_nodes_run_total")
         .map(|(_, l)| l.clone())
         .collect();
     assert!(!series.is_empty());
@@ -142,7 +142,7 @@ fn metrics_are_emitted_and_described() {
     }
     for (w, ws) in stats.workers.iter().enumerate() {
         let key = (
-            "boundpool_nodes_run".to_string(),
+            "boundpool_nodes_run_total".to_string(),
             vec![
                 ("pool".into(), "metered".into()),
                 ("worker".into(), w.to_string()),
@@ -155,16 +155,28 @@ fn metrics_are_emitted_and_described() {
         );
     }
     assert_eq!(
-        seen.counter("boundpool_graphs_submitted", "metered"),
+        seen.counter("boundpool_graphs_submitted_total", "metered"),
         runs + 1
     );
-    assert_eq!(seen.counter("boundpool_graphs_completed", "metered"), runs);
-    assert_eq!(seen.counter("boundpool_graphs_failed", "metered"), 1);
-    assert_eq!(seen.counter("boundpool_nodes_cancelled", "metered"), 2);
-    assert_eq!(seen.counter("boundpool_cpu_lane_nodes", "metered"), runs);
-    assert_eq!(seen.counter("boundpool_steals", "metered"), stats.steals());
-    assert!(seen.counter("boundpool_injector_pops", "metered") >= 1);
-    assert!(seen.counter("boundpool_parks", "metered") >= 1);
+    assert_eq!(
+        seen.counter("boundpool_graphs_completed_total", "metered"),
+        runs
+    );
+    assert_eq!(seen.counter("boundpool_graphs_failed_total", "metered"), 1);
+    assert_eq!(
+        seen.counter("boundpool_nodes_cancelled_total", "metered"),
+        2
+    );
+    assert_eq!(
+        seen.counter("boundpool_cpu_lane_nodes_total", "metered"),
+        runs
+    );
+    assert_eq!(
+        seen.counter("boundpool_steals_total", "metered"),
+        stats.steals()
+    );
+    assert!(seen.counter("boundpool_injector_pops_total", "metered") >= 1);
+    assert!(seen.counter("boundpool_parks_total", "metered") >= 1);
     let workers = (
         "boundpool_workers".to_string(),
         vec![("pool".to_string(), "metered".to_string())],
@@ -210,6 +222,12 @@ fn metrics_are_emitted_and_described() {
         assert_eq!(*u, Some(want_unit), "{name}");
         assert!(!d.is_empty(), "{name}");
         assert!(name.starts_with("boundpool_"));
+        // Prometheus and OpenMetrics name an accumulating count `*_total`, and only that.
+        assert_eq!(
+            name.ends_with("_total"),
+            kind == "counter",
+            "{name} ({kind}): counters, and only counters, end in _total"
+        );
     }
     // Nothing outside the list is emitted.
     let listed: Vec<&str> = METRICS.iter().map(|m| m.0).collect();

@@ -113,6 +113,9 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
         .name("boundpool")
         .workers(threads)
         .trace(a.trace.is_some())
+        // The command writes the whole recording, not a window of it: room for every node of
+        // every run (and a park after each) on any one worker. Slots are touched only as used.
+        .trace_window((2 * n * a.repeat).max(1 << 20))
         .build()
         .map_err(|e| Fail::Input(e.to_string()))?;
     let mut peak = observe::os_threads();
