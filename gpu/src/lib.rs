@@ -30,7 +30,9 @@
 //! [cudarc]: https://docs.rs/cudarc
 
 pub mod baselines;
+mod blas;
 mod buffer;
+mod cholesky;
 mod detect;
 mod device;
 mod diag;
@@ -42,7 +44,11 @@ mod pool;
 mod timing;
 mod worker;
 
+pub use blas::{potrf_info_error, Blas, Diag, Side, Solver, Trans, Uplo, WorkerSetup};
 pub use buffer::{DeviceBuffer, DeviceCopy};
+pub use cholesky::{
+    residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyGraph, CholeskyPlan,
+};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
 pub use device::DeviceInfo;
 pub use diag::{context_check, probe, MemoryProbe};
