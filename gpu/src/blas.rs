@@ -968,3 +968,58 @@ impl Solver<'_, '_, '_> {
         solver_check("cusolverDnDpotrf", s, &what)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_error_names_it() {
+        let e = Library::Solver.missing_error("node 'potrf(0)' of graph 'g' on device 0");
+        assert_eq!(e.kind(), GpuErrorKind::LibraryMissing);
+        assert!(e.message().starts_with("node 'potrf(0)'"), "{e}");
+        assert!(e.message().contains("cuSOLVER (libcusolver)"), "{e}");
+        let e = Library::Blas.missing_error("");
+        assert!(e.message().starts_with("cuBLAS (libcublas) could not be loaded"), "{e}");
+    }
+
+    #[test]
+    fn library_status_errors_name_node_and_status() {
+        let what = || "node 'gemm(2,1,0)' of graph 'c' on device 0".to_owned();
+        let e = blas_check(
+            "cublasDgemm",
+            cb::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE,
+            &what,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), GpuErrorKind::Library);
+        assert_eq!(
+            e.message(),
+            "node 'gemm(2,1,0)' of graph 'c' on device 0: cublasDgemm returned CUBLAS_STATUS_INVALID_VALUE"
+        );
+        let src = std::error::Error::source(&e).expect("the status as source");
+        assert_eq!(src.to_string(), "cublasDgemm returned CUBLAS_STATUS_INVALID_VALUE");
+        let e = blas_check("cublasCreate", cb::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED, &what)
+            .unwrap_err();
+        assert_eq!(e.kind(), GpuErrorKind::OutOfMemory);
+        let e = solver_check(
+            "cusolverDnDpotrf",
+            cs::cusolverStatus_t::CUSOLVER_STATUS_INVALID_VALUE,
+            &what,
+        )
+        .unwrap_err();
+        assert!(e.message().ends_with("CUSOLVER_STATUS_INVALID_VALUE"), "{e}");
+        assert!(blas_check("x", cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS, &what).is_ok());
+    }
+
+    #[test]
+    fn potrf_info_error_says_which_minor() {
+        let e = potrf_info_error("potrf(3)", 17);
+        assert_eq!(e.kind(), GpuErrorKind::Library);
+        assert_eq!(
+            e.message(),
+            "node 'potrf(3)': cusolverDnDpotrf: info = 17: the leading minor of order 17 is not positive definite"
+        );
+        assert!(potrf_info_error("p", -4).message().contains("parameter 4"));
+    }
+}

@@ -69,6 +69,51 @@ impl CholeskyPlan {
         n * n * n / 3.0
     }
 
+    /// The factorization's tile operations in an order that respects their dependencies,
+    /// each with the indices (into this list) of the operations it must follow: the last
+    /// writer of every tile it reads or writes. No GPU needed; [`build`](Self::build) makes
+    /// one node per operation with these edges.
+    pub fn tasks(&self) -> Vec<TileTask> {
+        let t = self.tiles();
+        let mut out: Vec<TileTask> = Vec::with_capacity(t * (t + 1) * (t + 2) / 6);
+        // last[i * t + j]: the task that last wrote tile (i, j), i >= j.
+        let mut last: Vec<Option<usize>> = vec![None; t * t];
+        let push = |out: &mut Vec<TileTask>,
+                    last: &mut [Option<usize>],
+                    op: TileOp,
+                    deps: Vec<usize>,
+                    writes: (usize, usize),
+                    panel: bool| {
+            out.push(TileTask { op, deps, panel });
+            last[writes.0 * t + writes.1] = Some(out.len() - 1);
+        };
+        for k in 0..t {
+            let deps = last[k * t + k].into_iter().collect();
+            push(&mut out, &mut last, TileOp::Potrf { k }, deps, (k, k), true);
+            let potrf = last[k * t + k].expect("just written");
+            for i in k + 1..t {
+                let deps = std::iter::once(potrf).chain(last[i * t + k]).collect();
+                push(&mut out, &mut last, TileOp::Trsm { i, k }, deps, (i, k), true);
+            }
+            for j in k + 1..t {
+                // The updates of column k + 1 are on the critical path: with the panel.
+                let panel = j == k + 1;
+                let trsm_j = last[j * t + k].expect("trsm of (j, k)");
+                let deps = std::iter::once(trsm_j).chain(last[j * t + j]).collect();
+                push(&mut out, &mut last, TileOp::Syrk { j, k }, deps, (j, j), panel);
+                for i in j + 1..t {
+                    let trsm_i = last[i * t + k].expect("trsm of (i, k)");
+                    let deps = [trsm_i, trsm_j]
+                        .into_iter()
+                        .chain(last[i * t + j])
+                        .collect();
+                    push(&mut out, &mut last, TileOp::Gemm { i, j, k }, deps, (i, j), panel);
+                }
+            }
+        }
+        out
+    }
+
     /// Builds the graph factoring, in place, the lower triangle of the column-major `n`×`n`
     /// matrix `a` (the upper triangle is not touched), writing each POTRF's `info` to
     /// `info[k]` (`info` needs [`tiles`](Self::tiles) elements). The sink node downloads the
@@ -102,104 +147,90 @@ impl CholeskyPlan {
         let base = a.device_ptr();
         let tile_ptr = move |i: usize, j: usize| base + ((j * b * n + i * b) * 8) as u64;
         let info_base = info.device_ptr();
-        let mut g = GraphBuilder::with_capacity(name.to_owned(), t * t * t / 6 + 2 * t * t, 0);
-        // last[i][j]: the node that last wrote tile (i, j), i >= j.
-        let mut last: Vec<Vec<Option<boundpool_scheduler::NodeId>>> = vec![vec![None; t]; t];
+        let tasks = self.tasks();
+        let mut g = GraphBuilder::with_capacity(name.to_owned(), tasks.len() + 1, 3 * tasks.len());
+        let mut ids = Vec::with_capacity(tasks.len());
         let mut counts = [0usize; 4];
-        let mut potrf_names = Vec::with_capacity(t);
-        let mut sink = None;
-        for k in 0..t {
+        for task in &tasks {
+            let group = if task.panel { self.panel } else { self.update };
+            // The closures keep the matrix (and infos) alive as long as the graph.
             let keep = (a.clone(), info.clone());
-            let nk = size(k);
-            let pname = format!("potrf({k})");
-            potrf_names.push(pname.clone());
-            let p = g.gpu_node_in(self.panel, &pname, move |ctx| {
-                let _alive = &keep;
-                // SAFETY: tile (k, k) lies inside `a` (kept alive by this closure, which the
-                // graph owns), and info[k] inside `info`.
-                unsafe {
-                    ctx.solver()?.dpotrf(
-                        Uplo::Lower,
-                        nk,
-                        tile_ptr(k, k),
-                        n,
-                        info_base + 4 * k as u64,
-                    )?
-                };
-                Ok(())
-            });
-            counts[0] += 1;
-            if let Some(prev) = last[k][k] {
-                g.edge(prev, p);
-            }
-            last[k][k] = Some(p.id());
-            sink = Some(p.id());
-            for i in k + 1..t {
-                let keep = a.clone();
-                let ni = size(i);
-                let r = g.gpu_node_in(self.panel, &format!("trsm({i},{k})"), move |ctx| {
-                    let _alive = &keep;
-                    // SAFETY: tiles (k, k) and (i, k) lie inside `a`, alive (see above).
-                    unsafe {
-                        ctx.blas()?.dtrsm(
-                            Side::Right,
-                            Uplo::Lower,
-                            Trans::T,
-                            Diag::NonUnit,
-                            ni,
-                            nk,
-                            1.0,
-                            tile_ptr(k, k),
-                            n,
-                            tile_ptr(i, k),
-                            n,
-                        )?
-                    };
-                    Ok(())
-                });
-                counts[1] += 1;
-                g.edge(p, r);
-                if let Some(prev) = last[i][k] {
-                    g.edge(prev, r);
+            let node = match task.op {
+                TileOp::Potrf { k } => {
+                    counts[0] += 1;
+                    let nk = size(k);
+                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
+                        let _alive = &keep;
+                        // SAFETY: tile (k, k) lies inside `a` and info[k] inside `info`
+                        // (sizes checked above), both alive while the graph is.
+                        unsafe {
+                            ctx.solver()?.dpotrf(
+                                Uplo::Lower,
+                                nk,
+                                tile_ptr(k, k),
+                                n,
+                                info_base + 4 * k as u64,
+                            )?
+                        };
+                        Ok(())
+                    })
                 }
-                last[i][k] = Some(r.id());
-            }
-            for j in k + 1..t {
-                let nj = size(j);
-                // The updates of column k + 1 are on the critical path: with the panel.
-                let group = if j == k + 1 { self.panel } else { self.update };
-                let keep = a.clone();
-                let s = g.gpu_node_in(group, &format!("syrk({j},{k})"), move |ctx| {
-                    let _alive = &keep;
-                    // SAFETY: tiles (j, k) and (j, j) lie inside `a`, alive (see above).
-                    unsafe {
-                        ctx.blas()?.dsyrk(
-                            Uplo::Lower,
-                            Trans::No,
-                            nj,
-                            nk,
-                            -1.0,
-                            tile_ptr(j, k),
-                            n,
-                            1.0,
-                            tile_ptr(j, j),
-                            n,
-                        )?
-                    };
-                    Ok(())
-                });
-                counts[2] += 1;
-                g.edge(last[j][k].expect("trsm of (j, k)"), s);
-                if let Some(prev) = last[j][j] {
-                    g.edge(prev, s);
+                TileOp::Trsm { i, k } => {
+                    counts[1] += 1;
+                    let (ni, nk) = (size(i), size(k));
+                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
+                        let _alive = &keep;
+                        // SAFETY: tiles (k, k) and (i, k) lie inside `a`, alive (see above).
+                        // A_ik := A_ik L_kk^-T.
+                        unsafe {
+                            ctx.blas()?.dtrsm(
+                                Side::Right,
+                                Uplo::Lower,
+                                Trans::T,
+                                Diag::NonUnit,
+                                ni,
+                                nk,
+                                1.0,
+                                tile_ptr(k, k),
+                                n,
+                                tile_ptr(i, k),
+                                n,
+                            )?
+                        };
+                        Ok(())
+                    })
                 }
-                last[j][j] = Some(s.id());
-                for i in j + 1..t {
-                    let ni = size(i);
-                    let keep = a.clone();
-                    let m = g.gpu_node_in(group, &format!("gemm({i},{j},{k})"), move |ctx| {
+                TileOp::Syrk { j, k } => {
+                    counts[2] += 1;
+                    let (nj, nk) = (size(j), size(k));
+                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
+                        let _alive = &keep;
+                        // SAFETY: tiles (j, k) and (j, j) lie inside `a`, alive (see above).
+                        // A_jj -= A_jk A_jk^T (lower triangle).
+                        unsafe {
+                            ctx.blas()?.dsyrk(
+                                Uplo::Lower,
+                                Trans::No,
+                                nj,
+                                nk,
+                                -1.0,
+                                tile_ptr(j, k),
+                                n,
+                                1.0,
+                                tile_ptr(j, j),
+                                n,
+                            )?
+                        };
+                        Ok(())
+                    })
+                }
+                TileOp::Gemm { i, j, k } => {
+                    counts[3] += 1;
+                    let (ni, nj, nk) = (size(i), size(j), size(k));
+                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
                         let _alive = &keep;
                         // SAFETY: tiles (i, k), (j, k) and (i, j) lie inside `a` (see above).
+                        // A_ij -= A_ik A_jk^T.
                         unsafe {
                             ctx.blas()?.dgemm(
                                 Trans::No,
@@ -218,25 +249,22 @@ impl CholeskyPlan {
                             )?
                         };
                         Ok(())
-                    });
-                    counts[3] += 1;
-                    g.edge(last[i][k].expect("trsm of (i, k)"), m);
-                    g.edge(last[j][k].expect("trsm of (j, k)"), m);
-                    if let Some(prev) = last[i][j] {
-                        g.edge(prev, m);
-                    }
-                    last[i][j] = Some(m.id());
+                    })
                 }
+            };
+            for &d in &task.deps {
+                g.edge(ids[d], node);
             }
+            ids.push(node.id());
         }
+        let potrf_names: Vec<String> = (0..t).map(|k| TileOp::Potrf { k }.name()).collect();
         let keep = info.clone();
-        let tile = b;
         let check = g.gpu_node_in(self.panel, "check potrf info", move |ctx| {
             let infos = ctx.download(&keep)?;
             for (k, &v) in infos.iter().take(t).enumerate() {
                 if v != 0 {
                     let e = potrf_info_error(&potrf_names[k], v);
-                    let order = k * tile + v.max(0) as usize;
+                    let order = k * b + v.max(0) as usize;
                     return Err(Box::new(GpuError::new(
                         e.kind(),
                         format!("{} (tile {k}; order {order} of the whole matrix)", e.message()),
@@ -245,8 +273,10 @@ impl CholeskyPlan {
             }
             Ok(())
         });
-        if let Some(s) = sink {
-            g.edge(s, check);
+        // The last POTRF follows every other operation (each tile's updates end in the
+        // panels below it, which all feed the last diagonal tile).
+        if let Some(&sink) = ids.last() {
+            g.edge(sink, check);
         }
         let graph = g.build().map_err(|e| {
             GpuError::new(GpuErrorKind::Scheduler, format!("cholesky '{name}': {e}")).with_source(e)
@@ -257,6 +287,62 @@ impl CholeskyPlan {
             counts,
         })
     }
+}
+
+/// One tile operation of the factorization (tile indices, row `i` >= column `j`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TileOp {
+    /// `L_kk = chol(A_kk)` (cuSOLVER `potrf`).
+    Potrf {
+        /// The diagonal tile.
+        k: usize,
+    },
+    /// `A_ik := A_ik L_kk^-T` (cuBLAS `trsm`).
+    Trsm {
+        /// Tile row.
+        i: usize,
+        /// Tile column (the panel).
+        k: usize,
+    },
+    /// `A_jj -= A_jk A_jk^T` (cuBLAS `syrk`, lower triangle).
+    Syrk {
+        /// The diagonal tile updated.
+        j: usize,
+        /// The panel column read.
+        k: usize,
+    },
+    /// `A_ij -= A_ik A_jk^T` (cuBLAS `gemm`).
+    Gemm {
+        /// Tile row.
+        i: usize,
+        /// Tile column updated.
+        j: usize,
+        /// The panel column read.
+        k: usize,
+    },
+}
+
+impl TileOp {
+    /// The node name: `potrf(k)`, `trsm(i,k)`, `syrk(j,k)`, `gemm(i,j,k)`.
+    pub fn name(&self) -> String {
+        match *self {
+            TileOp::Potrf { k } => format!("potrf({k})"),
+            TileOp::Trsm { i, k } => format!("trsm({i},{k})"),
+            TileOp::Syrk { j, k } => format!("syrk({j},{k})"),
+            TileOp::Gemm { i, j, k } => format!("gemm({i},{j},{k})"),
+        }
+    }
+}
+
+/// A tile operation, the earlier operations it follows, and whether it is panel work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TileTask {
+    /// What it does.
+    pub op: TileOp,
+    /// Indices (into [`CholeskyPlan::tasks`]) of the operations it must follow.
+    pub deps: Vec<usize>,
+    /// On the critical path: POTRF, TRSM, and the updates of the next tile column.
+    pub panel: bool,
 }
 
 /// Entry `(i, j)` of the symmetric positive definite test matrix of order `n`: off the
@@ -397,4 +483,169 @@ pub fn spot_check_on_device(
         }
         Ok(worst)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tiles (row, column) an operation reads and the one it writes.
+    fn touches(op: TileOp) -> (Vec<(usize, usize)>, (usize, usize)) {
+        match op {
+            TileOp::Potrf { k } => (vec![], (k, k)),
+            TileOp::Trsm { i, k } => (vec![(k, k)], (i, k)),
+            TileOp::Syrk { j, k } => (vec![(j, k)], (j, j)),
+            TileOp::Gemm { i, j, k } => (vec![(i, k), (j, k)], (i, j)),
+        }
+    }
+
+    /// Runs one operation on the host on the column-major `n`×`n` matrix `a`.
+    fn run_op(a: &mut [f64], n: usize, b: usize, op: TileOp) {
+        let size = |i: usize| b.min(n - i * b);
+        let at = |r: usize, c: usize| c * n + r;
+        match op {
+            TileOp::Potrf { k } => {
+                let (o, m) = (k * b, size(k));
+                for j in 0..m {
+                    let mut d = a[at(o + j, o + j)];
+                    for q in 0..j {
+                        d -= a[at(o + j, o + q)].powi(2);
+                    }
+                    let d = d.sqrt();
+                    a[at(o + j, o + j)] = d;
+                    for i in j + 1..m {
+                        let mut s = a[at(o + i, o + j)];
+                        for q in 0..j {
+                            s -= a[at(o + i, o + q)] * a[at(o + j, o + q)];
+                        }
+                        a[at(o + i, o + j)] = s / d;
+                    }
+                }
+            }
+            TileOp::Trsm { i, k } => {
+                let (ro, co, m, nk) = (i * b, k * b, size(i), size(k));
+                for r in 0..m {
+                    for j in 0..nk {
+                        let mut s = a[at(ro + r, co + j)];
+                        for q in 0..j {
+                            s -= a[at(ro + r, co + q)] * a[at(co + j, co + q)];
+                        }
+                        a[at(ro + r, co + j)] = s / a[at(co + j, co + j)];
+                    }
+                }
+            }
+            TileOp::Syrk { j, k } => run_op(a, n, b, TileOp::Gemm { i: j, j, k }),
+            TileOp::Gemm { i, j, k } => {
+                let (ro, cj, ck) = (i * b, j * b, k * b);
+                for c in 0..size(j) {
+                    for r in 0..size(i) {
+                        let mut s = 0.0;
+                        for q in 0..size(k) {
+                            s += a[at(ro + r, ck + q)] * a[at(cj + c, ck + q)];
+                        }
+                        a[at(ro + r, cj + c)] -= s;
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tasks_have_the_expected_counts_and_order() {
+        for (n, b) in [(64, 64), (200, 48), (512, 64)] {
+            let plan = CholeskyPlan::new(n, b, GroupId::from_index(0));
+            let t = plan.tiles();
+            let tasks = plan.tasks();
+            let count = |f: fn(&TileOp) -> bool| tasks.iter().filter(|x| f(&x.op)).count();
+            assert_eq!(count(|o| matches!(o, TileOp::Potrf { .. })), t);
+            assert_eq!(count(|o| matches!(o, TileOp::Trsm { .. })), t * (t - 1) / 2);
+            assert_eq!(count(|o| matches!(o, TileOp::Syrk { .. })), t * (t - 1) / 2);
+            assert_eq!(
+                count(|o| matches!(o, TileOp::Gemm { .. })),
+                t * (t - 1) * (t.max(2) - 2) / 6
+            );
+            for (x, task) in tasks.iter().enumerate() {
+                assert!(task.deps.iter().all(|&d| d < x), "{:?}", task.op);
+            }
+            assert_eq!(tasks.last().unwrap().op, TileOp::Potrf { k: t - 1 });
+        }
+    }
+
+    /// Every two operations that touch one tile, one of them writing it, are ordered by the
+    /// graph's edges (one is an ancestor of the other), and every operation is an ancestor
+    /// of the last POTRF (the graph's single sink before the info check).
+    #[test]
+    fn tasks_order_every_conflicting_pair() {
+        let plan = CholeskyPlan::new(7 * 32 + 5, 32, GroupId::from_index(0));
+        let tasks = plan.tasks();
+        let m = tasks.len();
+        let mut anc: Vec<Vec<bool>> = vec![vec![false; m]; m];
+        for x in 0..m {
+            for &d in &tasks[x].deps {
+                anc[x][d] = true;
+                let (lo, hi) = anc.split_at_mut(x);
+                for (y, v) in lo[d].iter().enumerate() {
+                    if *v {
+                        hi[0][y] = true;
+                    }
+                }
+            }
+        }
+        for x in 0..m {
+            let (rx, wx) = touches(tasks[x].op);
+            for y in 0..x {
+                let (ry, wy) = touches(tasks[y].op);
+                let conflict = wx == wy || rx.contains(&wy) || ry.contains(&wx);
+                if conflict {
+                    assert!(
+                        anc[x][y],
+                        "{:?} and {:?} touch a tile unordered",
+                        tasks[y].op, tasks[x].op
+                    );
+                }
+            }
+        }
+        for y in 0..m - 1 {
+            assert!(anc[m - 1][y], "{:?} does not reach the sink", tasks[y].op);
+        }
+    }
+
+    #[test]
+    fn tasks_in_order_factor_the_matrix() {
+        let (n, b) = (200, 48);
+        let mut a = spd_matrix(n);
+        for task in CholeskyPlan::new(n, b, GroupId::from_index(0)).tasks() {
+            run_op(&mut a, n, b, task.op);
+        }
+        let (mut num, mut den) = (0.0f64, 0.0f64);
+        for j in 0..n {
+            for i in 0..n {
+                let mut s = 0.0;
+                for q in 0..=i.min(j) {
+                    s += a[q * n + i] * a[q * n + j];
+                }
+                let v = spd_entry(n, i, j);
+                num += (v - s).powi(2);
+                den += v * v;
+            }
+        }
+        let r = (num / den).sqrt();
+        assert!(r <= 1e-12, "residual {r:e}");
+        // The upper triangle is not touched.
+        assert_eq!(a[5 * n + 1], spd_entry(n, 1, 5));
+    }
+
+    #[test]
+    fn spd_entry_is_symmetric_and_dominant() {
+        let n = 300;
+        for i in 0..n {
+            let off: f64 = (0..n).filter(|&j| j != i).map(|j| spd_entry(n, i, j).abs()).sum();
+            assert!(spd_entry(n, i, i) > off);
+            for j in 0..n {
+                assert_eq!(spd_entry(n, i, j), spd_entry(n, j, i));
+            }
+        }
+        let m = spd_matrix(37);
+        assert_eq!(m[3 * 37 + 5], spd_entry(37, 5, 3));
+    }
 }

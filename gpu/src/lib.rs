@@ -48,6 +48,7 @@ pub use blas::{potrf_info_error, Blas, Diag, Side, Solver, Trans, Uplo, WorkerSe
 pub use buffer::{DeviceBuffer, DeviceCopy};
 pub use cholesky::{
     residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyGraph, CholeskyPlan,
+    TileOp, TileTask,
 };
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
 pub use device::DeviceInfo;
