@@ -194,10 +194,9 @@ fn main() -> Res<()> {
                     panel: g[0],
                     update: *g.last().unwrap(),
                 };
-                let info = Arc::new(
-                    s.pool
-                        .call(&s.dev, move |ctx| Ok(ctx.alloc_zeros::<i32>(n.div_ceil(b))?))?,
-                );
+                let info = Arc::new(s.pool.call(&s.dev, move |ctx| {
+                    Ok(ctx.alloc_zeros::<i32>(n.div_ceil(b))?)
+                })?);
                 let chol = plan.build("cholesky", &s.a, &info)?;
                 nodes = chol.graph.len();
                 let t = s.time(&chol.graph, runs)?;

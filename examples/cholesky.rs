@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use boundpool::gpu::{
     residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyPlan, Devices,
-    GpuPoolBuilder,
+    GpuPoolBuilder, TileOp,
 };
 use boundpool::{GraphBuilder, PoolBuilder};
 
@@ -31,7 +31,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |name: &str| -> Result<Option<usize>, Box<dyn std::error::Error>> {
         match arg(&args, name) {
-            Some(v) => Ok(Some(v.parse().map_err(|_| format!("{name}: not a number: {v}"))?)),
+            Some(v) => Ok(Some(
+                v.parse()
+                    .map_err(|_| format!("{name}: not a number: {v}"))?,
+            )),
             None => Ok(None),
         }
     };
@@ -126,18 +129,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The same tiled graph as host nodes on a host pool (two workers), tiles in their own
-/// column-major buffers, then the residual on the host.
+/// The same tile operations and edges ([`CholeskyPlan::tasks`]) as host nodes on a host pool
+/// of two workers, each tile in its own column-major buffer, then the residual on the host.
 fn host_version(n: usize, b: usize) -> Result<(), Box<dyn std::error::Error>> {
-    let t = n.div_ceil(b);
+    let plan = CholeskyPlan::new(n, b, boundpool::GroupId::from_index(0));
+    let t = plan.tiles();
     let size = move |i: usize| b.min(n - i * b);
-    // Tile (i, j), i >= j, column-major with leading dimension size(i).
+    let at = move |i: usize, j: usize| i * t + j;
+    // Tile (i, j), i >= j, column-major with leading dimension size(i); unused above.
     let tiles: Arc<Vec<RwLock<Vec<f64>>>> = Arc::new(
         (0..t * t)
             .map(|ij| {
                 let (i, j) = (ij / t, ij % t);
-                let mut v = vec![0.0; size(i) * size(j.min(t - 1))];
+                let mut v = Vec::new();
                 if j <= i {
+                    v = vec![0.0; size(i) * size(j)];
                     for jj in 0..size(j) {
                         for ii in 0..size(i) {
                             v[jj * size(i) + ii] = spd_entry(n, i * b + ii, j * b + jj);
@@ -148,76 +154,59 @@ fn host_version(n: usize, b: usize) -> Result<(), Box<dyn std::error::Error>> {
             })
             .collect(),
     );
-    let at = move |i: usize, j: usize| i * t + j;
     let mut g: GraphBuilder<()> = GraphBuilder::new("host cholesky");
-    let mut last: Vec<Option<boundpool::NodeId>> = vec![None; t * t];
-    for k in 0..t {
+    let mut ids = Vec::new();
+    for task in plan.tasks() {
         let tl = tiles.clone();
-        let p = g.node(format!("potrf({k})"), move |_| {
-            let mut a = tl[at(k, k)].write().unwrap();
-            let m = size(k);
-            for j in 0..m {
-                let mut d = a[j * m + j];
-                for q in 0..j {
-                    d -= a[q * m + j] * a[q * m + j];
-                }
-                if d <= 0.0 {
-                    return Err(format!("potrf({k}): info = {}", j + 1).into());
-                }
-                let d = d.sqrt();
-                a[j * m + j] = d;
-                for i in j + 1..m {
-                    let mut s = a[j * m + i];
-                    for q in 0..j {
-                        s -= a[q * m + i] * a[q * m + j];
-                    }
-                    a[j * m + i] = s / d;
-                }
-            }
-            Ok(())
-        });
-        if let Some(prev) = last[at(k, k)] {
-            g.edge(prev, p);
-        }
-        last[at(k, k)] = Some(p.id());
-        for i in k + 1..t {
-            let tl = tiles.clone();
-            // A_ik := A_ik L_kk^-T
-            let r = g.node(format!("trsm({i},{k})"), move |_| {
-                let l = tl[at(k, k)].read().unwrap();
-                let mut x = tl[at(i, k)].write().unwrap();
-                let (m, nk) = (size(i), size(k));
-                for row in 0..m {
-                    for j in 0..nk {
-                        let mut s = x[j * m + row];
+        let op = task.op;
+        let node = g.node(op.name(), move |_| -> Result<(), boundpool::BoxError> {
+            match op {
+                TileOp::Potrf { k } => {
+                    let mut a = tl[at(k, k)].write().unwrap();
+                    let m = size(k);
+                    for j in 0..m {
+                        let mut d = a[j * m + j];
                         for q in 0..j {
-                            s -= x[q * m + row] * l[q * nk + j];
+                            d -= a[q * m + j] * a[q * m + j];
                         }
-                        x[j * m + row] = s / l[j * nk + j];
+                        if d <= 0.0 {
+                            return Err(format!("potrf({k}): info = {}", j + 1).into());
+                        }
+                        let d = d.sqrt();
+                        a[j * m + j] = d;
+                        for i in j + 1..m {
+                            let mut s = a[j * m + i];
+                            for q in 0..j {
+                                s -= a[q * m + i] * a[q * m + j];
+                            }
+                            a[j * m + i] = s / d;
+                        }
                     }
                 }
-                Ok(())
-            });
-            g.edge(p, r);
-            if let Some(prev) = last[at(i, k)] {
-                g.edge(prev, r);
-            }
-            last[at(i, k)] = Some(r.id());
-        }
-        for j in k + 1..t {
-            for i in j..t {
-                let tl = tiles.clone();
-                // A_ij -= A_ik A_jk^T (SYRK when i == j: the lower triangle is enough, but
-                // the host version updates the whole tile)
-                let kind = if i == j { "syrk" } else { "gemm" };
-                let u = g.node(format!("{kind}({i},{j},{k})"), move |_| {
+                TileOp::Trsm { i, k } => {
+                    // A_ik := A_ik L_kk^-T
+                    let l = tl[at(k, k)].read().unwrap();
+                    let mut x = tl[at(i, k)].write().unwrap();
+                    let (m, nk) = (size(i), size(k));
+                    for row in 0..m {
+                        for j in 0..nk {
+                            let mut s = x[j * m + row];
+                            for q in 0..j {
+                                s -= x[q * m + row] * l[q * nk + j];
+                            }
+                            x[j * m + row] = s / l[j * nk + j];
+                        }
+                    }
+                }
+                TileOp::Syrk { j: i, k } | TileOp::Gemm { i, k, .. } => {
+                    // A_ij -= A_ik A_jk^T (the host SYRK updates the whole diagonal tile)
+                    let j = match op {
+                        TileOp::Gemm { j, .. } => j,
+                        _ => i,
+                    };
                     let (m, nn, kk) = (size(i), size(j), size(k));
                     let aik = tl[at(i, k)].read().unwrap().clone();
-                    let ajk = if i == j {
-                        aik.clone()
-                    } else {
-                        tl[at(j, k)].read().unwrap().clone()
-                    };
+                    let ajk = tl[at(j, k)].read().unwrap().clone();
                     let mut c = tl[at(i, j)].write().unwrap();
                     for col in 0..nn {
                         for q in 0..kk {
@@ -227,18 +216,14 @@ fn host_version(n: usize, b: usize) -> Result<(), Box<dyn std::error::Error>> {
                             }
                         }
                     }
-                    Ok(())
-                });
-                g.edge(last[at(i, k)].expect("trsm"), u);
-                if i != j {
-                    g.edge(last[at(j, k)].expect("trsm"), u);
                 }
-                if let Some(prev) = last[at(i, j)] {
-                    g.edge(prev, u);
-                }
-                last[at(i, j)] = Some(u.id());
             }
+            Ok(())
+        });
+        for &d in &task.deps {
+            g.edge(ids[d], node);
         }
+        ids.push(node.id());
     }
     let graph = g.build()?;
     let pool = PoolBuilder::new().workers(2).build()?;
@@ -250,18 +235,11 @@ fn host_version(n: usize, b: usize) -> Result<(), Box<dyn std::error::Error>> {
         t0.elapsed()
     );
     // Residual ‖A − L Lᵀ‖_F / ‖A‖_F over the whole (symmetric) matrix.
-    let l = |i: usize, j: usize| -> f64 {
-        if j > i {
-            return 0.0;
-        }
-        let (ti, tj) = (i / b, j / b);
-        let v = tiles[at(ti, tj)].read().unwrap();
-        v[(j % b) * size(ti) + i % b]
-    };
     let mut lm = vec![0.0; n * n];
     for j in 0..n {
         for i in j..n {
-            lm[j * n + i] = l(i, j);
+            let v = tiles[at(i / b, j / b)].read().unwrap();
+            lm[j * n + i] = v[(j % b) * size(i / b) + i % b];
         }
     }
     let (mut num, mut den) = (0.0f64, 0.0f64);

@@ -50,9 +50,10 @@ impl Library {
         match self {
             // SAFETY: only tries to dlopen the library by its usual names.
             Library::Blas => *BLAS.get_or_init(|| unsafe { cb::is_culib_present() }),
-            // SAFETY: as above. cuSOLVER needs cuBLAS too.
-            Library::Solver => *SOLVER.get_or_init(|| unsafe {
-                cs::is_culib_present() && cb::is_culib_present()
+            // cuSOLVER needs cuBLAS too.
+            Library::Solver => *SOLVER.get_or_init(|| {
+                // SAFETY: only tries to dlopen the libraries by their usual names.
+                unsafe { cs::is_culib_present() && cb::is_culib_present() }
             }),
         }
     }
@@ -97,7 +98,11 @@ fn status_error(call: &'static str, status: String, what: &str) -> GpuError {
     GpuError::new(kind, format!("{what}: {src}")).with_source(src)
 }
 
-fn blas_check(call: &'static str, s: cb::cublasStatus_t, what: &dyn Fn() -> String) -> GpuResult<()> {
+fn blas_check(
+    call: &'static str,
+    s: cb::cublasStatus_t,
+    what: &dyn Fn() -> String,
+) -> GpuResult<()> {
     if s == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         Ok(())
     } else {
@@ -121,7 +126,10 @@ fn dim(v: usize, name: &str, what: &dyn Fn() -> String) -> GpuResult<c_int> {
     c_int::try_from(v).map_err(|_| {
         GpuError::new(
             GpuErrorKind::InvalidArgument,
-            format!("{}: {name} = {v} does not fit the library's 32-bit int", what()),
+            format!(
+                "{}: {name} = {v} does not fit the library's 32-bit int",
+                what()
+            ),
         )
     })
 }
@@ -849,11 +857,19 @@ impl Blas<'_, '_, '_> {
     ///
     /// # Safety
     /// As [`dgemm`](Self::dgemm), for vectors.
-    pub unsafe fn dcopy(&self, n: usize, x: u64, incx: usize, y: u64, incy: usize) -> GpuResult<()> {
+    pub unsafe fn dcopy(
+        &self,
+        n: usize,
+        x: u64,
+        incx: usize,
+        y: u64,
+        incy: usize,
+    ) -> GpuResult<()> {
         let what = || self.ctx.what();
         dims!(&what; n, incx, incy);
         // SAFETY: the caller's contract.
-        let s = unsafe { cb::cublasDcopy_v2(self.raw, n, x as *const f64, incx, y as *mut f64, incy) };
+        let s =
+            unsafe { cb::cublasDcopy_v2(self.raw, n, x as *const f64, incx, y as *mut f64, incy) };
         blas_check("cublasDcopy", s, &what)
     }
 
@@ -877,13 +893,28 @@ impl Blas<'_, '_, '_> {
     ///
     /// # Safety
     /// As [`dcopy`](Self::dcopy).
-    pub unsafe fn ddot(&self, n: usize, x: u64, incx: usize, y: u64, incy: usize) -> GpuResult<f64> {
+    pub unsafe fn ddot(
+        &self,
+        n: usize,
+        x: u64,
+        incx: usize,
+        y: u64,
+        incy: usize,
+    ) -> GpuResult<f64> {
         let what = || self.ctx.what();
         dims!(&what; n, incx, incy);
         let mut r = 0.0f64;
         // SAFETY: as for dnrm2.
         let s = unsafe {
-            cb::cublasDdot_v2(self.raw, n, x as *const f64, incx, y as *const f64, incy, &mut r)
+            cb::cublasDdot_v2(
+                self.raw,
+                n,
+                x as *const f64,
+                incx,
+                y as *const f64,
+                incy,
+                &mut r,
+            )
         };
         blas_check("cublasDdot", s, &what)?;
         Ok(r)
@@ -935,13 +966,27 @@ impl Solver<'_, '_, '_> {
     /// # Safety
     /// `a` must address an `n`×`n` matrix of leading dimension `lda`, and `info` one `i32`, on
     /// this node's device, alive until the node's GPU work has finished.
-    pub unsafe fn dpotrf(&self, uplo: Uplo, n: usize, a: u64, lda: usize, info: u64) -> GpuResult<()> {
+    pub unsafe fn dpotrf(
+        &self,
+        uplo: Uplo,
+        n: usize,
+        a: u64,
+        lda: usize,
+        info: u64,
+    ) -> GpuResult<()> {
         let what = || self.ctx.what();
         dims!(&what; n, lda);
         let mut lwork: c_int = 0;
         // SAFETY: the caller's contract; the query writes one int and reads no matrix data.
         let s = unsafe {
-            cs::cusolverDnDpotrf_bufferSize(self.raw, uplo.solver(), n, a as *mut f64, lda, &mut lwork)
+            cs::cusolverDnDpotrf_bufferSize(
+                self.raw,
+                uplo.solver(),
+                n,
+                a as *mut f64,
+                lda,
+                &mut lwork,
+            )
         };
         solver_check("cusolverDnDpotrf_bufferSize", s, &what)?;
         let lwork = lwork.max(1);
@@ -980,7 +1025,11 @@ mod tests {
         assert!(e.message().starts_with("node 'potrf(0)'"), "{e}");
         assert!(e.message().contains("cuSOLVER (libcusolver)"), "{e}");
         let e = Library::Blas.missing_error("");
-        assert!(e.message().starts_with("cuBLAS (libcublas) could not be loaded"), "{e}");
+        assert!(
+            e.message()
+                .starts_with("cuBLAS (libcublas) could not be loaded"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -998,9 +1047,16 @@ mod tests {
             "node 'gemm(2,1,0)' of graph 'c' on device 0: cublasDgemm returned CUBLAS_STATUS_INVALID_VALUE"
         );
         let src = std::error::Error::source(&e).expect("the status as source");
-        assert_eq!(src.to_string(), "cublasDgemm returned CUBLAS_STATUS_INVALID_VALUE");
-        let e = blas_check("cublasCreate", cb::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED, &what)
-            .unwrap_err();
+        assert_eq!(
+            src.to_string(),
+            "cublasDgemm returned CUBLAS_STATUS_INVALID_VALUE"
+        );
+        let e = blas_check(
+            "cublasCreate",
+            cb::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED,
+            &what,
+        )
+        .unwrap_err();
         assert_eq!(e.kind(), GpuErrorKind::OutOfMemory);
         let e = solver_check(
             "cusolverDnDpotrf",
@@ -1008,7 +1064,10 @@ mod tests {
             &what,
         )
         .unwrap_err();
-        assert!(e.message().ends_with("CUSOLVER_STATUS_INVALID_VALUE"), "{e}");
+        assert!(
+            e.message().ends_with("CUSOLVER_STATUS_INVALID_VALUE"),
+            "{e}"
+        );
         assert!(blas_check("x", cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS, &what).is_ok());
     }
 

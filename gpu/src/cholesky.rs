@@ -93,21 +93,42 @@ impl CholeskyPlan {
             let potrf = last[k * t + k].expect("just written");
             for i in k + 1..t {
                 let deps = std::iter::once(potrf).chain(last[i * t + k]).collect();
-                push(&mut out, &mut last, TileOp::Trsm { i, k }, deps, (i, k), true);
+                push(
+                    &mut out,
+                    &mut last,
+                    TileOp::Trsm { i, k },
+                    deps,
+                    (i, k),
+                    true,
+                );
             }
             for j in k + 1..t {
                 // The updates of column k + 1 are on the critical path: with the panel.
                 let panel = j == k + 1;
                 let trsm_j = last[j * t + k].expect("trsm of (j, k)");
                 let deps = std::iter::once(trsm_j).chain(last[j * t + j]).collect();
-                push(&mut out, &mut last, TileOp::Syrk { j, k }, deps, (j, j), panel);
+                push(
+                    &mut out,
+                    &mut last,
+                    TileOp::Syrk { j, k },
+                    deps,
+                    (j, j),
+                    panel,
+                );
                 for i in j + 1..t {
                     let trsm_i = last[i * t + k].expect("trsm of (i, k)");
                     let deps = [trsm_i, trsm_j]
                         .into_iter()
                         .chain(last[i * t + j])
                         .collect();
-                    push(&mut out, &mut last, TileOp::Gemm { i, j, k }, deps, (i, j), panel);
+                    push(
+                        &mut out,
+                        &mut last,
+                        TileOp::Gemm { i, j, k },
+                        deps,
+                        (i, j),
+                        panel,
+                    );
                 }
             }
         }
@@ -267,7 +288,10 @@ impl CholeskyPlan {
                     let order = k * b + v.max(0) as usize;
                     return Err(Box::new(GpuError::new(
                         e.kind(),
-                        format!("{} (tile {k}; order {order} of the whole matrix)", e.message()),
+                        format!(
+                            "{} (tile {k}; order {order} of the whole matrix)",
+                            e.message()
+                        ),
                     )));
                 }
             }
@@ -368,7 +392,9 @@ pub fn spd_entry(n: usize, i: usize, j: usize) -> f64 {
 /// The test matrix of order `n` ([`spd_entry`]), column-major, filled by a few threads.
 pub fn spd_matrix(n: usize) -> Vec<f64> {
     let mut a = vec![0.0f64; n * n];
-    let threads = std::thread::available_parallelism().map_or(1, |p| p.get()).min(16);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |p| p.get())
+        .min(16);
     let cols_per = n.div_ceil(threads).max(1);
     std::thread::scope(|s| {
         for (c, chunk) in a.chunks_mut(cols_per * n).enumerate() {
@@ -475,9 +501,7 @@ pub fn spot_check_on_device(
             let base = l.device_ptr();
             // SAFETY: rows i and j of L, elements 0..=j (j <= i < n), with stride n, lie
             // inside `l` (n² doubles), alive for this synchronous call.
-            let dot = unsafe {
-                blas.ddot(j + 1, base + 8 * i as u64, n, base + 8 * j as u64, n)?
-            };
+            let dot = unsafe { blas.ddot(j + 1, base + 8 * i as u64, n, base + 8 * j as u64, n)? };
             let scale = (spd_entry(n, i, i) * spd_entry(n, j, j)).sqrt();
             worst = worst.max((spd_entry(n, i, j) - dot).abs() / scale);
         }
@@ -639,7 +663,10 @@ mod tests {
     fn spd_entry_is_symmetric_and_dominant() {
         let n = 300;
         for i in 0..n {
-            let off: f64 = (0..n).filter(|&j| j != i).map(|j| spd_entry(n, i, j).abs()).sum();
+            let off: f64 = (0..n)
+                .filter(|&j| j != i)
+                .map(|j| spd_entry(n, i, j).abs())
+                .sum();
             assert!(spd_entry(n, i, i) > off);
             for j in 0..n {
                 assert_eq!(spd_entry(n, i, j), spd_entry(n, j, i));

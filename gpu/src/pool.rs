@@ -166,7 +166,9 @@ impl GpuPoolBuilder {
         F: Fn(&crate::blas::WorkerSetup<'_>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
         let m = crate::blas::StateMaker::new::<T, F>(make);
-        self.plan.states.retain(|o| o.state_type() != m.state_type());
+        self.plan
+            .states
+            .retain(|o| o.state_type() != m.state_type());
         self.plan.states.push(m);
         self
     }

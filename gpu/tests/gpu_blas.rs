@@ -92,15 +92,26 @@ fn handles_are_per_worker_and_set_to_the_node_stream() {
         worker_of.entry(bh).or_default().insert(w);
     }
     for (w, hs) in &blas_of {
-        assert_eq!(hs.len(), 1, "worker {w} used several cuBLAS handles: {hs:?}");
+        assert_eq!(
+            hs.len(),
+            1,
+            "worker {w} used several cuBLAS handles: {hs:?}"
+        );
     }
     for (w, hs) in &solver_of {
-        assert_eq!(hs.len(), 1, "worker {w} used several cuSOLVER handles: {hs:?}");
+        assert_eq!(
+            hs.len(),
+            1,
+            "worker {w} used several cuSOLVER handles: {hs:?}"
+        );
     }
     for (h, ws) in &worker_of {
         assert_eq!(ws.len(), 1, "cuBLAS handle {h:#x} used by workers {ws:?}");
     }
-    eprintln!("{} workers ran the 64 nodes, one handle each", blas_of.len());
+    eprintln!(
+        "{} workers ran the 64 nodes, one handle each",
+        blas_of.len()
+    );
     assert_no_wrong_context("handles_are_per_worker");
 }
 
@@ -160,35 +171,50 @@ fn handle_on_a_handed_over_stream_is_set_to_it() {
         nodes.push(n);
     }
     let out = pool.submit(&g.build().unwrap()).unwrap().wait().unwrap();
-    assert_eq!(pool.download(&c).unwrap(), vec![64.0], "six doublings in order");
+    assert_eq!(
+        pool.download(&c).unwrap(),
+        vec![64.0],
+        "six doublings in order"
+    );
     let s0 = out.get(nodes[0]).unwrap().1;
     let mut workers = HashSet::new();
     for (i, n) in nodes.iter().enumerate() {
         let &(w, stream, blas_stream, sets) = out.get(*n).unwrap();
         workers.insert(w);
-        assert_eq!(stream, s0, "node c{i} did not enqueue on the handed-over stream");
-        assert_eq!(blas_stream, stream, "node c{i}: cuBLAS handle on another stream");
+        assert_eq!(
+            stream, s0,
+            "node c{i} did not enqueue on the handed-over stream"
+        );
+        assert_eq!(
+            blas_stream, stream,
+            "node c{i}: cuBLAS handle on another stream"
+        );
         // Each worker's handle was set once (to the chain's stream) and never again.
-        assert_eq!(sets, 1, "node c{i}: the stream was set again without a change");
+        assert_eq!(
+            sets, 1,
+            "node c{i}: the stream was set again without a change"
+        );
     }
     assert_eq!(workers.len(), 2, "both workers ran the chain");
     assert_no_wrong_context("handle_on_a_handed_over_stream");
 }
 
+/// (what happened, worker name, thread): the probes' log.
+type ProbeLog = Arc<Mutex<Vec<(&'static str, String, ThreadId)>>>;
+
 /// A worker state that logs where it was made and dropped.
 struct Probe {
     worker: String,
     made_on: ThreadId,
-    log: Arc<Mutex<Vec<(&'static str, String, ThreadId)>>>,
+    log: ProbeLog,
 }
 
 impl Drop for Probe {
     fn drop(&mut self) {
-        self.log.lock().unwrap().push((
-            "drop",
-            self.worker.clone(),
-            std::thread::current().id(),
-        ));
+        self.log
+            .lock()
+            .unwrap()
+            .push(("drop", self.worker.clone(), std::thread::current().id()));
     }
 }
 
@@ -198,7 +224,7 @@ fn worker_state_is_made_and_dropped_on_its_worker() {
         return;
     }
     let _w = watchdog("worker_state", 120);
-    let log = Arc::new(Mutex::new(Vec::new()));
+    let log: ProbeLog = Arc::new(Mutex::new(Vec::new()));
     let l = log.clone();
     let pool = GpuPoolBuilder::new()
         .devices(Devices::List(vec![0]))
@@ -221,7 +247,11 @@ fn worker_state_is_made_and_dropped_on_its_worker() {
     for i in 0..30 {
         g.gpu_node(&dev, &format!("s{i}"), |ctx| {
             let p = ctx.state::<Probe>()?;
-            assert_eq!(p.made_on, std::thread::current().id(), "state of another thread");
+            assert_eq!(
+                p.made_on,
+                std::thread::current().id(),
+                "state of another thread"
+            );
             assert_eq!(p.worker, ctx.node().worker_info().name);
             let missing = ctx.state::<String>().expect_err("no String state");
             assert!(missing.message().contains("String"), "{missing}");
@@ -322,7 +352,10 @@ fn small_tiled_cholesky_verifies() {
             .unwrap();
         let dev = pool.devices()[0].clone();
         let (a0, a) = upload(&pool, n, None);
-        let info = Arc::new(pool.call(&dev, |ctx| Ok(ctx.alloc_zeros::<i32>(8)?)).unwrap());
+        let info = Arc::new(
+            pool.call(&dev, |ctx| Ok(ctx.alloc_zeros::<i32>(8)?))
+                .unwrap(),
+        );
         let plan = CholeskyPlan {
             n,
             tile: 128,
@@ -355,7 +388,10 @@ fn non_spd_tile_gives_the_named_error() {
     let n = 256;
     // Element 130 is the third of tile 2 (rows 128..192).
     let (_a0, a) = upload(&pool, n, Some(130));
-    let info = Arc::new(pool.call(&dev, |ctx| Ok(ctx.alloc_zeros::<i32>(4)?)).unwrap());
+    let info = Arc::new(
+        pool.call(&dev, |ctx| Ok(ctx.alloc_zeros::<i32>(4)?))
+            .unwrap(),
+    );
     let chol = CholeskyPlan::new(n, 64, dev.group())
         .build("not spd", &a, &info)
         .unwrap();
@@ -380,10 +416,7 @@ fn non_spd_tile_gives_the_named_error() {
             Ok(())
         })
         .expect_err("lda = 0 is invalid");
-    assert!(
-        e.to_string().contains("CUBLAS_STATUS_INVALID_VALUE"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("CUBLAS_STATUS_INVALID_VALUE"), "{e}");
     assert!(e.to_string().contains("node 'call'"), "{e}");
     assert_eq!(e.kind(), GpuErrorKind::Scheduler);
 }
