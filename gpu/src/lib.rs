@@ -25,6 +25,10 @@
 //! * **Errors.** A failed launch or copy fails the graph naming the node and the driver error;
 //!   a sticky error (illegal address) marks the device failed and later submissions to it say
 //!   why; out of memory fails the node only.
+//! * **Libraries.** [`GpuCtx::blas`] and [`GpuCtx::solver`] give a node its worker's cuBLAS
+//!   and cuSOLVER handles, set to the node's stream, with the worker's workspaces; per-worker
+//!   user state comes from [`GpuPoolBuilder::worker_state`]. [`CholeskyPlan`] builds a tiled
+//!   Cholesky factorization from them.
 //! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context.
 //!
 //! [cudarc]: https://docs.rs/cudarc
