@@ -125,8 +125,8 @@ fn main() -> Res<()> {
     }
     let ns = list("--n", &[4096, 8192, 16384, 32768]);
     let tiles = list("--tiles", &[512, 1024, 2048]);
-    let runs = list("--runs", &[3])[0].max(1);
-    let workers = list("--workers", &[8])[0].max(2);
+    let runs = list("--runs", &[3]).first().copied().unwrap_or(3).max(1);
+    let workers = list("--workers", &[8]).first().copied().unwrap_or(8).max(2);
     let name = boundpool_gpu::device_info(0)
         .map(|d| d.name)
         .unwrap_or_default();
