@@ -25,12 +25,18 @@
 //! * **Errors.** A failed launch or copy fails the graph naming the node and the driver error;
 //!   a sticky error (illegal address) marks the device failed and later submissions to it say
 //!   why; out of memory fails the node only.
+//! * **Libraries.** [`GpuCtx::blas`] and [`GpuCtx::solver`] give a node its worker's cuBLAS
+//!   and cuSOLVER handles, set to the node's stream, with the worker's workspaces; per-worker
+//!   user state comes from [`GpuPoolBuilder::worker_state`]. [`CholeskyPlan`] builds a tiled
+//!   Cholesky factorization from them.
 //! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context.
 //!
 //! [cudarc]: https://docs.rs/cudarc
 
 pub mod baselines;
+mod blas;
 mod buffer;
+mod cholesky;
 mod detect;
 mod device;
 mod diag;
@@ -42,7 +48,12 @@ mod pool;
 mod timing;
 mod worker;
 
+pub use blas::{potrf_info_error, Blas, Diag, Side, Solver, Trans, Uplo, WorkerSetup};
 pub use buffer::{DeviceBuffer, DeviceCopy};
+pub use cholesky::{
+    residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyGraph, CholeskyPlan,
+    TileOp, TileTask,
+};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
 pub use device::DeviceInfo;
 pub use diag::{context_check, probe, MemoryProbe};
