@@ -30,7 +30,7 @@ use loom::thread;
 
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, GraphBuilder};
-use crate::run::{Completion, Run};
+use crate::run::{Completion, Run, RunRef};
 use crate::sleep::Sleep;
 
 /// a -> {b, c} -> d; node indices 0, 1, 2, 3.
@@ -50,7 +50,7 @@ fn complete(run: &Run<()>, node: u32, ok: bool) -> (Vec<u32>, bool) {
     let mut ready = Vec::new();
     let n = run.release(node, ok, |t| ready.push(t.node));
     assert_eq!(n, ready.len());
-    let finished = run.settle(n);
+    let finished = RunRef::new(run).settle(n);
     (ready, finished)
 }
 
@@ -215,7 +215,7 @@ fn ready_handoff_keeps_the_run_alive() {
         // The worker: complete `a`, settle, queue all but the continuation, run the continuation.
         let mut ready = Vec::new();
         let n = run.release(0, true, |t| ready.push(t.node));
-        assert!(!run.settle(n));
+        assert!(!RunRef::new(&run).settle(n));
         let cont = ready.remove(0);
         for t in ready {
             queue.lock().unwrap().push(t);

@@ -11,7 +11,7 @@ use crate::graph::{Graph, Placement, Plan};
 use crate::handle::GraphHandle;
 use crate::metrics::{PoolCounters, WorkerCounters};
 use crate::pool::{IdleHook, ShutdownMode, StartHook, StopHook, WorkerInfo};
-use crate::run::{Completion, GraphOutput, Run, Task};
+use crate::run::{Completion, GraphOutput, Run, RunRef, Task};
 use crate::sleep::Sleep;
 use crate::sync::{self, AtomicU64, AtomicU8, Condvar, Mutex, Ordering};
 
@@ -232,7 +232,7 @@ impl<S: Send + 'static> Registry<S> {
         let mut per_group = vec![0usize; this.groups.len()];
         let mut per_domain = vec![0usize; this.domains.len()];
         for &s in plan.sources.iter() {
-            let t = Task::new(&run, s);
+            let t = Task::new(RunRef::new(&run), s);
             match plan.nodes[s as usize].placement() {
                 Placement::Any => {
                     this.any.push(t);

@@ -5,6 +5,13 @@
 //! The pointer stays valid because the registry keeps an `Arc<Run>` in its table of active
 //! runs until the run's in-flight count reaches zero, and every task is counted in flight
 //! from the moment it is created until its node has completed.
+//!
+//! Workers hold a run as a [`RunRef`] (the pointer), never as a `&Run` function argument, across
+//! a point where they give their in-flight unit away (queueing the task that carries it, a
+//! decrement that does not reach zero, a hand-off to the CPU lane): from there another thread may
+//! finish and free the run while the frame is still live, and a reference argument must stay
+//! valid for its whole call (Stacked/Tree Borrows protectors), used again or not. A `&Run` made
+//! by dereferencing a `RunRef` inside a body is not an argument and carries no such promise.
 
 use std::cell::UnsafeCell;
 use std::fmt;
@@ -172,10 +179,80 @@ impl Drop for Slots {
     }
 }
 
+/// A pointer to a run that a worker holds while it has one of the run's in-flight units (see the
+/// top of this file). It dereferences to the run only while the unit is held; the unit is given
+/// up by [`leave`](Self::leave) or [`settle`](Self::settle) (or by handing a task that carries it
+/// to another thread), after which it must not be dereferenced again unless the count reached
+/// zero (then the caller has the run to itself until it settles the `Finished` it gets from
+/// `Registry::finish`).
+pub(crate) struct RunRef<S>(NonNull<Run<S>>);
+
+impl<S> Clone for RunRef<S> {
+    #[inline]
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S> Copy for RunRef<S> {}
+
+impl<S> RunRef<S> {
+    #[inline]
+    pub(crate) fn new(run: &Run<S>) -> Self {
+        RunRef(NonNull::from(run))
+    }
+
+    /// Removes one task from the in-flight count. Returns `true` when it reached zero: the
+    /// caller must then call `Registry::finish` and not touch the run after settling what it
+    /// returns. When it returns `false` the run may already be freed: do not dereference `self`.
+    #[inline]
+    pub(crate) fn leave(self) -> bool {
+        // SAFETY: the caller holds an in-flight unit, so the run is alive at the decrement. The
+        // decrement goes through the raw pointer, as `Arc::drop` does: no `&Run` argument spans
+        // it, so another thread freeing the run right after it (once it brought the count to
+        // zero) frees nothing a live reference argument points to. Nothing here touches the run
+        // after the decrement.
+        unsafe { (*self.0.as_ptr()).inflight.fetch_sub(1, Ordering::AcqRel) == 1 }
+    }
+
+    /// Adjusts the in-flight count for a completed node that made `newly_ready` tasks ready
+    /// (this node leaves, they enter). Returns `true` when the count reached zero: the caller
+    /// must then call `Registry::finish` and not touch the run again.
+    ///
+    /// The count is raised before the caller queues the ready tasks, so no task of the run can
+    /// bring it to zero while another is still to be queued. After it returns `false`, the unit
+    /// has passed to the ready tasks: the run may be freed once they are queued.
+    #[inline]
+    pub(crate) fn settle(self, newly_ready: usize) -> bool {
+        match newly_ready {
+            0 => self.leave(),
+            1 => false,
+            k => {
+                // The node's unit is still held here (it passes to the ready tasks only once
+                // they are queued), so the run is alive.
+                self.inflight.fetch_add(k - 1, Ordering::AcqRel);
+                false
+            }
+        }
+    }
+}
+
+impl<S> std::ops::Deref for RunRef<S> {
+    type Target = Run<S>;
+
+    #[inline]
+    fn deref(&self) -> &Run<S> {
+        // SAFETY: the run outlives every in-flight unit (top of this file), and a `RunRef` is
+        // dereferenced only while its holder has one, or has the run to itself (count at zero,
+        // before its `Finished` is settled). The `&Run` lives no longer than the borrow of the
+        // `RunRef`, which its holder ends before it gives the unit away.
+        unsafe { self.0.as_ref() }
+    }
+}
+
 /// A ready node of a run, as it sits in a deque or injector. Copying one is allowed only to pass
 /// it along: exactly one copy is completed.
 pub(crate) struct Task<S> {
-    run: NonNull<Run<S>>,
+    run: RunRef<S>,
     pub(crate) node: u32,
 }
 
@@ -192,19 +269,16 @@ impl<S> Clone for Task<S> {
 impl<S> Copy for Task<S> {}
 
 impl<S> Task<S> {
-    pub(crate) fn new(run: &Run<S>, node: u32) -> Self {
-        Task {
-            run: NonNull::from(run),
-            node,
-        }
+    #[inline]
+    pub(crate) fn new(run: RunRef<S>, node: u32) -> Self {
+        Task { run, node }
     }
 
-    /// The run this task belongs to.
+    /// The run this task belongs to: valid to dereference while this task's unit is held (it is
+    /// counted in flight until its node completes).
     #[inline]
-    pub(crate) fn run(&self) -> &Run<S> {
-        // SAFETY: the run outlives every task counted in its in-flight count (top of this file);
-        // this task is counted until its node completes, which happens after the last use.
-        unsafe { self.run.as_ref() }
+    pub(crate) fn run(&self) -> RunRef<S> {
+        self.run
     }
 }
 
@@ -270,7 +344,7 @@ impl<S> Run<S> {
 
     /// Completes node `node`'s dependency bookkeeping: when `release` (it succeeded and the run
     /// has not failed) its successors' counters are decremented and each one that reaches zero is
-    /// handed to `ready`. Returns how many were. The caller must then call [`settle`](Self::settle)
+    /// handed to `ready`. Returns how many were. The caller must then call [`RunRef::settle`]
     /// with that number *before* queueing any of them.
     #[inline]
     pub(crate) fn release(
@@ -301,7 +375,7 @@ impl<S> Run<S> {
                         continue;
                     }
                 }
-                ready(Task::new(self, s));
+                ready(Task::new(RunRef::new(self), s));
                 n += 1;
             }
         }
@@ -313,31 +387,6 @@ impl<S> Run<S> {
     #[inline]
     pub(crate) fn enter(&self) {
         self.inflight.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Removes one task from the in-flight count. Returns `true` when it reached zero: the caller
-    /// must then call `Registry::finish(self)` and not touch the run again.
-    #[inline]
-    pub(crate) fn leave(&self) -> bool {
-        self.inflight.fetch_sub(1, Ordering::AcqRel) == 1
-    }
-
-    /// Adjusts the in-flight count for a completed node that made `newly_ready` tasks ready
-    /// (this node leaves, they enter). Returns `true` when the count reached zero: the caller
-    /// must then call `Registry::finish(self)` and not touch the run again.
-    ///
-    /// The count is raised before the caller queues the ready tasks, so no task of the run can
-    /// bring it to zero while another is still to be queued.
-    #[inline]
-    pub(crate) fn settle(&self, newly_ready: usize) -> bool {
-        match newly_ready {
-            0 => self.leave(),
-            1 => false,
-            k => {
-                self.inflight.fetch_add(k - 1, Ordering::AcqRel);
-                false
-            }
-        }
     }
 
     /// Marks `node`'s one-predecessor successors as never released. Their counters are not

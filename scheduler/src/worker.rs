@@ -17,7 +17,7 @@ use crate::error::{BoxError, Error, ErrorKind};
 use crate::graph::{NodeSpec, Placement, ANY_GROUP, DOMAIN_BIT};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::registry::{Finished, Registry};
-use crate::run::{Completion, Run, Task};
+use crate::run::{Completion, Run, RunRef, Task};
 use crate::sync::{self, Condvar, Mutex};
 
 /// Nodes between two service points of a busy worker (idle hook, metrics flush, timing
@@ -474,7 +474,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                     }
                     // The body unwound past its own `nodes_run` count.
                     self.counters().nodes_run.add(1);
-                    run.fail(node_panicked(run, cur, &*p));
+                    run.fail(node_panicked(&run, cur, &*p));
                     match self.complete(run, cur, false) {
                         Some(s) => running = s,
                         None => return,
@@ -488,7 +488,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// `run`, so its node records are read from a slice held in registers, and one `NodeCtx`
     /// serves the whole chain (only its node changes). `*running` names the node whose body
     /// runs ([`NO_NODE`] between bodies).
-    fn execute_chain(&self, run: &Run<S>, running: &mut u32) {
+    fn execute_chain(&self, run: RunRef<S>, running: &mut u32) {
         let nodes: &[NodeSpec<S>] = &run.plan.nodes;
         let counters = self.counters();
         let sink = self.registry.trace.as_ref();
@@ -496,7 +496,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         let mut node = *running;
         *running = NO_NODE;
         let mut ctx = NodeCtx {
-            inputs: Inputs::of(run, node),
+            inputs: Inputs::of(&run, node),
             worker: self,
         };
         let mut n = counters.nodes_run.get();
@@ -777,7 +777,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// The uncommon cases: a failed run, a CPU-heavy node.
     #[cold]
     #[inline(never)]
-    fn run_task_slow(&self, run: &Run<S>, i: u32) -> Option<u32> {
+    fn run_task_slow(&self, run: RunRef<S>, i: u32) -> Option<u32> {
         if run.is_failed() {
             self.counters().skipped.add(1);
             run.note_skipped();
@@ -790,10 +790,10 @@ impl<S: Send + 'static> WorkerThread<S> {
             lane.spawn(move || run_on_cpu_lane(reg, task));
             return None;
         }
-        let inputs = Inputs::of(run, i);
+        let inputs = Inputs::of(&run, i);
         let res = catch_unwind(AssertUnwindSafe(|| spec.body.run_inputs(&inputs)));
         self.counters().nodes_run.add(1);
-        let ok = store_outcome(run, i, res);
+        let ok = store_outcome(&run, i, res);
         self.complete(run, i, ok)
     }
 
@@ -802,14 +802,14 @@ impl<S: Send + 'static> WorkerThread<S> {
     #[inline(never)]
     fn run_worker_body_instrumented(
         &self,
-        run: &Run<S>,
+        run: RunRef<S>,
         i: u32,
         running: &mut u32,
         sample: bool,
         tracing: bool,
     ) -> Option<u32> {
         let ctx = NodeCtx {
-            inputs: Inputs::of(run, i),
+            inputs: Inputs::of(&run, i),
             worker: self,
         };
         let start = sample.then(Instant::now);
@@ -820,7 +820,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         *running = i;
         let res = run.plan.nodes[i as usize].body.run(&ctx);
         *running = NO_NODE;
-        self.record_slice(run, i, start, tick);
+        self.record_slice(&run, i, start, tick);
         self.counters().nodes_run.add(1);
         match (res, self.defer_slot.take()) {
             (Ok(()), None) => self.complete(run, i, true),
@@ -848,7 +848,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     #[inline(never)]
     fn after_body_slow(
         &self,
-        run: &Run<S>,
+        run: RunRef<S>,
         i: u32,
         res: Result<(), BoxError>,
         deferred: Option<DeferFn<S>>,
@@ -863,7 +863,7 @@ impl<S: Send + 'static> WorkerThread<S> {
             }
             (Ok(()), None) => self.complete(run, i, true),
             (Err(e), _) => {
-                run.fail(node_failed(run, i, e));
+                run.fail(node_failed(&run, i, e));
                 self.complete(run, i, false)
             }
         }
@@ -873,7 +873,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// continuation, the others are queued (here, or on their group's injector) and sleepers
     /// are woken. A link of a chain hands on its successor without any check.
     #[inline]
-    fn complete(&self, run: &Run<S>, i: u32, ok: bool) -> Option<u32> {
+    fn complete(&self, run: RunRef<S>, i: u32, ok: bool) -> Option<u32> {
         if ok {
             if let Some(s) = run.plan.nodes[i as usize].chain_successor() {
                 return Some(s);
@@ -901,7 +901,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// takes over the node's unit (no count traffic for a node whose one successor runs on
     /// another worker), and the run is not touched after it is queued.
     #[inline(never)]
-    fn complete_general(&self, run: &Run<S>, i: u32, ok: bool) -> Option<u32> {
+    fn complete_general(&self, run: RunRef<S>, i: u32, ok: bool) -> Option<u32> {
         let nodes = &run.plan.nodes;
         let mut cont = None;
         let mut held: Option<(Task<S>, Placement)> = None;
@@ -936,8 +936,10 @@ impl<S: Send + 'static> WorkerThread<S> {
             self.registry.sleep.notify_local(self.group);
         }
         if cont.is_none() && run.leave() {
-            // Settled in `execute`, once this frame (and its caller's) holding `run` are gone.
-            self.finished.borrow_mut().push(self.registry.finish(run));
+            // The count reached zero: this worker has the run to itself. `leave` returning
+            // `false` would mean the unit is gone and `run` must not be dereferenced again.
+            // Settled in `execute`, once no frame holding a `&Run` argument of it is live.
+            self.finished.borrow_mut().push(self.registry.finish(&run));
         }
         cont
     }
@@ -986,12 +988,12 @@ impl<S: Send + 'static> WorkerThread<S> {
                 Ok(Poll::Ready(Ok(()))) => true,
                 Ok(Poll::Ready(Err(e))) => {
                     let run = d.task.run();
-                    run.fail(node_failed(run, d.task.node, e));
+                    run.fail(node_failed(&run, d.task.node, e));
                     false
                 }
                 Err(p) => {
                     let run = d.task.run();
-                    run.fail(node_panicked(run, d.task.node, &*p));
+                    run.fail(node_panicked(&run, d.task.node, &*p));
                     false
                 }
             };
@@ -1048,16 +1050,17 @@ fn run_on_cpu_lane<S: Send + 'static>(reg: Arc<Registry<S>>, task: Task<S>) {
         run.note_skipped();
         false
     } else {
-        let inputs = Inputs::of(run, i);
+        let inputs = Inputs::of(&run, i);
         let body = &run.plan.nodes[i as usize].body;
         let res = catch_unwind(AssertUnwindSafe(|| body.run_inputs(&inputs)));
         metrics::cpu_lane_node(&reg);
-        store_outcome(run, i, res)
+        store_outcome(&run, i, res)
     };
     let mut ready = Vec::new();
     let n = run.release(i, ok, |t| ready.push(t));
     if run.settle(n) {
-        reg.finish(run).settle();
+        // The count reached zero: this thread has the run to itself.
+        reg.finish(&run).settle();
         return;
     }
     for t in ready {
