@@ -16,8 +16,8 @@
 //! installed and the baseline runs again beside the recorder configuration.
 
 use boundpool::observe::install_prometheus_recorder;
-use boundpool::workloads::{empty_graph, median, run_boundpool, Shape};
 use boundpool::{Graph, Pool, PoolBuilder};
+use boundpool_bench::workloads::{empty_graph, median, run_boundpool, Shape};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)

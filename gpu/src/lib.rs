@@ -29,6 +29,8 @@
 //!
 //! [cudarc]: https://docs.rs/cudarc
 
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
 pub mod baselines;
 mod buffer;
 mod detect;
@@ -39,17 +41,22 @@ mod error;
 mod module;
 mod node;
 mod pool;
+#[cfg(feature = "bench-internals")]
+mod probe;
 mod timing;
 mod worker;
 
 pub use buffer::{DeviceBuffer, DeviceCopy};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
 pub use device::DeviceInfo;
-pub use diag::{context_check, probe, MemoryProbe};
+pub use diag::{context_check, MemoryProbe};
 pub use error::{GpuError, GpuErrorKind, GpuResult};
 pub use module::{builtin, Kernel, Module};
 pub use node::{GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, MAX_KERNEL_ARGS};
 pub use pool::{Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub use probe::probe;
 pub use worker::GpuWorker;
 
 /// Re-exports of the scheduler types GPU graphs use.
