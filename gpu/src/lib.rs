@@ -27,6 +27,28 @@
 //!   why; out of memory fails the node only.
 //! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context.
 //!
+//! # Where the driver and the unsafe code are
+//!
+//! The one list (the README points here). Every block has a `// SAFETY:` comment and every
+//! unsafe fn or trait a `# Safety` section.
+//!
+//! * `driver.rs`: the only file that calls the driver (`cudarc::driver::sys`) or names its raw
+//!   types. Its wrappers check (when on) that the expected context is current; the handles it
+//!   returns (`Ctx`, `Stream`, `Event`, `Func`, `Module`, `Dev`) are `Copy` newtypes over the
+//!   raw ones that `device.rs`, `worker.rs`, `node.rs` and `timing.rs` keep in their tables and
+//!   hand back to it (a [`DeviceBuffer`] holds its device address as a plain `u64`); destroying one once is those tables' business, not the types'.
+//!   Its unsafe fns are the launch and the copies and memset, which take raw pointers.
+//! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
+//!   contract), packing the launch arguments as pointers to their slots, and the host copies
+//!   and memset it passes to `driver.rs`.
+//! * `buffer.rs`: the unsafe trait [`DeviceCopy`] (plain bytes a device may read and write) and
+//!   its impls for the primitive types and arrays.
+//! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`).
+//! * `baselines.rs` and `probe.rs` (only with the `bench-internals` feature, for
+//!   `boundpool-bench`): raw launches of the built-in kernels.
+//!
+//! No other file has `unsafe`.
+//!
 //! [cudarc]: https://docs.rs/cudarc
 
 #[cfg(feature = "bench-internals")]

@@ -5,22 +5,24 @@
 //! asked ([`PoolBuilder::trace`](crate::PoolBuilder::trace)); this module turns both into what
 //! people already look at:
 //!
-//! * [`install_prometheus`] (feature `prometheus`) — one line that installs a Prometheus recorder and serves `/metrics`:
+//! * `install_prometheus` (feature `prometheus`) — one line that installs a Prometheus
+//!   recorder and serves `/metrics`:
 //!
 //!   ```no_run
+//!   # #[cfg(feature = "prometheus")] {
 //!   let handle = boundpool::observe::install_prometheus(([127, 0, 0, 1], 9000))?;
 //!   // ... build pools, run graphs; scrape http://127.0.0.1:9000/metrics meanwhile ...
 //!   println!("{}", handle.render()); // the same exposition text, in process
+//!   # }
 //!   # Ok::<(), boundpool::observe::ObserveError>(())
 //!   ```
-//! * [`chrome_trace`] — a [`Trace`] in the Chrome trace format that Perfetto's UI and
+//! * [`chrome_trace`] — a [`Trace`](crate::Trace) in the Chrome trace format that Perfetto's UI and
 //!   `chrome://tracing` open.
-//! * [`serve_metrics_and_trace`] (feature `prometheus`) — `/metrics` and, for the pools given to [`publish_trace`],
-//!   `/trace` (the rolling window as Chrome trace JSON) on one port.
+//! * `serve_metrics_and_trace` (feature `prometheus`) — `/metrics` and, for the pools given to
+//!   `publish_trace`, `/trace` (the rolling window as Chrome trace JSON) on one port.
 //! * [`Timeline`] — reads such a file back and draws it as an SVG picture ([`Timeline::to_svg`]).
 //! * [`metrics_table`] — the markdown table of every metric, generated from [`METRICS`].
 //! * [`os_threads`] — the number of OS threads of this process (Linux: `/proc/self/task`).
-
 //!
 //! One file per output: `prometheus.rs` (the exporter and the `/metrics` + `/trace` endpoint,
 //! behind the facade's `prometheus` feature, off by default), `chrome_trace.rs` (the Chrome

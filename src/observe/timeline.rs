@@ -67,7 +67,7 @@ const PALETTE: [&str; 12] = [
 ];
 
 impl Timeline {
-    /// Reads the events of a Chrome trace (as written by [`chrome_trace`], or any file with
+    /// Reads the events of a Chrome trace (as written by [`chrome_trace`](super::chrome_trace), or any file with
     /// `traceEvents` of `M` `thread_name` and `X` complete events; `B`/`E` pairs are not read).
     ///
     /// Errors: no `traceEvents` array, or an `X` event without a numeric `ts`.
