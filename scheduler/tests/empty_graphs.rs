@@ -72,9 +72,9 @@ fn an_empty_graph_is_exported_as_a_completed_graph() {
             })
             .sum::<u64>()
     };
-    assert_eq!(count("boundpool_graphs_submitted"), 2);
+    assert_eq!(count("boundpool_graphs_submitted_total"), 2);
     // Before the fix an empty graph was submitted but never exported as completed.
-    assert_eq!(count("boundpool_graphs_completed"), 2);
+    assert_eq!(count("boundpool_graphs_completed_total"), 2);
 }
 
 #[test]
