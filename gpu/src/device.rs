@@ -254,8 +254,8 @@ impl DeviceShared {
     /// Frees the queued handles. Runs on a bound worker (`own` is its stream): the worker first
     /// makes its stream wait for everything already enqueued on the device's other streams (a
     /// handle dropped anywhere was last used by work enqueued before the drop), then frees
-    /// stream-ordered. When every stream of the device was idle before the drain, it then
-    /// synchronises its stream (at once: only the frees are queued there), so that the memory
+    /// stream-ordered. When every stream of the device was idle before the drain and still is
+    /// after it, it then synchronises its stream (at once: only the frees are queued there), so that the memory
     /// pool hands the freed memory back to the device (the default pool keeps nothing past a
     /// synchronise) and an idle device's free memory comes back. Returns how many were
     /// released.
@@ -304,10 +304,22 @@ impl DeviceShared {
                 }
             }
         }
-        if device_idle && fenced {
+        // Look again before blocking: work another worker enqueued since the first look (before
+        // the fence events were recorded) would make this worker wait for it. A stream idle now
+        // has finished everything the fence waits for, so the synchronise returns at once.
+        if device_idle && fenced && self.other_streams_idle(own) {
             let _ = driver::stream_synchronize(ctx, own);
         }
         n
+    }
+
+    fn other_streams_idle(&self, own: Stream) -> bool {
+        let ctx = self.ctx();
+        let streams = self.streams.read().unwrap_or_else(|e| e.into_inner());
+        streams
+            .iter()
+            .filter(|s| **s != own)
+            .all(|&s| driver::stream_query(ctx, s).unwrap_or(false))
     }
 
     pub(crate) fn track_allocation(&self, p: u64) {

@@ -262,6 +262,25 @@ pub(crate) fn stream_create(expect: Ctx) -> DResult<Stream> {
     }
 }
 
+/// A non-blocking stream of priority `priority`, clamped to the context's range (lower numbers
+/// are higher priorities; 0 is the default).
+pub(crate) fn stream_create_with_priority(expect: Ctx, priority: i32) -> DResult<Stream> {
+    check(expect, "cuStreamCreateWithPriority");
+    let (mut least, mut greatest) = (0i32, 0i32);
+    let mut s = MaybeUninit::<sys::CUstream>::uninit();
+    // SAFETY: the first call writes two integers; the second one stream handle.
+    unsafe {
+        sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest).result()?;
+        sys::cuStreamCreateWithPriority(
+            s.as_mut_ptr(),
+            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            priority.clamp(greatest, least),
+        )
+        .result()?;
+        Ok(Stream(s.assume_init()))
+    }
+}
+
 pub(crate) fn stream_destroy(expect: Ctx, s: Stream) -> DResult<()> {
     check(expect, "cuStreamDestroy");
     // SAFETY: crate invariant: `s` is live and destroyed once.

@@ -26,6 +26,13 @@ pub enum GpuErrorKind {
     InvalidArgument,
     /// The device's pool has shut down.
     Closed,
+    /// A cuBLAS or cuSOLVER call returned an error status (named in the message, e.g.
+    /// `CUBLAS_STATUS_INVALID_VALUE`), or `potrf` found a matrix not positive definite.
+    Library,
+    /// cuBLAS or cuSOLVER could not be loaded (the message names the library).
+    LibraryMissing,
+    /// A worker state factory (`GpuPoolBuilder::worker_state`) failed on a worker.
+    WorkerState,
 }
 
 /// The error type of `boundpool-gpu`: a kind, a message that names what failed (node, device,

@@ -25,6 +25,10 @@
 //! * **Errors.** A failed launch or copy fails the graph naming the node and the driver error;
 //!   a sticky error (illegal address) marks the device failed and later submissions to it say
 //!   why; out of memory fails the node only.
+//! * **Libraries.** [`GpuCtx::blas`] and [`GpuCtx::solver`] give a node its worker's cuBLAS
+//!   and cuSOLVER handles, set to the node's stream, with the worker's workspaces; per-worker
+//!   user state comes from [`GpuPoolBuilder::worker_state`]. [`CholeskyPlan`] builds a tiled
+//!   Cholesky factorization from them.
 //! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context.
 //!
 //! # Where the driver and the unsafe code are
@@ -32,12 +36,18 @@
 //! The one list (the README points here). Every block has a `// SAFETY:` comment and every
 //! unsafe fn or trait a `# Safety` section.
 //!
-//! * `driver.rs`: the only file that calls the driver (`cudarc::driver::sys`) or names its raw
-//!   types. Its wrappers check (when on) that the expected context is current; the handles it
-//!   returns (`Ctx`, `Stream`, `Event`, `Func`, `Module`, `Dev`) are `Copy` newtypes over the
-//!   raw ones that `device.rs`, `worker.rs`, `node.rs` and `timing.rs` keep in their tables and
-//!   hand back to it (a [`DeviceBuffer`] holds its device address as a plain `u64`); destroying one once is those tables' business, not the types'.
-//!   Its unsafe fns are the launch and the copies and memset, which take raw pointers.
+//! * `driver.rs`: the only file that calls the CUDA driver (`cudarc::driver::sys`). Its
+//!   wrappers check (when on) that the expected context is current; the handles it returns
+//!   (`Ctx`, `Stream`, `Event`, `Func`, `Module`, `Dev`) are `Copy` newtypes over the raw ones
+//!   that `device.rs`, `worker.rs`, `node.rs`, `timing.rs` and `blas.rs` keep in their tables
+//!   and hand back to it; destroying one once is those tables' business, not the types'. (A
+//!   [`DeviceBuffer`] holds its device address as a plain `u64`.) Its unsafe fns are the launch,
+//!   the copies and the memset, which take raw pointers.
+//! * `blas.rs`: the only file with cuBLAS and cuSOLVER handles and calls (`cudarc::cublas::sys`,
+//!   `cudarc::cusolver::sys`): creating, setting the stream of (the raw stream taken out of a
+//!   `Stream`) and destroying the handles, the library-presence checks, and the routines, unsafe
+//!   fns on device addresses.
+//! * `cholesky.rs`: the tiled factorization's node bodies calling those routines on its tiles.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
 //!   contract), packing the launch arguments as pointers to their slots, and the host copies
 //!   and memset it passes to `driver.rs`.
@@ -54,7 +64,9 @@
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod baselines;
+mod blas;
 mod buffer;
+mod cholesky;
 mod detect;
 mod device;
 mod diag;
@@ -68,7 +80,12 @@ mod probe;
 mod timing;
 mod worker;
 
+pub use blas::{potrf_info_error, Blas, Diag, Side, Solver, Trans, Uplo, WorkerSetup};
 pub use buffer::{DeviceBuffer, DeviceCopy};
+pub use cholesky::{
+    residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyGraph, CholeskyPlan,
+    TileOp, TileTask,
+};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
 pub use device::DeviceInfo;
 pub use diag::{context_check, MemoryProbe};

@@ -49,9 +49,9 @@ impl Drop for GpuMarker {
 /// ordered after the node's GPU predecessors and before its GPU successors, on the device.
 pub struct GpuCtx<'a, 'n> {
     node: &'a NodeCtx<'n, GpuWorker>,
-    b: &'a Bound,
+    pub(crate) b: &'a Bound,
     /// Where this node's work goes: its worker's stream, or the one its predecessor handed over.
-    stream: Stream,
+    pub(crate) stream: Stream,
 }
 
 impl fmt::Debug for GpuCtx<'_, '_> {
@@ -207,7 +207,7 @@ impl Launch<'_, '_, '_> {
 }
 
 impl<'a, 'n> GpuCtx<'a, 'n> {
-    fn what(&self) -> String {
+    pub(crate) fn what(&self) -> String {
         format!(
             "node '{}' of graph '{}' on device {}",
             self.node.node_name(),

@@ -44,6 +44,9 @@ pub struct GpuPoolBuilder {
     host_cores: Option<Cores>,
     trace: bool,
     stream_handoff: bool,
+    plan: crate::blas::WorkerPlan,
+    /// (group index within a device, stream priority)
+    stream_priorities: Vec<(usize, i32)>,
 }
 
 impl Default for GpuPoolBuilder {
@@ -67,6 +70,8 @@ impl GpuPoolBuilder {
             host_cores: None,
             trace: false,
             stream_handoff: true,
+            plan: Default::default(),
+            stream_priorities: Vec::new(),
         }
     }
 
@@ -139,6 +144,49 @@ impl GpuPoolBuilder {
         self
     }
 
+    /// Creates each device worker's cuBLAS handle when it starts (else at its first
+    /// [`GpuCtx::blas`]); a libcublas the loader cannot find is then an error of `build`.
+    pub fn blas(mut self, at_start: bool) -> Self {
+        self.plan.blas = at_start;
+        self
+    }
+
+    /// Creates each device worker's cuSOLVER handle when it starts (else at its first
+    /// [`GpuCtx::solver`]); a missing libcusolver is then an error of `build`.
+    pub fn solver(mut self, at_start: bool) -> Self {
+        self.plan.solver = at_start;
+        self
+    }
+
+    /// A value of type `T` made by `make` on each device worker when it starts (its context
+    /// bound, after the libraries asked for up front), dropped on that worker when it stops
+    /// (context still bound), reachable from node bodies as [`GpuCtx::state`]: cuFFT plans,
+    /// other libraries' handles, scratch buffers. A factory's error fails `build`, naming the
+    /// worker. One state per type (a second factory for the same type replaces the first).
+    pub fn worker_state<T, F>(mut self, make: F) -> Self
+    where
+        T: Send + 'static,
+        F: Fn(&crate::blas::WorkerSetup<'_>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        let m = crate::blas::StateMaker::new::<T, F>(make);
+        self.plan
+            .states
+            .retain(|o| o.state_type() != m.state_type());
+        self.plan.states.push(m);
+        self
+    }
+
+    /// The CUDA priority of the streams of the workers of each device's group `group` (see
+    /// [`groups_per_device`](Self::groups_per_device)): lower is more urgent, 0 is the default,
+    /// clamped to the device's range (on current GPUs down to -5). Work on a higher-priority
+    /// stream gets the device's free SMs first (for example the critical path of a
+    /// factorization, placed on its own group, ahead of bulk updates).
+    pub fn stream_priority(mut self, group: usize, priority: i32) -> Self {
+        self.stream_priorities.retain(|(g, _)| *g != group);
+        self.stream_priorities.push((group, priority));
+        self
+    }
+
     /// Detects the devices (an error, not a panic, when there is no driver or no such device),
     /// then starts the workers: each pins itself, binds its device's primary context (retained
     /// once per device), checks it with `cuCtxGetCurrent` and creates its stream.
@@ -188,6 +236,7 @@ impl GpuPoolBuilder {
             }
             seen.push(o);
         }
+        self.plan.check_libraries()?;
         let mut devices = Vec::new();
         let mut infos = Vec::new();
         for &o in &ordinals {
@@ -199,6 +248,7 @@ impl GpuPoolBuilder {
         let plans = plan_cores(&infos, self.workers_per_device, &process);
         let mut specs = Vec::new();
         let mut group_device = Vec::new();
+        let mut group_priority = Vec::new();
         let mut device_groups: Vec<Vec<GroupId>> = vec![Vec::new(); devices.len()];
         // With one group per device the group is the device's placement; with more, a domain
         // over them (domain k is device k's).
@@ -229,6 +279,12 @@ impl GpuPoolBuilder {
                 };
                 device_groups[i].push(GroupId::from_index(specs.len()));
                 group_device.push(Some(i));
+                group_priority.push(
+                    self.stream_priorities
+                        .iter()
+                        .find(|(gi, _)| *gi == k)
+                        .map_or(0, |(_, p)| *p),
+                );
                 specs.push(GroupSpec {
                     name,
                     workers: hi - lo,
@@ -239,6 +295,7 @@ impl GpuPoolBuilder {
         let host_group = if self.host_workers > 0 {
             let id = GroupId::from_index(specs.len());
             group_device.push(None);
+            group_priority.push(0);
             specs.push(GroupSpec {
                 name: "host".into(),
                 workers: self.host_workers,
@@ -260,6 +317,8 @@ impl GpuPoolBuilder {
             domain_device,
             devices: devices.clone(),
             stream_handoff: self.stream_handoff,
+            plan: self.plan.clone(),
+            group_priority,
         });
         let sh_start = shared.clone();
         let pool_name = self.name.clone();
@@ -275,8 +334,12 @@ impl GpuPoolBuilder {
             })
             .start_hook(move |info| -> Result<GpuWorker, BoxError> {
                 match sh_start.device_of_group(info.group) {
-                    Some(d) => GpuWorker::start_device(sh_start.clone(), d)
-                        .map_err(|e| Box::new(e) as BoxError),
+                    Some(d) => {
+                        let priority = sh_start.group_priority[info.group.index()];
+                        GpuWorker::start_device(sh_start.clone(), d, priority)
+                            .and_then(|w| w.set_up(info))
+                            .map_err(|e| Box::new(e) as BoxError)
+                    }
                     None => Ok(GpuWorker::host(sh_start.clone())),
                 }
             })

@@ -25,6 +25,10 @@ pub(crate) struct PoolShared {
     pub(crate) devices: Vec<Arc<DeviceShared>>,
     /// `GpuPoolBuilder::stream_handoff`.
     pub(crate) stream_handoff: bool,
+    /// Libraries and user states every device worker sets up at start.
+    pub(crate) plan: crate::blas::WorkerPlan,
+    /// Group index -> priority of its workers' streams (`GpuPoolBuilder::stream_priority`).
+    pub(crate) group_priority: Vec<i32>,
 }
 
 impl PoolShared {
@@ -89,6 +93,10 @@ pub(crate) struct Bound {
     events: RefCell<Vec<Event>>,
     /// Where this worker's events come back from markers.
     pub(crate) returned: Arc<EventReturn>,
+    /// cuBLAS / cuSOLVER handles and workspaces.
+    pub(crate) libs: crate::blas::WorkerLibs,
+    /// User states (`GpuPoolBuilder::worker_state`).
+    pub(crate) states: crate::blas::WorkerStates,
 }
 
 #[derive(Default)]
@@ -129,10 +137,19 @@ impl GpuWorker {
     }
 
     /// Start hook of a device worker: bind the primary context, check it, create the stream.
-    pub(crate) fn start_device(shared: Arc<PoolShared>, device_index: usize) -> GpuResult<Self> {
+    pub(crate) fn start_device(
+        shared: Arc<PoolShared>,
+        device_index: usize,
+        priority: i32,
+    ) -> GpuResult<Self> {
         let device = shared.devices[device_index].clone();
         let ctx = device.bind_worker()?;
-        let stream = match driver::stream_create(ctx) {
+        let created = if priority == 0 {
+            driver::stream_create(ctx)
+        } else {
+            driver::stream_create_with_priority(ctx, priority)
+        };
+        let stream = match created {
             Ok(s) => s,
             Err(e) => {
                 // Undo the bind so the context's reference count stays right.
@@ -165,6 +182,8 @@ impl GpuWorker {
                 completion: RefCell::new(Completion::default()),
                 events: RefCell::new(Vec::new()),
                 returned: Arc::new(EventReturn::default()),
+                libs: Default::default(),
+                states: Default::default(),
             }),
             shared,
         })
@@ -174,6 +193,9 @@ impl GpuWorker {
     /// (last worker of the device) release the device.
     pub(crate) fn stop(self) {
         if let Some(b) = self.bound {
+            // User states and library handles go first, on this worker, context still bound.
+            b.states.drop_all();
+            b.libs.shutdown(b.ctx);
             let comp = b.completion.into_inner();
             for (_, e) in comp.recorded {
                 b.device.put_event(e);

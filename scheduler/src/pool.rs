@@ -454,28 +454,34 @@ fn check_domains(
     groups: &[String],
     domains: Vec<(String, Vec<GroupId>)>,
 ) -> Result<Vec<(String, Vec<usize>)>, Error> {
-    let invalid = |m: String| Error::new(ErrorKind::InvalidConfig, format!("pool '{pool}': {m}"));
+    let invalid = |m: String| {
+        Error::new(
+            ErrorKind::InvalidConfig,
+            format!("pool '{}': {m}", bounded(pool)),
+        )
+    };
     let mut out: Vec<(String, Vec<usize>)> = Vec::with_capacity(domains.len());
     for (name, members) in domains {
+        let shown = bounded(&name);
         if out.iter().any(|(n, _)| *n == name) {
-            return Err(invalid(format!("two domains are named '{name}'")));
+            return Err(invalid(format!("two domains are named '{shown}'")));
         }
         if members.is_empty() {
-            return Err(invalid(format!("domain '{name}' has no groups")));
+            return Err(invalid(format!("domain '{shown}' has no groups")));
         }
         let mut idx = Vec::with_capacity(members.len());
         for g in members {
             if g.index() >= groups.len() {
                 return Err(invalid(format!(
-                    "domain '{name}' names group {}, but the pool has {} group(s)",
+                    "domain '{shown}' names group {}, but the pool has {} group(s)",
                     g.index(),
                     groups.len()
                 )));
             }
             if idx.contains(&g.index()) {
                 return Err(invalid(format!(
-                    "domain '{name}' names group '{}' twice",
-                    groups[g.index()]
+                    "domain '{shown}' names group '{}' twice",
+                    bounded(&groups[g.index()])
                 )));
             }
             idx.push(g.index());

@@ -187,7 +187,7 @@ impl<S: Send + 'static> Registry<S> {
                         "{} is placed on domain {}, but pool '{}' has {} domain(s)",
                         plan.describe(node),
                         d.index(),
-                        this.name,
+                        crate::error::bounded(&this.name),
                         this.domains.len()
                     ),
                 ));

@@ -174,6 +174,12 @@ impl Sleep {
         flag.load(Ordering::Relaxed) && flag.swap(false, Ordering::AcqRel)
     }
 
+    /// Whether `group` has an idle-hook request not yet taken (a hint: `take_hook_request` is
+    /// what claims it).
+    pub(crate) fn hook_requested(&self, group: usize) -> bool {
+        self.groups[group].hook.load(Ordering::SeqCst)
+    }
+
     fn wake_one(&self, group: usize) -> bool {
         let g = &self.groups[group];
         if g.count.load(Ordering::SeqCst) == 0 {

@@ -362,9 +362,37 @@ impl<S: Send + 'static> WorkerThread<S> {
                 idle_rounds = 0;
             } else {
                 self.go_idle(&mut idle_rounds, &|| c.is_done(), deadline);
+                if c.is_done() || deadline.is_some_and(|d| Instant::now() >= d) {
+                    self.pass_on_wakeup();
+                }
             }
         }
         true
+    }
+
+    /// A nested wait that ends as it parks (the awaited graph finished, or its deadline passed)
+    /// may have been chosen by a pusher in that instant: the body then goes on, and the task or
+    /// idle-hook request it was woken for would wait behind parked peers. Pass the wake-up on
+    /// when something is waiting. A spare wake-up costs one peer a look at the queues.
+    #[cold]
+    fn pass_on_wakeup(&self) {
+        let reg = &*self.registry;
+        let group = &reg.groups[self.group];
+        if reg.sleep.hook_requested(self.group)
+            || !group.injector.is_empty()
+            || group.members.iter().any(|&w| !reg.stealers[w].is_empty())
+        {
+            reg.sleep.notify_group(self.group);
+        }
+        for &d in group.domains.iter() {
+            let domain = &reg.domains[d as usize];
+            if !domain.injector.is_empty() {
+                reg.sleep.notify_groups(&domain.groups);
+            }
+        }
+        if !reg.any.is_empty() {
+            reg.sleep.notify_any();
+        }
     }
 
     /// Called by `NodeCtx::complete_when` from the running body.
@@ -592,20 +620,28 @@ impl<S: Send + 'static> WorkerThread<S> {
         loop {
             let mut retry = false;
             // The group's injector, then those of its domains (none in most pools), then the
-            // pool-wide one.
-            let injectors = std::iter::once(&group.injector)
-                .chain(
-                    group
-                        .domains
-                        .iter()
-                        .map(|&d| &reg.domains[d as usize].injector),
-                )
-                .chain(std::iter::once(&reg.any));
-            for injector in injectors {
-                match injector.steal_batch_and_pop(&self.local) {
+            // pool-wide one. A domain's tasks are taken one at a time: a batch would land in this
+            // worker's deque, where only its own group could steal them, while the domain's
+            // other groups find its injector empty.
+            let domains = group
+                .domains
+                .iter()
+                .map(|&d| (&reg.domains[d as usize].injector, false));
+            let injectors = std::iter::once((&group.injector, true))
+                .chain(domains)
+                .chain(std::iter::once((&reg.any, true)));
+            for (injector, batch) in injectors {
+                let stolen = if batch {
+                    injector.steal_batch_and_pop(&self.local)
+                } else {
+                    injector.steal()
+                };
+                match stolen {
                     Steal::Success(t) => {
                         self.counters().injector_pops.add(1);
-                        self.share_surplus();
+                        if batch {
+                            self.share_surplus();
+                        }
                         return Some(t);
                     }
                     Steal::Retry => retry = true,

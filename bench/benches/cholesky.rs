@@ -1,0 +1,222 @@
+//! Tiled Cholesky (f64) on boundpool against one cuSOLVER `potrf` call, in the same process.
+//!
+//! For each N and tile size: boundpool's tiled DAG on a pool of W workers (panel group with a
+//! high stream priority, update group, event edges), the same DAG on W workers in one group
+//! with the default stream hand-off (for comparison), the same DAG on a one-worker pool, and
+//! one `cusolverDnDpotrf` call on the whole matrix (a node of the first pool). GFLOP/s count
+//! N³/3 per factorization; the time is from submit to the graph's end (which includes the one
+//! read-back of the POTRF infos). The matrix is reloaded from a device copy before every run
+//! (not timed), and every configuration's last result is spot-checked on the device.
+//!
+//! `cargo bench -p boundpool-bench --bench cholesky [-- --n 4096,8192 --tiles 512,1024 --runs 3 --workers 8]`.
+//! Without a GPU it says why and exits.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use boundpool_gpu::{
+    spd_matrix, spot_check_on_device, CholeskyPlan, DeviceBuffer, Devices, GpuDevice, GpuGraph,
+    GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, Uplo,
+};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn arg_str(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+fn list(name: &str, default: &[usize]) -> Vec<usize> {
+    arg_str(name)
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// A pool, its device, and the matrix (original and work copy) on it.
+struct Setup {
+    pool: GpuPool,
+    dev: GpuDevice,
+    a: Arc<DeviceBuffer<f64>>,
+    reload: GpuGraph,
+}
+
+impl Setup {
+    fn new(pool: GpuPool, host: &Arc<Vec<f64>>, n: usize) -> Res<Self> {
+        let dev = pool.devices()[0].clone();
+        let h = host.clone();
+        let a0 = Arc::new(pool.call(&dev, move |ctx| Ok(ctx.upload(&h)?))?);
+        let a = Arc::new(pool.call(&dev, move |ctx| Ok(ctx.alloc::<f64>(n * n)?))?);
+        let mut g = GpuGraphBuilder::new("reload");
+        let (src, dst) = (a0.clone(), a.clone());
+        g.gpu_node(&dev, "reload", move |ctx| {
+            // SAFETY: both are live n² allocations of this device.
+            unsafe {
+                ctx.blas()?
+                    .dcopy(n * n, src.device_ptr(), 1, dst.device_ptr(), 1)?;
+            }
+            Ok(())
+        });
+        let reload = g.build()?;
+        Ok(Self {
+            pool,
+            dev,
+            a,
+            reload,
+        })
+    }
+
+    /// Median seconds of `runs` runs of `graph`, each after a reload.
+    fn time(&self, graph: &GpuGraph, runs: usize) -> Res<f64> {
+        let mut v = Vec::new();
+        for _ in 0..runs {
+            self.pool.submit(&self.reload)?.wait()?;
+            let t = Instant::now();
+            self.pool.submit(graph)?.wait()?;
+            v.push(t.elapsed().as_secs_f64());
+        }
+        Ok(median(v))
+    }
+
+    fn check(&self, n: usize, what: &str) -> Res<()> {
+        let worst = spot_check_on_device(&self.pool, &self.dev, &self.a, n, 32)?;
+        if worst.is_nan() || worst > 1e-12 {
+            return Err(format!("{what}: spot check {worst:e} above 1e-12").into());
+        }
+        Ok(())
+    }
+}
+
+fn cusolver_graph(s: &Setup, n: usize) -> Res<GpuGraph> {
+    let mut g = GpuGraphBuilder::new("cusolver potrf");
+    let a = s.a.clone();
+    let info = Arc::new(s.pool.call(&s.dev, |ctx| Ok(ctx.alloc_zeros::<i32>(1)?))?);
+    g.gpu_node(&s.dev, "potrf", move |ctx| {
+        // SAFETY: `a` holds n² doubles and `info` one i32, both alive in this closure.
+        unsafe {
+            ctx.solver()?
+                .dpotrf(Uplo::Lower, n, a.device_ptr(), n, info.device_ptr())?
+        };
+        let v = ctx.download(&info)?;
+        if v[0] != 0 {
+            return Err(Box::new(boundpool_gpu::potrf_info_error("potrf", v[0])));
+        }
+        Ok(())
+    });
+    Ok(g.build()?)
+}
+
+fn main() -> Res<()> {
+    if let Some(why) = boundpool_gpu::gpu_unavailable_reason() {
+        println!("cholesky bench skipped: no GPU: {why}");
+        return Ok(());
+    }
+    let ns = list("--n", &[4096, 8192, 16384, 32768]);
+    let tiles = list("--tiles", &[512, 1024, 2048]);
+    let runs = list("--runs", &[3]).first().copied().unwrap_or(3).max(1);
+    let workers = list("--workers", &[8]).first().copied().unwrap_or(8).max(2);
+    let name = boundpool_gpu::device_info(0)
+        .map(|d| d.name)
+        .unwrap_or_default();
+    println!(
+        "tiled Cholesky f64 on {name}: medians of {runs} runs; DAG on {workers} workers \
+         ({} panel at stream priority -5, {} updates, event edges)",
+        workers / 2,
+        workers - workers / 2
+    );
+    println!(
+        "{:>6} {:>5} {:>7} | {:>10} {:>10} {:>10} {:>10} | {:>8} {:>8}",
+        "N", "tile", "nodes", "DAG", "DAG 1grp", "1 worker", "cuSOLVER", "DAG/cuS", "DAG/1w"
+    );
+    for &n in &ns {
+        let host = Arc::new(spd_matrix(n));
+        let multi = Setup::new(
+            GpuPoolBuilder::new()
+                .devices(Devices::List(vec![0]))
+                .workers_per_device(workers)
+                .groups_per_device(2)
+                .stream_priority(0, -5)
+                .stream_handoff(false)
+                .blas(true)
+                .solver(true)
+                .build()?,
+            &host,
+            n,
+        )?;
+        let flat = Setup::new(
+            GpuPoolBuilder::new()
+                .devices(Devices::List(vec![0]))
+                .workers_per_device(workers)
+                .blas(true)
+                .solver(true)
+                .build()?,
+            &host,
+            n,
+        )?;
+        let one = Setup::new(
+            GpuPoolBuilder::new()
+                .devices(Devices::List(vec![0]))
+                .workers_per_device(1)
+                .blas(true)
+                .solver(true)
+                .build()?,
+            &host,
+            n,
+        )?;
+        drop(host);
+        let flops = (n as f64).powi(3) / 3.0;
+        let cus = cusolver_graph(&multi, n)?;
+        let t_cus = multi.time(&cus, runs)?;
+        multi.check(n, "cuSOLVER")?;
+        for &b in &tiles {
+            if b >= n {
+                continue;
+            }
+            let mut rates = Vec::new();
+            let mut nodes = 0;
+            for s in [&multi, &flat, &one] {
+                let g = s.dev.groups();
+                let plan = CholeskyPlan {
+                    n,
+                    tile: b,
+                    panel: g[0],
+                    update: *g.last().unwrap(),
+                };
+                let info = Arc::new(s.pool.call(&s.dev, move |ctx| {
+                    Ok(ctx.alloc_zeros::<i32>(n.div_ceil(b))?)
+                })?);
+                let chol = plan.build("cholesky", &s.a, &info)?;
+                nodes = chol.graph.len();
+                let t = s.time(&chol.graph, runs)?;
+                s.check(n, &format!("DAG N={n} tile={b}"))?;
+                rates.push(flops / t / 1e9);
+            }
+            let cus_rate = flops / t_cus / 1e9;
+            println!(
+                "{n:>6} {b:>5} {nodes:>7} | {:>10.0} {:>10.0} {:>10.0} {:>10.0} | {:>7.2}x {:>7.2}x",
+                rates[0],
+                rates[1],
+                rates[2],
+                cus_rate,
+                rates[0] / cus_rate,
+                rates[0] / rates[2]
+            );
+        }
+        // The pools (and their buffers) go before the next N's allocations.
+        drop((multi, flat, one));
+    }
+    println!("(GFLOP/s; DAG/cuS and DAG/1w are ratios of the first DAG column)");
+    Ok(())
+}

@@ -1,0 +1,1084 @@
+//! cuBLAS and cuSOLVER (dense) on bound workers, and per-worker user state.
+//!
+//! The only file with raw library handles. Each bound worker owns at most one cuBLAS and one
+//! cuSOLVER handle, created on the worker (at start when the pool asks for it, else at first
+//! use) and destroyed there when it stops, before its context is released. A node gets the
+//! handle already set to the stream it enqueues on (its worker's own, or one handed over to
+//! it); the stream is set only when it changed since the handle's last use. Library
+//! workspaces are the worker's, one per stream it used, so a workspace is only ever used in
+//! the order of one stream, whichever other stream the handle moves to meanwhile.
+
+use std::any::{Any, TypeId};
+use std::cell::RefCell;
+use std::ffi::c_int;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use boundpool_scheduler::{BoxError, WorkerInfo};
+use cudarc::cublas::sys as cb;
+use cudarc::cusolver::sys as cs;
+
+use crate::device::DeviceInfo;
+use crate::driver::{self, Ctx, Stream};
+use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::node::GpuCtx;
+use crate::worker::GpuWorker;
+
+/// cuBLAS workspace per (worker, stream): the size NVIDIA recommends for Hopper.
+const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// A library this crate loads at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Library {
+    Blas,
+    Solver,
+}
+
+impl Library {
+    fn name(self) -> &'static str {
+        match self {
+            Library::Blas => "cuBLAS (libcublas)",
+            Library::Solver => "cuSOLVER (libcusolver)",
+        }
+    }
+
+    /// Whether the shared library can be loaded (tried once per process). Checked before any
+    /// call into it: cudarc's bindings panic when the library is missing.
+    pub(crate) fn present(self) -> bool {
+        static BLAS: OnceLock<bool> = OnceLock::new();
+        static SOLVER: OnceLock<bool> = OnceLock::new();
+        match self {
+            // SAFETY: only tries to dlopen the library by its usual names.
+            Library::Blas => *BLAS.get_or_init(|| unsafe { cb::is_culib_present() }),
+            // cuSOLVER needs cuBLAS too.
+            Library::Solver => *SOLVER.get_or_init(|| {
+                // SAFETY: only tries to dlopen the libraries by their usual names.
+                unsafe { cs::is_culib_present() && cb::is_culib_present() }
+            }),
+        }
+    }
+
+    pub(crate) fn missing_error(self, what: &str) -> GpuError {
+        let mut msg = String::new();
+        if !what.is_empty() {
+            msg.push_str(what);
+            msg.push_str(": ");
+        }
+        msg.push_str(&format!(
+            "{} could not be loaded (not found by the dynamic loader: install the CUDA \
+             toolkit's libraries or add their folder to LD_LIBRARY_PATH)",
+            self.name()
+        ));
+        GpuError::new(GpuErrorKind::LibraryMissing, msg)
+    }
+}
+
+/// A status other than success from a cuBLAS or cuSOLVER call: the error's `source()`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LibraryStatus {
+    call: &'static str,
+    status: String,
+}
+
+impl fmt::Display for LibraryStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} returned {}", self.call, self.status)
+    }
+}
+
+impl std::error::Error for LibraryStatus {}
+
+fn status_error(call: &'static str, status: String, what: &str) -> GpuError {
+    let kind = if status.ends_with("ALLOC_FAILED") {
+        GpuErrorKind::OutOfMemory
+    } else {
+        GpuErrorKind::Library
+    };
+    let src = LibraryStatus { call, status };
+    GpuError::new(kind, format!("{what}: {src}")).with_source(src)
+}
+
+fn blas_check(
+    call: &'static str,
+    s: cb::cublasStatus_t,
+    what: &dyn Fn() -> String,
+) -> GpuResult<()> {
+    if s == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(status_error(call, format!("{s:?}"), &what()))
+    }
+}
+
+fn solver_check(
+    call: &'static str,
+    s: cs::cusolverStatus_t,
+    what: &dyn Fn() -> String,
+) -> GpuResult<()> {
+    if s == cs::cusolverStatus_t::CUSOLVER_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(status_error(call, format!("{s:?}"), &what()))
+    }
+}
+
+fn dim(v: usize, name: &str, what: &dyn Fn() -> String) -> GpuResult<c_int> {
+    c_int::try_from(v).map_err(|_| {
+        GpuError::new(
+            GpuErrorKind::InvalidArgument,
+            format!(
+                "{}: {name} = {v} does not fit the library's 32-bit int",
+                what()
+            ),
+        )
+    })
+}
+
+/// The error for a non-zero `info` of `potrf` on the tile or matrix node `node` factored:
+/// `info > 0`: the leading minor of that order is not positive definite; `info < 0`: argument
+/// `-info` was wrong.
+pub fn potrf_info_error(node: &str, info: i32) -> GpuError {
+    let why = if info > 0 {
+        format!("the leading minor of order {info} is not positive definite")
+    } else {
+        format!("parameter {} had an illegal value", -info)
+    };
+    GpuError::new(
+        GpuErrorKind::Library,
+        format!("node '{node}': cusolverDnDpotrf: info = {info}: {why}"),
+    )
+}
+
+/// Which triangle of a matrix a call reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Uplo {
+    /// The lower triangle.
+    Lower,
+    /// The upper triangle.
+    Upper,
+}
+
+/// Whether a call uses a matrix as is or transposed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trans {
+    /// As is.
+    No,
+    /// Transposed.
+    T,
+}
+
+/// On which side a triangular matrix multiplies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// `op(A) X`.
+    Left,
+    /// `X op(A)`.
+    Right,
+}
+
+/// Whether a triangular matrix has an implicit unit diagonal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Diag {
+    /// The diagonal is read from the matrix.
+    NonUnit,
+    /// The diagonal is taken as ones.
+    Unit,
+}
+
+impl Uplo {
+    fn blas(self) -> cb::cublasFillMode_t {
+        match self {
+            Uplo::Lower => cb::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER,
+            Uplo::Upper => cb::cublasFillMode_t::CUBLAS_FILL_MODE_UPPER,
+        }
+    }
+    fn solver(self) -> cs::cublasFillMode_t {
+        match self {
+            Uplo::Lower => cs::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER,
+            Uplo::Upper => cs::cublasFillMode_t::CUBLAS_FILL_MODE_UPPER,
+        }
+    }
+}
+
+impl Trans {
+    fn blas(self) -> cb::cublasOperation_t {
+        match self {
+            Trans::No => cb::cublasOperation_t::CUBLAS_OP_N,
+            Trans::T => cb::cublasOperation_t::CUBLAS_OP_T,
+        }
+    }
+}
+
+impl Side {
+    fn blas(self) -> cb::cublasSideMode_t {
+        match self {
+            Side::Left => cb::cublasSideMode_t::CUBLAS_SIDE_LEFT,
+            Side::Right => cb::cublasSideMode_t::CUBLAS_SIDE_RIGHT,
+        }
+    }
+}
+
+impl Diag {
+    fn blas(self) -> cb::cublasDiagType_t {
+        match self {
+            Diag::NonUnit => cb::cublasDiagType_t::CUBLAS_DIAG_NON_UNIT,
+            Diag::Unit => cb::cublasDiagType_t::CUBLAS_DIAG_UNIT,
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Owned handles (not Copy; destroyed by consuming them, on their worker).
+
+struct BlasHandle {
+    raw: cb::cublasHandle_t,
+    stream: Option<Stream>,
+    stream_sets: u64,
+}
+
+// SAFETY: cuBLAS allows a handle to be used from any host thread (not concurrently: it lives
+// in its worker's `RefCell`, and the worker state is not `Sync`); this crate creates, uses and
+// destroys it on its worker only.
+unsafe impl Send for BlasHandle {}
+
+impl BlasHandle {
+    fn create(what: &dyn Fn() -> String) -> GpuResult<Self> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the library is present (checked by the caller) and the worker's context is
+        // current; the call writes one handle.
+        let s = unsafe { cb::cublasCreate_v2(&mut raw) };
+        blas_check("cublasCreate", s, what)?;
+        Ok(Self {
+            raw,
+            stream: None,
+            stream_sets: 0,
+        })
+    }
+
+    fn destroy(self) {
+        // SAFETY: created by `create` on this thread, destroyed once (consumed here).
+        let _ = unsafe { cb::cublasDestroy_v2(self.raw) };
+    }
+}
+
+struct SolverHandle {
+    raw: cs::cusolverDnHandle_t,
+    stream: Option<Stream>,
+    stream_sets: u64,
+}
+
+// SAFETY: as for `BlasHandle`: cuSOLVER handles may be used from any host thread, one at a
+// time; this one stays on its worker.
+unsafe impl Send for SolverHandle {}
+
+impl SolverHandle {
+    fn create(what: &dyn Fn() -> String) -> GpuResult<Self> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the library is present (checked by the caller) and the worker's context is
+        // current; the call writes one handle.
+        let s = unsafe { cs::cusolverDnCreate(&mut raw) };
+        solver_check("cusolverDnCreate", s, what)?;
+        Ok(Self {
+            raw,
+            stream: None,
+            stream_sets: 0,
+        })
+    }
+
+    fn destroy(self) {
+        // SAFETY: created by `create` on this thread, destroyed once (consumed here).
+        let _ = unsafe { cs::cusolverDnDestroy(self.raw) };
+    }
+}
+
+/// A worker's library workspaces for one stream, used only in that stream's order.
+struct StreamSpace {
+    stream: Stream,
+    blas: u64,
+    solver: u64,
+    solver_bytes: usize,
+}
+
+/// A bound worker's library handles and workspaces.
+#[derive(Default)]
+pub(crate) struct WorkerLibs {
+    blas: RefCell<Option<BlasHandle>>,
+    solver: RefCell<Option<SolverHandle>>,
+    spaces: RefCell<Vec<StreamSpace>>,
+}
+
+impl WorkerLibs {
+    fn space<R>(&self, stream: Stream, f: impl FnOnce(&mut StreamSpace) -> R) -> R {
+        let mut spaces = self.spaces.borrow_mut();
+        let i = match spaces.iter().position(|s| s.stream == stream) {
+            Some(i) => i,
+            None => {
+                spaces.push(StreamSpace {
+                    stream,
+                    blas: 0,
+                    solver: 0,
+                    solver_bytes: 0,
+                });
+                spaces.len() - 1
+            }
+        };
+        f(&mut spaces[i])
+    }
+
+    fn ensure_blas(&self, what: &dyn Fn() -> String) -> GpuResult<()> {
+        if self.blas.borrow().is_none() {
+            if !Library::Blas.present() {
+                return Err(Library::Blas.missing_error(&what()));
+            }
+            *self.blas.borrow_mut() = Some(BlasHandle::create(what)?);
+        }
+        Ok(())
+    }
+
+    fn ensure_solver(&self, what: &dyn Fn() -> String) -> GpuResult<()> {
+        if self.solver.borrow().is_none() {
+            if !Library::Solver.present() {
+                return Err(Library::Solver.missing_error(&what()));
+            }
+            *self.solver.borrow_mut() = Some(SolverHandle::create(what)?);
+        }
+        Ok(())
+    }
+
+    /// The cuBLAS handle, set to `stream` (with this worker's workspace for it).
+    fn blas_on(
+        &self,
+        ctx: Ctx,
+        stream: Stream,
+        what: &dyn Fn() -> String,
+    ) -> GpuResult<(cb::cublasHandle_t, u64)> {
+        self.ensure_blas(what)?;
+        let mut h = self.blas.borrow_mut();
+        let h = h.as_mut().expect("created above");
+        if h.stream != Some(stream) {
+            let ws = self.space(stream, |sp| {
+                if sp.blas == 0 {
+                    sp.blas = driver::mem_alloc_async(ctx, BLAS_WORKSPACE_BYTES, stream)
+                        .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?;
+                }
+                Ok::<u64, GpuError>(sp.blas)
+            })?;
+            // SAFETY: a live handle of this worker and a live stream of its context; the
+            // workspace is this worker's for this stream, so it is only used in its order.
+            // (Setting the stream resets the workspace to the library's default: set it after.)
+            unsafe {
+                blas_check(
+                    "cublasSetStream",
+                    cb::cublasSetStream_v2(h.raw, stream.0 as cb::cudaStream_t),
+                    what,
+                )?;
+                blas_check(
+                    "cublasSetWorkspace",
+                    cb::cublasSetWorkspace_v2(h.raw, ws as *mut _, BLAS_WORKSPACE_BYTES),
+                    what,
+                )?;
+            }
+            h.stream = Some(stream);
+            h.stream_sets += 1;
+        }
+        Ok((h.raw, h.stream_sets))
+    }
+
+    /// The cuSOLVER handle, set to `stream`.
+    fn solver_on(
+        &self,
+        stream: Stream,
+        what: &dyn Fn() -> String,
+    ) -> GpuResult<(cs::cusolverDnHandle_t, u64)> {
+        self.ensure_solver(what)?;
+        let mut h = self.solver.borrow_mut();
+        let h = h.as_mut().expect("created above");
+        if h.stream != Some(stream) {
+            // SAFETY: a live handle of this worker and a live stream of its context.
+            let s = unsafe { cs::cusolverDnSetStream(h.raw, stream.0 as cs::cudaStream_t) };
+            solver_check("cusolverDnSetStream", s, what)?;
+            h.stream = Some(stream);
+            h.stream_sets += 1;
+        }
+        Ok((h.raw, h.stream_sets))
+    }
+
+    /// This worker's cuSOLVER workspace for `stream`, of at least `bytes` (grown
+    /// stream-ordered: the old one is freed after the work already enqueued on the stream).
+    fn solver_workspace(
+        &self,
+        ctx: Ctx,
+        stream: Stream,
+        bytes: usize,
+        what: &dyn Fn() -> String,
+    ) -> GpuResult<u64> {
+        self.space(stream, |sp| {
+            if sp.solver_bytes < bytes {
+                if sp.solver != 0 {
+                    driver::mem_free_async(ctx, sp.solver, stream)
+                        .map_err(|e| GpuError::driver("cuMemFreeAsync", &what(), e))?;
+                    sp.solver = 0;
+                    sp.solver_bytes = 0;
+                }
+                sp.solver = driver::mem_alloc_async(ctx, bytes, stream)
+                    .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?;
+                sp.solver_bytes = bytes;
+            }
+            Ok(sp.solver)
+        })
+    }
+
+    /// Frees the workspaces (each after its stream's work) and destroys the handles. On the
+    /// worker, its context still current.
+    pub(crate) fn shutdown(self, ctx: Ctx) {
+        for sp in self.spaces.into_inner() {
+            for p in [sp.blas, sp.solver] {
+                if p != 0 {
+                    let _ = driver::mem_free_async(ctx, p, sp.stream);
+                }
+            }
+        }
+        if let Some(h) = self.blas.into_inner() {
+            h.destroy();
+        }
+        if let Some(h) = self.solver.into_inner() {
+            h.destroy();
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Per-worker user state.
+
+/// What a [`GpuPoolBuilder::worker_state`](crate::GpuPoolBuilder::worker_state) factory is
+/// given: the worker it runs on (already bound to its device's context) and its device.
+#[derive(Debug)]
+pub struct WorkerSetup<'a> {
+    worker: &'a WorkerInfo,
+    device: &'a DeviceInfo,
+}
+
+impl WorkerSetup<'_> {
+    /// The worker (name, index, group).
+    pub fn worker(&self) -> &WorkerInfo {
+        self.worker
+    }
+    /// The worker's device.
+    pub fn device(&self) -> &DeviceInfo {
+        self.device
+    }
+}
+
+type MakeState = dyn Fn(&WorkerSetup<'_>) -> Result<Box<dyn Any + Send>, BoxError> + Send + Sync;
+
+/// One registered state factory.
+#[derive(Clone)]
+pub(crate) struct StateMaker {
+    type_id: TypeId,
+    type_name: &'static str,
+    make: Arc<MakeState>,
+}
+
+impl fmt::Debug for StateMaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.type_name)
+    }
+}
+
+impl StateMaker {
+    pub(crate) fn new<T, F>(f: F) -> Self
+    where
+        T: Send + 'static,
+        F: Fn(&WorkerSetup<'_>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        Self {
+            type_id: TypeId::of::<T>(),
+            type_name: std::any::type_name::<T>(),
+            make: Arc::new(move |s| f(s).map(|v| Box::new(v) as Box<dyn Any + Send>)),
+        }
+    }
+
+    pub(crate) fn state_type(&self) -> TypeId {
+        self.type_id
+    }
+}
+
+/// What every device worker sets up at start, besides its stream.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct WorkerPlan {
+    pub(crate) blas: bool,
+    pub(crate) solver: bool,
+    pub(crate) states: Vec<StateMaker>,
+}
+
+impl WorkerPlan {
+    /// Build-time check: a library asked for up front must be loadable.
+    pub(crate) fn check_libraries(&self) -> GpuResult<()> {
+        for (on, lib) in [(self.blas, Library::Blas), (self.solver, Library::Solver)] {
+            if on && !lib.present() {
+                return Err(lib.missing_error("building the GPU pool"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A device worker's user states, created and dropped on it.
+#[derive(Default)]
+pub(crate) struct WorkerStates {
+    values: Vec<(TypeId, Box<dyn Any + Send>)>,
+}
+
+impl GpuWorker {
+    /// After binding: the libraries asked for up front and the user states, on this worker.
+    /// On failure the worker is stopped (its context released) and the error names it.
+    pub(crate) fn set_up(mut self, info: &WorkerInfo) -> GpuResult<Self> {
+        let plan = self.shared.plan.clone();
+        let r = (|| {
+            let Some(b) = self.bound.as_mut() else {
+                return Ok(());
+            };
+            let what = || format!("worker '{}' of device {}", info.name, b.device.ordinal());
+            if plan.blas {
+                b.libs.ensure_blas(&what)?;
+            }
+            if plan.solver {
+                b.libs.ensure_solver(&what)?;
+            }
+            let setup = WorkerSetup {
+                worker: info,
+                device: &b.device.info,
+            };
+            for m in &plan.states {
+                let v = (m.make)(&setup).map_err(|e| {
+                    GpuError::new(
+                        GpuErrorKind::WorkerState,
+                        format!("{}: worker state {}: {e}", what(), m.type_name),
+                    )
+                    .with_source(e)
+                })?;
+                b.states.values.push((m.type_id, v));
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => Ok(self),
+            Err(e) => {
+                self.stop();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl WorkerStates {
+    fn get<T: 'static>(&self) -> Option<&T> {
+        self.values
+            .iter()
+            .find(|(t, _)| *t == TypeId::of::<T>())
+            .and_then(|(_, v)| v.downcast_ref::<T>())
+    }
+
+    /// Drops the states, last created first, on the worker (its context still current).
+    pub(crate) fn drop_all(mut self) {
+        while let Some(v) = self.values.pop() {
+            drop(v);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// What nodes see.
+
+impl<'a, 'n> GpuCtx<'a, 'n> {
+    /// This worker's cuBLAS handle, set to the stream this node enqueues on (created on the
+    /// worker at its first use; a missing libcublas is an error naming the node).
+    pub fn blas(&self) -> GpuResult<Blas<'_, 'a, 'n>> {
+        let what = || self.what();
+        let (raw, stream_sets) = self.b.libs.blas_on(self.b.ctx, self.stream, &what)?;
+        Ok(Blas {
+            ctx: self,
+            raw,
+            stream_sets,
+        })
+    }
+
+    /// This worker's cuSOLVER (dense) handle, set to the stream this node enqueues on.
+    pub fn solver(&self) -> GpuResult<Solver<'_, 'a, 'n>> {
+        let what = || self.what();
+        let (raw, stream_sets) = self.b.libs.solver_on(self.stream, &what)?;
+        Ok(Solver {
+            ctx: self,
+            raw,
+            stream_sets,
+        })
+    }
+
+    /// The state of type `T` this worker made at start
+    /// ([`GpuPoolBuilder::worker_state`](crate::GpuPoolBuilder::worker_state)).
+    pub fn state<T: 'static>(&self) -> GpuResult<&T> {
+        self.b.states.get::<T>().ok_or_else(|| {
+            GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!(
+                    "{}: no worker state of type {} (register it with GpuPoolBuilder::worker_state)",
+                    self.what(),
+                    std::any::type_name::<T>()
+                ),
+            )
+        })
+    }
+
+    /// The raw `CUstream` this node enqueues on (to compare, or to hand to another library).
+    pub fn raw_stream(&self) -> u64 {
+        self.stream.0 as u64
+    }
+}
+
+/// The node's worker's cuBLAS handle, set to the node's stream. Matrices are column-major and
+/// given by device address (see [`DeviceBuffer::device_ptr`](crate::DeviceBuffer::device_ptr))
+/// and leading dimension, in elements.
+pub struct Blas<'c, 'a, 'n> {
+    ctx: &'c GpuCtx<'a, 'n>,
+    raw: cb::cublasHandle_t,
+    stream_sets: u64,
+}
+
+impl fmt::Debug for Blas<'_, '_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Blas")
+            .field("node", &self.ctx.node_name())
+            .field("handle", &self.raw)
+            .finish()
+    }
+}
+
+macro_rules! dims {
+    ($what:expr; $($v:ident),*) => { $( let $v = dim($v, stringify!($v), $what)?; )* };
+}
+
+impl Blas<'_, '_, '_> {
+    /// The raw `cublasHandle_t`, for calls this type does not wrap. Use it only inside this
+    /// node's body: it belongs to the worker and is set to this node's stream.
+    pub fn raw(&self) -> *mut std::ffi::c_void {
+        self.raw as *mut std::ffi::c_void
+    }
+
+    /// How many times this worker has set its cuBLAS handle's stream so far (once per change
+    /// of stream between consecutive uses).
+    pub fn stream_sets(&self) -> u64 {
+        self.stream_sets
+    }
+
+    /// The stream the handle is set to, as the library reports it (`cublasGetStream`).
+    pub fn current_stream(&self) -> GpuResult<u64> {
+        let mut s: cb::cudaStream_t = std::ptr::null_mut();
+        // SAFETY: a live handle; writes one stream handle.
+        let st = unsafe { cb::cublasGetStream_v2(self.raw, &mut s) };
+        blas_check("cublasGetStream", st, &|| self.ctx.what())?;
+        Ok(s as u64)
+    }
+
+    /// `C = alpha op(A) op(B) + beta C` (`m`×`n`, inner dimension `k`).
+    ///
+    /// # Safety
+    /// `a`, `b`, `c` must be addresses on this node's device of matrices of the given shapes
+    /// and leading dimensions, alive until the node's GPU work has finished.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dgemm(
+        &self,
+        ta: Trans,
+        tb: Trans,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: u64,
+        lda: usize,
+        b: u64,
+        ldb: usize,
+        beta: f64,
+        c: u64,
+        ldc: usize,
+    ) -> GpuResult<()> {
+        let what = || self.ctx.what();
+        dims!(&what; m, n, k, lda, ldb, ldc);
+        // SAFETY: the caller's contract; scalars are read from the host before return.
+        let s = unsafe {
+            cb::cublasDgemm_v2(
+                self.raw,
+                ta.blas(),
+                tb.blas(),
+                m,
+                n,
+                k,
+                &alpha,
+                a as *const f64,
+                lda,
+                b as *const f64,
+                ldb,
+                &beta,
+                c as *mut f64,
+                ldc,
+            )
+        };
+        blas_check("cublasDgemm", s, &what)
+    }
+
+    /// Solves `op(A) X = alpha B` (`side` left) or `X op(A) = alpha B` (right) for triangular
+    /// `A`; `X` overwrites `B` (`m`×`n`).
+    ///
+    /// # Safety
+    /// As [`dgemm`](Self::dgemm).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dtrsm(
+        &self,
+        side: Side,
+        uplo: Uplo,
+        trans: Trans,
+        diag: Diag,
+        m: usize,
+        n: usize,
+        alpha: f64,
+        a: u64,
+        lda: usize,
+        b: u64,
+        ldb: usize,
+    ) -> GpuResult<()> {
+        let what = || self.ctx.what();
+        dims!(&what; m, n, lda, ldb);
+        // SAFETY: the caller's contract.
+        let s = unsafe {
+            cb::cublasDtrsm_v2(
+                self.raw,
+                side.blas(),
+                uplo.blas(),
+                trans.blas(),
+                diag.blas(),
+                m,
+                n,
+                &alpha,
+                a as *const f64,
+                lda,
+                b as *mut f64,
+                ldb,
+            )
+        };
+        blas_check("cublasDtrsm", s, &what)
+    }
+
+    /// `C = alpha op(A) op(A)^T + beta C` on the `uplo` triangle of `n`×`n` `C` (`op(A)` is
+    /// `n`×`k`).
+    ///
+    /// # Safety
+    /// As [`dgemm`](Self::dgemm).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dsyrk(
+        &self,
+        uplo: Uplo,
+        trans: Trans,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: u64,
+        lda: usize,
+        beta: f64,
+        c: u64,
+        ldc: usize,
+    ) -> GpuResult<()> {
+        let what = || self.ctx.what();
+        dims!(&what; n, k, lda, ldc);
+        // SAFETY: the caller's contract.
+        let s = unsafe {
+            cb::cublasDsyrk_v2(
+                self.raw,
+                uplo.blas(),
+                trans.blas(),
+                n,
+                k,
+                &alpha,
+                a as *const f64,
+                lda,
+                &beta,
+                c as *mut f64,
+                ldc,
+            )
+        };
+        blas_check("cublasDsyrk", s, &what)
+    }
+
+    /// `C = alpha op(A) B` (left) or `alpha B op(A)` (right), `A` triangular (only its `uplo`
+    /// triangle is read), `B` and `C` `m`×`n`.
+    ///
+    /// # Safety
+    /// As [`dgemm`](Self::dgemm).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dtrmm(
+        &self,
+        side: Side,
+        uplo: Uplo,
+        trans: Trans,
+        diag: Diag,
+        m: usize,
+        n: usize,
+        alpha: f64,
+        a: u64,
+        lda: usize,
+        b: u64,
+        ldb: usize,
+        c: u64,
+        ldc: usize,
+    ) -> GpuResult<()> {
+        let what = || self.ctx.what();
+        dims!(&what; m, n, lda, ldb, ldc);
+        // SAFETY: the caller's contract.
+        let s = unsafe {
+            cb::cublasDtrmm_v2(
+                self.raw,
+                side.blas(),
+                uplo.blas(),
+                trans.blas(),
+                diag.blas(),
+                m,
+                n,
+                &alpha,
+                a as *const f64,
+                lda,
+                b as *const f64,
+                ldb,
+                c as *mut f64,
+                ldc,
+            )
+        };
+        blas_check("cublasDtrmm", s, &what)
+    }
+
+    /// `y = x` for `n` elements with strides `incx`, `incy`.
+    ///
+    /// # Safety
+    /// As [`dgemm`](Self::dgemm), for vectors.
+    pub unsafe fn dcopy(
+        &self,
+        n: usize,
+        x: u64,
+        incx: usize,
+        y: u64,
+        incy: usize,
+    ) -> GpuResult<()> {
+        let what = || self.ctx.what();
+        dims!(&what; n, incx, incy);
+        // SAFETY: the caller's contract.
+        let s =
+            unsafe { cb::cublasDcopy_v2(self.raw, n, x as *const f64, incx, y as *mut f64, incy) };
+        blas_check("cublasDcopy", s, &what)
+    }
+
+    /// The Euclidean norm of `n` elements of `x` (stride `incx`). Returns the value, so it
+    /// waits on this worker until the node's work so far on the stream is done.
+    ///
+    /// # Safety
+    /// As [`dcopy`](Self::dcopy).
+    pub unsafe fn dnrm2(&self, n: usize, x: u64, incx: usize) -> GpuResult<f64> {
+        let what = || self.ctx.what();
+        dims!(&what; n, incx);
+        let mut r = 0.0f64;
+        // SAFETY: the caller's contract; host pointer mode (the default): the result is
+        // written to `r` before the call returns.
+        let s = unsafe { cb::cublasDnrm2_v2(self.raw, n, x as *const f64, incx, &mut r) };
+        blas_check("cublasDnrm2", s, &what)?;
+        Ok(r)
+    }
+
+    /// The dot product of `n` elements of `x` and `y`. Waits like [`dnrm2`](Self::dnrm2).
+    ///
+    /// # Safety
+    /// As [`dcopy`](Self::dcopy).
+    pub unsafe fn ddot(
+        &self,
+        n: usize,
+        x: u64,
+        incx: usize,
+        y: u64,
+        incy: usize,
+    ) -> GpuResult<f64> {
+        let what = || self.ctx.what();
+        dims!(&what; n, incx, incy);
+        let mut r = 0.0f64;
+        // SAFETY: as for dnrm2.
+        let s = unsafe {
+            cb::cublasDdot_v2(
+                self.raw,
+                n,
+                x as *const f64,
+                incx,
+                y as *const f64,
+                incy,
+                &mut r,
+            )
+        };
+        blas_check("cublasDdot", s, &what)?;
+        Ok(r)
+    }
+}
+
+/// The node's worker's cuSOLVER (dense) handle, set to the node's stream.
+pub struct Solver<'c, 'a, 'n> {
+    ctx: &'c GpuCtx<'a, 'n>,
+    raw: cs::cusolverDnHandle_t,
+    stream_sets: u64,
+}
+
+impl fmt::Debug for Solver<'_, '_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Solver")
+            .field("node", &self.ctx.node_name())
+            .field("handle", &self.raw)
+            .finish()
+    }
+}
+
+impl Solver<'_, '_, '_> {
+    /// The raw `cusolverDnHandle_t` (use it only inside this node's body).
+    pub fn raw(&self) -> *mut std::ffi::c_void {
+        self.raw as *mut std::ffi::c_void
+    }
+
+    /// How many times this worker has set its cuSOLVER handle's stream so far.
+    pub fn stream_sets(&self) -> u64 {
+        self.stream_sets
+    }
+
+    /// The stream the handle is set to, as the library reports it.
+    pub fn current_stream(&self) -> GpuResult<u64> {
+        let mut s: cs::cudaStream_t = std::ptr::null_mut();
+        // SAFETY: a live handle; writes one stream handle.
+        let st = unsafe { cs::cusolverDnGetStream(self.raw, &mut s) };
+        solver_check("cusolverDnGetStream", st, &|| self.ctx.what())?;
+        Ok(s as u64)
+    }
+
+    /// Enqueues the Cholesky factorization of the `n`×`n` matrix at `a` (its `uplo` triangle
+    /// is overwritten by the factor), with this worker's workspace for the stream. The
+    /// library's `info` goes to the `i32` at device address `info`, without a host wait: 0 on
+    /// success, `k > 0` when the leading minor of order `k` is not positive definite (see
+    /// [`potrf_info_error`]); read it after the node's work (for example in a later node).
+    ///
+    /// # Safety
+    /// `a` must address an `n`×`n` matrix of leading dimension `lda`, and `info` one `i32`, on
+    /// this node's device, alive until the node's GPU work has finished.
+    pub unsafe fn dpotrf(
+        &self,
+        uplo: Uplo,
+        n: usize,
+        a: u64,
+        lda: usize,
+        info: u64,
+    ) -> GpuResult<()> {
+        let what = || self.ctx.what();
+        dims!(&what; n, lda);
+        let mut lwork: c_int = 0;
+        // SAFETY: the caller's contract; the query writes one int and reads no matrix data.
+        let s = unsafe {
+            cs::cusolverDnDpotrf_bufferSize(
+                self.raw,
+                uplo.solver(),
+                n,
+                a as *mut f64,
+                lda,
+                &mut lwork,
+            )
+        };
+        solver_check("cusolverDnDpotrf_bufferSize", s, &what)?;
+        let lwork = lwork.max(1);
+        let bytes = lwork as usize * std::mem::size_of::<f64>();
+        let ws = self
+            .ctx
+            .b
+            .libs
+            .solver_workspace(self.ctx.b.ctx, self.ctx.stream, bytes, &what)?;
+        // SAFETY: the caller's contract; the workspace holds `lwork` doubles and is used only
+        // in this stream's order.
+        let s = unsafe {
+            cs::cusolverDnDpotrf(
+                self.raw,
+                uplo.solver(),
+                n,
+                a as *mut f64,
+                lda,
+                ws as *mut f64,
+                lwork,
+                info as *mut c_int,
+            )
+        };
+        solver_check("cusolverDnDpotrf", s, &what)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_error_names_it() {
+        let e = Library::Solver.missing_error("node 'potrf(0)' of graph 'g' on device 0");
+        assert_eq!(e.kind(), GpuErrorKind::LibraryMissing);
+        assert!(e.message().starts_with("node 'potrf(0)'"), "{e}");
+        assert!(e.message().contains("cuSOLVER (libcusolver)"), "{e}");
+        let e = Library::Blas.missing_error("");
+        assert!(
+            e.message()
+                .starts_with("cuBLAS (libcublas) could not be loaded"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn library_status_errors_name_node_and_status() {
+        let what = || "node 'gemm(2,1,0)' of graph 'c' on device 0".to_owned();
+        let e = blas_check(
+            "cublasDgemm",
+            cb::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE,
+            &what,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), GpuErrorKind::Library);
+        assert_eq!(
+            e.message(),
+            "node 'gemm(2,1,0)' of graph 'c' on device 0: cublasDgemm returned CUBLAS_STATUS_INVALID_VALUE"
+        );
+        let src = std::error::Error::source(&e).expect("the status as source");
+        assert_eq!(
+            src.to_string(),
+            "cublasDgemm returned CUBLAS_STATUS_INVALID_VALUE"
+        );
+        let e = blas_check(
+            "cublasCreate",
+            cb::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED,
+            &what,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), GpuErrorKind::OutOfMemory);
+        let e = solver_check(
+            "cusolverDnDpotrf",
+            cs::cusolverStatus_t::CUSOLVER_STATUS_INVALID_VALUE,
+            &what,
+        )
+        .unwrap_err();
+        assert!(
+            e.message().ends_with("CUSOLVER_STATUS_INVALID_VALUE"),
+            "{e}"
+        );
+        assert!(blas_check("x", cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS, &what).is_ok());
+    }
+
+    #[test]
+    fn potrf_info_error_says_which_minor() {
+        let e = potrf_info_error("potrf(3)", 17);
+        assert_eq!(e.kind(), GpuErrorKind::Library);
+        assert_eq!(
+            e.message(),
+            "node 'potrf(3)': cusolverDnDpotrf: info = 17: the leading minor of order 17 is not positive definite"
+        );
+        assert!(potrf_info_error("p", -4).message().contains("parameter 4"));
+    }
+}

@@ -1,0 +1,678 @@
+//! A tiled right-looking Cholesky factorization (f64, lower) as a graph of library calls:
+//! POTRF on diagonal tiles (cuSOLVER), TRSM, SYRK and GEMM (cuBLAS), one node per tile
+//! operation, edges from the tiles each one reads and writes. The matrix stays in one
+//! column-major allocation (leading dimension `n`); a tile is an offset into it.
+
+use std::sync::Arc;
+
+use boundpool_scheduler::{GraphBuilder, GroupId, NodeRef};
+
+use crate::blas::{potrf_info_error, Diag, Side, Trans, Uplo};
+use crate::buffer::DeviceBuffer;
+use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::node::GpuGraphExt;
+use crate::pool::GpuGraph;
+
+/// How to tile and place a factorization of an `n`×`n` matrix.
+///
+/// The *panel* work (POTRF of tile column `k`, its TRSMs, and the look-ahead: the updates of
+/// column `k + 1` by column `k`) goes to group `panel`, the other updates to `update`. Give the
+/// panel group a high stream priority ([`GpuPoolBuilder::stream_priority`]) and turn the
+/// stream hand-off off ([`GpuPoolBuilder::stream_handoff`]) so that the critical path runs on
+/// the panel workers' streams ahead of the bulk updates; with one group for both, the graph is
+/// the same and only the placement differs.
+///
+/// [`GpuPoolBuilder::stream_priority`]: crate::GpuPoolBuilder::stream_priority
+/// [`GpuPoolBuilder::stream_handoff`]: crate::GpuPoolBuilder::stream_handoff
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CholeskyPlan {
+    /// Order of the matrix.
+    pub n: usize,
+    /// Tile size (the last tile row/column may be smaller).
+    pub tile: usize,
+    /// Where POTRF, TRSM and the look-ahead updates run.
+    pub panel: GroupId,
+    /// Where the other SYRK and GEMM updates run.
+    pub update: GroupId,
+}
+
+/// A factorization graph and its last node, which checks every POTRF's `info`.
+#[derive(Debug)]
+pub struct CholeskyGraph {
+    /// The graph (run it any number of times, on a matrix reloaded between runs).
+    pub graph: GpuGraph,
+    /// The node that reads back the POTRF infos after the factorization (the graph's sink).
+    pub check: NodeRef<()>,
+    /// Nodes of each kind: POTRF, TRSM, SYRK, GEMM.
+    pub counts: [usize; 4],
+}
+
+impl CholeskyPlan {
+    /// Every node on `group`.
+    pub fn new(n: usize, tile: usize, group: GroupId) -> Self {
+        Self {
+            n,
+            tile,
+            panel: group,
+            update: group,
+        }
+    }
+
+    /// Number of tile rows (and columns).
+    pub fn tiles(&self) -> usize {
+        self.n.div_ceil(self.tile.max(1))
+    }
+
+    /// Floating-point operations of one factorization (`n³/3`, the usual count).
+    pub fn flops(&self) -> f64 {
+        let n = self.n as f64;
+        n * n * n / 3.0
+    }
+
+    /// The factorization's tile operations in an order that respects their dependencies,
+    /// each with the indices (into this list) of the operations it must follow: the last
+    /// writer of every tile it reads or writes. No GPU needed; [`build`](Self::build) makes
+    /// one node per operation with these edges.
+    pub fn tasks(&self) -> Vec<TileTask> {
+        let t = self.tiles();
+        let mut out: Vec<TileTask> = Vec::with_capacity(t * (t + 1) * (t + 2) / 6);
+        // last[i * t + j]: the task that last wrote tile (i, j), i >= j.
+        let mut last: Vec<Option<usize>> = vec![None; t * t];
+        let push = |out: &mut Vec<TileTask>,
+                    last: &mut [Option<usize>],
+                    op: TileOp,
+                    deps: Vec<usize>,
+                    writes: (usize, usize),
+                    panel: bool| {
+            out.push(TileTask { op, deps, panel });
+            last[writes.0 * t + writes.1] = Some(out.len() - 1);
+        };
+        for k in 0..t {
+            let deps = last[k * t + k].into_iter().collect();
+            push(&mut out, &mut last, TileOp::Potrf { k }, deps, (k, k), true);
+            let potrf = last[k * t + k].expect("just written");
+            for i in k + 1..t {
+                let deps = std::iter::once(potrf).chain(last[i * t + k]).collect();
+                push(
+                    &mut out,
+                    &mut last,
+                    TileOp::Trsm { i, k },
+                    deps,
+                    (i, k),
+                    true,
+                );
+            }
+            for j in k + 1..t {
+                // The updates of column k + 1 are on the critical path: with the panel.
+                let panel = j == k + 1;
+                let trsm_j = last[j * t + k].expect("trsm of (j, k)");
+                let deps = std::iter::once(trsm_j).chain(last[j * t + j]).collect();
+                push(
+                    &mut out,
+                    &mut last,
+                    TileOp::Syrk { j, k },
+                    deps,
+                    (j, j),
+                    panel,
+                );
+                for i in j + 1..t {
+                    let trsm_i = last[i * t + k].expect("trsm of (i, k)");
+                    let deps = [trsm_i, trsm_j]
+                        .into_iter()
+                        .chain(last[i * t + j])
+                        .collect();
+                    push(
+                        &mut out,
+                        &mut last,
+                        TileOp::Gemm { i, j, k },
+                        deps,
+                        (i, j),
+                        panel,
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    /// Builds the graph factoring, in place, the lower triangle of the column-major `n`×`n`
+    /// matrix `a` (the upper triangle is not touched), writing each POTRF's `info` to
+    /// `info[k]` (`info` needs [`tiles`](Self::tiles) elements). The sink node downloads the
+    /// infos (the only host wait, after everything) and fails naming the first POTRF node whose
+    /// tile was not positive definite.
+    pub fn build(
+        &self,
+        name: &str,
+        a: &Arc<DeviceBuffer<f64>>,
+        info: &Arc<DeviceBuffer<i32>>,
+    ) -> GpuResult<CholeskyGraph> {
+        let (n, b, t) = (self.n, self.tile, self.tiles());
+        if n == 0 || b == 0 {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!("cholesky '{name}': n = {n} and tile = {b} must be positive"),
+            ));
+        }
+        if a.len() < n * n || info.len() < t {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!(
+                    "cholesky '{name}': the matrix needs {} elements (has {}), info {t} (has {})",
+                    n * n,
+                    a.len(),
+                    info.len()
+                ),
+            ));
+        }
+        let size = move |i: usize| b.min(n - i * b);
+        let base = a.device_ptr();
+        let tile_ptr = move |i: usize, j: usize| base + ((j * b * n + i * b) * 8) as u64;
+        let info_base = info.device_ptr();
+        let tasks = self.tasks();
+        let mut g = GraphBuilder::with_capacity(name.to_owned(), tasks.len() + 1, 3 * tasks.len());
+        let mut ids = Vec::with_capacity(tasks.len());
+        let mut counts = [0usize; 4];
+        for task in &tasks {
+            let group = if task.panel { self.panel } else { self.update };
+            // The closures keep the matrix (and infos) alive as long as the graph.
+            let keep = (a.clone(), info.clone());
+            let node = match task.op {
+                TileOp::Potrf { k } => {
+                    counts[0] += 1;
+                    let nk = size(k);
+                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
+                        let _alive = &keep;
+                        // SAFETY: tile (k, k) lies inside `a` and info[k] inside `info`
+                        // (sizes checked above), both alive while the graph is.
+                        unsafe {
+                            ctx.solver()?.dpotrf(
+                                Uplo::Lower,
+                                nk,
+                                tile_ptr(k, k),
+                                n,
+                                info_base + 4 * k as u64,
+                            )?
+                        };
+                        Ok(())
+                    })
+                }
+                TileOp::Trsm { i, k } => {
+                    counts[1] += 1;
+                    let (ni, nk) = (size(i), size(k));
+                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
+                        let _alive = &keep;
+                        // SAFETY: tiles (k, k) and (i, k) lie inside `a`, alive (see above).
+                        // A_ik := A_ik L_kk^-T.
+                        unsafe {
+                            ctx.blas()?.dtrsm(
+                                Side::Right,
+                                Uplo::Lower,
+                                Trans::T,
+                                Diag::NonUnit,
+                                ni,
+                                nk,
+                                1.0,
+                                tile_ptr(k, k),
+                                n,
+                                tile_ptr(i, k),
+                                n,
+                            )?
+                        };
+                        Ok(())
+                    })
+                }
+                TileOp::Syrk { j, k } => {
+                    counts[2] += 1;
+                    let (nj, nk) = (size(j), size(k));
+                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
+                        let _alive = &keep;
+                        // SAFETY: tiles (j, k) and (j, j) lie inside `a`, alive (see above).
+                        // A_jj -= A_jk A_jk^T (lower triangle).
+                        unsafe {
+                            ctx.blas()?.dsyrk(
+                                Uplo::Lower,
+                                Trans::No,
+                                nj,
+                                nk,
+                                -1.0,
+                                tile_ptr(j, k),
+                                n,
+                                1.0,
+                                tile_ptr(j, j),
+                                n,
+                            )?
+                        };
+                        Ok(())
+                    })
+                }
+                TileOp::Gemm { i, j, k } => {
+                    counts[3] += 1;
+                    let (ni, nj, nk) = (size(i), size(j), size(k));
+                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
+                        let _alive = &keep;
+                        // SAFETY: tiles (i, k), (j, k) and (i, j) lie inside `a` (see above).
+                        // A_ij -= A_ik A_jk^T.
+                        unsafe {
+                            ctx.blas()?.dgemm(
+                                Trans::No,
+                                Trans::T,
+                                ni,
+                                nj,
+                                nk,
+                                -1.0,
+                                tile_ptr(i, k),
+                                n,
+                                tile_ptr(j, k),
+                                n,
+                                1.0,
+                                tile_ptr(i, j),
+                                n,
+                            )?
+                        };
+                        Ok(())
+                    })
+                }
+            };
+            for &d in &task.deps {
+                g.edge(ids[d], node);
+            }
+            ids.push(node.id());
+        }
+        let potrf_names: Vec<String> = (0..t).map(|k| TileOp::Potrf { k }.name()).collect();
+        let keep = info.clone();
+        let check = g.gpu_node_in(self.panel, "check potrf info", move |ctx| {
+            let infos = ctx.download(&keep)?;
+            for (k, &v) in infos.iter().take(t).enumerate() {
+                if v != 0 {
+                    let e = potrf_info_error(&potrf_names[k], v);
+                    let order = k * b + v.max(0) as usize;
+                    return Err(Box::new(GpuError::new(
+                        e.kind(),
+                        format!(
+                            "{} (tile {k}; order {order} of the whole matrix)",
+                            e.message()
+                        ),
+                    )));
+                }
+            }
+            Ok(())
+        });
+        // The last POTRF follows every other operation (each tile's updates end in the
+        // panels below it, which all feed the last diagonal tile).
+        if let Some(&sink) = ids.last() {
+            g.edge(sink, check);
+        }
+        let graph = g.build().map_err(|e| {
+            GpuError::new(GpuErrorKind::Scheduler, format!("cholesky '{name}': {e}")).with_source(e)
+        })?;
+        Ok(CholeskyGraph {
+            graph,
+            check,
+            counts,
+        })
+    }
+}
+
+/// One tile operation of the factorization (tile indices, row `i` >= column `j`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TileOp {
+    /// `L_kk = chol(A_kk)` (cuSOLVER `potrf`).
+    Potrf {
+        /// The diagonal tile.
+        k: usize,
+    },
+    /// `A_ik := A_ik L_kk^-T` (cuBLAS `trsm`).
+    Trsm {
+        /// Tile row.
+        i: usize,
+        /// Tile column (the panel).
+        k: usize,
+    },
+    /// `A_jj -= A_jk A_jk^T` (cuBLAS `syrk`, lower triangle).
+    Syrk {
+        /// The diagonal tile updated.
+        j: usize,
+        /// The panel column read.
+        k: usize,
+    },
+    /// `A_ij -= A_ik A_jk^T` (cuBLAS `gemm`).
+    Gemm {
+        /// Tile row.
+        i: usize,
+        /// Tile column updated.
+        j: usize,
+        /// The panel column read.
+        k: usize,
+    },
+}
+
+impl TileOp {
+    /// The node name: `potrf(k)`, `trsm(i,k)`, `syrk(j,k)`, `gemm(i,j,k)`.
+    pub fn name(&self) -> String {
+        match *self {
+            TileOp::Potrf { k } => format!("potrf({k})"),
+            TileOp::Trsm { i, k } => format!("trsm({i},{k})"),
+            TileOp::Syrk { j, k } => format!("syrk({j},{k})"),
+            TileOp::Gemm { i, j, k } => format!("gemm({i},{j},{k})"),
+        }
+    }
+}
+
+/// A tile operation, the earlier operations it follows, and whether it is panel work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TileTask {
+    /// What it does.
+    pub op: TileOp,
+    /// Indices (into [`CholeskyPlan::tasks`]) of the operations it must follow.
+    pub deps: Vec<usize>,
+    /// On the critical path: POTRF, TRSM, and the updates of the next tile column.
+    pub panel: bool,
+}
+
+/// Entry `(i, j)` of the symmetric positive definite test matrix of order `n`: off the
+/// diagonal a pseudo-random value in [-0.5, 0.5) (a hash of the unordered pair), on it `n`
+/// plus such a value, so each row is strictly diagonally dominant.
+pub fn spd_entry(n: usize, i: usize, j: usize) -> f64 {
+    let (lo, hi) = if i <= j { (i, j) } else { (j, i) };
+    let mut z = (lo as u64)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(hi as u64)
+        .wrapping_add(0x2545_f491_4f6c_dd1d);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let u = (z >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+    if i == j {
+        n as f64 + u
+    } else {
+        u
+    }
+}
+
+/// The test matrix of order `n` ([`spd_entry`]), column-major, filled by a few threads.
+pub fn spd_matrix(n: usize) -> Vec<f64> {
+    let mut a = vec![0.0f64; n * n];
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |p| p.get())
+        .min(16);
+    let cols_per = n.div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (c, chunk) in a.chunks_mut(cols_per * n).enumerate() {
+            s.spawn(move || {
+                for (jj, col) in chunk.chunks_mut(n).enumerate() {
+                    let j = c * cols_per + jj;
+                    for (i, v) in col.iter_mut().enumerate() {
+                        *v = spd_entry(n, i, j);
+                    }
+                }
+            });
+        }
+    });
+    a
+}
+
+/// `‖A − L Lᵀ‖_F / ‖A‖_F` computed on the device, one node on a worker of `device`: `a0` the
+/// original matrix, `l` the factored one (its lower triangle is `L`; the upper is ignored),
+/// both `n`×`n` column-major. Uses about `3 n²` doubles of scratch device memory.
+pub fn residual_on_device(
+    pool: &crate::GpuPool,
+    device: &crate::GpuDevice,
+    a0: &Arc<DeviceBuffer<f64>>,
+    l: &Arc<DeviceBuffer<f64>>,
+    n: usize,
+) -> GpuResult<f64> {
+    let (a0, l) = (a0.clone(), l.clone());
+    pool.call(device, move |ctx| {
+        let blas = ctx.blas()?;
+        let eye = ctx.alloc_zeros::<f64>(n * n)?;
+        let ones = ctx.upload(&vec![1.0f64; n])?;
+        let lower = ctx.alloc::<f64>(n * n)?;
+        let mut r = ctx.alloc::<f64>(n * n)?;
+        ctx.copy_device(&a0, &mut r)?;
+        // SAFETY: every address is a live allocation of this device of the size used (n or
+        // n² doubles), kept alive until this node's synchronous norms below have returned.
+        unsafe {
+            blas.dcopy(n, ones.device_ptr(), 1, eye.device_ptr(), n + 1)?;
+            // lower = tril(l) · I, the factor with zeros above the diagonal.
+            blas.dtrmm(
+                Side::Left,
+                Uplo::Lower,
+                Trans::No,
+                Diag::NonUnit,
+                n,
+                n,
+                1.0,
+                l.device_ptr(),
+                n,
+                eye.device_ptr(),
+                n,
+                lower.device_ptr(),
+                n,
+            )?;
+            blas.dgemm(
+                Trans::No,
+                Trans::T,
+                n,
+                n,
+                n,
+                -1.0,
+                lower.device_ptr(),
+                n,
+                lower.device_ptr(),
+                n,
+                1.0,
+                r.device_ptr(),
+                n,
+            )?;
+            let nr = blas.dnrm2(n * n, r.device_ptr(), 1)?;
+            let na = blas.dnrm2(n * n, a0.device_ptr(), 1)?;
+            Ok(nr / na)
+        }
+    })
+}
+
+/// Spot checks of a factorization too large for [`residual_on_device`]: for `samples`
+/// pseudo-random entries `(i, j)` of the lower triangle (and the last diagonal entry), the
+/// largest `|A_ij − (L Lᵀ)_ij| / sqrt(A_ii A_jj)`, with `(L Lᵀ)_ij` a dot product of two rows
+/// of `L` on the device and `A_ij` from [`spd_entry`].
+pub fn spot_check_on_device(
+    pool: &crate::GpuPool,
+    device: &crate::GpuDevice,
+    l: &Arc<DeviceBuffer<f64>>,
+    n: usize,
+    samples: usize,
+) -> GpuResult<f64> {
+    let l = l.clone();
+    pool.call(device, move |ctx| {
+        let blas = ctx.blas()?;
+        let mut worst = 0.0f64;
+        let mut z = 0x1234_5678_9abc_def1u64;
+        for s in 0..=samples {
+            let (i, j) = if s == samples {
+                (n - 1, n - 1)
+            } else {
+                z ^= z << 13;
+                z ^= z >> 7;
+                z ^= z << 17;
+                let i = (z % n as u64) as usize;
+                let j = ((z >> 32) % (i as u64 + 1)) as usize;
+                (i, j)
+            };
+            let base = l.device_ptr();
+            // SAFETY: rows i and j of L, elements 0..=j (j <= i < n), with stride n, lie
+            // inside `l` (n² doubles), alive for this synchronous call.
+            let dot = unsafe { blas.ddot(j + 1, base + 8 * i as u64, n, base + 8 * j as u64, n)? };
+            let scale = (spd_entry(n, i, i) * spd_entry(n, j, j)).sqrt();
+            worst = worst.max((spd_entry(n, i, j) - dot).abs() / scale);
+        }
+        Ok(worst)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tiles (row, column) an operation reads and the one it writes.
+    fn touches(op: TileOp) -> (Vec<(usize, usize)>, (usize, usize)) {
+        match op {
+            TileOp::Potrf { k } => (vec![], (k, k)),
+            TileOp::Trsm { i, k } => (vec![(k, k)], (i, k)),
+            TileOp::Syrk { j, k } => (vec![(j, k)], (j, j)),
+            TileOp::Gemm { i, j, k } => (vec![(i, k), (j, k)], (i, j)),
+        }
+    }
+
+    /// Runs one operation on the host on the column-major `n`×`n` matrix `a`.
+    fn run_op(a: &mut [f64], n: usize, b: usize, op: TileOp) {
+        let size = |i: usize| b.min(n - i * b);
+        let at = |r: usize, c: usize| c * n + r;
+        match op {
+            TileOp::Potrf { k } => {
+                let (o, m) = (k * b, size(k));
+                for j in 0..m {
+                    let mut d = a[at(o + j, o + j)];
+                    for q in 0..j {
+                        d -= a[at(o + j, o + q)].powi(2);
+                    }
+                    let d = d.sqrt();
+                    a[at(o + j, o + j)] = d;
+                    for i in j + 1..m {
+                        let mut s = a[at(o + i, o + j)];
+                        for q in 0..j {
+                            s -= a[at(o + i, o + q)] * a[at(o + j, o + q)];
+                        }
+                        a[at(o + i, o + j)] = s / d;
+                    }
+                }
+            }
+            TileOp::Trsm { i, k } => {
+                let (ro, co, m, nk) = (i * b, k * b, size(i), size(k));
+                for r in 0..m {
+                    for j in 0..nk {
+                        let mut s = a[at(ro + r, co + j)];
+                        for q in 0..j {
+                            s -= a[at(ro + r, co + q)] * a[at(co + j, co + q)];
+                        }
+                        a[at(ro + r, co + j)] = s / a[at(co + j, co + j)];
+                    }
+                }
+            }
+            TileOp::Syrk { j, k } => run_op(a, n, b, TileOp::Gemm { i: j, j, k }),
+            TileOp::Gemm { i, j, k } => {
+                let (ro, cj, ck) = (i * b, j * b, k * b);
+                for c in 0..size(j) {
+                    for r in 0..size(i) {
+                        let mut s = 0.0;
+                        for q in 0..size(k) {
+                            s += a[at(ro + r, ck + q)] * a[at(cj + c, ck + q)];
+                        }
+                        a[at(ro + r, cj + c)] -= s;
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tasks_have_the_expected_counts_and_order() {
+        for (n, b) in [(64, 64), (200, 48), (512, 64)] {
+            let plan = CholeskyPlan::new(n, b, GroupId::from_index(0));
+            let t = plan.tiles();
+            let tasks = plan.tasks();
+            let count = |f: fn(&TileOp) -> bool| tasks.iter().filter(|x| f(&x.op)).count();
+            assert_eq!(count(|o| matches!(o, TileOp::Potrf { .. })), t);
+            assert_eq!(count(|o| matches!(o, TileOp::Trsm { .. })), t * (t - 1) / 2);
+            assert_eq!(count(|o| matches!(o, TileOp::Syrk { .. })), t * (t - 1) / 2);
+            assert_eq!(
+                count(|o| matches!(o, TileOp::Gemm { .. })),
+                t * (t - 1) * (t.max(2) - 2) / 6
+            );
+            for (x, task) in tasks.iter().enumerate() {
+                assert!(task.deps.iter().all(|&d| d < x), "{:?}", task.op);
+            }
+            assert_eq!(tasks.last().unwrap().op, TileOp::Potrf { k: t - 1 });
+        }
+    }
+
+    /// Every two operations that touch one tile, one of them writing it, are ordered by the
+    /// graph's edges (one is an ancestor of the other), and every operation is an ancestor
+    /// of the last POTRF (the graph's single sink before the info check).
+    #[test]
+    fn tasks_order_every_conflicting_pair() {
+        let plan = CholeskyPlan::new(7 * 32 + 5, 32, GroupId::from_index(0));
+        let tasks = plan.tasks();
+        let m = tasks.len();
+        let mut anc: Vec<Vec<bool>> = vec![vec![false; m]; m];
+        for x in 0..m {
+            for &d in &tasks[x].deps {
+                anc[x][d] = true;
+                let (lo, hi) = anc.split_at_mut(x);
+                for (y, v) in lo[d].iter().enumerate() {
+                    if *v {
+                        hi[0][y] = true;
+                    }
+                }
+            }
+        }
+        for x in 0..m {
+            let (rx, wx) = touches(tasks[x].op);
+            for y in 0..x {
+                let (ry, wy) = touches(tasks[y].op);
+                let conflict = wx == wy || rx.contains(&wy) || ry.contains(&wx);
+                if conflict {
+                    assert!(
+                        anc[x][y],
+                        "{:?} and {:?} touch a tile unordered",
+                        tasks[y].op, tasks[x].op
+                    );
+                }
+            }
+        }
+        for y in 0..m - 1 {
+            assert!(anc[m - 1][y], "{:?} does not reach the sink", tasks[y].op);
+        }
+    }
+
+    #[test]
+    fn tasks_in_order_factor_the_matrix() {
+        let (n, b) = (200, 48);
+        let mut a = spd_matrix(n);
+        for task in CholeskyPlan::new(n, b, GroupId::from_index(0)).tasks() {
+            run_op(&mut a, n, b, task.op);
+        }
+        let (mut num, mut den) = (0.0f64, 0.0f64);
+        for j in 0..n {
+            for i in 0..n {
+                let mut s = 0.0;
+                for q in 0..=i.min(j) {
+                    s += a[q * n + i] * a[q * n + j];
+                }
+                let v = spd_entry(n, i, j);
+                num += (v - s).powi(2);
+                den += v * v;
+            }
+        }
+        let r = (num / den).sqrt();
+        assert!(r <= 1e-12, "residual {r:e}");
+        // The upper triangle is not touched.
+        assert_eq!(a[5 * n + 1], spd_entry(n, 1, 5));
+    }
+
+    #[test]
+    fn spd_entry_is_symmetric_and_dominant() {
+        let n = 300;
+        for i in 0..n {
+            let off: f64 = (0..n)
+                .filter(|&j| j != i)
+                .map(|j| spd_entry(n, i, j).abs())
+                .sum();
+            assert!(spd_entry(n, i, i) > off);
+            for j in 0..n {
+                assert_eq!(spd_entry(n, i, j), spd_entry(n, j, i));
+            }
+        }
+        let m = spd_matrix(37);
+        assert_eq!(m[3 * 37 + 5], spd_entry(37, 5, 3));
+    }
+}

@@ -1,0 +1,422 @@
+//! cuBLAS / cuSOLVER on bound workers, per-worker state, and the tiled Cholesky. Run on a GPU
+//! machine with `BOUNDPOOL_REQUIRE_GPU=1`.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+
+use boundpool_gpu::{
+    residual_on_device, spd_entry, CholeskyPlan, Devices, GpuErrorKind, GpuGraphBuilder,
+    GpuGraphExt, GpuPool, GpuPoolBuilder, ShutdownMode, Trans,
+};
+use common::{assert_no_wrong_context, gpu_or_skip, watchdog};
+
+fn pool(workers: usize, groups: usize) -> GpuPool {
+    GpuPoolBuilder::new()
+        .name("blas")
+        .devices(Devices::List(vec![0]))
+        .workers_per_device(workers)
+        .groups_per_device(groups)
+        .build()
+        .expect("GPU pool")
+}
+
+/// What a node saw: worker index, cuBLAS handle, cuSOLVER handle, the node's stream, the
+/// stream each handle reported, and the cuBLAS handle's stream-set count.
+type Seen = (usize, usize, usize, u64, u64, u64, u64);
+
+#[test]
+fn handles_are_per_worker_and_set_to_the_node_stream() {
+    if !gpu_or_skip("handles_are_per_worker_and_set_to_the_node_stream") {
+        return;
+    }
+    let _w = watchdog("handles_are_per_worker", 120);
+    let pool = pool(4, 1);
+    let dev = pool.devices()[0].clone();
+    let mut g = GpuGraphBuilder::new("handles");
+    let nodes: Vec<_> = (0..64)
+        .map(|i| {
+            g.gpu_node(&dev, &format!("n{i}"), move |ctx| -> Result<Seen, _> {
+                // Some device work on the stream, so that nodes overlap and spread out.
+                let x = ctx.upload(&[1.0f64; 64 * 64])?;
+                let c = ctx.alloc_zeros::<f64>(64 * 64)?;
+                let blas = ctx.blas()?;
+                // SAFETY: 64×64 matrices in live allocations of this node.
+                unsafe {
+                    for _ in 0..20 {
+                        blas.dgemm(
+                            Trans::No,
+                            Trans::T,
+                            64,
+                            64,
+                            64,
+                            1.0,
+                            x.device_ptr(),
+                            64,
+                            x.device_ptr(),
+                            64,
+                            1.0,
+                            c.device_ptr(),
+                            64,
+                        )?;
+                    }
+                }
+                let solver = ctx.solver()?;
+                Ok((
+                    ctx.node().worker_info().index,
+                    blas.raw() as usize,
+                    solver.raw() as usize,
+                    ctx.raw_stream(),
+                    blas.current_stream()?,
+                    solver.current_stream()?,
+                    blas.stream_sets(),
+                ))
+            })
+        })
+        .collect();
+    let graph = g.build().unwrap();
+    let out = pool.submit(&graph).unwrap().wait().unwrap();
+    let mut blas_of: HashMap<usize, HashSet<usize>> = HashMap::new();
+    let mut worker_of: HashMap<usize, HashSet<usize>> = HashMap::new();
+    let mut solver_of: HashMap<usize, HashSet<usize>> = HashMap::new();
+    for n in &nodes {
+        let &(w, bh, sh, stream, bs, ss, sets) = out.get(*n).unwrap();
+        assert_eq!(bs, stream, "cuBLAS handle not on the node's stream");
+        assert_eq!(ss, stream, "cuSOLVER handle not on the node's stream");
+        // Independent nodes run on their worker's own stream: the handle was set once.
+        assert_eq!(sets, 1, "stream set again without a change of stream");
+        blas_of.entry(w).or_default().insert(bh);
+        solver_of.entry(w).or_default().insert(sh);
+        worker_of.entry(bh).or_default().insert(w);
+    }
+    for (w, hs) in &blas_of {
+        assert_eq!(
+            hs.len(),
+            1,
+            "worker {w} used several cuBLAS handles: {hs:?}"
+        );
+    }
+    for (w, hs) in &solver_of {
+        assert_eq!(
+            hs.len(),
+            1,
+            "worker {w} used several cuSOLVER handles: {hs:?}"
+        );
+    }
+    for (h, ws) in &worker_of {
+        assert_eq!(ws.len(), 1, "cuBLAS handle {h:#x} used by workers {ws:?}");
+    }
+    eprintln!(
+        "{} workers ran the 64 nodes, one handle each",
+        blas_of.len()
+    );
+    assert_no_wrong_context("handles_are_per_worker");
+}
+
+#[test]
+fn handle_on_a_handed_over_stream_is_set_to_it() {
+    if !gpu_or_skip("handle_on_a_handed_over_stream_is_set_to_it") {
+        return;
+    }
+    let _w = watchdog("handle_on_a_handed_over_stream", 120);
+    // Two one-worker groups and a pure chain alternating between them (each node has exactly
+    // one GPU successor): every node after the first enqueues on the first node's stream,
+    // the odd ones from the other group's worker, whose handle must follow that stream.
+    let pool = pool(2, 2);
+    let dev = pool.devices()[0].clone();
+    let groups = dev.groups().to_vec();
+    let two = Arc::new(pool.call(&dev, |ctx| Ok(ctx.upload(&[2.0f64])?)).unwrap());
+    let c = Arc::new(pool.call(&dev, |ctx| Ok(ctx.upload(&[1.0f64])?)).unwrap());
+    let tmp = Arc::new(pool.call(&dev, |ctx| Ok(ctx.alloc::<f64>(1)?)).unwrap());
+    let mut g = GpuGraphBuilder::new("pure chain");
+    let mut prev = None;
+    let mut nodes = Vec::new();
+    for i in 0..6 {
+        let (two, c, tmp) = (two.clone(), c.clone(), tmp.clone());
+        let n = g.gpu_node_in(groups[i % 2], &format!("c{i}"), move |ctx| {
+            let blas = ctx.blas()?;
+            // SAFETY: one-element buffers kept alive by this closure. c = 2 · c, through tmp,
+            // so a node that ran out of order would leave a wrong value.
+            unsafe {
+                blas.dcopy(1, c.device_ptr(), 1, tmp.device_ptr(), 1)?;
+                blas.dgemm(
+                    Trans::No,
+                    Trans::No,
+                    1,
+                    1,
+                    1,
+                    1.0,
+                    two.device_ptr(),
+                    1,
+                    tmp.device_ptr(),
+                    1,
+                    0.0,
+                    c.device_ptr(),
+                    1,
+                )?;
+            }
+            Ok((
+                ctx.node().worker_info().index,
+                ctx.raw_stream(),
+                blas.current_stream()?,
+                blas.stream_sets(),
+            ))
+        });
+        if let Some(p) = prev {
+            g.edge(p, n);
+        }
+        prev = Some(n);
+        nodes.push(n);
+    }
+    let out = pool.submit(&g.build().unwrap()).unwrap().wait().unwrap();
+    assert_eq!(
+        pool.download(&c).unwrap(),
+        vec![64.0],
+        "six doublings in order"
+    );
+    let s0 = out.get(nodes[0]).unwrap().1;
+    let mut workers = HashSet::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let &(w, stream, blas_stream, sets) = out.get(*n).unwrap();
+        workers.insert(w);
+        assert_eq!(
+            stream, s0,
+            "node c{i} did not enqueue on the handed-over stream"
+        );
+        assert_eq!(
+            blas_stream, stream,
+            "node c{i}: cuBLAS handle on another stream"
+        );
+        // Each worker's handle was set once (to the chain's stream) and never again.
+        assert_eq!(
+            sets, 1,
+            "node c{i}: the stream was set again without a change"
+        );
+    }
+    assert_eq!(workers.len(), 2, "both workers ran the chain");
+    assert_no_wrong_context("handle_on_a_handed_over_stream");
+}
+
+/// (what happened, worker name, thread): the probes' log.
+type ProbeLog = Arc<Mutex<Vec<(&'static str, String, ThreadId)>>>;
+
+/// A worker state that logs where it was made and dropped.
+struct Probe {
+    worker: String,
+    made_on: ThreadId,
+    log: ProbeLog,
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(("drop", self.worker.clone(), std::thread::current().id()));
+    }
+}
+
+#[test]
+fn worker_state_is_made_and_dropped_on_its_worker() {
+    if !gpu_or_skip("worker_state_is_made_and_dropped_on_its_worker") {
+        return;
+    }
+    let _w = watchdog("worker_state", 120);
+    let log: ProbeLog = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    let pool = GpuPoolBuilder::new()
+        .devices(Devices::List(vec![0]))
+        .workers_per_device(3)
+        .worker_state(move |setup| {
+            let me = std::thread::current().id();
+            l.lock()
+                .unwrap()
+                .push(("make", setup.worker().name.clone(), me));
+            Ok(Probe {
+                worker: setup.worker().name.clone(),
+                made_on: me,
+                log: l.clone(),
+            })
+        })
+        .build()
+        .unwrap();
+    let dev = pool.devices()[0].clone();
+    let mut g = GpuGraphBuilder::new("state");
+    for i in 0..30 {
+        g.gpu_node(&dev, &format!("s{i}"), |ctx| {
+            let p = ctx.state::<Probe>()?;
+            assert_eq!(
+                p.made_on,
+                std::thread::current().id(),
+                "state of another thread"
+            );
+            assert_eq!(p.worker, ctx.node().worker_info().name);
+            let missing = ctx.state::<String>().expect_err("no String state");
+            assert!(missing.message().contains("String"), "{missing}");
+            Ok(())
+        });
+    }
+    pool.submit(&g.build().unwrap()).unwrap().wait().unwrap();
+    pool.shutdown(ShutdownMode::Finish);
+    drop(pool);
+    let log = log.lock().unwrap();
+    let main = std::thread::current().id();
+    let made: Vec<_> = log.iter().filter(|e| e.0 == "make").collect();
+    let dropped: Vec<_> = log.iter().filter(|e| e.0 == "drop").collect();
+    assert_eq!(made.len(), 3, "{log:?}");
+    assert_eq!(dropped.len(), 3, "{log:?}");
+    for m in &made {
+        assert_ne!(m.2, main, "made on the main thread");
+        let d = dropped
+            .iter()
+            .find(|d| d.1 == m.1)
+            .unwrap_or_else(|| panic!("{} never dropped", m.1));
+        assert_eq!(d.2, m.2, "{}: dropped on another thread than made", m.1);
+    }
+}
+
+#[test]
+fn failing_worker_state_fails_build_naming_the_worker() {
+    if !gpu_or_skip("failing_worker_state_fails_build_naming_the_worker") {
+        return;
+    }
+    let _w = watchdog("failing_worker_state", 60);
+    let e = GpuPoolBuilder::new()
+        .devices(Devices::List(vec![0]))
+        .workers_per_device(2)
+        .worker_state(|setup| -> Result<u32, boundpool_gpu::BoxError> {
+            if setup.worker().index_in_group == 1 {
+                Err("no plan for this worker".into())
+            } else {
+                Ok(7)
+            }
+        })
+        .build()
+        .expect_err("a failing factory fails build");
+    let msg = e.to_string();
+    assert!(msg.contains("no plan for this worker"), "{msg}");
+    assert!(msg.contains("gpu0-1") || msg.contains("worker"), "{msg}");
+    // The device is usable afterwards (the other worker released its context).
+    let p = pool(1, 1);
+    let dev = p.devices()[0].clone();
+    assert_eq!(p.call(&dev, |_| Ok(5)).unwrap(), 5);
+}
+
+/// Makes the test matrix on the device (and a work copy).
+fn upload(
+    pool: &GpuPool,
+    n: usize,
+    poison: Option<usize>,
+) -> (
+    Arc<boundpool_gpu::DeviceBuffer<f64>>,
+    Arc<boundpool_gpu::DeviceBuffer<f64>>,
+) {
+    let dev = pool.devices()[0].clone();
+    let mut host = boundpool_gpu::spd_matrix(n);
+    if let Some(p) = poison {
+        host[p * n + p] = -1000.0;
+    }
+    let a0 = Arc::new(pool.call(&dev, move |ctx| Ok(ctx.upload(&host)?)).unwrap());
+    let src = a0.clone();
+    let a = Arc::new(
+        pool.call(&dev, move |ctx| {
+            let mut a = ctx.alloc::<f64>(n * n)?;
+            ctx.copy_device(&src, &mut a)?;
+            Ok(a)
+        })
+        .unwrap(),
+    );
+    (a0, a)
+}
+
+#[test]
+fn small_tiled_cholesky_verifies() {
+    if !gpu_or_skip("small_tiled_cholesky_verifies") {
+        return;
+    }
+    let _w = watchdog("small_tiled_cholesky", 180);
+    // 1000 = 7 tiles of 128 and one of 104: the ragged edge is covered too.
+    let n = 1000;
+    for (groups, handoff) in [(2, false), (1, true)] {
+        let pool = GpuPoolBuilder::new()
+            .devices(Devices::List(vec![0]))
+            .workers_per_device(4)
+            .groups_per_device(groups)
+            .stream_priority(0, -5)
+            .stream_handoff(handoff)
+            .blas(true)
+            .solver(true)
+            .build()
+            .unwrap();
+        let dev = pool.devices()[0].clone();
+        let (a0, a) = upload(&pool, n, None);
+        let info = Arc::new(
+            pool.call(&dev, |ctx| Ok(ctx.alloc_zeros::<i32>(8)?))
+                .unwrap(),
+        );
+        let plan = CholeskyPlan {
+            n,
+            tile: 128,
+            panel: dev.groups()[0],
+            update: *dev.groups().last().unwrap(),
+        };
+        let chol = plan.build("small", &a, &info).unwrap();
+        assert_eq!(chol.counts, [8, 28, 28, 56]);
+        pool.submit(&chol.graph).unwrap().wait().unwrap();
+        let r = residual_on_device(&pool, &dev, &a0, &a, n).unwrap();
+        eprintln!("groups {groups}, hand-off {handoff}: residual {r:.3e}");
+        assert!(r <= 1e-12, "residual {r:e}");
+        // A spot value of L: L_00 = sqrt(A_00).
+        let l = pool.download(&a).unwrap();
+        assert!((l[0] - spd_entry(n, 0, 0).sqrt()).abs() < 1e-12);
+        // The upper triangle was not touched.
+        assert_eq!(l[5 * n + 1], spd_entry(n, 1, 5));
+    }
+    assert_no_wrong_context("small_tiled_cholesky");
+}
+
+#[test]
+fn non_spd_tile_gives_the_named_error() {
+    if !gpu_or_skip("non_spd_tile_gives_the_named_error") {
+        return;
+    }
+    let _w = watchdog("non_spd_tile", 120);
+    let pool = pool(4, 1);
+    let dev = pool.devices()[0].clone();
+    let n = 256;
+    // Element 130 is the third of tile 2 (rows 128..192).
+    let (_a0, a) = upload(&pool, n, Some(130));
+    let info = Arc::new(
+        pool.call(&dev, |ctx| Ok(ctx.alloc_zeros::<i32>(4)?))
+            .unwrap(),
+    );
+    let chol = CholeskyPlan::new(n, 64, dev.group())
+        .build("not spd", &a, &info)
+        .unwrap();
+    let e = pool
+        .submit(&chol.graph)
+        .unwrap()
+        .wait()
+        .expect_err("not positive definite");
+    let msg = e.to_string();
+    eprintln!("error: {msg}");
+    assert!(msg.contains("potrf(2)"), "{msg}");
+    assert!(msg.contains("info = 3"), "{msg}");
+    assert!(msg.contains("not positive definite"), "{msg}");
+    // A library status by name: an illegal argument to cuBLAS.
+    let e = pool
+        .call(&dev, |ctx| {
+            let blas = ctx.blas()?;
+            // SAFETY: m = 0 rows with lda = 0 is rejected by the library before any access.
+            unsafe {
+                blas.dgemm(Trans::No, Trans::No, 4, 4, 4, 1.0, 0, 0, 0, 0, 0.0, 0, 0)?;
+            }
+            Ok(())
+        })
+        .expect_err("lda = 0 is invalid");
+    assert!(e.to_string().contains("CUBLAS_STATUS_INVALID_VALUE"), "{e}");
+    assert!(e.to_string().contains("node 'call'"), "{e}");
+    assert_eq!(e.kind(), GpuErrorKind::Scheduler);
+}
