@@ -1,7 +1,7 @@
 //! What observability costs: tracing off vs on, metrics export off vs on with no recorder, and
 //! with a recorder installed.
 //!
-//! `cargo bench --bench observe` (`BOUNDPOOL_BENCH_SCALE=0.2` for a quick run,
+//! `cargo bench -p boundpool-bench --bench observe` (`BOUNDPOOL_BENCH_SCALE=0.2` for a quick run,
 //! `BOUNDPOOL_BENCH_RUNS` for the runs per configuration, default 9).
 //!
 //! Every configuration is a pool of 2 workers running the same graphs of empty nodes (the
