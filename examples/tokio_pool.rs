@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use boundpool::observe::{install_prometheus, os_threads};
-use boundpool::workloads::busy_work;
 use boundpool::{GraphBuilder, PoolBuilder};
+use boundpool_bench::workloads::busy_work;
 
 const POOL_WORKERS: usize = 2;
 const TOKIO_WORKERS: usize = 2;

@@ -4,8 +4,11 @@
 //! device's CUDA context bound for its whole life, stealing ready nodes from each other.
 //!
 //! This facade re-exports the scheduler core ([`boundpool_scheduler`]) and the CUDA backend
-//! ([`boundpool_gpu`]), and holds the built-in workloads the `boundpool` command line and the
-//! benches run.
+//! ([`boundpool_gpu`]), and adds the graph-file reader ([`graph_file`]) and observability
+//! ([`observe`]: Chrome traces, SVG timelines, and with the `prometheus` feature the Prometheus
+//! exporter). The `boundpool` command line is its own crate (`boundpool-cli`, in `cli/`), and the
+//! benches, their workloads and baselines another (`boundpool-bench`, in `bench/`), so that a
+//! library user compiles neither clap, indicatif nor the exporter.
 //!
 //! ```
 //! use boundpool::{GraphBuilder, PoolBuilder};
@@ -25,7 +28,6 @@ pub use boundpool_scheduler::*;
 pub mod bounded;
 pub mod graph_file;
 pub mod observe;
-pub mod workloads;
 
 /// The README's Rust examples, compiled and run as doctests so they stay true.
 #[doc = include_str!("../README.md")]

@@ -4,8 +4,8 @@
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
-use boundpool::workloads::{Dag, Shape};
 use boundpool::PoolBuilder;
+use boundpool_bench::workloads::{Dag, Shape};
 
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let agent = ureq::AgentBuilder::new()

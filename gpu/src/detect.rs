@@ -14,7 +14,7 @@ pub(crate) fn detect() -> GpuResult<usize> {
     }
     driver::init().map_err(|e| {
         let mut err = GpuError::driver("cuInit", "CUDA driver", e);
-        if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_NO_DEVICE {
+        if driver::is_no_device(e) {
             err = GpuError::new(GpuErrorKind::NoDevice, err.message().to_owned()).with_source(e);
         }
         err

@@ -573,6 +573,11 @@ pub(crate) fn is_out_of_memory(e: DriverError) -> bool {
     e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
 }
 
+/// `cuInit` found a driver but no device.
+pub(crate) fn is_no_device(e: DriverError) -> bool {
+    e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE
+}
+
 /// Errors after which the context is unusable ("sticky"): every later call in it fails.
 pub(crate) fn is_sticky(e: DriverError) -> bool {
     use sys::CUresult::*;

@@ -158,6 +158,4 @@ pub mod builtin {
     pub const SCALE_F32: &str = "bp_scale_f32";
     /// `bp_sum_f32(const f32* x, f32* out, u32 n)`: `*out += x[i]` for `i < n` (atomic).
     pub const SUM_F32: &str = "bp_sum_f32";
-    /// `bp_poke(u64 addr)`: stores 1 at a raw address (give it a bad one to provoke an error).
-    pub const POKE: &str = "bp_poke";
 }

@@ -10,6 +10,23 @@ use boundpool_gpu::{
 };
 use common::{assert_no_wrong_context, chain, gpu_or_skip, watchdog};
 
+/// `poke(u64 addr)`: `*(u32*)addr = 1` with a raw address (given a bad one, an illegal
+/// address). The test's own module: the library's built-in kernels have no use for it.
+const POKE_PTX: &str = "
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry poke(.param .u64 poke_p0)
+{
+    .reg .b64 %rd<2>;
+    .reg .b32 %r<2>;
+    ld.param.u64 %rd1, [poke_p0];
+    mov.u32 %r1, 1;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+";
+
 #[test]
 fn illegal_address_marks_device_failed() {
     if !gpu_or_skip("illegal_address_marks_device_failed") {
@@ -23,10 +40,12 @@ fn illegal_address_marks_device_failed() {
         .build()
         .unwrap();
     let d = pool.devices()[0].clone();
-    let m = Module::builtin();
     let (poke, spin) = (
-        m.kernel(builtin::POKE).unwrap(),
-        m.kernel(builtin::SPIN).unwrap(),
+        Module::from_ptx("poke", POKE_PTX)
+            .unwrap()
+            .kernel("poke")
+            .unwrap(),
+        Module::builtin().kernel(builtin::SPIN).unwrap(),
     );
     // A long graph running beside the bad one (its work fails too: same context).
     let mut g = GpuGraphBuilder::new("bystander");

@@ -36,6 +36,29 @@
 //! ```
 //!
 //! The worker loop, memory orderings and shutdown steps are described in the crate's README.
+//!
+//! # Where the unsafe code is
+//!
+//! The one list (the README points here). Every block has a `// SAFETY:` comment and every
+//! unsafe fn a `# Safety` section; `clippy::undocumented_unsafe_blocks` is on.
+//!
+//! * `run.rs`: tasks point at their run without a reference count (a `RunRef`, which is also
+//!   how workers hold the run they work on: never as a `&Run` argument across a point where they
+//!   give their in-flight unit away, as another worker may then free the run while that frame is
+//!   live; the unit is given up by a decrement through the raw pointer); output slots are
+//!   `UnsafeCell`s ordered by the dependency counters, allocated by the first node that stores.
+//! * `body.rs`: node bodies behind one thin pointer (a vtable-prefixed block, or a static vtable
+//!   for a closure that captures nothing): the crate's type-erased code.
+//! * `ctx.rs`: a node's reads of its predecessors' output slots and markers, and its worker's
+//!   writes of its own slot (ordered by the same counters as `run.rs`'s).
+//! * `worker.rs`: the thread-local pointer from a thread to its worker (for nested waits), its
+//!   lifetime erased and cleared by an RAII guard.
+//! * `sync.rs`: the dependency counters' zeroed allocation (`alloc_zeroed`, then `Box::from_raw`).
+//! * `trace.rs`: the zeroed allocation of a worker's trace ring, and the time-stamp counter read
+//!   (`_rdtsc`).
+//! * `loom_models.rs` (only under `--cfg loom`, test builds): the models of the output slots.
+//!
+//! No other file has `unsafe`.
 
 mod body;
 mod ctx;

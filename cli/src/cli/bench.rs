@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use boundpool::default_workers;
-use boundpool::workloads::{bench_shapes, BenchConfig, BenchRow};
+use boundpool_bench::workloads::{bench_shapes, BenchConfig, BenchRow};
 
 use super::progress::Progress;
 use crate::BenchArgs;

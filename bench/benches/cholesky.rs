@@ -8,7 +8,7 @@
 //! read-back of the POTRF infos). The matrix is reloaded from a device copy before every run
 //! (not timed), and every configuration's last result is spot-checked on the device.
 //!
-//! `cargo bench --bench cholesky [-- --n 4096,8192 --tiles 512,1024 --runs 3 --workers 8]`.
+//! `cargo bench -p boundpool-bench --bench cholesky [-- --n 4096,8192 --tiles 512,1024 --runs 3 --workers 8]`.
 //! Without a GPU it says why and exits.
 
 use std::sync::Arc;

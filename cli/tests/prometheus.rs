@@ -5,8 +5,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use boundpool::workloads::{Dag, Shape};
 use boundpool::PoolBuilder;
+use boundpool_bench::workloads::{Dag, Shape};
 
 /// A loopback port that was free a moment ago.
 fn free_port() -> SocketAddr {

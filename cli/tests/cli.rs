@@ -505,7 +505,8 @@ fn metrics_table_lists_every_metric_and_the_readme_is_current() {
         assert!(line.contains(&format!("| {kind} | {unit} |")), "{line}");
     }
     let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
     assert!(
         readme.contains(&table),
         "README.md's metric table differs from `boundpool metrics`; paste its output"

@@ -1,9 +1,9 @@
 //! Scheduler benchmark: the standard shapes on boundpool against rayon-core in the same process.
 //!
-//! `cargo bench --bench scheduler` (set `BOUNDPOOL_BENCH_SCALE=0.1` for a quick run). Prints each
+//! `cargo bench -p boundpool-bench --bench scheduler` (set `BOUNDPOOL_BENCH_SCALE=0.1` for a quick run). Prints each
 //! implementation's median ns per node and boundpool's ratio to the better rayon-core variant.
 
-use boundpool::workloads::{bench_build, bench_shapes, BenchConfig};
+use boundpool_bench::workloads::{bench_build, bench_shapes, BenchConfig};
 
 fn main() {
     let scale: f64 = std::env::var("BOUNDPOOL_BENCH_SCALE")

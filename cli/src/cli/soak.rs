@@ -35,11 +35,11 @@ use boundpool::gpu::{
     builtin, DeviceBuffer, Devices, GpuCtx, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
     GpuPoolBuilder, GpuWorker, Kernel, LaunchConfig, Module,
 };
-use boundpool::workloads::busy_work;
 use boundpool::{
     default_workers, BoxError, ErrorKind, Graph, GraphBuilder, NodeRef, Pool, PoolBuilder,
     ShutdownMode,
 };
+use boundpool_bench::workloads::busy_work;
 use serde_json::json;
 
 use crate::SoakArgs;

@@ -5,7 +5,7 @@
 //! fed by a channel from 8 submitters; cross-stream chains with an event edge or a host
 //! synchronise per edge. Each figure is the median of several runs.
 //!
-//! `cargo bench --bench gpu [-- --runs N --nodes N]`. Without a GPU it says why and exits.
+//! `cargo bench -p boundpool-bench --bench gpu [-- --runs N --nodes N]`. Without a GPU it says why and exits.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};

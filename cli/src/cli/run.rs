@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use boundpool::bounded;
 use boundpool::observe::{self, PrometheusHandle};
-use boundpool::workloads::{median, Dag, Shape};
 use boundpool::{default_workers, PoolBuilder};
+use boundpool_bench::workloads::{median, Dag, Shape};
 use serde_json::json;
 
 use super::graph_file;

@@ -1,7 +1,7 @@
 //! What observability costs: tracing off vs on, metrics export off vs on with no recorder, and
 //! with a recorder installed.
 //!
-//! `cargo bench --bench observe` (`BOUNDPOOL_BENCH_SCALE=0.2` for a quick run,
+//! `cargo bench -p boundpool-bench --bench observe` (`BOUNDPOOL_BENCH_SCALE=0.2` for a quick run,
 //! `BOUNDPOOL_BENCH_RUNS` for the runs per configuration, default 9).
 //!
 //! Every configuration is a pool of 2 workers running the same graphs of empty nodes (the
@@ -16,8 +16,8 @@
 //! installed and the baseline runs again beside the recorder configuration.
 
 use boundpool::observe::install_prometheus_recorder;
-use boundpool::workloads::{empty_graph, median, run_boundpool, Shape};
 use boundpool::{Graph, Pool, PoolBuilder};
+use boundpool_bench::workloads::{empty_graph, median, run_boundpool, Shape};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)

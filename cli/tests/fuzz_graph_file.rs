@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use boundpool::graph_file::parse;
-use boundpool::workloads::Dag;
+use boundpool_bench::workloads::Dag;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
