@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::graph::Graph;
 use crate::handle::GraphHandle;
-use crate::registry::{Hooks, Registry, Topology};
+use crate::registry::{Hooks, Registry, Settings, Topology};
 use crate::sleep::Sleep;
 use crate::sync::{self, Mutex};
 use crate::worker;
@@ -410,9 +410,11 @@ impl<S: Send + 'static> PoolBuilder<S> {
             },
             hooks,
             cpu_lane,
-            self.trace,
-            self.metrics,
-            self.max_graphs_in_flight,
+            Settings {
+                trace: self.trace,
+                export_metrics: self.metrics,
+                max_graphs_in_flight: self.max_graphs_in_flight,
+            },
         );
         let gate = Arc::new(worker::StartGate::new(registry.infos.len()));
         let mut threads: Vec<JoinHandle<()>> = Vec::with_capacity(deques.len());

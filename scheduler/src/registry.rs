@@ -65,6 +65,13 @@ pub(crate) struct Topology {
     pub(crate) domains: Vec<(String, Vec<usize>)>,
 }
 
+/// The builder's switches the registry keeps.
+pub(crate) struct Settings {
+    pub(crate) trace: bool,
+    pub(crate) export_metrics: bool,
+    pub(crate) max_graphs_in_flight: Option<usize>,
+}
+
 const RUNNING: u8 = 0;
 const SHUTTING_DOWN: u8 = 1;
 const TERMINATED: u8 = 2;
@@ -106,10 +113,13 @@ impl<S: Send + 'static> Registry<S> {
         topology: Topology,
         hooks: Hooks<S>,
         cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
-        trace: bool,
-        export_metrics: bool,
-        max_graphs_in_flight: Option<usize>,
+        settings: Settings,
     ) -> (Arc<Self>, Vec<WorkerDeques<S>>) {
+        let Settings {
+            trace,
+            export_metrics,
+            max_graphs_in_flight,
+        } = settings;
         let Topology {
             groups: group_names,
             domains: domain_specs,

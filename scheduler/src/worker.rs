@@ -318,6 +318,14 @@ pub(crate) fn on_worker_of<S>(reg: &Arc<Registry<S>>) -> bool {
     }
 }
 
+/// A worker's view of one level: (own deque, group injector, pool-wide injector, stealers).
+type LevelRefs<'a, S> = (
+    &'a Deque<Task<S>>,
+    &'a Injector<Task<S>>,
+    &'a Injector<Task<S>>,
+    &'a [Stealer<Task<S>>],
+);
+
 struct Deferred<S> {
     task: Task<S>,
     poll: DeferFn<S>,
@@ -662,15 +670,7 @@ impl<S: Send + 'static> WorkerThread<S> {
 
     /// This worker's deque and the queues it may take from, of level `p`.
     #[inline]
-    fn level_queues(
-        &self,
-        p: Priority,
-    ) -> (
-        &Deque<Task<S>>,
-        &Injector<Task<S>>,
-        &Injector<Task<S>>,
-        &[Stealer<Task<S>>],
-    ) {
+    fn level_queues(&self, p: Priority) -> LevelRefs<'_, S> {
         let reg = &*self.registry;
         match p {
             Priority::Normal => (
