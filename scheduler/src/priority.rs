@@ -22,8 +22,8 @@ pub enum Priority {
     /// The default.
     #[default]
     Normal,
-    /// Batch work: taken when nothing more urgent waits, and at least once every
-    /// [`SHARE_EVERY`] takes of a worker while it has work.
+    /// Batch work: taken when nothing more urgent waits, and at least once in every 16 takes
+    /// of a worker while it has work.
     Low,
 }
 
