@@ -327,7 +327,8 @@ pub(crate) fn pool_started<S: Send + 'static>(reg: &Arc<Registry<S>>) {
     if reg.cpu_lane.is_some() {
         counter!("boundpool_cpu_lane_nodes", "pool" => pool.clone()).increment(0);
     }
-    if reg.admission.is_some() {
+    // Also without a limit (they stay at zero), so every pool exports every listed series.
+    {
         for name in [
             "boundpool_submissions_admitted_total",
             "boundpool_submissions_waited_total",
