@@ -156,6 +156,16 @@ struct BenchArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// The latency bench instead: a high-priority 20-node chain every millisecond, alone and
+    /// under low-priority wide graphs that keep every worker busy (one JSON object with --json).
+    #[arg(long)]
+    latency: bool,
+    /// With --latency: GPU nodes on device 0 (exits 2 without a GPU).
+    #[arg(long)]
+    gpu: bool,
+    /// With --latency: seconds per phase (four phases).
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
 }
 
 #[derive(Args, Debug)]

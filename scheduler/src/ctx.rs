@@ -32,6 +32,7 @@ pub(crate) trait RunAccess: Sync {
     fn predecessors(&self, node: u32) -> &[u32];
     fn node_name(&self, node: u32) -> &str;
     fn graph_uid(&self) -> u32;
+    fn priority(&self, node: u32) -> crate::Priority;
     fn graph_name(&self) -> &str;
     /// (origin graph, base offset) of a node's body: how its captured `NodeRef`s map here.
     fn origin_base(&self, node: u32) -> (u32, u32);
@@ -54,6 +55,9 @@ impl<S: Send + 'static> RunAccess for Run<S> {
     }
     fn graph_uid(&self) -> u32 {
         self.plan.uid
+    }
+    fn priority(&self, node: u32) -> crate::Priority {
+        self.plan.nodes[node as usize].priority()
     }
     fn graph_name(&self) -> &str {
         &self.plan.name
@@ -145,6 +149,12 @@ impl<'a> Inputs<'a> {
     /// This node's name.
     pub fn node_name(&self) -> &'a str {
         self.run.node_name(self.node)
+    }
+
+    /// This node's priority (its own, or its graph's): the GPU backend enqueues a node on the
+    /// worker's stream of this level.
+    pub fn priority(&self) -> crate::Priority {
+        self.run.priority(self.node)
     }
 
     /// The name of the graph being run.

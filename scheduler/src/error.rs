@@ -34,6 +34,9 @@ pub enum ErrorKind {
     ShutDown,
     /// A node asked for an input it may not read (not a direct predecessor, wrong type, or no value).
     BadInput,
+    /// [`Pool::try_submit`](crate::Pool::try_submit): the pool is at its limit of graphs in
+    /// flight ([`PoolBuilder::max_graphs_in_flight`](crate::PoolBuilder::max_graphs_in_flight)).
+    WouldBlock,
 }
 
 /// The error type of `boundpool-scheduler`.

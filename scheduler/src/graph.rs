@@ -12,6 +12,7 @@ use crate::body::{is_unit, CpuFn, NodeBody, ThinBody, WorkerFn};
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::pool::{DomainId, GroupId};
+use crate::priority::Priority;
 
 /// A node's output, type-erased.
 pub(crate) type AnyValue = Box<dyn Any + Send + Sync>;
@@ -226,6 +227,10 @@ const FLAG_INLINED: u32 = 1 << 28;
 /// The node's one successor has this node as its only predecessor and may run wherever this
 /// node runs: it is the node's continuation, with no check at run time (set by `build`).
 const FLAG_CHAIN: u32 = 1 << 29;
+/// The node's priority level ([`Priority::bits`]: 0 is normal), resolved by `build` from the
+/// graph's priority and the node's override.
+const PRIO_SHIFT: u32 = 30;
+pub(crate) const PRIO_MASK: u32 = 3 << PRIO_SHIFT;
 
 /// One node of a graph, 24 bytes: its body, how many predecessors it waits for, its placement
 /// and flags, and its successors (up to two inline, more in the plan's `ext` list). Everything
@@ -289,6 +294,22 @@ impl<S> NodeSpec<S> {
     #[inline]
     pub(crate) fn placement_bits(&self) -> u32 {
         self.meta & PLACEMENT_MASK
+    }
+
+    /// The node's priority level.
+    #[inline]
+    pub(crate) fn priority(&self) -> Priority {
+        Priority::from_bits((self.meta & PRIO_MASK) >> PRIO_SHIFT)
+    }
+
+    /// Whether the node is of another level than normal (one test of bits already loaded).
+    #[inline(always)]
+    pub(crate) fn is_prioritized(&self) -> bool {
+        self.meta & PRIO_MASK != 0
+    }
+
+    fn set_priority(&mut self, p: Priority) {
+        self.meta = (self.meta & !PRIO_MASK) | (p.bits() << PRIO_SHIFT);
     }
 
     fn set_placement_bits(&mut self, p: u32) {
@@ -374,6 +395,10 @@ pub struct GraphBuilder<S = ()> {
     max_placement: MaxPlacement,
     /// A node was placed again: `max_placement` must be recomputed at build.
     replaced: bool,
+    /// The priority of the graph's nodes that have no override of their own.
+    priority: Priority,
+    /// Per-node overrides of `priority`, in the order given (the last one for a node wins).
+    prio_overrides: Vec<(u32, Priority)>,
     /// A placement that named a bad node, group or domain; reported by `build`.
     bad_placement: Option<(NodeId, Option<Placement>)>,
     /// The first bad edge; reported by `build`.
@@ -414,6 +439,8 @@ impl<S: Send + 'static> GraphBuilder<S> {
             valued: Vec::new(),
             max_placement: MaxPlacement::default(),
             replaced: false,
+            priority: Priority::Normal,
+            prio_overrides: Vec::new(),
             bad_placement: None,
             bad_edge: None,
         }
@@ -535,6 +562,26 @@ impl<S: Send + 'static> GraphBuilder<S> {
         }
     }
 
+    /// Sets the priority of this graph's nodes (default [`Priority::Normal`]); a node's own
+    /// [`node_priority`](Self::node_priority) overrides it. Workers take ready nodes of a higher
+    /// level first (see the crate README, "Priorities and admission").
+    pub fn priority(&mut self, priority: Priority) -> &mut Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Gives `node` its own priority, whatever the graph's. A node of an inlined subgraph keeps
+    /// the override its own builder gave it; the others take this graph's priority.
+    pub fn node_priority(&mut self, node: impl Into<NodeId>, priority: Priority) -> &mut Self {
+        let id = node.into();
+        if id.graph == self.uid && (id.index as usize) < self.nodes.len() {
+            self.prio_overrides.push((id.index, priority));
+        } else if self.bad_placement.is_none() {
+            self.bad_placement = Some((id, None));
+        }
+        self
+    }
+
     /// Restricts `node` to the workers of a group (`GroupId`), or of every group of a domain
     /// (`DomainId`, for example all of a GPU's workers), or lifts the restriction
     /// (`Placement::Any`). The last call for a node wins.
@@ -591,6 +638,8 @@ impl<S: Send + 'static> GraphBuilder<S> {
                 self.add_edge(offset + from, offset + to);
             }
         }
+        self.prio_overrides
+            .extend(plan.prio_overrides.iter().map(|&(i, p)| (offset + i, p)));
         Subgraph {
             inner: plan.uid,
             outer: self.uid,
@@ -607,7 +656,14 @@ impl<S: Send + 'static> GraphBuilder<S> {
     /// of another graph ([`ErrorKind::ForeignNode`]), a placement on a group index no pool can
     /// have ([`ErrorKind::UnknownGroup`]), or a cycle ([`ErrorKind::Cycle`], naming nodes on it).
     /// Nothing runs before this succeeds.
-    pub fn build(self) -> Result<Graph<S>, Error> {
+    pub fn build(mut self) -> Result<Graph<S>, Error> {
+        if self.priority != Priority::Normal {
+            let p = self.priority;
+            self.nodes.iter_mut().for_each(|n| n.set_priority(p));
+        }
+        for &(i, p) in &self.prio_overrides {
+            self.nodes[i as usize].set_priority(p);
+        }
         Plan::build(self).map(|plan| Graph {
             plan: Arc::new(plan),
         })
@@ -715,6 +771,18 @@ impl<S> Graph<S> {
         self.plan.check(id).map(|i| &self.plan.names[i as usize])
     }
 
+    /// The graph's priority (its nodes' unless they have their own).
+    pub fn priority(&self) -> Priority {
+        self.plan.priority
+    }
+
+    /// A node's priority, if `id` belongs to this graph.
+    pub fn node_priority(&self, id: NodeId) -> Option<Priority> {
+        self.plan
+            .check(id)
+            .map(|i| self.plan.nodes[i as usize].priority())
+    }
+
     /// A node's placement, if `id` belongs to this graph.
     pub fn placement(&self, id: NodeId) -> Option<Placement> {
         self.plan
@@ -814,6 +882,11 @@ pub(crate) struct Plan<S> {
     /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.
     pub(crate) valued: Box<[u32]>,
     max_placement: MaxPlacement,
+    /// The builder's graph priority and node overrides (kept for inlining this graph).
+    pub(crate) priority: Priority,
+    prio_overrides: Box<[(u32, Priority)]>,
+    /// Some node is not of the normal level.
+    pub(crate) prioritized: bool,
 }
 
 /// (start offsets, list): compressed adjacency lists.
@@ -949,7 +1022,7 @@ impl<S> Plan<S> {
                         ),
                     )
                 }
-                None => node_error(&gname, id, b.uid, n, "a placement"),
+                None => node_error(&gname, id, b.uid, n, "a placement or priority"),
             });
         }
         match b.bad_edge {
@@ -1016,6 +1089,7 @@ impl<S> Plan<S> {
                 ));
             }
         }
+        let prioritized = b.nodes.iter().any(|n| n.is_prioritized());
         let mut max_placement = b.max_placement;
         if b.replaced {
             max_placement = MaxPlacement::default();
@@ -1035,6 +1109,9 @@ impl<S> Plan<S> {
             sources: sources.into_boxed_slice(),
             valued: b.valued.into_boxed_slice(),
             max_placement,
+            priority: b.priority,
+            prio_overrides: b.prio_overrides.into_boxed_slice(),
+            prioritized,
         })
     }
 }

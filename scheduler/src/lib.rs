@@ -60,6 +60,7 @@
 //!
 //! No other file has `unsafe`.
 
+mod admission;
 mod body;
 mod ctx;
 mod error;
@@ -67,6 +68,7 @@ mod graph;
 mod handle;
 mod metrics;
 mod pool;
+mod priority;
 mod registry;
 mod run;
 mod sleep;
@@ -80,11 +82,12 @@ mod loom_models;
 pub use crate::ctx::{Inputs, NodeCtx};
 pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::graph::{Graph, GraphBuilder, NodeId, NodeRef, Placement, Subgraph};
-pub use crate::handle::GraphHandle;
+pub use crate::handle::{GraphHandle, SubmitFuture};
 pub use crate::metrics::{PoolStats, WorkerStats, METRICS};
 pub use crate::pool::{
     default_workers, Cores, DomainId, GroupId, GroupSpec, GroupWaker, Pool, PoolBuilder,
     ShutdownMode, WorkerInfo,
 };
+pub use crate::priority::Priority;
 pub use crate::run::GraphOutput;
 pub use crate::trace::{SliceKind, SpanRecorder, Trace, TraceSlice, TraceTrack};

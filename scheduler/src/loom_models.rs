@@ -548,3 +548,93 @@ fn trace_ring_reader_keeps_only_whole_records() {
         assert_eq!(ring.read_records(0), (vec![record(3)], 3));
     });
 }
+
+/// 5. The switch to prioritized mode: a submitter sets `Registry::prioritized` (SeqCst), queues
+///    a task on a level queue and notifies, while a worker that has looked at the normal queue
+///    (empty) re-checks before parking with the flag read SeqCst, as `work_visible` does. The
+///    worker must find the task (no lost wake-up: it would deadlock here).
+#[test]
+fn prioritized_switch_no_lost_wakeup() {
+    use crate::sync::AtomicBool;
+    loom::model(|| {
+        let sleep = Arc::new(Sleep::new(1, 1));
+        let flag = Arc::new(AtomicBool::new(false));
+        let normal = Arc::new(AtomicUsize::new(0));
+        let high = Arc::new(AtomicUsize::new(0));
+        let worker = {
+            let (sleep, flag, normal, high) =
+                (sleep.clone(), flag.clone(), normal.clone(), high.clone());
+            thread::spawn(move || {
+                sleep.register(0, crate::sync::current_thread());
+                let take = |q: &AtomicUsize| {
+                    q.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok()
+                };
+                loop {
+                    // find_task: the flag read Relaxed, then the levels.
+                    if flag.load(Ordering::Relaxed) && take(&high) {
+                        break;
+                    }
+                    if take(&normal) {
+                        break;
+                    }
+                    sleep.sleep(
+                        0,
+                        0,
+                        None,
+                        || {
+                            normal.load(Ordering::SeqCst) > 0
+                                || (flag.load(Ordering::SeqCst) && high.load(Ordering::SeqCst) > 0)
+                        },
+                        || false,
+                    );
+                }
+            })
+        };
+        // Registry::note_prioritized, inject, notify.
+        flag.store(true, Ordering::SeqCst);
+        high.fetch_add(1, Ordering::SeqCst);
+        sleep.notify_any();
+        worker.join().unwrap();
+        assert_eq!(high.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// 6. Admission: with the one slot taken, a blocked submitter and an async one wait; the slot is
+///    released while the async one withdraws (its drop). Whatever the interleaving, the blocked
+///    one is admitted (no lost wake-up, also when the release's wake-up went to the withdrawn
+///    one), the withdrawn one holds nothing, and its queue entry is gone.
+#[test]
+fn admission_release_vs_withdraw() {
+    use crate::admission::{Admission, Ticket};
+    use std::task::{Wake, Waker};
+    struct Nop;
+    impl Wake for Nop {
+        fn wake(self: std::sync::Arc<Self>) {}
+    }
+    loom::model(|| {
+        let adm = Arc::new(Admission::new(1));
+        assert!(adm.try_acquire());
+        let waker = Waker::from(std::sync::Arc::new(Nop));
+        let mut ticket = Ticket::None;
+        assert!(!adm.poll_acquire(&mut ticket, &waker));
+        let blocked = {
+            let adm = adm.clone();
+            thread::spawn(move || {
+                adm.acquire_blocking(|_| {});
+            })
+        };
+        let withdraw = {
+            let adm = adm.clone();
+            thread::spawn(move || adm.cancel(ticket))
+        };
+        adm.release();
+        withdraw.join().unwrap();
+        blocked.join().unwrap();
+        assert_eq!(adm.waiting(), 0);
+        // The blocked submitter holds the slot: nothing else is admitted until it releases.
+        assert!(!adm.try_acquire());
+        adm.release();
+        assert!(adm.try_acquire());
+    });
+}

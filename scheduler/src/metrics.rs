@@ -48,6 +48,12 @@ pub(crate) struct PoolCounters {
     pub(crate) nodes_cancelled: AtomicU64,
     /// Nodes run on the cpu lane (counted by the lane's threads, so shared).
     pub(crate) cpu_lane_nodes: AtomicU64,
+    /// Submissions admitted under the pool's limit of graphs in flight.
+    pub(crate) submissions_admitted: AtomicU64,
+    /// Of those, the ones that waited for a slot.
+    pub(crate) submissions_waited: AtomicU64,
+    /// `try_submit`s turned away at the limit.
+    pub(crate) submissions_rejected: AtomicU64,
 }
 
 impl PoolCounters {
@@ -58,6 +64,9 @@ impl PoolCounters {
             graphs_failed: AtomicU64::new(0),
             nodes_cancelled: AtomicU64::new(0),
             cpu_lane_nodes: AtomicU64::new(0),
+            submissions_admitted: AtomicU64::new(0),
+            submissions_waited: AtomicU64::new(0),
+            submissions_rejected: AtomicU64::new(0),
         }
     }
 }
@@ -94,6 +103,14 @@ pub struct PoolStats {
     pub nodes_cancelled: u64,
     /// Ready nodes waiting in queues at the time of the call (a snapshot).
     pub queue_depth: usize,
+    /// Submissions admitted under the limit of graphs in flight (0 without a limit).
+    pub submissions_admitted: u64,
+    /// Admitted submissions that had to wait for a slot first.
+    pub submissions_waited: u64,
+    /// `try_submit`s turned away at the limit.
+    pub submissions_rejected: u64,
+    /// Submissions waiting for a slot now (blocked threads and pending futures; a snapshot).
+    pub submissions_waiting: usize,
 }
 
 impl PoolStats {
@@ -138,6 +155,10 @@ pub(crate) fn stats<S: Send + 'static>(reg: &Registry<S>) -> PoolStats {
         graphs_failed: reg.counters.graphs_failed.load(Ordering::Relaxed),
         nodes_cancelled: reg.counters.nodes_cancelled.load(Ordering::Relaxed),
         queue_depth: queue_depth(reg),
+        submissions_admitted: reg.counters.submissions_admitted.load(Ordering::Relaxed),
+        submissions_waited: reg.counters.submissions_waited.load(Ordering::Relaxed),
+        submissions_rejected: reg.counters.submissions_rejected.load(Ordering::Relaxed),
+        submissions_waiting: reg.admission.as_ref().map_or(0, |a| a.waiting()),
     }
 }
 
@@ -145,6 +166,9 @@ fn queue_depth<S: Send + 'static>(reg: &Registry<S>) -> usize {
     reg.stealers.iter().map(|s| s.len()).sum::<usize>()
         + reg.any.len()
         + reg.groups.iter().map(|g| g.injector.len()).sum::<usize>()
+        + reg.domains.iter().map(|d| d.injector.len()).sum::<usize>()
+        + reg.high.len()
+        + reg.low.len()
 }
 
 /// Every metric this crate emits: (name, kind, unit, labels, meaning). The README's table is
@@ -214,6 +238,34 @@ pub const METRICS: &[(&str, &str, &str, &str, &str)] = &[
         "nodes that never ran because their graph failed or was cancelled",
     ),
     (
+        "boundpool_submissions_admitted_total",
+        "counter",
+        "count",
+        "pool",
+        "submissions admitted under the pool's limit of graphs in flight",
+    ),
+    (
+        "boundpool_submissions_waited_total",
+        "counter",
+        "count",
+        "pool",
+        "admitted submissions that waited for a slot first",
+    ),
+    (
+        "boundpool_submissions_rejected_total",
+        "counter",
+        "count",
+        "pool",
+        "try_submit calls turned away at the limit of graphs in flight",
+    ),
+    (
+        "boundpool_submissions_waiting",
+        "gauge",
+        "count",
+        "pool",
+        "submissions waiting for admission (blocked threads and pending futures)",
+    ),
+    (
         "boundpool_workers",
         "gauge",
         "count",
@@ -275,6 +327,17 @@ pub(crate) fn pool_started<S: Send + 'static>(reg: &Arc<Registry<S>>) {
     if reg.cpu_lane.is_some() {
         counter!("boundpool_cpu_lane_nodes_total", "pool" => pool.clone()).increment(0);
     }
+    // Also without a limit (they stay at zero), so every pool exports every listed series.
+    {
+        for name in [
+            "boundpool_submissions_admitted_total",
+            "boundpool_submissions_waited_total",
+            "boundpool_submissions_rejected_total",
+        ] {
+            counter!(name, "pool" => pool.clone()).increment(0);
+        }
+        gauge!("boundpool_submissions_waiting", "pool" => pool.clone()).set(0.0);
+    }
     for info in reg.infos.iter() {
         let worker = info.index.to_string();
         for name in FLUSHED_COUNTERS {
@@ -316,6 +379,33 @@ pub(crate) fn graph_finished<S: Send + 'static>(
         }
     }
     histogram!("boundpool_graph_latency_seconds", "pool" => pool).record(latency.as_secs_f64());
+}
+
+/// An admission outcome for the `metrics` facade: `admitted` (after `waited`), or a rejection.
+pub(crate) fn submission_admitted<S: Send + 'static>(reg: &Registry<S>, waited: bool) {
+    if !reg.export_metrics || reg.admission.is_none() {
+        return;
+    }
+    let pool = reg.name.to_string();
+    counter!("boundpool_submissions_admitted_total", "pool" => pool.clone()).increment(1);
+    if waited {
+        counter!("boundpool_submissions_waited_total", "pool" => pool).increment(1);
+    }
+}
+
+pub(crate) fn submission_rejected<S: Send + 'static>(reg: &Registry<S>) {
+    if !reg.export_metrics {
+        return;
+    }
+    counter!("boundpool_submissions_rejected_total", "pool" => reg.name.to_string()).increment(1);
+}
+
+/// The number of waiting submissions changed.
+pub(crate) fn submissions_waiting<S: Send + 'static>(reg: &Registry<S>, waiting: usize) {
+    if !reg.export_metrics {
+        return;
+    }
+    gauge!("boundpool_submissions_waiting", "pool" => reg.name.to_string()).set(waiting as f64);
 }
 
 pub(crate) fn cpu_lane_node<S: Send + 'static>(reg: &Registry<S>) {

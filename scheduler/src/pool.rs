@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::graph::Graph;
 use crate::handle::GraphHandle;
-use crate::registry::{Hooks, Registry, Topology};
+use crate::registry::{Hooks, Registry, Settings, Topology};
 use crate::sleep::Sleep;
 use crate::sync::{self, Mutex};
 use crate::worker;
@@ -149,6 +149,7 @@ pub struct PoolBuilder<S = ()> {
     /// Whether to record a trace, and its window (slices per worker).
     trace: (bool, usize),
     metrics: bool,
+    max_graphs_in_flight: Option<usize>,
 }
 
 impl<S> fmt::Debug for PoolBuilder<S> {
@@ -187,6 +188,7 @@ impl PoolBuilder<()> {
             stack_size: None,
             trace: (false, crate::trace::DEFAULT_WINDOW),
             metrics: true,
+            max_graphs_in_flight: None,
         }
     }
 }
@@ -282,6 +284,17 @@ impl<S: Send + 'static> PoolBuilder<S> {
         self
     }
 
+    /// Admission control: at most `limit` graphs in flight (submitted and not finished). At the
+    /// limit, [`Pool::submit`] blocks its thread until a graph finishes, [`Pool::try_submit`]
+    /// fails with [`ErrorKind::WouldBlock`], and [`Pool::submit_async`] waits without blocking.
+    /// A submission from a node of this pool (a nested graph) is admitted at once, over the
+    /// limit if need be: its parent holds a slot and may be waiting for it. No limit by default;
+    /// a limit of 0 is an [`ErrorKind::InvalidConfig`] error at build.
+    pub fn max_graphs_in_flight(mut self, limit: usize) -> Self {
+        self.max_graphs_in_flight = Some(limit);
+        self
+    }
+
     /// Runs on each worker, after it pinned itself and before it takes any node; its result is
     /// that worker's state, which its nodes see through [`NodeCtx::worker`](crate::NodeCtx::worker).
     /// An error (or panic) fails [`build`](Self::build), naming the worker.
@@ -306,6 +319,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             stack_size: self.stack_size,
             trace: self.trace,
             metrics: self.metrics,
+            max_graphs_in_flight: self.max_graphs_in_flight,
         }
     }
 
@@ -348,6 +362,15 @@ impl<S: Send + 'static> PoolBuilder<S> {
     /// affinity mask ([`ErrorKind::InvalidConfig`]), a failing start hook ([`ErrorKind::StartHook`];
     /// the workers already started are stopped and joined), or a thread the OS would not create.
     pub fn build(self) -> Result<Pool<S>, Error> {
+        if self.max_graphs_in_flight == Some(0) {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "pool '{}': max_graphs_in_flight is 0 (no graph could ever run)",
+                    crate::error::bounded(&self.name)
+                ),
+            ));
+        }
         let specs = match self.groups {
             Some(g) => g,
             None => vec![GroupSpec {
@@ -399,8 +422,11 @@ impl<S: Send + 'static> PoolBuilder<S> {
             },
             hooks,
             cpu_lane,
-            self.trace.0.then_some(self.trace.1),
-            self.metrics,
+            Settings {
+                trace: self.trace.0.then_some(self.trace.1),
+                export_metrics: self.metrics,
+                max_graphs_in_flight: self.max_graphs_in_flight,
+            },
         );
         let gate = Arc::new(worker::StartGate::new(registry.infos.len()));
         let mut threads: Vec<JoinHandle<()>> = Vec::with_capacity(deques.len());
@@ -601,10 +627,27 @@ impl<S: Send + 'static> Pool<S> {
     /// Starts running `graph`. Validation that needs the pool (placements on groups it does
     /// not have) happens here, before any node runs.
     ///
+    /// With a limit of graphs in flight ([`PoolBuilder::max_graphs_in_flight`]) it first
+    /// blocks until the pool is under it (not on a worker of this pool: see there).
+    ///
     /// Errors: [`ErrorKind::ShutDown`] after [`shutdown`](Self::shutdown),
     /// [`ErrorKind::UnknownGroup`] for a node placed on a group this pool lacks.
     pub fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
         Registry::submit(&self.registry, graph)
+    }
+
+    /// [`submit`](Self::submit) that never waits for admission: at the pool's limit of graphs
+    /// in flight it fails with [`ErrorKind::WouldBlock`] (and counts a rejection).
+    pub fn try_submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
+        Registry::submit_with(&self.registry, graph, false)
+    }
+
+    /// [`submit`](Self::submit) for async code: the future waits for admission without
+    /// blocking its thread (it needs no particular runtime), then starts the graph and yields its
+    /// handle. Dropping the future before it is ready withdraws the submission and leaves
+    /// nothing behind. Errors are `submit`'s.
+    pub fn submit_async<'a>(&'a self, graph: &'a Graph<S>) -> crate::SubmitFuture<'a, S> {
+        crate::handle::SubmitFuture::new(&self.registry, graph)
     }
 
     /// Submits `graph` and waits for it.

@@ -6,14 +6,16 @@ use std::sync::Arc;
 use crossbeam_deque::{Injector, Stealer, Worker as Deque};
 use crossbeam_utils::CachePadded;
 
+use crate::admission::Admission;
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, Placement, Plan};
 use crate::handle::GraphHandle;
 use crate::metrics::{PoolCounters, WorkerCounters};
 use crate::pool::{IdleHook, ShutdownMode, StartHook, StopHook, WorkerInfo};
+use crate::priority::{LevelQueues, Priority, WorkerDeques};
 use crate::run::{Completion, GraphOutput, Run, RunRef, Task};
 use crate::sleep::Sleep;
-use crate::sync::{self, AtomicU64, AtomicU8, Condvar, Mutex, Ordering};
+use crate::sync::{self, AtomicBool, AtomicU64, AtomicU8, Condvar, Mutex, Ordering};
 
 /// A run that is over and out of the active-run table: the last reference to it, and its
 /// result for the waiter.
@@ -63,6 +65,14 @@ pub(crate) struct Topology {
     pub(crate) domains: Vec<(String, Vec<usize>)>,
 }
 
+/// The builder's switches the registry keeps.
+pub(crate) struct Settings {
+    /// The trace window per worker, when tracing.
+    pub(crate) trace: Option<usize>,
+    pub(crate) export_metrics: bool,
+    pub(crate) max_graphs_in_flight: Option<usize>,
+}
+
 const RUNNING: u8 = 0;
 const SHUTTING_DOWN: u8 = 1;
 const TERMINATED: u8 = 2;
@@ -87,6 +97,14 @@ pub(crate) struct Registry<S> {
     pub(crate) trace: Option<crate::trace::TraceSink>,
     /// Export through the `metrics` facade (`PoolBuilder::metrics`).
     pub(crate) export_metrics: bool,
+    /// The queues of the high and low levels (the normal level's are the fields above).
+    pub(crate) high: LevelQueues<S>,
+    pub(crate) low: LevelQueues<S>,
+    /// A graph with a node of another level than normal was submitted: workers poll every level
+    /// from then on (set once, before that graph's first node is queued; never cleared).
+    pub(crate) prioritized: AtomicBool,
+    /// The limit on graphs in flight (`PoolBuilder::max_graphs_in_flight`).
+    pub(crate) admission: Option<Admission>,
 }
 
 impl<S: Send + 'static> Registry<S> {
@@ -96,9 +114,13 @@ impl<S: Send + 'static> Registry<S> {
         topology: Topology,
         hooks: Hooks<S>,
         cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
-        trace: Option<usize>,
-        export_metrics: bool,
-    ) -> (Arc<Self>, Vec<Deque<Task<S>>>) {
+        settings: Settings,
+    ) -> (Arc<Self>, Vec<WorkerDeques<S>>) {
+        let Settings {
+            trace,
+            export_metrics,
+            max_graphs_in_flight,
+        } = settings;
         let Topology {
             groups: group_names,
             domains: domain_specs,
@@ -124,7 +146,7 @@ impl<S: Send + 'static> Registry<S> {
                     .collect(),
             })
             .collect::<Box<[GroupQueues<S>]>>();
-        let domains = domain_specs
+        let domains: Box<[DomainQueues<S>]> = domain_specs
             .into_iter()
             .map(|(n, gs)| DomainQueues {
                 name: Arc::from(n.as_str()),
@@ -134,7 +156,18 @@ impl<S: Send + 'static> Registry<S> {
             })
             .collect();
         let trace = trace.map(|window| crate::trace::TraceSink::new(&infos, window));
+        let (high, high_deques) = LevelQueues::new(groups.len(), domains.len(), infos.len());
+        let (low, low_deques) = LevelQueues::new(groups.len(), domains.len(), infos.len());
+        let deques = deques
+            .into_iter()
+            .zip(high_deques.into_iter().zip(low_deques))
+            .map(|(normal, (high, low))| WorkerDeques { normal, high, low })
+            .collect();
         let reg = Registry {
+            high,
+            low,
+            prioritized: AtomicBool::new(false),
+            admission: max_graphs_in_flight.map(Admission::new),
             trace,
             export_metrics,
             name: Arc::from(name.as_str()),
@@ -163,7 +196,125 @@ impl<S: Send + 'static> Registry<S> {
         self.state.load(Ordering::Acquire) == TERMINATED
     }
 
+    /// The queues of level `p` other than normal.
+    #[inline]
+    pub(crate) fn level(&self, p: Priority) -> &LevelQueues<S> {
+        match p {
+            Priority::High => &self.high,
+            _ => &self.low,
+        }
+    }
+
+    /// Queues a ready task from outside the worker loop (a submission, the cpu lane) on the
+    /// injector of its placement and level. Returns nothing: the caller wakes workers.
+    fn inject(&self, t: Task<S>, spec_prio: Priority, placement: Placement) {
+        if spec_prio == Priority::Normal {
+            match placement {
+                Placement::Any => self.any.push(t),
+                Placement::Group(g) => self.groups[g.index()].injector.push(t),
+                Placement::Domain(d) => self.domains[d.index()].injector.push(t),
+            }
+        } else {
+            let level = self.level(spec_prio);
+            match placement {
+                Placement::Any => level.any.push(t),
+                Placement::Group(g) => level.groups[g.index()].push(t),
+                Placement::Domain(d) => level.domains[d.index()].push(t),
+            }
+        }
+    }
+
+    /// Switches the pool to polling every level before a node of another level is queued.
+    pub(crate) fn note_prioritized(&self) {
+        if !self.prioritized.load(Ordering::Relaxed) {
+            self.prioritized.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Admission before a submission: a slot, waited for when `wait` (a blocking submit off the
+    /// pool's workers), taken at once on a worker of this pool (a nested submission must not wait
+    /// for graphs that may be waiting for it), or a `WouldBlock` error.
+    pub(crate) fn admit(this: &Arc<Self>, graph: &Graph<S>, wait: bool) -> Result<(), Error> {
+        let Some(adm) = &this.admission else {
+            return Ok(());
+        };
+        if adm.try_acquire() {
+            this.note_admitted(false);
+            return Ok(());
+        }
+        if crate::worker::on_worker_of(this) {
+            adm.force_acquire();
+            this.note_admitted(false);
+            return Ok(());
+        }
+        if !wait {
+            this.counters
+                .submissions_rejected
+                .fetch_add(1, Ordering::Relaxed);
+            crate::metrics::submission_rejected(this);
+            return Err(Error::new(
+                ErrorKind::WouldBlock,
+                format!(
+                    "pool '{}' has {} graph(s) in flight, its limit; graph '{}' was not submitted",
+                    crate::error::bounded(&this.name),
+                    adm.limit,
+                    crate::error::bounded(&graph.plan.name)
+                ),
+            ));
+        }
+        let waited =
+            adm.acquire_blocking(|waiting| crate::metrics::submissions_waiting(this, waiting));
+        this.note_admitted(waited);
+        Ok(())
+    }
+
+    /// Counts an admitted submission.
+    pub(crate) fn note_admitted(&self, waited: bool) {
+        self.counters
+            .submissions_admitted
+            .fetch_add(1, Ordering::Relaxed);
+        if waited {
+            self.counters
+                .submissions_waited
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        crate::metrics::submission_admitted(self, waited);
+    }
+
+    /// A withdrawn async submission (see `Admission::cancel`).
+    pub(crate) fn cancel_admission(&self, ticket: crate::admission::Ticket) {
+        if let Some(adm) = &self.admission {
+            adm.cancel(ticket);
+            crate::metrics::submissions_waiting(self, adm.waiting());
+        }
+    }
+
+    /// Gives a graph's admission slot back (it finished, or its submission failed after
+    /// admission).
+    pub(crate) fn release_admission(&self) {
+        if let Some(adm) = &self.admission {
+            adm.release();
+        }
+    }
+
+    /// Checks, admits (see [`admit`](Self::admit)) and starts `graph`.
     pub(crate) fn submit(this: &Arc<Self>, graph: &Graph<S>) -> Result<GraphHandle, Error> {
+        Self::submit_with(this, graph, true)
+    }
+
+    /// Starts `graph` once [`admit`](Self::admit) let it in.
+    pub(crate) fn submit_with(
+        this: &Arc<Self>,
+        graph: &Graph<S>,
+        wait: bool,
+    ) -> Result<GraphHandle, Error> {
+        Self::check(this, graph)?;
+        Self::admit(this, graph, wait)?;
+        Self::start(this, graph)
+    }
+
+    /// Placement checks against this pool.
+    pub(crate) fn check(this: &Arc<Self>, graph: &Graph<S>) -> Result<(), Error> {
         let plan: &Arc<Plan<S>> = &graph.plan;
         if let Some((node, g)) = plan.max_placement() {
             if g.index() >= this.groups.len() {
@@ -193,6 +344,12 @@ impl<S: Send + 'static> Registry<S> {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Starts a checked and admitted graph (its slot is given back if it cannot start).
+    pub(crate) fn start(this: &Arc<Self>, graph: &Graph<S>) -> Result<GraphHandle, Error> {
+        let plan: &Arc<Plan<S>> = &graph.plan;
         let id = this.next_run.fetch_add(1, Ordering::Relaxed);
         let run = Arc::new(Run::new(id, plan.clone()));
         let handle = GraphHandle {
@@ -202,6 +359,8 @@ impl<S: Send + 'static> Registry<S> {
         {
             let mut runs = sync::lock(&this.runs);
             if this.state.load(Ordering::Acquire) != RUNNING {
+                drop(runs);
+                this.release_admission();
                 return Err(Error::new(
                     ErrorKind::ShutDown,
                     format!(
@@ -225,27 +384,25 @@ impl<S: Send + 'static> Registry<S> {
                 .graphs_completed
                 .fetch_add(1, Ordering::Relaxed);
             crate::metrics::graph_finished(this, None, run.submitted.elapsed());
+            this.release_admission();
             run.completion.complete(result);
             return Ok(handle);
+        }
+        if plan.prioritized {
+            this.note_prioritized();
         }
         let mut any = 0usize;
         let mut per_group = vec![0usize; this.groups.len()];
         let mut per_domain = vec![0usize; this.domains.len()];
         for &s in plan.sources.iter() {
             let t = Task::new(RunRef::new(&run), s);
-            match plan.nodes[s as usize].placement() {
-                Placement::Any => {
-                    this.any.push(t);
-                    any += 1;
-                }
-                Placement::Group(g) => {
-                    this.groups[g.index()].injector.push(t);
-                    per_group[g.index()] += 1;
-                }
-                Placement::Domain(d) => {
-                    this.domains[d.index()].injector.push(t);
-                    per_domain[d.index()] += 1;
-                }
+            let spec = &plan.nodes[s as usize];
+            let placement = spec.placement();
+            this.inject(t, spec.priority(), placement);
+            match placement {
+                Placement::Any => any += 1,
+                Placement::Group(g) => per_group[g.index()] += 1,
+                Placement::Domain(d) => per_domain[d.index()] += 1,
             }
         }
         // Wake as many workers as there is work for; each woken worker wakes another if it
@@ -275,19 +432,18 @@ impl<S: Send + 'static> Registry<S> {
 
     /// Pushes a ready task from a thread that is not one of this pool's workers (the cpu lane).
     pub(crate) fn push_external(&self, t: Task<S>) {
-        match t.run().plan.nodes[t.node as usize].placement() {
+        let spec = &t.run().plan.nodes[t.node as usize];
+        let placement = spec.placement();
+        self.inject(t, spec.priority(), placement);
+        match placement {
             Placement::Any => {
-                self.any.push(t);
                 self.sleep.notify_any();
             }
             Placement::Group(g) => {
-                self.groups[g.index()].injector.push(t);
                 self.sleep.notify_group(g.index());
             }
             Placement::Domain(d) => {
-                let domain = &self.domains[d.index()];
-                domain.injector.push(t);
-                self.sleep.notify_groups(&domain.groups);
+                self.sleep.notify_groups(&self.domains[d.index()].groups);
             }
         }
     }
@@ -327,6 +483,7 @@ impl<S: Send + 'static> Registry<S> {
             self.runs_changed.notify_all();
             keep
         };
+        self.release_admission();
         Finished {
             keep,
             completion,

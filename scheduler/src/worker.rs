@@ -9,16 +9,17 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crossbeam_deque::{Steal, Worker as Deque};
+use crossbeam_deque::{Injector, Steal, Stealer, Worker as Deque};
 use crossbeam_utils::CachePadded;
 
 use crate::ctx::{DeferFn, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::graph::{NodeSpec, Placement, ANY_GROUP, DOMAIN_BIT};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
+use crate::priority::{poll_order, Priority, WorkerDeques};
 use crate::registry::{Finished, Registry};
 use crate::run::{Completion, Run, RunRef, Task};
-use crate::sync::{self, Condvar, Mutex};
+use crate::sync::{self, Condvar, Mutex, Ordering};
 
 /// Nodes between two service points of a busy worker (idle hook, metrics flush, timing
 /// sample); [`FLUSH_EVERY`] and [`SAMPLE_EVERY`] are multiples of it.
@@ -110,9 +111,14 @@ pub(crate) fn panic_message(p: &(dyn Any + Send)) -> String {
 pub(crate) fn main<S: Send + 'static>(
     reg: Arc<Registry<S>>,
     index: usize,
-    local: Deque<Task<S>>,
+    deques: WorkerDeques<S>,
     gate: Arc<StartGate>,
 ) {
+    let WorkerDeques {
+        normal: local,
+        high,
+        low,
+    } = deques;
     let info = &reg.infos[index];
     reg.sleep.register(index, sync::current_thread());
     let pinned = match info.core {
@@ -175,6 +181,9 @@ pub(crate) fn main<S: Send + 'static>(
         registry: reg.clone(),
         index,
         local,
+        high,
+        low,
+        takes: Cell::new(0),
         state,
         deferred: RefCell::new(Vec::new()),
         finished: RefCell::new(Vec::new()),
@@ -308,6 +317,14 @@ pub(crate) fn on_worker_of<S>(reg: &Arc<Registry<S>>) -> bool {
     }
 }
 
+/// A worker's view of one level: (own deque, group injector, pool-wide injector, stealers).
+type LevelRefs<'a, S> = (
+    &'a Deque<Task<S>>,
+    &'a Injector<Task<S>>,
+    &'a Injector<Task<S>>,
+    &'a [Stealer<Task<S>>],
+);
+
 struct Deferred<S> {
     task: Task<S>,
     poll: DeferFn<S>,
@@ -319,7 +336,12 @@ pub(crate) struct WorkerThread<S> {
     counters: Arc<CachePadded<WorkerCounters>>,
     pub(crate) index: usize,
     group: usize,
+    /// The normal level's deque (the only one a pool without priorities uses).
     local: Deque<Task<S>>,
+    high: Deque<Task<S>>,
+    low: Deque<Task<S>>,
+    /// Tasks taken from the queues in prioritized mode, for the fixed shares (`poll_order`).
+    takes: Cell<u32>,
     pub(crate) state: S,
     deferred: RefCell<Vec<Deferred<S>>>,
     /// Runs that finished here, to settle once no frame holds a reference to them.
@@ -378,10 +400,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     fn pass_on_wakeup(&self) {
         let reg = &*self.registry;
         let group = &reg.groups[self.group];
-        if reg.sleep.hook_requested(self.group)
-            || !group.injector.is_empty()
-            || group.members.iter().any(|&w| !reg.stealers[w].is_empty())
-        {
+        if reg.sleep.hook_requested(self.group) || self.work_visible() {
             reg.sleep.notify_group(self.group);
         }
         for &d in group.domains.iter() {
@@ -612,6 +631,9 @@ impl<S: Send + 'static> WorkerThread<S> {
     }
 
     fn find_task(&self) -> Option<Task<S>> {
+        if self.registry.prioritized.load(Ordering::Relaxed) {
+            return self.find_task_prioritized();
+        }
         if let Some(t) = self.local.pop() {
             return Some(t);
         }
@@ -640,7 +662,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                     Steal::Success(t) => {
                         self.counters().injector_pops.add(1);
                         if batch {
-                            self.share_surplus();
+                            self.share_surplus(&self.local);
                         }
                         return Some(t);
                     }
@@ -661,7 +683,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                         Steal::Success(t) => {
                             self.counters().steals.add(1);
                             self.stolen.set(true);
-                            self.share_surplus();
+                            self.share_surplus(&self.local);
                             return Some(t);
                         }
                         Steal::Retry => retry = true,
@@ -675,9 +697,147 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
+    /// `find_task` in a pool that has seen another level than normal: each take polls the
+    /// levels in the order `poll_order` gives (high → normal → low but for the fixed shares).
+    #[inline(never)]
+    fn find_task_prioritized(&self) -> Option<Task<S>> {
+        let n = self.takes.get().wrapping_add(1);
+        loop {
+            let mut retry = false;
+            for level in poll_order(n) {
+                match self.take_at(level) {
+                    Steal::Success(t) => {
+                        self.takes.set(n);
+                        return Some(t);
+                    }
+                    Steal::Retry => retry = true,
+                    Steal::Empty => {}
+                }
+            }
+            if !retry {
+                return None;
+            }
+        }
+    }
+
+    /// This worker's deque and the queues it may take from, of level `p`.
+    #[inline]
+    fn level_queues(&self, p: Priority) -> LevelRefs<'_, S> {
+        let reg = &*self.registry;
+        match p {
+            Priority::Normal => (
+                &self.local,
+                &reg.groups[self.group].injector,
+                &reg.any,
+                &reg.stealers,
+            ),
+            Priority::High => (
+                &self.high,
+                &reg.high.groups[self.group],
+                &reg.high.any,
+                &reg.high.stealers,
+            ),
+            Priority::Low => (
+                &self.low,
+                &reg.low.groups[self.group],
+                &reg.low.any,
+                &reg.low.stealers,
+            ),
+        }
+    }
+
+    /// The domain injector `d` of level `p`.
+    #[inline]
+    fn domain_injector(&self, p: Priority, d: u32) -> &Injector<Task<S>> {
+        let reg = &*self.registry;
+        match p {
+            Priority::Normal => &reg.domains[d as usize].injector,
+            p => &reg.level(p).domains[d as usize],
+        }
+    }
+
+    /// One look at level `p`: own deque, the group's, domains' and pool's injectors, then the
+    /// group's other workers' deques (as `find_task` does for the normal level).
+    fn take_at(&self, p: Priority) -> Steal<Task<S>> {
+        let (local, group_inj, any, stealers) = self.level_queues(p);
+        if let Some(t) = local.pop() {
+            return Steal::Success(t);
+        }
+        let reg = &*self.registry;
+        let group = &reg.groups[self.group];
+        let mut retry = false;
+        // Domain tasks one at a time, as in `find_task`.
+        let injectors = std::iter::once((group_inj, true))
+            .chain(
+                group
+                    .domains
+                    .iter()
+                    .map(|&d| (self.domain_injector(p, d), false)),
+            )
+            .chain(std::iter::once((any, true)));
+        for (injector, batch) in injectors {
+            let stolen = if batch {
+                injector.steal_batch_and_pop(local)
+            } else {
+                injector.steal()
+            };
+            match stolen {
+                Steal::Success(t) => {
+                    self.counters().injector_pops.add(1);
+                    if batch {
+                        self.share_surplus(local);
+                    }
+                    return Steal::Success(t);
+                }
+                Steal::Retry => retry = true,
+                Steal::Empty => {}
+            }
+        }
+        let members = &group.members;
+        let n = members.len();
+        if n > 1 {
+            let start = self.next_rand() % n;
+            for k in 0..n {
+                let victim = members[(start + k) % n];
+                if victim == self.index {
+                    continue;
+                }
+                match stealers[victim].steal_batch_and_pop(local) {
+                    Steal::Success(t) => {
+                        self.counters().steals.add(1);
+                        self.stolen.set(true);
+                        self.share_surplus(local);
+                        return Steal::Success(t);
+                    }
+                    Steal::Retry => retry = true,
+                    Steal::Empty => {}
+                }
+            }
+        }
+        if retry {
+            Steal::Retry
+        } else {
+            Steal::Empty
+        }
+    }
+
+    /// Whether a queue of level `p` (high or low) that this worker may take from holds a task.
+    fn level_visible(&self, p: Priority) -> bool {
+        let (local, group_inj, any, stealers) = self.level_queues(p);
+        let group = &self.registry.groups[self.group];
+        !local.is_empty()
+            || !group_inj.is_empty()
+            || group
+                .domains
+                .iter()
+                .any(|&d| !self.domain_injector(p, d).is_empty())
+            || !any.is_empty()
+            || group.members.iter().any(|&w| !stealers[w].is_empty())
+    }
+
     /// After taking a batch, wake a sleeping peer if there is more here than one task.
-    fn share_surplus(&self) {
-        if !self.local.is_empty() {
+    fn share_surplus(&self, local: &Deque<Task<S>>) {
+        if !local.is_empty() {
             self.registry.sleep.notify_local(self.group);
         }
     }
@@ -694,6 +854,8 @@ impl<S: Send + 'static> WorkerThread<S> {
                 .any(|&d| !reg.domains[d as usize].injector.is_empty())
             || !reg.any.is_empty()
             || group.members.iter().any(|&w| !reg.stealers[w].is_empty())
+            || (reg.prioritized.load(Ordering::SeqCst)
+                && (self.level_visible(Priority::High) || self.level_visible(Priority::Low)))
     }
 
     /// Spins, then parks until work, `condition`, termination or `deadline` (a nested
@@ -904,7 +1066,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     fn complete_general(&self, run: RunRef<S>, i: u32, ok: bool) -> Option<u32> {
         let nodes = &run.plan.nodes;
         let mut cont = None;
-        let mut held: Option<(Task<S>, Placement)> = None;
+        let mut held: Option<(Task<S>, Placement, bool)> = None;
         let mut pushed_here = false;
         run.release(i, ok, |t| {
             let spec = &nodes[t.node as usize];
@@ -912,20 +1074,22 @@ impl<S: Send + 'static> WorkerThread<S> {
                 cont = Some(t.node);
                 return;
             }
-            if let Some((prev, place)) = held.replace((t, spec.placement())) {
+            if let Some((prev, place, prio)) =
+                held.replace((t, spec.placement(), spec.is_prioritized()))
+            {
                 run.enter();
-                pushed_here |= self.queue(prev, place);
+                pushed_here |= self.queue(prev, place, prio);
             }
         });
         match (cont, held) {
             (_, None) => {}
-            (Some(_), Some((t, place))) => {
+            (Some(_), Some((t, place, prio))) => {
                 run.enter();
-                pushed_here |= self.queue(t, place);
+                pushed_here |= self.queue(t, place, prio);
             }
-            (None, Some((t, place))) => {
+            (None, Some((t, place, prio))) => {
                 // `t` carries this node's unit: once it is queued the run may end any moment.
-                pushed_here |= self.queue(t, place);
+                pushed_here |= self.queue(t, place, prio);
                 if pushed_here {
                     self.registry.sleep.notify_local(self.group);
                 }
@@ -949,7 +1113,10 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// there. A domain's tasks always go to its injector, even from one of its workers: only
     /// the own group steals from this deque, and every worker of the domain may run them.
     #[inline]
-    fn queue(&self, t: Task<S>, place: Placement) -> bool {
+    fn queue(&self, t: Task<S>, place: Placement, prio: bool) -> bool {
+        if prio {
+            return self.queue_level(t, place);
+        }
         match place {
             Placement::Group(g) if g.index() != self.group => {
                 self.registry.groups[g.index()].injector.push(t);
@@ -964,6 +1131,34 @@ impl<S: Send + 'static> WorkerThread<S> {
             }
             _ => {
                 self.local.push(t);
+                true
+            }
+        }
+    }
+
+    /// `queue` for a task of another level than normal.
+    #[cold]
+    #[inline(never)]
+    fn queue_level(&self, t: Task<S>, place: Placement) -> bool {
+        let p = t.run().plan.nodes[t.node as usize].priority();
+        let reg = &*self.registry;
+        let level = reg.level(p);
+        match place {
+            Placement::Group(g) if g.index() != self.group => {
+                level.groups[g.index()].push(t);
+                reg.sleep.notify_group(g.index());
+                false
+            }
+            Placement::Domain(d) => {
+                level.domains[d.index()].push(t);
+                reg.sleep.notify_groups(&reg.domains[d.index()].groups);
+                false
+            }
+            _ => {
+                match p {
+                    Priority::High => self.high.push(t),
+                    _ => self.low.push(t),
+                }
                 true
             }
         }

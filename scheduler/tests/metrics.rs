@@ -202,6 +202,70 @@ fn metrics_are_emitted_and_described() {
         .get("boundpool_node_run_seconds")
         .is_some_and(|h| !h.is_empty()));
 
+    // Admission metrics, from a pool with a limit of one graph in flight: one admitted at once,
+    // one try_submit rejected, one async submission that waited.
+    let limited = PoolBuilder::new()
+        .name("admitting")
+        .workers(1)
+        .cores(Cores::Unpinned)
+        .max_graphs_in_flight(1)
+        .build()
+        .unwrap();
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
+    let mut g = GraphBuilder::<()>::new("gated");
+    g.node("gate", move |_| {
+        let _ = gate.lock().unwrap().recv_timeout(Duration::from_secs(30));
+        Ok(())
+    });
+    let gated = g.build().unwrap();
+    let mut g = GraphBuilder::<()>::new("quick");
+    g.node("q", |_| Ok(()));
+    let quick = g.build().unwrap();
+    let held = limited.submit(&gated).unwrap();
+    limited.try_submit(&quick).unwrap_err();
+    {
+        use std::future::Future;
+        let waker = std::task::Waker::noop();
+        let mut fut = std::pin::pin!(limited.submit_async(&quick));
+        assert!(fut
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(waker))
+            .is_pending());
+        seen.absorb(&snapshotter);
+        let waiting = (
+            "boundpool_submissions_waiting".to_string(),
+            vec![("pool".to_string(), "admitting".to_string())],
+        );
+        assert_eq!(
+            seen.gauges.get(&waiting).and_then(|v| v.last()),
+            Some(&1.0),
+            "one submission waiting"
+        );
+        open.send(()).unwrap();
+        held.wait().unwrap();
+        match fut
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(waker))
+        {
+            std::task::Poll::Ready(h) => h.unwrap().wait().unwrap(),
+            std::task::Poll::Pending => panic!("admitted once the gated graph finished"),
+        };
+    }
+    seen.absorb(&snapshotter);
+    assert_eq!(
+        seen.counter("boundpool_submissions_admitted_total", "admitting"),
+        2
+    );
+    assert_eq!(
+        seen.counter("boundpool_submissions_waited_total", "admitting"),
+        1
+    );
+    assert_eq!(
+        seen.counter("boundpool_submissions_rejected_total", "admitting"),
+        1
+    );
+
     // Every listed metric was seen, and described with its unit.
     for &(name, kind, unit, _, _) in METRICS {
         let (k, u, d) = seen

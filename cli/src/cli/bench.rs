@@ -9,6 +9,13 @@ use super::progress::Progress;
 use crate::BenchArgs;
 
 pub(crate) fn main(a: BenchArgs) -> ExitCode {
+    if a.latency {
+        return super::latency::main(&a);
+    }
+    if a.gpu {
+        eprintln!("boundpool bench: --gpu goes with --latency (the GPU shapes are `cargo bench --bench gpu`)");
+        return ExitCode::from(2);
+    }
     if a.scale.is_nan() || a.scale <= 0.0 || a.runs == 0 {
         eprintln!("boundpool bench: --scale must be positive and --runs at least 1");
         return ExitCode::from(2);

@@ -2,6 +2,7 @@
 
 pub(crate) mod bench;
 pub(crate) mod graph_file;
+pub(crate) mod latency;
 pub(crate) mod progress;
 pub(crate) mod run;
 pub(crate) mod soak;

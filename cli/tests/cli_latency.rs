@@ -1,0 +1,85 @@
+//! `boundpool bench --latency`: one JSON object with every figure, the table, and the `--gpu`
+//! path's exit status without a GPU. Figures are not judged here (speed is for the bench).
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_boundpool"))
+        .args(args)
+        .output()
+        .expect("the boundpool binary starts")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn json_has_every_figure() {
+    let o = run(&["bench", "--latency", "--json", "--seconds", "0.2"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert_eq!(out.trim().lines().count(), 1, "one JSON object: {out}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    for key in [
+        "p50_alone_us",
+        "p99_alone_us",
+        "p50_loaded_us",
+        "p99_loaded_us",
+        "max_loaded_us",
+        "background_alone_nodes_per_s",
+        "background_loaded_nodes_per_s",
+    ] {
+        let x = v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing: {v}"));
+        assert!(x > 0.0, "{key} = {x}");
+    }
+    for key in [
+        "p50_loaded_us",
+        "p99_loaded_us",
+        "max_loaded_us",
+        "background_loaded_nodes_per_s",
+    ] {
+        let x = v["normal"][key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("normal.{key} missing: {v}"));
+        assert!(x > 0.0, "normal.{key} = {x}");
+    }
+    assert!(v["p50_loaded_us"].as_f64() <= v["max_loaded_us"].as_f64());
+    assert!(v["targets"]["p99_met"].is_boolean());
+    assert!(v["targets"]["background_met"].is_boolean());
+    assert_eq!(v["pool"], "host");
+}
+
+#[test]
+fn table_names_the_phases() {
+    let o = run(&["bench", "--latency", "--seconds", "0.1", "--threads", "1"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    for phase in [
+        "alone (high)",
+        "background alone",
+        "loaded, high priority",
+        "loaded, normal priority",
+    ] {
+        assert!(out.contains(phase), "{phase}: {out}");
+    }
+}
+
+#[test]
+fn bad_settings_and_no_gpu_exit_2() {
+    let o = run(&["bench", "--latency", "--seconds", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = run(&["bench", "--gpu"]);
+    assert_eq!(o.status.code(), Some(2), "--gpu without --latency");
+    if boundpool::gpu::gpu_unavailable_reason().is_none() {
+        return; // a GPU is here: `--latency --gpu` would run
+    }
+    let o = run(&["bench", "--latency", "--gpu", "--seconds", "0.1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("no GPU"), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "");
+}

@@ -1,0 +1,129 @@
+//! Priority levels and the queues of the levels other than [`Priority::Normal`].
+//!
+//! The normal level uses the pool's original queues (each worker's deque, the group, domain and
+//! pool-wide injectors), so a pool that never sees another level runs exactly the code it ran
+//! before priorities existed. The first graph with a high or low node switches the pool to
+//! prioritized mode (`Registry::prioritized`, never switched back): from then on a worker looking
+//! for work polls high → normal → low, except that every [`SHARE_EVERY`]-th task it takes is
+//! looked for low-first, and the one half a period later normal-first, so neither of the lower
+//! levels is ever starved (a fixed share of at least one take in [`SHARE_EVERY`] while it has
+//! work).
+
+use crossbeam_deque::{Injector, Stealer, Worker as Deque};
+
+use crate::run::Task;
+
+/// How urgent a node is: a worker that looks for work takes high before normal before low
+/// (see the crate README, "Priorities and admission").
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default, PartialOrd, Ord)]
+pub enum Priority {
+    /// Latency-critical work: taken first. On a GPU worker, enqueued on its high-priority stream.
+    High,
+    /// The default.
+    #[default]
+    Normal,
+    /// Batch work: taken when nothing more urgent waits, and at least once in every 16 takes
+    /// of a worker while it has work.
+    Low,
+}
+
+impl Priority {
+    /// The node-record bits of this level (`0` is normal, so default records need no bits).
+    pub(crate) const fn bits(self) -> u32 {
+        match self {
+            Priority::Normal => 0,
+            Priority::High => 1,
+            Priority::Low => 2,
+        }
+    }
+
+    pub(crate) const fn from_bits(bits: u32) -> Self {
+        match bits {
+            1 => Priority::High,
+            2 => Priority::Low,
+            _ => Priority::Normal,
+        }
+    }
+}
+
+/// A worker's takes between two low-first looks (and, offset by half of it, normal-first ones).
+pub(crate) const SHARE_EVERY: u32 = 16;
+
+/// The poll order of a worker's `n`-th take in prioritized mode.
+#[inline]
+pub(crate) fn poll_order(n: u32) -> [Priority; 3] {
+    match n % SHARE_EVERY {
+        0 => [Priority::Low, Priority::Normal, Priority::High],
+        r if r == SHARE_EVERY / 2 => [Priority::Normal, Priority::High, Priority::Low],
+        _ => [Priority::High, Priority::Normal, Priority::Low],
+    }
+}
+
+/// The queues of one non-default level, shaped like the normal level's.
+pub(crate) struct LevelQueues<S> {
+    /// Per group, in `GroupId` order.
+    pub(crate) groups: Box<[Injector<Task<S>>]>,
+    /// Per domain, in `DomainId` order.
+    pub(crate) domains: Box<[Injector<Task<S>>]>,
+    /// Ready nodes with no placement, from threads that are not workers of this pool.
+    pub(crate) any: Injector<Task<S>>,
+    /// Each worker's deque of this level.
+    pub(crate) stealers: Box<[Stealer<Task<S>>]>,
+}
+
+impl<S> LevelQueues<S> {
+    /// The level's queues and each worker's deque of it.
+    pub(crate) fn new(
+        groups: usize,
+        domains: usize,
+        workers: usize,
+    ) -> (Self, Vec<Deque<Task<S>>>) {
+        let deques: Vec<Deque<Task<S>>> = (0..workers).map(|_| Deque::new_lifo()).collect();
+        let level = LevelQueues {
+            groups: (0..groups).map(|_| Injector::new()).collect(),
+            domains: (0..domains).map(|_| Injector::new()).collect(),
+            any: Injector::new(),
+            stealers: deques.iter().map(|d| d.stealer()).collect(),
+        };
+        (level, deques)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.groups.iter().map(|i| i.len()).sum::<usize>()
+            + self.domains.iter().map(|i| i.len()).sum::<usize>()
+            + self.any.len()
+            + self.stealers.iter().map(|s| s.len()).sum::<usize>()
+    }
+}
+
+/// A worker's deques: the normal level's (the original one) and those of high and low.
+pub(crate) struct WorkerDeques<S> {
+    pub(crate) normal: Deque<Task<S>>,
+    pub(crate) high: Deque<Task<S>>,
+    pub(crate) low: Deque<Task<S>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bits_round_trip() {
+        for p in [Priority::High, Priority::Normal, Priority::Low] {
+            assert_eq!(Priority::from_bits(p.bits()), p);
+        }
+        assert_eq!(Priority::Normal.bits(), 0);
+    }
+
+    #[test]
+    fn every_level_is_first_at_least_once_per_period() {
+        let firsts: Vec<Priority> = (1..=SHARE_EVERY).map(|n| poll_order(n)[0]).collect();
+        for p in [Priority::High, Priority::Normal, Priority::Low] {
+            assert!(firsts.contains(&p), "{p:?} never first");
+        }
+        assert_eq!(
+            firsts.iter().filter(|&&p| p == Priority::High).count() as u32,
+            SHARE_EVERY - 2
+        );
+    }
+}
