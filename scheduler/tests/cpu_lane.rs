@@ -89,6 +89,13 @@ fn cpu_nodes_run_on_the_created_lane() {
         .cpu_lane_threads(2)
         .build()
         .unwrap();
+    // A spawned thread sets its name itself once it starts, so right after `build` the kernel may
+    // still list a lane thread under its parent's name: wait (hang guard 10 s) until both are
+    // named, then the count must be exactly the configured one.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while common::threads_named("lanepool-cpu-") < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     assert_eq!(common::threads_named("lanepool-cpu-"), 2);
     check_on_lane(&pool, "lanepool-cpu-");
 }
