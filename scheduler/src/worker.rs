@@ -634,65 +634,12 @@ impl<S: Send + 'static> WorkerThread<S> {
         if self.registry.prioritized.load(Ordering::Relaxed) {
             return self.find_task_prioritized();
         }
-        if let Some(t) = self.local.pop() {
-            return Some(t);
-        }
-        let reg = &*self.registry;
-        let group = &reg.groups[self.group];
+        // The normal level is the only one in a pool that never saw a priority.
         loop {
-            let mut retry = false;
-            // The group's injector, then those of its domains (none in most pools), then the
-            // pool-wide one. A domain's tasks are taken one at a time: a batch would land in this
-            // worker's deque, where only its own group could steal them, while the domain's
-            // other groups find its injector empty.
-            let domains = group
-                .domains
-                .iter()
-                .map(|&d| (&reg.domains[d as usize].injector, false));
-            let injectors = std::iter::once((&group.injector, true))
-                .chain(domains)
-                .chain(std::iter::once((&reg.any, true)));
-            for (injector, batch) in injectors {
-                let stolen = if batch {
-                    injector.steal_batch_and_pop(&self.local)
-                } else {
-                    injector.steal()
-                };
-                match stolen {
-                    Steal::Success(t) => {
-                        self.counters().injector_pops.add(1);
-                        if batch {
-                            self.share_surplus(&self.local);
-                        }
-                        return Some(t);
-                    }
-                    Steal::Retry => retry = true,
-                    Steal::Empty => {}
-                }
-            }
-            let members = &group.members;
-            let n = members.len();
-            if n > 1 {
-                let start = self.next_rand() % n;
-                for k in 0..n {
-                    let victim = members[(start + k) % n];
-                    if victim == self.index {
-                        continue;
-                    }
-                    match reg.stealers[victim].steal_batch_and_pop(&self.local) {
-                        Steal::Success(t) => {
-                            self.counters().steals.add(1);
-                            self.stolen.set(true);
-                            self.share_surplus(&self.local);
-                            return Some(t);
-                        }
-                        Steal::Retry => retry = true,
-                        Steal::Empty => {}
-                    }
-                }
-            }
-            if !retry {
-                return None;
+            match self.take_at(Priority::Normal) {
+                Steal::Success(t) => return Some(t),
+                Steal::Retry => {}
+                Steal::Empty => return None,
             }
         }
     }
@@ -756,8 +703,9 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// One look at level `p`: own deque, the group's, domains' and pool's injectors, then the
-    /// group's other workers' deques (as `find_task` does for the normal level).
+    /// One look at level `p`: own deque, the group's injector, those of its domains (none in
+    /// most pools), the pool-wide one, then the group's other workers' deques.
+    #[inline]
     fn take_at(&self, p: Priority) -> Steal<Task<S>> {
         let (local, group_inj, any, stealers) = self.level_queues(p);
         if let Some(t) = local.pop() {
@@ -766,7 +714,9 @@ impl<S: Send + 'static> WorkerThread<S> {
         let reg = &*self.registry;
         let group = &reg.groups[self.group];
         let mut retry = false;
-        // Domain tasks one at a time, as in `find_task`.
+        // A domain's tasks are taken one at a time: a batch would land in this worker's deque,
+        // where only its own group could steal them, while the domain's other groups find its
+        // injector empty.
         let injectors = std::iter::once((group_inj, true))
             .chain(
                 group
