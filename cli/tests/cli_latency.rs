@@ -16,33 +16,31 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-#[test]
-fn json_has_every_figure() {
-    let o = run(&["bench", "--latency", "--json", "--seconds", "0.2"]);
+const FIGURES: [&str; 7] = [
+    "p50_alone_us",
+    "p99_alone_us",
+    "p50_loaded_us",
+    "p99_loaded_us",
+    "max_loaded_us",
+    "background_alone_nodes_per_s",
+    "background_loaded_nodes_per_s",
+];
+
+/// Runs `bench --latency --json` with `extra` and checks every figure, at high priority (top
+/// level) and at normal priority (`normal`).
+fn json_figures(extra: &[&str], pool: &str) -> Value {
+    let mut args = vec!["bench", "--latency", "--json", "--seconds", "0.2"];
+    args.extend_from_slice(extra);
+    let o = run(&args);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
     assert_eq!(out.trim().lines().count(), 1, "one JSON object: {out}");
     let v: Value = serde_json::from_str(out.trim()).unwrap();
-    for key in [
-        "p50_alone_us",
-        "p99_alone_us",
-        "p50_loaded_us",
-        "p99_loaded_us",
-        "max_loaded_us",
-        "background_alone_nodes_per_s",
-        "background_loaded_nodes_per_s",
-    ] {
+    for key in FIGURES {
         let x = v[key]
             .as_f64()
             .unwrap_or_else(|| panic!("{key} missing: {v}"));
         assert!(x > 0.0, "{key} = {x}");
-    }
-    for key in [
-        "p50_loaded_us",
-        "p99_loaded_us",
-        "max_loaded_us",
-        "background_loaded_nodes_per_s",
-    ] {
         let x = v["normal"][key]
             .as_f64()
             .unwrap_or_else(|| panic!("normal.{key} missing: {v}"));
@@ -51,7 +49,28 @@ fn json_has_every_figure() {
     assert!(v["p50_loaded_us"].as_f64() <= v["max_loaded_us"].as_f64());
     assert!(v["targets"]["p99_met"].is_boolean());
     assert!(v["targets"]["background_met"].is_boolean());
-    assert_eq!(v["pool"], "host");
+    assert_eq!(v["pool"], pool);
+    v
+}
+
+#[test]
+fn json_has_every_figure() {
+    json_figures(&[], "host");
+}
+
+/// The same on a GPU pool (skipped without a GPU, unless `BOUNDPOOL_REQUIRE_GPU=1`).
+#[test]
+fn gpu_json_has_every_figure() {
+    if let Some(why) = boundpool::gpu::gpu_unavailable_reason() {
+        assert!(
+            !std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1"),
+            "BOUNDPOOL_REQUIRE_GPU=1 but no GPU: {why}"
+        );
+        eprintln!("SKIPPED gpu_json_has_every_figure: no GPU: {why}");
+        return;
+    }
+    let v = json_figures(&["--gpu"], "gpu");
+    assert!(v["gpu_background_kernel"]["grid"].as_u64() > Some(1), "{v}");
 }
 
 #[test]
@@ -61,6 +80,7 @@ fn table_names_the_phases() {
     let out = text(&o.stdout);
     for phase in [
         "alone (high)",
+        "alone (normal)",
         "background alone",
         "loaded, high priority",
         "loaded, normal priority",

@@ -3,10 +3,12 @@
 //! The only file with raw library handles. Each bound worker owns at most one cuBLAS and one
 //! cuSOLVER handle, created on the worker (at start when the pool asks for it, else at first
 //! use) and destroyed there when it stops, before its context is released. A node gets the
-//! handle already set to the stream it enqueues on (its worker's own, or one handed over to
-//! it); the stream is set only when it changed since the handle's last use. Library
-//! workspaces are the worker's, one per stream it used, so a workspace is only ever used in
-//! the order of one stream, whichever other stream the handle moves to meanwhile.
+//! handle already set to the stream it enqueues on (its worker's own stream of the node's
+//! priority level, or one a predecessor of the same level handed over to it); the stream is set
+//! only when it changed since the handle's last use. Library workspaces are the worker's, one
+//! per stream it used, so a workspace is only ever used in the order of one stream, whichever
+//! other stream the handle moves to meanwhile (a worker running high, normal and low nodes
+//! moves its handle between three streams of its own, with three workspaces).
 
 use std::any::{Any, TypeId};
 use std::cell::RefCell;
@@ -591,8 +593,9 @@ impl WorkerStates {
 // What nodes see.
 
 impl<'a, 'n> GpuCtx<'a, 'n> {
-    /// This worker's cuBLAS handle, set to the stream this node enqueues on (created on the
-    /// worker at its first use; a missing libcublas is an error naming the node).
+    /// This worker's cuBLAS handle, set to the stream this node enqueues on (the worker's
+    /// stream of the node's priority level, or one handed over; created on the worker at its
+    /// first use; a missing libcublas is an error naming the node).
     pub fn blas(&self) -> GpuResult<Blas<'_, 'a, 'n>> {
         let what = || self.what();
         let (raw, stream_sets) = self.b.libs.blas_on(self.b.ctx, self.stream, &what)?;

@@ -281,6 +281,26 @@ pub(crate) fn stream_create_with_priority(expect: Ctx, priority: i32) -> DResult
     }
 }
 
+/// The context's stream priority range as `(least, greatest)` (`cuCtxGetStreamPriorityRange`:
+/// lower numbers are more urgent, so `greatest <= least`; both 0 where priorities are not
+/// supported).
+pub(crate) fn stream_priority_range(expect: Ctx) -> DResult<(i32, i32)> {
+    check(expect, "cuCtxGetStreamPriorityRange");
+    let (mut least, mut greatest) = (0i32, 0i32);
+    // SAFETY: writes two integers.
+    unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest).result()? };
+    Ok((least, greatest))
+}
+
+/// The priority `s` was created with, as the driver reports it (`cuStreamGetPriority`).
+pub(crate) fn stream_get_priority(expect: Ctx, s: Stream) -> DResult<i32> {
+    check(expect, "cuStreamGetPriority");
+    let mut p = 0i32;
+    // SAFETY: crate invariant: `s` is live; writes one integer.
+    unsafe { sys::cuStreamGetPriority(s.0, &mut p).result()? };
+    Ok(p)
+}
+
 pub(crate) fn stream_destroy(expect: Ctx, s: Stream) -> DResult<()> {
     check(expect, "cuStreamDestroy");
     // SAFETY: crate invariant: `s` is live and destroyed once.

@@ -91,7 +91,9 @@ pub use device::DeviceInfo;
 pub use diag::{context_check, MemoryProbe};
 pub use error::{GpuError, GpuErrorKind, GpuResult};
 pub use module::{builtin, Kernel, Module};
-pub use node::{GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, MAX_KERNEL_ARGS};
+pub use node::{
+    GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,
+};
 pub use pool::{Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
@@ -100,5 +102,5 @@ pub use worker::GpuWorker;
 
 /// Re-exports of the scheduler types GPU graphs use.
 pub use boundpool_scheduler::{
-    BoxError, Cores, DomainId, GraphHandle, GroupId, NodeRef, Placement, ShutdownMode,
+    BoxError, Cores, DomainId, GraphHandle, GroupId, NodeRef, Placement, Priority, ShutdownMode,
 };

@@ -19,10 +19,13 @@ use crate::worker::{Bound, EventReturn, GpuWorker, PendingEvent};
 /// What a GPU node leaves for its GPU successors (through the scheduler's node markers): the
 /// stream its work went to, and either
 ///
-/// * a *hand-off*: the node has one GPU successor, on the same device, which enqueues its work
-///   on this same stream (whichever worker runs it), so the edge costs no event at all; or
-/// * when a successor is placed on another group or device (so surely on another stream), an
-///   event recorded right after the node's work, for successors to wait on; or
+/// * a *hand-off*: the node has one GPU successor, on the same device and of the same priority
+///   level, which enqueues its work on this same stream (whichever worker runs it), so the
+///   edge costs no event at all; or
+/// * when a successor is placed on another group or device, or is of another priority level
+///   (so surely on another stream: each level has streams of its own), an event recorded right
+///   after the node's work, for successors to wait on (recorded now, not by the successor
+///   later: a high successor of a low node must not wait for low work queued after it); or
 /// * neither: a successor on the same stream needs nothing, one on another stream (a stolen
 ///   successor of the same group) records an event on this stream itself (everything this
 ///   node enqueued is already there) and waits on it.
@@ -45,13 +48,24 @@ impl Drop for GpuMarker {
 }
 
 /// The context a GPU node's body gets: its inputs, its device, and helpers that enqueue work on
-/// its worker's stream (allocations, copies, kernel launches). Everything it enqueues is
-/// ordered after the node's GPU predecessors and before its GPU successors, on the device.
+/// its stream (allocations, copies, kernel launches): its worker's stream of the node's
+/// priority level, or one a predecessor of the same level handed over. Everything it enqueues
+/// is ordered after the node's GPU predecessors and before its GPU successors, on the device.
 pub struct GpuCtx<'a, 'n> {
     node: &'a NodeCtx<'n, GpuWorker>,
     pub(crate) b: &'a Bound,
-    /// Where this node's work goes: its worker's stream, or the one its predecessor handed over.
+    /// Where this node's work goes: its worker's stream of the node's level, or the one its
+    /// predecessor (same level) handed over.
     pub(crate) stream: Stream,
+}
+
+/// A context's range of CUDA stream priorities (lower numbers are more urgent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamPriorityRange {
+    /// The most urgent priority (high nodes' streams have it).
+    pub greatest: i32,
+    /// The least urgent priority (low nodes' streams have it; 0, the default, on current GPUs).
+    pub least: i32,
 }
 
 impl fmt::Debug for GpuCtx<'_, '_> {
@@ -385,6 +399,20 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         }
     }
 
+    /// The CUDA priority of the stream this node enqueues on, as the driver reports it
+    /// (`cuStreamGetPriority`).
+    pub fn stream_priority(&self) -> GpuResult<i32> {
+        driver::stream_get_priority(self.b.ctx, self.stream)
+            .map_err(|e| self.fail("cuStreamGetPriority", e))
+    }
+
+    /// The device's range of stream priorities (`cuCtxGetStreamPriorityRange`).
+    pub fn stream_priority_range(&self) -> GpuResult<StreamPriorityRange> {
+        let (least, greatest) = driver::stream_priority_range(self.b.ctx)
+            .map_err(|e| self.fail("cuCtxGetStreamPriorityRange", e))?;
+        Ok(StreamPriorityRange { greatest, least })
+    }
+
     /// Free and total memory of the device, in bytes.
     pub fn memory_info(&self) -> GpuResult<(usize, usize)> {
         driver::mem_get_info(self.b.ctx).map_err(|e| self.fail("cuMemGetInfo", e))
@@ -479,13 +507,18 @@ where
             e.prefixed(&format!("node '{}'", node.node_name())),
         ));
     }
-    // A predecessor that handed its stream over (this is its one GPU successor): enqueue on that
-    // stream, so the edge needs no event. Otherwise this worker's own stream.
+    // A predecessor that handed its stream over (this is its one GPU successor, of its level):
+    // enqueue on that stream, so the edge needs no event. Otherwise this worker's own stream of
+    // this node's level (made here at the level's first node on this worker).
+    let level = node.priority();
+    let lane = b
+        .lane(level)
+        .map_err(|e| Box::new(e.prefixed(&format!("node '{}'", node.node_name()))) as BoxError)?;
     let stream = node
         .predecessor_markers()
         .filter_map(|(_, m)| m.downcast_ref::<GpuMarker>())
         .find(|m| m.handoff)
-        .map_or(b.stream, |m| m.stream);
+        .map_or(lane.stream, |m| m.stream);
     let ctx = GpuCtx { node, b, stream };
     // Order after GPU predecessors on other streams: one wait per other stream of this device
     // suffices (an event recorded on it now follows everything its predecessors enqueued).
@@ -531,12 +564,12 @@ where
             .map_err(|e| Box::new(ctx.fail("cuEventRecord", e)) as BoxError)?;
     }
     let out = out?;
-    // Completion on the worker's own stream is tracked by sequence number (one event per burst
-    // of nodes); on a handed-over stream, by an event of its own.
-    let own = stream == b.stream;
+    // Completion on the worker's own stream of the level is tracked by sequence number (one
+    // event per burst of nodes); on a handed-over stream, by an event of its own.
+    let own = stream == lane.stream;
     let seq = if own {
-        let seq = b.seq.get() + 1;
-        b.seq.set(seq);
+        let seq = lane.seq.get() + 1;
+        lane.seq.set(seq);
         seq
     } else {
         0
@@ -548,8 +581,11 @@ where
     // another device): record the event here, right after the work, on the stream this thread
     // just used, unless the stream is handed over. A successor of the same group, or placed on
     // this device as a whole, may well run here (no event at all); if another worker runs it,
-    // it takes the stream over or records an event on it itself.
+    // it takes the stream over or records an event on it itself. A successor of another level
+    // runs on another stream (its level's) whichever worker runs it: it gets the event now,
+    // and no hand-off (its work must go to a stream of its own priority).
     let mut eager = false;
+    let mut other_level = false;
     let mut host_succ = false;
     let my_group = node.worker_info().group;
     for s in node.successors() {
@@ -564,7 +600,9 @@ where
                     Placement::Group(g) => g == my_group,
                     _ => true,
                 };
-                if d != b.device_index || !may_run_here {
+                let same_level = node.priority_of(s) == level;
+                other_level |= !same_level;
+                if d != b.device_index || !may_run_here || !same_level {
                     eager = true;
                 }
             }
@@ -573,7 +611,8 @@ where
     }
     let sink = gpu_succ == 0 && !host_succ;
     if gpu_succ > 0 {
-        let handoff = w.shared.stream_handoff && gpu_succ == 1 && gpu_succ_here == 1;
+        let handoff =
+            w.shared.stream_handoff && gpu_succ == 1 && gpu_succ_here == 1 && !other_level;
         let event = if eager && !handoff {
             Some(record(&ctx, stream)?)
         } else {
@@ -589,7 +628,7 @@ where
     if host_succ || sink {
         if own {
             node.complete_when(move |w: &GpuWorker| match &w.bound {
-                Some(b) => b.poll_done(seq),
+                Some(b) => b.poll_done(level, seq),
                 None => std::task::Poll::Ready(Ok(())),
             });
         } else {

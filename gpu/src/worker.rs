@@ -1,14 +1,15 @@
-//! The state each pool worker holds for life: its device's bound context, its stream, its
-//! function cache and its completion tracker.
+//! The state each pool worker holds for life: its device's bound context, its streams (one per
+//! priority level: the normal one made at start, the high and low ones at the first node of
+//! their level), its function cache and its completion trackers.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use boundpool_scheduler::{BoxError, GroupId, Placement};
+use boundpool_scheduler::{BoxError, GroupId, Placement, Priority};
 
 use crate::device::DeviceShared;
 use crate::driver::{self, Ctx, DriverError, Event, Func, Stream};
@@ -79,16 +80,42 @@ impl Drop for PendingEvent {
     }
 }
 
+/// One of a worker's streams (one per priority level) and the completion tracking of the nodes
+/// enqueued on it.
+pub(crate) struct Lane {
+    pub(crate) stream: Stream,
+    /// GPU nodes enqueued on `stream` so far.
+    pub(crate) seq: Cell<u64>,
+    completion: RefCell<Completion>,
+}
+
+impl Lane {
+    fn new(stream: Stream) -> Self {
+        Self {
+            stream,
+            seq: Cell::new(0),
+            completion: RefCell::new(Completion::default()),
+        }
+    }
+}
+
 /// A bound device worker's own resources.
 pub(crate) struct Bound {
     pub(crate) device: Arc<DeviceShared>,
     pub(crate) device_index: usize,
     pub(crate) ctx: Ctx,
+    /// The normal level's stream, made at start with the group's priority
+    /// (`GpuPoolBuilder::stream_priority`). Also the stream of the idle hook's releases.
     pub(crate) stream: Stream,
+    /// The normal level's lane (on `stream`).
+    normal: Lane,
+    /// The high level's lane: a stream of the device's greatest priority, made at this worker's
+    /// first high node.
+    high: OnceCell<Lane>,
+    /// The low level's lane: a stream of the device's least priority, made at this worker's
+    /// first low node.
+    low: OnceCell<Lane>,
     funcs: RefCell<HashMap<u64, Func>>,
-    /// GPU nodes enqueued on `stream` so far.
-    pub(crate) seq: Cell<u64>,
-    completion: RefCell<Completion>,
     /// Events ready for reuse, this worker's own.
     events: RefCell<Vec<Event>>,
     /// Where this worker's events come back from markers.
@@ -101,9 +128,9 @@ pub(crate) struct Bound {
 
 #[derive(Default)]
 struct Completion {
-    /// Highest sequence number known complete on the device.
+    /// Highest sequence number of the lane known complete on the device.
     done: u64,
-    /// Events recorded on the stream, with the sequence number each covers, oldest first.
+    /// Events recorded on the lane's stream, with the sequence number each covers, oldest first.
     recorded: VecDeque<(u64, Event)>,
     /// When the oldest event was last found not ready.
     last_not_ready: Option<Instant>,
@@ -177,9 +204,10 @@ impl GpuWorker {
                 device_index,
                 ctx,
                 stream,
+                normal: Lane::new(stream),
+                high: OnceCell::new(),
+                low: OnceCell::new(),
                 funcs: RefCell::new(HashMap::new()),
-                seq: Cell::new(0),
-                completion: RefCell::new(Completion::default()),
                 events: RefCell::new(Vec::new()),
                 returned: Arc::new(EventReturn::default()),
                 libs: Default::default(),
@@ -189,16 +217,23 @@ impl GpuWorker {
         })
     }
 
-    /// Stop hook: finish the stream's work, give back every event, free what is queued, and
-    /// (last worker of the device) release the device.
+    /// Stop hook: finish the streams' work, give back every event, free what is queued, and
+    /// (last worker of the device) release the device. The streams themselves, like every
+    /// registered stream of the device, are destroyed by its last worker (a node still running
+    /// elsewhere may record on them until then).
     pub(crate) fn stop(self) {
         if let Some(b) = self.bound {
             // User states and library handles go first, on this worker, context still bound.
             b.states.drop_all();
             b.libs.shutdown(b.ctx);
-            let comp = b.completion.into_inner();
-            for (_, e) in comp.recorded {
-                b.device.put_event(e);
+            let lanes = [Some(b.normal), b.high.into_inner(), b.low.into_inner()];
+            for lane in lanes.into_iter().flatten() {
+                if lane.stream != b.stream && b.device.failed().is_none() {
+                    let _ = driver::stream_synchronize(b.ctx, lane.stream);
+                }
+                for (_, e) in lane.completion.into_inner().recorded {
+                    b.device.put_event(e);
+                }
             }
             for e in b.events.into_inner() {
                 b.device.put_event(e);
@@ -230,6 +265,57 @@ impl GpuWorker {
 }
 
 impl Bound {
+    /// The lane of a node of level `p` on this worker, making its stream at the level's first
+    /// node: high nodes go to a stream of the device's greatest priority, low ones to one of its
+    /// least, normal ones to the worker's stream made at start. A level has a stream of its own
+    /// even where its number equals another's (a default group's normal stream has the least
+    /// priority too): in one stream a node waits for everything queued before it, so a high
+    /// node sharing a stream with queued low work would wait for all of it.
+    #[inline]
+    pub(crate) fn lane(&self, p: Priority) -> GpuResult<&Lane> {
+        let cell = match p {
+            Priority::Normal => return Ok(&self.normal),
+            Priority::High => &self.high,
+            Priority::Low => &self.low,
+        };
+        if let Some(l) = cell.get() {
+            return Ok(l);
+        }
+        let lane = Lane::new(self.level_stream(p)?);
+        Ok(cell.get_or_init(|| lane))
+    }
+
+    /// The lane of level `p` if this worker made it.
+    pub(crate) fn lane_if_made(&self, p: Priority) -> Option<&Lane> {
+        match p {
+            Priority::Normal => Some(&self.normal),
+            Priority::High => self.high.get(),
+            Priority::Low => self.low.get(),
+        }
+    }
+
+    /// Makes and registers the stream of level `p` (high or low).
+    #[cold]
+    fn level_stream(&self, p: Priority) -> GpuResult<Stream> {
+        let what = format!("device {}: {p:?} priority stream", self.device.ordinal());
+        let (least, greatest) = driver::stream_priority_range(self.ctx).map_err(|e| {
+            self.device
+                .driver_error("cuCtxGetStreamPriorityRange", &what, e)
+        })?;
+        let prio = if p == Priority::High { greatest } else { least };
+        let stream = driver::stream_create_with_priority(self.ctx, prio).map_err(|e| {
+            self.device
+                .driver_error("cuStreamCreateWithPriority", &what, e)
+        })?;
+        // Registered at once, so the last worker destroys it whatever happens next.
+        self.device.register_stream(stream);
+        if let Some(t) = &self.device.timing {
+            t.add_stream(self.ctx, stream)
+                .map_err(|e| self.device.driver_error("cuEventRecord", &what, e))?;
+        }
+        Ok(stream)
+    }
+
     /// An event for this worker's use: its own spare ones first, then those its markers gave
     /// back (one lock for the whole batch), then the device's table (which creates one when
     /// empty).
@@ -312,12 +398,17 @@ impl Bound {
         }
     }
 
-    /// Polls whether the work up to sequence number `seq` on this worker's stream has completed.
-    /// Records one event covering everything enqueued so far when no recorded event covers
-    /// `seq` yet, so a burst of nodes shares one event, and queries the oldest event at most
-    /// once every few microseconds.
-    pub(crate) fn poll_done(&self, seq: u64) -> Poll<Result<(), BoxError>> {
-        let mut c = self.completion.borrow_mut();
+    /// Polls whether the work up to sequence number `seq` on this worker's stream of level `p`
+    /// has completed. Records one event covering everything enqueued there so far when no
+    /// recorded event covers `seq` yet, so a burst of nodes shares one event, and queries the
+    /// oldest event at most once every few microseconds.
+    pub(crate) fn poll_done(&self, p: Priority, seq: u64) -> Poll<Result<(), BoxError>> {
+        let Some(lane) = self.lane_if_made(p) else {
+            // Not reached: a node's completion is polled by the worker that enqueued it, on the
+            // lane it enqueued on.
+            return Poll::Ready(Ok(()));
+        };
+        let mut c = lane.completion.borrow_mut();
         if c.done >= seq {
             return Poll::Ready(Ok(()));
         }
@@ -360,8 +451,8 @@ impl Bound {
         }
         let covered = c.recorded.back().is_some_and(|&(s, _)| s >= seq);
         if !covered {
-            let tail = self.seq.get();
-            match self.record_event(self.stream) {
+            let tail = lane.seq.get();
+            match self.record_event(lane.stream) {
                 Ok(e) => c.recorded.push_back((tail, e)),
                 Err((call, err)) => {
                     let e = self.device.driver_error(call, "waiting for GPU work", err);

@@ -38,6 +38,8 @@ pub(crate) trait RunAccess: Sync {
     fn origin_base(&self, node: u32) -> (u32, u32);
     /// Where node `id` of this run's graph is placed (`Any` for a node of another graph).
     fn placement_of(&self, id: NodeId) -> Placement;
+    /// The priority of node `id` of this run's graph (`Normal` for a node of another graph).
+    fn priority_of(&self, id: NodeId) -> crate::Priority;
 }
 
 impl<S: Send + 'static> RunAccess for Run<S> {
@@ -69,6 +71,11 @@ impl<S: Send + 'static> RunAccess for Run<S> {
         self.plan
             .check(id)
             .map_or(Placement::Any, |i| self.plan.nodes[i as usize].placement())
+    }
+    fn priority_of(&self, id: NodeId) -> crate::Priority {
+        self.plan.check(id).map_or(crate::Priority::Normal, |i| {
+            self.plan.nodes[i as usize].priority()
+        })
     }
 }
 
@@ -247,6 +254,13 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// another graph).
     pub fn placement_of(&self, id: NodeId) -> Placement {
         self.inputs.run.placement_of(id)
+    }
+
+    /// The priority of node `id` of the running graph (its own, or its graph's;
+    /// [`Priority::Normal`](crate::Priority::Normal) for a node of another graph): the GPU
+    /// backend hands its stream over only to a successor of its own level.
+    pub fn priority_of(&self, id: NodeId) -> crate::Priority {
+        self.inputs.run.priority_of(id)
     }
 
     /// Attaches a side value to this node's completion, readable by direct successors through

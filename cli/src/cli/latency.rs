@@ -3,9 +3,14 @@
 //! Background: low-priority wide graphs (a source, `width` nodes of ~20 µs busy work, a sink),
 //! kept in flight by a feeder thread so that every worker is always busy. Foreground: a
 //! 20-node chain submitted every millisecond and waited for; its latency is submit → `wait`
-//! returned. Four phases on one pool: the foreground alone, the background alone, both with
-//! the foreground at high priority, both with it at normal priority. With `--gpu` the nodes are
-//! GPU nodes on one device's workers (background kernels of ~20 µs, foreground empty kernels).
+//! returned. Five phases on one pool: the foreground alone (high, then normal), the background
+//! alone, both with the foreground at high priority, both with it at normal priority. With
+//! `--gpu` the nodes are GPU nodes on one device's workers: background kernels of ~20 µs that
+//! fill the device (`BG_GRID` blocks of `BG_BLOCK` threads, each spinning ~20 µs: with only a
+//! block or two, the device would have free SMs for anyone and stream priorities would decide
+//! nothing), foreground empty one-thread kernels. The background is low (its nodes enqueue on
+//! each worker's low-priority stream), the foreground high (the high-priority stream) or normal
+//! (the worker's normal stream, of the default priority, which is also the least).
 //!
 //! Targets (same process): host foreground p99 under load ≤ 1.5 × alone + 50 µs (GPU: 2 × alone
 //! + 50 µs); background ≥ 80 % of its alone throughput.
@@ -30,6 +35,14 @@ const CHAIN: usize = 20;
 const BUSY: Duration = Duration::from_micros(20);
 /// Foreground submissions are this far apart.
 const PERIOD: Duration = Duration::from_millis(1);
+/// Blocks of a GPU background kernel: with `BG_BLOCK` threads each, about one full wave of an
+/// H100 / H200 (132 SMs × 2,048 resident threads = 2,112 such blocks).
+const BG_GRID: u32 = 2048;
+/// Threads per block of a GPU background kernel.
+const BG_BLOCK: u32 = 128;
+/// Spin of a GPU background kernel's blocks: ~20 µs at the H100's / H200's ~1.98 GHz boost
+/// clock.
+const BG_CYCLES: i64 = 40_000;
 
 /// Latency percentiles of one phase, in µs.
 #[derive(Clone, Copy, Debug, Default)]
@@ -159,15 +172,17 @@ fn gpu_wide(
     let mut g = GpuGraphBuilder::new("background");
     let src = g.gpu_node(&device, "src", |_| Ok(()));
     let sink = g.gpu_node(&device, "sink", |_| Ok(()));
+    let cfg = LaunchConfig {
+        grid: (BG_GRID, 1, 1),
+        block: (BG_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
     for i in 0..width {
         let k = spin_k.clone();
         let n = g.gpu_node(&device, &format!("busy{i}"), move |ctx| {
-            // SAFETY: bp_spin takes one i64, the cycles to busy-wait.
-            unsafe {
-                ctx.launch(&k, LaunchConfig::single())
-                    .arg(cycles)
-                    .launch()?
-            };
+            // SAFETY: bp_spin takes one i64, the cycles every thread busy-waits; it touches no
+            // memory.
+            unsafe { ctx.launch(&k, cfg).arg(cycles).launch()? };
             Ok(())
         });
         g.edge(src, n).edge(n, sink);
@@ -336,12 +351,10 @@ fn gpu_side(workers: usize, width: usize) -> Result<GpuSide, String> {
         .map_err(|e| format!("the GPU pool did not start: {e}"))?;
     let m = Module::builtin();
     let spin_k = Arc::new(m.kernel(builtin::SPIN).map_err(|e| e.to_string())?);
-    // ~20 µs at the H200's ~1.98 GHz boost clock.
-    let cycles = 40_000;
     Ok(GpuSide {
         fg_high: gpu_chain(&pool, &spin_k, Priority::High)?,
         fg_normal: gpu_chain(&pool, &spin_k, Priority::Normal)?,
-        bg: gpu_wide(&pool, &spin_k, width, cycles)?,
+        bg: gpu_wide(&pool, &spin_k, width, BG_CYCLES)?,
         pool,
         width,
     })
@@ -349,6 +362,7 @@ fn gpu_side(workers: usize, width: usize) -> Result<GpuSide, String> {
 
 struct Results {
     alone: Lat,
+    normal_alone: Lat,
     loaded: Lat,
     normal_loaded: Lat,
     bg_alone: f64,
@@ -361,6 +375,7 @@ fn measure(side: &dyn Side, dur: Duration) -> Result<Results, String> {
     // Warm-up: one of each graph (module load, first allocations, the priority switch).
     phase(side, Some(true), false, Duration::from_millis(50))?;
     let (alone, _) = phase(side, Some(true), false, dur)?;
+    let (normal_alone, _) = phase(side, Some(false), false, dur)?;
     let (_, bg_alone) = phase(side, None, true, dur)?;
     let (loaded, bg_loaded) = phase(side, Some(true), true, dur)?;
     let (normal_loaded, bg_loaded_normal) = phase(side, Some(false), true, dur)?;
@@ -368,6 +383,7 @@ fn measure(side: &dyn Side, dur: Duration) -> Result<Results, String> {
     Ok(Results {
         samples: loaded.len(),
         alone: percentiles(alone),
+        normal_alone: percentiles(normal_alone),
         loaded: percentiles(loaded),
         normal_loaded: percentiles(normal_loaded),
         bg_alone,
@@ -383,7 +399,7 @@ fn p99_limit(r: &Results, gpu: bool) -> f64 {
 
 fn report(r: &Results, gpu: bool, workers: usize) -> serde_json::Value {
     let limit = p99_limit(r, gpu);
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "pool": if gpu { "gpu" } else { "host" },
         "workers": workers,
         "samples_per_phase": r.samples,
@@ -395,9 +411,12 @@ fn report(r: &Results, gpu: bool, workers: usize) -> serde_json::Value {
         "background_alone_nodes_per_s": r.bg_alone,
         "background_loaded_nodes_per_s": r.bg_loaded,
         "normal": {
+            "p50_alone_us": r.normal_alone.p50,
+            "p99_alone_us": r.normal_alone.p99,
             "p50_loaded_us": r.normal_loaded.p50,
             "p99_loaded_us": r.normal_loaded.p99,
             "max_loaded_us": r.normal_loaded.max,
+            "background_alone_nodes_per_s": r.bg_alone,
             "background_loaded_nodes_per_s": r.bg_loaded_normal,
         },
         "targets": {
@@ -406,7 +425,15 @@ fn report(r: &Results, gpu: bool, workers: usize) -> serde_json::Value {
             "background_ratio": r.bg_loaded / r.bg_alone.max(f64::MIN_POSITIVE),
             "background_met": r.bg_loaded >= 0.8 * r.bg_alone,
         },
-    })
+    });
+    if gpu {
+        v["gpu_background_kernel"] = serde_json::json!({
+            "grid": BG_GRID,
+            "block": BG_BLOCK,
+            "cycles": BG_CYCLES,
+        });
+    }
+    v
 }
 
 fn table(r: &Results, gpu: bool, workers: usize) -> String {
@@ -414,8 +441,13 @@ fn table(r: &Results, gpu: bool, workers: usize) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{} pool, {workers} workers; foreground: a {CHAIN}-node chain every ms; background: low-priority wide graphs of 20 µs nodes",
-        if gpu { "GPU" } else { "host" }
+        "{} pool, {workers} workers; foreground: a {CHAIN}-node chain every ms; background: low-priority wide graphs of 20 µs nodes{}",
+        if gpu { "GPU" } else { "host" },
+        if gpu {
+            format!(" (kernels of {BG_GRID} blocks × {BG_BLOCK} threads, filling the device)")
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         s,
@@ -426,6 +458,11 @@ fn table(r: &Results, gpu: bool, workers: usize) -> String {
         s,
         "{:<26} {:>9.1} {:>9.1} {:>9.1} {:>14}",
         "alone (high)", r.alone.p50, r.alone.p99, r.alone.max, "-"
+    );
+    let _ = writeln!(
+        s,
+        "{:<26} {:>9.1} {:>9.1} {:>9.1} {:>14}",
+        "alone (normal)", r.normal_alone.p50, r.normal_alone.p99, r.normal_alone.max, "-"
     );
     let _ = writeln!(
         s,
