@@ -2,17 +2,23 @@
 //!
 //! The CUDA backend of boundpool, on [cudarc]'s driver bindings: a [`GpuPool`] of pinned
 //! workers, several per device, each holding its device's primary context bound for life and
-//! its own stream; GPU nodes ([`GpuGraphExt::gpu_node`]) that enqueue kernels, copies and
-//! allocations on their worker's stream; GPU-side edges between them; and resource tables so
-//! that no driver call is ever made from an unbound thread.
+//! its own streams (one per priority level); GPU nodes ([`GpuGraphExt::gpu_node`]) that enqueue
+//! kernels, copies and allocations on their worker's stream of their level; GPU-side edges
+//! between them; and resource tables so that no driver call is ever made from an unbound
+//! thread.
 //!
 //! * **Binding.** A device worker's start hook retains the device's primary context (once per
 //!   device), binds it, checks it with `cuCtxGetCurrent` and creates the worker's stream. A
 //!   machine without a driver or a missing device is an error from [`GpuPoolBuilder::build`],
 //!   never a panic.
+//! * **Priorities.** A node of level [`Priority::High`] enqueues on its worker's stream of the
+//!   device's greatest CUDA stream priority, [`Priority::Low`] on one of its least (both made at
+//!   the worker's first node of the level), [`Priority::Normal`] on the stream made at start
+//!   (its group's priority, [`GpuPoolBuilder::stream_priority`]).
 //! * **Edges.** A GPU node publishes the stream its work went to. A GPU successor on the same
-//!   stream needs nothing; one placed on another group (another worker, or another device)
-//!   waits (`cuStreamWaitEvent`) on an event the predecessor recorded right after its work;
+//!   stream needs nothing; one placed on another group (another worker, or another device), or
+//!   of another priority level, waits (`cuStreamWaitEvent`) on an event the predecessor
+//!   recorded right after its work;
 //!   one of the same group that was stolen by another worker records an event on the
 //!   predecessor's stream itself and waits on it. No host synchronise between GPU nodes.
 //! * **Completion.** A GPU node with a host successor, or none (a sink), completes only when
