@@ -4,10 +4,11 @@ use std::any::{Any, TypeId};
 use std::fmt;
 use std::task::Poll;
 
+use crate::config::WorkerInfo;
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::{AnyValue, NodeId, NodeRef, Placement};
+use crate::graph::AnyValue;
 use crate::handle::GraphHandle;
-use crate::pool::WorkerInfo;
+use crate::ids::{NodeId, NodeRef, Placement};
 use crate::registry::Registry;
 use crate::run::{Run, Slots};
 use crate::worker::WorkerThread;

@@ -62,10 +62,12 @@
 
 mod admission;
 mod body;
+mod config;
 mod ctx;
 mod error;
 mod graph;
 mod handle;
+mod ids;
 mod metrics;
 mod pool;
 mod priority;
@@ -79,15 +81,13 @@ mod worker;
 #[cfg(all(test, loom))]
 mod loom_models;
 
+pub use crate::config::{Cores, GroupSpec, ShutdownMode, WorkerInfo};
 pub use crate::ctx::{Inputs, NodeCtx};
 pub use crate::error::{BoxError, Error, ErrorKind};
-pub use crate::graph::{Graph, GraphBuilder, NodeId, NodeRef, Placement, Subgraph};
+pub use crate::graph::{Graph, GraphBuilder, Subgraph};
 pub use crate::handle::{GraphHandle, SubmitFuture};
+pub use crate::ids::{DomainId, GroupId, NodeId, NodeRef, Placement, Priority};
 pub use crate::metrics::{PoolStats, WorkerStats, METRICS};
-pub use crate::pool::{
-    default_workers, Cores, DomainId, GroupId, GroupSpec, GroupWaker, Pool, PoolBuilder,
-    ShutdownMode, WorkerInfo,
-};
-pub use crate::priority::Priority;
+pub use crate::pool::{default_workers, GroupWaker, Pool, PoolBuilder};
 pub use crate::run::GraphOutput;
 pub use crate::trace::{SliceKind, SpanRecorder, Trace, TraceSlice, TraceTrack};

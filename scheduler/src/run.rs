@@ -22,7 +22,8 @@ use std::time::Instant;
 use crossbeam_utils::CachePadded;
 
 use crate::error::{Error, ErrorKind};
-use crate::graph::{AnyValue, NodeId, NodeRef, Plan};
+use crate::graph::{AnyValue, Plan};
+use crate::ids::{NodeId, NodeRef};
 use crate::sync::{
     self, current_thread, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Mutex, Ordering, Thread,
 };

@@ -18,8 +18,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::config::WorkerInfo;
 use crate::graph::Plan;
-use crate::pool::WorkerInfo;
 use crate::sync::{self, fence, AtomicU64, Mutex, Ordering};
 
 /// Slices a worker's ring keeps unless [`PoolBuilder::trace_window`](crate::PoolBuilder::trace_window)
