@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::sync::Arc;
 
+use boundpool_scheduler::backend::{InputsExt, NodeCtxExt};
 use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef, Placement};
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
@@ -463,7 +464,7 @@ fn run_gpu_node<T, F>(node: &NodeCtx<'_, GpuWorker>, body: &F) -> Result<T, BoxE
 where
     F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError>,
 {
-    let w = node.worker();
+    let w = node.worker_state();
     let Some(b) = w.bound.as_ref() else {
         return Err(Box::new(GpuError::new(
             GpuErrorKind::InvalidArgument,

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use boundpool_scheduler::backend::{FromIndex, PoolBuilderExt, PoolExt};
 use boundpool_scheduler::{
     BoxError, Cores, DomainId, Graph, GraphBuilder, GraphHandle, GroupId, GroupSpec, Placement,
     Pool, PoolBuilder, ShutdownMode,
@@ -592,7 +593,7 @@ impl GpuPool {
                 let n = g.node(
                     "trace flush",
                     |node: &boundpool_scheduler::NodeCtx<'_, GpuWorker>| {
-                        if let Some(b) = &node.worker().bound {
+                        if let Some(b) = &node.worker_state().bound {
                             if let Some(t) = &b.device.timing {
                                 t.resolve(b.ctx, true);
                             }

@@ -64,13 +64,13 @@ pub struct WorkerInfo {
     pub name: String,
 }
 
-/// How [`Pool::shutdown`] treats graphs still running.
+/// How [`Pool::shutdown`](crate::Pool::shutdown) treats graphs still running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ShutdownMode {
     /// Let every submitted graph finish (what dropping the pool does).
     #[default]
     Finish,
-    /// Fail every submitted graph with [`ErrorKind::Cancelled`]: nodes already running finish,
+    /// Fail every submitted graph with [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled): nodes already running finish,
     /// nodes not started never run.
     Cancel,
 }

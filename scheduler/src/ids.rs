@@ -81,27 +81,17 @@ impl GroupId {
     pub fn index(self) -> usize {
         self.0 as usize
     }
-
-    /// The group at position `index` (as given to [`PoolBuilder::groups`]).
-    pub fn from_index(index: usize) -> Self {
-        GroupId(u32::try_from(index).expect("group index fits in u32"))
-    }
 }
 
 /// Identifies a domain of a pool: a set of groups whose workers all serve the nodes placed on
-/// it (see [`PoolBuilder::domain`]).
+/// it (see [`PoolBuilder::domain`](crate::PoolBuilder::domain)).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct DomainId(pub(crate) u32);
 
 impl DomainId {
-    /// The domain's position in the order [`PoolBuilder::domain`] was called.
+    /// The domain's position in the order [`PoolBuilder::domain`](crate::PoolBuilder::domain) was called.
     pub fn index(self) -> usize {
         self.0 as usize
-    }
-
-    /// The domain at position `index`.
-    pub fn from_index(index: usize) -> Self {
-        DomainId(u32::try_from(index).expect("domain index fits in u32"))
     }
 }
 
@@ -121,7 +111,7 @@ pub enum Placement {
     Any,
     /// Only workers of this group.
     Group(GroupId),
-    /// Any worker of any group of this domain ([`PoolBuilder::domain`](crate::PoolBuilder::domain)).
+    /// Any worker of any group of this domain ([`PoolBuilder::domain`](crate::PoolBuilder::domain)(crate::PoolBuilder::domain)).
     Domain(DomainId),
 }
 

@@ -49,6 +49,8 @@
 //!   `UnsafeCell`s ordered by the dependency counters, allocated by the first node that stores.
 //! * `body.rs`: node bodies behind one thin pointer (a vtable-prefixed block, or a static vtable
 //!   for a closure that captures nothing): the crate's type-erased code.
+//! * `backend.rs`: a node's marker, written into its own output slot, and its successors' reads
+//!   of their predecessors' markers (ordered by the same counters as `run.rs`'s).
 //! * `ctx.rs`: a node's reads of its predecessors' output slots and markers, and its worker's
 //!   writes of its own slot (ordered by the same counters as `run.rs`'s).
 //! * `worker.rs`: the thread-local pointer from a thread to its worker (for nested waits), its
@@ -61,6 +63,7 @@
 //! No other file has `unsafe`.
 
 mod admission;
+pub mod backend;
 mod body;
 mod config;
 mod ctx;
@@ -88,6 +91,6 @@ pub use crate::graph::{Graph, GraphBuilder, Subgraph};
 pub use crate::handle::{GraphHandle, SubmitFuture};
 pub use crate::ids::{DomainId, GroupId, NodeId, NodeRef, Placement, Priority};
 pub use crate::metrics::{PoolStats, WorkerStats, METRICS};
-pub use crate::pool::{default_workers, GroupWaker, Pool, PoolBuilder};
+pub use crate::pool::{default_workers, Pool, PoolBuilder};
 pub use crate::run::GraphOutput;
-pub use crate::trace::{SliceKind, SpanRecorder, Trace, TraceSlice, TraceTrack};
+pub use crate::trace::{SliceKind, Trace, TraceSlice, TraceTrack};

@@ -36,6 +36,8 @@ pub(super) enum BadEdge {
 /// `build` validates it (cycles, unknown or foreign node ids) into a [`Graph`], which a
 /// [`Pool`](crate::Pool) can run any number of times.
 ///
+/// # Examples
+///
 /// ```
 /// use boundpool_scheduler::{GraphBuilder, PoolBuilder};
 ///
@@ -333,6 +335,12 @@ impl<S: Send + 'static> GraphBuilder<S> {
     /// Errors: an edge naming a node this graph does not have ([`ErrorKind::UnknownNode`]), a node
     /// of another graph ([`ErrorKind::ForeignNode`]), a placement on a group index no pool can
     /// have ([`ErrorKind::UnknownGroup`]), or a cycle ([`ErrorKind::Cycle`], naming nodes on it).
+    ///
+    /// [`ErrorKind::UnknownNode`]: crate::ErrorKind::UnknownNode
+    /// [`ErrorKind::ForeignNode`]: crate::ErrorKind::ForeignNode
+    /// [`ErrorKind::UnknownGroup`]: crate::ErrorKind::UnknownGroup
+    /// [`ErrorKind::Cycle`]: crate::ErrorKind::Cycle
+    ///
     /// Nothing runs before this succeeds.
     pub fn build(mut self) -> Result<Graph<S>, Error> {
         if self.priority != Priority::Normal {

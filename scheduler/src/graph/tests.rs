@@ -2,6 +2,7 @@
 
 use super::plan::NodeSpec;
 use super::*;
+use crate::backend::FromIndex;
 use crate::ctx::NodeCtx;
 use crate::error::{BoxError, ErrorKind};
 use crate::ids::{GroupId, NodeRef};
