@@ -18,7 +18,7 @@ use crate::graph::{NodeSpec, Placement, ANY_GROUP, DOMAIN_BIT};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::priority::{poll_order, Priority, WorkerDeques};
 use crate::registry::{Finished, Registry};
-use crate::run::{Completion, Run, RunRef, Task};
+use crate::run::{Completion, Credit, Run, RunRef, Task};
 use crate::sync::{self, Condvar, Mutex, Ordering};
 
 /// Nodes between two service points of a busy worker (idle hook, metrics flush, timing
@@ -187,6 +187,7 @@ pub(crate) fn main<S: Send + 'static>(
         state,
         deferred: RefCell::new(Vec::new()),
         finished: RefCell::new(Vec::new()),
+        credit: Credit::new(),
         defer_slot: Cell::new(None),
         stolen: Cell::new(false),
         rng: Cell::new(
@@ -346,6 +347,9 @@ pub(crate) struct WorkerThread<S> {
     deferred: RefCell<Vec<Deferred<S>>>,
     /// Runs that finished here, to settle once no frame holds a reference to them.
     finished: RefCell<Vec<Finished<S>>>,
+    /// Spare in-flight units of one run (see `Credit`): node completions and hand-offs on this
+    /// worker touch no shared count.
+    credit: Credit<S>,
     /// What the running node's body passed to `NodeCtx::complete_when`, taken after the body.
     defer_slot: Cell<Option<DeferFn<S>>>,
     flusher: RefCell<Flusher>,
@@ -375,6 +379,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         let mut idle_rounds = 0;
         while !c.is_done() {
             if deadline.is_some_and(|d| Instant::now() >= d) {
+                self.flush_credit();
                 return false;
             }
             if let Some(t) = self.find_task() {
@@ -389,6 +394,8 @@ impl<S: Send + 'static> WorkerThread<S> {
                 }
             }
         }
+        // The waiting body goes on, maybe for long: runs helped along here must not wait for it.
+        self.flush_credit();
         true
     }
 
@@ -433,6 +440,8 @@ impl<S: Send + 'static> WorkerThread<S> {
             } else if self.poll_deferred() {
                 idle_rounds = 0;
             } else if self.registry.is_terminated() && self.deferred.borrow().is_empty() {
+                // Spare units keep their run in the table, so none are left at termination.
+                debug_assert_eq!(self.credit.units(), 0);
                 break;
             } else {
                 self.go_idle(&mut idle_rounds, &|| false, None);
@@ -444,8 +453,28 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// here (one landing pad for the whole chain instead of a `catch_unwind` per node); the
     /// chain loop keeps the running node in `running`, so the landing pad knows which failed.
     fn execute(&self, task: Task<S>) {
+        if self.credit.holds_other(task.run()) {
+            self.flush_credit();
+        }
         self.execute_task(task);
         self.settle_finished();
+    }
+
+    /// Gives this worker's spare in-flight units back (see `Credit`), finishing their run if
+    /// that was the last of it, and settles what finished.
+    #[inline]
+    fn flush_credit(&self) {
+        if let Some(run) = self.credit.flush() {
+            self.finish_run(run);
+        }
+        self.settle_finished();
+    }
+
+    /// `run`'s count reached zero here: this worker has it to itself until it is settled (in
+    /// `settle_finished`, once no frame holding a `&Run` argument of it is live).
+    #[cold]
+    fn finish_run(&self, run: RunRef<S>) {
+        self.finished.borrow_mut().push(self.registry.finish(&run));
     }
 
     /// Settles the runs that finished on this worker since the last call. Called only where no
@@ -533,7 +562,10 @@ impl<S: Send + 'static> WorkerThread<S> {
                 let tick = sink.map(|t| chained.take().unwrap_or_else(|| t.now()));
                 let res = spec.body.run(&ctx);
                 *running = NO_NODE;
-                n += 1;
+                // Re-read: a body that waited for a nested graph ran other nodes here, which
+                // counted themselves (a stale `n` would set the count back, and the metrics
+                // flush would see it go down).
+                n = counters.nodes_run.get() + 1;
                 let mut end = None;
                 if let (Some(t), Some(tick)) = (sink, tick) {
                     // Before the node completes, so a trace taken once its graph is done has it.
@@ -816,6 +848,9 @@ impl<S: Send + 'static> WorkerThread<S> {
         condition: &dyn Fn() -> bool,
         deadline: Option<Instant>,
     ) {
+        // Before anything else: a run whose last task ended here finishes now, not when this
+        // worker next finds work.
+        self.flush_credit();
         if *idle_rounds == 0 && self.deferred.borrow().is_empty() && self.spin(condition) {
             return;
         }
@@ -1027,14 +1062,18 @@ impl<S: Send + 'static> WorkerThread<S> {
             if let Some((prev, place, prio)) =
                 held.replace((t, spec.placement(), spec.is_prioritized()))
             {
-                run.enter();
+                if let Some(done) = self.credit.enter(run) {
+                    self.finish_run(done);
+                }
                 pushed_here |= self.queue(prev, place, prio);
             }
         });
         match (cont, held) {
             (_, None) => {}
             (Some(_), Some((t, place, prio))) => {
-                run.enter();
+                if let Some(done) = self.credit.enter(run) {
+                    self.finish_run(done);
+                }
                 pushed_here |= self.queue(t, place, prio);
             }
             (None, Some((t, place, prio))) => {
@@ -1049,11 +1088,13 @@ impl<S: Send + 'static> WorkerThread<S> {
         if pushed_here {
             self.registry.sleep.notify_local(self.group);
         }
-        if cont.is_none() && run.leave() {
-            // The count reached zero: this worker has the run to itself. `leave` returning
-            // `false` would mean the unit is gone and `run` must not be dereferenced again.
-            // Settled in `execute`, once no frame holding a `&Run` argument of it is live.
-            self.finished.borrow_mut().push(self.registry.finish(&run));
+        if cont.is_none() {
+            // The node's unit becomes a spare one of this worker (`Credit`): the run finishes
+            // when the spare units are given back, not here, unless the switch gave back
+            // another run's last units.
+            if let Some(done) = self.credit.leave(run) {
+                self.finish_run(done);
+            }
         }
         cont
     }
