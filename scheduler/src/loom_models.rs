@@ -21,6 +21,11 @@
 //!    parks: the request is never lost, whether it comes before, during or after the drain; and
 //!    a wake-up for a domain's work reaches an idle worker of any of its groups.
 //!
+//! 5. the per-worker in-flight credit (`Credit`: spare units of one run, given back a chunk at
+//!    a time, all of them when the worker switches runs or runs dry): a fan-out finished by two
+//!    workers is finished exactly once, after every node completed, by whichever gives the last
+//!    units back; a worker that switches runs gives the old run's units back and finishes it.
+//!
 //! A lost wake-up shows up as a loom deadlock (every thread parked).
 
 use std::sync::Arc;
@@ -30,7 +35,7 @@ use loom::thread;
 
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, GraphBuilder};
-use crate::run::{Completion, Run, RunRef};
+use crate::run::{Completion, Credit, Run, RunRef, CREDIT_CHUNK, CREDIT_MAX};
 use crate::sleep::Sleep;
 
 /// a -> {b, c} -> d; node indices 0, 1, 2, 3.
@@ -231,6 +236,114 @@ fn ready_handoff_keeps_the_run_alive() {
             );
             finishes.fetch_add(1, Ordering::SeqCst);
         }
+        thief.join().unwrap();
+        assert_eq!(finishes.load(Ordering::SeqCst), 1);
+        assert_eq!(run.inflight.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// Two workers finish a fan-out a -> {b, c, d, e} with their own `Credit`s, as `complete_general`
+/// does: worker A completes `a`, keeps `b` as its continuation, takes a unit for each of the
+/// others from its credit (raising the shared count a chunk at a time) and queues them; worker
+/// B takes one from the queue. Completed nodes leave their unit in their worker's credit; A's
+/// passes the keep-a-chunk limit (a partial give-back, which never finishes the run). Each
+/// gives everything back when it runs dry. B first holds a spare unit of another, one-node run,
+/// which its switch to the fan-out gives back, finishing that run. Whatever the interleaving,
+/// the fan-out is finished exactly once, after all five nodes completed.
+#[test]
+fn credit_finishes_a_run_once() {
+    const { assert!(CREDIT_CHUNK == 2 && CREDIT_MAX == 3) };
+    loom::model(|| {
+        let mut g = GraphBuilder::<()>::new("fan");
+        let a = g.node("a", |_| Ok(()));
+        for name in ["b", "c", "d", "e"] {
+            let x = g.node(name, |_| Ok(()));
+            g.edge(a, x);
+        }
+        let graph = g.build().expect("fan builds");
+        let mut g = GraphBuilder::<()>::new("one");
+        g.node("x", |_| Ok(()));
+        let one = g.build().expect("one builds");
+        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let other = Arc::new(Run::new(2, one.plan.clone()));
+        let queue: Arc<loom::sync::Mutex<Vec<u32>>> = Arc::new(loom::sync::Mutex::new(Vec::new()));
+        let completed = Arc::new(AtomicUsize::new(0));
+        let finishes = Arc::new(AtomicUsize::new(0));
+        let finished = {
+            let (run, completed, finishes) = (run.clone(), completed.clone(), finishes.clone());
+            move |r: Option<RunRef<()>>| {
+                if let Some(r) = r {
+                    assert_eq!(r.id, run.id, "only the fan-out can finish here");
+                    assert_eq!(
+                        completed.load(Ordering::Relaxed),
+                        5,
+                        "finished before every node completed"
+                    );
+                    finishes.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        };
+
+        let thief = {
+            let (run, other, queue, completed, finished) = (
+                run.clone(),
+                other.clone(),
+                queue.clone(),
+                completed.clone(),
+                finished.clone(),
+            );
+            thread::spawn(move || {
+                let credit = Credit::new();
+                // B ran the other run's only node: its unit is a spare one here.
+                assert!(credit.leave(RunRef::new(&other)).is_none());
+                assert_eq!(credit.units(), 1);
+                loop {
+                    let task = queue.lock().unwrap().pop();
+                    if let Some(node) = task {
+                        completed.fetch_add(1, Ordering::Relaxed);
+                        let mut more = 0;
+                        run.release(node, true, |_| more += 1);
+                        assert_eq!(more, 0);
+                        // The switch gives the other run's unit back: that finishes it.
+                        let switched = credit.leave(RunRef::new(&run));
+                        assert!(switched.is_some_and(|r| r.id == other.id));
+                        assert_eq!(other.inflight.load(Ordering::SeqCst), 0);
+                        finished(credit.flush());
+                        break;
+                    }
+                    thread::yield_now();
+                }
+            })
+        };
+        let credit = Credit::new();
+        let me = RunRef::new(&run);
+        completed.fetch_add(1, Ordering::Relaxed);
+        let mut ready = Vec::new();
+        run.release(0, true, |t| ready.push(t.node));
+        assert_eq!(ready, vec![1, 2, 3, 4]);
+        let cont = ready.remove(0);
+        let mut mine = Vec::new();
+        for (k, t) in ready.into_iter().enumerate() {
+            finished(credit.enter(me));
+            if k == 0 {
+                queue.lock().unwrap().push(t);
+            } else {
+                mine.push(t);
+            }
+        }
+        // Three tasks entered: a chunk (2) raised twice, one unit left over.
+        assert_eq!(credit.units(), 1);
+        for node in std::iter::once(cont).chain(mine) {
+            completed.fetch_add(1, Ordering::Relaxed);
+            let mut more = 0;
+            run.release(node, true, |_| more += 1);
+            assert_eq!(more, 0);
+            finished(credit.leave(me));
+        }
+        // 1 + 3 leaves: the third reached the limit and gave all but a chunk back.
+        assert_eq!(credit.units(), CREDIT_CHUNK);
+        finished(credit.flush());
+        assert_eq!(credit.units(), 0);
         thief.join().unwrap();
         assert_eq!(finishes.load(Ordering::SeqCst), 1);
         assert_eq!(run.inflight.load(Ordering::SeqCst), 0);

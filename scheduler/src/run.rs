@@ -259,10 +259,11 @@ impl<S> RunRef<S> {
     }
 }
 
-/// Units a worker moves between a run's shared in-flight count and its [`Credit`] at a time.
-pub(crate) const CREDIT_CHUNK: usize = 64;
+/// Units a worker moves between a run's shared in-flight count and its [`Credit`] at a time
+/// (small under loom, so that the models reach every path with a few nodes).
+pub(crate) const CREDIT_CHUNK: usize = if cfg!(loom) { 2 } else { 64 };
 /// Spare units a worker keeps before it gives all but [`CREDIT_CHUNK`] back.
-pub(crate) const CREDIT_MAX: usize = 4 * CREDIT_CHUNK;
+pub(crate) const CREDIT_MAX: usize = if cfg!(loom) { 3 } else { 4 * CREDIT_CHUNK };
 
 /// A worker's private share of one run's in-flight count: spare units that are counted in the
 /// run's `inflight` but belong to no task. A task that completes on the worker leaves its unit
