@@ -877,6 +877,8 @@ pub(crate) struct Plan<S> {
     /// (start, list), built from the successor lists the first time a node asks for its
     /// predecessors: graphs whose nodes never read inputs never pay for them.
     preds: OnceLock<Csr>,
+    /// The joins with many predecessors and their leaf counters, built by the first run.
+    pub(crate) wide_joins: OnceLock<crate::run::WideJoins>,
     pub(crate) names: NameTable,
     pub(crate) sources: Box<[u32]>,
     /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.
@@ -1105,6 +1107,7 @@ impl<S> Plan<S> {
             edges: b.edges,
             joins: b.joins,
             preds: OnceLock::new(),
+            wide_joins: OnceLock::new(),
             names: b.names.shrunk(),
             sources: sources.into_boxed_slice(),
             valued: b.valued.into_boxed_slice(),

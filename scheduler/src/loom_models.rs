@@ -25,6 +25,9 @@
 //!    a time, all of them when the worker switches runs or runs dry): a fan-out finished by two
 //!    workers is finished exactly once, after every node completed, by whichever gives the last
 //!    units back; a worker that switches runs gives the old run's units back and finishes it.
+//! 6. the leaf counters of a wide join (`WideJoins`, with a threshold of 3 under loom): three
+//!    predecessors finishing at once make the join ready exactly once, with every predecessor's
+//!    output visible to it.
 //!
 //! A lost wake-up shows up as a loom deadlock (every thread parked).
 
@@ -347,6 +350,58 @@ fn credit_finishes_a_run_once() {
         thief.join().unwrap();
         assert_eq!(finishes.load(Ordering::SeqCst), 1);
         assert_eq!(run.inflight.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// Three predecessors of a wide join (two leaves under loom: {p0, p1} and {p2}) complete on three
+/// threads: exactly one of them makes the join ready, and it sees every predecessor's value.
+#[test]
+fn wide_join_leaves() {
+    loom::model(|| {
+        let mut g = GraphBuilder::<()>::new("wide");
+        let preds: Vec<_> = (0..3u32)
+            .map(|i| g.node(format!("p{i}"), move |_| Ok(i)))
+            .collect();
+        let j = g.node("j", |_| Ok(()));
+        for &p in &preds {
+            g.edge(p, j);
+        }
+        let graph = g.build().expect("wide builds");
+        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let readies = Arc::new(AtomicUsize::new(0));
+        let finish = {
+            let (run, readies) = (run.clone(), readies.clone());
+            move |node: u32| {
+                // SAFETY: this thread is node's only runner, before it releases successors.
+                unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
+                let mut ready = Vec::new();
+                run.release(node, true, |t| ready.push(t.node));
+                if ready == [3] {
+                    for p in 0..3u32 {
+                        // SAFETY: the join's counter reached its target: every predecessor
+                        // stored its value before its release, which happened-before this.
+                        let out = unsafe { run.slots.get(p).and_then(|s| s.get()) };
+                        let v = out.and_then(|o| o.value.as_ref());
+                        assert_eq!(v.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
+                    }
+                    readies.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    assert!(ready.is_empty());
+                }
+            }
+        };
+        let hs: Vec<_> = [1u32, 2]
+            .into_iter()
+            .map(|node| {
+                let finish = finish.clone();
+                thread::spawn(move || finish(node))
+            })
+            .collect();
+        finish(0);
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(readies.load(Ordering::SeqCst), 1);
     });
 }
 

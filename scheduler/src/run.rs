@@ -429,12 +429,101 @@ impl<S> fmt::Debug for Task<S> {
     }
 }
 
+/// In-degree from which a join counts its predecessors in leaf counters first (see
+/// [`WideJoins`]).
+pub(crate) const WIDE_JOIN: u32 = if cfg!(loom) { 3 } else { 256 };
+/// Predecessors, by consecutive node index, that share a leaf counter.
+const LEAF_SPAN: u32 = if cfg!(loom) { 2 } else { 128 };
+/// Counters per leaf slot in `Run::leaves`: one leaf per 128-byte line, so workers finishing
+/// neighbouring ranges of predecessors do not share a line.
+const LEAF_STRIDE: usize = if cfg!(loom) { 1 } else { 32 };
+
+/// Two-level dependency counters for the joins with at least [`WIDE_JOIN`] predecessors (issue
+/// 14: a million predecessors finishing on every worker all incremented one counter). A
+/// predecessor `p` of such a join counts in leaf `(p / LEAF_SPAN) % leaves` of the join; the one
+/// that completes a leaf (its quota, fixed here from the edges) counts once in the join's own
+/// counter, whose target is the number of non-empty leaves. Predecessors are mostly numbered in
+/// ranges and stolen in ranges, so a leaf is shared by a few workers at most. Nothing is
+/// batched or deferred: the join is ready the moment its last predecessor completes.
+#[derive(Debug, Default)]
+pub(crate) struct WideJoins {
+    /// (join node, first leaf, leaves, non-empty leaves), sorted by node.
+    joins: Box<[(u32, u32, u32, u32)]>,
+    /// The quota of each leaf, every join's leaves in a row.
+    quota: Box<[u32]>,
+}
+
+impl WideJoins {
+    /// The plan's wide joins (built once per plan, by its first run).
+    pub(crate) fn of<S>(plan: &Plan<S>) -> &WideJoins {
+        plan.wide_joins.get_or_init(|| Self::build(plan))
+    }
+
+    fn build<S>(plan: &Plan<S>) -> WideJoins {
+        let mut joins = Vec::new();
+        let mut first = 0u32;
+        for (i, spec) in plan.nodes.iter().enumerate() {
+            if spec.indegree >= WIDE_JOIN {
+                let leaves = spec.indegree.div_ceil(LEAF_SPAN);
+                joins.push((i as u32, first, leaves, 0));
+                first += leaves;
+            }
+        }
+        if joins.is_empty() {
+            return WideJoins::default();
+        }
+        let mut quota = vec![0u32; first as usize];
+        for p in 0..plan.nodes.len() as u32 {
+            for &s in plan.successors(p) {
+                if plan.nodes[s as usize].indegree >= WIDE_JOIN {
+                    let k = joins.partition_point(|j| j.0 < s);
+                    let (_, first, leaves, _) = joins[k];
+                    quota[(first + (p / LEAF_SPAN) % leaves) as usize] += 1;
+                }
+            }
+        }
+        for j in joins.iter_mut() {
+            j.3 = quota[j.1 as usize..(j.1 + j.2) as usize]
+                .iter()
+                .filter(|&&q| q > 0)
+                .count() as u32;
+        }
+        WideJoins {
+            joins: joins.into(),
+            quota: quota.into(),
+        }
+    }
+
+    /// Leaf slots a run needs.
+    fn leaves(&self) -> usize {
+        self.quota.len()
+    }
+
+    #[inline]
+    fn join(&self, node: u32) -> (u32, u32, u32, u32) {
+        let k = self.joins.partition_point(|j| j.0 < node);
+        self.joins[k]
+    }
+
+    /// What `node`'s counter counts up to: its in-degree, or its non-empty leaves when wide.
+    fn target(&self, node: u32, indegree: u32) -> u32 {
+        if indegree >= WIDE_JOIN {
+            self.join(node).3
+        } else {
+            indegree
+        }
+    }
+}
+
 pub(crate) struct Run<S> {
     pub(crate) id: u64,
     pub(crate) plan: std::sync::Arc<Plan<S>>,
     /// Finished predecessors of each node with more than one, counting up from 0 (zeroed
     /// memory; empty when the graph has no such node: one-predecessor nodes need no counter).
     pub(crate) pending: Box<[AtomicU32]>,
+    /// The leaf counters of the wide joins ([`WideJoins`]), `LEAF_STRIDE` apart (zeroed; empty
+    /// when the graph has none).
+    leaves: Box<[AtomicU32]>,
     pub(crate) slots: Slots,
     /// One-predecessor nodes whose predecessor ended without releasing them (failures only).
     unreleased: Mutex<Vec<u32>>,
@@ -453,11 +542,17 @@ impl<S> Run<S> {
     pub(crate) fn new(id: u64, plan: std::sync::Arc<Plan<S>>) -> Self {
         let n = plan.nodes.len();
         let pending = sync::zeroed_counters(if plan.joins { n } else { 0 });
+        let leaves = if plan.joins {
+            sync::zeroed_counters(WideJoins::of(&plan).leaves() * LEAF_STRIDE)
+        } else {
+            sync::zeroed_counters(0)
+        };
         let inflight = CachePadded::new(AtomicUsize::new(plan.sources.len()));
         Run {
             id,
             plan,
             pending,
+            leaves,
             slots: Slots::new(n),
             unreleased: Mutex::new(Vec::new()),
             inflight,
@@ -509,10 +604,20 @@ impl<S> Run<S> {
                 // whoever runs the node. The store of d keeps "released" readable for
                 // `take_result`.
                 if d != 1 {
+                    // A wide join counts the leaf first; the leaf's last counts in the root,
+                    // whose target is the join's non-empty leaves.
+                    let target = if d >= WIDE_JOIN {
+                        match self.leaf_arrive(node, s) {
+                            Some(roots) => roots,
+                            None => continue,
+                        }
+                    } else {
+                        d
+                    };
                     let pending = &self.pending[s as usize];
-                    if pending.load(Ordering::Acquire) == d - 1 {
-                        pending.store(d, Ordering::Relaxed);
-                    } else if pending.fetch_add(1, Ordering::AcqRel) != d - 1 {
+                    if pending.load(Ordering::Acquire) == target - 1 {
+                        pending.store(target, Ordering::Relaxed);
+                    } else if pending.fetch_add(1, Ordering::AcqRel) != target - 1 {
                         continue;
                     }
                 }
@@ -521,6 +626,26 @@ impl<S> Run<S> {
             }
         }
         n
+    }
+
+    /// Counts predecessor `p`'s completion in its leaf of wide join `s`. Returns the join's root
+    /// target when `p` completed the leaf (it then counts in the root), else `None`. Orderings
+    /// as for the root: the leaf's last predecessor acquires the others' Release increments and
+    /// passes them on with its own increment of the root.
+    #[inline(never)]
+    fn leaf_arrive(&self, p: u32, s: u32) -> Option<u32> {
+        let wide = WideJoins::of(&self.plan);
+        let (_, first, leaves, roots) = wide.join(s);
+        let leaf = (first + (p / LEAF_SPAN) % leaves) as usize;
+        let quota = wide.quota[leaf];
+        let counter = &self.leaves[leaf * LEAF_STRIDE];
+        if counter.load(Ordering::Acquire) == quota - 1
+            || counter.fetch_add(1, Ordering::AcqRel) == quota - 1
+        {
+            Some(roots)
+        } else {
+            None
+        }
     }
 
     /// Marks `node`'s one-predecessor successors as never released. Their counters are not
@@ -563,7 +688,11 @@ impl<S> Run<S> {
                         u = self.plan.predecessors(u as u32)[0] as usize;
                         continue;
                     }
-                    d if self.pending[u].load(Ordering::Relaxed) == d => 1,
+                    d if self.pending[u].load(Ordering::Relaxed)
+                        == WideJoins::of(&self.plan).target(u as u32, d) =>
+                    {
+                        1
+                    }
                     _ => 2,
                 };
                 state[u] = s;
