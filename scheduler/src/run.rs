@@ -390,11 +390,29 @@ impl<S> std::ops::Deref for RunRef<S> {
     }
 }
 
-/// A ready node of a run, as it sits in a deque or injector. Copying one is allowed only to pass
-/// it along: exactly one copy is completed.
+/// A ready node of a run, as it sits in a deque or injector, or a part of a large node's
+/// successor list still to be released (a *span*, see [`Task::span`]). Copying one is allowed
+/// only to pass it along: exactly one copy is completed. Each holds one in-flight unit.
 pub(crate) struct Task<S> {
     run: RunRef<S>,
     pub(crate) node: u32,
+    /// 0: run `node`. Otherwise the chunks `[span >> 16, span & 0xFFFF)` of `node`'s successor
+    /// list (see [`span_chunk`]), which `node` completed without releasing them yet.
+    span: u32,
+}
+
+/// Nodes with at least this many successors hand them on as spans (`Task::span`) that workers
+/// split in halves, instead of queueing every ready successor one by one (issue 14: a million
+/// tasks pushed on one deque and stolen one CAS at a time from its one end).
+pub(crate) const SPAN_MIN: usize = if cfg!(loom) { 3 } else { 64 };
+/// A span of at most this many successors is released by the worker that holds it.
+pub(crate) const SPAN_GRAIN: usize = if cfg!(loom) { 1 } else { 32 };
+
+/// The chunk size of a successor list of `len` nodes: at most 65,535 chunks, so that a span's
+/// two ends fit in a `u32`.
+#[inline]
+pub(crate) fn span_chunk(len: usize) -> usize {
+    len.div_ceil(0xFFFF).max(1)
 }
 
 // SAFETY: a task is a (run, node) pair; `Run<S>` is shared between workers by design (its mutable
@@ -412,7 +430,24 @@ impl<S> Copy for Task<S> {}
 impl<S> Task<S> {
     #[inline]
     pub(crate) fn new(run: RunRef<S>, node: u32) -> Self {
-        Task { run, node }
+        Task { run, node, span: 0 }
+    }
+
+    /// A span: chunks `lo..hi` of `node`'s successor list, to be released (`lo < hi <= 0xFFFF`).
+    #[inline]
+    pub(crate) fn span(run: RunRef<S>, node: u32, lo: usize, hi: usize) -> Self {
+        debug_assert!(lo < hi && hi <= 0xFFFF);
+        Task {
+            run,
+            node,
+            span: ((lo as u32) << 16) | hi as u32,
+        }
+    }
+
+    /// The chunks of a span task, `None` for a node task.
+    #[inline]
+    pub(crate) fn chunks(&self) -> Option<(usize, usize)> {
+        (self.span != 0).then_some(((self.span >> 16) as usize, (self.span & 0xFFFF) as usize))
     }
 
     /// The run this task belongs to: valid to dereference while this task's unit is held (it is
@@ -594,38 +629,45 @@ impl<S> Run<S> {
             self.mark_unreleased(node);
         } else {
             for &s in self.plan.successors(node) {
-                let d = self.plan.nodes[s as usize].indegree;
-                // One predecessor (the common case): ready, no shared counter at all; our
-                // output reaches the successor through the queue hand-off. Otherwise count
-                // up: a count of d - 1 seen by a predecessor that has not yet counted means it
-                // is the last one (each counts once), so the node is ready without a
-                // read-modify-write. The Acquire load (or the AcqRel increment) pairs with the
-                // other predecessors' Release increments, so their outputs are visible to
-                // whoever runs the node. The store of d keeps "released" readable for
-                // `take_result`.
-                if d != 1 {
-                    // A wide join counts the leaf first; the leaf's last counts in the root,
-                    // whose target is the join's non-empty leaves.
-                    let target = if d >= WIDE_JOIN {
-                        match self.leaf_arrive(node, s) {
-                            Some(roots) => roots,
-                            None => continue,
-                        }
-                    } else {
-                        d
-                    };
-                    let pending = &self.pending[s as usize];
-                    if pending.load(Ordering::Acquire) == target - 1 {
-                        pending.store(target, Ordering::Relaxed);
-                    } else if pending.fetch_add(1, Ordering::AcqRel) != target - 1 {
-                        continue;
-                    }
+                if self.release_one(node, s) {
+                    ready(Task::new(RunRef::new(self), s));
+                    n += 1;
                 }
-                ready(Task::new(RunRef::new(self), s));
-                n += 1;
             }
         }
         n
+    }
+
+    /// Counts `node`'s completion in its successor `s`; returns whether `s` is now ready.
+    #[inline]
+    pub(crate) fn release_one(&self, node: u32, s: u32) -> bool {
+        let d = self.plan.nodes[s as usize].indegree;
+        // One predecessor (the common case): ready, no shared counter at all; our output
+        // reaches the successor through the queue hand-off. Otherwise count up: a count of
+        // d - 1 seen by a predecessor that has not yet counted means it is the last one (each
+        // counts once), so the node is ready without a read-modify-write. The Acquire load (or
+        // the AcqRel increment) pairs with the other predecessors' Release increments, so their
+        // outputs are visible to whoever runs the node. The store of d keeps "released"
+        // readable for `take_result`.
+        if d != 1 {
+            // A wide join counts the leaf first; the leaf's last counts in the root, whose
+            // target is the join's non-empty leaves.
+            let target = if d >= WIDE_JOIN {
+                match self.leaf_arrive(node, s) {
+                    Some(roots) => roots,
+                    None => return false,
+                }
+            } else {
+                d
+            };
+            let pending = &self.pending[s as usize];
+            if pending.load(Ordering::Acquire) == target - 1 {
+                pending.store(target, Ordering::Relaxed);
+            } else if pending.fetch_add(1, Ordering::AcqRel) != target - 1 {
+                return false;
+            }
+        }
+        true
     }
 
     /// Counts predecessor `p`'s completion in its leaf of wide join `s`. Returns the join's root
@@ -653,14 +695,16 @@ impl<S> Run<S> {
     /// from released ones. Only on the failure path.
     #[cold]
     fn mark_unreleased(&self, node: u32) {
+        self.mark_unreleased_of(self.plan.successors(node));
+    }
+
+    /// Marks the one-predecessor nodes of `succ` (successors of one node) as never released;
+    /// a span that finds its run failed marks the part it did not release.
+    #[cold]
+    pub(crate) fn mark_unreleased_of(&self, succ: &[u32]) {
         let nodes = &self.plan.nodes;
         let mut list = sync::lock(&self.unreleased);
-        list.extend(
-            self.plan
-                .successors(node)
-                .iter()
-                .filter(|&&s| nodes[s as usize].indegree == 1),
-        );
+        list.extend(succ.iter().filter(|&&s| nodes[s as usize].indegree == 1));
     }
 
     /// Nodes that were never released: a counter below the in-degree for several predecessors;

@@ -18,7 +18,7 @@ use crate::graph::{NodeSpec, Placement, ANY_GROUP, DOMAIN_BIT};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::priority::{poll_order, Priority, WorkerDeques};
 use crate::registry::{Finished, Registry};
-use crate::run::{Completion, Credit, Run, RunRef, Task};
+use crate::run::{span_chunk, Completion, Credit, Run, RunRef, Task, SPAN_GRAIN, SPAN_MIN};
 use crate::sync::{self, Condvar, Mutex, Ordering};
 
 /// Nodes between two service points of a busy worker (idle hook, metrics flush, timing
@@ -456,8 +456,57 @@ impl<S: Send + 'static> WorkerThread<S> {
         if self.credit.holds_other(task.run()) {
             self.flush_credit();
         }
-        self.execute_task(task);
+        match task.chunks() {
+            None => self.execute_task(task),
+            Some((lo, hi)) => self.run_span(task.run(), task.node, lo, hi),
+        }
         self.settle_finished();
+    }
+
+    /// Releases chunks `lo..hi` of node `i`'s successor list (a span task, which holds one
+    /// unit of `run`): while the span is larger than [`SPAN_GRAIN`] successors, its upper half
+    /// is queued here for a thief (a wide fan-out reaches every worker in a few steals of
+    /// halves, as rayon splits a parallel iterator), then the rest is released in order, each
+    /// ready successor that may run here run at once, the others queued where they belong.
+    #[inline(never)]
+    fn run_span(&self, run: RunRef<S>, i: u32, lo: usize, mut hi: usize) {
+        let succ: &[u32] = run.plan.successors(i);
+        let chunk = span_chunk(succ.len());
+        while hi - lo > 1 && (hi - lo) * chunk > SPAN_GRAIN {
+            let mid = lo + (hi - lo) / 2;
+            if let Some(done) = self.credit.enter(run) {
+                self.finish_run(done);
+            }
+            self.local.push(Task::span(run, i, mid, hi));
+            self.registry.sleep.notify_local(self.group);
+            hi = mid;
+        }
+        let part = &succ[lo * chunk..(hi * chunk).min(succ.len())];
+        for (k, &s) in part.iter().enumerate() {
+            if run.is_failed() {
+                run.mark_unreleased_of(&part[k..]);
+                break;
+            }
+            if !run.release_one(i, s) {
+                continue;
+            }
+            if let Some(done) = self.credit.enter(run) {
+                self.finish_run(done);
+            }
+            let spec = &run.plan.nodes[s as usize];
+            // Run here what would otherwise go to this deque (any worker's, or this group's);
+            // a domain's nodes go to its injector, where every group of it looks.
+            let p = spec.placement_bits();
+            if (p == ANY_GROUP || p == self.group as u32) && !spec.is_prioritized() {
+                self.execute_task(Task::new(run, s));
+            } else if self.queue(Task::new(run, s), spec.placement(), spec.is_prioritized()) {
+                self.registry.sleep.notify_local(self.group);
+            }
+        }
+        // The span's own unit; `succ` and `part` are not used past here.
+        if let Some(done) = self.credit.leave(run) {
+            self.finish_run(done);
+        }
     }
 
     /// Gives this worker's spare in-flight units back (see `Credit`), finishing their run if
@@ -1049,6 +1098,17 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// another worker), and the run is not touched after it is queued.
     #[inline(never)]
     fn complete_general(&self, run: RunRef<S>, i: u32, ok: bool) -> Option<u32> {
+        if ok {
+            let fan_out = run.plan.successors(i).len();
+            if fan_out >= SPAN_MIN && !run.is_failed() {
+                // A wide fan-out: one span task, which takes over the node's unit, instead of a
+                // task per successor. Queued (popped next, here) rather than run from this
+                // frame, so that fan-outs that follow fan-outs do not nest.
+                let chunks = fan_out.div_ceil(span_chunk(fan_out));
+                self.local.push(Task::span(run, i, 0, chunks));
+                return None;
+            }
+        }
         let nodes = &run.plan.nodes;
         let mut cont = None;
         let mut held: Option<(Task<S>, Placement, bool)> = None;

@@ -119,3 +119,78 @@ fn a_failed_predecessor_cancels_the_wide_join_exactly() {
         assert_eq!(err.cancelled_nodes(), not_run, "round {round}: {err}");
     }
 }
+
+/// source -> `n` middles -> sink: the source's successors go out as spans that workers split,
+/// the sink is a wide join. `fail` names a middle whose body fails.
+fn fan(
+    n: u64,
+    fail: Option<u64>,
+    ran: Arc<AtomicUsize>,
+) -> (boundpool_scheduler::Graph, NodeRef<u64>) {
+    let mut g = GraphBuilder::<()>::new("fan");
+    let r = ran.clone();
+    let src = g.node("src", move |_| {
+        r.fetch_add(1, Ordering::SeqCst);
+        Ok(7u64)
+    });
+    let mut mids = Vec::new();
+    for i in 0..n {
+        let r = ran.clone();
+        let m = g.node(format!("m{i}"), move |ctx| -> Result<u64, BoxError> {
+            r.fetch_add(1, Ordering::SeqCst);
+            if Some(i) == fail {
+                return Err("middle failed".into());
+            }
+            Ok(*ctx.input(src)? + i)
+        });
+        g.edge(src, m);
+        mids.push(m);
+    }
+    let ins = mids.clone();
+    let r = ran.clone();
+    let sink = g.node("sink", move |ctx| -> Result<u64, BoxError> {
+        r.fetch_add(1, Ordering::SeqCst);
+        let mut sum = 0;
+        for &m in &ins {
+            sum += *ctx.input(m)?;
+        }
+        Ok(sum)
+    });
+    for &m in &mids {
+        g.edge(m, sink);
+    }
+    (g.build().expect("builds"), sink)
+}
+
+#[test]
+fn wide_fan_out_runs_every_successor_once() {
+    let pool = pool("wide-fan", 4);
+    for n in [63u64, 64, 65, 1000, 20_000] {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (graph, sink) = fan(n, None, ran.clone());
+        let rounds = if n > 10_000 { 3 } else { 20 };
+        for round in 0..rounds {
+            let out = pool.run(&graph).expect("runs");
+            assert_eq!(
+                out.get(sink),
+                Some(&(7 * n + n * (n - 1) / 2)),
+                "{n}, round {round}"
+            );
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), rounds * (n as usize + 2));
+    }
+}
+
+#[test]
+fn a_failed_successor_of_a_wide_fan_out_cancels_the_rest_exactly() {
+    let pool = pool("wide-fan-fail", 3);
+    for round in 0..10u64 {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (graph, _) = fan(5000, Some(round * 499), ran.clone());
+        let err = pool.run(&graph).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NodeFailed, "{err}");
+        let not_run = graph.len() - ran.load(Ordering::SeqCst);
+        assert!(not_run >= 1, "the sink never runs");
+        assert_eq!(err.cancelled_nodes(), not_run, "round {round}: {err}");
+    }
+}
