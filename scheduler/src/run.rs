@@ -4,7 +4,8 @@
 //! its `Run` without a reference count, so a node hand-off costs no shared refcount traffic.
 //! The pointer stays valid because the registry keeps an `Arc<Run>` in its table of active
 //! runs until the run's in-flight count reaches zero, and every task is counted in flight
-//! from the moment it is created until its node has completed.
+//! from the moment it is created until its node has completed (a worker's spare units, see
+//! [`Credit`], are counted too, and keep the run alive while the worker holds them).
 //!
 //! Workers hold a run as a [`RunRef`] (the pointer), never as a `&Run` function argument, across
 //! a point where they give their in-flight unit away (queueing the task that carries it, a

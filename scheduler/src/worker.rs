@@ -188,6 +188,7 @@ pub(crate) fn main<S: Send + 'static>(
         deferred: RefCell::new(Vec::new()),
         finished: RefCell::new(Vec::new()),
         credit: Credit::new(),
+        helped: Cell::new(false),
         defer_slot: Cell::new(None),
         stolen: Cell::new(false),
         rng: Cell::new(
@@ -350,6 +351,9 @@ pub(crate) struct WorkerThread<S> {
     /// Spare in-flight units of one run (see `Credit`): node completions and hand-offs on this
     /// worker touch no shared count.
     credit: Credit<S>,
+    /// A body running here waited for a nested graph and ran other nodes meanwhile (their
+    /// counts are in `nodes_run`; the chain loop re-reads it).
+    helped: Cell<bool>,
     /// What the running node's body passed to `NodeCtx::complete_when`, taken after the body.
     defer_slot: Cell<Option<DeferFn<S>>>,
     flusher: RefCell<Flusher>,
@@ -365,6 +369,7 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
         let waiting = self.defer_slot.take();
         let done = self.help_loop(c, deadline);
         self.defer_slot.set(waiting);
+        self.helped.set(true);
         done
     }
 
@@ -611,10 +616,15 @@ impl<S: Send + 'static> WorkerThread<S> {
                 let tick = sink.map(|t| chained.take().unwrap_or_else(|| t.now()));
                 let res = spec.body.run(&ctx);
                 *running = NO_NODE;
-                // Re-read: a body that waited for a nested graph ran other nodes here, which
-                // counted themselves (a stale `n` would set the count back, and the metrics
-                // flush would see it go down).
-                n = counters.nodes_run.get() + 1;
+                n += 1;
+                if self.helped.get() {
+                    // The body waited for a nested graph and ran other nodes here, which
+                    // counted themselves: a stale `n` would set the count back (and the metrics
+                    // flush would see it go down). A flag, not a re-read of the count per node:
+                    // that put a store-to-load round trip on every link of a chain.
+                    self.helped.set(false);
+                    n = counters.nodes_run.get() + 1;
+                }
                 let mut end = None;
                 if let (Some(t), Some(tick)) = (sink, tick) {
                     // Before the node completes, so a trace taken once its graph is done has it.
@@ -1090,11 +1100,12 @@ impl<S: Send + 'static> WorkerThread<S> {
     }
 
     /// Releases the successors of a node that has more than one, or whose one successor may
-    /// be waiting on others or run elsewhere. The first ready one that may run here becomes the
+    /// be waiting on others or run elsewhere (a node with [`SPAN_MIN`] or more hands them to a
+    /// span task, see `run_span`). The first ready one that may run here becomes the
     /// continuation and takes over the node's in-flight unit. The others are queued; each
-    /// enters the in-flight count before it is queued, so the node's own unit keeps the run
-    /// alive until the loop is over, except the last one when there is no continuation: it
-    /// takes over the node's unit (no count traffic for a node whose one successor runs on
+    /// takes a unit from this worker's credit before it is queued, so the node's own unit keeps
+    /// the run alive until the loop is over, except the last one when there is no continuation:
+    /// it takes over the node's unit (no count traffic for a node whose one successor runs on
     /// another worker), and the run is not touched after it is queued.
     #[inline(never)]
     fn complete_general(&self, run: RunRef<S>, i: u32, ok: bool) -> Option<u32> {
