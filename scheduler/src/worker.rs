@@ -1226,8 +1226,11 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// Polls deferred completions; returns whether any completed.
+    /// Polls deferred completions; returns whether any completed. Called when nothing was
+    /// queued: a run whose last node ended here is finished first (its spare units given back),
+    /// not after the polls.
     fn poll_deferred(&self) -> bool {
+        self.flush_credit();
         if self.deferred.borrow().is_empty() {
             return false;
         }
