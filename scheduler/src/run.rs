@@ -254,8 +254,9 @@ impl<S> RunRef<S> {
         unsafe { (*self.0.as_ptr()).inflight.fetch_sub(k, Ordering::AcqRel) == k }
     }
 
+    /// Whether both point at the same run.
     #[inline]
-    fn same(self, other: RunRef<S>) -> bool {
+    pub(crate) fn same(self, other: RunRef<S>) -> bool {
         self.0 == other.0
     }
 }

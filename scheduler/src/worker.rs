@@ -189,6 +189,7 @@ pub(crate) fn main<S: Send + 'static>(
         finished: RefCell::new(Vec::new()),
         credit: Credit::new(),
         helped: Cell::new(false),
+        nesting: Cell::new(0),
         defer_slot: Cell::new(None),
         stolen: Cell::new(false),
         rng: Cell::new(
@@ -354,6 +355,9 @@ pub(crate) struct WorkerThread<S> {
     /// A body running here waited for a nested graph and ran other nodes meanwhile (their
     /// counts are in `nodes_run`; the chain loop re-reads it).
     helped: Cell<bool>,
+    /// Nested waits (`help_until`) and spans (`run_span`) in progress on this worker: while
+    /// there are any, a chain does not go on with the deque's top (`pop_local_of`).
+    nesting: Cell<u32>,
     /// What the running node's body passed to `NodeCtx::complete_when`, taken after the body.
     defer_slot: Cell<Option<DeferFn<S>>>,
     flusher: RefCell<Flusher>,
@@ -367,7 +371,9 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
         // The waiting body may already have deferred its completion: keep that apart while
         // other nodes run here, and put it back for the waiting node.
         let waiting = self.defer_slot.take();
+        self.nesting.set(self.nesting.get() + 1);
         let done = self.help_loop(c, deadline);
+        self.nesting.set(self.nesting.get() - 1);
         self.defer_slot.set(waiting);
         self.helped.set(true);
         done
@@ -487,6 +493,9 @@ impl<S: Send + 'static> WorkerThread<S> {
             hi = mid;
         }
         let part = &succ[lo * chunk..(hi * chunk).min(succ.len())];
+        // The successors run from here, one at a time: the deque's top is this span's upper
+        // halves, which `pop_local_of` would only pop and push back after each of them.
+        self.nesting.set(self.nesting.get() + 1);
         for (k, &s) in part.iter().enumerate() {
             if run.is_failed() {
                 run.mark_unreleased_of(&part[k..]);
@@ -508,6 +517,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 self.registry.sleep.notify_local(self.group);
             }
         }
+        self.nesting.set(self.nesting.get() - 1);
         // The span's own unit; `succ` and `part` are not used past here.
         if let Some(done) = self.credit.leave(run) {
             self.finish_run(done);
@@ -670,10 +680,28 @@ impl<S: Send + 'static> WorkerThread<S> {
                 }
             };
             n = counters.nodes_run.get();
-            match next {
+            match next.or_else(|| self.pop_local_of(run)) {
                 Some(s) => node = s,
                 None => return,
             }
+        }
+    }
+
+    /// The newest task of this worker's deque, if it is a node of `run`: the chain loop goes on
+    /// with it (a tree's leaf is followed by its sibling without a trip through `find_task` and a
+    /// new chain). Not while nested in a wait (the helper checks its graph between tasks) or a
+    /// span (see `run_span`), nor in a pool with priorities (`find_task` orders the levels).
+    #[inline]
+    fn pop_local_of(&self, run: RunRef<S>) -> Option<u32> {
+        if self.nesting.get() != 0 || self.registry.prioritized.load(Ordering::Relaxed) {
+            return None;
+        }
+        let t = self.local.pop()?;
+        if t.chunks().is_none() && t.run().same(run) {
+            Some(t.node)
+        } else {
+            self.local.push(t);
+            None
         }
     }
 
