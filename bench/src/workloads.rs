@@ -564,3 +564,123 @@ pub fn bench_build(scale: f64, runs: usize) -> Vec<(&'static str, usize, f64)> {
         })
         .collect()
 }
+
+/// The worker counts of the scaling bench up to `max`: 1, 2, 4, 8, 16, ..., and `max` itself
+/// when it is not a power of two.
+pub fn scaling_workers(max: usize) -> Vec<usize> {
+    let max = max.max(1);
+    let mut ws: Vec<usize> = std::iter::successors(Some(1usize), |w| w.checked_mul(2))
+        .take_while(|&w| w <= max)
+        .collect();
+    if ws.last() != Some(&max) {
+        ws.push(max);
+    }
+    ws
+}
+
+/// One row of the scaling bench: an implementation's median ns per node on a shape at one
+/// worker count, and its speedup over its own one-worker figure.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ScalingRow {
+    /// Shape name.
+    pub shape: &'static str,
+    /// `boundpool`, `rayon-spawn` or `rayon-inline`.
+    #[serde(rename = "impl")]
+    pub implementation: &'static str,
+    /// Worker threads.
+    pub workers: usize,
+    /// Nodes in the graph.
+    pub nodes: usize,
+    /// Median wall time per node over the runs, in nanoseconds.
+    pub ns_per_node: f64,
+    /// Every run's ns per node.
+    pub runs: Vec<f64>,
+    /// This implementation's one-worker ns per node divided by this row's (higher is better).
+    pub speedup: f64,
+    /// `ns_per_node` divided by the better rayon-core variant's at the same worker count
+    /// (boundpool rows only; lower is better).
+    pub vs_best_rayon: Option<f64>,
+}
+
+/// Runs the standard shapes at each worker count of `workers` (see [`scaling_workers`]) on
+/// boundpool and both rayon-core variants, interleaved run by run and with the caches evicted
+/// before each timed run as in [`bench_shapes`]. A fresh pool of each kind is built per worker
+/// count. `progress` is called after each run with (done, total).
+pub fn bench_scaling(
+    workers: &[usize],
+    runs: usize,
+    scale: f64,
+    mut progress: impl FnMut(usize, usize),
+) -> Vec<ScalingRow> {
+    let shapes = standard_shapes(scale);
+    let total = shapes.len() * workers.len() * runs * 3;
+    let mut evict = vec![0u64; EVICT_BYTES / 8];
+    let mut done = 0;
+    let mut rows = Vec::new();
+    for (shape, n) in shapes {
+        let dag = Dag::shape(shape, n);
+        let adj = dag.adjacency();
+        let graph = empty_graph(shape, n);
+        let nodes = dag.len() as f64;
+        let first = rows.len();
+        for &w in workers {
+            let pool = boundpool_scheduler::PoolBuilder::new()
+                .name("bench-scaling")
+                .workers(w)
+                .build()
+                .expect("the bench pool starts");
+            let rayon = rayon_core::ThreadPoolBuilder::new()
+                .num_threads(w)
+                .build()
+                .expect("rayon starts");
+            let (mut bp, mut rs, mut ri) = (Vec::new(), Vec::new(), Vec::new());
+            run_boundpool(&pool, &graph);
+            rayon_spawn(&rayon, &adj);
+            rayon_inline(&rayon, &adj);
+            for _ in 0..runs {
+                evict_caches(&mut evict);
+                bp.push(run_boundpool(&pool, &graph).as_nanos() as f64 / nodes);
+                evict_caches(&mut evict);
+                rs.push(rayon_spawn(&rayon, &adj).as_nanos() as f64 / nodes);
+                evict_caches(&mut evict);
+                ri.push(rayon_inline(&rayon, &adj).as_nanos() as f64 / nodes);
+                done += 3;
+                progress(done, total);
+            }
+            let (mbp, mrs, mri) = (
+                median(&mut bp.clone()),
+                median(&mut rs.clone()),
+                median(&mut ri.clone()),
+            );
+            for (implementation, ns, runs, vs) in [
+                ("boundpool", mbp, bp, Some(mbp / mrs.min(mri))),
+                ("rayon-spawn", mrs, rs, None),
+                ("rayon-inline", mri, ri, None),
+            ] {
+                rows.push(ScalingRow {
+                    shape: shape.name(),
+                    implementation,
+                    workers: w,
+                    nodes: dag.len(),
+                    ns_per_node: ns,
+                    runs,
+                    speedup: f64::NAN,
+                    vs_best_rayon: vs,
+                });
+            }
+        }
+        // Speedups against each implementation's figure at the fewest workers measured.
+        let tail = &mut rows[first..];
+        let base: Vec<(&'static str, f64)> = tail
+            .iter()
+            .filter(|r| r.workers == workers[0])
+            .map(|r| (r.implementation, r.ns_per_node))
+            .collect();
+        for r in tail.iter_mut() {
+            if let Some(&(_, b)) = base.iter().find(|(i, _)| *i == r.implementation) {
+                r.speedup = b / r.ns_per_node;
+            }
+        }
+    }
+    rows
+}

@@ -146,9 +146,15 @@ struct BenchArgs {
     /// Runs per implementation and shape (the median is reported).
     #[arg(long, default_value_t = 7)]
     runs: usize,
-    /// Worker threads for boundpool and rayon (default: the cores this process may use).
+    /// Worker threads for boundpool and rayon (default: the cores this process may use); with
+    /// --scaling, the most workers measured.
     #[arg(long)]
     threads: Option<usize>,
+    /// Run each shape at 1, 2, 4, 8, 16, ... workers (up to --threads, default the cores this
+    /// process may use) and print ns per node and the speedup over one worker, boundpool beside
+    /// rayon-core (a JSON array of rows with --json).
+    #[arg(long, conflicts_with_all = ["latency", "thread_per_node"])]
+    scaling: bool,
     /// Nodes of the wide shape for the thread-per-node baseline (default: 20,000 times the
     /// scale, at most 20,000; 0 skips it).
     #[arg(long)]

@@ -316,6 +316,69 @@ fn bench_json_has_every_shape_and_implementation() {
 }
 
 #[test]
+fn bench_scaling_json_has_every_shape_at_each_worker_count() {
+    let o = run(&[
+        "bench",
+        "--scaling",
+        "--json",
+        "--scale",
+        "0.005",
+        "--runs",
+        "1",
+        "--threads",
+        "3",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<Value> = serde_json::from_str(&stdout(&o)).expect("a JSON array");
+    // 1, 2, then 3 itself (not a power of two).
+    for shape in ["chain", "tree", "wide", "wavefront"] {
+        for imp in ["boundpool", "rayon-spawn", "rayon-inline"] {
+            let mut ws: Vec<u64> = rows
+                .iter()
+                .filter(|r| r["shape"] == shape && r["impl"] == imp)
+                .map(|r| r["workers"].as_u64().unwrap())
+                .collect();
+            ws.sort_unstable();
+            assert_eq!(ws, [1, 2, 3], "{shape}/{imp}: {rows:?}");
+        }
+    }
+    for r in &rows {
+        assert!(r["ns_per_node"].as_f64().unwrap() > 0.0, "{r}");
+        let sp = r["speedup"].as_f64().expect("speedup is a number");
+        if r["workers"] == 1 {
+            assert_eq!(sp, 1.0, "{r}");
+        } else {
+            assert!(sp > 0.0, "{r}");
+        }
+        assert_eq!(
+            r["impl"] == "boundpool",
+            r["vs_best_rayon"].is_number(),
+            "{r}"
+        );
+    }
+    let o = run(&[
+        "bench",
+        "--scaling",
+        "--scale",
+        "0.005",
+        "--runs",
+        "1",
+        "--threads",
+        "2",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("speedup") && out.contains("vs rayon"), "{out}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("tree")).count(),
+        2,
+        "one tree line per worker count:\n{out}"
+    );
+}
+
+#[test]
 fn bench_table_has_ratios() {
     let o = run(&[
         "bench",

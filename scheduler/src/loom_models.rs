@@ -21,6 +21,14 @@
 //!    parks: the request is never lost, whether it comes before, during or after the drain; and
 //!    a wake-up for a domain's work reaches an idle worker of any of its groups.
 //!
+//! 5. the per-worker in-flight credit (`Credit`: spare units of one run, given back a chunk at
+//!    a time, all of them when the worker switches runs or runs dry): a fan-out finished by two
+//!    workers is finished exactly once, after every node completed, by whichever gives the last
+//!    units back; a worker that switches runs gives the old run's units back and finishes it.
+//! 6. the leaf counters of a wide join (`WideJoins`, with a threshold of 3 under loom): three
+//!    predecessors finishing at once make the join ready exactly once, with every predecessor's
+//!    output visible to it.
+//!
 //! A lost wake-up shows up as a loom deadlock (every thread parked).
 
 use std::sync::Arc;
@@ -30,7 +38,7 @@ use loom::thread;
 
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, GraphBuilder};
-use crate::run::{Completion, Run, RunRef};
+use crate::run::{Completion, Credit, Run, RunRef, CREDIT_CHUNK, CREDIT_MAX};
 use crate::sleep::Sleep;
 
 /// a -> {b, c} -> d; node indices 0, 1, 2, 3.
@@ -234,6 +242,166 @@ fn ready_handoff_keeps_the_run_alive() {
         thief.join().unwrap();
         assert_eq!(finishes.load(Ordering::SeqCst), 1);
         assert_eq!(run.inflight.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// Two workers finish a fan-out a -> {b, c, d, e} with their own `Credit`s, as `complete_general`
+/// does: worker A completes `a`, keeps `b` as its continuation, takes a unit for each of the
+/// others from its credit (raising the shared count a chunk at a time) and queues them; worker
+/// B takes one from the queue. Completed nodes leave their unit in their worker's credit; A's
+/// passes the keep-a-chunk limit (a partial give-back, which never finishes the run). Each
+/// gives everything back when it runs dry. B first holds a spare unit of another, one-node run,
+/// which its switch to the fan-out gives back, finishing that run. Whatever the interleaving,
+/// the fan-out is finished exactly once, after all five nodes completed.
+#[test]
+fn credit_finishes_a_run_once() {
+    const { assert!(CREDIT_CHUNK == 2 && CREDIT_MAX == 3) };
+    loom::model(|| {
+        let mut g = GraphBuilder::<()>::new("fan");
+        let a = g.node("a", |_| Ok(()));
+        for name in ["b", "c", "d", "e"] {
+            let x = g.node(name, |_| Ok(()));
+            g.edge(a, x);
+        }
+        let graph = g.build().expect("fan builds");
+        let mut g = GraphBuilder::<()>::new("one");
+        g.node("x", |_| Ok(()));
+        let one = g.build().expect("one builds");
+        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let other = Arc::new(Run::new(2, one.plan.clone()));
+        let queue: Arc<loom::sync::Mutex<Vec<u32>>> = Arc::new(loom::sync::Mutex::new(Vec::new()));
+        let completed = Arc::new(AtomicUsize::new(0));
+        let finishes = Arc::new(AtomicUsize::new(0));
+        let finished = {
+            let (run, completed, finishes) = (run.clone(), completed.clone(), finishes.clone());
+            move |r: Option<RunRef<()>>| {
+                if let Some(r) = r {
+                    assert_eq!(r.id, run.id, "only the fan-out can finish here");
+                    assert_eq!(
+                        completed.load(Ordering::Relaxed),
+                        5,
+                        "finished before every node completed"
+                    );
+                    finishes.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        };
+
+        let thief = {
+            let (run, other, queue, completed, finished) = (
+                run.clone(),
+                other.clone(),
+                queue.clone(),
+                completed.clone(),
+                finished.clone(),
+            );
+            thread::spawn(move || {
+                let credit = Credit::new();
+                // B ran the other run's only node: its unit is a spare one here.
+                assert!(credit.leave(RunRef::new(&other)).is_none());
+                assert_eq!(credit.units(), 1);
+                loop {
+                    let task = queue.lock().unwrap().pop();
+                    if let Some(node) = task {
+                        completed.fetch_add(1, Ordering::Relaxed);
+                        let mut more = 0;
+                        run.release(node, true, |_| more += 1);
+                        assert_eq!(more, 0);
+                        // The switch gives the other run's unit back: that finishes it.
+                        let switched = credit.leave(RunRef::new(&run));
+                        assert!(switched.is_some_and(|r| r.id == other.id));
+                        assert_eq!(other.inflight.load(Ordering::SeqCst), 0);
+                        finished(credit.flush());
+                        break;
+                    }
+                    thread::yield_now();
+                }
+            })
+        };
+        let credit = Credit::new();
+        let me = RunRef::new(&run);
+        completed.fetch_add(1, Ordering::Relaxed);
+        let mut ready = Vec::new();
+        run.release(0, true, |t| ready.push(t.node));
+        assert_eq!(ready, vec![1, 2, 3, 4]);
+        let cont = ready.remove(0);
+        let mut mine = Vec::new();
+        for (k, t) in ready.into_iter().enumerate() {
+            finished(credit.enter(me));
+            if k == 0 {
+                queue.lock().unwrap().push(t);
+            } else {
+                mine.push(t);
+            }
+        }
+        // Three tasks entered: a chunk (2) raised twice, one unit left over.
+        assert_eq!(credit.units(), 1);
+        for node in std::iter::once(cont).chain(mine) {
+            completed.fetch_add(1, Ordering::Relaxed);
+            let mut more = 0;
+            run.release(node, true, |_| more += 1);
+            assert_eq!(more, 0);
+            finished(credit.leave(me));
+        }
+        // 1 + 3 leaves: the third reached the limit and gave all but a chunk back.
+        assert_eq!(credit.units(), CREDIT_CHUNK);
+        finished(credit.flush());
+        assert_eq!(credit.units(), 0);
+        thief.join().unwrap();
+        assert_eq!(finishes.load(Ordering::SeqCst), 1);
+        assert_eq!(run.inflight.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// Three predecessors of a wide join (two leaves under loom: {p0, p1} and {p2}) complete on three
+/// threads: exactly one of them makes the join ready, and it sees every predecessor's value.
+#[test]
+fn wide_join_leaves() {
+    loom::model(|| {
+        let mut g = GraphBuilder::<()>::new("wide");
+        let preds: Vec<_> = (0..3u32)
+            .map(|i| g.node(format!("p{i}"), move |_| Ok(i)))
+            .collect();
+        let j = g.node("j", |_| Ok(()));
+        for &p in &preds {
+            g.edge(p, j);
+        }
+        let graph = g.build().expect("wide builds");
+        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let readies = Arc::new(AtomicUsize::new(0));
+        let finish = {
+            let (run, readies) = (run.clone(), readies.clone());
+            move |node: u32| {
+                // SAFETY: this thread is node's only runner, before it releases successors.
+                unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
+                let mut ready = Vec::new();
+                run.release(node, true, |t| ready.push(t.node));
+                if ready == [3] {
+                    for p in 0..3u32 {
+                        // SAFETY: the join's counter reached its target: every predecessor
+                        // stored its value before its release, which happened-before this.
+                        let out = unsafe { run.slots.get(p).and_then(|s| s.get()) };
+                        let v = out.and_then(|o| o.value.as_ref());
+                        assert_eq!(v.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
+                    }
+                    readies.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    assert!(ready.is_empty());
+                }
+            }
+        };
+        let hs: Vec<_> = [1u32, 2]
+            .into_iter()
+            .map(|node| {
+                let finish = finish.clone();
+                thread::spawn(move || finish(node))
+            })
+            .collect();
+        finish(0);
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(readies.load(Ordering::SeqCst), 1);
     });
 }
 

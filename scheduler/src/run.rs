@@ -4,7 +4,8 @@
 //! its `Run` without a reference count, so a node hand-off costs no shared refcount traffic.
 //! The pointer stays valid because the registry keeps an `Arc<Run>` in its table of active
 //! runs until the run's in-flight count reaches zero, and every task is counted in flight
-//! from the moment it is created until its node has completed.
+//! from the moment it is created until its node has completed (a worker's spare units, see
+//! [`Credit`], are counted too, and keep the run alive while the worker holds them).
 //!
 //! Workers hold a run as a [`RunRef`] (the pointer), never as a `&Run` function argument, across
 //! a point where they give their in-flight unit away (queueing the task that carries it, a
@@ -13,7 +14,7 @@
 //! valid for its whole call (Stacked/Tree Borrows protectors), used again or not. A `&Run` made
 //! by dereferencing a `RunRef` inside a body is not an argument and carries no such promise.
 
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::fmt;
 use std::ptr::NonNull;
 use std::task::Waker;
@@ -237,6 +238,148 @@ impl<S> RunRef<S> {
     }
 }
 
+impl<S> RunRef<S> {
+    /// Raises the in-flight count by `k` (the caller holds a unit of the run, or spare units).
+    #[inline]
+    fn raise(self, k: usize) {
+        // SAFETY: the caller holds a unit, so the run is alive; see `leave` for the raw pointer.
+        unsafe { (*self.0.as_ptr()).inflight.fetch_add(k, Ordering::AcqRel) };
+    }
+
+    /// Lowers the in-flight count by `k` units the caller holds. Returns `true` when it reached
+    /// zero (as [`leave`](Self::leave)).
+    #[inline]
+    fn lower(self, k: usize) -> bool {
+        // SAFETY: as in `leave`: the caller's `k` units keep the run alive up to the decrement,
+        // and nothing here touches it after.
+        unsafe { (*self.0.as_ptr()).inflight.fetch_sub(k, Ordering::AcqRel) == k }
+    }
+
+    /// Whether both point at the same run.
+    #[inline]
+    pub(crate) fn same(self, other: RunRef<S>) -> bool {
+        self.0 == other.0
+    }
+}
+
+/// Units a worker moves between a run's shared in-flight count and its [`Credit`] at a time
+/// (small under loom, so that the models reach every path with a few nodes).
+pub(crate) const CREDIT_CHUNK: usize = if cfg!(loom) { 2 } else { 64 };
+/// Spare units a worker keeps before it gives all but [`CREDIT_CHUNK`] back.
+pub(crate) const CREDIT_MAX: usize = if cfg!(loom) { 3 } else { 4 * CREDIT_CHUNK };
+
+/// A worker's private share of one run's in-flight count: spare units that are counted in the
+/// run's `inflight` but belong to no task. A task that completes on the worker leaves its unit
+/// here instead of decrementing the shared count, and a task the worker queues takes its unit
+/// from here instead of incrementing it; the shared count is touched once per
+/// [`CREDIT_CHUNK`] units or so, not once per node (issue 14: with every worker of a tree or a
+/// wide graph decrementing the one counter, that cache line was the bottleneck).
+///
+/// Safety of the scheme: the spare units are always counted in `inflight`, so the shared count
+/// is never below the true number of queued and running tasks, and it reaches zero only when
+/// that number is zero and no worker holds spare units (whoever gives the last units back
+/// finishes the run). While a worker holds spare units of a run, the run is alive (the count is
+/// above zero), so its `RunRef` may be dereferenced; with no spare units the stored pointer means
+/// nothing and is only compared. Liveness: a worker gives its units back ([`flush`](Self::flush))
+/// before it goes idle, before it runs a task of another run, and when a nested wait ends, so a
+/// run finishes no later than the moment its last unit's worker looks for other work.
+pub(crate) struct Credit<S> {
+    run: Cell<Option<RunRef<S>>>,
+    units: Cell<usize>,
+}
+
+impl<S> Credit<S> {
+    pub(crate) fn new() -> Self {
+        Credit {
+            run: Cell::new(None),
+            units: Cell::new(0),
+        }
+    }
+
+    #[inline]
+    fn holds(&self, run: RunRef<S>) -> bool {
+        self.run.get().is_some_and(|r| r.same(run))
+    }
+
+    /// Whether spare units of a run other than `run` are held (the caller flushes them before
+    /// it works for `run`).
+    #[inline]
+    pub(crate) fn holds_other(&self, run: RunRef<S>) -> bool {
+        self.units.get() != 0 && !self.holds(run)
+    }
+
+    /// Spare units held (tests and assertions).
+    #[cfg_attr(not(loom), allow(dead_code))]
+    pub(crate) fn units(&self) -> usize {
+        self.units.get()
+    }
+
+    /// A task of `run` is about to be queued: it takes a spare unit, or the shared count is
+    /// raised by a chunk. The caller holds a unit of `run` (the node that made the task ready).
+    /// Returns a run whose count reached zero when this worker switched runs and gave its old
+    /// units back: the caller must finish it (`Registry::finish`).
+    #[inline]
+    pub(crate) fn enter(&self, run: RunRef<S>) -> Option<RunRef<S>> {
+        let u = self.units.get();
+        if u != 0 && self.holds(run) {
+            self.units.set(u - 1);
+            return None;
+        }
+        self.enter_slow(run)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn enter_slow(&self, run: RunRef<S>) -> Option<RunRef<S>> {
+        let done = if self.holds(run) { None } else { self.flush() };
+        run.raise(CREDIT_CHUNK);
+        self.run.set(Some(run));
+        self.units.set(CREDIT_CHUNK - 1);
+        done
+    }
+
+    /// A task of `run` completed here and made nothing ready that takes over its unit: the unit
+    /// becomes a spare one. The run is not finished here (that happens when the units are
+    /// given back), but a run whose units were held before may be: see [`enter`](Self::enter).
+    #[inline]
+    pub(crate) fn leave(&self, run: RunRef<S>) -> Option<RunRef<S>> {
+        let u = self.units.get();
+        if self.holds(run) || u == 0 {
+            if u < CREDIT_MAX {
+                self.run.set(Some(run));
+                self.units.set(u + 1);
+            } else {
+                // Keep a chunk: the count stays above zero, so this cannot finish the run.
+                run.lower(u + 1 - CREDIT_CHUNK);
+                self.units.set(CREDIT_CHUNK);
+            }
+            return None;
+        }
+        let done = self.flush();
+        self.run.set(Some(run));
+        self.units.set(1);
+        done
+    }
+
+    /// Gives every spare unit back. Returns the run when that brought its count to zero: the
+    /// caller must then finish it (`Registry::finish`) and not touch it after settling that.
+    #[inline]
+    pub(crate) fn flush(&self) -> Option<RunRef<S>> {
+        let u = self.units.replace(0);
+        if u == 0 {
+            return None;
+        }
+        let run = self.run.get().expect("spare units belong to a run");
+        run.lower(u).then_some(run)
+    }
+}
+
+impl<S> fmt::Debug for Credit<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Credit({} units)", self.units.get())
+    }
+}
+
 impl<S> std::ops::Deref for RunRef<S> {
     type Target = Run<S>;
 
@@ -250,11 +393,29 @@ impl<S> std::ops::Deref for RunRef<S> {
     }
 }
 
-/// A ready node of a run, as it sits in a deque or injector. Move-only: it stands for one
-/// in-flight unit of its run, so it is completed exactly once, by whoever holds it last.
+/// A ready node of a run, as it sits in a deque or injector, or a part of a large node's
+/// successor list still to be released (a *span*, see [`Task::span`]). Move-only: it stands for
+/// one in-flight unit of its run, so it is completed exactly once, by whoever holds it last.
 pub(crate) struct Task<S> {
     run: RunRef<S>,
     pub(crate) node: u32,
+    /// 0: run `node`. Otherwise the chunks `[span >> 16, span & 0xFFFF)` of `node`'s successor
+    /// list (see [`span_chunk`]), which `node` completed without releasing them yet.
+    span: u32,
+}
+
+/// Nodes with at least this many successors hand them on as spans (`Task::span`) that workers
+/// split in halves, instead of queueing every ready successor one by one (issue 14: a million
+/// tasks pushed on one deque and stolen one CAS at a time from its one end).
+pub(crate) const SPAN_MIN: usize = if cfg!(loom) { 3 } else { 64 };
+/// A span of at most this many successors is released by the worker that holds it.
+pub(crate) const SPAN_GRAIN: usize = if cfg!(loom) { 1 } else { 32 };
+
+/// The chunk size of a successor list of `len` nodes: at most 65,535 chunks, so that a span's
+/// two ends fit in a `u32`.
+#[inline]
+pub(crate) fn span_chunk(len: usize) -> usize {
+    len.div_ceil(0xFFFF).max(1)
 }
 
 // SAFETY: a task is a (run, node) pair; `Run<S>` is shared between workers by design (its mutable
@@ -265,7 +426,24 @@ unsafe impl<S> Send for Task<S> {}
 impl<S> Task<S> {
     #[inline]
     pub(crate) fn new(run: RunRef<S>, node: u32) -> Self {
-        Task { run, node }
+        Task { run, node, span: 0 }
+    }
+
+    /// A span: chunks `lo..hi` of `node`'s successor list, to be released (`lo < hi <= 0xFFFF`).
+    #[inline]
+    pub(crate) fn span(run: RunRef<S>, node: u32, lo: usize, hi: usize) -> Self {
+        debug_assert!(lo < hi && hi <= 0xFFFF);
+        Task {
+            run,
+            node,
+            span: ((lo as u32) << 16) | hi as u32,
+        }
+    }
+
+    /// The chunks of a span task, `None` for a node task.
+    #[inline]
+    pub(crate) fn chunks(&self) -> Option<(usize, usize)> {
+        (self.span != 0).then_some(((self.span >> 16) as usize, (self.span & 0xFFFF) as usize))
     }
 
     /// The run this task belongs to: valid to dereference while this task's unit is held (it is
@@ -282,12 +460,101 @@ impl<S> fmt::Debug for Task<S> {
     }
 }
 
+/// In-degree from which a join counts its predecessors in leaf counters first (see
+/// [`WideJoins`]).
+pub(crate) const WIDE_JOIN: u32 = if cfg!(loom) { 3 } else { 256 };
+/// Predecessors, by consecutive node index, that share a leaf counter.
+const LEAF_SPAN: u32 = if cfg!(loom) { 2 } else { 128 };
+/// Counters per leaf slot in `Run::leaves`: one leaf per 128-byte line, so workers finishing
+/// neighbouring ranges of predecessors do not share a line.
+const LEAF_STRIDE: usize = if cfg!(loom) { 1 } else { 32 };
+
+/// Two-level dependency counters for the joins with at least [`WIDE_JOIN`] predecessors (issue
+/// 14: a million predecessors finishing on every worker all incremented one counter). A
+/// predecessor `p` of such a join counts in leaf `(p / LEAF_SPAN) % leaves` of the join; the one
+/// that completes a leaf (its quota, fixed here from the edges) counts once in the join's own
+/// counter, whose target is the number of non-empty leaves. Predecessors are mostly numbered in
+/// ranges and stolen in ranges, so a leaf is shared by a few workers at most. Nothing is
+/// batched or deferred: the join is ready the moment its last predecessor completes.
+#[derive(Debug, Default)]
+pub(crate) struct WideJoins {
+    /// (join node, first leaf, leaves, non-empty leaves), sorted by node.
+    joins: Box<[(u32, u32, u32, u32)]>,
+    /// The quota of each leaf, every join's leaves in a row.
+    quota: Box<[u32]>,
+}
+
+impl WideJoins {
+    /// The plan's wide joins (built once per plan, by its first run).
+    pub(crate) fn of<S>(plan: &Plan<S>) -> &WideJoins {
+        plan.wide_joins.get_or_init(|| Self::build(plan))
+    }
+
+    fn build<S>(plan: &Plan<S>) -> WideJoins {
+        let mut joins = Vec::new();
+        let mut first = 0u32;
+        for (i, spec) in plan.nodes.iter().enumerate() {
+            if spec.indegree >= WIDE_JOIN {
+                let leaves = spec.indegree.div_ceil(LEAF_SPAN);
+                joins.push((i as u32, first, leaves, 0));
+                first += leaves;
+            }
+        }
+        if joins.is_empty() {
+            return WideJoins::default();
+        }
+        let mut quota = vec![0u32; first as usize];
+        for p in 0..plan.nodes.len() as u32 {
+            for &s in plan.successors(p) {
+                if plan.nodes[s as usize].indegree >= WIDE_JOIN {
+                    let k = joins.partition_point(|j| j.0 < s);
+                    let (_, first, leaves, _) = joins[k];
+                    quota[(first + (p / LEAF_SPAN) % leaves) as usize] += 1;
+                }
+            }
+        }
+        for j in joins.iter_mut() {
+            j.3 = quota[j.1 as usize..(j.1 + j.2) as usize]
+                .iter()
+                .filter(|&&q| q > 0)
+                .count() as u32;
+        }
+        WideJoins {
+            joins: joins.into(),
+            quota: quota.into(),
+        }
+    }
+
+    /// Leaf slots a run needs.
+    fn leaves(&self) -> usize {
+        self.quota.len()
+    }
+
+    #[inline]
+    fn join(&self, node: u32) -> (u32, u32, u32, u32) {
+        let k = self.joins.partition_point(|j| j.0 < node);
+        self.joins[k]
+    }
+
+    /// What `node`'s counter counts up to: its in-degree, or its non-empty leaves when wide.
+    fn target(&self, node: u32, indegree: u32) -> u32 {
+        if indegree >= WIDE_JOIN {
+            self.join(node).3
+        } else {
+            indegree
+        }
+    }
+}
+
 pub(crate) struct Run<S> {
     pub(crate) id: u64,
     pub(crate) plan: std::sync::Arc<Plan<S>>,
     /// Finished predecessors of each node with more than one, counting up from 0 (zeroed
     /// memory; empty when the graph has no such node: one-predecessor nodes need no counter).
     pub(crate) pending: Box<[AtomicU32]>,
+    /// The leaf counters of the wide joins ([`WideJoins`]), `LEAF_STRIDE` apart (zeroed; empty
+    /// when the graph has none).
+    leaves: Box<[AtomicU32]>,
     pub(crate) slots: Slots,
     /// One-predecessor nodes whose predecessor ended without releasing them (failures only).
     unreleased: Mutex<Vec<u32>>,
@@ -306,11 +573,17 @@ impl<S> Run<S> {
     pub(crate) fn new(id: u64, plan: std::sync::Arc<Plan<S>>) -> Self {
         let n = plan.nodes.len();
         let pending = sync::zeroed_counters(if plan.joins { n } else { 0 });
+        let leaves = if plan.joins {
+            sync::zeroed_counters(WideJoins::of(&plan).leaves() * LEAF_STRIDE)
+        } else {
+            sync::zeroed_counters(0)
+        };
         let inflight = CachePadded::new(AtomicUsize::new(plan.sources.len()));
         Run {
             id,
             plan,
             pending,
+            leaves,
             slots: Slots::new(n),
             unreleased: Mutex::new(Vec::new()),
             inflight,
@@ -352,35 +625,65 @@ impl<S> Run<S> {
             self.mark_unreleased(node);
         } else {
             for &s in self.plan.successors(node) {
-                let d = self.plan.nodes[s as usize].indegree;
-                // One predecessor (the common case): ready, no shared counter at all; our
-                // output reaches the successor through the queue hand-off. Otherwise count
-                // up: a count of d - 1 seen by a predecessor that has not yet counted means it
-                // is the last one (each counts once), so the node is ready without a
-                // read-modify-write. The Acquire load (or the AcqRel increment) pairs with the
-                // other predecessors' Release increments, so their outputs are visible to
-                // whoever runs the node. The store of d keeps "released" readable for
-                // `take_result`.
-                if d != 1 {
-                    let pending = &self.pending[s as usize];
-                    if pending.load(Ordering::Acquire) == d - 1 {
-                        pending.store(d, Ordering::Relaxed);
-                    } else if pending.fetch_add(1, Ordering::AcqRel) != d - 1 {
-                        continue;
-                    }
+                if self.release_one(node, s) {
+                    ready(Task::new(RunRef::new(self), s));
+                    n += 1;
                 }
-                ready(Task::new(RunRef::new(self), s));
-                n += 1;
             }
         }
         n
     }
 
-    /// Adds one task to the in-flight count. Call it before queueing a task that a node made
-    /// ready, while the node's own unit still keeps the run alive.
+    /// Counts `node`'s completion in its successor `s`; returns whether `s` is now ready.
     #[inline]
-    pub(crate) fn enter(&self) {
-        self.inflight.fetch_add(1, Ordering::AcqRel);
+    pub(crate) fn release_one(&self, node: u32, s: u32) -> bool {
+        let d = self.plan.nodes[s as usize].indegree;
+        // One predecessor (the common case): ready, no shared counter at all; our output
+        // reaches the successor through the queue hand-off. Otherwise count up: a count of
+        // d - 1 seen by a predecessor that has not yet counted means it is the last one (each
+        // counts once), so the node is ready without a read-modify-write. The Acquire load (or
+        // the AcqRel increment) pairs with the other predecessors' Release increments, so their
+        // outputs are visible to whoever runs the node. The store of d keeps "released"
+        // readable for `take_result`.
+        if d != 1 {
+            // A wide join counts the leaf first; the leaf's last counts in the root, whose
+            // target is the join's non-empty leaves.
+            let target = if d >= WIDE_JOIN {
+                match self.leaf_arrive(node, s) {
+                    Some(roots) => roots,
+                    None => return false,
+                }
+            } else {
+                d
+            };
+            let pending = &self.pending[s as usize];
+            if pending.load(Ordering::Acquire) == target - 1 {
+                pending.store(target, Ordering::Relaxed);
+            } else if pending.fetch_add(1, Ordering::AcqRel) != target - 1 {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Counts predecessor `p`'s completion in its leaf of wide join `s`. Returns the join's root
+    /// target when `p` completed the leaf (it then counts in the root), else `None`. Orderings
+    /// as for the root: the leaf's last predecessor acquires the others' Release increments and
+    /// passes them on with its own increment of the root.
+    #[inline(never)]
+    fn leaf_arrive(&self, p: u32, s: u32) -> Option<u32> {
+        let wide = WideJoins::of(&self.plan);
+        let (_, first, leaves, roots) = wide.join(s);
+        let leaf = (first + (p / LEAF_SPAN) % leaves) as usize;
+        let quota = wide.quota[leaf];
+        let counter = &self.leaves[leaf * LEAF_STRIDE];
+        if counter.load(Ordering::Acquire) == quota - 1
+            || counter.fetch_add(1, Ordering::AcqRel) == quota - 1
+        {
+            Some(roots)
+        } else {
+            None
+        }
     }
 
     /// Marks `node`'s one-predecessor successors as never released. Their counters are not
@@ -388,14 +691,16 @@ impl<S> Run<S> {
     /// from released ones. Only on the failure path.
     #[cold]
     fn mark_unreleased(&self, node: u32) {
+        self.mark_unreleased_of(self.plan.successors(node));
+    }
+
+    /// Marks the one-predecessor nodes of `succ` (successors of one node) as never released;
+    /// a span that finds its run failed marks the part it did not release.
+    #[cold]
+    pub(crate) fn mark_unreleased_of(&self, succ: &[u32]) {
         let nodes = &self.plan.nodes;
         let mut list = sync::lock(&self.unreleased);
-        list.extend(
-            self.plan
-                .successors(node)
-                .iter()
-                .filter(|&&s| nodes[s as usize].indegree == 1),
-        );
+        list.extend(succ.iter().filter(|&&s| nodes[s as usize].indegree == 1));
     }
 
     /// Nodes that were never released: a counter below the in-degree for several predecessors;
@@ -423,7 +728,11 @@ impl<S> Run<S> {
                         u = self.plan.predecessors(u as u32)[0] as usize;
                         continue;
                     }
-                    d if self.pending[u].load(Ordering::Relaxed) == d => 1,
+                    d if self.pending[u].load(Ordering::Relaxed)
+                        == WideJoins::of(&self.plan).target(u as u32, d) =>
+                    {
+                        1
+                    }
                     _ => 2,
                 };
                 state[u] = s;

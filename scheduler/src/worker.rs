@@ -19,7 +19,7 @@ use crate::ids::{Placement, ANY_GROUP, DOMAIN_BIT};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::priority::{poll_order, Priority, WorkerDeques};
 use crate::registry::{Finished, Registry};
-use crate::run::{Completion, Run, RunRef, Task};
+use crate::run::{span_chunk, Completion, Credit, Run, RunRef, Task, SPAN_GRAIN, SPAN_MIN};
 use crate::sync::{self, Condvar, Mutex, Ordering};
 
 /// Nodes between two service points of a busy worker (idle hook, metrics flush, timing
@@ -188,6 +188,9 @@ pub(crate) fn main<S: Send + 'static>(
         state,
         deferred: RefCell::new(Vec::new()),
         finished: RefCell::new(Vec::new()),
+        credit: Credit::new(),
+        helped: Cell::new(false),
+        nesting: Cell::new(0),
         defer_slot: Cell::new(None),
         stolen: Cell::new(false),
         rng: Cell::new(
@@ -347,6 +350,15 @@ pub(crate) struct WorkerThread<S> {
     deferred: RefCell<Vec<Deferred<S>>>,
     /// Runs that finished here, to settle once no frame holds a reference to them.
     finished: RefCell<Vec<Finished<S>>>,
+    /// Spare in-flight units of one run (see `Credit`): node completions and hand-offs on this
+    /// worker touch no shared count.
+    credit: Credit<S>,
+    /// A body running here waited for a nested graph and ran other nodes meanwhile (their
+    /// counts are in `nodes_run`; the chain loop re-reads it).
+    helped: Cell<bool>,
+    /// Nested waits (`help_until`) and spans (`run_span`) in progress on this worker: while
+    /// there are any, a chain does not go on with the deque's top (`pop_local_of`).
+    nesting: Cell<u32>,
     /// What the running node's body passed to `NodeCtx::complete_when`, taken after the body.
     defer_slot: Cell<Option<DeferFn<S>>>,
     flusher: RefCell<Flusher>,
@@ -360,8 +372,11 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
         // The waiting body may already have deferred its completion: keep that apart while
         // other nodes run here, and put it back for the waiting node.
         let waiting = self.defer_slot.take();
+        self.nesting.set(self.nesting.get() + 1);
         let done = self.help_loop(c, deadline);
+        self.nesting.set(self.nesting.get() - 1);
         self.defer_slot.set(waiting);
+        self.helped.set(true);
         done
     }
 
@@ -376,6 +391,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         let mut idle_rounds = 0;
         while !c.is_done() {
             if deadline.is_some_and(|d| Instant::now() >= d) {
+                self.flush_credit();
                 return false;
             }
             if let Some(t) = self.find_task() {
@@ -390,6 +406,8 @@ impl<S: Send + 'static> WorkerThread<S> {
                 }
             }
         }
+        // The waiting body goes on, maybe for long: runs helped along here must not wait for it.
+        self.flush_credit();
         true
     }
 
@@ -434,6 +452,8 @@ impl<S: Send + 'static> WorkerThread<S> {
             } else if self.poll_deferred() {
                 idle_rounds = 0;
             } else if self.registry.is_terminated() && self.deferred.borrow().is_empty() {
+                // Spare units keep their run in the table, so none are left at termination.
+                debug_assert_eq!(self.credit.units(), 0);
                 break;
             } else {
                 self.go_idle(&mut idle_rounds, &|| false, None);
@@ -445,8 +465,81 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// here (one landing pad for the whole chain instead of a `catch_unwind` per node); the
     /// chain loop keeps the running node in `running`, so the landing pad knows which failed.
     fn execute(&self, task: Task<S>) {
-        self.execute_task(task);
+        if self.credit.holds_other(task.run()) {
+            self.flush_credit();
+        }
+        match task.chunks() {
+            None => self.execute_task(task),
+            Some((lo, hi)) => self.run_span(task.run(), task.node, lo, hi),
+        }
         self.settle_finished();
+    }
+
+    /// Releases chunks `lo..hi` of node `i`'s successor list (a span task, which holds one
+    /// unit of `run`): while the span is larger than [`SPAN_GRAIN`] successors, its upper half
+    /// is queued here for a thief (a wide fan-out reaches every worker in a few steals of
+    /// halves, as rayon splits a parallel iterator), then the rest is released in order, each
+    /// ready successor that may run here run at once, the others queued where they belong.
+    #[inline(never)]
+    fn run_span(&self, run: RunRef<S>, i: u32, lo: usize, mut hi: usize) {
+        let succ: &[u32] = run.plan.successors(i);
+        let chunk = span_chunk(succ.len());
+        while hi - lo > 1 && (hi - lo) * chunk > SPAN_GRAIN {
+            let mid = lo + (hi - lo) / 2;
+            if let Some(done) = self.credit.enter(run) {
+                self.finish_run(done);
+            }
+            self.local.push(Task::span(run, i, mid, hi));
+            self.registry.sleep.notify_local(self.group);
+            hi = mid;
+        }
+        let part = &succ[lo * chunk..(hi * chunk).min(succ.len())];
+        // The successors run from here, one at a time: the deque's top is this span's upper
+        // halves, which `pop_local_of` would only pop and push back after each of them.
+        self.nesting.set(self.nesting.get() + 1);
+        for (k, &s) in part.iter().enumerate() {
+            if run.is_failed() {
+                run.mark_unreleased_of(&part[k..]);
+                break;
+            }
+            if !run.release_one(i, s) {
+                continue;
+            }
+            if let Some(done) = self.credit.enter(run) {
+                self.finish_run(done);
+            }
+            let spec = &run.plan.nodes[s as usize];
+            // Run here what would otherwise go to this deque (any worker's, or this group's);
+            // a domain's nodes go to its injector, where every group of it looks.
+            let p = spec.placement_bits();
+            if (p == ANY_GROUP || p == self.group as u32) && !spec.is_prioritized() {
+                self.execute_task(Task::new(run, s));
+            } else if self.queue(Task::new(run, s), spec.placement(), spec.is_prioritized()) {
+                self.registry.sleep.notify_local(self.group);
+            }
+        }
+        self.nesting.set(self.nesting.get() - 1);
+        // The span's own unit; `succ` and `part` are not used past here.
+        if let Some(done) = self.credit.leave(run) {
+            self.finish_run(done);
+        }
+    }
+
+    /// Gives this worker's spare in-flight units back (see `Credit`), finishing their run if
+    /// that was the last of it, and settles what finished.
+    #[inline]
+    fn flush_credit(&self) {
+        if let Some(run) = self.credit.flush() {
+            self.finish_run(run);
+        }
+        self.settle_finished();
+    }
+
+    /// `run`'s count reached zero here: this worker has it to itself until it is settled (in
+    /// `settle_finished`, once no frame holding a `&Run` argument of it is live).
+    #[cold]
+    fn finish_run(&self, run: RunRef<S>) {
+        self.finished.borrow_mut().push(self.registry.finish(&run));
     }
 
     /// Settles the runs that finished on this worker since the last call. Called only where no
@@ -535,6 +628,14 @@ impl<S: Send + 'static> WorkerThread<S> {
                 let res = spec.body.run(&ctx);
                 *running = NO_NODE;
                 n += 1;
+                if self.helped.get() {
+                    // The body waited for a nested graph and ran other nodes here, which
+                    // counted themselves: a stale `n` would set the count back (and the metrics
+                    // flush would see it go down). A flag, not a re-read of the count per node:
+                    // that put a store-to-load round trip on every link of a chain.
+                    self.helped.set(false);
+                    n = counters.nodes_run.get() + 1;
+                }
                 let mut end = None;
                 if let (Some(t), Some(tick)) = (sink, tick) {
                     // Before the node completes, so a trace taken once its graph is done has it.
@@ -580,10 +681,28 @@ impl<S: Send + 'static> WorkerThread<S> {
                 }
             };
             n = counters.nodes_run.get();
-            match next {
+            match next.or_else(|| self.pop_local_of(run)) {
                 Some(s) => node = s,
                 None => return,
             }
+        }
+    }
+
+    /// The newest task of this worker's deque, if it is a node of `run`: the chain loop goes on
+    /// with it (a tree's leaf is followed by its sibling without a trip through `find_task` and a
+    /// new chain). Not while nested in a wait (the helper checks its graph between tasks) or a
+    /// span (see `run_span`), nor in a pool with priorities (`find_task` orders the levels).
+    #[inline]
+    fn pop_local_of(&self, run: RunRef<S>) -> Option<u32> {
+        if self.nesting.get() != 0 || self.registry.prioritized.load(Ordering::Relaxed) {
+            return None;
+        }
+        let t = self.local.pop()?;
+        if t.chunks().is_none() && t.run().same(run) {
+            Some(t.node)
+        } else {
+            self.local.push(t);
+            None
         }
     }
 
@@ -817,6 +936,9 @@ impl<S: Send + 'static> WorkerThread<S> {
         condition: &dyn Fn() -> bool,
         deadline: Option<Instant>,
     ) {
+        // Before anything else: a run whose last task ended here finishes now, not when this
+        // worker next finds work.
+        self.flush_credit();
         if *idle_rounds == 0 && self.deferred.borrow().is_empty() && self.spin(condition) {
             return;
         }
@@ -1007,14 +1129,26 @@ impl<S: Send + 'static> WorkerThread<S> {
     }
 
     /// Releases the successors of a node that has more than one, or whose one successor may
-    /// be waiting on others or run elsewhere. The first ready one that may run here becomes the
+    /// be waiting on others or run elsewhere (a node with [`SPAN_MIN`] or more hands them to a
+    /// span task, see `run_span`). The first ready one that may run here becomes the
     /// continuation and takes over the node's in-flight unit. The others are queued; each
-    /// enters the in-flight count before it is queued, so the node's own unit keeps the run
-    /// alive until the loop is over, except the last one when there is no continuation: it
-    /// takes over the node's unit (no count traffic for a node whose one successor runs on
+    /// takes a unit from this worker's credit before it is queued, so the node's own unit keeps
+    /// the run alive until the loop is over, except the last one when there is no continuation:
+    /// it takes over the node's unit (no count traffic for a node whose one successor runs on
     /// another worker), and the run is not touched after it is queued.
     #[inline(never)]
     fn complete_general(&self, run: RunRef<S>, i: u32, ok: bool) -> Option<u32> {
+        if ok {
+            let fan_out = run.plan.successors(i).len();
+            if fan_out >= SPAN_MIN && !run.is_failed() {
+                // A wide fan-out: one span task, which takes over the node's unit, instead of a
+                // task per successor. Queued (popped next, here) rather than run from this
+                // frame, so that fan-outs that follow fan-outs do not nest.
+                let chunks = fan_out.div_ceil(span_chunk(fan_out));
+                self.local.push(Task::span(run, i, 0, chunks));
+                return None;
+            }
+        }
         let nodes = &run.plan.nodes;
         let mut cont = None;
         let mut held: Option<(Task<S>, Placement, bool)> = None;
@@ -1028,14 +1162,18 @@ impl<S: Send + 'static> WorkerThread<S> {
             if let Some((prev, place, prio)) =
                 held.replace((t, spec.placement(), spec.is_prioritized()))
             {
-                run.enter();
+                if let Some(done) = self.credit.enter(run) {
+                    self.finish_run(done);
+                }
                 pushed_here |= self.queue(prev, place, prio);
             }
         });
         match (cont, held) {
             (_, None) => {}
             (Some(_), Some((t, place, prio))) => {
-                run.enter();
+                if let Some(done) = self.credit.enter(run) {
+                    self.finish_run(done);
+                }
                 pushed_here |= self.queue(t, place, prio);
             }
             (None, Some((t, place, prio))) => {
@@ -1050,11 +1188,13 @@ impl<S: Send + 'static> WorkerThread<S> {
         if pushed_here {
             self.registry.sleep.notify_local(self.group);
         }
-        if cont.is_none() && run.leave() {
-            // The count reached zero: this worker has the run to itself. `leave` returning
-            // `false` would mean the unit is gone and `run` must not be dereferenced again.
-            // Settled in `execute`, once no frame holding a `&Run` argument of it is live.
-            self.finished.borrow_mut().push(self.registry.finish(&run));
+        if cont.is_none() {
+            // The node's unit becomes a spare one of this worker (`Credit`): the run finishes
+            // when the spare units are given back, not here, unless the switch gave back
+            // another run's last units.
+            if let Some(done) = self.credit.leave(run) {
+                self.finish_run(done);
+            }
         }
         cont
     }
@@ -1115,8 +1255,11 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// Polls deferred completions; returns whether any completed.
+    /// Polls deferred completions; returns whether any completed. Called when nothing was
+    /// queued: a run whose last node ended here is finished first (its spare units given back),
+    /// not after the polls.
     fn poll_deferred(&self) -> bool {
+        self.flush_credit();
         if self.deferred.borrow().is_empty() {
             return false;
         }

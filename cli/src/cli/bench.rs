@@ -3,7 +3,9 @@
 use std::process::ExitCode;
 
 use boundpool::default_workers;
-use boundpool_bench::workloads::{bench_shapes, BenchConfig, BenchRow};
+use boundpool_bench::workloads::{
+    bench_scaling, bench_shapes, scaling_workers, BenchConfig, BenchRow, ScalingRow,
+};
 
 use super::progress::Progress;
 use crate::BenchArgs;
@@ -24,6 +26,9 @@ pub(crate) fn main(a: BenchArgs) -> ExitCode {
     if threads == 0 {
         eprintln!("boundpool bench: --threads must be at least 1");
         return ExitCode::from(2);
+    }
+    if a.scaling {
+        return scaling(&a, threads);
     }
     let cfg = BenchConfig {
         threads,
@@ -79,6 +84,75 @@ fn table(rows: &[BenchRow], threads: usize, runs: usize) -> String {
             s,
             "{:<10} {:<16} {:>9} {:>10.1} {:>14}",
             r.shape, r.implementation, r.nodes, r.ns_per_node, ratio
+        );
+    }
+    s
+}
+
+/// `bench --scaling`: every shape at 1, 2, 4, ... workers up to `max`.
+fn scaling(a: &BenchArgs, max: usize) -> ExitCode {
+    let workers = scaling_workers(max);
+    let mut progress = Progress::new(1000, "bench --scaling", a.quiet);
+    let rows = bench_scaling(&workers, a.runs, a.scale, |done, total| {
+        progress.set(done as u64 * 1000 / total.max(1) as u64);
+    });
+    progress.finish();
+    if a.json {
+        match serde_json::to_string_pretty(&rows) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("boundpool bench: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        print!("{}", scaling_table(&rows, a.runs));
+    }
+    ExitCode::SUCCESS
+}
+
+fn scaling_table(rows: &[ScalingRow], runs: usize) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "median of {runs} run(s); ns/node: wall time per node; speedup: over the same \
+         implementation on 1 worker; rayon: the better rayon-core variant at that worker count; \
+         vs rayon: boundpool ns/node / rayon's (lower is better)"
+    );
+    let _ = writeln!(
+        s,
+        "{:<10} {:>7} {:>9} {:>10} {:>8} {:>10} {:>8} {:>9}",
+        "shape", "workers", "nodes", "boundpool", "speedup", "rayon", "speedup", "vs rayon"
+    );
+    for bp in rows.iter().filter(|r| r.implementation == "boundpool") {
+        let rayon = rows
+            .iter()
+            .filter(|r| {
+                r.shape == bp.shape
+                    && r.workers == bp.workers
+                    && r.implementation.starts_with("rayon")
+            })
+            .min_by(|x, y| x.ns_per_node.total_cmp(&y.ns_per_node));
+        let (rns, rsp, vs) = match rayon {
+            Some(r) => (
+                format!("{:.1}", r.ns_per_node),
+                format!("{:.2}x", r.speedup),
+                format!("{:.2}", bp.ns_per_node / r.ns_per_node),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        let _ = writeln!(
+            s,
+            "{:<10} {:>7} {:>9} {:>10.1} {:>8} {:>10} {:>8} {:>9}",
+            bp.shape,
+            bp.workers,
+            bp.nodes,
+            bp.ns_per_node,
+            format!("{:.2}x", bp.speedup),
+            rns,
+            rsp,
+            vs
         );
     }
     s

@@ -203,6 +203,8 @@ pub(crate) struct Plan<S> {
     /// (start, list), built from the successor lists the first time a node asks for its
     /// predecessors: graphs whose nodes never read inputs never pay for them.
     pub(super) preds: OnceLock<Csr>,
+    /// The joins with many predecessors and their leaf counters, built by the first run.
+    pub(crate) wide_joins: OnceLock<crate::run::WideJoins>,
     pub(crate) names: NameTable,
     pub(crate) sources: Box<[u32]>,
     /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.

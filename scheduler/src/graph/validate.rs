@@ -115,6 +115,7 @@ impl<S> Plan<S> {
             edges: b.edges,
             joins: b.joins,
             preds: OnceLock::new(),
+            wide_joins: OnceLock::new(),
             names: b.names.shrunk(),
             sources: sources.into_boxed_slice(),
             valued: b.valued.into_boxed_slice(),
