@@ -83,6 +83,7 @@ mod node;
 mod pool;
 #[cfg(feature = "bench-internals")]
 mod probe;
+mod replay;
 mod timing;
 mod worker;
 
@@ -100,6 +101,7 @@ pub use module::{builtin, Kernel, Module};
 pub use node::{
     GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,
 };
+pub use replay::{RNode, ReplayBuilder, ReplayCtx, ReplayOutput, ReplayStats, Replayable};
 pub use pool::{Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]

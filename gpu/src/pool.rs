@@ -464,6 +464,11 @@ impl GpuDevice {
     pub fn events_created(&self) -> usize {
         self.shared.events_created()
     }
+    /// Replay executables (`Replayable`) instantiated on this device and not yet destroyed
+    /// (a dropped one is destroyed by a worker of the device, soon after the drop).
+    pub fn replay_executables(&self) -> usize {
+        self.shared.execs_live()
+    }
     /// Timing events created so far for the trace's GPU stream tracks (recycled; always 0
     /// when the pool does not record a trace).
     pub fn timing_events_created(&self) -> usize {
