@@ -201,9 +201,17 @@ impl Launch<'_, '_, '_> {
             ));
         }
         let b = self.ctx.b;
-        let f = b
-            .function(self.kernel)
-            .map_err(|e| e.prefixed(&self.ctx.what()))?;
+        let f = match self.ctx.capture {
+            // A kernel's first use loads its module: outside the capture's view (relaxed mode).
+            Some(c) => {
+                let mode = c.relax(self.ctx)?;
+                let f = b.function(self.kernel);
+                c.unrelax(self.ctx, mode, false)?;
+                f
+            }
+            None => b.function(self.kernel),
+        }
+        .map_err(|e| e.prefixed(&self.ctx.what()))?;
         let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_KERNEL_ARGS];
         for (p, a) in ptrs.iter_mut().zip(self.args.iter_mut()).take(self.n) {
             *p = a as *mut u64 as *mut c_void;

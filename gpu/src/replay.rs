@@ -5,11 +5,11 @@
 //! every time like host nodes, for per-run uploads and downloads) and host nodes
 //! ([`ReplayBuilder::host_node`]). [`ReplayBuilder::build`] makes a [`Replayable`]:
 //!
-//! * **Segments.** Captured nodes are split into segments: a segment is a connected set of
-//!   captured nodes of one device with no host node, eager node or other device on a path
-//!   between two of them (the "cut level" of a node, the most host nodes, eager nodes and device
-//!   changes on a path from a source to it, is equal inside a segment and grows along every
-//!   edge between segments, so segments and the other nodes form a DAG). Each segment becomes
+//! * **Segments.** Captured nodes are split into segments by *cut level* (the most host nodes,
+//!   eager nodes and device changes on a path from a source to the node) and device: a path
+//!   between two nodes of a segment keeps the level, so it has no host node, eager node or other
+//!   device on it, and every edge between segments raises the level, so segments and the other
+//!   nodes form a DAG. Independent nodes of a level share a segment. Each segment becomes
 //!   one CUDA graph per instance, launched by one GPU node of the scheduler graph; host and
 //!   eager nodes stay scheduler nodes, so they run every time, in DAG order, between the
 //!   segments, and a host node after a segment waits for it the way host successors of GPU
@@ -298,31 +298,16 @@ impl ReplayBuilder {
                 level[v as usize] = level[v as usize].max(level[p as usize] + inc);
             }
         }
-        // Segments: captured nodes joined by level-keeping, same-device edges (union-find).
-        let mut parent: Vec<u32> = (0..n as u32).collect();
-        fn find(p: &mut [u32], mut x: u32) -> u32 {
-            while p[x as usize] != x {
-                p[x as usize] = p[p[x as usize] as usize];
-                x = p[x as usize];
-            }
-            x
-        }
-        for &(a, b) in &seen {
-            let (da, db) = (device_of(a), device_of(b));
-            if da.is_some() && da == db && level[a as usize] == level[b as usize] {
-                let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
-                parent[ra as usize] = rb;
-            }
-        }
+        // Segments: the captured nodes of one cut level and one device (a path between two of
+        // them keeps the level, so it passes only through captured nodes of that device: the
+        // segment is convex; an edge between segments raises the level: they form a DAG).
+        // Independent nodes of a level share one CUDA graph.
+        let mut seg_key: std::collections::HashMap<(u64, i32), u32> = Default::default();
         let mut seg_of: Vec<Option<u32>> = vec![None; n];
-        let mut root_seg: Vec<Option<u32>> = vec![None; n];
         let mut segments: Vec<Vec<u32>> = Vec::new();
         for &v in &order {
-            if device_of(v).is_none() {
-                continue;
-            }
-            let r = find(&mut parent, v) as usize;
-            let s = *root_seg[r].get_or_insert_with(|| {
+            let Some(d) = device_of(v) else { continue };
+            let s = *seg_key.entry((level[v as usize], d)).or_insert_with(|| {
                 segments.push(Vec::new());
                 (segments.len() - 1) as u32
             });
@@ -1063,6 +1048,8 @@ fn capture_segment(
     };
     let local: RefCell<Vec<Option<Out>>> = RefCell::new(vec![None; desc.names.len()]);
     let mut tails: Vec<Vec<GraphNode>> = vec![Vec::new(); desc.names.len()];
+    // The capture's current dependency set (empty at the start).
+    let mut current: Vec<GraphNode> = Vec::new();
     for &m in &desc.segments[k as usize] {
         let mut deps: Vec<GraphNode> = Vec::new();
         for &p in &desc.preds[m as usize] {
@@ -1074,8 +1061,11 @@ fn capture_segment(
                 }
             }
         }
-        driver::capture_set_dependencies(ctx, cs, &deps)
-            .map_err(|e| drv("cuStreamUpdateCaptureDependencies", e))?;
+        // The capture's tail is the last member's: a chain needs no update at all.
+        if deps != current {
+            driver::capture_set_dependencies(ctx, cs, &deps)
+                .map_err(|e| drv("cuStreamUpdateCaptureDependencies", e))?;
+        }
         let mctx = GpuCtx {
             node: gctx.node(),
             b,
@@ -1124,6 +1114,7 @@ fn capture_segment(
         }
         tails[m as usize] =
             driver::capture_dependencies(ctx, cs).map_err(|e| drv("cuStreamGetCaptureInfo", e))?;
+        current.clone_from(&tails[m as usize]);
     }
     let graph = guard
         .finish()
