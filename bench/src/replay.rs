@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use boundpool_gpu::{
-    baselines, builtin, BoxError, DeviceBuffer, Devices, GpuDevice, GpuGraph,
-    GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, GpuResult, Kernel, LaunchConfig,
-    Module, RNode, ReplayBuilder, ReplayCtx, Replayable,
+    baselines, builtin, BoxError, DeviceBuffer, Devices, GpuDevice, GpuGraph, GpuGraphBuilder,
+    GpuGraphExt, GpuPool, GpuPoolBuilder, GpuResult, Kernel, LaunchConfig, Module, RNode,
+    ReplayBuilder, ReplayCtx, Replayable,
 };
 
 use crate::workloads::{Dag, Shape};
@@ -337,7 +337,8 @@ fn update_row(
     mut tick: impl FnMut(usize),
 ) -> Result<UpdateRow, BoxError> {
     let set = Module::builtin().kernel(builtin::SET_I64)?;
-    let slots: Arc<DeviceBuffer<i64>> = Arc::new(pool.call(dev, move |c| Ok(c.alloc_zeros::<i64>(nodes)?))?);
+    let slots: Arc<DeviceBuffer<i64>> =
+        Arc::new(pool.call(dev, move |c| Ok(c.alloc_zeros::<i64>(nodes)?))?);
     let (mut fresh, mut upd, mut exec_upd) = (vec![], vec![], vec![]);
     let mut in_place = true;
     for round in 0..rounds {
@@ -373,11 +374,14 @@ fn update_row(
         exec_upd.push(us(s1.update_time));
         let s2 = slots.clone();
         let got = pool.download(&s2)?;
-        let want: Vec<i64> = (0..nodes as i64).map(|i| round as i64 * 10 + 5 + i).collect();
+        let want: Vec<i64> = (0..nodes as i64)
+            .map(|i| round as i64 * 10 + 5 + i)
+            .collect();
         if got != want {
-            return Err(
-                format!("update bench round {round}: the updated graph wrote wrong values").into(),
-            );
+            return Err(format!(
+                "update bench round {round}: the updated graph wrote wrong values"
+            )
+            .into());
         }
         tick(round);
     }
@@ -395,7 +399,17 @@ pub fn table(rows: &[ReplayRow], upd: &UpdateRow) -> String {
     let mut s = String::new();
     s.push_str(&format!(
         "{:<12} {:>6} {:>11} {:>11} {:>11} {:>9} {:>9} {:>12} {:>10} {:>10} {:>10}\n",
-        "shape", "nodes", "eager us", "replay us", "raw us", "vs raw", "speedup", "nodes/s", "capture/n", "inst/n", "raw inst/n"
+        "shape",
+        "nodes",
+        "eager us",
+        "replay us",
+        "raw us",
+        "vs raw",
+        "speedup",
+        "nodes/s",
+        "capture/n",
+        "inst/n",
+        "raw inst/n"
     ));
     for r in rows {
         s.push_str(&format!(

@@ -34,12 +34,18 @@ fn without_a_gpu_run_and_bench_exit_2() {
     }
     for args in [
         &["run", "--gpu", "--shape", "chain", "--size", "10"][..],
-        &["run", "--gpu", "--replay", "--shape", "wide", "--size", "10"][..],
+        &[
+            "run", "--gpu", "--replay", "--shape", "wide", "--size", "10",
+        ][..],
         &["bench", "--gpu", "--json"][..],
     ] {
         let o = run(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
-        assert!(text(&o.stderr).contains("no GPU"), "{args:?}: {}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains("no GPU"),
+            "{args:?}: {}",
+            text(&o.stderr)
+        );
         assert_eq!(text(&o.stdout), "", "{args:?}");
     }
     // --replay needs --gpu.
@@ -54,7 +60,9 @@ fn run_gpu_shapes_eager_and_replayed() {
     }
     for shape in ["chain", "tree", "wide", "wavefront", "random"] {
         for replay in [false, true] {
-            let mut args = vec!["run", "--gpu", "--shape", shape, "--size", "300", "--repeat", "3", "--json"];
+            let mut args = vec![
+                "run", "--gpu", "--shape", shape, "--size", "300", "--repeat", "3", "--json",
+            ];
             if replay {
                 args.push("--replay");
             }
@@ -69,7 +77,10 @@ fn run_gpu_shapes_eager_and_replayed() {
             if replay {
                 assert!(v["segments"].as_u64() >= Some(1), "{v}");
                 assert!(v["capture_us_per_node"].as_f64() > Some(0.0), "{v}");
-                assert_eq!(v["captured_nodes"], v["nodes"], "one kernel node per node: {v}");
+                assert_eq!(
+                    v["captured_nodes"], v["nodes"],
+                    "one kernel node per node: {v}"
+                );
             }
         }
     }
@@ -93,7 +104,14 @@ fn bench_gpu_json_has_every_row() {
         if shape == "update" {
             assert!(r["update_vs_fresh"].as_f64() > Some(0.0), "{r}");
         } else {
-            for k in ["eager_us", "replay_us", "raw_us", "replay_vs_raw", "capture_us_per_node", "instantiate_us_per_node"] {
+            for k in [
+                "eager_us",
+                "replay_us",
+                "raw_us",
+                "replay_vs_raw",
+                "capture_us_per_node",
+                "instantiate_us_per_node",
+            ] {
                 assert!(r[k].as_f64() > Some(0.0), "{shape}: {k}: {r}");
             }
         }

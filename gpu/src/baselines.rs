@@ -554,12 +554,8 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<Raw
         let mut res = Ok(());
         for i in 0..runs + 3 {
             let t = Instant::now();
-            let r = drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s)).and_then(|()| {
-                drv(
-                    "cuStreamSynchronize",
-                    driver::stream_synchronize(ctx, s),
-                )
-            });
+            let r = drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s))
+                .and_then(|()| drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s)));
             if let Err(e) = r {
                 res = Err(e);
                 break;

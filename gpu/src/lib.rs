@@ -101,11 +101,11 @@ pub use module::{builtin, Kernel, Module};
 pub use node::{
     GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,
 };
-pub use replay::{RNode, ReplayBuilder, ReplayCtx, ReplayOutput, ReplayStats, Replayable};
 pub use pool::{Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub use probe::probe;
+pub use replay::{RNode, ReplayBuilder, ReplayCtx, ReplayOutput, ReplayStats, Replayable};
 pub use worker::GpuWorker;
 
 /// Re-exports of the scheduler types GPU graphs use.

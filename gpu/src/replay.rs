@@ -823,6 +823,8 @@ impl Replayable {
                 let made = self.make_instance();
                 if made.is_err() {
                     self.pool.lock().unwrap_or_else(|e| e.into_inner()).made -= 1;
+                    // A waiter may make it instead.
+                    self.freed.notify_all();
                 }
                 return made;
             }
@@ -880,21 +882,23 @@ impl Replayable {
             let (st, r2) = (state.clone(), refs.clone());
             let r = match &desc.kinds[i] {
                 Kind::Captured(_) => seg_nodes[desc.seg_of[i].expect("captured") as usize],
-                Kind::Eager(dev) => g.gpu_node(dev, &desc.names[i], move |gctx: &GpuCtx<'_, '_>| {
-                    let refs = r2.get().map(Vec::as_slice).unwrap_or(&[]);
-                    let c = ReplayCtx {
-                        gpu: Some(gctx),
-                        node: gctx.node(),
-                        me,
-                        desc: &st.desc,
-                        src: Source::Replay {
-                            refs,
-                            state: &st,
-                            capture: None,
-                        },
-                    };
-                    (st.desc.bodies[i])(&c)
-                }),
+                Kind::Eager(dev) => {
+                    g.gpu_node(dev, &desc.names[i], move |gctx: &GpuCtx<'_, '_>| {
+                        let refs = r2.get().map(Vec::as_slice).unwrap_or(&[]);
+                        let c = ReplayCtx {
+                            gpu: Some(gctx),
+                            node: gctx.node(),
+                            me,
+                            desc: &st.desc,
+                            src: Source::Replay {
+                                refs,
+                                state: &st,
+                                capture: None,
+                            },
+                        };
+                        (st.desc.bodies[i])(&c)
+                    })
+                }
                 Kind::Host => g.node(
                     desc.names[i].clone(),
                     move |node: &NodeCtx<'_, GpuWorker>| {
@@ -952,7 +956,11 @@ fn run_segment(
         match capture_segment(st, k, gctx, refs, &mut seg) {
             Ok(()) => seg.generation = Some(generation),
             Err(e) => {
-                st.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).failed_captures += 1;
+                st.shared
+                    .stats
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .failed_captures += 1;
                 return Err(Box::new(e));
             }
         }

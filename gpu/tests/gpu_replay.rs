@@ -41,7 +41,9 @@ fn kernels() -> Kernels {
 
 /// A seeded random DAG: node `i` after up to 3 of the 16 nodes before it.
 fn random_preds(n: usize, seed: u64) -> Vec<Vec<usize>> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let mut next = move || {
         x = x
             .wrapping_mul(6364136223846793005)
@@ -247,10 +249,7 @@ fn random_dag_replayed_100_times_matches_eager() {
         Arc::new(move || n2.load(Ordering::SeqCst)),
         Duration::ZERO,
     );
-    assert!(
-        t.replay.segments() >= 1,
-        "the captured nodes form segments"
-    );
+    assert!(t.replay.segments() >= 1, "the captured nodes form segments");
     for run in 0..100i64 {
         let v = run * 7919 - 300;
         next.store(v, Ordering::SeqCst);
@@ -311,8 +310,12 @@ fn eager_graphs_run_on_other_workers_during_a_capture() {
     let dev = p.devices()[0].clone();
     let threads: Vec<_> = (0..3)
         .map(|th| {
-            let (p, capturing, eager_done, dev) =
-                (p.clone(), capturing.clone(), eager_done.clone(), dev.clone());
+            let (p, capturing, eager_done, dev) = (
+                p.clone(),
+                capturing.clone(),
+                eager_done.clone(),
+                dev.clone(),
+            );
             std::thread::spawn(move || {
                 let k = kernels();
                 let mut i = 0i64;
@@ -341,7 +344,11 @@ fn eager_graphs_run_on_other_workers_during_a_capture() {
                     let mut out = h
                         .wait()
                         .unwrap_or_else(|e| panic!("eager graph during a capture: {}", chain(&e)));
-                    assert_eq!(out.take(r).unwrap(), vec![v], "eager graph during a capture");
+                    assert_eq!(
+                        out.take(r).unwrap(),
+                        vec![v],
+                        "eager graph during a capture"
+                    );
                     eager_done.fetch_add(1, Ordering::SeqCst);
                     i += 1;
                 }
@@ -497,7 +504,12 @@ fn host_nodes_run_every_time_between_segments() {
         let g = cx.gpu()?;
         Ok(g.download(&*cx.input(c)?)?[0])
     });
-    bld.edge(a, h1).edge(h1, b).edge(a, b).edge(b, h2).edge(h2, c).edge(b, c);
+    bld.edge(a, h1)
+        .edge(h1, b)
+        .edge(a, b)
+        .edge(b, h2)
+        .edge(h2, c)
+        .edge(b, c);
     bld.edge(c, read);
     let r = bld.build().unwrap();
     assert_eq!(r.segments(), 3, "a, b and c are separate segments");
@@ -507,7 +519,11 @@ fn host_nodes_run_every_time_between_segments() {
         let out = r
             .run(&p)
             .unwrap_or_else(|e| panic!("run {run}: {}", chain(&e)));
-        assert_eq!(*out.get(read).unwrap(), 111, "run {run}: c = 100 + (10 + 1)");
+        assert_eq!(
+            *out.get(read).unwrap(),
+            111,
+            "run {run}: c = 100 + (10 + 1)"
+        );
     }
     let log = log.lock().unwrap();
     assert_eq!(log.len(), 100, "h1 and h2 ran every time: {log:?}");
@@ -636,11 +652,7 @@ fn a_thousand_replays_keep_memory_and_executables_stable() {
         exec10,
         "executables grew over 1000 replays"
     );
-    assert_eq!(
-        dev.replay_executables(),
-        dexec10,
-        "device executables grew"
-    );
+    assert_eq!(dev.replay_executables(), dexec10, "device executables grew");
     // Release of the eager nodes' temporaries is asynchronous: allow the queue to drain.
     let t0 = Instant::now();
     while dev.live_allocations() > allocs10 && t0.elapsed() < Duration::from_secs(5) {
@@ -796,15 +808,31 @@ fn update_changes_arguments_in_place_and_reinstantiates_on_new_topology() {
     r.update();
     assert_eq!(*r.run(&p).unwrap().get(read).unwrap(), 4, "after update");
     let s = r.stats();
-    assert_eq!((s.instantiations, s.updates, s.update_fallbacks), (1, 1, 0), "{s:?}");
+    assert_eq!(
+        (s.instantiations, s.updates, s.update_fallbacks),
+        (1, 1, 0),
+        "{s:?}"
+    );
     // Another topology (two launches): the driver refuses the update; re-instantiated.
     launches.store(2, Ordering::SeqCst);
     param.store(9, Ordering::SeqCst);
     r.update();
-    assert_eq!(*r.run(&p).unwrap().get(read).unwrap(), 9, "after a topology change");
+    assert_eq!(
+        *r.run(&p).unwrap().get(read).unwrap(),
+        9,
+        "after a topology change"
+    );
     let s = r.stats();
-    assert_eq!((s.instantiations, s.updates, s.update_fallbacks), (2, 1, 1), "{s:?}");
+    assert_eq!(
+        (s.instantiations, s.updates, s.update_fallbacks),
+        (2, 1, 1),
+        "{s:?}"
+    );
     assert_eq!(r.executables(), 1);
-    assert_eq!(dev.replay_executables(), 1, "the refused executable was destroyed");
+    assert_eq!(
+        dev.replay_executables(),
+        1,
+        "the refused executable was destroyed"
+    );
     assert_no_wrong_context("update_changes_arguments_in_place_and_reinstantiates_on_new_topology");
 }

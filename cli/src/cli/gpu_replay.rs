@@ -66,7 +66,10 @@ fn run(a: &RunArgs, shape: Shape) -> Result<(), boundpool::gpu::BoxError> {
         extra.insert("executables".into(), json!(r.executables()));
         extra.insert("captured_nodes".into(), json!(s.captured_nodes));
         extra.insert("capture_us_per_node".into(), json!(per(s.capture_time)));
-        extra.insert("instantiate_us_per_node".into(), json!(per(s.instantiate_time)));
+        extra.insert(
+            "instantiate_us_per_node".into(),
+            json!(per(s.instantiate_time)),
+        );
     } else {
         let g = eager_graph(&dev, gshape, &preds)?;
         for i in 0..a.repeat + 1 {
@@ -84,7 +87,10 @@ fn run(a: &RunArgs, shape: Shape) -> Result<(), boundpool::gpu::BoxError> {
     pool.shutdown(boundpool::gpu::ShutdownMode::Finish);
     let mut out = serde_json::Map::new();
     out.insert("shape".into(), json!(shape.name()));
-    out.insert("mode".into(), json!(if a.replay { "replay" } else { "eager" }));
+    out.insert(
+        "mode".into(),
+        json!(if a.replay { "replay" } else { "eager" }),
+    );
     out.insert("nodes".into(), json!(nodes));
     out.insert("edges".into(), json!(edges));
     out.insert("runs".into(), json!(a.repeat));
