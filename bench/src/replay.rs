@@ -114,7 +114,7 @@ pub fn replay_graph(dev: &GpuDevice, shape: GpuShape, preds: &[Vec<u32>]) -> Gpu
     b.build()
 }
 
-/// Settings of [`bench`].
+/// Settings of [`bench()`].
 #[derive(Clone, Debug)]
 pub struct ReplayBenchConfig {
     /// Nodes per graph (the wavefront is rounded down to a square: 1,000 gives 31x31; the
@@ -394,7 +394,7 @@ fn update_row(
     })
 }
 
-/// The table of [`bench`]'s rows, with the targets.
+/// The table of [`bench()`]'s rows, with the targets.
 pub fn table(rows: &[ReplayRow], upd: &UpdateRow) -> String {
     let mut s = String::new();
     s.push_str(&format!(

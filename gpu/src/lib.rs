@@ -35,6 +35,13 @@
 //!   and cuSOLVER handles, set to the node's stream, with the worker's workspaces; per-worker
 //!   user state comes from [`GpuPoolBuilder::worker_state`]. [`CholeskyPlan`] builds a tiled
 //!   Cholesky factorization from them.
+//! * **Replay.** A graph made with a [`ReplayBuilder`] is a [`Replayable`]: its GPU nodes'
+//!   work is captured at the first run into CUDA graphs (one per *segment*: the captured nodes
+//!   between host nodes, per device) on a bound worker, in thread-local capture mode, and
+//!   replayed by later runs without calling the GPU bodies; host nodes run every time, in DAG
+//!   order. [`Replayable::update`] re-captures and updates the executables in place
+//!   (`cuGraphExecUpdate`). Operations a graph cannot hold (a download, a free) fail the
+//!   capture naming the node ([`GpuErrorKind::Capture`]); the graph still runs eagerly.
 //! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context.
 //!
 //! # Where the driver and the unsafe code are
@@ -47,8 +54,10 @@
 //!   (`Ctx`, `Stream`, `Event`, `Func`, `Module`, `Dev`) are `Copy` newtypes over the raw ones
 //!   that `device.rs`, `worker.rs`, `node.rs`, `timing.rs` and `blas.rs` keep in their tables
 //!   and hand back to it; destroying one once is those tables' business, not the types'. (A
-//!   [`DeviceBuffer`] holds its device address as a plain `u64`.) Its unsafe fns are the launch,
-//!   the copies and the memset, which take raw pointers.
+//!   [`DeviceBuffer`] holds its device address as a plain `u64`.) CUDA graphs and executables
+//!   (`CudaGraph`, `GraphExec`, for `replay.rs` and the raw-graph baseline) are owned instead:
+//!   not `Copy`, destroyed by functions that consume them. Its unsafe fns are the launch, the
+//!   copies and the memset, which take raw pointers.
 //! * `blas.rs`: the only file with cuBLAS and cuSOLVER handles and calls (`cudarc::cublas::sys`,
 //!   `cudarc::cusolver::sys`): creating, setting the stream of (the raw stream taken out of a
 //!   `Stream`) and destroying the handles, the library-presence checks, and the routines, unsafe
@@ -60,6 +69,8 @@
 //! * `buffer.rs`: the unsafe trait [`DeviceCopy`] (plain bytes a device may read and write) and
 //!   its impls for the primitive types and arrays.
 //! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`).
+//! * `replay.rs`: a captured host-to-device copy's staging (a copy into a hoisted device
+//!   buffer, then a captured device-to-device copy).
 //! * `baselines.rs` and `probe.rs` (only with the `bench-internals` feature, for
 //!   `boundpool-bench`): raw launches of the built-in kernels.
 //!
