@@ -77,10 +77,14 @@ fn run_gpu_shapes_eager_and_replayed() {
             if replay {
                 assert!(v["segments"].as_u64() >= Some(1), "{v}");
                 assert!(v["capture_us_per_node"].as_f64() > Some(0.0), "{v}");
-                assert_eq!(
-                    v["captured_nodes"], v["nodes"],
-                    "one kernel node per node: {v}"
+                // One kernel node per node (plus at most one empty root per segment where the
+                // driver refuses an empty dependency set).
+                let (c, n, segs) = (
+                    v["captured_nodes"].as_u64().unwrap(),
+                    v["nodes"].as_u64().unwrap(),
+                    v["segments"].as_u64().unwrap(),
                 );
+                assert!(c >= n && c <= n + segs, "captured nodes: {v}");
             }
         }
     }

@@ -748,6 +748,33 @@ pub(crate) fn capture_set_dependencies(expect: Ctx, s: Stream, deps: &[GraphNode
     }
 }
 
+/// Adds an empty node with no dependencies to the graph being captured on `s` and returns it:
+/// a root the next captured operations can depend on, where a driver refuses an empty
+/// dependency set in [`capture_set_dependencies`].
+pub(crate) fn capture_add_root(expect: Ctx, s: Stream) -> DResult<GraphNode> {
+    check(expect, "cuGraphAddEmptyNode");
+    let mut status = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
+    let mut g: sys::CUgraph = std::ptr::null_mut();
+    let mut node: sys::CUgraphNode = std::ptr::null_mut();
+    // SAFETY: the first call writes the status and the capture's graph (owned by the capture,
+    // not by us: only used for the one node added here); the other outputs are optional. The
+    // second adds a node with no dependencies to that graph.
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            s.0,
+            status.as_mut_ptr(),
+            std::ptr::null_mut(),
+            &mut g,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+        .result()?;
+        sys::cuGraphAddEmptyNode(&mut node, g, std::ptr::null(), 0).result()?;
+    }
+    Ok(GraphNode(node))
+}
+
 /// Switches this thread's capture mode to relaxed and returns the previous one, for calls a
 /// capture must not see (hoisted allocations, staging copies on another stream).
 pub(crate) fn capture_mode_relaxed() -> DResult<u32> {

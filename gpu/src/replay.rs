@@ -285,35 +285,15 @@ impl ReplayBuilder {
         if order.len() != n {
             return Err(invalid(format!("replay graph '{}' has a cycle", self.name)));
         }
-        // Cut levels: an edge adds 1 unless both ends are captured nodes of one device.
-        let device_of = |i: u32| match &self.kinds[i as usize] {
-            Kind::Captured(d) => Some(d.ordinal()),
-            _ => None,
-        };
-        let mut level = vec![0u64; n];
-        for &v in &order {
-            let dv = device_of(v);
-            for &p in &preds[v as usize] {
-                let inc = u64::from(!(dv.is_some() && device_of(p) == dv));
-                level[v as usize] = level[v as usize].max(level[p as usize] + inc);
-            }
-        }
-        // Segments: the captured nodes of one cut level and one device (a path between two of
-        // them keeps the level, so it passes only through captured nodes of that device: the
-        // segment is convex; an edge between segments raises the level: they form a DAG).
-        // Independent nodes of a level share one CUDA graph.
-        let mut seg_key: std::collections::HashMap<(u64, i32), u32> = Default::default();
-        let mut seg_of: Vec<Option<u32>> = vec![None; n];
-        let mut segments: Vec<Vec<u32>> = Vec::new();
-        for &v in &order {
-            let Some(d) = device_of(v) else { continue };
-            let s = *seg_key.entry((level[v as usize], d)).or_insert_with(|| {
-                segments.push(Vec::new());
-                (segments.len() - 1) as u32
-            });
-            seg_of[v as usize] = Some(s);
-            segments[s as usize].push(v);
-        }
+        let devices: Vec<Option<i32>> = self
+            .kinds
+            .iter()
+            .map(|k| match k {
+                Kind::Captured(d) => Some(d.ordinal()),
+                _ => None,
+            })
+            .collect();
+        let (seg_of, segments) = plan_segments(&devices, &preds, &order);
         let desc = Arc::new(Desc {
             name: self.name,
             names: self.names,
@@ -334,6 +314,45 @@ impl ReplayBuilder {
             freed: Condvar::new(),
         })
     }
+}
+
+/// Splits the captured nodes (`devices[i]`: Some(ordinal)) into segments: returns each node's
+/// segment and each segment's members in `order` (a topological order).
+///
+/// Cut levels: an edge adds 1 unless both ends are captured nodes of one device. A segment is
+/// the captured nodes of one level and one device: a path between two of them keeps the level,
+/// so it passes only through captured nodes of that device (the segment is convex); an edge
+/// between segments raises the level (they form a DAG with the other nodes). Independent nodes
+/// of a level share one CUDA graph.
+fn plan_segments(
+    devices: &[Option<i32>],
+    preds: &[Vec<u32>],
+    order: &[u32],
+) -> (Vec<Option<u32>>, Vec<Vec<u32>>) {
+    let n = devices.len();
+    let mut level = vec![0u64; n];
+    for &v in order {
+        let dv = devices[v as usize];
+        for &p in &preds[v as usize] {
+            let inc = u64::from(!(dv.is_some() && devices[p as usize] == dv));
+            level[v as usize] = level[v as usize].max(level[p as usize] + inc);
+        }
+    }
+    let mut seg_key: std::collections::HashMap<(u64, i32), u32> = Default::default();
+    let mut seg_of: Vec<Option<u32>> = vec![None; n];
+    let mut segments: Vec<Vec<u32>> = Vec::new();
+    for &v in order {
+        let Some(d) = devices[v as usize] else {
+            continue;
+        };
+        let s = *seg_key.entry((level[v as usize], d)).or_insert_with(|| {
+            segments.push(Vec::new());
+            (segments.len() - 1) as u32
+        });
+        seg_of[v as usize] = Some(s);
+        segments[s as usize].push(v);
+    }
+    (seg_of, segments)
 }
 
 fn sched_error(e: boundpool_scheduler::Error) -> GpuError {
@@ -1058,6 +1077,7 @@ fn capture_segment(
     let mut tails: Vec<Vec<GraphNode>> = vec![Vec::new(); desc.names.len()];
     // The capture's current dependency set (empty at the start).
     let mut current: Vec<GraphNode> = Vec::new();
+    let mut empty_root: Option<GraphNode> = None;
     for &m in &desc.segments[k as usize] {
         let mut deps: Vec<GraphNode> = Vec::new();
         for &p in &desc.preds[m as usize] {
@@ -1070,9 +1090,31 @@ fn capture_segment(
             }
         }
         // The capture's tail is the last member's: a chain needs no update at all.
+        if let (true, Some(root)) = (deps.is_empty(), empty_root) {
+            // The driver refused an empty set before: don't ask again.
+            deps.push(root);
+        }
         if deps != current {
-            driver::capture_set_dependencies(ctx, cs, &deps)
-                .map_err(|e| drv("cuStreamUpdateCaptureDependencies", e))?;
+            let set = driver::capture_set_dependencies(ctx, cs, &deps);
+            match set {
+                Ok(()) => {}
+                // A driver that refuses an empty dependency set: the roots depend on one empty
+                // node instead (made once per capture).
+                Err(_) if deps.is_empty() => {
+                    let root = match empty_root {
+                        Some(r) => r,
+                        None => {
+                            let r = driver::capture_add_root(ctx, cs)
+                                .map_err(|e| drv("cuGraphAddEmptyNode", e))?;
+                            empty_root = Some(r);
+                            r
+                        }
+                    };
+                    driver::capture_set_dependencies(ctx, cs, &[root])
+                        .map_err(|e| drv("cuStreamUpdateCaptureDependencies", e))?;
+                }
+                Err(e) => return Err(drv("cuStreamUpdateCaptureDependencies", e)),
+            }
         }
         let mctx = GpuCtx {
             node: gctx.node(),
@@ -1206,4 +1248,144 @@ fn capture_segment(
     s.update_time += stats.update_time;
     s.captured_nodes += nodes as u64;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan_segments;
+
+    /// Segments of a graph given as (device or None for host/eager, predecessors), nodes in
+    /// topological order.
+    fn plan(nodes: &[(Option<i32>, &[u32])]) -> (Vec<Option<u32>>, Vec<Vec<u32>>) {
+        let devices: Vec<Option<i32>> = nodes.iter().map(|n| n.0).collect();
+        let preds: Vec<Vec<u32>> = nodes.iter().map(|n| n.1.to_vec()).collect();
+        let order: Vec<u32> = (0..nodes.len() as u32).collect();
+        plan_segments(&devices, &preds, &order)
+    }
+
+    #[test]
+    fn a_chain_of_gpu_nodes_is_one_segment() {
+        let (of, segs) = plan(&[(Some(0), &[]), (Some(0), &[0]), (Some(0), &[1])]);
+        assert_eq!(segs, vec![vec![0, 1, 2]]);
+        assert_eq!(of, vec![Some(0); 3]);
+    }
+
+    #[test]
+    fn independent_nodes_share_a_segment() {
+        let (_, segs) = plan(&[(Some(0), &[]), (Some(0), &[]), (Some(0), &[])]);
+        assert_eq!(segs, vec![vec![0, 1, 2]]);
+    }
+
+    #[test]
+    fn a_host_node_splits_and_a_bypass_edge_does_not_join() {
+        // a -> h -> b, and a -> b directly: a and b must be separate (b waits for h).
+        let (of, segs) = plan(&[(Some(0), &[]), (None, &[0]), (Some(0), &[0, 1])]);
+        assert_eq!(segs.len(), 2, "{segs:?}");
+        assert_eq!(of[1], None);
+        assert_ne!(of[0], of[2]);
+    }
+
+    #[test]
+    fn a_node_beside_the_host_node_stays_in_the_first_segment() {
+        // a -> h -> c; a -> b (b does not depend on h): a and b together, c apart.
+        let (of, segs) = plan(&[
+            (Some(0), &[]),
+            (None, &[0]),
+            (Some(0), &[0]),
+            (Some(0), &[1]),
+        ]);
+        assert_eq!(segs.len(), 2, "{segs:?}");
+        assert_eq!(of[0], of[2]);
+        assert_ne!(of[0], of[3]);
+    }
+
+    #[test]
+    fn devices_alternating_make_a_segment_each() {
+        // a(0) -> b(1) -> c(0): c must not share a's graph (it waits for b on device 1).
+        let (of, segs) = plan(&[(Some(0), &[]), (Some(1), &[0]), (Some(0), &[1])]);
+        assert_eq!(segs.len(), 3, "{segs:?}");
+        assert_ne!(of[0], of[2]);
+    }
+
+    /// Random DAGs: every segment is convex (no path between two members leaves it) and the
+    /// segments with the other nodes form a DAG.
+    #[test]
+    fn random_graphs_give_convex_acyclic_segments() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..300 {
+            let n = 2 + (next() % 40) as usize;
+            let devices: Vec<Option<i32>> = (0..n)
+                .map(|_| match next() % 6 {
+                    0 => None,
+                    1 => Some(1),
+                    _ => Some(0),
+                })
+                .collect();
+            let preds: Vec<Vec<u32>> = (0..n)
+                .map(|i| {
+                    let mut ps: Vec<u32> = (0..next() % 4)
+                        .filter(|_| i > 0)
+                        .map(|_| (next() % i as u64) as u32)
+                        .collect();
+                    ps.sort_unstable();
+                    ps.dedup();
+                    ps
+                })
+                .collect();
+            let order: Vec<u32> = (0..n as u32).collect();
+            let (of, segs) = plan_segments(&devices, &preds, &order);
+            // Every captured node in exactly one segment of its device.
+            for i in 0..n {
+                assert_eq!(of[i].is_some(), devices[i].is_some(), "round {round}");
+                if let Some(s) = of[i] {
+                    assert!(segs[s as usize].contains(&(i as u32)));
+                    assert!(segs[s as usize]
+                        .iter()
+                        .all(|&m| devices[m as usize] == devices[i]));
+                }
+            }
+            // Unit of the condensed graph: its segment, or the node itself.
+            let unit = |i: usize| of[i].map_or(1000 + i, |s| s as usize);
+            // reach[i]: nodes reachable from i (nodes are in topological order).
+            let mut reach = vec![vec![false; n]; n];
+            for i in (0..n).rev() {
+                for j in i + 1..n {
+                    if preds[j].contains(&(i as u32)) {
+                        reach[i][j] = true;
+                        for k in 0..n {
+                            if reach[j][k] {
+                                reach[i][k] = true;
+                            }
+                        }
+                    }
+                }
+            }
+            for a in 0..n {
+                for b in 0..n {
+                    for m in 0..n {
+                        // Convex: a path a -> m -> b between members of one segment stays in it.
+                        if of[a].is_some() && of[a] == of[b] && reach[a][m] && reach[m][b] {
+                            assert_eq!(of[m], of[a], "round {round}: segment not convex");
+                        }
+                    }
+                    // Acyclic: no two units reach each other.
+                    if unit(a) != unit(b) && reach[a][b] {
+                        for c in 0..n {
+                            for d in 0..n {
+                                if unit(c) == unit(b) && unit(d) == unit(a) {
+                                    assert!(!reach[c][d], "round {round}: segments form a cycle");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
