@@ -1310,6 +1310,7 @@ mod tests {
     /// Random DAGs: every segment is convex (no path between two members leaves it) and the
     /// segments with the other nodes form a DAG.
     #[test]
+    #[allow(clippy::needless_range_loop)] // index loops read clearer for a reachability matrix
     fn random_graphs_give_convex_acyclic_segments() {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = move || {
