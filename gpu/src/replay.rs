@@ -1138,6 +1138,14 @@ fn capture_segment(
         if let Some(why) = cap.refused.borrow_mut().take() {
             return Err(capture_error(st, Some(m), why));
         }
+        match r {
+            Ok(v) => local.borrow_mut()[m as usize] = Some(v),
+            // The body's own error first: it names the call that failed (a free noted below
+            // may only be its clean-up).
+            Err(e) => {
+                return Err(capture_error(st, Some(m), format!("its body failed: {e}")));
+            }
+        }
         if FREED.with(|f| f.replace(false)) {
             return Err(capture_error(
                 st,
@@ -1155,12 +1163,6 @@ fn capture_segment(
                 ))
             }
             Err(e) => return Err(drv("cuStreamIsCapturing", e)),
-        }
-        match r {
-            Ok(v) => local.borrow_mut()[m as usize] = Some(v),
-            Err(e) => {
-                return Err(capture_error(st, Some(m), format!("its body failed: {e}")));
-            }
         }
         tails[m as usize] =
             driver::capture_dependencies(ctx, cs).map_err(|e| drv("cuStreamGetCaptureInfo", e))?;
