@@ -342,6 +342,17 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         src: &[T],
         dst: &mut DeviceBuffer<T>,
     ) -> GpuResult<()> {
+        self.copy_into(src, dst)
+    }
+
+    /// `copy_to_device` into a buffer held by reference (a shared node output: a replay's
+    /// static input, `ReplayCtx::copy_into`). Device memory is not Rust memory: ordering the
+    /// writes against other work is the stream's business, as for kernels given `&buf`.
+    pub(crate) fn copy_into<T: DeviceCopy>(
+        &self,
+        src: &[T],
+        dst: &DeviceBuffer<T>,
+    ) -> GpuResult<()> {
         self.check_device(&dst.device)?;
         if src.len() != dst.len {
             return Err(GpuError::new(

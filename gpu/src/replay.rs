@@ -519,6 +519,14 @@ impl<'c, 'n> ReplayCtx<'c, 'n> {
         out.downcast::<T>().map_err(|_| bad("of another type"))
     }
 
+    /// Enqueues a copy of `src` into `dst` (same length, this node's device), a buffer held by
+    /// reference: typically a captured node's output written by an eager GPU node every run
+    /// (new inputs into a replay's static input buffer). Under a capture the data is staged
+    /// (see the module docs). An error for a host node.
+    pub fn copy_into<T: DeviceCopy>(&self, src: &[T], dst: &DeviceBuffer<T>) -> GpuResult<()> {
+        self.gpu()?.copy_into(src, dst)
+    }
+
     /// The scheduler's context of the node running this body (under a capture, the segment's
     /// node).
     pub fn node(&self) -> &'c NodeCtx<'n, GpuWorker> {
@@ -571,7 +579,7 @@ impl Capture {
         &self,
         ctx: &GpuCtx<'_, '_>,
         src: &[T],
-        dst: &mut DeviceBuffer<T>,
+        dst: &DeviceBuffer<T>,
     ) -> GpuResult<()> {
         let bytes = dst.bytes();
         let stage = ctx.alloc::<u8>(bytes)?;

@@ -118,21 +118,11 @@ fn test_graph(
         Ok(c.gpu()?.alloc_zeros::<i64>(1)?)
     });
     let value = b.host_node("value", move |_c: &ReplayCtx<'_, '_>| Ok(next_value()));
-    let k_up = k.clone();
     let upload = b.eager_gpu_node(&dev, "upload", move |c: &ReplayCtx<'_, '_>| {
         let v = c.input(value)?;
         let buf = c.input(input)?;
-        // The buffer is the input node's output, shared: set it with a kernel (copy_to_device
-        // wants `&mut`).
-        let g = c.gpu()?;
-        let k = &k_up;
-        // SAFETY: bp_set_i64(i64*, i64): the buffer is a live one-element i64 allocation.
-        unsafe {
-            g.launch(&k.set, LaunchConfig::single())
-                .arg(&*buf)
-                .arg(*v)
-                .launch()?;
-        }
+        // The input node's output, shared: a copy into it by reference, every run.
+        c.copy_into(&[*v], &buf)?;
         Ok(())
     });
     b.edge(input, value);
@@ -835,4 +825,50 @@ fn update_changes_arguments_in_place_and_reinstantiates_on_new_topology() {
         "the refused executable was destroyed"
     );
     assert_no_wrong_context("update_changes_arguments_in_place_and_reinstantiates_on_new_topology");
+}
+
+#[test]
+fn a_captured_upload_is_repeated_by_every_replay() {
+    if !gpu_or_skip("a_captured_upload_is_repeated_by_every_replay") {
+        return;
+    }
+    let _w = watchdog("a_captured_upload_is_repeated_by_every_replay", 120);
+    let p = pool(4);
+    let dev = p.devices()[0].clone();
+    let k = kernels();
+    // a: upload [5] (staged: a device-to-device copy is captured); b: buf += buf. Eagerly,
+    // every run gives 10; a replay that uploaded only once would give 10, 20, 40, ...
+    let mut bld = ReplayBuilder::new("captured upload");
+    let a = bld.gpu_node(&dev, "a", |c: &ReplayCtx<'_, '_>| {
+        Ok(c.gpu()?.upload(&[5i64])?)
+    });
+    let b = bld.gpu_node(&dev, "b", move |c: &ReplayCtx<'_, '_>| {
+        let g = c.gpu()?;
+        let buf = c.input(a)?;
+        // SAFETY: bp_add_i64(i64*, const i64*) on a live one-element buffer (in place).
+        unsafe {
+            g.launch(&k.add, LaunchConfig::single())
+                .arg(&*buf)
+                .arg(&*buf)
+                .launch()?;
+        }
+        Ok(())
+    });
+    let read = bld.eager_gpu_node(&dev, "read", move |c: &ReplayCtx<'_, '_>| {
+        Ok(c.gpu()?.download(&*c.input(a)?)?[0])
+    });
+    bld.edge(a, b).edge(b, read).edge(a, read);
+    let r = bld.build().unwrap();
+    for run in 0..10 {
+        let out = r
+            .run(&p)
+            .unwrap_or_else(|e| panic!("run {run}: {}", chain(&e)));
+        assert_eq!(
+            *out.get(read).unwrap(),
+            10,
+            "run {run}: the upload was not replayed"
+        );
+    }
+    assert_eq!(*r.run_eager(&p).unwrap().get(read).unwrap(), 10, "eager");
+    assert_no_wrong_context("a_captured_upload_is_repeated_by_every_replay");
 }
