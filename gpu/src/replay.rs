@@ -1083,8 +1083,18 @@ fn capture_segment(
     };
     let local: RefCell<Vec<Option<Out>>> = RefCell::new(vec![None; desc.names.len()]);
     let mut tails: Vec<Vec<GraphNode>> = vec![Vec::new(); desc.names.len()];
-    // The capture's current dependency set (empty at the start).
-    let mut current: Vec<GraphNode> = Vec::new();
+    // The capture's current dependency set (empty at the start; None: not read back).
+    let mut current: Option<Vec<GraphNode>> = Some(Vec::new());
+    // Members some later member of this segment depends on: only their tails are read back
+    // (one driver call less per node for the others, e.g. independent nodes).
+    let mut needed = vec![false; desc.names.len()];
+    for &m in &desc.segments[k as usize] {
+        for &p in &desc.preds[m as usize] {
+            if desc.seg_of[p as usize] == Some(k) {
+                needed[p as usize] = true;
+            }
+        }
+    }
     let mut empty_root: Option<GraphNode> = None;
     for &m in &desc.segments[k as usize] {
         let mut deps: Vec<GraphNode> = Vec::new();
@@ -1102,7 +1112,7 @@ fn capture_segment(
             // The driver refused an empty set before: don't ask again.
             deps.push(root);
         }
-        if deps != current {
+        if current.as_ref() != Some(&deps) {
             let set = driver::capture_set_dependencies(ctx, cs, &deps);
             match set {
                 Ok(()) => {}
@@ -1172,9 +1182,13 @@ fn capture_segment(
             }
             Err(e) => return Err(drv("cuStreamIsCapturing", e)),
         }
-        tails[m as usize] =
-            driver::capture_dependencies(ctx, cs).map_err(|e| drv("cuStreamGetCaptureInfo", e))?;
-        current.clone_from(&tails[m as usize]);
+        if needed[m as usize] {
+            tails[m as usize] = driver::capture_dependencies(ctx, cs)
+                .map_err(|e| drv("cuStreamGetCaptureInfo", e))?;
+            current = Some(tails[m as usize].clone());
+        } else {
+            current = None;
+        }
     }
     let graph = guard
         .finish()
