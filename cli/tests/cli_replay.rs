@@ -85,6 +85,10 @@ fn run_gpu_shapes_eager_and_replayed() {
                     v["segments"].as_u64().unwrap(),
                 );
                 assert!(c >= n && c <= n + segs, "captured nodes: {v}");
+                // The DAG's edges, not a serial chain (plus one per root with an empty root).
+                let e = v["captured_edges"].as_u64().unwrap();
+                let de = v["edges"].as_u64().unwrap();
+                assert!(e >= de && e <= de + n, "captured edges: {v}");
             }
         }
     }

@@ -814,6 +814,24 @@ pub(crate) fn graph_node_count(expect: Ctx, g: &CudaGraph) -> DResult<usize> {
     Ok(n)
 }
 
+/// Number of edges of `g`.
+pub(crate) fn graph_edge_count(expect: Ctx, g: &CudaGraph) -> DResult<usize> {
+    check(expect, "cuGraphGetEdges");
+    let mut n: usize = 0;
+    // SAFETY: with null arrays the driver only writes the count.
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            g.0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut n,
+        )
+        .result()?
+    };
+    Ok(n)
+}
+
 /// Adds a kernel node of `f` (no parameters) after `deps`.
 #[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
 pub(crate) fn graph_add_empty_kernel(

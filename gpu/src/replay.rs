@@ -707,6 +707,9 @@ pub struct ReplayStats {
     pub update_time: Duration,
     /// CUDA graph nodes captured, summed over captures.
     pub captured_nodes: u64,
+    /// CUDA graph edges captured, summed over captures (an independent segment has none: the
+    /// capture keeps the DAG's parallelism).
+    pub captured_edges: u64,
 }
 
 /// A graph whose GPU work is captured once per instance and replayed (see the module docs).
@@ -1203,6 +1206,13 @@ fn capture_segment(
             return Err(drv("cuGraphGetNodes", e));
         }
     };
+    let edges = match driver::graph_edge_count(ctx, &graph) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = driver::graph_destroy(ctx, graph);
+            return Err(drv("cuGraphGetEdges", e));
+        }
+    };
     let mut stats = ReplayStats::default();
     let device = &seg.slot.device;
     let old = seg.slot.take();
@@ -1271,6 +1281,7 @@ fn capture_segment(
     s.update_fallbacks += stats.update_fallbacks;
     s.update_time += stats.update_time;
     s.captured_nodes += nodes as u64;
+    s.captured_edges += edges as u64;
     Ok(())
 }
 

@@ -872,3 +872,83 @@ fn a_captured_upload_is_repeated_by_every_replay() {
     assert_eq!(*r.run_eager(&p).unwrap().get(read).unwrap(), 10, "eager");
     assert_no_wrong_context("a_captured_upload_is_repeated_by_every_replay");
 }
+
+#[test]
+fn the_captured_graph_keeps_the_dags_edges() {
+    if !gpu_or_skip("the_captured_graph_keeps_the_dags_edges") {
+        return;
+    }
+    let _w = watchdog("the_captured_graph_keeps_the_dags_edges", 120);
+    let p = pool(4);
+    let dev = p.devices()[0].clone();
+    let empty = Module::builtin().kernel(builtin::EMPTY).unwrap();
+    // One empty kernel per node: the CUDA graph must have exactly the DAG's nodes and edges
+    // (not one serial chain), whichever the shape.
+    let side = 8usize;
+    let shapes: Vec<(&str, Vec<Vec<usize>>)> = vec![
+        ("independent", vec![Vec::new(); 64]),
+        (
+            "chain",
+            (0..64)
+                .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
+                .collect(),
+        ),
+        (
+            "wavefront 8x8",
+            (0..side * side)
+                .map(|i| {
+                    let (r, c) = (i / side, i % side);
+                    let mut ps = Vec::new();
+                    if c > 0 {
+                        ps.push(i - 1);
+                    }
+                    if r > 0 {
+                        ps.push(i - side);
+                    }
+                    ps
+                })
+                .collect(),
+        ),
+        ("random", random_preds(64, 13)),
+    ];
+    for (name, preds) in shapes {
+        let mut b = ReplayBuilder::new(name);
+        let mut refs: Vec<RNode<()>> = Vec::new();
+        for (i, ps) in preds.iter().enumerate() {
+            let k = empty.clone();
+            let r = b.gpu_node(&dev, &format!("n{i}"), move |c: &ReplayCtx<'_, '_>| {
+                // SAFETY: the empty kernel takes no parameters.
+                unsafe { c.gpu()?.launch(&k, LaunchConfig::single()).launch()? };
+                Ok(())
+            });
+            for &q in ps {
+                b.edge(refs[q], r);
+            }
+            refs.push(r);
+        }
+        let r = b.build().unwrap();
+        assert_eq!(r.segments(), 1, "{name}");
+        r.run(&p)
+            .unwrap_or_else(|e| panic!("{name}: {}", chain(&e)));
+        let s = r.stats();
+        let edges: usize = preds.iter().map(Vec::len).sum();
+        // An empty root node (a driver refusing an empty dependency set) adds one node and an
+        // edge to every root.
+        let roots = preds.iter().filter(|p| p.is_empty()).count() as u64;
+        let plain = (s.captured_nodes, s.captured_edges) == (preds.len() as u64, edges as u64);
+        let rooted =
+            (s.captured_nodes, s.captured_edges) == (preds.len() as u64 + 1, edges as u64 + roots);
+        assert!(
+            plain || rooted,
+            "{name}: captured {} nodes and {} edges; the DAG has {} nodes and {edges} edges",
+            s.captured_nodes,
+            s.captured_edges,
+            preds.len()
+        );
+        for run in 0..3 {
+            r.run(&p)
+                .unwrap_or_else(|e| panic!("{name} replay {run}: {}", chain(&e)));
+        }
+    }
+    assert_no_wrong_context("the_captured_graph_keeps_the_dags_edges");
+}

@@ -65,6 +65,7 @@ fn run(a: &RunArgs, shape: Shape) -> Result<(), boundpool::gpu::BoxError> {
         extra.insert("segments".into(), json!(r.segments()));
         extra.insert("executables".into(), json!(r.executables()));
         extra.insert("captured_nodes".into(), json!(s.captured_nodes));
+        extra.insert("captured_edges".into(), json!(s.captured_edges));
         extra.insert("capture_us_per_node".into(), json!(per(s.capture_time)));
         extra.insert(
             "instantiate_us_per_node".into(),
