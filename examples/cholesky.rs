@@ -14,6 +14,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
+use boundpool::backend::FromIndex;
 use boundpool::gpu::{
     residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyPlan, Devices,
     GpuPoolBuilder, TileOp,

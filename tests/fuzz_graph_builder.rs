@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use boundpool::backend::FromIndex;
 use boundpool::{ErrorKind, GraphBuilder, GroupId, GroupSpec, NodeId, Pool, PoolBuilder};
 use proptest::prelude::*;
 

@@ -371,7 +371,7 @@ impl WorkerLibs {
             unsafe {
                 blas_check(
                     "cublasSetStream",
-                    cb::cublasSetStream_v2(h.raw, stream.0 as cb::cudaStream_t),
+                    cb::cublasSetStream_v2(h.raw, stream.raw_ptr() as cb::cudaStream_t),
                     what,
                 )?;
                 blas_check(
@@ -397,7 +397,7 @@ impl WorkerLibs {
         let h = h.as_mut().expect("created above");
         if h.stream != Some(stream) {
             // SAFETY: a live handle of this worker and a live stream of its context.
-            let s = unsafe { cs::cusolverDnSetStream(h.raw, stream.0 as cs::cudaStream_t) };
+            let s = unsafe { cs::cusolverDnSetStream(h.raw, stream.raw_ptr() as cs::cudaStream_t) };
             solver_check("cusolverDnSetStream", s, what)?;
             h.stream = Some(stream);
             h.stream_sets += 1;
@@ -640,7 +640,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
 
     /// The raw `CUstream` this node enqueues on (to compare, or to hand to another library).
     pub fn raw_stream(&self) -> u64 {
-        self.stream.0 as u64
+        self.stream.raw_ptr() as u64
     }
 }
 

@@ -512,6 +512,7 @@ pub fn spot_check_on_device(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use boundpool_scheduler::backend::FromIndex;
 
     /// Tiles (row, column) an operation reads and the one it writes.
     fn touches(op: TileOp) -> (Vec<(usize, usize)>, (usize, usize)) {

@@ -1,6 +1,7 @@
 //! Per-device shared state: the retained primary context, the event table, the release queue
 //! (handles dropped on any thread wait there for a bound worker), the module and function
-//! tables, the registered worker streams, and the device's failure state.
+//! tables, the registered worker streams, and the device's failure state; and `GpuDevice`, a
+//! device's public face (its placement, groups and counters).
 //!
 //! Nothing here calls the driver from a thread that is not a bound worker of the device: the
 //! methods that make driver calls take the worker's [`Ctx`] and are only called by workers
@@ -9,7 +10,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+
+use boundpool_scheduler::{GroupId, Placement};
 
 use crate::driver::{self, Ctx, DResult, Dev, Event, Func, GraphExec, Module as RawModule, Stream};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
@@ -504,5 +507,87 @@ impl DeviceShared {
         }
         let _ = driver::ctx_unbind();
         let _ = driver::primary_ctx_release(self.dev);
+    }
+}
+
+/// One device of a [`GpuPool`](crate::GpuPool): where to place its nodes, and its state.
+#[derive(Clone)]
+pub struct GpuDevice {
+    pub(crate) shared: Arc<DeviceShared>,
+    pub(crate) groups: Vec<GroupId>,
+    pub(crate) placement: Placement,
+}
+
+impl fmt::Debug for GpuDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuDevice")
+            .field("ordinal", &self.shared.ordinal())
+            .field("groups", &self.groups)
+            .field("placement", &self.placement)
+            .field("failed", &self.shared.failed())
+            .finish()
+    }
+}
+
+impl GpuDevice {
+    /// The CUDA ordinal.
+    pub fn ordinal(&self) -> i32 {
+        self.shared.ordinal()
+    }
+    /// Name, bus id, memory, local cores.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.shared.info
+    }
+    /// The device as a placement: any of its workers, whatever the number of groups they form
+    /// (the device's group when it has one, else the scheduler domain over its groups). This
+    /// is where [`GpuGraphExt::gpu_node`](crate::GpuGraphExt::gpu_node) places its nodes; pass it to
+    /// [`GraphBuilder::place`](boundpool_scheduler::GraphBuilder::place) for other nodes that
+    /// need the device's context.
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+    /// The device's first worker group: only that group's workers (with
+    /// [`GpuPoolBuilder::groups_per_device`](crate::GpuPoolBuilder::groups_per_device) above 1, part of the device's workers). To mean
+    /// the whole device, use [`placement`](Self::placement).
+    pub fn group(&self) -> GroupId {
+        self.groups[0]
+    }
+    /// All of the device's groups (more than one with
+    /// [`GpuPoolBuilder::groups_per_device`](crate::GpuPoolBuilder::groups_per_device)).
+    pub fn groups(&self) -> &[GroupId] {
+        &self.groups
+    }
+    /// Whether a node placed on `p` runs on this device's workers.
+    pub(crate) fn serves(&self, p: Placement) -> bool {
+        match p {
+            Placement::Group(g) => self.groups.contains(&g),
+            Placement::Domain(_) => p == self.placement,
+            Placement::Any => false,
+        }
+    }
+    /// Why the device was marked failed (a sticky error), if it was.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failed().map(str::to_owned)
+    }
+    /// Device buffers currently allocated through this pool and not yet freed.
+    pub fn live_allocations(&self) -> usize {
+        self.shared.live_allocations()
+    }
+    /// Events created so far for the device's event table (the table recycles them).
+    pub fn events_created(&self) -> usize {
+        self.shared.events_created()
+    }
+    /// Replay executables (`Replayable`) instantiated on this device and not yet destroyed
+    /// (a dropped one is destroyed by a worker of the device, soon after the drop).
+    pub fn replay_executables(&self) -> usize {
+        self.shared.execs_live()
+    }
+    /// Timing events created so far for the trace's GPU stream tracks (recycled; always 0
+    /// when the pool does not record a trace).
+    pub fn timing_events_created(&self) -> usize {
+        self.shared
+            .timing
+            .as_ref()
+            .map_or(0, |t| t.events_created())
     }
 }

@@ -87,7 +87,7 @@ macro_rules! handle {
     ($(#[$m:meta])* $name:ident, $raw:ty) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub(crate) struct $name(pub(crate) $raw);
+        pub(crate) struct $name($raw);
         // SAFETY: driver handles are plain identifiers that the driver lets any thread use
         // (with the right context current); this crate only uses them from bound workers.
         unsafe impl Send for $name {}
@@ -122,9 +122,18 @@ handle!(
     sys::CUfunction
 );
 
+impl Stream {
+    /// The raw stream as an untyped pointer: for cuBLAS and cuSOLVER's `*SetStream` (which
+    /// take the runtime API's `cudaStream_t`, the same handle) and `GpuCtx::raw_stream`. The one
+    /// way a raw driver handle leaves this file.
+    pub(crate) fn raw_ptr(self) -> *mut c_void {
+        self.0.cast()
+    }
+}
+
 /// A device ordinal resolved by the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Dev(pub(crate) sys::CUdevice);
+pub(crate) struct Dev(sys::CUdevice);
 
 // ----------------------------------------------------------------------------------------------
 // Library, devices, contexts.
@@ -424,11 +433,16 @@ pub(crate) fn module_unload(expect: Ctx, m: Module) -> DResult<()> {
     unsafe { sys::cuModuleUnload(m.0).result() }
 }
 
-/// Launches `f` on `s`.
+/// Most kernel arguments [`launch`] takes.
+pub(crate) const MAX_LAUNCH_ARGS: usize = 16;
+
+/// Launches `f` on `s` with `args`, one 8-byte slot per kernel parameter holding its
+/// little-endian bytes (the driver reads the parameter's size from the slot it is pointed at).
 ///
 /// # Safety
-/// `params` must hold one valid pointer per kernel parameter, each pointing to a value of the
-/// parameter's size and type; device pointers among them must stay valid until the kernel ends.
+/// `args` must hold one slot per kernel parameter, in order, each holding a value of the
+/// parameter's type (at most 8 bytes); device pointers among them must stay valid until the
+/// kernel ends. At most [`MAX_LAUNCH_ARGS`] (more is an `InvalidValue` error, not a launch).
 pub(crate) unsafe fn launch(
     expect: Ctx,
     f: Func,
@@ -436,15 +450,24 @@ pub(crate) unsafe fn launch(
     block: (u32, u32, u32),
     shared_mem: u32,
     s: Stream,
-    params: &mut [*mut c_void],
+    args: &mut [u64],
 ) -> DResult<()> {
     check(expect, "cuLaunchKernel");
-    let p = if params.is_empty() {
+    if args.len() > MAX_LAUNCH_ARGS {
+        return Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
+    }
+    let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_LAUNCH_ARGS];
+    for (p, a) in ptrs.iter_mut().zip(args.iter_mut()) {
+        *p = a as *mut u64 as *mut c_void;
+    }
+    let p = if args.is_empty() {
         std::ptr::null_mut()
     } else {
-        params.as_mut_ptr()
+        ptrs.as_mut_ptr()
     };
-    // SAFETY: forwarded from the caller's contract; `f` and `s` are live (crate invariant).
+    // SAFETY: each pointer points to an 8-byte slot of `args`, alive for the call (the driver
+    // copies the parameters at launch); the rest is forwarded from the caller's contract; `f`
+    // and `s` are live (crate invariant).
     unsafe {
         sys::cuLaunchKernel(
             f.0,

@@ -51,21 +51,22 @@
 //!
 //! * `driver.rs`: the only file that calls the CUDA driver (`cudarc::driver::sys`). Its
 //!   wrappers check (when on) that the expected context is current; the handles it returns
-//!   (`Ctx`, `Stream`, `Event`, `Func`, `Module`, `Dev`) are `Copy` newtypes over the raw ones
-//!   that `device.rs`, `worker.rs`, `node.rs`, `timing.rs` and `blas.rs` keep in their tables
-//!   and hand back to it; destroying one once is those tables' business, not the types'. (A
-//!   [`DeviceBuffer`] holds its device address as a plain `u64`.) CUDA graphs and executables
+//!   (`Ctx`, `Stream`, `Event`, `Func`, `Module`, `Dev`) are `Copy` newtypes whose raw field
+//!   only this file can read (`Stream::raw_ptr` hands the raw stream to cuBLAS / cuSOLVER);
+//!   `device.rs`, `worker.rs`, `node.rs`, `timing.rs` and `blas.rs` keep them in their tables
+//!   and hand them back to it; destroying one once is still those tables' business, not the
+//!   types'. (A [`DeviceBuffer`] holds its device address as a plain `u64`.) Its unsafe fns are
+//!   the launch (which packs the arguments, one 8-byte slot each, as the pointers the driver
+//!   reads), the copies and the memset, which take raw pointers. CUDA graphs and executables
 //!   (`CudaGraph`, `GraphExec`, for `replay.rs` and the raw-graph baseline) are owned instead:
-//!   not `Copy`, destroyed by functions that consume them. Its unsafe fns are the launch, the
-//!   copies and the memset, which take raw pointers.
+//!   not `Copy`, destroyed by functions that consume them.
 //! * `blas.rs`: the only file with cuBLAS and cuSOLVER handles and calls (`cudarc::cublas::sys`,
 //!   `cudarc::cusolver::sys`): creating, setting the stream of (the raw stream taken out of a
 //!   `Stream`) and destroying the handles, the library-presence checks, and the routines, unsafe
 //!   fns on device addresses.
 //! * `cholesky.rs`: the tiled factorization's node bodies calling those routines on its tiles.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
-//!   contract), packing the launch arguments as pointers to their slots, and the host copies
-//!   and memset it passes to `driver.rs`.
+//!   contract), and the host copies and memset it passes to `driver.rs`.
 //! * `buffer.rs`: the unsafe trait [`DeviceCopy`] (plain bytes a device may read and write) and
 //!   its impls for the primitive types and arrays.
 //! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`).
@@ -105,14 +106,14 @@ pub use cholesky::{
     TileOp, TileTask,
 };
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
-pub use device::DeviceInfo;
+pub use device::{DeviceInfo, GpuDevice};
 pub use diag::{context_check, MemoryProbe};
 pub use error::{GpuError, GpuErrorKind, GpuResult};
 pub use module::{builtin, Kernel, Module};
 pub use node::{
     GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,
 };
-pub use pool::{Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
+pub use pool::{Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub use probe::probe;

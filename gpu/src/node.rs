@@ -2,18 +2,17 @@
 //! publishes its own position for its successors, and defers its completion until the device
 //! has done its work when a host node (or the submitter) depends on it.
 
-use std::ffi::c_void;
 use std::fmt;
 use std::sync::Arc;
 
+use boundpool_scheduler::backend::{InputsExt, NodeCtxExt};
 use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef, Placement};
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
-use crate::device::{DeviceInfo, DeviceShared};
+use crate::device::{DeviceInfo, DeviceShared, GpuDevice};
 use crate::driver::{self, Event, Stream};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
-use crate::pool::GpuDevice;
 use crate::worker::{Bound, EventReturn, GpuWorker, PendingEvent};
 
 /// What a GPU node leaves for its GPU successors (through the scheduler's node markers): the
@@ -148,7 +147,7 @@ impl<T: DeviceCopy> KernelArg for &mut DeviceBuffer<T> {
 }
 
 /// Most kernel arguments a [`Launch`] takes.
-pub const MAX_KERNEL_ARGS: usize = 16;
+pub const MAX_KERNEL_ARGS: usize = driver::MAX_LAUNCH_ARGS;
 
 /// A kernel launch being assembled: add arguments in order with [`arg`](Self::arg), then
 /// [`launch`](Self::launch).
@@ -212,13 +211,9 @@ impl Launch<'_, '_, '_> {
             None => b.function(self.kernel),
         }
         .map_err(|e| e.prefixed(&self.ctx.what()))?;
-        let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_KERNEL_ARGS];
-        for (p, a) in ptrs.iter_mut().zip(self.args.iter_mut()).take(self.n) {
-            *p = a as *mut u64 as *mut c_void;
-        }
-        // SAFETY: each pointer points to an 8-byte slot holding the argument's little-endian
-        // bytes (the driver reads the parameter's size from it); validity of the kernel's
-        // accesses is the caller's contract.
+        // SAFETY: one slot per argument, each holding its little-endian bytes (`KernelArg`);
+        // that they match the kernel's parameters, and the validity of its accesses, is the
+        // caller's contract.
         let r = unsafe {
             driver::launch(
                 b.ctx,
@@ -227,7 +222,7 @@ impl Launch<'_, '_, '_> {
                 self.cfg.block,
                 self.cfg.shared_mem_bytes,
                 self.ctx.stream,
-                &mut ptrs[..self.n],
+                &mut self.args[..self.n],
             )
         };
         r.map_err(|e| self.ctx.fail("cuLaunchKernel", e))
@@ -445,6 +440,28 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
     }
 
     /// Starts a launch of `kernel` with `cfg` on this node's stream.
+    ///
+    /// # Examples
+    ///
+    /// See [`GpuGraphExt`] for a whole graph; inside a node body:
+    ///
+    /// ```no_run
+    /// # use boundpool_gpu::{builtin, BoxError, GpuCtx, LaunchConfig, Module};
+    /// fn double(gpu: &GpuCtx<'_, '_>, data: &[f32]) -> Result<Vec<f32>, BoxError> {
+    ///     let kernel = Module::builtin().kernel(builtin::SCALE_F32)?;
+    ///     let mut x = gpu.upload(data)?;
+    ///     // SAFETY: `bp_scale_f32(f32* x, f32 a, u32 n)`, and `x` outlives the launch (it is
+    ///     // freed after the node's GPU work).
+    ///     unsafe {
+    ///         gpu.launch(&kernel, LaunchConfig::for_elements(data.len()))
+    ///             .arg(&mut x)
+    ///             .arg(2.0f32)
+    ///             .arg(data.len() as u32)
+    ///             .launch()?;
+    ///     }
+    ///     Ok(gpu.download(&x)?)
+    /// }
+    /// ```
     pub fn launch<'c>(&'c self, kernel: &'c Kernel, cfg: LaunchConfig) -> Launch<'c, 'a, 'n> {
         Launch {
             ctx: self,
@@ -492,6 +509,36 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
 }
 
 /// Adds GPU nodes to a graph of a [`GpuPool`](crate::GpuPool).
+///
+/// # Examples
+///
+/// Scales a vector on the first device and reads it back (needs a GPU, so it is compiled but
+/// not run here; `tests/gpu_*.rs` run the same calls and skip without a GPU).
+///
+/// ```no_run
+/// use boundpool_gpu::{builtin, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, LaunchConfig, Module};
+///
+/// let pool = GpuPoolBuilder::new().workers_per_device(2).build()?;
+/// let device = &pool.devices()[0];
+/// let kernel = Module::builtin().kernel(builtin::SCALE_F32)?;
+/// let mut g = GpuGraphBuilder::new("scale");
+/// let scaled = g.gpu_node(device, "scale", move |gpu| {
+///     let host: Vec<f32> = (0..1024).map(|i| i as f32).collect();
+///     let mut x = gpu.upload(&host)?;
+///     // SAFETY: `bp_scale_f32(f32* x, f32 a, u32 n)`, and `x` outlives the node's GPU work.
+///     unsafe {
+///         gpu.launch(&kernel, LaunchConfig::for_elements(host.len()))
+///             .arg(&mut x)
+///             .arg(2.0f32)
+///             .arg(host.len() as u32)
+///             .launch()?;
+///     }
+///     Ok(gpu.download(&x)?)
+/// });
+/// let out = pool.submit(&g.build()?)?.wait()?;
+/// assert_eq!(out.get(scaled).unwrap()[3], 6.0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait GpuGraphExt {
     /// Adds a node that runs `body` on a worker of `device` (placed on
     /// [`GpuDevice::placement`]: any of the device's workers, whatever its number of groups).
@@ -548,7 +595,7 @@ fn run_gpu_node<T, F>(node: &NodeCtx<'_, GpuWorker>, body: &F) -> Result<T, BoxE
 where
     F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError>,
 {
-    let w = node.worker();
+    let w = node.worker_state();
     let Some(b) = w.bound.as_ref() else {
         return Err(Box::new(GpuError::new(
             GpuErrorKind::InvalidArgument,

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use boundpool_scheduler::backend::{FromIndex, PoolBuilderExt, PoolExt};
 use boundpool_scheduler::{
     BoxError, Cores, DomainId, Graph, GraphBuilder, GraphHandle, GroupId, GroupSpec, Placement,
     Pool, PoolBuilder, ShutdownMode,
@@ -10,7 +11,7 @@ use boundpool_scheduler::{
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::detect::{self, plan_cores, process_cores};
-use crate::device::{DeviceInfo, DeviceShared};
+use crate::device::{DeviceShared, GpuDevice};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::{GpuCtx, GpuGraphExt};
 use crate::worker::{GpuWorker, PoolShared};
@@ -26,6 +27,10 @@ pub enum Devices {
 }
 
 /// Configures a [`GpuPool`].
+///
+/// # Examples
+///
+/// Compiled, not run here (it needs a GPU); `tests/gpu_*.rs` build pools and skip without one.
 ///
 /// ```no_run
 /// use boundpool_gpu::GpuPoolBuilder;
@@ -397,88 +402,6 @@ impl GpuPoolBuilder {
     }
 }
 
-/// One device of a [`GpuPool`]: where to place its nodes, and its state.
-#[derive(Clone)]
-pub struct GpuDevice {
-    pub(crate) shared: Arc<DeviceShared>,
-    groups: Vec<GroupId>,
-    placement: Placement,
-}
-
-impl fmt::Debug for GpuDevice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GpuDevice")
-            .field("ordinal", &self.shared.ordinal())
-            .field("groups", &self.groups)
-            .field("placement", &self.placement)
-            .field("failed", &self.shared.failed())
-            .finish()
-    }
-}
-
-impl GpuDevice {
-    /// The CUDA ordinal.
-    pub fn ordinal(&self) -> i32 {
-        self.shared.ordinal()
-    }
-    /// Name, bus id, memory, local cores.
-    pub fn info(&self) -> &DeviceInfo {
-        &self.shared.info
-    }
-    /// The device as a placement: any of its workers, whatever the number of groups they form
-    /// (the device's group when it has one, else the scheduler domain over its groups). This
-    /// is where [`GpuGraphExt::gpu_node`] places its nodes; pass it to
-    /// [`GraphBuilder::place`](boundpool_scheduler::GraphBuilder::place) for other nodes that
-    /// need the device's context.
-    pub fn placement(&self) -> Placement {
-        self.placement
-    }
-    /// The device's first worker group: only that group's workers (with
-    /// [`GpuPoolBuilder::groups_per_device`] above 1, part of the device's workers). To mean
-    /// the whole device, use [`placement`](Self::placement).
-    pub fn group(&self) -> GroupId {
-        self.groups[0]
-    }
-    /// All of the device's groups (more than one with
-    /// [`GpuPoolBuilder::groups_per_device`]).
-    pub fn groups(&self) -> &[GroupId] {
-        &self.groups
-    }
-    /// Whether a node placed on `p` runs on this device's workers.
-    fn serves(&self, p: Placement) -> bool {
-        match p {
-            Placement::Group(g) => self.groups.contains(&g),
-            Placement::Domain(_) => p == self.placement,
-            Placement::Any => false,
-        }
-    }
-    /// Why the device was marked failed (a sticky error), if it was.
-    pub fn failure(&self) -> Option<String> {
-        self.shared.failed().map(str::to_owned)
-    }
-    /// Device buffers currently allocated through this pool and not yet freed.
-    pub fn live_allocations(&self) -> usize {
-        self.shared.live_allocations()
-    }
-    /// Events created so far for the device's event table (the table recycles them).
-    pub fn events_created(&self) -> usize {
-        self.shared.events_created()
-    }
-    /// Replay executables (`Replayable`) instantiated on this device and not yet destroyed
-    /// (a dropped one is destroyed by a worker of the device, soon after the drop).
-    pub fn replay_executables(&self) -> usize {
-        self.shared.execs_live()
-    }
-    /// Timing events created so far for the trace's GPU stream tracks (recycled; always 0
-    /// when the pool does not record a trace).
-    pub fn timing_events_created(&self) -> usize {
-        self.shared
-            .timing
-            .as_ref()
-            .map_or(0, |t| t.events_created())
-    }
-}
-
 /// A pool of pinned workers bound to their devices' contexts (plus optional host workers),
 /// running graphs whose GPU nodes are made with [`GpuGraphExt`].
 pub struct GpuPool {
@@ -597,7 +520,7 @@ impl GpuPool {
                 let n = g.node(
                     "trace flush",
                     |node: &boundpool_scheduler::NodeCtx<'_, GpuWorker>| {
-                        if let Some(b) = &node.worker().bound {
+                        if let Some(b) = &node.worker_state().bound {
                             if let Some(t) = &b.device.timing {
                                 t.resolve(b.ctx, true);
                             }

@@ -167,11 +167,12 @@ fn launch(
     st: Stream,
     grid: u32,
     block: u32,
-    params: &mut [*mut std::ffi::c_void],
+    params: &mut [u64],
 ) -> GpuResult<()> {
     let f = sh.function(k)?;
-    // SAFETY: callers pass one pointer per kernel parameter, to values of the right types, and
-    // device buffers that outlive the launch (they synchronise before freeing).
+    // SAFETY: callers pass one 8-byte slot per kernel parameter (device addresses and the
+    // probe kernels' 64-bit counts), and device buffers that outlive the launch (they
+    // synchronise before freeing).
     drv("cuLaunchKernel", unsafe {
         driver::launch(sh.ctx(), f, (grid, 1, 1), (block, 1, 1), 0, st, params)
     })
@@ -217,8 +218,8 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
     })?;
     let count = m.kernel(builtin::COUNT)?;
     for _ in 0..1000 {
-        let mut p = buf;
-        launch(sh, &count, st, 1, 1, &mut [(&mut p) as *mut u64 as *mut _])?;
+        let p = buf;
+        launch(sh, &count, st, 1, 1, &mut [p])?;
     }
     let mut host = [0u32; 1];
     // SAFETY: 4 bytes into a 4-byte host array from a 64-byte allocation.
@@ -234,17 +235,14 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
     // set / add
     let a = buf;
     let b = buf + 8;
-    let (mut pa, mut pb, mut v7, mut v5) = (a, b, 7i64, 5i64);
+    let (pa, pb, v7, v5) = (a, b, 7i64, 5i64);
     launch(
         sh,
         &m.kernel(builtin::SET_I64)?,
         st,
         1,
         1,
-        &mut [
-            (&mut pa) as *mut u64 as *mut _,
-            (&mut v7) as *mut i64 as *mut _,
-        ],
+        &mut [pa, v7 as u64],
     )?;
     launch(
         sh,
@@ -252,22 +250,9 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
         st,
         1,
         1,
-        &mut [
-            (&mut pb) as *mut u64 as *mut _,
-            (&mut v5) as *mut i64 as *mut _,
-        ],
+        &mut [pb, v5 as u64],
     )?;
-    launch(
-        sh,
-        &m.kernel(builtin::ADD_I64)?,
-        st,
-        1,
-        1,
-        &mut [
-            (&mut pa) as *mut u64 as *mut _,
-            (&mut pb) as *mut u64 as *mut _,
-        ],
-    )?;
+    launch(sh, &m.kernel(builtin::ADD_I64)?, st, 1, 1, &mut [pa, pb])?;
     let mut hv = [0i64; 1];
     // SAFETY: 8 bytes into an 8-byte host array.
     drv("cuMemcpyDtoHAsync", unsafe {
@@ -298,18 +283,14 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
             driver::memset_d8_async(ctx, sum, 0, 4, st),
         )?;
     }
-    let (mut px, mut a2, mut nn, mut ps) = (x, 2.0f32, n, sum);
+    let (px, a2, nn, ps) = (x, 2.0f32, n, sum);
     launch(
         sh,
         &m.kernel(builtin::SCALE_F32)?,
         st,
         n.div_ceil(256),
         256,
-        &mut [
-            (&mut px) as *mut u64 as *mut _,
-            (&mut a2) as *mut f32 as *mut _,
-            (&mut nn) as *mut u32 as *mut _,
-        ],
+        &mut [px, u64::from(a2.to_bits()), u64::from(nn)],
     )?;
     launch(
         sh,
@@ -317,11 +298,7 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
         st,
         n.div_ceil(256),
         256,
-        &mut [
-            (&mut px) as *mut u64 as *mut _,
-            (&mut ps) as *mut u64 as *mut _,
-            (&mut nn) as *mut u32 as *mut _,
-        ],
+        &mut [px, ps, u64::from(nn)],
     )?;
     let mut hs = [0f32; 1];
     // SAFETY: 4 bytes into a 4-byte host array.
@@ -336,7 +313,7 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
         ok((hs[0] - expect).abs() < 1.0)
     ));
     // spin
-    let mut cycles = 2_000_000i64;
+    let cycles = 2_000_000i64;
     let t0 = Instant::now();
     launch(
         sh,
@@ -344,7 +321,7 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
         st,
         1,
         1,
-        &mut [(&mut cycles) as *mut i64 as *mut _],
+        &mut [cycles as u64],
     )?;
     drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
     out.push(format!("spin 2M cycles took {:?}", t0.elapsed()));
@@ -387,15 +364,8 @@ fn probe_sticky(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) {
     let ctx = sh.ctx();
     let r = (|| -> GpuResult<()> {
         let m = Module::from_ptx("probe", POKE_PTX)?;
-        let mut addr = 8u64;
-        launch(
-            sh,
-            &m.kernel(POKE)?,
-            st,
-            1,
-            1,
-            &mut [(&mut addr) as *mut u64 as *mut _],
-        )?;
+        let addr = 8u64;
+        launch(sh, &m.kernel(POKE)?, st, 1, 1, &mut [addr])?;
         let ev = sh
             .take_event()
             .map_err(|e| GpuError::driver("cuEventCreate", "probe", e))?;

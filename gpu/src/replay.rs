@@ -52,11 +52,12 @@ use std::time::{Duration, Instant};
 use boundpool_scheduler::{BoxError, GraphBuilder, GraphOutput, NodeCtx, NodeRef};
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
+use crate::device::GpuDevice;
 use crate::device::{DeviceShared, Release};
 use crate::driver::{self, GraphExec, GraphNode, Stream};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::{GpuCtx, GpuGraphExt};
-use crate::pool::{GpuDevice, GpuGraph, GpuPool};
+use crate::pool::{GpuGraph, GpuPool};
 use crate::worker::GpuWorker;
 
 /// A node's output, type-erased (every node of a replay graph returns one).

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use boundpool_scheduler::SpanRecorder;
+use boundpool_scheduler::backend::SpanRecorder;
 
 use crate::driver::{self, Ctx, DResult, Event, Stream};
 

@@ -4,16 +4,17 @@ use std::any::{Any, TypeId};
 use std::fmt;
 use std::task::Poll;
 
+use crate::config::WorkerInfo;
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::{AnyValue, NodeId, NodeRef, Placement};
+use crate::graph::AnyValue;
 use crate::handle::GraphHandle;
-use crate::pool::WorkerInfo;
+use crate::ids::{NodeId, NodeRef, Placement};
 use crate::registry::Registry;
 use crate::run::{Run, Slots};
 use crate::worker::WorkerThread;
 use crate::Graph;
 
-/// A deferred completion registered with [`NodeCtx::complete_when`].
+/// A deferred completion registered with [`NodeCtxExt::complete_when`](crate::backend::NodeCtxExt::complete_when).
 pub(crate) type DeferFn<S> = Box<dyn FnMut(&S) -> Poll<Result<(), BoxError>> + Send>;
 
 /// A node's view of its direct predecessors' outputs. CPU-heavy nodes
@@ -194,24 +195,6 @@ impl<'a> Inputs<'a> {
             .iter()
             .map(move |&index| NodeId { graph: g, index })
     }
-
-    /// Markers that direct predecessors attached with [`NodeCtx::set_marker`].
-    pub fn predecessor_markers(
-        &self,
-    ) -> impl Iterator<Item = (NodeId, &'a (dyn Any + Send + Sync))> + 'a {
-        let g = self.run.graph_uid();
-        let slots = self.run.slots();
-        self.run
-            .predecessors(self.node)
-            .iter()
-            .filter_map(move |&index| {
-                // SAFETY: a direct predecessor completed before this node became ready.
-                let out = unsafe { slots.get(index)?.get() }?;
-                out.marker
-                    .as_deref()
-                    .map(|m| (NodeId { graph: g, index }, m))
-            })
-    }
 }
 
 /// The context a worker node's body gets: its inputs (through `Deref` to [`Inputs`]), the
@@ -241,7 +224,7 @@ impl<'a, S: Send + 'static> std::ops::Deref for NodeCtx<'a, S> {
 impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// The state this worker's start hook returned (for the GPU backend: its bound context
     /// and streams).
-    pub fn worker(&self) -> &'a S {
+    pub fn worker_state(&self) -> &'a S {
         &self.worker.state
     }
 
@@ -254,39 +237,6 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// another graph).
     pub fn placement_of(&self, id: NodeId) -> Placement {
         self.inputs.run.placement_of(id)
-    }
-
-    /// The priority of node `id` of the running graph (its own, or its graph's;
-    /// [`Priority::Normal`](crate::Priority::Normal) for a node of another graph): the GPU
-    /// backend hands its stream over only to a successor of its own level.
-    pub fn priority_of(&self, id: NodeId) -> crate::Priority {
-        self.inputs.run.priority_of(id)
-    }
-
-    /// Attaches a side value to this node's completion, readable by direct successors through
-    /// [`Inputs::predecessor_markers`] (the GPU backend attaches the event recorded after the
-    /// node's work). Replaces an earlier marker.
-    pub fn set_marker(&self, marker: Box<dyn Any + Send + Sync>) {
-        // SAFETY: this worker is running the node, so it is the slot's only writer, and no
-        // successor reads it before the node completes.
-        unsafe {
-            self.inputs
-                .run
-                .slots()
-                .get_or_alloc(self.inputs.node)
-                .set_marker(marker)
-        }
-    }
-
-    /// Defers this node's completion: after the body returns, its successors are released (and
-    /// its graph's completion counted) only once `poll` returns `Ready(Ok(()))`; `Ready(Err(_))`
-    /// fails the graph naming this node. The same worker polls it between other nodes, and
-    /// backs off (yields, then short timed parks) when it has nothing else to do.
-    pub fn complete_when(
-        &self,
-        poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static,
-    ) {
-        self.worker.set_deferred(Box::new(poll));
     }
 
     /// Submits `graph` to the pool running this node. Waiting on the handle from inside a node

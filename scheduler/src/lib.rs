@@ -49,6 +49,8 @@
 //!   `UnsafeCell`s ordered by the dependency counters, allocated by the first node that stores.
 //! * `body.rs`: node bodies behind one thin pointer (a vtable-prefixed block, or a static vtable
 //!   for a closure that captures nothing): the crate's type-erased code.
+//! * `backend.rs`: a node's marker, written into its own output slot, and its successors' reads
+//!   of their predecessors' markers (ordered by the same counters as `run.rs`'s).
 //! * `ctx.rs`: a node's reads of its predecessors' output slots and markers, and its worker's
 //!   writes of its own slot (ordered by the same counters as `run.rs`'s).
 //! * `worker.rs`: the thread-local pointer from a thread to its worker (for nested waits), its
@@ -61,11 +63,14 @@
 //! No other file has `unsafe`.
 
 mod admission;
+pub mod backend;
 mod body;
+mod config;
 mod ctx;
 mod error;
 mod graph;
 mod handle;
+mod ids;
 mod metrics;
 mod pool;
 mod priority;
@@ -79,15 +84,13 @@ mod worker;
 #[cfg(all(test, loom))]
 mod loom_models;
 
+pub use crate::config::{Cores, GroupSpec, ShutdownMode, WorkerInfo};
 pub use crate::ctx::{Inputs, NodeCtx};
 pub use crate::error::{BoxError, Error, ErrorKind};
-pub use crate::graph::{Graph, GraphBuilder, NodeId, NodeRef, Placement, Subgraph};
+pub use crate::graph::{Graph, GraphBuilder, Subgraph};
 pub use crate::handle::{GraphHandle, SubmitFuture};
+pub use crate::ids::{DomainId, GroupId, NodeId, NodeRef, Placement, Priority};
 pub use crate::metrics::{PoolStats, WorkerStats, METRICS};
-pub use crate::pool::{
-    default_workers, Cores, DomainId, GroupId, GroupSpec, GroupWaker, Pool, PoolBuilder,
-    ShutdownMode, WorkerInfo,
-};
-pub use crate::priority::Priority;
+pub use crate::pool::{default_workers, Pool, PoolBuilder};
 pub use crate::run::GraphOutput;
-pub use crate::trace::{SliceKind, SpanRecorder, Trace, TraceSlice, TraceTrack};
+pub use crate::trace::{SliceKind, Trace, TraceSlice, TraceTrack};

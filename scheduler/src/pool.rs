@@ -4,122 +4,20 @@ use std::fmt;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use crate::config::{
+    Cores, GroupSpec, IdleHook, NameFn, ShutdownMode, StartHook, StopHook, WorkerInfo,
+};
 use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::graph::Graph;
 use crate::handle::GraphHandle;
+use crate::ids::{DomainId, GroupId};
 use crate::registry::{Hooks, Registry, Settings, Topology};
-use crate::sleep::Sleep;
 use crate::sync::{self, Mutex};
 use crate::worker;
 
-/// Identifies a worker group of a pool (the host group, or one GPU's workers).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-pub struct GroupId(pub(crate) u32);
-
-impl GroupId {
-    /// The group's position in the pool's group list.
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-
-    /// The group at position `index` (as given to [`PoolBuilder::groups`]).
-    pub fn from_index(index: usize) -> Self {
-        GroupId(u32::try_from(index).expect("group index fits in u32"))
-    }
-}
-
-/// Identifies a domain of a pool: a set of groups whose workers all serve the nodes placed on
-/// it (see [`PoolBuilder::domain`]).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-pub struct DomainId(pub(crate) u32);
-
-impl DomainId {
-    /// The domain's position in the order [`PoolBuilder::domain`] was called.
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-
-    /// The domain at position `index`.
-    pub fn from_index(index: usize) -> Self {
-        DomainId(u32::try_from(index).expect("domain index fits in u32"))
-    }
-}
-
-/// Which cores workers are pinned to.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum Cores {
-    /// Every core this process may run on (its affinity mask), one worker per core in turn.
-    #[default]
-    All,
-    /// These core ids, one worker per core in turn. Each must be in the process's affinity mask.
-    List(Vec<usize>),
-    /// Do not pin.
-    Unpinned,
-}
-
-/// A group of workers: a name, how many, and their cores.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GroupSpec {
-    /// The group's name (in errors, thread names and metrics).
-    pub name: String,
-    /// Number of workers; at least one.
-    pub workers: usize,
-    /// Their cores.
-    pub cores: Cores,
-}
-
-impl GroupSpec {
-    /// A group named `name` of `workers` workers on [`Cores::All`].
-    pub fn new(name: impl Into<String>, workers: usize) -> Self {
-        GroupSpec {
-            name: name.into(),
-            workers,
-            cores: Cores::All,
-        }
-    }
-
-    /// Sets the group's cores.
-    pub fn cores(mut self, cores: Cores) -> Self {
-        self.cores = cores;
-        self
-    }
-}
-
-/// Who a worker is: passed to hooks, available to nodes through
-/// [`NodeCtx::worker_info`](crate::NodeCtx::worker_info).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkerInfo {
-    /// Position among all the pool's workers.
-    pub index: usize,
-    /// Its group.
-    pub group: GroupId,
-    /// Its group's name.
-    pub group_name: String,
-    /// Position within its group.
-    pub index_in_group: usize,
-    /// The core it is pinned to (`None`: unpinned).
-    pub core: Option<usize>,
-    /// Its thread's name.
-    pub name: String,
-}
-
-/// How [`Pool::shutdown`] treats graphs still running.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum ShutdownMode {
-    /// Let every submitted graph finish (what dropping the pool does).
-    #[default]
-    Finish,
-    /// Fail every submitted graph with [`ErrorKind::Cancelled`]: nodes already running finish,
-    /// nodes not started never run.
-    Cancel,
-}
-
-pub(crate) type StartHook<S> = Arc<dyn Fn(&WorkerInfo) -> Result<S, BoxError> + Send + Sync>;
-pub(crate) type StopHook<S> = Arc<dyn Fn(&WorkerInfo, S) + Send + Sync>;
-pub(crate) type IdleHook<S> = Arc<dyn Fn(&WorkerInfo, &S) + Send + Sync>;
-type NameFn = Arc<dyn Fn(&WorkerInfo) -> String + Send + Sync>;
-
 /// Configures and starts a [`Pool`].
+///
+/// # Examples
 ///
 /// ```
 /// use boundpool_scheduler::{Cores, PoolBuilder};
@@ -142,7 +40,7 @@ pub struct PoolBuilder<S = ()> {
     thread_name: Option<NameFn>,
     start: StartHook<S>,
     stop: Option<StopHook<S>>,
-    idle: Option<IdleHook<S>>,
+    pub(crate) idle: Option<IdleHook<S>>,
     rayon: Option<Arc<rayon_core::ThreadPool>>,
     cpu_lane_threads: Option<usize>,
     stack_size: Option<usize>,
@@ -296,7 +194,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
     }
 
     /// Runs on each worker, after it pinned itself and before it takes any node; its result is
-    /// that worker's state, which its nodes see through [`NodeCtx::worker`](crate::NodeCtx::worker).
+    /// that worker's state, which its nodes see through [`NodeCtx::worker_state`](crate::NodeCtx::worker_state).
     /// An error (or panic) fails [`build`](Self::build), naming the worker.
     ///
     /// Replaces the state type, so set the stop and idle hooks after this one.
@@ -328,17 +226,6 @@ impl<S: Send + 'static> PoolBuilder<S> {
     /// worker (see the crate README, "Failure").
     pub fn stop_hook(mut self, f: impl Fn(&WorkerInfo, S) + Send + Sync + 'static) -> Self {
         self.stop = Some(Arc::new(f));
-        self
-    }
-
-    /// Runs on a worker each time it runs out of work (before it parks) and every 64 nodes it
-    /// runs: the place for deferred releases. [`GroupWaker::wake`] makes a worker of the
-    /// waker's group run it soon, also one that was about to park.
-    /// A panic in it aborts the process with a message naming the worker: a worker cannot go on
-    /// without the state its hook keeps, and one that quietly exited would leave its graphs
-    /// waiting.
-    pub fn idle_hook(mut self, f: impl Fn(&WorkerInfo, &S) + Send + Sync + 'static) -> Self {
-        self.idle = Some(Arc::new(f));
         self
     }
 
@@ -632,6 +519,30 @@ impl<S: Send + 'static> Pool<S> {
     ///
     /// Errors: [`ErrorKind::ShutDown`] after [`shutdown`](Self::shutdown),
     /// [`ErrorKind::UnknownGroup`] for a node placed on a group this pool lacks.
+    ///
+    /// # Examples
+    ///
+    /// One graph submitted from several threads at once; each submission is a run of its own.
+    ///
+    /// ```
+    /// use boundpool_scheduler::{GraphBuilder, PoolBuilder};
+    ///
+    /// let pool = PoolBuilder::new().workers(2).build()?;
+    /// let mut g = GraphBuilder::new("square");
+    /// let x = g.node("x", |_| Ok(12u64));
+    /// let sq = g.node("square", move |ctx| Ok(ctx.input(x)? * ctx.input(x)?));
+    /// g.edge(x, sq);
+    /// let graph = g.build()?;
+    /// std::thread::scope(|s| {
+    ///     for _ in 0..4 {
+    ///         s.spawn(|| {
+    ///             let out = pool.submit(&graph).unwrap().wait().unwrap();
+    ///             assert_eq!(out.get(sq), Some(&144));
+    ///         });
+    ///     }
+    /// });
+    /// # Ok::<(), boundpool_scheduler::Error>(())
+    /// ```
     pub fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
         Registry::submit(&self.registry, graph)
     }
@@ -679,14 +590,6 @@ impl<S: Send + 'static> Pool<S> {
         self.registry.groups.len()
     }
 
-    /// A handle that wakes an idle worker of `group` so it runs its idle hook.
-    pub fn group_waker(&self, group: GroupId) -> GroupWaker {
-        GroupWaker {
-            sleep: self.registry.sleep.clone(),
-            groups: Arc::from([group.index()]),
-        }
-    }
-
     /// The domain named `name`.
     pub fn domain(&self, name: &str) -> Option<DomainId> {
         self.registry
@@ -709,17 +612,6 @@ impl<S: Send + 'static> Pool<S> {
             .map_or_else(Vec::new, |d| {
                 d.groups.iter().map(|&g| GroupId(g as u32)).collect()
             })
-    }
-
-    /// A handle that makes a worker of `domain` (any of its groups) run its idle hook.
-    ///
-    /// # Panics
-    /// If the pool has no such domain.
-    pub fn domain_waker(&self, domain: DomainId) -> GroupWaker {
-        GroupWaker {
-            sleep: self.registry.sleep.clone(),
-            groups: self.registry.domains[domain.index()].groups.clone(),
-        }
     }
 
     /// Drains the timeline recorded since the last take (empty unless built with
@@ -750,30 +642,6 @@ impl<S: Send + 'static> Pool<S> {
     /// Whether this pool records a timeline.
     pub fn is_tracing(&self) -> bool {
         self.registry.trace.is_some()
-    }
-
-    /// Adds a slice to an extra timeline track named `track` (created on first use), for example
-    /// a GPU stream's busy time. Does nothing unless the pool records a trace.
-    pub fn record_span(
-        &self,
-        track: &str,
-        name: &str,
-        start: std::time::Instant,
-        end: std::time::Instant,
-    ) {
-        if let Some(t) = &self.registry.trace {
-            t.span(track, name, None, start, end);
-        }
-    }
-
-    /// A handle that adds slices to extra tracks from any thread (what
-    /// [`record_span`](Self::record_span) does, without a borrow of the pool); `None` unless
-    /// the pool records a trace.
-    pub fn span_recorder(&self) -> Option<crate::SpanRecorder> {
-        self.registry
-            .trace
-            .as_ref()
-            .map(|t| crate::SpanRecorder::new(t.clone()))
     }
 
     /// Graphs submitted to this pool that have not finished yet (the pool's table of active
@@ -809,32 +677,5 @@ impl<S: Send + 'static> Pool<S> {
 impl<S: Send + 'static> Drop for Pool<S> {
     fn drop(&mut self) {
         self.shutdown(ShutdownMode::Finish);
-    }
-}
-
-/// Makes a worker of one group, or of a domain's groups, run its idle hook (see
-/// [`PoolBuilder::idle_hook`], [`Pool::group_waker`], [`Pool::domain_waker`]). Cheap to clone; usable
-/// from any thread, also after the pool is gone (it then does nothing useful).
-#[derive(Clone)]
-pub struct GroupWaker {
-    sleep: Arc<Sleep>,
-    groups: Arc<[usize]>,
-}
-
-impl fmt::Debug for GroupWaker {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GroupWaker")
-            .field("groups", &self.groups)
-            .finish()
-    }
-}
-
-impl GroupWaker {
-    /// Makes a worker of the group (of the domain's groups, for a domain waker) run its idle
-    /// hook soon, whatever the workers are doing: an idle one is woken; one about to park
-    /// runs the hook first; a busy one runs it within 64 nodes. Call it after making what the
-    /// hook should handle visible (a handle queued for release): the hook runs after the call.
-    pub fn wake(&self) {
-        self.sleep.request_hook(&self.groups);
     }
 }

@@ -11,40 +11,9 @@
 
 use crossbeam_deque::{Injector, Stealer, Worker as Deque};
 
+// `Priority` itself is a leaf type (`ids.rs`); the run side's modules name it through here.
+pub(crate) use crate::ids::Priority;
 use crate::run::Task;
-
-/// How urgent a node is: a worker that looks for work takes high before normal before low
-/// (see the crate README, "Priorities and admission").
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default, PartialOrd, Ord)]
-pub enum Priority {
-    /// Latency-critical work: taken first. On a GPU worker, enqueued on its high-priority stream.
-    High,
-    /// The default.
-    #[default]
-    Normal,
-    /// Batch work: taken when nothing more urgent waits, and at least once in every 16 takes
-    /// of a worker while it has work.
-    Low,
-}
-
-impl Priority {
-    /// The node-record bits of this level (`0` is normal, so default records need no bits).
-    pub(crate) const fn bits(self) -> u32 {
-        match self {
-            Priority::Normal => 0,
-            Priority::High => 1,
-            Priority::Low => 2,
-        }
-    }
-
-    pub(crate) const fn from_bits(bits: u32) -> Self {
-        match bits {
-            1 => Priority::High,
-            2 => Priority::Low,
-            _ => Priority::Normal,
-        }
-    }
-}
 
 /// A worker's takes between two low-first looks (and, offset by half of it, normal-first ones).
 pub(crate) const SHARE_EVERY: u32 = 16;

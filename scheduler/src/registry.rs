@@ -7,11 +7,12 @@ use crossbeam_deque::{Injector, Stealer, Worker as Deque};
 use crossbeam_utils::CachePadded;
 
 use crate::admission::Admission;
+use crate::config::{IdleHook, ShutdownMode, StartHook, StopHook, WorkerInfo};
 use crate::error::{Error, ErrorKind};
-use crate::graph::{Graph, Placement, Plan};
+use crate::graph::{Graph, Plan};
 use crate::handle::GraphHandle;
+use crate::ids::Placement;
 use crate::metrics::{PoolCounters, WorkerCounters};
-use crate::pool::{IdleHook, ShutdownMode, StartHook, StopHook, WorkerInfo};
 use crate::priority::{LevelQueues, Priority, WorkerDeques};
 use crate::run::{Completion, GraphOutput, Run, RunRef, Task};
 use crate::sleep::Sleep;

@@ -22,7 +22,8 @@ use std::time::Instant;
 use crossbeam_utils::CachePadded;
 
 use crate::error::{Error, ErrorKind};
-use crate::graph::{AnyValue, NodeId, NodeRef, Plan};
+use crate::graph::{AnyValue, Plan};
+use crate::ids::{NodeId, NodeRef};
 use crate::sync::{
     self, current_thread, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Mutex, Ordering, Thread,
 };
@@ -249,8 +250,8 @@ impl<S> std::ops::Deref for RunRef<S> {
     }
 }
 
-/// A ready node of a run, as it sits in a deque or injector. Copying one is allowed only to pass
-/// it along: exactly one copy is completed.
+/// A ready node of a run, as it sits in a deque or injector. Move-only: it stands for one
+/// in-flight unit of its run, so it is completed exactly once, by whoever holds it last.
 pub(crate) struct Task<S> {
     run: RunRef<S>,
     pub(crate) node: u32,
@@ -260,13 +261,6 @@ pub(crate) struct Task<S> {
 // parts are atomics, locks or slots ordered as documented on `Slot`), and the pointer's validity
 // is guaranteed by the in-flight protocol described at the top of this file.
 unsafe impl<S> Send for Task<S> {}
-
-impl<S> Clone for Task<S> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<S> Copy for Task<S> {}
 
 impl<S> Task<S> {
     #[inline]

@@ -1,5 +1,5 @@
 //! Optional timeline recording: one track per worker with a slice per node and per park, plus
-//! extra tracks (GPU streams) added through `Pool::record_span`.
+//! extra tracks (GPU streams) added through `backend::PoolExt::record_span`.
 //!
 //! Off by default; when off, a worker pays one predictable branch per node. When on, each worker
 //! writes its slices into a ring of its own ([`WorkerRing`]): a compact record per slice (start
@@ -18,8 +18,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::config::WorkerInfo;
 use crate::graph::Plan;
-use crate::pool::WorkerInfo;
 use crate::sync::{self, fence, AtomicU64, Mutex, Ordering};
 
 /// Slices a worker's ring keeps unless [`PoolBuilder::trace_window`](crate::PoolBuilder::trace_window)
@@ -36,7 +36,7 @@ pub enum SliceKind {
     },
     /// The worker was parked for lack of work.
     Park,
-    /// A span recorded with [`Pool::record_span`](crate::Pool::record_span) (e.g. GPU time).
+    /// A span recorded with [`PoolExt::record_span`](crate::backend::PoolExt::record_span) (e.g. GPU time).
     Span,
 }
 
@@ -382,7 +382,7 @@ impl std::ops::Deref for TraceSink {
 }
 
 /// A handle that adds slices to extra tracks of a pool's trace from any thread, for example a
-/// GPU stream's per-node device time (from [`Pool::span_recorder`](crate::Pool::span_recorder);
+/// GPU stream's per-node device time (from [`PoolExt::span_recorder`](crate::backend::PoolExt::span_recorder);
 /// only exists while the pool records a trace). Keeps the recorded slices alive, not the pool;
 /// it also reads them ([`snapshot`](Self::snapshot), [`take`](Self::take)), for a server that
 /// serves the window without holding the pool.

@@ -14,7 +14,8 @@ use crossbeam_utils::CachePadded;
 
 use crate::ctx::{DeferFn, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::{NodeSpec, Placement, ANY_GROUP, DOMAIN_BIT};
+use crate::graph::NodeSpec;
+use crate::ids::{Placement, ANY_GROUP, DOMAIN_BIT};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::priority::{poll_order, Priority, WorkerDeques};
 use crate::registry::{Finished, Registry};

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use boundpool_scheduler::backend::{FromIndex, PoolBuilderExt, PoolExt};
 use boundpool_scheduler::{
     BoxError, Cores, ErrorKind, GraphBuilder, GroupId, GroupSpec, PoolBuilder,
 };
@@ -245,7 +246,7 @@ fn start_hook_runs_on_the_worker_before_any_node() {
             std::thread::current().id(),
             "node runs on the hook's thread"
         );
-        Ok(ctx.worker().clone() == format!("state-{i}"))
+        Ok(ctx.worker_state().clone() == format!("state-{i}"))
     });
     let graph = g.build().unwrap();
     for _ in 0..20 {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use boundpool_scheduler::backend::{InputsExt, NodeCtxExt};
 use boundpool_scheduler::{BoxError, Cores, ErrorKind, GraphBuilder, NodeRef, PoolBuilder};
 
 #[test]

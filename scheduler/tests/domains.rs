@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use boundpool_scheduler::backend::FromIndex;
 use boundpool_scheduler::{
     Cores, DomainId, ErrorKind, GraphBuilder, GroupId, GroupSpec, Placement, Pool, PoolBuilder,
 };
@@ -59,7 +60,7 @@ fn domain_placed_wide_graph_uses_every_group_and_nothing_else() {
         let seen = seen.clone();
         move |ctx: &boundpool_scheduler::NodeCtx<'_, usize>| {
             spin(work);
-            let group = *ctx.worker();
+            let group = *ctx.worker_state();
             assert_eq!(group, ctx.worker_info().group.index());
             seen.lock().unwrap().push((ctx.node_id().index(), group));
             Ok(())
@@ -118,19 +119,19 @@ fn domain_sources_and_mixed_successors() {
     for i in 0..64 {
         let n = g.node(format!("s{i}"), |ctx| {
             spin(Duration::from_micros(20));
-            Ok(*ctx.worker())
+            Ok(*ctx.worker_state())
         });
         g.place(n, dev);
         sources.push(n);
     }
     // group 1 -> domain -> {group 2, host}
-    let a = g.node("a", |ctx| Ok(*ctx.worker()));
+    let a = g.node("a", |ctx| Ok(*ctx.worker_state()));
     g.place(a, GroupId::from_index(1));
-    let b = g.node("b", |ctx| Ok(*ctx.worker()));
+    let b = g.node("b", |ctx| Ok(*ctx.worker_state()));
     g.place(b, dev);
-    let c = g.node("c", |ctx| Ok(*ctx.worker()));
+    let c = g.node("c", |ctx| Ok(*ctx.worker_state()));
     g.place(c, GroupId::from_index(2));
-    let d = g.node("d", |ctx| Ok(*ctx.worker()));
+    let d = g.node("d", |ctx| Ok(*ctx.worker_state()));
     g.place(d, GroupId::from_index(3));
     g.edge(a, b).edge(b, c).edge(b, d);
     let graph = g.build().unwrap();

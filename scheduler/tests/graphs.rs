@@ -6,6 +6,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use boundpool_scheduler::backend::FromIndex;
 use boundpool_scheduler::{
     Cores, Error, ErrorKind, GraphBuilder, GroupId, NodeRef, Placement, Pool, PoolBuilder,
 };

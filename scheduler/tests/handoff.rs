@@ -12,6 +12,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use boundpool_scheduler::backend::FromIndex;
 use boundpool_scheduler::{Cores, GraphBuilder, GroupId, GroupSpec, PoolBuilder};
 
 const LINKS: usize = if cfg!(miri) { 4 } else { 16 };

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use boundpool_scheduler::backend::PoolBuilderExt;
 use boundpool_scheduler::{Cores, ErrorKind, GraphBuilder, PoolBuilder};
 
 const CHILD_ENV: &str = "BOUNDPOOL_HOOK_CHILD";

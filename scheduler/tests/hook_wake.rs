@@ -8,9 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use boundpool_scheduler::{
-    Cores, DomainId, GraphBuilder, GroupId, GroupSpec, GroupWaker, PoolBuilder,
-};
+use boundpool_scheduler::backend::{FromIndex, GroupWaker, PoolBuilderExt, PoolExt};
+use boundpool_scheduler::{Cores, DomainId, GraphBuilder, GroupId, GroupSpec, PoolBuilder};
 
 /// A release queue like the GPU device's: items pushed from any thread, drained by the idle
 /// hook; the waker is called only by the push that raises `pending`.

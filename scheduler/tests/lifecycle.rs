@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use boundpool_scheduler::backend::FromIndex;
 use boundpool_scheduler::{
     BoxError, Cores, ErrorKind, Graph, GraphBuilder, GroupId, GroupSpec, NodeRef, Pool,
     PoolBuilder, ShutdownMode,

@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use boundpool_scheduler::backend::FromIndex;
 use boundpool_scheduler::{BoxError, Cores, ErrorKind, GraphBuilder, NodeRef, PoolBuilder};
 use proptest::prelude::*;
 

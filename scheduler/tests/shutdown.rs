@@ -228,8 +228,8 @@ fn stop_hooks_run_once_per_worker_on_the_worker() {
             .unwrap();
         let mut g = GraphBuilder::<(usize, std::thread::ThreadId)>::new("uses-state");
         let n = g.node("n", |ctx| {
-            Ok(ctx.worker().0 == ctx.worker_info().index
-                && ctx.worker().1 == std::thread::current().id())
+            Ok(ctx.worker_state().0 == ctx.worker_info().index
+                && ctx.worker_state().1 == std::thread::current().id())
         });
         let graph = g.build().unwrap();
         for _ in 0..20 {

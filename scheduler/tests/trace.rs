@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use boundpool_scheduler::backend::PoolExt;
 use boundpool_scheduler::{Cores, Graph, GraphBuilder, Pool, PoolBuilder, SliceKind, Trace};
 
 fn pool(workers: usize) -> PoolBuilder<()> {

@@ -1,5 +1,6 @@
 //! The Prometheus exporter and the `/metrics` + `/trace` endpoint (feature `prometheus`).
 
+use crate::backend::PoolExt;
 use std::fmt;
 use std::net::SocketAddr;
 
@@ -85,7 +86,7 @@ pub fn install_prometheus_recorder() -> Result<PrometheusHandle, ObserveError> {
 }
 
 /// The traces `/trace` serves: (pool name, its trace's reader), in publication order.
-static PUBLISHED_TRACES: std::sync::Mutex<Vec<(String, crate::SpanRecorder)>> =
+static PUBLISHED_TRACES: std::sync::Mutex<Vec<(String, crate::backend::SpanRecorder)>> =
     std::sync::Mutex::new(Vec::new());
 
 /// Makes `pool`'s timeline (its rolling window, see
@@ -105,7 +106,7 @@ pub fn publish_trace<S: Send + 'static>(pool: &crate::Pool<S>) -> bool {
 
 /// [`publish_trace`] for a trace's reader without its pool ([`Pool::span_recorder`](crate::Pool::span_recorder)),
 /// under `name`; a later one of the same name replaces it. (A GPU pool: `publish_trace(gpu_pool.pool())`.)
-pub fn publish_trace_of(name: &str, recorder: crate::SpanRecorder) {
+pub fn publish_trace_of(name: &str, recorder: crate::backend::SpanRecorder) {
     let mut list = PUBLISHED_TRACES.lock().unwrap_or_else(|e| e.into_inner());
     list.retain(|(n, _)| n != name);
     list.push((name.to_string(), recorder));

@@ -1,0 +1,252 @@
+//! The interface a backend builds on (the GPU backend, `boundpool-gpu`, is one), apart from what
+//! a user of pools and graphs needs: markers passed from a node to its successors, deferred
+//! completions, the idle hook and the wakers that ask for it, extra timeline tracks, and groups
+//! named by position.
+//!
+//! The methods come as extension traits (as `std::os::unix` adds platform methods to `std`'s
+//! types): bring them into scope with `use boundpool_scheduler::backend::*;`. They are sealed:
+//! only this crate's types implement them.
+//!
+//! ```
+//! use boundpool_scheduler::backend::{NodeCtxExt, PoolBuilderExt, PoolExt};
+//! use boundpool_scheduler::{GraphBuilder, PoolBuilder};
+//! use std::task::Poll;
+//!
+//! let pool = PoolBuilder::new()
+//!     .workers(1)
+//!     .idle_hook(|info, _| println!("worker {} looks after its releases", info.index))
+//!     .build()?;
+//! let mut g = GraphBuilder::new("deferred");
+//! let a = g.node("a", |ctx| {
+//!     // Complete once polled three times (a device event would be polled here).
+//!     let mut polls = 0;
+//!     ctx.complete_when(move |_| {
+//!         polls += 1;
+//!         if polls == 3 { Poll::Ready(Ok(())) } else { Poll::Pending }
+//!     });
+//!     Ok(())
+//! });
+//! let b = g.node("b", |_| Ok(7u32));
+//! g.edge(a, b);
+//! let out = pool.submit(&g.build()?)?.wait()?;
+//! assert_eq!(out.get(b), Some(&7));
+//! // Ask a worker of the host group to run its idle hook soon.
+//! pool.group_waker(pool.group("host").unwrap()).wake();
+//! # Ok::<(), boundpool_scheduler::Error>(())
+//! ```
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Instant;
+
+use crate::config::WorkerInfo;
+use crate::ctx::{Inputs, NodeCtx};
+use crate::error::BoxError;
+use crate::ids::{DomainId, GroupId, NodeId};
+use crate::pool::{Pool, PoolBuilder};
+use crate::sleep::Sleep;
+
+pub use crate::trace::SpanRecorder;
+
+mod sealed {
+    /// Keeps the extension traits to this crate's types.
+    pub trait Sealed {}
+    impl<S> Sealed for crate::ctx::NodeCtx<'_, S> {}
+    impl Sealed for crate::ctx::Inputs<'_> {}
+    impl<S> Sealed for crate::pool::PoolBuilder<S> {}
+    impl<S: Send + 'static> Sealed for crate::pool::Pool<S> {}
+    impl Sealed for crate::ids::GroupId {}
+    impl Sealed for crate::ids::DomainId {}
+}
+
+/// A backend's methods of [`NodeCtx`].
+pub trait NodeCtxExt<S>: sealed::Sealed {
+    /// Attaches a side value to this node's completion, readable by direct successors through
+    /// [`InputsExt::predecessor_markers`] (the GPU backend attaches the event recorded after
+    /// the node's work). Replaces an earlier marker.
+    fn set_marker(&self, marker: Box<dyn Any + Send + Sync>);
+
+    /// Defers this node's completion: after the body returns, its successors are released (and
+    /// its graph's completion counted) only once `poll` returns `Ready(Ok(()))`; `Ready(Err(_))`
+    /// fails the graph naming this node. The same worker polls it between other nodes, and
+    /// backs off (yields, then short timed parks) when it has nothing else to do.
+    fn complete_when(&self, poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static);
+
+    /// The priority of node `id` of the running graph (its own, or its graph's;
+    /// [`Priority::Normal`](crate::Priority::Normal) for a node of another graph): the GPU
+    /// backend hands its stream over only to a successor of its own level.
+    fn priority_of(&self, id: NodeId) -> crate::Priority;
+}
+
+impl<S: Send + 'static> NodeCtxExt<S> for NodeCtx<'_, S> {
+    #[inline]
+    fn set_marker(&self, marker: Box<dyn Any + Send + Sync>) {
+        // SAFETY: this worker is running the node, so it is the slot's only writer, and no
+        // successor reads it before the node completes.
+        unsafe {
+            self.inputs
+                .run
+                .slots()
+                .get_or_alloc(self.inputs.node)
+                .set_marker(marker)
+        }
+    }
+
+    #[inline]
+    fn complete_when(&self, poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static) {
+        self.worker.set_deferred(Box::new(poll));
+    }
+
+    #[inline]
+    fn priority_of(&self, id: NodeId) -> crate::Priority {
+        self.inputs.run.priority_of(id)
+    }
+}
+
+/// A backend's methods of [`Inputs`] (and so of [`NodeCtx`], which dereferences to it).
+pub trait InputsExt<'a>: sealed::Sealed {
+    /// Markers that direct predecessors attached with [`NodeCtxExt::set_marker`].
+    fn predecessor_markers(
+        &self,
+    ) -> impl Iterator<Item = (NodeId, &'a (dyn Any + Send + Sync))> + 'a;
+}
+
+impl<'a> InputsExt<'a> for Inputs<'a> {
+    #[inline]
+    fn predecessor_markers(
+        &self,
+    ) -> impl Iterator<Item = (NodeId, &'a (dyn Any + Send + Sync))> + 'a {
+        let g = self.run.graph_uid();
+        let slots = self.run.slots();
+        self.run
+            .predecessors(self.node)
+            .iter()
+            .filter_map(move |&index| {
+                // SAFETY: a direct predecessor completed before this node became ready.
+                let out = unsafe { slots.get(index)?.get() }?;
+                out.marker
+                    .as_deref()
+                    .map(|m| (NodeId { graph: g, index }, m))
+            })
+    }
+}
+
+/// A backend's settings of [`PoolBuilder`].
+pub trait PoolBuilderExt<S>: sealed::Sealed + Sized {
+    /// Runs on a worker each time it runs out of work (before it parks) and every 64 nodes it
+    /// runs: the place for deferred releases. [`GroupWaker::wake`] makes a worker of the
+    /// waker's group run it soon, also one that was about to park.
+    /// A panic in it aborts the process with a message naming the worker: a worker cannot go on
+    /// without the state its hook keeps, and one that quietly exited would leave its graphs
+    /// waiting.
+    fn idle_hook(self, f: impl Fn(&WorkerInfo, &S) + Send + Sync + 'static) -> Self;
+}
+
+impl<S: Send + 'static> PoolBuilderExt<S> for PoolBuilder<S> {
+    fn idle_hook(mut self, f: impl Fn(&WorkerInfo, &S) + Send + Sync + 'static) -> Self {
+        self.idle = Some(Arc::new(f));
+        self
+    }
+}
+
+/// A backend's methods of [`Pool`].
+pub trait PoolExt: sealed::Sealed {
+    /// A handle that wakes an idle worker of `group` so it runs its idle hook.
+    fn group_waker(&self, group: GroupId) -> GroupWaker;
+
+    /// A handle that makes a worker of `domain` (any of its groups) run its idle hook.
+    ///
+    /// # Panics
+    /// If the pool has no such domain.
+    fn domain_waker(&self, domain: DomainId) -> GroupWaker;
+
+    /// Adds a slice to an extra timeline track named `track` (created on first use), for example
+    /// a GPU stream's busy time. Does nothing unless the pool records a trace.
+    fn record_span(&self, track: &str, name: &str, start: Instant, end: Instant);
+
+    /// A handle that adds slices to extra tracks from any thread (what
+    /// [`record_span`](Self::record_span) does, without a borrow of the pool); `None` unless
+    /// the pool records a trace.
+    fn span_recorder(&self) -> Option<SpanRecorder>;
+}
+
+impl<S: Send + 'static> PoolExt for Pool<S> {
+    fn group_waker(&self, group: GroupId) -> GroupWaker {
+        GroupWaker {
+            sleep: self.registry.sleep.clone(),
+            groups: Arc::from([group.index()]),
+        }
+    }
+
+    fn domain_waker(&self, domain: DomainId) -> GroupWaker {
+        GroupWaker {
+            sleep: self.registry.sleep.clone(),
+            groups: self.registry.domains[domain.index()].groups.clone(),
+        }
+    }
+
+    fn record_span(&self, track: &str, name: &str, start: Instant, end: Instant) {
+        if let Some(t) = &self.registry.trace {
+            t.span(track, name, None, start, end);
+        }
+    }
+
+    fn span_recorder(&self) -> Option<SpanRecorder> {
+        self.registry
+            .trace
+            .as_ref()
+            .map(|t| SpanRecorder::new(t.clone()))
+    }
+}
+
+/// Group and domain ids by position, for a backend that lays out a pool's groups itself (a
+/// user gets them by name: [`Pool::group`], [`Pool::domain`]).
+pub trait FromIndex: sealed::Sealed {
+    /// The id at position `index` (a group's as given to [`PoolBuilder::groups`], a domain's in
+    /// the order [`PoolBuilder::domain`] was called).
+    ///
+    /// # Panics
+    /// If `index` does not fit in `u32`.
+    fn from_index(index: usize) -> Self;
+}
+
+impl FromIndex for GroupId {
+    fn from_index(index: usize) -> Self {
+        GroupId(u32::try_from(index).expect("group index fits in u32"))
+    }
+}
+
+impl FromIndex for DomainId {
+    fn from_index(index: usize) -> Self {
+        DomainId(u32::try_from(index).expect("domain index fits in u32"))
+    }
+}
+
+/// Makes a worker of one group, or of a domain's groups, run its idle hook (see
+/// [`PoolBuilderExt::idle_hook`], [`PoolExt::group_waker`], [`PoolExt::domain_waker`]). Cheap to
+/// clone; usable from any thread, also after the pool is gone (it then does nothing useful).
+#[derive(Clone)]
+pub struct GroupWaker {
+    sleep: Arc<Sleep>,
+    groups: Arc<[usize]>,
+}
+
+impl fmt::Debug for GroupWaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupWaker")
+            .field("groups", &self.groups)
+            .finish()
+    }
+}
+
+impl GroupWaker {
+    /// Makes a worker of the group (of the domain's groups, for a domain waker) run its idle
+    /// hook soon, whatever the workers are doing: an idle one is woken; one about to park
+    /// runs the hook first; a busy one runs it within 64 nodes. Call it after making what the
+    /// hook should handle visible (a handle queued for release): the hook runs after the call.
+    pub fn wake(&self) {
+        self.sleep.request_hook(&self.groups);
+    }
+}

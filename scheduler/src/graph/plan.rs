@@ -1,0 +1,328 @@
+//! The frozen graph: `Plan`, its 24-byte node records (`NodeSpec`: body, in-degree, placement,
+//! flags, up to two successors inline), the packed name table, predecessor lists built on first
+//! use, and the body of an inlined subgraph's node. What a run reads.
+
+use std::sync::{Arc, OnceLock};
+
+use crate::body::{NodeBody, ThinBody};
+use crate::ctx::{Inputs, NodeCtx};
+use crate::error::{bounded, BoxError};
+use crate::ids::{DomainId, GroupId, NodeId, Placement, Priority, ANY_GROUP, PLACEMENT_MASK};
+
+/// A node of an inlined subgraph: the body lives in the subgraph's plan, and the `NodeRef`s it
+/// captured map to this graph through `origin` and `base`.
+pub(crate) struct InlinedBody<S> {
+    pub(crate) plan: Arc<Plan<S>>,
+    pub(crate) index: u32,
+    /// The graph whose builder created the body: `NodeRef`s the body captured carry it.
+    pub(crate) origin: u32,
+    /// Where the origin graph's node 0 sits in this graph.
+    pub(crate) base: u32,
+}
+
+impl<S: Send + 'static> NodeBody<S> for InlinedBody<S> {
+    fn run(&self, ctx: &NodeCtx<'_, S>) -> Result<(), BoxError> {
+        self.plan.nodes[self.index as usize].body.run(ctx)
+    }
+
+    fn run_inputs(&self, inputs: &Inputs<'_>) -> Result<(), BoxError> {
+        self.plan.nodes[self.index as usize].body.run_inputs(inputs)
+    }
+
+    fn inlined(&self) -> Option<&InlinedBody<S>> {
+        Some(self)
+    }
+}
+
+/// The highest group and the highest domain nodes are placed on (with a node placed there),
+/// checked against a pool at submit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct MaxPlacement {
+    pub(crate) group: Option<(u32, GroupId)>,
+    pub(crate) domain: Option<(u32, DomainId)>,
+}
+
+impl MaxPlacement {
+    pub(super) fn note(&mut self, node: u32, p: Placement) {
+        match p {
+            Placement::Any => {}
+            Placement::Group(g) => {
+                if self.group.is_none_or(|(_, m)| g > m) {
+                    self.group = Some((node, g));
+                }
+            }
+            Placement::Domain(d) => {
+                if self.domain.is_none_or(|(_, m)| d > m) {
+                    self.domain = Some((node, d));
+                }
+            }
+        }
+    }
+}
+/// How `NodeSpec::succ` holds the successors: 0, 1 or 2 inline, or `SUCC_EXTERNAL`.
+pub(super) const SUCC_SHIFT: u32 = 24;
+pub(super) const SUCC_MASK: u32 = 3 << SUCC_SHIFT;
+/// `succ` is `[start, len]` in `Plan::ext`.
+pub(super) const SUCC_EXTERNAL: u32 = 3;
+/// A CPU-heavy node ([`GraphBuilder::cpu_node`]).
+pub(super) const FLAG_CPU: u32 = 1 << 26;
+/// The body returns `()`: nothing to store.
+pub(super) const FLAG_UNIT: u32 = 1 << 27;
+/// The body is an [`InlinedBody`].
+pub(super) const FLAG_INLINED: u32 = 1 << 28;
+/// The node's one successor has this node as its only predecessor and may run wherever this
+/// node runs: it is the node's continuation, with no check at run time (set by `build`).
+pub(super) const FLAG_CHAIN: u32 = 1 << 29;
+/// The node's priority level ([`Priority::bits`]: 0 is normal), resolved by `build` from the
+/// graph's priority and the node's override.
+pub(super) const PRIO_SHIFT: u32 = 30;
+pub(crate) const PRIO_MASK: u32 = 3 << PRIO_SHIFT;
+
+/// One node of a graph, 24 bytes: its body, how many predecessors it waits for, its placement
+/// and flags, and its successors (up to two inline, more in the plan's `ext` list). Everything
+/// the scheduler reads to run a node and release its successors sits in this one record, and a
+/// successor's record is the one read next when it runs as the continuation, so a chain or a
+/// tree touches one record per node instead of several arrays.
+pub(crate) struct NodeSpec<S> {
+    pub(crate) body: ThinBody<S>,
+    /// Up to two successors inline (while building: the first two), or `[start, len]` in the
+    /// plan's `ext` list (see `SUCC_MASK`).
+    pub(super) succ: [u32; 2],
+    /// Number of predecessors (edges into this node, repeated edges counted each time).
+    pub(crate) indegree: u32,
+    /// Placement and flags (`PLACEMENT_MASK`, `SUCC_MASK`, `FLAG_*`).
+    pub(super) meta: u32,
+}
+
+impl<S> NodeSpec<S> {
+    pub(super) fn new(body: ThinBody<S>, flags: u32) -> Self {
+        NodeSpec {
+            body,
+            succ: [0; 2],
+            indegree: 0,
+            meta: ANY_GROUP | flags,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn is_cpu(&self) -> bool {
+        self.meta & FLAG_CPU != 0
+    }
+
+    #[inline]
+    pub(crate) fn is_unit(&self) -> bool {
+        self.meta & FLAG_UNIT != 0
+    }
+
+    /// The node's continuation, if it is a link of a chain (see `FLAG_CHAIN`).
+    #[inline(always)]
+    pub(crate) fn chain_successor(&self) -> Option<u32> {
+        (self.meta & FLAG_CHAIN != 0).then_some(self.succ[0])
+    }
+
+    #[inline]
+    pub(super) fn succ_mode(&self) -> u32 {
+        (self.meta & SUCC_MASK) >> SUCC_SHIFT
+    }
+
+    pub(super) fn set_succ_mode(&mut self, mode: u32) {
+        self.meta = (self.meta & !SUCC_MASK) | (mode << SUCC_SHIFT);
+    }
+
+    /// Where this node may run.
+    #[inline]
+    pub(crate) fn placement(&self) -> Placement {
+        Placement::from_bits(self.meta & PLACEMENT_MASK)
+    }
+
+    /// The raw placement (`ANY_GROUP`, a group index, or `DOMAIN_BIT` | a domain index), for
+    /// comparing two nodes'.
+    #[inline]
+    pub(crate) fn placement_bits(&self) -> u32 {
+        self.meta & PLACEMENT_MASK
+    }
+
+    /// The node's priority level.
+    #[inline]
+    pub(crate) fn priority(&self) -> Priority {
+        Priority::from_bits((self.meta & PRIO_MASK) >> PRIO_SHIFT)
+    }
+
+    /// Whether the node is of another level than normal (one test of bits already loaded).
+    #[inline(always)]
+    pub(crate) fn is_prioritized(&self) -> bool {
+        self.meta & PRIO_MASK != 0
+    }
+
+    pub(super) fn set_priority(&mut self, p: Priority) {
+        self.meta = (self.meta & !PRIO_MASK) | (p.bits() << PRIO_SHIFT);
+    }
+
+    pub(super) fn set_placement_bits(&mut self, p: u32) {
+        self.meta = (self.meta & !PLACEMENT_MASK) | p;
+    }
+
+    /// (origin, base): the graph whose builder created the body, and where that graph's node 0
+    /// sits in the graph `uid` this node belongs to.
+    #[inline]
+    pub(crate) fn origin_base(&self, uid: u32) -> (u32, u32) {
+        if self.meta & FLAG_INLINED != 0 {
+            if let Some(b) = self.body.inlined() {
+                return (b.origin, b.base);
+            }
+        }
+        (uid, 0)
+    }
+}
+
+/// The successors of node `i`: inline in its record or in `ext`.
+#[inline]
+pub(super) fn successors_of<'a, S>(nodes: &'a [NodeSpec<S>], ext: &'a [u32], i: u32) -> &'a [u32] {
+    let spec = &nodes[i as usize];
+    match spec.succ_mode() {
+        SUCC_EXTERNAL => {
+            let [start, len] = spec.succ;
+            &ext[start as usize..start as usize + len as usize]
+        }
+        k => &spec.succ[..k as usize],
+    }
+}
+
+/// A validated graph: node records (bodies, degrees, placements, inline successors), the
+/// successor lists of nodes with more than two, sources, names.
+pub(crate) struct Plan<S> {
+    pub(crate) uid: u32,
+    pub(crate) name: Arc<str>,
+    pub(crate) nodes: Box<[NodeSpec<S>]>,
+    /// Successor lists of the nodes that have more than two (`SUCC_EXTERNAL`).
+    pub(super) ext: Box<[u32]>,
+    /// Number of edges.
+    pub(crate) edges: usize,
+    /// Some node has more than one predecessor.
+    pub(crate) joins: bool,
+    /// (start, list), built from the successor lists the first time a node asks for its
+    /// predecessors: graphs whose nodes never read inputs never pay for them.
+    pub(super) preds: OnceLock<Csr>,
+    pub(crate) names: NameTable,
+    pub(crate) sources: Box<[u32]>,
+    /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.
+    pub(crate) valued: Box<[u32]>,
+    pub(super) max_placement: MaxPlacement,
+    /// The builder's graph priority and node overrides (kept for inlining this graph).
+    pub(crate) priority: Priority,
+    pub(super) prio_overrides: Box<[(u32, Priority)]>,
+    /// Some node is not of the normal level.
+    pub(crate) prioritized: bool,
+}
+
+/// (start offsets, list): compressed adjacency lists.
+pub(super) type Csr = (Box<[u32]>, Box<[u32]>);
+
+/// Node names packed into one string: a node costs 4 bytes plus its name's bytes, where a
+/// `Cow<str>` per node would cost 24 (building a large graph is mostly writing memory).
+#[derive(Default)]
+pub(crate) struct NameTable {
+    text: String,
+    /// End of each name in `text`.
+    ends: Vec<u32>,
+}
+
+impl NameTable {
+    pub(super) fn with_capacity(n: usize) -> Self {
+        NameTable {
+            text: String::with_capacity(n),
+            ends: Vec::with_capacity(n),
+        }
+    }
+
+    #[inline]
+    pub(super) fn push(&mut self, name: &str) {
+        self.text.push_str(name);
+        let end = u32::try_from(self.text.len()).expect("a graph's node names total under 4 GiB");
+        self.ends.push(end);
+    }
+
+    pub(super) fn shrunk(mut self) -> Self {
+        self.text.shrink_to_fit();
+        self.ends.shrink_to_fit();
+        self
+    }
+}
+
+impl std::ops::Index<usize> for NameTable {
+    type Output = str;
+
+    #[inline]
+    fn index(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.text[start..self.ends[i] as usize]
+    }
+}
+
+/// Predecessor lists in compressed form, from the successor lists of `n` nodes.
+pub(super) fn build_predecessors<'a>(n: usize, successors: impl Fn(u32) -> &'a [u32]) -> Csr {
+    let mut start = vec![0u32; n + 1];
+    for f in 0..n as u32 {
+        for &t in successors(f) {
+            start[t as usize + 1] += 1;
+        }
+    }
+    for i in 0..n {
+        start[i + 1] += start[i];
+    }
+    let mut fill: Vec<u32> = start[..n].to_vec();
+    let mut list = vec![0u32; start[n] as usize];
+    for f in 0..n as u32 {
+        for &t in successors(f) {
+            list[fill[t as usize] as usize] = f;
+            fill[t as usize] += 1;
+        }
+    }
+    (start.into_boxed_slice(), list.into_boxed_slice())
+}
+
+impl<S> Plan<S> {
+    #[inline]
+    pub(crate) fn successors(&self, i: u32) -> &[u32] {
+        successors_of(&self.nodes, &self.ext, i)
+    }
+
+    #[inline]
+    pub(crate) fn predecessors(&self, i: u32) -> &[u32] {
+        let (start, list) = self
+            .preds
+            .get_or_init(|| build_predecessors(self.nodes.len(), |f| self.successors(f)));
+        let i = i as usize;
+        &list[start[i] as usize..start[i + 1] as usize]
+    }
+
+    /// A node with the highest group placement, for checking placements against a pool.
+    pub(crate) fn max_placement(&self) -> Option<(u32, GroupId)> {
+        self.max_placement.group
+    }
+
+    /// A node with the highest domain placement, for checking placements against a pool.
+    pub(crate) fn max_domain(&self) -> Option<(u32, DomainId)> {
+        self.max_placement.domain
+    }
+
+    pub(super) fn sinks(&self) -> Vec<u32> {
+        (0..self.nodes.len() as u32)
+            .filter(|&i| self.successors(i).is_empty())
+            .collect()
+    }
+
+    /// The index of `id` if it is a node of this plan.
+    pub(crate) fn check(&self, id: NodeId) -> Option<u32> {
+        (id.graph == self.uid && (id.index as usize) < self.nodes.len()).then_some(id.index)
+    }
+
+    pub(crate) fn describe(&self, i: u32) -> String {
+        format!(
+            "node '{}' (#{}) of graph '{}'",
+            bounded(&self.names[i as usize]),
+            i,
+            bounded(&self.name)
+        )
+    }
+}

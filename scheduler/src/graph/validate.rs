@@ -1,0 +1,233 @@
+//! `build`'s checks: bad placements and edges, cycles (Kahn's algorithm, skipped when node
+//! order is already topological), and the final layout of the node records (external successor
+//! lists, chain links).
+
+use std::sync::{Arc, OnceLock};
+
+use super::builder::{BadEdge, GraphBuilder};
+use super::plan::{build_predecessors, successors_of, MaxPlacement, NodeSpec, Plan, FLAG_CHAIN};
+use crate::error::{bounded, bounded_list, Error, ErrorKind};
+use crate::ids::{NodeId, Placement, ANY_GROUP, DOMAIN_BIT};
+
+impl<S> Plan<S> {
+    pub(super) fn build(mut b: GraphBuilder<S>) -> Result<Self, Error> {
+        let n = b.nodes.len();
+        let gname: Arc<str> = Arc::from(&*b.name);
+        if let Some((id, placement)) = b.bad_placement {
+            return Err(match placement {
+                Some(p) => {
+                    let (what, index, max) = match p {
+                        Placement::Domain(d) => ("domain", d.index(), ANY_GROUP - DOMAIN_BIT - 1),
+                        Placement::Group(g) => ("group", g.index(), DOMAIN_BIT - 1),
+                        Placement::Any => unreachable!("`Any` always fits"),
+                    };
+                    Error::new(
+                        ErrorKind::UnknownGroup,
+                        format!(
+                            "graph '{}': node '{}' (#{}) is placed on {what} {index}, above the \
+                             largest {what} index a pool can have ({max})",
+                            bounded(&gname),
+                            bounded(&b.names[id.index as usize]),
+                            id.index,
+                        ),
+                    )
+                }
+                None => node_error(&gname, id, b.uid, n, "a placement or priority"),
+            });
+        }
+        match b.bad_edge {
+            None => {}
+            Some(BadEdge::Foreign(id)) | Some(BadEdge::Unknown(id)) => {
+                return Err(node_error(&gname, id, b.uid, n, "an edge"));
+            }
+            Some(BadEdge::SelfLoop(f)) => {
+                return Err(Error::new(
+                    ErrorKind::Cycle,
+                    format!(
+                        "graph '{}' has a cycle of 1 node: node '{}' (#{f}) depends on itself",
+                        bounded(&gname),
+                        bounded(&b.names[f as usize])
+                    ),
+                ));
+            }
+        }
+        let ext = external_successors(&mut b.nodes, &b.overflow);
+        mark_chains(&mut b.nodes);
+        let mut sources = Vec::new();
+        for (w, &bits) in b.has_pred.iter().enumerate() {
+            let mut free = !bits;
+            while free != 0 {
+                let i = w * 64 + free.trailing_zeros() as usize;
+                if i >= n {
+                    break;
+                }
+                sources.push(i as u32);
+                free &= free - 1;
+            }
+        }
+
+        // Kahn's algorithm: every node must become ready, or there is a cycle. Skipped when every
+        // edge goes from a lower to a higher index: node order is then a topological order.
+        if !b.forward {
+            let mut remaining: Vec<u32> = b.nodes.iter().map(|s| s.indegree).collect();
+            let mut stack = sources.clone();
+            let mut seen = 0;
+            while let Some(i) = stack.pop() {
+                seen += 1;
+                for &s in successors_of(&b.nodes, &ext, i) {
+                    let r = &mut remaining[s as usize];
+                    *r -= 1;
+                    if *r == 0 {
+                        stack.push(s);
+                    }
+                }
+            }
+            if seen < n {
+                let preds = build_predecessors(n, |f| successors_of(&b.nodes, &ext, f));
+                let cycle = find_cycle(&remaining, &preds.0, &preds.1);
+                // Name at most a few of its nodes: a cycle can be millions of nodes long.
+                let name = |i: u32| format!("'{}' (#{i})", bounded(&b.names[i as usize]));
+                return Err(Error::new(
+                    ErrorKind::Cycle,
+                    format!(
+                        "graph '{}' has a cycle of {} nodes: {} -> {}",
+                        bounded(&gname),
+                        cycle.len(),
+                        bounded_list(cycle.iter().map(|&i| name(i)), cycle.len(), " -> "),
+                        name(cycle[0])
+                    ),
+                ));
+            }
+        }
+        let prioritized = b.nodes.iter().any(|n| n.is_prioritized());
+        let mut max_placement = b.max_placement;
+        if b.replaced {
+            max_placement = MaxPlacement::default();
+            for (i, spec) in b.nodes.iter().enumerate() {
+                max_placement.note(i as u32, spec.placement());
+            }
+        }
+        Ok(Plan {
+            uid: b.uid,
+            name: gname,
+            nodes: b.nodes.into_boxed_slice(),
+            ext,
+            edges: b.edges,
+            joins: b.joins,
+            preds: OnceLock::new(),
+            names: b.names.shrunk(),
+            sources: sources.into_boxed_slice(),
+            valued: b.valued.into_boxed_slice(),
+            max_placement,
+            priority: b.priority,
+            prio_overrides: b.prio_overrides.into_boxed_slice(),
+            prioritized,
+        })
+    }
+}
+
+/// The error for a placement or edge naming node `id`, which is of another graph or beyond the
+/// `n` nodes of graph `uid`.
+fn node_error(gname: &str, id: NodeId, uid: u32, n: usize, what: &str) -> Error {
+    let gname = bounded(gname);
+    if id.graph != uid {
+        Error::new(
+            ErrorKind::ForeignNode,
+            format!(
+                "graph '{gname}': {what} refers to node #{} of another graph; \
+                 inline that graph with `subgraph` and map the node through the returned `Subgraph`",
+                id.index
+            ),
+        )
+    } else {
+        Error::new(
+            ErrorKind::UnknownNode,
+            format!(
+                "graph '{gname}': {what} refers to node #{}, but the graph has {n} node(s)",
+                id.index
+            ),
+        )
+    }
+}
+
+/// Moves the successors of nodes with more than two into one list: each such node's first two
+/// (from its record) and then its `overflow` edges, in the order they were added; the record
+/// then holds `[start, len]`. Nothing to do (and nothing allocated) when no node has more than two.
+fn external_successors<S>(nodes: &mut [NodeSpec<S>], overflow: &[(u32, u32)]) -> Box<[u32]> {
+    if overflow.is_empty() {
+        return Box::new([]);
+    }
+    // Overflow edges per node; then each node's fill cursor.
+    let mut extra = vec![0u32; nodes.len()];
+    for &(f, _) in overflow {
+        extra[f as usize] += 1;
+    }
+    let total: usize = extra
+        .iter()
+        .filter(|&&k| k > 0)
+        .map(|&k| 2 + k as usize)
+        .sum();
+    let total_u32 = u32::try_from(total).expect("a graph holds at most 2^32 - 1 edges");
+    let mut ext = vec![0u32; total_u32 as usize];
+    let mut cursor = 0u32;
+    for (f, k) in extra.iter_mut().enumerate() {
+        if *k == 0 {
+            continue;
+        }
+        let spec = &mut nodes[f];
+        let len = 2 + *k;
+        ext[cursor as usize] = spec.succ[0];
+        ext[cursor as usize + 1] = spec.succ[1];
+        spec.succ = [cursor, len];
+        *k = cursor + 2;
+        cursor += len;
+    }
+    for &(f, t) in overflow {
+        let at = &mut extra[f as usize];
+        ext[*at as usize] = t;
+        *at += 1;
+    }
+    ext.into_boxed_slice()
+}
+
+/// Sets `FLAG_CHAIN` on every node whose one successor has it as its only predecessor and is
+/// placed anywhere or where the node is.
+fn mark_chains<S>(nodes: &mut [NodeSpec<S>]) {
+    for i in 0..nodes.len() {
+        let spec = &nodes[i];
+        if spec.succ_mode() != 1 {
+            continue;
+        }
+        let next = &nodes[spec.succ[0] as usize];
+        let place = next.placement_bits();
+        if next.indegree == 1 && (place == ANY_GROUP || place == spec.placement_bits()) {
+            nodes[i].meta |= FLAG_CHAIN;
+        }
+    }
+}
+
+/// Walks predecessors among the nodes Kahn's algorithm could not reach until one repeats;
+/// returns that cycle in edge order.
+fn find_cycle(remaining: &[u32], pred_start: &[u32], pred: &[u32]) -> Vec<u32> {
+    let start = remaining
+        .iter()
+        .position(|&r| r > 0)
+        .expect("a cycle exists") as u32;
+    let mut pos = vec![u32::MAX; remaining.len()];
+    let mut path = Vec::new();
+    let mut cur = start;
+    loop {
+        if pos[cur as usize] != u32::MAX {
+            let mut cycle = path[pos[cur as usize] as usize..].to_vec();
+            cycle.reverse(); // we walked predecessors; report in edge direction
+            return cycle;
+        }
+        pos[cur as usize] = path.len() as u32;
+        path.push(cur);
+        let i = cur as usize;
+        cur = *pred[pred_start[i] as usize..pred_start[i + 1] as usize]
+            .iter()
+            .find(|&&p| remaining[p as usize] > 0)
+            .expect("a node left with predecessors has an unfinished one");
+    }
+}
