@@ -10,4 +10,5 @@
 
 pub use boundpool_gpu::baselines;
 
+pub mod replay;
 pub mod workloads;

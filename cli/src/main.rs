@@ -132,6 +132,14 @@ struct RunArgs {
     /// Write the graph in Graphviz DOT.
     #[arg(long, value_name = "FILE")]
     dot: Option<PathBuf>,
+    /// Run the built-in shape as empty-kernel GPU nodes on a GPU pool of device 0 (exits 2
+    /// without a GPU). `--threads` is then the workers of the device (default 4).
+    #[arg(long, conflicts_with = "graph")]
+    gpu: bool,
+    /// With --gpu: run it as a replayable graph (captured at the first run into CUDA graphs,
+    /// replayed after).
+    #[arg(long, requires = "gpu")]
+    replay: bool,
 }
 
 #[derive(Args, Debug)]
@@ -166,7 +174,9 @@ struct BenchArgs {
     /// under low-priority wide graphs that keep every worker busy (one JSON object with --json).
     #[arg(long)]
     latency: bool,
-    /// With --latency: GPU nodes on device 0 (exits 2 without a GPU).
+    /// With --latency: GPU nodes on device 0. Alone: the replay bench (graphs of 1,000
+    /// empty-kernel GPU nodes, eager, replayed and as a raw CUDA graph; --runs rounds). Exits 2
+    /// without a GPU.
     #[arg(long)]
     gpu: bool,
     /// With --latency: seconds per phase (four phases).

@@ -93,11 +93,12 @@ fn table_names_the_phases() {
 fn bad_settings_and_no_gpu_exit_2() {
     let o = run(&["bench", "--latency", "--seconds", "0"]);
     assert_eq!(o.status.code(), Some(2));
-    let o = run(&["bench", "--gpu"]);
-    assert_eq!(o.status.code(), Some(2), "--gpu without --latency");
     if boundpool::gpu::gpu_unavailable_reason().is_none() {
-        return; // a GPU is here: `--latency --gpu` would run
+        return; // a GPU is here: `--latency --gpu` (and `--gpu`, the replay bench) would run
     }
+    // Alone, --gpu is the replay bench (tests/cli_replay.rs): without a GPU, exit 2 too.
+    let o = run(&["bench", "--gpu"]);
+    assert_eq!(o.status.code(), Some(2), "--gpu without a GPU");
     let o = run(&["bench", "--latency", "--gpu", "--seconds", "0.1"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("no GPU"), "{}", text(&o.stderr));

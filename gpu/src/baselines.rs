@@ -493,3 +493,86 @@ pub fn call_costs(ordinal: i32, n: usize) -> GpuResult<(f64, f64, f64)> {
     drop(raw);
     Ok(r)
 }
+
+/// What [`raw_graph`] measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RawGraph {
+    /// Kernel nodes of the graph.
+    pub nodes: usize,
+    /// Building the graph node by node (`cuGraphAddKernelNode`).
+    pub build: Duration,
+    /// `cuGraphInstantiateWithFlags`.
+    pub instantiate: Duration,
+    /// Each timed run: one launch and a stream synchronise.
+    pub runs: Vec<Duration>,
+}
+
+/// A raw CUDA graph of the empty kernel `<<<1,1>>>`, one kernel node per entry of `preds`
+/// (node `i` after every node in `preds[i]`, each of them below `i`), built with the driver
+/// API, instantiated once, then launched and waited for (stream synchronise) `runs` times after
+/// 3 warm-up runs, on one bound thread: the floor a replayed graph of the same topology is
+/// measured against.
+pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<RawGraph> {
+    for (i, ps) in preds.iter().enumerate() {
+        if ps.iter().any(|&p| p as usize >= i) {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!("raw_graph: node {i} has a predecessor not below it"),
+            ));
+        }
+    }
+    let raw = Raw::open(ordinal)?;
+    let (ctx, f) = (raw.ctx, raw.empty);
+    let r = on_bound(ctx, || {
+        let s = drv("cuStreamCreate", driver::stream_create(ctx))?;
+        let t0 = Instant::now();
+        let mut g = drv("cuGraphCreate", driver::graph_create(ctx))?;
+        let mut nodes: Vec<driver::GraphNode> = Vec::with_capacity(preds.len());
+        let mut built = Ok(());
+        for ps in preds {
+            let deps: Vec<driver::GraphNode> = ps.iter().map(|&p| nodes[p as usize]).collect();
+            match driver::graph_add_empty_kernel(ctx, &mut g, &deps, f) {
+                Ok(n) => nodes.push(n),
+                Err(e) => {
+                    built = Err(GpuError::driver("cuGraphAddKernelNode", "baseline", e));
+                    break;
+                }
+            }
+        }
+        let build = t0.elapsed();
+        let t1 = Instant::now();
+        let exec = built.and_then(|()| {
+            drv(
+                "cuGraphInstantiateWithFlags",
+                driver::graph_instantiate(ctx, &g),
+            )
+        });
+        let instantiate = t1.elapsed();
+        let _ = driver::graph_destroy(ctx, g);
+        let exec = exec?;
+        let mut timed = Vec::with_capacity(runs);
+        let mut res = Ok(());
+        for i in 0..runs + 3 {
+            let t = Instant::now();
+            let r = drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s))
+                .and_then(|()| drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s)));
+            if let Err(e) = r {
+                res = Err(e);
+                break;
+            }
+            if i >= 3 {
+                timed.push(t.elapsed());
+            }
+        }
+        let _ = driver::graph_exec_destroy(ctx, exec);
+        let _ = driver::stream_destroy(ctx, s);
+        res.map(|()| RawGraph {
+            nodes: preds.len(),
+            build,
+            instantiate,
+            runs: timed,
+        })
+    });
+    drop(raw);
+    r
+}

@@ -597,6 +597,9 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
     /// stream of the node's priority level, or one handed over; created on the worker at its
     /// first use; a missing libcublas is an error naming the node).
     pub fn blas(&self) -> GpuResult<Blas<'_, 'a, 'n>> {
+        if let Some(c) = self.capture {
+            return Err(c.refuse(self, "cuBLAS under a replay capture is not supported (its workspace would be a graph allocation; not examined)"));
+        }
         let what = || self.what();
         let (raw, stream_sets) = self.b.libs.blas_on(self.b.ctx, self.stream, &what)?;
         Ok(Blas {
@@ -608,6 +611,9 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
 
     /// This worker's cuSOLVER (dense) handle, set to the stream this node enqueues on.
     pub fn solver(&self) -> GpuResult<Solver<'_, 'a, 'n>> {
+        if let Some(c) = self.capture {
+            return Err(c.refuse(self, "cuSOLVER under a replay capture is not supported (its workspace is grown stream-ordered; not examined)"));
+        }
         let what = || self.what();
         let (raw, stream_sets) = self.b.libs.solver_on(self.stream, &what)?;
         Ok(Solver {

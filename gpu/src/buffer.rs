@@ -86,7 +86,9 @@ impl<T: DeviceCopy> fmt::Debug for DeviceBuffer<T> {
 
 impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        // No driver call here: a bound worker of the device frees it.
+        // No driver call here: a bound worker of the device frees it. (A drop during a replay
+        // capture fails the capture: the graph would replay on freed memory.)
+        crate::replay::note_free();
         self.device.release(Release::Mem(self.ptr));
     }
 }

@@ -10,11 +10,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use boundpool_scheduler::{GroupId, Placement};
 
-use crate::driver::{self, Ctx, DResult, Dev, Event, Func, Module as RawModule, Stream};
+use crate::driver::{self, Ctx, DResult, Dev, Event, Func, GraphExec, Module as RawModule, Stream};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
 use crate::timing::DeviceTiming;
@@ -24,6 +24,8 @@ use crate::timing::DeviceTiming;
 pub(crate) enum Release {
     /// Device memory from `cuMemAllocAsync`.
     Mem(u64),
+    /// A replay executable (`replay.rs`) whose last owner dropped it.
+    Exec(GraphExec),
 }
 
 /// Public, static facts about a device.
@@ -63,6 +65,11 @@ pub(crate) struct DeviceShared {
     allocations: Mutex<std::collections::HashSet<u64>>,
     /// GPU stream tracks of the trace (only when the pool records one).
     pub(crate) timing: Option<DeviceTiming>,
+    /// Replay executables' slots, so that teardown destroys those still owned
+    /// (`replay.rs`).
+    exec_slots: Mutex<Vec<Weak<crate::replay::ExecSlot>>>,
+    /// Replay executables instantiated and not yet destroyed.
+    execs_live: AtomicUsize,
 }
 
 impl fmt::Debug for DeviceShared {
@@ -94,7 +101,34 @@ impl DeviceShared {
             closed: AtomicBool::new(false),
             live_workers: AtomicUsize::new(0),
             allocations: Mutex::new(std::collections::HashSet::new()),
+            exec_slots: Mutex::new(Vec::new()),
+            execs_live: AtomicUsize::new(0),
         }
+    }
+
+    // ---------------------------------------------------------------- replay executables
+
+    /// Registers a replay executable's slot for teardown (dead slots are pruned here).
+    pub(crate) fn register_exec_slot(&self, slot: &std::sync::Arc<crate::replay::ExecSlot>) {
+        let mut v = self.exec_slots.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.push(std::sync::Arc::downgrade(slot));
+    }
+
+    /// Counts an executable just instantiated.
+    pub(crate) fn exec_created(&self) {
+        self.execs_live.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Destroys an executable (on a bound worker of this device) and counts it.
+    pub(crate) fn destroy_exec(&self, ctx: Ctx, e: GraphExec) {
+        let _ = driver::graph_exec_destroy(ctx, e);
+        self.execs_live.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Replay executables instantiated on this device and not yet destroyed.
+    pub(crate) fn execs_live(&self) -> usize {
+        self.execs_live.load(Ordering::Relaxed)
     }
 
     pub(crate) fn ordinal(&self) -> i32 {
@@ -305,6 +339,8 @@ impl DeviceShared {
                         driver::mem_free(ctx, p)
                     };
                 }
+                // An in-flight launch finishes first (the driver defers the free).
+                Release::Exec(e) => self.destroy_exec(ctx, e),
             }
         }
         // Look again before blocking: work another worker enqueued since the first look (before
@@ -426,11 +462,20 @@ impl DeviceShared {
             let _ = driver::ctx_synchronize(ctx);
         }
         // Everything still allocated: queued releases and buffers whose owners outlive the
-        // pool (their later drop does nothing).
-        self.releases
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        // pool (their later drop does nothing). Replay executables: those queued, and those
+        // still owned (their owners' later drop finds the slot empty).
+        let queued = std::mem::take(&mut *self.releases.lock().unwrap_or_else(|e| e.into_inner()));
+        for r in queued {
+            if let Release::Exec(e) = r {
+                self.destroy_exec(ctx, e);
+            }
+        }
+        let slots = std::mem::take(&mut *self.exec_slots.lock().unwrap_or_else(|e| e.into_inner()));
+        for s in slots.iter().filter_map(Weak::upgrade) {
+            if let Some(e) = s.take() {
+                self.destroy_exec(ctx, e);
+            }
+        }
         let live: Vec<u64> = self
             .allocations
             .lock()
@@ -531,6 +576,11 @@ impl GpuDevice {
     /// Events created so far for the device's event table (the table recycles them).
     pub fn events_created(&self) -> usize {
         self.shared.events_created()
+    }
+    /// Replay executables (`Replayable`) instantiated on this device and not yet destroyed
+    /// (a dropped one is destroyed by a worker of the device, soon after the drop).
+    pub fn replay_executables(&self) -> usize {
+        self.shared.execs_live()
     }
     /// Timing events created so far for the trace's GPU stream tracks (recycled; always 0
     /// when the pool does not record a trace).

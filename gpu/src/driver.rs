@@ -639,3 +639,295 @@ pub(crate) fn is_sticky(e: DriverError) -> bool {
             | CUDA_ERROR_LAUNCH_TIMEOUT
     )
 }
+
+// ----------------------------------------------------------------------------------------------
+// CUDA graphs (replay, `replay.rs`; the raw-graph baseline, `baselines.rs`).
+//
+// Unlike the handles above, a graph and an executable are *owned*: neither is `Copy` or
+// `Clone`, and each is destroyed by a function that consumes it, so that destroying one twice
+// does not compile. A node handle ([`GraphNode`]) belongs to its graph and is `Copy`.
+
+/// A CUDA graph (a template: captured, or built node by node). Destroy with [`graph_destroy`].
+#[derive(Debug)]
+pub(crate) struct CudaGraph(sys::CUgraph);
+// SAFETY: a graph handle may be used from any thread with its context current; this crate
+// uses it from one bound worker at a time (the owner has `&mut` or moves it).
+unsafe impl Send for CudaGraph {}
+// SAFETY: as above; shared references only read the handle value.
+unsafe impl Sync for CudaGraph {}
+
+/// An executable graph. Destroy with [`graph_exec_destroy`].
+#[derive(Debug)]
+pub(crate) struct GraphExec(sys::CUgraphExec);
+// SAFETY: as for `CudaGraph`; a launch takes `&GraphExec`, an update `&mut GraphExec`.
+unsafe impl Send for GraphExec {}
+// SAFETY: as above.
+unsafe impl Sync for GraphExec {}
+
+handle!(
+    /// A node of a CUDA graph (owned by its graph; valid while the graph lives).
+    GraphNode,
+    sys::CUgraphNode
+);
+
+/// Whether this driver has the graph calls replay uses (`cuStreamGetCaptureInfo_v3` and
+/// `cuStreamUpdateCaptureDependencies_v2` came with CUDA 12.3). Calling a missing entry point
+/// through the dynamic loader would panic, so callers check this first.
+pub(crate) fn has_capture_v3() -> bool {
+    driver_version().is_ok_and(|v| v >= 12030)
+}
+
+/// Begins a capture on `s` in thread-local mode: only this thread's unsafe calls (an implicit
+/// synchronise) invalidate it; other threads keep using the device freely.
+pub(crate) fn stream_begin_capture(expect: Ctx, s: Stream) -> DResult<()> {
+    check(expect, "cuStreamBeginCapture");
+    // SAFETY: crate invariant: `s` is live.
+    unsafe {
+        sys::cuStreamBeginCapture_v2(
+            s.0,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
+        .result()
+    }
+}
+
+/// Ends the capture on `s`. `Ok(None)`: the capture ended but made no graph.
+pub(crate) fn stream_end_capture(expect: Ctx, s: Stream) -> DResult<Option<CudaGraph>> {
+    check(expect, "cuStreamEndCapture");
+    let mut g: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: writes one graph handle (null when none was made).
+    unsafe { sys::cuStreamEndCapture(s.0, &mut g).result()? };
+    Ok((!g.is_null()).then_some(CudaGraph(g)))
+}
+
+/// Whether `s` is capturing: `Ok(Some(true))` active, `Ok(Some(false))` invalidated,
+/// `Ok(None)` not capturing.
+pub(crate) fn stream_capture_status(expect: Ctx, s: Stream) -> DResult<Option<bool>> {
+    check(expect, "cuStreamIsCapturing");
+    let mut st = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
+    // SAFETY: writes one status.
+    let st = unsafe {
+        sys::cuStreamIsCapturing(s.0, st.as_mut_ptr()).result()?;
+        st.assume_init()
+    };
+    Ok(match st {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Some(true),
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED => Some(false),
+        _ => None,
+    })
+}
+
+/// The nodes the next operation captured on `s` would depend on (the capture's current tail).
+pub(crate) fn capture_dependencies(expect: Ctx, s: Stream) -> DResult<Vec<GraphNode>> {
+    check(expect, "cuStreamGetCaptureInfo");
+    let mut status = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
+    let mut deps: *const sys::CUgraphNode = std::ptr::null();
+    let mut n: usize = 0;
+    // SAFETY: the driver writes the status, a pointer to its own array of `n` node handles
+    // (valid until the next call on the stream: copied out at once) and `n`; the id, graph and
+    // edge-data outputs are optional and passed as null (our edges are all default ones).
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            s.0,
+            status.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut deps,
+            std::ptr::null_mut(),
+            &mut n,
+        )
+        .result()?;
+        if n == 0 || deps.is_null() {
+            return Ok(Vec::new());
+        }
+        Ok(std::slice::from_raw_parts(deps, n)
+            .iter()
+            .map(|&d| GraphNode(d))
+            .collect())
+    }
+}
+
+/// Makes the next operation captured on `s` depend on exactly `deps` (none: a root of the
+/// graph). This is how a capture on one stream keeps a DAG's parallelism.
+pub(crate) fn capture_set_dependencies(expect: Ctx, s: Stream, deps: &[GraphNode]) -> DResult<()> {
+    check(expect, "cuStreamUpdateCaptureDependencies");
+    let mut raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
+    let p = if raw.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        raw.as_mut_ptr()
+    };
+    // SAFETY: `raw` holds `raw.len()` nodes of the graph being captured on `s` (taken from
+    // `capture_dependencies` of this capture); null edge data means default edges.
+    unsafe {
+        sys::cuStreamUpdateCaptureDependencies_v2(
+            s.0,
+            p,
+            std::ptr::null(),
+            raw.len(),
+            sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES as u32,
+        )
+        .result()
+    }
+}
+
+/// Adds an empty node with no dependencies to the graph being captured on `s` and returns it:
+/// a root the next captured operations can depend on, where a driver refuses an empty
+/// dependency set in [`capture_set_dependencies`].
+pub(crate) fn capture_add_root(expect: Ctx, s: Stream) -> DResult<GraphNode> {
+    check(expect, "cuGraphAddEmptyNode");
+    let mut status = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
+    let mut g: sys::CUgraph = std::ptr::null_mut();
+    let mut node: sys::CUgraphNode = std::ptr::null_mut();
+    // SAFETY: the first call writes the status and the capture's graph (owned by the capture,
+    // not by us: only used for the one node added here); the other outputs are optional. The
+    // second adds a node with no dependencies to that graph.
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            s.0,
+            status.as_mut_ptr(),
+            std::ptr::null_mut(),
+            &mut g,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+        .result()?;
+        sys::cuGraphAddEmptyNode(&mut node, g, std::ptr::null(), 0).result()?;
+    }
+    Ok(GraphNode(node))
+}
+
+/// Switches this thread's capture mode to relaxed and returns the previous one, for calls a
+/// capture must not see (hoisted allocations, staging copies on another stream).
+pub(crate) fn capture_mode_relaxed() -> DResult<u32> {
+    let mut m = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: exchanges one value for the calling thread.
+    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m).result()? };
+    Ok(m as u32)
+}
+
+/// Restores a capture mode returned by [`capture_mode_relaxed`].
+pub(crate) fn capture_mode_restore(mode: u32) -> DResult<()> {
+    let mut m = match mode {
+        0 => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        1 => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        _ => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    };
+    // SAFETY: exchanges one value for the calling thread.
+    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m).result() }
+}
+
+/// An empty graph (for graphs built node by node).
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
+pub(crate) fn graph_create(expect: Ctx) -> DResult<CudaGraph> {
+    check(expect, "cuGraphCreate");
+    let mut g: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: writes one graph handle.
+    unsafe { sys::cuGraphCreate(&mut g, 0).result()? };
+    Ok(CudaGraph(g))
+}
+
+/// Number of nodes of `g`.
+pub(crate) fn graph_node_count(expect: Ctx, g: &CudaGraph) -> DResult<usize> {
+    check(expect, "cuGraphGetNodes");
+    let mut n: usize = 0;
+    // SAFETY: with a null node array the driver only writes the count.
+    unsafe { sys::cuGraphGetNodes(g.0, std::ptr::null_mut(), &mut n).result()? };
+    Ok(n)
+}
+
+/// Number of edges of `g`.
+pub(crate) fn graph_edge_count(expect: Ctx, g: &CudaGraph) -> DResult<usize> {
+    check(expect, "cuGraphGetEdges");
+    let mut n: usize = 0;
+    // SAFETY: with null arrays the driver only writes the count.
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            g.0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut n,
+        )
+        .result()?
+    };
+    Ok(n)
+}
+
+/// Adds a kernel node of `f` (no parameters) after `deps`.
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
+pub(crate) fn graph_add_empty_kernel(
+    expect: Ctx,
+    g: &mut CudaGraph,
+    deps: &[GraphNode],
+    f: Func,
+) -> DResult<GraphNode> {
+    check(expect, "cuGraphAddKernelNode");
+    let raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
+    let params = sys::CUDA_KERNEL_NODE_PARAMS {
+        func: f.0,
+        gridDimX: 1,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: 1,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        kernelParams: std::ptr::null_mut(),
+        extra: std::ptr::null_mut(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    };
+    let mut node: sys::CUgraphNode = std::ptr::null_mut();
+    // SAFETY: `raw` holds nodes of `g`; the kernel takes no parameters; `kern` and `ctx` null
+    // mean "use `func`" and "the current context".
+    unsafe {
+        sys::cuGraphAddKernelNode_v2(&mut node, g.0, raw.as_ptr(), raw.len(), &params).result()?
+    };
+    Ok(GraphNode(node))
+}
+
+/// Instantiates `g` (which stays the caller's: it may be destroyed at once).
+pub(crate) fn graph_instantiate(expect: Ctx, g: &CudaGraph) -> DResult<GraphExec> {
+    check(expect, "cuGraphInstantiateWithFlags");
+    let mut e: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: writes one executable handle; `g` is live.
+    unsafe { sys::cuGraphInstantiateWithFlags(&mut e, g.0, 0).result()? };
+    Ok(GraphExec(e))
+}
+
+/// Updates `exec` in place to `g`'s parameters. `Ok(true)`: updated; `Ok(false)`: the
+/// topology (or a node's kind) differs and the driver refused, `exec` unchanged and still
+/// usable for the old graph; re-instantiate.
+pub(crate) fn graph_exec_update(expect: Ctx, exec: &mut GraphExec, g: &CudaGraph) -> DResult<bool> {
+    check(expect, "cuGraphExecUpdate");
+    let mut info = MaybeUninit::<sys::CUgraphExecUpdateResultInfo>::zeroed();
+    // SAFETY: both handles are live; the driver writes one result info.
+    match unsafe { sys::cuGraphExecUpdate_v2(exec.0, g.0, info.as_mut_ptr()) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => Ok(false),
+        other => Err(DriverError(other)),
+    }
+}
+
+/// Launches `exec` on `s` (ordered after earlier launches of `exec` by the driver).
+pub(crate) fn graph_launch(expect: Ctx, exec: &GraphExec, s: Stream) -> DResult<()> {
+    check(expect, "cuGraphLaunch");
+    // SAFETY: both handles are live.
+    unsafe { sys::cuGraphLaunch(exec.0, s.0).result() }
+}
+
+/// Destroys a graph template.
+pub(crate) fn graph_destroy(expect: Ctx, g: CudaGraph) -> DResult<()> {
+    check(expect, "cuGraphDestroy");
+    // SAFETY: `g` is owned and consumed here: destroyed once.
+    unsafe { sys::cuGraphDestroy(g.0).result() }
+}
+
+/// Destroys an executable (an in-flight launch finishes first: the driver frees it then).
+pub(crate) fn graph_exec_destroy(expect: Ctx, e: GraphExec) -> DResult<()> {
+    check(expect, "cuGraphExecDestroy");
+    // SAFETY: `e` is owned and consumed here: destroyed once.
+    unsafe { sys::cuGraphExecDestroy(e.0).result() }
+}

@@ -33,6 +33,10 @@ pub enum GpuErrorKind {
     LibraryMissing,
     /// A worker state factory (`GpuPoolBuilder::worker_state`) failed on a worker.
     WorkerState,
+    /// A replay capture failed (`Replayable`): a node's body did something a CUDA graph cannot
+    /// capture (the message names the node and the operation), or the driver invalidated the
+    /// capture. The graph still runs eagerly.
+    Capture,
 }
 
 /// The error type of `boundpool-gpu`: a kind, a message that names what failed (node, device,

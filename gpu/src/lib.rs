@@ -35,6 +35,13 @@
 //!   and cuSOLVER handles, set to the node's stream, with the worker's workspaces; per-worker
 //!   user state comes from [`GpuPoolBuilder::worker_state`]. [`CholeskyPlan`] builds a tiled
 //!   Cholesky factorization from them.
+//! * **Replay.** A graph made with a [`ReplayBuilder`] is a [`Replayable`]: its GPU nodes'
+//!   work is captured at the first run into CUDA graphs (one per *segment*: the captured nodes
+//!   between host nodes, per device) on a bound worker, in thread-local capture mode, and
+//!   replayed by later runs without calling the GPU bodies; host nodes run every time, in DAG
+//!   order. [`Replayable::update`] re-captures and updates the executables in place
+//!   (`cuGraphExecUpdate`). Operations a graph cannot hold (a download, a free) fail the
+//!   capture naming the node ([`GpuErrorKind::Capture`]); the graph still runs eagerly.
 //! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context.
 //!
 //! # Where the driver and the unsafe code are
@@ -50,7 +57,9 @@
 //!   and hand them back to it; destroying one once is still those tables' business, not the
 //!   types'. (A [`DeviceBuffer`] holds its device address as a plain `u64`.) Its unsafe fns are
 //!   the launch (which packs the arguments, one 8-byte slot each, as the pointers the driver
-//!   reads), the copies and the memset, which take raw pointers.
+//!   reads), the copies and the memset, which take raw pointers. CUDA graphs and executables
+//!   (`CudaGraph`, `GraphExec`, for `replay.rs` and the raw-graph baseline) are owned instead:
+//!   not `Copy`, destroyed by functions that consume them.
 //! * `blas.rs`: the only file with cuBLAS and cuSOLVER handles and calls (`cudarc::cublas::sys`,
 //!   `cudarc::cusolver::sys`): creating, setting the stream of (the raw stream taken out of a
 //!   `Stream`) and destroying the handles, the library-presence checks, and the routines, unsafe
@@ -61,6 +70,8 @@
 //! * `buffer.rs`: the unsafe trait [`DeviceCopy`] (plain bytes a device may read and write) and
 //!   its impls for the primitive types and arrays.
 //! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`).
+//! * `replay.rs`: a captured host-to-device copy's staging (a copy into a hoisted device
+//!   buffer, then a captured device-to-device copy).
 //! * `baselines.rs` and `probe.rs` (only with the `bench-internals` feature, for
 //!   `boundpool-bench`): raw launches of the built-in kernels.
 //!
@@ -84,6 +95,7 @@ mod node;
 mod pool;
 #[cfg(feature = "bench-internals")]
 mod probe;
+mod replay;
 mod timing;
 mod worker;
 
@@ -105,6 +117,7 @@ pub use pool::{Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub use probe::probe;
+pub use replay::{RNode, ReplayBuilder, ReplayCtx, ReplayOutput, ReplayStats, Replayable};
 pub use worker::GpuWorker;
 
 /// Re-exports of the scheduler types GPU graphs use.

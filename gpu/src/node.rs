@@ -51,11 +51,17 @@ impl Drop for GpuMarker {
 /// priority level, or one a predecessor of the same level handed over. Everything it enqueues
 /// is ordered after the node's GPU predecessors and before its GPU successors, on the device.
 pub struct GpuCtx<'a, 'n> {
-    node: &'a NodeCtx<'n, GpuWorker>,
+    pub(crate) node: &'a NodeCtx<'n, GpuWorker>,
     pub(crate) b: &'a Bound,
     /// Where this node's work goes: its worker's stream of the node's level, or the one its
-    /// predecessor (same level) handed over.
+    /// predecessor (same level) handed over; under a replay capture, the capturing stream.
     pub(crate) stream: Stream,
+    /// Set while a replay captures this body (`replay.rs`): allocations are hoisted out of
+    /// the capture, host copies staged, downloads refused.
+    pub(crate) capture: Option<&'a crate::replay::Capture>,
+    /// The node's name when it is not the scheduler node's (a replay node captured inside its
+    /// segment's node).
+    pub(crate) name: Option<&'a str>,
 }
 
 /// A context's range of CUDA stream priorities (lower numbers are more urgent).
@@ -194,9 +200,17 @@ impl Launch<'_, '_, '_> {
             ));
         }
         let b = self.ctx.b;
-        let f = b
-            .function(self.kernel)
-            .map_err(|e| e.prefixed(&self.ctx.what()))?;
+        let f = match self.ctx.capture {
+            // A kernel's first use loads its module: outside the capture's view (relaxed mode).
+            Some(c) => {
+                let mode = c.relax(self.ctx)?;
+                let f = b.function(self.kernel);
+                c.unrelax(self.ctx, mode, false)?;
+                f
+            }
+            None => b.function(self.kernel),
+        }
+        .map_err(|e| e.prefixed(&self.ctx.what()))?;
         // SAFETY: one slot per argument, each holding its little-endian bytes (`KernelArg`);
         // that they match the kernel's parameters, and the validity of its accesses, is the
         // caller's contract.
@@ -219,7 +233,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
     pub(crate) fn what(&self) -> String {
         format!(
             "node '{}' of graph '{}' on device {}",
-            self.node.node_name(),
+            self.node_name(),
             self.node.graph_name(),
             self.b.device.ordinal()
         )
@@ -227,6 +241,11 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
 
     fn fail(&self, call: &str, e: driver::DriverError) -> GpuError {
         self.b.device.driver_error(call, &self.what(), e)
+    }
+
+    /// A driver error of `call` made for this node (`replay.rs`).
+    pub(crate) fn fail_call(&self, call: &str, e: driver::DriverError) -> GpuError {
+        self.fail(call, e)
     }
 
     /// The output of direct predecessor `from`.
@@ -242,8 +261,14 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
     }
 
     /// This node's name.
-    pub fn node_name(&self) -> &'n str {
-        self.node.node_name()
+    pub fn node_name(&self) -> &'a str {
+        self.name.unwrap_or_else(|| self.node.node_name())
+    }
+
+    /// Whether this body is running under a replay capture (its work is recorded into a CUDA
+    /// graph, not run; see the crate's `replay` docs).
+    pub fn is_capturing(&self) -> bool {
+        self.capture.is_some()
     }
 
     /// The device this node runs on.
@@ -259,7 +284,14 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
                 format!("{}: allocation of {len} elements overflows", self.what()),
             )
         })?;
-        let p = driver::mem_alloc_async(self.b.ctx, bytes, self.stream).map_err(|e| {
+        // Under a capture the allocation is hoisted: made now, outside the graph, on the
+        // worker's own (not capturing) stream, so it lives as long as the replay's outputs.
+        let on = match self.capture {
+            Some(c) => c.side_stream(),
+            None => self.stream,
+        };
+        let hoisted = self.capture.map(|c| c.relax(self)).transpose()?;
+        let p = driver::mem_alloc_async(self.b.ctx, bytes, on).map_err(|e| {
             let mut err = self.fail("cuMemAllocAsync", e);
             if err.kind() == GpuErrorKind::OutOfMemory {
                 err = GpuError::new(
@@ -269,8 +301,11 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
                 .with_source(e);
             }
             err
-        })?;
-        Ok(DeviceBuffer::from_raw(p, len, self.b.device.clone()))
+        });
+        if let (Some(c), Some(mode)) = (self.capture, hoisted) {
+            c.unrelax(self, mode, p.is_ok())?;
+        }
+        Ok(DeviceBuffer::from_raw(p?, len, self.b.device.clone()))
     }
 
     /// Enqueues an allocation of `len` zeroed elements.
@@ -302,6 +337,17 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         src: &[T],
         dst: &mut DeviceBuffer<T>,
     ) -> GpuResult<()> {
+        self.copy_into(src, dst)
+    }
+
+    /// `copy_to_device` into a buffer held by reference (a shared node output: a replay's
+    /// static input, `ReplayCtx::copy_into`). Device memory is not Rust memory: ordering the
+    /// writes against other work is the stream's business, as for kernels given `&buf`.
+    pub(crate) fn copy_into<T: DeviceCopy>(
+        &self,
+        src: &[T],
+        dst: &DeviceBuffer<T>,
+    ) -> GpuResult<()> {
         self.check_device(&dst.device)?;
         if src.len() != dst.len {
             return Err(GpuError::new(
@@ -313,6 +359,11 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
                     dst.len
                 ),
             ));
+        }
+        if let Some(c) = self.capture {
+            // Staged: copied now into a device buffer the replay keeps, and the capture
+            // records a device-to-device copy from it (the host slice is gone by the replay).
+            return c.staged_upload(self, src, dst);
         }
         // SAFETY: lengths match; the source is pageable host memory, staged before return.
         unsafe {
@@ -337,6 +388,12 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
 
     /// `download` of a live allocation of this device given by address and length.
     pub(crate) fn download_raw<T: DeviceCopy>(&self, ptr: u64, len: usize) -> GpuResult<Vec<T>> {
+        if let Some(c) = self.capture {
+            return Err(c.refuse(
+                self,
+                "a download to the host waits for the device (a synchronise), which a CUDA graph cannot capture",
+            ));
+        }
         let bytes = len * std::mem::size_of::<T>();
         let mut v: Vec<T> = Vec::with_capacity(len);
         // SAFETY: the vector has capacity for `len` elements; the copy writes all of them
@@ -566,7 +623,13 @@ where
         .filter_map(|(_, m)| m.downcast_ref::<GpuMarker>())
         .find(|m| m.handoff)
         .map_or(lane.stream, |m| m.stream);
-    let ctx = GpuCtx { node, b, stream };
+    let ctx = GpuCtx {
+        node,
+        b,
+        stream,
+        capture: None,
+        name: None,
+    };
     // Order after GPU predecessors on other streams: one wait per other stream of this device
     // suffices (an event recorded on it now follows everything its predecessors enqueued).
     let mut waited: Vec<Stream> = Vec::new();

@@ -15,8 +15,7 @@ pub(crate) fn main(a: BenchArgs) -> ExitCode {
         return super::latency::main(&a);
     }
     if a.gpu {
-        eprintln!("boundpool bench: --gpu goes with --latency (the GPU shapes are `cargo bench --bench gpu`)");
-        return ExitCode::from(2);
+        return super::gpu_replay::bench_main(&a);
     }
     if a.scale.is_nan() || a.scale <= 0.0 || a.runs == 0 {
         eprintln!("boundpool bench: --scale must be positive and --runs at least 1");

@@ -1,6 +1,7 @@
 //! The subcommands of the `boundpool` binary.
 
 pub(crate) mod bench;
+pub(crate) mod gpu_replay;
 pub(crate) mod graph_file;
 pub(crate) mod latency;
 pub(crate) mod progress;

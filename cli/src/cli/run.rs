@@ -22,6 +22,9 @@ enum Fail {
 }
 
 pub(crate) fn main(a: RunArgs) -> ExitCode {
+    if a.gpu {
+        return super::gpu_replay::run_main(&a, shape_of(a.shape.unwrap_or(ShapeArg::Wavefront)));
+    }
     match run(a) {
         Ok(code) => code,
         Err(Fail::Input(m)) => {

@@ -1,0 +1,70 @@
+//! Replay bench: graphs of 1,000 empty-kernel GPU nodes (independent, chain, 32x32 wavefront)
+//! run eagerly on boundpool, replayed as CUDA graphs, and launched as a raw CUDA graph of the
+//! same topology built with the driver API, in one process, interleaved; then the cost of an
+//! update that changes only kernel arguments against a fresh capture + instantiate. See
+//! `boundpool_bench::replay`.
+//!
+//! `cargo bench -p boundpool-bench --bench replay [-- --rounds N --per-round N --nodes N
+//! --workers N --json]`. Without a GPU it says why and exits (status 1 with
+//! `BOUNDPOOL_REQUIRE_GPU=1`).
+
+use boundpool_bench::replay::{bench, table, GpuShape, ReplayBenchConfig};
+use boundpool_bench::workloads::Shape;
+
+fn arg(name: &str) -> Option<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+}
+
+fn main() {
+    if let Some(why) = boundpool_gpu::gpu_unavailable_reason() {
+        eprintln!("SKIPPED replay bench: no GPU: {why}");
+        if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            std::process::exit(1);
+        }
+        return;
+    }
+    let json = std::env::args().any(|a| a == "--json");
+    let mut cfg = ReplayBenchConfig::default();
+    if let Some(n) = arg("--rounds") {
+        cfg.rounds = n.max(1);
+    }
+    if let Some(n) = arg("--per-round") {
+        cfg.per_round = n.max(1);
+    }
+    if let Some(n) = arg("--workers") {
+        cfg.workers = n.max(1);
+    }
+    if let Some(n) = arg("--nodes") {
+        cfg.nodes = n.max(2);
+        let side = (n as f64).sqrt().ceil() as usize;
+        cfg.shapes = vec![
+            (GpuShape::Independent, n),
+            (GpuShape::Builtin(Shape::Chain), n),
+            (GpuShape::Builtin(Shape::Wavefront), side * side),
+        ];
+    }
+    match bench(&cfg, |done, total| {
+        if !json {
+            eprint!("\rreplay bench: {done}/{total} rounds");
+        }
+    }) {
+        Ok((rows, upd)) => {
+            if json {
+                let mut items: Vec<String> = rows.iter().map(|r| r.to_json()).collect();
+                items.push(upd.to_json());
+                println!("[{}]", items.join(","));
+            } else {
+                eprintln!();
+                print!("{}", table(&rows, &upd));
+            }
+        }
+        Err(e) => {
+            eprintln!("replay bench failed: {e}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,454 @@
+//! The replay bench: graphs of empty-kernel GPU nodes (`<<<1,1>>>`) run eagerly on a boundpool
+//! GPU pool, replayed as CUDA graphs ([`boundpool_gpu::Replayable`]), and launched as a raw CUDA
+//! graph of the same topology built with the driver API
+//! ([`boundpool_gpu::baselines::raw_graph`]), all in one process, interleaved round by round.
+//! Used by `cargo bench -p boundpool-bench --bench replay` and `boundpool bench --gpu`.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use boundpool_gpu::{
+    baselines, builtin, BoxError, DeviceBuffer, Devices, GpuDevice, GpuGraph, GpuGraphBuilder,
+    GpuGraphExt, GpuPool, GpuPoolBuilder, GpuResult, Kernel, LaunchConfig, Module, RNode,
+    ReplayBuilder, ReplayCtx, Replayable,
+};
+
+use crate::workloads::{Dag, Shape};
+
+/// A shape of the replay bench: the three of the issue, plus the command line's built-ins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuShape {
+    /// `n` nodes, no edges.
+    Independent,
+    /// One of the built-in shapes ([`Shape`]).
+    Builtin(Shape),
+}
+
+impl GpuShape {
+    /// The name in tables and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuShape::Independent => "independent",
+            GpuShape::Builtin(s) => s.name(),
+        }
+    }
+
+    /// Predecessor lists of the shape with about `n` nodes (each predecessor below its node).
+    pub fn preds(self, n: usize) -> Vec<Vec<u32>> {
+        match self {
+            GpuShape::Independent => vec![Vec::new(); n],
+            GpuShape::Builtin(s) => {
+                let dag = Dag::shape(s, n);
+                let mut preds = vec![Vec::new(); dag.len()];
+                for &(a, b) in &dag.edges {
+                    preds[b as usize].push(a);
+                }
+                preds
+            }
+        }
+    }
+}
+
+/// Starts the bench's GPU pool on device 0: `workers` bound workers, unpinned. Fails (with the
+/// reason) where there is no GPU.
+pub fn gpu_pool(workers: usize) -> GpuResult<GpuPool> {
+    GpuPoolBuilder::new()
+        .name("replay-bench")
+        .devices(Devices::List(vec![0]))
+        .workers_per_device(workers)
+        .unpinned()
+        .build()
+}
+
+fn empty_kernel() -> GpuResult<Kernel> {
+    Module::builtin().kernel(builtin::EMPTY)
+}
+
+/// The shape as an ordinary (eager) GPU graph: one `gpu_node` per node, each launching the
+/// empty kernel.
+pub fn eager_graph(
+    dev: &GpuDevice,
+    shape: GpuShape,
+    preds: &[Vec<u32>],
+) -> Result<GpuGraph, BoxError> {
+    let k = empty_kernel()?;
+    let mut g = GpuGraphBuilder::with_capacity(
+        shape.name().to_owned(),
+        preds.len(),
+        preds.iter().map(Vec::len).sum(),
+    );
+    let mut refs = Vec::with_capacity(preds.len());
+    for (i, ps) in preds.iter().enumerate() {
+        let k = k.clone();
+        let r = g.gpu_node(dev, &format!("n{i}"), move |ctx| {
+            // SAFETY: the empty kernel takes no parameters.
+            unsafe { ctx.launch(&k, LaunchConfig::single()).launch()? };
+            Ok(())
+        });
+        for &p in ps {
+            g.edge(refs[p as usize], r);
+        }
+        refs.push(r);
+    }
+    Ok(g.build()?)
+}
+
+/// The shape as a replay graph: one captured node per node, each launching the empty kernel.
+pub fn replay_graph(dev: &GpuDevice, shape: GpuShape, preds: &[Vec<u32>]) -> GpuResult<Replayable> {
+    let k = empty_kernel()?;
+    let mut b = ReplayBuilder::new(shape.name());
+    let mut refs: Vec<RNode<()>> = Vec::with_capacity(preds.len());
+    for (i, ps) in preds.iter().enumerate() {
+        let k = k.clone();
+        let r = b.gpu_node(dev, &format!("n{i}"), move |c: &ReplayCtx<'_, '_>| {
+            // SAFETY: the empty kernel takes no parameters.
+            unsafe { c.gpu()?.launch(&k, LaunchConfig::single()).launch()? };
+            Ok(())
+        });
+        for &p in ps {
+            b.edge(refs[p as usize], r);
+        }
+        refs.push(r);
+    }
+    b.build()
+}
+
+/// Settings of [`bench()`].
+#[derive(Clone, Debug)]
+pub struct ReplayBenchConfig {
+    /// Nodes per graph (the wavefront is rounded down to a square: 1,000 gives 31x31; the
+    /// issue's 32x32 is 1,024).
+    pub nodes: usize,
+    /// Rounds; each round times `per_round` runs of each implementation.
+    pub rounds: usize,
+    /// Timed runs per implementation and round.
+    pub per_round: usize,
+    /// Bound workers of the pool.
+    pub workers: usize,
+    /// The shapes.
+    pub shapes: Vec<(GpuShape, usize)>,
+}
+
+impl Default for ReplayBenchConfig {
+    fn default() -> Self {
+        Self {
+            nodes: 1000,
+            rounds: 5,
+            per_round: 20,
+            workers: 4,
+            shapes: vec![
+                (GpuShape::Independent, 1000),
+                (GpuShape::Builtin(Shape::Chain), 1000),
+                (GpuShape::Builtin(Shape::Wavefront), 1024),
+            ],
+        }
+    }
+}
+
+/// One shape's figures (medians of every timed run; times per graph run, each run waited for).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayRow {
+    /// Shape name.
+    pub shape: String,
+    /// Nodes of the graph.
+    pub nodes: usize,
+    /// Edges of the graph.
+    pub edges: usize,
+    /// boundpool, eager (every GPU node a scheduler node), microseconds per run.
+    pub eager_us: f64,
+    /// boundpool replay, microseconds per run.
+    pub replay_us: f64,
+    /// The raw CUDA graph (launch + stream synchronise), microseconds per run.
+    pub raw_us: f64,
+    /// Segments (CUDA graphs) of the replay.
+    pub segments: usize,
+    /// Replay's first capture, microseconds per node (bodies called under capture).
+    pub capture_us_per_node: f64,
+    /// Replay's instantiation, microseconds per node.
+    pub instantiate_us_per_node: f64,
+    /// The raw graph's instantiation, microseconds per node.
+    pub raw_instantiate_us_per_node: f64,
+}
+
+impl ReplayRow {
+    /// Raw time over replay time: 1.0 is as fast as the raw CUDA graph (target >= 0.9).
+    pub fn replay_vs_raw(&self) -> f64 {
+        self.raw_us / self.replay_us
+    }
+    /// Eager time over replay time (the replay's speed-up).
+    pub fn replay_speedup(&self) -> f64 {
+        self.eager_us / self.replay_us
+    }
+    /// Nodes per second replayed.
+    pub fn replay_nodes_per_s(&self) -> f64 {
+        self.nodes as f64 / (self.replay_us * 1e-6)
+    }
+    /// Microseconds per edge of a chain (`replay_us / (nodes - 1)`).
+    pub fn replay_us_per_edge(&self) -> f64 {
+        self.replay_us / (self.nodes.max(2) - 1) as f64
+    }
+
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"shape\":\"{}\",\"nodes\":{},\"edges\":{},\"eager_us\":{:.3},\"replay_us\":{:.3},\"raw_us\":{:.3},\"replay_vs_raw\":{:.4},\"replay_speedup\":{:.3},\"replay_nodes_per_s\":{:.0},\"replay_us_per_edge\":{:.4},\"segments\":{},\"capture_us_per_node\":{:.4},\"instantiate_us_per_node\":{:.4},\"raw_instantiate_us_per_node\":{:.4}}}",
+            self.shape,
+            self.nodes,
+            self.edges,
+            self.eager_us,
+            self.replay_us,
+            self.raw_us,
+            self.replay_vs_raw(),
+            self.replay_speedup(),
+            self.replay_nodes_per_s(),
+            self.replay_us_per_edge(),
+            self.segments,
+            self.capture_us_per_node,
+            self.instantiate_us_per_node,
+            self.raw_instantiate_us_per_node
+        )
+    }
+}
+
+/// What an update that changes only kernel arguments costs, against a fresh capture.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpdateRow {
+    /// Nodes of the graph (independent, each `bp_set_i64(slot, v)`).
+    pub nodes: usize,
+    /// First capture + instantiation, microseconds (median over the rounds).
+    pub fresh_us: f64,
+    /// Re-capture + `cuGraphExecUpdate`, microseconds (median).
+    pub update_us: f64,
+    /// Of which `cuGraphExecUpdate` alone.
+    pub exec_update_us: f64,
+    /// Every update was applied in place (none re-instantiated).
+    pub in_place: bool,
+}
+
+impl UpdateRow {
+    /// Update over fresh (target <= 0.30).
+    pub fn ratio(&self) -> f64 {
+        self.update_us / self.fresh_us
+    }
+
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"shape\":\"update\",\"nodes\":{},\"fresh_us\":{:.3},\"update_us\":{:.3},\"exec_update_us\":{:.3},\"update_vs_fresh\":{:.4},\"in_place\":{}}}",
+            self.nodes,
+            self.fresh_us,
+            self.update_us,
+            self.exec_update_us,
+            self.ratio(),
+            self.in_place
+        )
+    }
+}
+
+/// The median of `v` (0 when empty).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Runs the bench on device 0: for each shape, rounds of eager runs, replays and raw-graph
+/// launches (each run waited for), interleaved; then the update row. `progress(done, total)`
+/// after each round.
+pub fn bench(
+    cfg: &ReplayBenchConfig,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<(Vec<ReplayRow>, UpdateRow), BoxError> {
+    let pool = gpu_pool(cfg.workers)?;
+    let dev = pool.devices()[0].clone();
+    let total = cfg.shapes.len() * cfg.rounds + cfg.rounds;
+    let mut done = 0;
+    let mut rows = Vec::new();
+    for &(shape, n) in &cfg.shapes {
+        let preds = shape.preds(n);
+        let eager = eager_graph(&dev, shape, &preds)?;
+        let replay = replay_graph(&dev, shape, &preds)?;
+        // The first run captures and instantiates.
+        replay.run(&pool)?;
+        let s = replay.stats();
+        let (mut e_t, mut r_t, mut raw_t, mut raw_inst) = (vec![], vec![], vec![], vec![]);
+        // Warm-up of the eager path.
+        for _ in 0..3 {
+            pool.submit(&eager)?.wait()?;
+        }
+        for _ in 0..cfg.rounds {
+            for _ in 0..cfg.per_round {
+                let t = Instant::now();
+                pool.submit(&eager)?.wait()?;
+                e_t.push(us(t.elapsed()));
+            }
+            for _ in 0..cfg.per_round {
+                let t = Instant::now();
+                replay.run(&pool)?;
+                r_t.push(us(t.elapsed()));
+            }
+            let raw = baselines::raw_graph(dev.ordinal(), &preds, cfg.per_round)?;
+            raw_t.extend(raw.runs.iter().map(|&d| us(d)));
+            raw_inst.push(us(raw.instantiate) / raw.nodes.max(1) as f64);
+            done += 1;
+            progress(done, total);
+        }
+        rows.push(ReplayRow {
+            shape: shape.name().to_owned(),
+            nodes: preds.len(),
+            edges: preds.iter().map(Vec::len).sum(),
+            eager_us: median(e_t),
+            replay_us: median(r_t),
+            raw_us: median(raw_t),
+            segments: replay.segments(),
+            capture_us_per_node: us(s.capture_time) / preds.len().max(1) as f64,
+            instantiate_us_per_node: us(s.instantiate_time) / preds.len().max(1) as f64,
+            raw_instantiate_us_per_node: median(raw_inst),
+        });
+    }
+    let upd = update_row(&pool, &dev, cfg.nodes, cfg.rounds, |_| {
+        done += 1;
+        progress(done, total);
+    })?;
+    pool.shutdown(boundpool_gpu::ShutdownMode::Finish);
+    Ok((rows, upd))
+}
+
+/// `nodes` independent nodes, each `bp_set_i64(slot_i, v)` with `v` read by the body: a fresh
+/// replay graph per round (capture + instantiate), then `v` changed and an update (re-capture +
+/// `cuGraphExecUpdate`), checked on the device.
+fn update_row(
+    pool: &GpuPool,
+    dev: &GpuDevice,
+    nodes: usize,
+    rounds: usize,
+    mut tick: impl FnMut(usize),
+) -> Result<UpdateRow, BoxError> {
+    let set = Module::builtin().kernel(builtin::SET_I64)?;
+    let slots: Arc<DeviceBuffer<i64>> =
+        Arc::new(pool.call(dev, move |c| Ok(c.alloc_zeros::<i64>(nodes)?))?);
+    let (mut fresh, mut upd, mut exec_upd) = (vec![], vec![], vec![]);
+    let mut in_place = true;
+    for round in 0..rounds {
+        let param = Arc::new(AtomicI64::new(round as i64 * 10));
+        let mut b = ReplayBuilder::new("update");
+        for i in 0..nodes {
+            let (set, slots, param) = (set.clone(), slots.clone(), param.clone());
+            b.gpu_node(dev, &format!("n{i}"), move |c: &ReplayCtx<'_, '_>| {
+                let v = param.load(Ordering::Relaxed) + i as i64;
+                let addr = slots.device_ptr() + 8 * i as u64;
+                // SAFETY: bp_set_i64(i64*, i64): `addr` is element i of a live allocation of
+                // `nodes` i64 that outlives the graph (held by the closure).
+                unsafe {
+                    c.gpu()?
+                        .launch(&set, LaunchConfig::single())
+                        .arg(addr)
+                        .arg(v)
+                        .launch()?
+                };
+                Ok(())
+            });
+        }
+        let r = b.build()?;
+        r.run(pool)?;
+        let s0 = r.stats();
+        fresh.push(us(s0.capture_time + s0.instantiate_time));
+        param.store(round as i64 * 10 + 5, Ordering::Relaxed);
+        r.update();
+        r.run(pool)?;
+        let s1 = r.stats();
+        in_place &= s1.updates == 1 && s1.update_fallbacks == 0;
+        upd.push(us(s1.capture_time - s0.capture_time + s1.update_time));
+        exec_upd.push(us(s1.update_time));
+        let s2 = slots.clone();
+        let got = pool.download(&s2)?;
+        let want: Vec<i64> = (0..nodes as i64)
+            .map(|i| round as i64 * 10 + 5 + i)
+            .collect();
+        if got != want {
+            return Err(format!(
+                "update bench round {round}: the updated graph wrote wrong values"
+            )
+            .into());
+        }
+        tick(round);
+    }
+    Ok(UpdateRow {
+        nodes,
+        fresh_us: median(fresh),
+        update_us: median(upd),
+        exec_update_us: median(exec_upd),
+        in_place,
+    })
+}
+
+/// The table of [`bench()`]'s rows, with the issue's targets.
+pub fn table(rows: &[ReplayRow], upd: &UpdateRow) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "{:<12} {:>6} {:>11} {:>11} {:>11} {:>9} {:>9} {:>12} {:>10} {:>10} {:>10}\n",
+        "shape",
+        "nodes",
+        "eager us",
+        "replay us",
+        "raw us",
+        "vs raw",
+        "speedup",
+        "nodes/s",
+        "capture/n",
+        "inst/n",
+        "raw inst/n"
+    ));
+    for r in rows {
+        s.push_str(&format!(
+            "{:<12} {:>6} {:>11.1} {:>11.1} {:>11.1} {:>8.3}x {:>8.2}x {:>12.0} {:>9.3}us {:>9.3}us {:>9.3}us\n",
+            r.shape,
+            r.nodes,
+            r.eager_us,
+            r.replay_us,
+            r.raw_us,
+            r.replay_vs_raw(),
+            r.replay_speedup(),
+            r.replay_nodes_per_s(),
+            r.capture_us_per_node,
+            r.instantiate_us_per_node,
+            r.raw_instantiate_us_per_node
+        ));
+    }
+    s.push_str(&format!(
+        "update ({} nodes, arguments only): {:.1} us (of which cuGraphExecUpdate {:.1} us) vs fresh capture + instantiate {:.1} us: {:.3} (target <= 0.30){}\n",
+        upd.nodes,
+        upd.update_us,
+        upd.exec_update_us,
+        upd.fresh_us,
+        upd.ratio(),
+        if upd.in_place { "" } else { "; SOME UPDATES RE-INSTANTIATED" }
+    ));
+    for r in rows {
+        match r.shape.as_str() {
+            "chain" => s.push_str(&format!(
+                "chain edge: {:.3} us (target <= 1.0)\n",
+                r.replay_us_per_edge()
+            )),
+            "independent" => s.push_str(&format!(
+                "independent: {:.0} nodes/s (target >= 1,290,000)\n",
+                r.replay_nodes_per_s()
+            )),
+            _ => {}
+        }
+    }
+    s.push_str("replay vs raw CUDA graph: target >= 0.9x on every shape\n");
+    s
+}

@@ -1,0 +1,141 @@
+//! `boundpool run --gpu [--replay]` and `boundpool bench --gpu`: built-in shapes as empty-kernel
+//! GPU nodes on a GPU pool of device 0, eager or replayed as CUDA graphs.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use boundpool::gpu::gpu_unavailable_reason;
+use boundpool_bench::replay::{
+    bench, eager_graph, gpu_pool, median, replay_graph, table, GpuShape, ReplayBenchConfig,
+};
+use boundpool_bench::workloads::Shape;
+use serde_json::json;
+
+use super::progress::Progress;
+use crate::{BenchArgs, RunArgs};
+
+/// Exit 2 with the reason when there is no GPU.
+fn no_gpu(cmd: &str) -> Option<ExitCode> {
+    let why = gpu_unavailable_reason()?;
+    eprintln!("boundpool {cmd} --gpu: no GPU: {why}");
+    Some(ExitCode::from(2))
+}
+
+pub(crate) fn run_main(a: &RunArgs, shape: Shape) -> ExitCode {
+    if let Some(c) = no_gpu("run") {
+        return c;
+    }
+    if a.repeat == 0 {
+        eprintln!("boundpool run: --repeat must be at least 1");
+        return ExitCode::from(2);
+    }
+    match run(a, shape) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("boundpool run: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(a: &RunArgs, shape: Shape) -> Result<(), boundpool::gpu::BoxError> {
+    let pool = gpu_pool(a.threads.unwrap_or(4).max(1))?;
+    let dev = pool.devices()[0].clone();
+    let gshape = GpuShape::Builtin(shape);
+    let preds = gshape.preds(a.size);
+    let nodes = preds.len();
+    let edges: usize = preds.iter().map(Vec::len).sum();
+    let mut times = Vec::with_capacity(a.repeat);
+    let mut first_us = 0.0;
+    let mut extra = serde_json::Map::new();
+    if a.replay {
+        let r = replay_graph(&dev, gshape, &preds)?;
+        for i in 0..a.repeat + 1 {
+            let t = Instant::now();
+            r.run(&pool)?;
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            if i == 0 {
+                first_us = us;
+            } else {
+                times.push(us);
+            }
+        }
+        let s = r.stats();
+        let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / nodes.max(1) as f64;
+        extra.insert("segments".into(), json!(r.segments()));
+        extra.insert("executables".into(), json!(r.executables()));
+        extra.insert("captured_nodes".into(), json!(s.captured_nodes));
+        extra.insert("captured_edges".into(), json!(s.captured_edges));
+        extra.insert("capture_us_per_node".into(), json!(per(s.capture_time)));
+        extra.insert(
+            "instantiate_us_per_node".into(),
+            json!(per(s.instantiate_time)),
+        );
+    } else {
+        let g = eager_graph(&dev, gshape, &preds)?;
+        for i in 0..a.repeat + 1 {
+            let t = Instant::now();
+            pool.submit(&g)?.wait()?;
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            if i == 0 {
+                first_us = us;
+            } else {
+                times.push(us);
+            }
+        }
+    }
+    let med = median(times);
+    pool.shutdown(boundpool::gpu::ShutdownMode::Finish);
+    let mut out = serde_json::Map::new();
+    out.insert("shape".into(), json!(shape.name()));
+    out.insert(
+        "mode".into(),
+        json!(if a.replay { "replay" } else { "eager" }),
+    );
+    out.insert("nodes".into(), json!(nodes));
+    out.insert("edges".into(), json!(edges));
+    out.insert("runs".into(), json!(a.repeat));
+    out.insert("first_run_us".into(), json!(first_us));
+    out.insert("median_run_us".into(), json!(med));
+    out.insert("ns_per_node".into(), json!(med * 1e3 / nodes.max(1) as f64));
+    out.extend(extra);
+    if a.json {
+        println!("{}", serde_json::Value::Object(out));
+    } else {
+        for (k, v) in out {
+            println!("{k:<24} {v}");
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn bench_main(a: &BenchArgs) -> ExitCode {
+    if let Some(c) = no_gpu("bench") {
+        return c;
+    }
+    let cfg = ReplayBenchConfig {
+        rounds: a.runs.max(1),
+        ..ReplayBenchConfig::default()
+    };
+    let mut progress = Progress::new(1000, "bench --gpu", a.quiet || a.json);
+    let r = bench(&cfg, |done, total| {
+        progress.set(done as u64 * 1000 / total.max(1) as u64)
+    });
+    progress.finish();
+    match r {
+        Ok((rows, upd)) => {
+            if a.json {
+                let mut items: Vec<String> = rows.iter().map(|r| r.to_json()).collect();
+                items.push(upd.to_json());
+                println!("[{}]", items.join(","));
+            } else {
+                print!("{}", table(&rows, &upd));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("boundpool bench --gpu: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! `boundpool run --gpu [--replay]` and `boundpool bench --gpu`: exit 2 without a GPU; with one
+//! (`BOUNDPOOL_REQUIRE_GPU=1` on the GPU machine), every figure is there.
+
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_boundpool"))
+        .args(args)
+        .output()
+        .expect("boundpool runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn gpu_here(test: &str) -> bool {
+    match boundpool::gpu::gpu_unavailable_reason() {
+        None => true,
+        Some(why) => {
+            if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("{test}: BOUNDPOOL_REQUIRE_GPU=1 but no GPU: {why}");
+            }
+            eprintln!("SKIPPED {test} (the GPU part): no GPU: {why}");
+            false
+        }
+    }
+}
+
+#[test]
+fn without_a_gpu_run_and_bench_exit_2() {
+    if boundpool::gpu::gpu_unavailable_reason().is_none() {
+        return;
+    }
+    for args in [
+        &["run", "--gpu", "--shape", "chain", "--size", "10"][..],
+        &[
+            "run", "--gpu", "--replay", "--shape", "wide", "--size", "10",
+        ][..],
+        &["bench", "--gpu", "--json"][..],
+    ] {
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains("no GPU"),
+            "{args:?}: {}",
+            text(&o.stderr)
+        );
+        assert_eq!(text(&o.stdout), "", "{args:?}");
+    }
+    // --replay needs --gpu.
+    let o = run(&["run", "--replay", "--shape", "chain", "--size", "10"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn run_gpu_shapes_eager_and_replayed() {
+    if !gpu_here("run_gpu_shapes_eager_and_replayed") {
+        return;
+    }
+    for shape in ["chain", "tree", "wide", "wavefront", "random"] {
+        for replay in [false, true] {
+            let mut args = vec![
+                "run", "--gpu", "--shape", shape, "--size", "300", "--repeat", "3", "--json",
+            ];
+            if replay {
+                args.push("--replay");
+            }
+            let o = run(&args);
+            assert!(o.status.success(), "{args:?}: {}", text(&o.stderr));
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+                .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", text(&o.stdout)));
+            assert_eq!(v["shape"], shape, "{v}");
+            assert_eq!(v["mode"], if replay { "replay" } else { "eager" }, "{v}");
+            assert!(v["nodes"].as_u64() > Some(0), "{v}");
+            assert!(v["median_run_us"].as_f64() > Some(0.0), "{v}");
+            if replay {
+                assert!(v["segments"].as_u64() >= Some(1), "{v}");
+                assert!(v["capture_us_per_node"].as_f64() > Some(0.0), "{v}");
+                // One kernel node per node (plus at most one empty root per segment where the
+                // driver refuses an empty dependency set).
+                let (c, n, segs) = (
+                    v["captured_nodes"].as_u64().unwrap(),
+                    v["nodes"].as_u64().unwrap(),
+                    v["segments"].as_u64().unwrap(),
+                );
+                assert!(c >= n && c <= n + segs, "captured nodes: {v}");
+                // The DAG's edges, not a serial chain (plus one per root with an empty root).
+                let e = v["captured_edges"].as_u64().unwrap();
+                let de = v["edges"].as_u64().unwrap();
+                assert!(e >= de && e <= de + n, "captured edges: {v}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bench_gpu_json_has_every_row() {
+    if !gpu_here("bench_gpu_json_has_every_row") {
+        return;
+    }
+    let o = run(&["bench", "--gpu", "--runs", "1", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&o.stdout)));
+    let rows = v.as_array().expect("an array of rows");
+    for shape in ["independent", "chain", "wavefront", "update"] {
+        let r = rows
+            .iter()
+            .find(|r| r["shape"] == shape)
+            .unwrap_or_else(|| panic!("no {shape} row: {v}"));
+        if shape == "update" {
+            assert!(r["update_vs_fresh"].as_f64() > Some(0.0), "{r}");
+        } else {
+            for k in [
+                "eager_us",
+                "replay_us",
+                "raw_us",
+                "replay_vs_raw",
+                "capture_us_per_node",
+                "instantiate_us_per_node",
+            ] {
+                assert!(r[k].as_f64() > Some(0.0), "{shape}: {k}: {r}");
+            }
+        }
+    }
+}
