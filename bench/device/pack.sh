@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds every binary the GPU machine needs (it has no Rust toolchain) and packs them, with the
+# two run scripts, into .devbin/ (ignored by git): carry `.devbin` and run
+#   bash .devbin/tests_and_benches.sh      # GPU tests, GPU benches, host scaling (~2 min)
+#   SOAK_S=570 bash .devbin/soak_and_sanitizers.sh   # GPU soak with compute-sanitizer meanwhile
+# (one command may run 600 s at most: give the soak less, or start it in one call and collect
+# it in the next).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=.devbin; rm -rf "$out"; mkdir -p "$out/b"
+exes=$(mktemp)
+{
+  cargo test --workspace --release --no-run --features boundpool-gpu/bench-internals --message-format=json
+  cargo bench -p boundpool-bench --no-run --message-format=json
+  cargo build --release -p boundpool-cli -p boundpool --examples --bins --message-format=json
+} 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        t = m["target"]; print(t["kind"][0], t["name"], m["executable"])
+' > "$exes"
+while read -r kind name path; do
+  case "$kind:$name" in
+    test:gpu_*) cp "$path" "$out/b/t_$name" ;;
+    lib:boundpool_gpu) cp "$path" "$out/b/t_boundpool_gpu" ;;
+    bench:gpu|bench:cholesky|bench:replay|bench:scheduler) cp "$path" "$out/b/bench_$name" ;;
+    bin:boundpool|example:cholesky|example:gpu_pipeline) cp "$path" "$out/b/$name" ;;
+  esac
+done < "$exes"
+rm -f "$exes"
+strip "$out"/b/*
+(cd "$out" && tar cJf b.tar.xz b && rm -rf b)
+cp bench/device/tests_and_benches.sh bench/device/soak_and_sanitizers.sh "$out/"
+ls -la "$out"; tar tJf "$out/b.tar.xz" | tr '\n' ' '; echo

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# On the GPU machine: `SOAK_S=570 bash .devbin/soak_and_sanitizers.sh` (after bench/device/pack.sh
+# here). `boundpool soak --gpu` for SOAK_S seconds (default 450), and meanwhile compute-sanitizer
+# (memcheck, racecheck, synccheck) over the GPU test binaries and examples, started after the
+# soak has taken its warm-up level and ended before the soak ends (the soak checks that device
+# free memory returns to that level, and a sanitizer process holds device memory). Logs: $OUT/logs2.tgz.
+REAL_OUT=$OUT; OUT=/tmp/boundpool-logs2; mkdir -p $OUT; cd "$(dirname "$0")"; tar xJf b.tar.xz; B=$PWD/b
+export BOUNDPOOL_REQUIRE_GPU=1
+$B/boundpool soak --gpu --seconds ${SOAK_S:-450} --json > $OUT/soak.json 2> $OUT/soak.err & SOAK=$!
+sleep 12   # after the soak's warm-up level is taken
+END=$((SECONDS+${SOAK_S:-450}-40))
+step() { local name=$1 lim=$2; shift 2; local left=$((END-SECONDS)); [ $left -lt $lim ] && lim=$left
+  if [ $lim -le 5 ]; then echo "== $name: SKIPPED (no time)"; return; fi
+  timeout -k 5 $lim "$@" > $OUT/$name.log 2>&1; local rc=$?
+  echo "== $name rc=$rc @${SECONDS}s: $(grep -hE 'ERROR SUMMARY|test result' $OUT/$name.log | tr '\n' ' ')"; }
+CS="compute-sanitizer --error-exitcode 99 --print-limit 20"
+step mc_gpu_graphs 40 $CS --tool memcheck $B/t_gpu_graphs
+step mc_gpu_replay 50 $CS --tool memcheck $B/t_gpu_replay --test-threads=1
+step racecheck_pipeline 25 $CS --tool racecheck $B/gpu_pipeline
+step synccheck_pipeline 25 $CS --tool synccheck $B/gpu_pipeline
+step mc_cholesky 40 $CS --tool memcheck $B/cholesky --n 2048 --tile 512
+step mc_pipeline 25 $CS --tool memcheck $B/gpu_pipeline
+for t in gpu_blas gpu_priority gpu_leak gpu_placement gpu_trace gpu_threads gpu_sticky; do step mc_$t 40 $CS --tool memcheck $B/t_$t; done
+for tool in racecheck synccheck; do step ${tool}_graphs 40 $CS --tool $tool $B/t_gpu_graphs; step ${tool}_replay 40 $CS --tool $tool $B/t_gpu_replay --test-threads=1; step ${tool}_cholesky 40 $CS --tool $tool $B/cholesky --n 2048 --tile 512; done
+echo "== sanitizers done @${SECONDS}s; waiting for the soak"
+wait $SOAK; echo "== soak rc=$? @${SECONDS}s"; tail -c 2500 $OUT/soak.json; tail -n 5 $OUT/soak.err
+for f in $OUT/*.log; do grep -lE "FAILED|panicked" $f; done | head; grep -h -B2 -A12 "panicked" $OUT/mc_*.log $OUT/racecheck_*.log $OUT/synccheck_*.log 2>/dev/null | head -60
+tar czf $REAL_OUT/logs2.tgz -C $OUT .
