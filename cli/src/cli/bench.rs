@@ -43,8 +43,21 @@ pub(crate) fn main(a: BenchArgs) -> ExitCode {
         progress.set(done as u64 * 1000 / total.max(1) as u64);
     });
     progress.finish();
-    if a.json {
-        match serde_json::to_string_pretty(&rows) {
+    emit(
+        a.json,
+        || serde_json::to_string_pretty(&rows),
+        || table(&rows, threads, a.runs),
+    )
+}
+
+/// Prints the rows as pretty JSON (`json`) or as the text `table` makes of them.
+fn emit(
+    json: bool,
+    to_json: impl FnOnce() -> serde_json::Result<String>,
+    table: impl FnOnce() -> String,
+) -> ExitCode {
+    if json {
+        match to_json() {
             Ok(s) => println!("{s}"),
             Err(e) => {
                 eprintln!("boundpool bench: {e}");
@@ -52,7 +65,7 @@ pub(crate) fn main(a: BenchArgs) -> ExitCode {
             }
         }
     } else {
-        print!("{}", table(&rows, threads, a.runs));
+        print!("{}", table());
     }
     ExitCode::SUCCESS
 }
@@ -96,18 +109,11 @@ fn scaling(a: &BenchArgs, max: usize) -> ExitCode {
         progress.set(done as u64 * 1000 / total.max(1) as u64);
     });
     progress.finish();
-    if a.json {
-        match serde_json::to_string_pretty(&rows) {
-            Ok(s) => println!("{s}"),
-            Err(e) => {
-                eprintln!("boundpool bench: {e}");
-                return ExitCode::from(1);
-            }
-        }
-    } else {
-        print!("{}", scaling_table(&rows, a.runs));
-    }
-    ExitCode::SUCCESS
+    emit(
+        a.json,
+        || serde_json::to_string_pretty(&rows),
+        || scaling_table(&rows, a.runs),
+    )
 }
 
 fn scaling_table(rows: &[ScalingRow], runs: usize) -> String {
