@@ -4,9 +4,17 @@
 # (memcheck, racecheck, synccheck) over the GPU test binaries and examples, started after the
 # soak has taken its warm-up level and ended before the soak ends (the soak checks that device
 # free memory returns to that level, and a sanitizer process holds device memory). Logs: $OUT/logs2.tgz.
+# A soak longer than one call: `DETACH=1 SOAK_S=600 bash .devbin/soak_and_sanitizers.sh` starts it
+# in its own session (it outlives the call), runs the sanitizers and returns; then, within the
+# machine's idle window, `bash .devbin/soak_collect.sh` waits for it and returns its logs.
 REAL_OUT=$OUT; OUT=/tmp/boundpool-logs2; mkdir -p $OUT; cd "$(dirname "$0")"; tar xJf b.tar.xz; B=$PWD/b
 export BOUNDPOOL_REQUIRE_GPU=1
-$B/boundpool soak --gpu --seconds ${SOAK_S:-450} --json > $OUT/soak.json 2> $OUT/soak.err & SOAK=$!
+if [ -n "$DETACH" ]; then
+  setsid bash -c "$B/boundpool soak --gpu --seconds ${SOAK_S:-450} --json > $OUT/soak.json 2> $OUT/soak.err; echo \$? > $OUT/soak.rc" < /dev/null > /dev/null 2>&1 &
+  sleep 1; pgrep -f "boundpool soak" | head -1 > $OUT/soak.pid
+else
+  $B/boundpool soak --gpu --seconds ${SOAK_S:-450} --json > $OUT/soak.json 2> $OUT/soak.err & SOAK=$!
+fi
 sleep 12   # after the soak's warm-up level is taken
 END=$((SECONDS+${SOAK_S:-450}-40))
 step() { local name=$1 lim=$2; shift 2; local left=$((END-SECONDS)); [ $left -lt $lim ] && lim=$left
@@ -22,7 +30,9 @@ step mc_cholesky 40 $CS --tool memcheck $B/cholesky --n 2048 --tile 512
 step mc_pipeline 25 $CS --tool memcheck $B/gpu_pipeline
 for t in gpu_blas gpu_priority gpu_leak gpu_placement gpu_trace gpu_threads gpu_sticky; do step mc_$t 40 $CS --tool memcheck $B/t_$t; done
 for tool in racecheck synccheck; do step ${tool}_graphs 40 $CS --tool $tool $B/t_gpu_graphs; step ${tool}_replay 40 $CS --tool $tool $B/t_gpu_replay --test-threads=1; step ${tool}_cholesky 40 $CS --tool $tool $B/cholesky --n 2048 --tile 512; done
-echo "== sanitizers done @${SECONDS}s; waiting for the soak"
-wait $SOAK; echo "== soak rc=$? @${SECONDS}s"; tail -c 2500 $OUT/soak.json; tail -n 5 $OUT/soak.err
+echo "== sanitizers done @${SECONDS}s"
+if [ -z "$DETACH" ]; then
+  wait $SOAK; echo "== soak rc=$? @${SECONDS}s"; tail -c 2500 $OUT/soak.json; tail -n 5 $OUT/soak.err
+fi
 for f in $OUT/*.log; do grep -lE "FAILED|panicked" $f; done | head; grep -h -B2 -A12 "panicked" $OUT/mc_*.log $OUT/racecheck_*.log $OUT/synccheck_*.log 2>/dev/null | head -60
 tar czf $REAL_OUT/logs2.tgz -C $OUT .
