@@ -179,7 +179,7 @@ struct BenchArgs {
     /// without a GPU.
     #[arg(long)]
     gpu: bool,
-    /// With --latency: seconds per phase (four phases).
+    /// With --latency: seconds per phase (five phases; seven with --gpu).
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
 }
