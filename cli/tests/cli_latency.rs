@@ -71,11 +71,21 @@ fn gpu_json_has_every_figure() {
     }
     let v = json_figures(&["--gpu"], "gpu");
     assert!(v["gpu_background_kernel"]["grid"].as_u64() > Some(1), "{v}");
-    assert!(v["gpu_background_kernel"]["waves"].as_u64() > Some(1), "{v}");
+    assert!(
+        v["gpu_background_kernel"]["waves"].as_u64() > Some(1),
+        "{v}"
+    );
     assert_eq!(v["cuda_device_max_connections"], "32", "{v}");
     let w = &v["one_wave_background"];
-    for key in ["p99_loaded_us", "background_alone_nodes_per_s", "background_loaded_nodes_per_s"] {
-        assert!(w[key].as_f64() > Some(0.0), "one_wave_background.{key}: {v}");
+    for key in [
+        "p99_loaded_us",
+        "background_alone_nodes_per_s",
+        "background_loaded_nodes_per_s",
+    ] {
+        assert!(
+            w[key].as_f64() > Some(0.0),
+            "one_wave_background.{key}: {v}"
+        );
     }
     assert!(w["p99_met"].is_boolean(), "{v}");
 }

@@ -828,6 +828,15 @@ pub(crate) fn graph_create(expect: Ctx) -> DResult<CudaGraph> {
     Ok(CudaGraph(g))
 }
 
+/// Removes `node`, a node of `g`, with its edges: its dependents lose that dependency.
+pub(crate) fn graph_remove_node(expect: Ctx, g: &mut CudaGraph, node: GraphNode) -> DResult<()> {
+    check(expect, "cuGraphDestroyNode");
+    let _ = g;
+    // SAFETY: `node` is a node of `g` (the caller's contract, checked by the driver too), and
+    // `&mut g` says no launch or instantiation of `g` runs meanwhile; `node` is not used after.
+    unsafe { sys::cuGraphDestroyNode(node.0).result() }
+}
+
 /// Number of nodes of `g`.
 pub(crate) fn graph_node_count(expect: Ctx, g: &CudaGraph) -> DResult<usize> {
     check(expect, "cuGraphGetNodes");

@@ -1194,10 +1194,19 @@ fn capture_segment(
             current = None;
         }
     }
-    let graph = guard
+    let mut graph = guard
         .finish()
         .map_err(|e| drv("cuStreamEndCapture", e))?
         .ok_or_else(|| capture_error(st, None, "cuStreamEndCapture returned no graph".into()))?;
+    // The empty root stood in for an empty dependency set only during the capture: without it
+    // the roots are roots again, and the executable has the DAG's topology exactly (a fan-out
+    // from one node instantiated several times slower per node than the same roots).
+    if let Some(root) = empty_root {
+        if let Err(e) = driver::graph_remove_node(ctx, &mut graph, root) {
+            let _ = driver::graph_destroy(ctx, graph);
+            return Err(drv("cuGraphDestroyNode", e));
+        }
+    }
     let capture_time = t0.elapsed();
     let counted = driver::graph_node_count(ctx, &graph);
     let nodes = match counted {

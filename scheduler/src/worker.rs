@@ -28,8 +28,12 @@ const SERVICE_EVERY: u64 = 64;
 const _: () = assert!(FLUSH_EVERY % SERVICE_EVERY == 0 && SAMPLE_EVERY % SERVICE_EVERY == 0);
 /// `running` between node bodies.
 const NO_NODE: u32 = u32::MAX;
-/// Idle rounds spent yielding before a worker with deferred completions parks with a timeout.
-const YIELD_ROUNDS: u32 = 64;
+/// How long a worker with deferred completions and nothing else to do polls them between
+/// yields before it parks with a timeout. A GPU graph of a few hundred µs is then seen done within
+/// a yield, as `cuStreamSynchronize`'s spin would see it, not at the end of a timed park (whose
+/// wake-up the kernel's timer slack stretches by tens of µs); the yield leaves the core to any
+/// other thread that wants it.
+const DEFERRED_SPIN: Duration = Duration::from_micros(500);
 /// The timed park of a worker that waits for deferred completions and has nothing else to do.
 const DEFERRED_PARK: Duration = Duration::from_micros(50);
 /// How long a worker that just ran dry watches the queues before it parks. Work often follows
@@ -192,6 +196,7 @@ pub(crate) fn main<S: Send + 'static>(
         helped: Cell::new(false),
         nesting: Cell::new(0),
         defer_slot: Cell::new(None),
+        dry_since: Cell::new(None),
         stolen: Cell::new(false),
         rng: Cell::new(
             0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
@@ -361,6 +366,8 @@ pub(crate) struct WorkerThread<S> {
     nesting: Cell<u32>,
     /// What the running node's body passed to `NodeCtx::complete_when`, taken after the body.
     defer_slot: Cell<Option<DeferFn<S>>>,
+    /// When this worker, with deferred completions, last ran dry (see [`DEFERRED_SPIN`]).
+    dry_since: Cell<Option<Instant>>,
     flusher: RefCell<Flusher>,
     rng: Cell<u64>,
     /// The task `find_task` just returned was stolen (for the trace).
@@ -951,8 +958,19 @@ impl<S: Send + 'static> WorkerThread<S> {
         let timeout = if self.deferred.borrow().is_empty() {
             None
         } else {
+            if *idle_rounds == 0 {
+                self.dry_since.set(Some(Instant::now()));
+            }
             *idle_rounds += 1;
-            if *idle_rounds < YIELD_ROUNDS {
+            // Under loom, a few rounds: the models check the protocol, not the timing.
+            let polling = if cfg!(loom) {
+                *idle_rounds < 4
+            } else {
+                self.dry_since
+                    .get()
+                    .is_some_and(|t| t.elapsed() < DEFERRED_SPIN)
+            };
+            if polling {
                 sync::yield_now();
                 return;
             }
