@@ -26,6 +26,7 @@ step chol16k 100 $B/bench_cholesky --n 16384 --tiles 1024,2048,4096 --runs 3; gr
 step chol32k 70 $B/bench_cholesky --n 32768 --tiles 1024,2048 --runs 1; tail -n 5 $OUT/chol32k.log | cut -c1-140
 step replay 70 $B/bench_replay --rounds 5 --per-round 20; tr '\r' '\n' < $OUT/replay.log | grep -v "rounds$" | tail -n 10 | cut -c1-140
 step latency 60 $B/boundpool bench --latency --gpu --json --threads 8 --seconds 2; tail -c 1000 $OUT/latency.log; echo
+step latency_host 30 $B/boundpool bench --latency --json --seconds 2; tail -c 700 $OUT/latency_host.log; echo
 step scaling 110 $B/boundpool bench --scaling --scale 0.3 --runs 3; tail -n 21 $OUT/scaling.log | cut -c1-140
 step cholex 25 $B/cholesky --n 8192 --tile 1024 --trace $OUT/chol_trace.json; tail -n 4 $OUT/cholex.log
 tar czf $REAL_OUT/logs.tgz -C $OUT .
