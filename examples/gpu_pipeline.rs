@@ -19,12 +19,16 @@ use boundpool_gpu::{
 };
 use boundpool_scheduler::{GraphBuilder, PoolBuilder};
 
+/// Small whole numbers, scaled by whole numbers: every partial sum of a vector of up to about
+/// two million elements is a whole number below 2^24, which an `f32` holds exactly, so the
+/// reduction's atomic adds give the exact sum in whatever order they land, and the check can ask
+/// for it exactly (a lost or doubled element, a read before the scale finished, shows).
 fn input(v: usize, len: usize) -> Vec<f32> {
-    (0..len).map(|i| ((i + v) % 17) as f32 * 0.25).collect()
+    (0..len).map(|i| ((i + v) % 5) as f32).collect()
 }
 
 fn scale_of(v: usize) -> f32 {
-    1.0 + v as f32 * 0.5
+    1.0 + (v % 4) as f32
 }
 
 fn expected(v: usize, len: usize) -> f64 {
@@ -39,7 +43,10 @@ fn check(results: &[(usize, f32)], len: usize) -> bool {
     for &(v, got) in results {
         let want = expected(v, len);
         let rel = ((got as f64 - want) / want.max(1.0)).abs();
-        if rel > 1e-3 {
+        // Exact while every partial sum is a whole number below 2^24 (see `input`); beyond,
+        // f32 rounding depends on the order of the adds.
+        let tolerance = if want < (1u32 << 24) as f64 { 0.0 } else { 1e-3 };
+        if rel > tolerance {
             println!("vector {v}: got {got}, expected {want} (relative error {rel:.2e}) WRONG");
             ok = false;
         }
