@@ -9,7 +9,7 @@
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use crate::driver::{self, Ctx, Dev, Func, Stream};
+use crate::driver::{self, Ctx, Func, PrimaryCtx, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::{builtin, Module};
 
@@ -35,9 +35,10 @@ impl Measurement {
 
 /// A retained primary context plus the empty kernel, for the baselines.
 struct Raw {
-    dev: Dev,
     ctx: Ctx,
-    module: driver::Module,
+    /// The retain and the module, owned; taken by the drop, which destroys them.
+    primary: Option<PrimaryCtx>,
+    module: Option<driver::Module>,
     empty: Func,
 }
 
@@ -47,21 +48,33 @@ impl Raw {
         let what = format!("baseline device {ordinal}");
         let dev =
             driver::device_get(ordinal).map_err(|e| GpuError::driver("cuDeviceGet", &what, e))?;
-        let ctx = driver::primary_ctx_retain(dev)
+        let primary = driver::primary_ctx_retain(dev)
             .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", &what, e))?;
+        let ctx = primary.ctx();
         let m = Module::builtin();
-        let (module, empty) = on_bound(ctx, || {
+        let loaded = on_bound(ctx, || {
             let module = driver::module_load(ctx, &m.inner.ptx)
                 .map_err(|e| GpuError::driver("cuModuleLoadData", &what, e))?;
             let name = std::ffi::CString::new(builtin::EMPTY).expect("no NUL");
-            let f = driver::module_function(ctx, module, &name)
-                .map_err(|e| GpuError::driver("cuModuleGetFunction", &what, e))?;
-            Ok::<_, GpuError>((module, f))
-        })?;
+            match driver::module_function(ctx, &module, &name) {
+                Ok(f) => Ok::<_, GpuError>((module, f)),
+                Err(e) => {
+                    let _ = module.unload(ctx);
+                    Err(GpuError::driver("cuModuleGetFunction", &what, e))
+                }
+            }
+        });
+        let (module, empty) = match loaded {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = primary.release();
+                return Err(e);
+            }
+        };
         Ok(Raw {
-            dev,
             ctx,
-            module,
+            primary: Some(primary),
+            module: Some(module),
             empty,
         })
     }
@@ -69,13 +82,17 @@ impl Raw {
 
 impl Drop for Raw {
     fn drop(&mut self) {
-        let (ctx, m) = (self.ctx, self.module);
+        let (ctx, m) = (self.ctx, self.module.take());
         let _ = on_bound(ctx, || {
             let _ = driver::ctx_synchronize(ctx);
-            let _ = driver::module_unload(ctx, m);
+            if let Some(m) = m {
+                let _ = m.unload(ctx);
+            }
             Ok::<_, GpuError>(())
         });
-        let _ = driver::primary_ctx_release(self.dev);
+        if let Some(p) = self.primary.take() {
+            let _ = p.release();
+        }
     }
 }
 
@@ -106,7 +123,7 @@ fn drv<T>(call: &str, r: driver::DResult<T>) -> GpuResult<T> {
     r.map_err(|e| GpuError::driver(call, "baseline", e))
 }
 
-fn launch_empty(ctx: Ctx, f: Func, s: Stream) -> GpuResult<()> {
+fn launch_empty(ctx: Ctx, f: Func, s: StreamRef) -> GpuResult<()> {
     // SAFETY: the empty kernel takes no parameters.
     drv("cuLaunchKernel", unsafe {
         driver::launch(ctx, f, (1, 1, 1), (1, 1, 1), 0, s, &mut [])
@@ -125,7 +142,8 @@ pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> GpuResul
                 let barrier = barrier.clone();
                 s.spawn(move || -> GpuResult<(Instant, Instant)> {
                     bind(ctx)?;
-                    let st = drv("cuStreamCreate", driver::stream_create(ctx))?;
+                    let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+                    let st = owned.view();
                     for _ in 0..64 {
                         launch_empty(ctx, f, st)?;
                     }
@@ -137,7 +155,7 @@ pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> GpuResul
                     }
                     drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
                     let t1 = Instant::now();
-                    let _ = driver::stream_destroy(ctx, st);
+                    let _ = owned.destroy(ctx);
                     let _ = driver::ctx_unbind();
                     Ok((t0, t1))
                 })
@@ -164,7 +182,8 @@ pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> GpuResul
 pub fn thread_per_task(ordinal: i32, tasks: usize) -> GpuResult<Measurement> {
     let raw = Raw::open(ordinal)?;
     let (ctx, f) = (raw.ctx, raw.empty);
-    let st = on_bound(ctx, || drv("cuStreamCreate", driver::stream_create(ctx)))?;
+    let owned = on_bound(ctx, || drv("cuStreamCreate", driver::stream_create(ctx)))?;
+    let st = owned.view();
     let t0 = Instant::now();
     let hs: Vec<_> = (0..tasks)
         .map(|_| {
@@ -187,9 +206,7 @@ pub fn thread_per_task(ordinal: i32, tasks: usize) -> GpuResult<Measurement> {
         drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))
     })?;
     let elapsed = t0.elapsed();
-    on_bound(ctx, || {
-        drv("cuStreamDestroy", driver::stream_destroy(ctx, st))
-    })?;
+    on_bound(ctx, || drv("cuStreamDestroy", owned.destroy(ctx)))?;
     if let Some(e) = first_err {
         return Err(e);
     }
@@ -208,20 +225,22 @@ pub fn server_thread(ordinal: i32, submitters: usize, total: usize) -> GpuResult
     let raw = Raw::open(ordinal)?;
     let (ctx, f) = (raw.ctx, raw.empty);
     let (tx, rx) = mpsc::sync_channel::<Job>(4096);
-    let (ready_tx, ready_rx) = mpsc::channel::<GpuResult<Stream>>();
+    // The server owns its stream; the submitters' jobs get a view, used only on the server
+    // thread before it destroys the stream.
+    let (ready_tx, ready_rx) = mpsc::channel::<GpuResult<StreamRef>>();
     let server = std::thread::spawn(move || {
         let st = bind(ctx).and_then(|_| drv("cuStreamCreate", driver::stream_create(ctx)));
         let _ = ready_tx.send(
             st.as_ref()
-                .map(|s| *s)
+                .map(driver::Stream::view)
                 .map_err(|e| GpuError::new(GpuErrorKind::Driver, e.message().to_owned())),
         );
         while let Ok(job) = rx.recv() {
             job();
         }
         if let Ok(st) = st {
-            let _ = driver::stream_synchronize(ctx, st);
-            let _ = driver::stream_destroy(ctx, st);
+            let _ = driver::stream_synchronize(ctx, st.view());
+            let _ = st.destroy(ctx);
         }
         let _ = driver::ctx_unbind();
     });
@@ -287,10 +306,11 @@ fn chain(ordinal: i32, edges: usize, host: bool) -> GpuResult<Measurement> {
     let raw = Raw::open(ordinal)?;
     let (ctx, f) = (raw.ctx, raw.empty);
     let m = on_bound(ctx, || {
-        let s = [
+        let owned = [
             drv("cuStreamCreate", driver::stream_create(ctx))?,
             drv("cuStreamCreate", driver::stream_create(ctx))?,
         ];
+        let s = [owned[0].view(), owned[1].view()];
         let ev = drv("cuEventCreate", driver::event_create(ctx))?;
         let run = |n: usize| -> GpuResult<Duration> {
             let t0 = Instant::now();
@@ -300,8 +320,8 @@ fn chain(ordinal: i32, edges: usize, host: bool) -> GpuResult<Measurement> {
                 if host {
                     drv("cuStreamSynchronize", driver::stream_synchronize(ctx, a))?;
                 } else {
-                    drv("cuEventRecord", driver::event_record(ctx, ev, a))?;
-                    drv("cuStreamWaitEvent", driver::stream_wait_event(ctx, b, ev))?;
+                    drv("cuEventRecord", driver::event_record(ctx, &ev, a))?;
+                    drv("cuStreamWaitEvent", driver::stream_wait_event(ctx, b, &ev))?;
                 }
                 launch_empty(ctx, f, b)?;
             }
@@ -313,9 +333,10 @@ fn chain(ordinal: i32, edges: usize, host: bool) -> GpuResult<Measurement> {
         };
         run(256)?;
         let el = run(edges)?;
-        let _ = driver::event_destroy(ctx, ev);
-        let _ = driver::stream_destroy(ctx, s[0]);
-        let _ = driver::stream_destroy(ctx, s[1]);
+        let _ = ev.destroy(ctx);
+        for s in owned {
+            let _ = s.destroy(ctx);
+        }
         Ok(Measurement {
             ops: edges as u64,
             elapsed: el,
@@ -356,7 +377,7 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measu
     const RING: usize = 4;
     let raw = Raw::open(ordinal)?;
     let (ctx, f) = (raw.ctx, raw.empty);
-    let (streams, events) = on_bound(ctx, || {
+    let (owned, events) = on_bound(ctx, || {
         let s = [
             drv("cuStreamCreate", driver::stream_create(ctx))?,
             drv("cuStreamCreate", driver::stream_create(ctx))?,
@@ -367,6 +388,7 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measu
         }
         Ok((s, ev))
     })?;
+    let streams = [owned[0].view(), owned[1].view()];
     let run = |n: usize| -> GpuResult<Duration> {
         let turn = AtomicUsize::new(0);
         let barrier = Barrier::new(2);
@@ -396,7 +418,7 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measu
                                     }
                                 }
                                 if i > 0 && !shared {
-                                    let e = events[(i - 1) % RING];
+                                    let e = &events[(i - 1) % RING];
                                     drv(
                                         "cuStreamWaitEvent",
                                         driver::stream_wait_event(ctx, own, e),
@@ -404,7 +426,7 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measu
                                 }
                                 launch_empty(ctx, f, own)?;
                                 if i < n && !shared {
-                                    let e = events[i % RING];
+                                    let e = &events[i % RING];
                                     drv("cuEventRecord", driver::event_record(ctx, e, own))?;
                                 } else {
                                     drv(
@@ -448,11 +470,11 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measu
         elapsed: el,
     });
     let _ = on_bound(ctx, || {
-        for e in &events {
-            let _ = driver::event_destroy(ctx, *e);
+        for e in events {
+            let _ = e.destroy(ctx);
         }
-        for s in streams {
-            let _ = driver::stream_destroy(ctx, s);
+        for s in owned {
+            let _ = s.destroy(ctx);
         }
         Ok(())
     });
@@ -466,7 +488,8 @@ pub fn call_costs(ordinal: i32, n: usize) -> GpuResult<(f64, f64, f64)> {
     let raw = Raw::open(ordinal)?;
     let (ctx, f) = (raw.ctx, raw.empty);
     let r = on_bound(ctx, || {
-        let s = drv("cuStreamCreate", driver::stream_create(ctx))?;
+        let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+        let s = owned.view();
         let ev = drv("cuEventCreate", driver::event_create(ctx))?;
         let t0 = Instant::now();
         for _ in 0..n {
@@ -476,17 +499,17 @@ pub fn call_costs(ordinal: i32, n: usize) -> GpuResult<(f64, f64, f64)> {
         drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s))?;
         let t0 = Instant::now();
         for _ in 0..n {
-            drv("cuEventRecord", driver::event_record(ctx, ev, s))?;
+            drv("cuEventRecord", driver::event_record(ctx, &ev, s))?;
         }
         let tr = t0.elapsed();
         drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s))?;
         let t0 = Instant::now();
         for _ in 0..n {
-            drv("cuEventQuery", driver::event_query(ctx, ev))?;
+            drv("cuEventQuery", driver::event_query(ctx, &ev))?;
         }
         let tq = t0.elapsed();
-        let _ = driver::event_destroy(ctx, ev);
-        let _ = driver::stream_destroy(ctx, s);
+        let _ = ev.destroy(ctx);
+        let _ = owned.destroy(ctx);
         let per = |d: Duration| d.as_secs_f64() * 1e9 / n as f64;
         Ok((per(tl), per(tr), per(tq)))
     })?;
@@ -524,7 +547,8 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<Raw
     let raw = Raw::open(ordinal)?;
     let (ctx, f) = (raw.ctx, raw.empty);
     let r = on_bound(ctx, || {
-        let s = drv("cuStreamCreate", driver::stream_create(ctx))?;
+        let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+        let s = owned.view();
         let t0 = Instant::now();
         let mut g = drv("cuGraphCreate", driver::graph_create(ctx))?;
         let mut nodes: Vec<driver::GraphNode> = Vec::with_capacity(preds.len());
@@ -548,8 +572,14 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<Raw
             )
         });
         let instantiate = t1.elapsed();
-        let _ = driver::graph_destroy(ctx, g);
-        let exec = exec?;
+        let _ = g.destroy(ctx);
+        let exec = match exec {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = owned.destroy(ctx);
+                return Err(e);
+            }
+        };
         let mut timed = Vec::with_capacity(runs);
         let mut res = Ok(());
         for i in 0..runs + 3 {
@@ -564,8 +594,8 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<Raw
                 timed.push(t.elapsed());
             }
         }
-        let _ = driver::graph_exec_destroy(ctx, exec);
-        let _ = driver::stream_destroy(ctx, s);
+        let _ = exec.destroy(ctx);
+        let _ = owned.destroy(ctx);
         res.map(|()| RawGraph {
             nodes: preds.len(),
             build,

@@ -21,7 +21,7 @@ use cudarc::cublas::sys as cb;
 use cudarc::cusolver::sys as cs;
 
 use crate::device::DeviceInfo;
-use crate::driver::{self, Ctx, Stream};
+use crate::driver::{self, Ctx, DeviceAlloc, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::GpuCtx;
 use crate::worker::GpuWorker;
@@ -234,7 +234,7 @@ impl Diag {
 
 struct BlasHandle {
     raw: cb::cublasHandle_t,
-    stream: Option<Stream>,
+    stream: Option<StreamRef>,
     stream_sets: u64,
 }
 
@@ -265,7 +265,7 @@ impl BlasHandle {
 
 struct SolverHandle {
     raw: cs::cusolverDnHandle_t,
-    stream: Option<Stream>,
+    stream: Option<StreamRef>,
     stream_sets: u64,
 }
 
@@ -295,9 +295,9 @@ impl SolverHandle {
 
 /// A worker's library workspaces for one stream, used only in that stream's order.
 struct StreamSpace {
-    stream: Stream,
-    blas: u64,
-    solver: u64,
+    stream: StreamRef,
+    blas: Option<DeviceAlloc>,
+    solver: Option<DeviceAlloc>,
     solver_bytes: usize,
 }
 
@@ -310,15 +310,15 @@ pub(crate) struct WorkerLibs {
 }
 
 impl WorkerLibs {
-    fn space<R>(&self, stream: Stream, f: impl FnOnce(&mut StreamSpace) -> R) -> R {
+    fn space<R>(&self, stream: StreamRef, f: impl FnOnce(&mut StreamSpace) -> R) -> R {
         let mut spaces = self.spaces.borrow_mut();
         let i = match spaces.iter().position(|s| s.stream == stream) {
             Some(i) => i,
             None => {
                 spaces.push(StreamSpace {
                     stream,
-                    blas: 0,
-                    solver: 0,
+                    blas: None,
+                    solver: None,
                     solver_bytes: 0,
                 });
                 spaces.len() - 1
@@ -351,7 +351,7 @@ impl WorkerLibs {
     fn blas_on(
         &self,
         ctx: Ctx,
-        stream: Stream,
+        stream: StreamRef,
         what: &dyn Fn() -> String,
     ) -> GpuResult<(cb::cublasHandle_t, u64)> {
         self.ensure_blas(what)?;
@@ -359,11 +359,14 @@ impl WorkerLibs {
         let h = h.as_mut().expect("created above");
         if h.stream != Some(stream) {
             let ws = self.space(stream, |sp| {
-                if sp.blas == 0 {
-                    sp.blas = driver::mem_alloc_async(ctx, BLAS_WORKSPACE_BYTES, stream)
-                        .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?;
-                }
-                Ok::<u64, GpuError>(sp.blas)
+                let ws = match &sp.blas {
+                    Some(a) => a,
+                    None => sp.blas.insert(
+                        driver::mem_alloc_async(ctx, BLAS_WORKSPACE_BYTES, stream)
+                            .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?,
+                    ),
+                };
+                Ok::<u64, GpuError>(ws.addr())
             })?;
             // SAFETY: a live handle of this worker and a live stream of its context; the
             // workspace is this worker's for this stream, so it is only used in its order.
@@ -389,7 +392,7 @@ impl WorkerLibs {
     /// The cuSOLVER handle, set to `stream`.
     fn solver_on(
         &self,
-        stream: Stream,
+        stream: StreamRef,
         what: &dyn Fn() -> String,
     ) -> GpuResult<(cs::cusolverDnHandle_t, u64)> {
         self.ensure_solver(what)?;
@@ -410,23 +413,24 @@ impl WorkerLibs {
     fn solver_workspace(
         &self,
         ctx: Ctx,
-        stream: Stream,
+        stream: StreamRef,
         bytes: usize,
         what: &dyn Fn() -> String,
     ) -> GpuResult<u64> {
         self.space(stream, |sp| {
             if sp.solver_bytes < bytes {
-                if sp.solver != 0 {
-                    driver::mem_free_async(ctx, sp.solver, stream)
+                sp.solver_bytes = 0;
+                if let Some(old) = sp.solver.take() {
+                    old.free_async(ctx, stream)
                         .map_err(|e| GpuError::driver("cuMemFreeAsync", &what(), e))?;
-                    sp.solver = 0;
-                    sp.solver_bytes = 0;
                 }
-                sp.solver = driver::mem_alloc_async(ctx, bytes, stream)
-                    .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?;
+                sp.solver = Some(
+                    driver::mem_alloc_async(ctx, bytes, stream)
+                        .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?,
+                );
                 sp.solver_bytes = bytes;
             }
-            Ok(sp.solver)
+            Ok(sp.solver.as_ref().map_or(0, DeviceAlloc::addr))
         })
     }
 
@@ -434,10 +438,8 @@ impl WorkerLibs {
     /// worker, its context still current.
     pub(crate) fn shutdown(self, ctx: Ctx) {
         for sp in self.spaces.into_inner() {
-            for p in [sp.blas, sp.solver] {
-                if p != 0 {
-                    let _ = driver::mem_free_async(ctx, p, sp.stream);
-                }
+            for a in [sp.blas, sp.solver].into_iter().flatten() {
+                let _ = a.free_async(ctx, sp.stream);
             }
         }
         if let Some(h) = self.blas.into_inner() {

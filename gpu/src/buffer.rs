@@ -4,6 +4,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use crate::device::{DeviceShared, Release};
+use crate::driver::DeviceAlloc;
 use std::sync::Arc;
 
 /// Plain data that may be copied to and from the device bit for bit.
@@ -37,8 +38,10 @@ pub struct DeviceBuffer<T: DeviceCopy> {
 }
 
 impl<T: DeviceCopy> DeviceBuffer<T> {
-    pub(crate) fn from_raw(ptr: u64, len: usize, device: Arc<DeviceShared>) -> Self {
-        device.track_allocation(ptr);
+    /// A buffer over `alloc`, which the device's allocation table owns from now on (the buffer
+    /// keeps its address and queues it for release when dropped).
+    pub(crate) fn from_alloc(alloc: DeviceAlloc, len: usize, device: Arc<DeviceShared>) -> Self {
+        let ptr = device.track_allocation(alloc);
         Self {
             ptr,
             len,

@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use boundpool_scheduler::{GroupId, Placement};
 
-use crate::driver::{self, Ctx, DResult, Dev, Event, Func, GraphExec, Module as RawModule, Stream};
+use crate::driver::{
+    self, Ctx, DResult, Dev, DeviceAlloc, Event, Func, GraphExec, Module as RawModule, PrimaryCtx,
+    Stream, StreamRef,
+};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
 use crate::timing::DeviceTiming;
@@ -22,7 +25,8 @@ use crate::timing::DeviceTiming;
 /// A handle whose release waits for a bound worker.
 #[derive(Debug)]
 pub(crate) enum Release {
-    /// Device memory from `cuMemAllocAsync`.
+    /// Device memory from `cuMemAllocAsync`, by address (its owner is the device's
+    /// allocation table).
     Mem(u64),
     /// A replay executable (`replay.rs`) whose last owner dropped it.
     Exec(GraphExec),
@@ -48,21 +52,27 @@ pub(crate) struct DeviceShared {
     pub(crate) dev: Dev,
     /// Set once the primary context has been retained (by the first worker of the device).
     ctx: OnceLock<Ctx>,
-    retain_lock: Mutex<bool>,
+    /// The retain itself, released by the device's last worker.
+    primary: Mutex<Option<PrimaryCtx>>,
     events: Mutex<Vec<Event>>,
     events_created: AtomicUsize,
     releases: Mutex<Vec<Release>>,
     release_pending: AtomicBool,
     waker: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
+    /// Every worker stream of the device, owned here (workers, nodes and markers hold
+    /// [`StreamRef`] views), destroyed by the device's last worker.
     streams: RwLock<Vec<Stream>>,
+    /// Loaded modules, owned here; the functions (views) are valid until teardown unloads them.
     modules: Mutex<HashMap<u64, RawModule>>,
     functions: Mutex<HashMap<u64, Func>>,
     failed: OnceLock<String>,
     closed: AtomicBool,
     live_workers: AtomicUsize,
-    /// Device allocations made through the pool and not yet freed (freed at teardown if
-    /// their owners still hold them).
-    allocations: Mutex<std::collections::HashSet<u64>>,
+    /// Device allocations made through the pool and not yet freed, owned here by address
+    /// (a `DeviceBuffer` holds the address and queues it for release when dropped; teardown
+    /// frees those whose buffers are still held). Freeing takes the allocation out of this
+    /// table, so it happens once.
+    allocations: Mutex<HashMap<u64, DeviceAlloc>>,
     /// GPU stream tracks of the trace (only when the pool records one).
     pub(crate) timing: Option<DeviceTiming>,
     /// Replay executables' slots, so that teardown destroys those still owned
@@ -88,7 +98,7 @@ impl DeviceShared {
             info,
             dev,
             ctx: OnceLock::new(),
-            retain_lock: Mutex::new(false),
+            primary: Mutex::new(None),
             events: Mutex::new(Vec::new()),
             events_created: AtomicUsize::new(0),
             releases: Mutex::new(Vec::new()),
@@ -100,7 +110,7 @@ impl DeviceShared {
             failed: OnceLock::new(),
             closed: AtomicBool::new(false),
             live_workers: AtomicUsize::new(0),
-            allocations: Mutex::new(std::collections::HashSet::new()),
+            allocations: Mutex::new(HashMap::new()),
             exec_slots: Mutex::new(Vec::new()),
             execs_live: AtomicUsize::new(0),
         }
@@ -122,7 +132,7 @@ impl DeviceShared {
 
     /// Destroys an executable (on a bound worker of this device) and counts it.
     pub(crate) fn destroy_exec(&self, ctx: Ctx, e: GraphExec) {
-        let _ = driver::graph_exec_destroy(ctx, e);
+        let _ = e.destroy(ctx);
         self.execs_live.fetch_sub(1, Ordering::Relaxed);
     }
 
@@ -148,12 +158,12 @@ impl DeviceShared {
     pub(crate) fn bind_worker(&self) -> GpuResult<Ctx> {
         let what = format!("device {}", self.info.ordinal);
         let ctx = {
-            let mut retained = self.retain_lock.lock().unwrap_or_else(|e| e.into_inner());
-            if !*retained {
-                let c = driver::primary_ctx_retain(self.dev)
+            let mut primary = self.primary.lock().unwrap_or_else(|e| e.into_inner());
+            if self.ctx.get().is_none() {
+                let p = driver::primary_ctx_retain(self.dev)
                     .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", &what, e))?;
-                let _ = self.ctx.set(c);
-                *retained = true;
+                let _ = self.ctx.set(p.ctx());
+                *primary = Some(p);
             }
             self.ctx()
         };
@@ -245,18 +255,27 @@ impl DeviceShared {
 
     // ---------------------------------------------------------------- streams
 
-    pub(crate) fn register_stream(&self, s: Stream) {
+    /// Takes ownership of a worker's stream (destroyed by the device's last worker) and
+    /// returns the view the worker enqueues on.
+    pub(crate) fn register_stream(&self, s: Stream) -> StreamRef {
+        let view = s.view();
         self.streams
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .push(s);
+        view
     }
 
     /// Makes `own` wait for everything enqueued so far on `other`, another worker's stream of
     /// this device: records `e` (one of the calling worker's events) on `other` and waits on it.
     /// Needs no lock: a worker's stream lives until the device's last worker stops, so it
     /// outlives every node that can still name it.
-    pub(crate) fn wait_for_stream(&self, own: Stream, other: Stream, e: Event) -> DResult<()> {
+    pub(crate) fn wait_for_stream(
+        &self,
+        own: StreamRef,
+        other: StreamRef,
+        e: &Event,
+    ) -> DResult<()> {
         let ctx = self.ctx();
         driver::event_record(ctx, e, other).and_then(|_| driver::stream_wait_event(ctx, own, e))
     }
@@ -296,7 +315,7 @@ impl DeviceShared {
     /// pool hands the freed memory back to the device (the default pool keeps nothing past a
     /// synchronise) and an idle device's free memory comes back. Returns how many were
     /// released.
-    pub(crate) fn drain_releases(&self, own: Stream) -> usize {
+    pub(crate) fn drain_releases(&self, own: StreamRef) -> usize {
         if !self.release_pending.swap(false, Ordering::AcqRel) {
             return 0;
         }
@@ -314,11 +333,11 @@ impl DeviceShared {
             let streams = self.streams.read().unwrap_or_else(|e| e.into_inner());
             device_idle = streams
                 .iter()
-                .all(|&s| driver::stream_query(ctx, s).unwrap_or(false));
-            for &s in streams.iter().filter(|s| **s != own) {
+                .all(|s| driver::stream_query(ctx, s.view()).unwrap_or(false));
+            for s in streams.iter().map(Stream::view).filter(|&s| s != own) {
                 let ok = self.take_event().and_then(|e| {
-                    let r = driver::event_record(ctx, e, s)
-                        .and_then(|_| driver::stream_wait_event(ctx, own, e));
+                    let r = driver::event_record(ctx, &e, s)
+                        .and_then(|_| driver::stream_wait_event(ctx, own, &e));
                     self.put_event(e);
                     r
                 });
@@ -331,13 +350,15 @@ impl DeviceShared {
         for r in batch {
             match r {
                 Release::Mem(p) => {
-                    // Forget first: once freed, the address may be handed out again.
-                    self.forget_allocation(p);
-                    let _ = if fenced {
-                        driver::mem_free_async(ctx, p, own)
-                    } else {
-                        driver::mem_free(ctx, p)
-                    };
+                    // Out of the table first: once freed, the address may be handed out again.
+                    // (Not there: teardown freed it already.)
+                    if let Some(a) = self.forget_allocation(p) {
+                        let _ = if fenced {
+                            a.free_async(ctx, own)
+                        } else {
+                            a.free(ctx)
+                        };
+                    }
                 }
                 // An in-flight launch finishes first (the driver defers the free).
                 Release::Exec(e) => self.destroy_exec(ctx, e),
@@ -352,27 +373,31 @@ impl DeviceShared {
         n
     }
 
-    fn other_streams_idle(&self, own: Stream) -> bool {
+    fn other_streams_idle(&self, own: StreamRef) -> bool {
         let ctx = self.ctx();
         let streams = self.streams.read().unwrap_or_else(|e| e.into_inner());
         streams
             .iter()
-            .filter(|s| **s != own)
-            .all(|&s| driver::stream_query(ctx, s).unwrap_or(false))
+            .map(Stream::view)
+            .filter(|&s| s != own)
+            .all(|s| driver::stream_query(ctx, s).unwrap_or(false))
     }
 
-    pub(crate) fn track_allocation(&self, p: u64) {
+    /// Takes ownership of a new allocation; returns its address.
+    pub(crate) fn track_allocation(&self, a: DeviceAlloc) -> u64 {
+        let p = a.addr();
         self.allocations
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(p);
+            .insert(p, a);
+        p
     }
 
-    fn forget_allocation(&self, p: u64) {
+    fn forget_allocation(&self, p: u64) -> Option<DeviceAlloc> {
         self.allocations
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&p);
+            .remove(&p)
     }
 
     pub(crate) fn live_allocations(&self) -> usize {
@@ -396,24 +421,23 @@ impl DeviceShared {
         }
         let ctx = self.ctx();
         let m = &k.inner.module.inner;
-        let raw = {
-            let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-            match mods.get(&m.id) {
-                Some(r) => *r,
-                None => {
-                    let r = driver::module_load(ctx, &m.ptx).map_err(|e| {
-                        GpuError::driver(
-                            "cuModuleLoadData",
-                            &format!("device {}: module '{}'", self.info.ordinal, m.name),
-                            e,
-                        )
-                    })?;
-                    mods.insert(m.id, r);
-                    r
-                }
+        let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let raw = match mods.entry(m.id) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let r = driver::module_load(ctx, &m.ptx).map_err(|e| {
+                    GpuError::driver(
+                        "cuModuleLoadData",
+                        &format!("device {}: module '{}'", self.info.ordinal, m.name),
+                        e,
+                    )
+                })?;
+                v.insert(r)
             }
         };
-        let f = driver::module_function(ctx, raw, &k.inner.name).map_err(|e| {
+        let f = driver::module_function(ctx, raw, &k.inner.name);
+        drop(mods);
+        let f = f.map_err(|e| {
             let mut err = GpuError::driver(
                 "cuModuleGetFunction",
                 &format!(
@@ -439,7 +463,7 @@ impl DeviceShared {
     /// Called by each worker as it stops. Its stream stays (idle) until the device's last
     /// worker stops, so that a node still running on another worker may record on it; the last
     /// worker destroys every stream, frees what is left and releases the primary context.
-    pub(crate) fn worker_stopped(&self, own: Stream) {
+    pub(crate) fn worker_stopped(&self, own: StreamRef) {
         let ctx = self.ctx();
         self.drain_releases(own);
         if self.failed().is_none() {
@@ -476,20 +500,16 @@ impl DeviceShared {
                 self.destroy_exec(ctx, e);
             }
         }
-        let live: Vec<u64> = self
-            .allocations
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .collect();
-        for p in live {
-            let _ = driver::mem_free(ctx, p);
+        let live = std::mem::take(&mut *self.allocations.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, a) in live {
+            let _ = a.free(ctx);
         }
+        // Every worker has stopped: no node, marker or hook can use a view of these any more.
         for s in std::mem::take(&mut *self.streams.write().unwrap_or_else(|e| e.into_inner())) {
-            let _ = driver::stream_destroy(ctx, s);
+            let _ = s.destroy(ctx);
         }
         for e in std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner())) {
-            let _ = driver::event_destroy(ctx, e);
+            let _ = e.destroy(ctx);
         }
         if let Some(t) = &self.timing {
             t.destroy(ctx);
@@ -499,14 +519,21 @@ impl DeviceShared {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         for (_, m) in std::mem::take(&mut *self.modules.lock().unwrap_or_else(|e| e.into_inner())) {
-            let _ = driver::module_unload(ctx, m);
+            let _ = m.unload(ctx);
         }
         if !failed {
             let _ = driver::ctx_synchronize(ctx);
             let _ = driver::mempool_trim(ctx, self.dev);
         }
         let _ = driver::ctx_unbind();
-        let _ = driver::primary_ctx_release(self.dev);
+        if let Some(p) = self
+            .primary
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = p.release();
+        }
     }
 }
 

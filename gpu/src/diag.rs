@@ -34,8 +34,9 @@ pub mod context_check {
 /// the primary context (which must be retained by someone, e.g. a [`MemoryProbe`]).
 #[derive(Debug)]
 pub struct MemoryProbe {
-    dev: driver::Dev,
     ctx: driver::Ctx,
+    /// The retain, released on drop (`None` only during the drop).
+    primary: Option<driver::PrimaryCtx>,
 }
 
 impl MemoryProbe {
@@ -49,7 +50,10 @@ impl MemoryProbe {
             driver::device_get(ordinal).map_err(|e| GpuError::driver("cuDeviceGet", &what, e))?;
         let ctx = driver::primary_ctx_retain(dev)
             .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", &what, e))?;
-        Ok(Self { dev, ctx })
+        Ok(Self {
+            ctx: ctx.ctx(),
+            primary: Some(ctx),
+        })
     }
 
     /// Free device memory in bytes (`cuMemGetInfo` on a helper thread bound to the context).
@@ -77,6 +81,8 @@ impl MemoryProbe {
 
 impl Drop for MemoryProbe {
     fn drop(&mut self) {
-        let _ = driver::primary_ctx_release(self.dev);
+        if let Some(p) = self.primary.take() {
+            let _ = p.release();
+        }
     }
 }

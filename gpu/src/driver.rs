@@ -1,11 +1,14 @@
 //! The only module that touches raw CUDA driver handles.
 //!
-//! Everything here is a thin wrapper over `cudarc::driver::sys`. The handle newtypes ([`Ctx`],
-//! [`Stream`], [`Event`], [`Module`], [`Func`]) are `Copy` and carry no ownership: the crate keeps
-//! the invariant that a handle is only ever created here, stored in a device table or a worker's
-//! state, and destroyed exactly once at shutdown by a bound worker of its device. Functions that
-//! take a handle are therefore safe to call from crate code; those that take raw pointers to
-//! memory (launch arguments, copies) are `unsafe`.
+//! Everything here is a thin wrapper over `cudarc::driver::sys`. A handle that must be destroyed
+//! is an *owner* ([`PrimaryCtx`], [`Stream`], [`Event`], [`Module`], [`DeviceAlloc`],
+//! [`CudaGraph`], [`GraphExec`]): not `Copy` nor `Clone`, its raw field private to this file,
+//! destroyed by a method that consumes it, so destroy-once is the compiler's business. What
+//! others need to name a handle they do not own is a `Copy` *view* ([`Ctx`], [`StreamRef`],
+//! [`Func`], [`GraphNode`]), made only here from its owner and unable to destroy anything; the
+//! crate keeps the owners views point to in its device tables until the device's last worker
+//! stops. Functions that take handles are therefore safe to call from crate code; those that
+//! take raw pointers to memory (launch arguments, copies) are `unsafe`.
 //!
 //! Every function that needs a current context takes the context the caller *expects* to be
 //! current. When context checking is on ([`crate::context_check`]), each such call first reads
@@ -82,52 +85,154 @@ fn current_raw() -> DResult<usize> {
 
 // ----------------------------------------------------------------------------------------------
 // Handles.
+//
+// Two kinds. *Owners* ([`Stream`], [`Event`], [`Module`], [`PrimaryCtx`], [`DeviceAlloc`], and
+// below [`CudaGraph`], [`GraphExec`]) are neither `Copy` nor `Clone`, keep their raw field
+// private to this file, and are destroyed by a method that consumes them, so that destroying
+// one twice, or using one after destroying it, does not compile. *Views* ([`Ctx`],
+// [`StreamRef`], [`Func`], [`GraphNode`]) are `Copy`, own nothing and have no destroy: a view is
+// made only here, from its owner (or, for `Ctx` and `Func`, by the call that retained the
+// context or looked the function up in its module), and is valid while that owner lives. The
+// crate keeps the owners of what views point to in its device tables until the device's last
+// worker stops (see `device.rs`), after every node that can hold a view.
+//
+// That owners are not `Copy` (nor `Clone`), so that a second destroy does not compile, is
+// checked at compile time by `tests::owners_are_not_copy_or_clone` (the module is private, so
+// a doctest could not name its types).
 
-macro_rules! handle {
-    ($(#[$m:meta])* $name:ident, $raw:ty) => {
-        $(#[$m])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub(crate) struct $name($raw);
+/// Implements `Send` and `Sync` for a handle type.
+macro_rules! send_sync {
+    ($($name:ident),*) => { $(
         // SAFETY: driver handles are plain identifiers that the driver lets any thread use
-        // (with the right context current); this crate only uses them from bound workers.
+        // (with the right context current); this crate uses them only from bound workers, and
+        // an owner is mutated (destroyed) only by value.
         unsafe impl Send for $name {}
-        // SAFETY: as above; the handle value itself is immutable.
+        // SAFETY: as above; a shared reference only reads the handle value.
         unsafe impl Sync for $name {}
-    };
+    )* };
 }
 
-handle!(
-    /// A CUDA context (here always a device's primary context).
-    Ctx,
-    sys::CUcontext
-);
-handle!(
-    /// A stream.
-    Stream,
-    sys::CUstream
-);
-handle!(
-    /// An event (created with timing disabled, except the trace's timing events).
-    Event,
-    sys::CUevent
-);
-handle!(
-    /// A loaded module.
-    Module,
-    sys::CUmodule
-);
-handle!(
-    /// A kernel function of a loaded module.
-    Func,
-    sys::CUfunction
-);
+/// A CUDA context (here always a device's primary context): a view, the identity the
+/// wrappers check against and bind. The context is owned by the [`PrimaryCtx`] that retained
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Ctx(sys::CUcontext);
+
+/// One retain of a device's primary context (`cuDevicePrimaryCtxRetain`), owned: released
+/// once by [`PrimaryCtx::release`], which consumes it.
+#[derive(Debug)]
+pub(crate) struct PrimaryCtx {
+    dev: Dev,
+    ctx: Ctx,
+}
+
+/// A stream, owned. Destroy with [`Stream::destroy`]; hand [`Stream::view`] to whoever
+/// enqueues on it.
+#[derive(Debug)]
+pub(crate) struct Stream(sys::CUstream);
+
+/// A view of a [`Stream`]: valid while the `Stream` lives (the crate's worker streams live in
+/// their device's table until its last worker stops). Cannot destroy it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct StreamRef(sys::CUstream);
+
+/// An event, owned (created with timing disabled, except the trace's timing events). Moved
+/// between a worker's spares, the markers that carry it and the device's table; destroyed
+/// once by [`Event::destroy`].
+#[derive(Debug)]
+pub(crate) struct Event(sys::CUevent);
+
+/// A loaded module, owned. Unload with [`Module::unload`].
+#[derive(Debug)]
+pub(crate) struct Module(sys::CUmodule);
+
+/// A kernel function of a loaded module: a view, valid while the module is loaded (the crate
+/// unloads modules only at its device's teardown). Nothing to destroy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Func(sys::CUfunction);
+
+/// Device memory from `cuMemAllocAsync`, owned. Freed once by [`DeviceAlloc::free_async`] or
+/// [`DeviceAlloc::free`]; [`DeviceAlloc::addr`] is the plain address kernels and copies take.
+#[derive(Debug)]
+pub(crate) struct DeviceAlloc(sys::CUdeviceptr);
+
+send_sync!(Ctx, PrimaryCtx, Stream, StreamRef, Event, Module, Func);
+
+impl PrimaryCtx {
+    /// The retained context.
+    pub(crate) fn ctx(&self) -> Ctx {
+        self.ctx
+    }
+
+    /// Releases this retain (`cuDevicePrimaryCtxRelease`).
+    pub(crate) fn release(self) -> DResult<()> {
+        // SAFETY: paired with the one successful retain that made `self`, consumed here.
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev.0).result() }
+    }
+}
 
 impl Stream {
+    /// A view to enqueue on; valid while `self` lives.
+    pub(crate) fn view(&self) -> StreamRef {
+        StreamRef(self.0)
+    }
+
+    /// `cuStreamDestroy` (work already enqueued still completes).
+    pub(crate) fn destroy(self, expect: Ctx) -> DResult<()> {
+        check(expect, "cuStreamDestroy");
+        // SAFETY: `self` is a live stream, consumed here: destroyed once, and no view of it is
+        // used after (the owners' contract above).
+        unsafe { sys::cuStreamDestroy_v2(self.0).result() }
+    }
+}
+
+impl StreamRef {
     /// The raw stream as an untyped pointer: for cuBLAS and cuSOLVER's `*SetStream` (which
-    /// take the runtime API's `cudaStream_t`, the same handle) and `GpuCtx::raw_stream`. The one
+    /// take the runtime API's `cudaStream_t`, the same handle) and their stream checks. The one
     /// way a raw driver handle leaves this file.
     pub(crate) fn raw_ptr(self) -> *mut c_void {
         self.0.cast()
+    }
+}
+
+impl Event {
+    /// `cuEventDestroy`.
+    pub(crate) fn destroy(self, expect: Ctx) -> DResult<()> {
+        check(expect, "cuEventDestroy");
+        // SAFETY: `self` is a live event, consumed here: destroyed once.
+        unsafe { sys::cuEventDestroy_v2(self.0).result() }
+    }
+}
+
+impl Module {
+    /// `cuModuleUnload`. Its [`Func`]s must not be used after.
+    pub(crate) fn unload(self, expect: Ctx) -> DResult<()> {
+        check(expect, "cuModuleUnload");
+        // SAFETY: `self` is a live module, consumed here: unloaded once. Its functions' views
+        // are dropped with the device's tables first (`device.rs` teardown).
+        unsafe { sys::cuModuleUnload(self.0).result() }
+    }
+}
+
+impl DeviceAlloc {
+    /// The device address (for kernel arguments, copies, and the device's table key).
+    pub(crate) fn addr(&self) -> u64 {
+        self.0
+    }
+
+    /// `cuMemFreeAsync` on `s`: freed once every use ordered before this point on `s` is done.
+    pub(crate) fn free_async(self, expect: Ctx, s: StreamRef) -> DResult<()> {
+        check(expect, "cuMemFreeAsync");
+        // SAFETY: `self` came from cuMemAllocAsync and is consumed here: freed once; the
+        // caller orders every use of it before this point on `s` (the release fence).
+        unsafe { sys::cuMemFreeAsync(self.0, s.0).result() }
+    }
+
+    /// `cuMemFree` (waits for outstanding work itself).
+    pub(crate) fn free(self, expect: Ctx) -> DResult<()> {
+        check(expect, "cuMemFree");
+        // SAFETY: as for `free_async`; cuMemFree waits for outstanding work itself.
+        unsafe { sys::cuMemFree_v2(self.0).result() }
     }
 }
 
@@ -207,18 +312,17 @@ pub(crate) fn device_total_mem(dev: Dev) -> DResult<usize> {
     Ok(b)
 }
 
-pub(crate) fn primary_ctx_retain(dev: Dev) -> DResult<Ctx> {
+/// Retains `dev`'s primary context; the retain is released by [`PrimaryCtx::release`].
+pub(crate) fn primary_ctx_retain(dev: Dev) -> DResult<PrimaryCtx> {
     let mut c = MaybeUninit::<sys::CUcontext>::uninit();
     // SAFETY: `dev` came from cuDeviceGet; writes one context handle.
     unsafe {
         sys::cuDevicePrimaryCtxRetain(c.as_mut_ptr(), dev.0).result()?;
-        Ok(Ctx(c.assume_init()))
+        Ok(PrimaryCtx {
+            dev,
+            ctx: Ctx(c.assume_init()),
+        })
     }
-}
-
-pub(crate) fn primary_ctx_release(dev: Dev) -> DResult<()> {
-    // SAFETY: paired with one successful retain by the caller.
-    unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev.0).result() }
 }
 
 pub(crate) fn ctx_set_current(ctx: Ctx) -> DResult<()> {
@@ -302,7 +406,7 @@ pub(crate) fn stream_priority_range(expect: Ctx) -> DResult<(i32, i32)> {
 }
 
 /// The priority `s` was created with, as the driver reports it (`cuStreamGetPriority`).
-pub(crate) fn stream_get_priority(expect: Ctx, s: Stream) -> DResult<i32> {
+pub(crate) fn stream_get_priority(expect: Ctx, s: StreamRef) -> DResult<i32> {
     check(expect, "cuStreamGetPriority");
     let mut p = 0i32;
     // SAFETY: crate invariant: `s` is live; writes one integer.
@@ -310,20 +414,14 @@ pub(crate) fn stream_get_priority(expect: Ctx, s: Stream) -> DResult<i32> {
     Ok(p)
 }
 
-pub(crate) fn stream_destroy(expect: Ctx, s: Stream) -> DResult<()> {
-    check(expect, "cuStreamDestroy");
-    // SAFETY: crate invariant: `s` is live and destroyed once.
-    unsafe { sys::cuStreamDestroy_v2(s.0).result() }
-}
-
-pub(crate) fn stream_synchronize(expect: Ctx, s: Stream) -> DResult<()> {
+pub(crate) fn stream_synchronize(expect: Ctx, s: StreamRef) -> DResult<()> {
     check(expect, "cuStreamSynchronize");
     // SAFETY: crate invariant: `s` is live.
     unsafe { sys::cuStreamSynchronize(s.0).result() }
 }
 
 /// `Ok(true)` when all work enqueued on `s` is complete, `Ok(false)` when not yet.
-pub(crate) fn stream_query(expect: Ctx, s: Stream) -> DResult<bool> {
+pub(crate) fn stream_query(expect: Ctx, s: StreamRef) -> DResult<bool> {
     check(expect, "cuStreamQuery");
     // SAFETY: crate invariant: `s` is live.
     match unsafe { sys::cuStreamQuery(s.0) } {
@@ -333,7 +431,7 @@ pub(crate) fn stream_query(expect: Ctx, s: Stream) -> DResult<bool> {
     }
 }
 
-pub(crate) fn stream_wait_event(expect: Ctx, s: Stream, e: Event) -> DResult<()> {
+pub(crate) fn stream_wait_event(expect: Ctx, s: StreamRef, e: &Event) -> DResult<()> {
     check(expect, "cuStreamWaitEvent");
     // SAFETY: crate invariant: both handles are live.
     unsafe { sys::cuStreamWaitEvent(s.0, e.0, 0).result() }
@@ -353,7 +451,7 @@ pub(crate) fn event_create(expect: Ctx) -> DResult<Event> {
     }
 }
 
-pub(crate) fn event_record(expect: Ctx, e: Event, s: Stream) -> DResult<()> {
+pub(crate) fn event_record(expect: Ctx, e: &Event, s: StreamRef) -> DResult<()> {
     check(expect, "cuEventRecord");
     // SAFETY: crate invariant: both handles are live and of the same context.
     unsafe { sys::cuEventRecord(e.0, s.0).result() }
@@ -372,7 +470,7 @@ pub(crate) fn event_create_timed(expect: Ctx) -> DResult<Event> {
 }
 
 /// Milliseconds from `start` to `end`, two completed timing events of the same context.
-pub(crate) fn event_elapsed_ms(expect: Ctx, start: Event, end: Event) -> DResult<f32> {
+pub(crate) fn event_elapsed_ms(expect: Ctx, start: &Event, end: &Event) -> DResult<f32> {
     check(expect, "cuEventElapsedTime");
     let mut ms: f32 = 0.0;
     // SAFETY: writes one float; both handles are live (crate invariant).
@@ -381,14 +479,14 @@ pub(crate) fn event_elapsed_ms(expect: Ctx, start: Event, end: Event) -> DResult
 }
 
 /// Blocks until the event's work is complete.
-pub(crate) fn event_synchronize(expect: Ctx, e: Event) -> DResult<()> {
+pub(crate) fn event_synchronize(expect: Ctx, e: &Event) -> DResult<()> {
     check(expect, "cuEventSynchronize");
     // SAFETY: crate invariant: `e` is live.
     unsafe { sys::cuEventSynchronize(e.0).result() }
 }
 
 /// `Ok(true)` when the event's work is complete, `Ok(false)` when not yet.
-pub(crate) fn event_query(expect: Ctx, e: Event) -> DResult<bool> {
+pub(crate) fn event_query(expect: Ctx, e: &Event) -> DResult<bool> {
     check(expect, "cuEventQuery");
     // SAFETY: crate invariant: `e` is live.
     match unsafe { sys::cuEventQuery(e.0) } {
@@ -396,12 +494,6 @@ pub(crate) fn event_query(expect: Ctx, e: Event) -> DResult<bool> {
         sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
         other => Err(DriverError(other)),
     }
-}
-
-pub(crate) fn event_destroy(expect: Ctx, e: Event) -> DResult<()> {
-    check(expect, "cuEventDestroy");
-    // SAFETY: crate invariant: `e` is live and destroyed once.
-    unsafe { sys::cuEventDestroy_v2(e.0).result() }
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -417,7 +509,7 @@ pub(crate) fn module_load(expect: Ctx, image: &CStr) -> DResult<Module> {
     }
 }
 
-pub(crate) fn module_function(expect: Ctx, m: Module, name: &CStr) -> DResult<Func> {
+pub(crate) fn module_function(expect: Ctx, m: &Module, name: &CStr) -> DResult<Func> {
     check(expect, "cuModuleGetFunction");
     let mut f = MaybeUninit::<sys::CUfunction>::uninit();
     // SAFETY: `m` is live; `name` is NUL-terminated.
@@ -425,12 +517,6 @@ pub(crate) fn module_function(expect: Ctx, m: Module, name: &CStr) -> DResult<Fu
         sys::cuModuleGetFunction(f.as_mut_ptr(), m.0, name.as_ptr()).result()?;
         Ok(Func(f.assume_init()))
     }
-}
-
-pub(crate) fn module_unload(expect: Ctx, m: Module) -> DResult<()> {
-    check(expect, "cuModuleUnload");
-    // SAFETY: crate invariant: `m` is live and unloaded once.
-    unsafe { sys::cuModuleUnload(m.0).result() }
 }
 
 /// Most kernel arguments [`launch`] takes.
@@ -449,7 +535,7 @@ pub(crate) unsafe fn launch(
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
     shared_mem: u32,
-    s: Stream,
+    s: StreamRef,
     args: &mut [u64],
 ) -> DResult<()> {
     check(expect, "cuLaunchKernel");
@@ -489,27 +575,15 @@ pub(crate) unsafe fn launch(
 // ----------------------------------------------------------------------------------------------
 // Memory.
 
-pub(crate) fn mem_alloc_async(expect: Ctx, bytes: usize, s: Stream) -> DResult<u64> {
+/// Allocates `bytes` (at least 1) stream-ordered on `s`.
+pub(crate) fn mem_alloc_async(expect: Ctx, bytes: usize, s: StreamRef) -> DResult<DeviceAlloc> {
     check(expect, "cuMemAllocAsync");
     let mut p = MaybeUninit::<sys::CUdeviceptr>::uninit();
     // SAFETY: writes one device pointer; `s` is live.
     unsafe {
         sys::cuMemAllocAsync(p.as_mut_ptr(), bytes.max(1), s.0).result()?;
-        Ok(p.assume_init())
+        Ok(DeviceAlloc(p.assume_init()))
     }
-}
-
-pub(crate) fn mem_free_async(expect: Ctx, ptr: u64, s: Stream) -> DResult<()> {
-    check(expect, "cuMemFreeAsync");
-    // SAFETY: crate invariant: `ptr` came from cuMemAllocAsync and is freed once, after all
-    // work that used it is ordered before this point on `s`.
-    unsafe { sys::cuMemFreeAsync(ptr, s.0).result() }
-}
-
-pub(crate) fn mem_free(expect: Ctx, ptr: u64) -> DResult<()> {
-    check(expect, "cuMemFree");
-    // SAFETY: as for mem_free_async; cuMemFree waits for outstanding work itself.
-    unsafe { sys::cuMemFree_v2(ptr).result() }
 }
 
 /// Trims the device's default memory pool to zero unused bytes.
@@ -534,7 +608,7 @@ pub(crate) unsafe fn memcpy_htod_async(
     dst: u64,
     src: *const u8,
     bytes: usize,
-    s: Stream,
+    s: StreamRef,
 ) -> DResult<()> {
     check(expect, "cuMemcpyHtoDAsync");
     // SAFETY: forwarded from the caller's contract.
@@ -551,7 +625,7 @@ pub(crate) unsafe fn memcpy_dtoh_async(
     dst: *mut u8,
     src: u64,
     bytes: usize,
-    s: Stream,
+    s: StreamRef,
 ) -> DResult<()> {
     check(expect, "cuMemcpyDtoHAsync");
     // SAFETY: forwarded from the caller's contract.
@@ -567,7 +641,7 @@ pub(crate) unsafe fn memcpy_dtod_async(
     dst: u64,
     src: u64,
     bytes: usize,
-    s: Stream,
+    s: StreamRef,
 ) -> DResult<()> {
     check(expect, "cuMemcpyDtoDAsync");
     // SAFETY: forwarded from the caller's contract.
@@ -583,7 +657,7 @@ pub(crate) unsafe fn memset_d8_async(
     dst: u64,
     value: u8,
     bytes: usize,
-    s: Stream,
+    s: StreamRef,
 ) -> DResult<()> {
     check(expect, "cuMemsetD8Async");
     // SAFETY: forwarded from the caller's contract.
@@ -647,7 +721,8 @@ pub(crate) fn is_sticky(e: DriverError) -> bool {
 // `Clone`, and each is destroyed by a function that consumes it, so that destroying one twice
 // does not compile. A node handle ([`GraphNode`]) belongs to its graph and is `Copy`.
 
-/// A CUDA graph (a template: captured, or built node by node). Destroy with [`graph_destroy`].
+/// A CUDA graph (a template: captured, or built node by node). Destroy with
+/// [`CudaGraph::destroy`].
 #[derive(Debug)]
 pub(crate) struct CudaGraph(sys::CUgraph);
 // SAFETY: a graph handle may be used from any thread with its context current; this crate
@@ -656,7 +731,7 @@ unsafe impl Send for CudaGraph {}
 // SAFETY: as above; shared references only read the handle value.
 unsafe impl Sync for CudaGraph {}
 
-/// An executable graph. Destroy with [`graph_exec_destroy`].
+/// An executable graph. Destroy with [`GraphExec::destroy`].
 #[derive(Debug)]
 pub(crate) struct GraphExec(sys::CUgraphExec);
 // SAFETY: as for `CudaGraph`; a launch takes `&GraphExec`, an update `&mut GraphExec`.
@@ -664,11 +739,10 @@ unsafe impl Send for GraphExec {}
 // SAFETY: as above.
 unsafe impl Sync for GraphExec {}
 
-handle!(
-    /// A node of a CUDA graph (owned by its graph; valid while the graph lives).
-    GraphNode,
-    sys::CUgraphNode
-);
+/// A node of a CUDA graph: a view, owned by its graph and valid while the graph lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct GraphNode(sys::CUgraphNode);
+send_sync!(GraphNode);
 
 /// Whether this driver has the graph calls replay uses (`cuStreamGetCaptureInfo_v3` and
 /// `cuStreamUpdateCaptureDependencies_v2` came with CUDA 12.3). Calling a missing entry point
@@ -679,7 +753,7 @@ pub(crate) fn has_capture_v3() -> bool {
 
 /// Begins a capture on `s` in thread-local mode: only this thread's unsafe calls (an implicit
 /// synchronise) invalidate it; other threads keep using the device freely.
-pub(crate) fn stream_begin_capture(expect: Ctx, s: Stream) -> DResult<()> {
+pub(crate) fn stream_begin_capture(expect: Ctx, s: StreamRef) -> DResult<()> {
     check(expect, "cuStreamBeginCapture");
     // SAFETY: crate invariant: `s` is live.
     unsafe {
@@ -692,7 +766,7 @@ pub(crate) fn stream_begin_capture(expect: Ctx, s: Stream) -> DResult<()> {
 }
 
 /// Ends the capture on `s`. `Ok(None)`: the capture ended but made no graph.
-pub(crate) fn stream_end_capture(expect: Ctx, s: Stream) -> DResult<Option<CudaGraph>> {
+pub(crate) fn stream_end_capture(expect: Ctx, s: StreamRef) -> DResult<Option<CudaGraph>> {
     check(expect, "cuStreamEndCapture");
     let mut g: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: writes one graph handle (null when none was made).
@@ -702,7 +776,7 @@ pub(crate) fn stream_end_capture(expect: Ctx, s: Stream) -> DResult<Option<CudaG
 
 /// Whether `s` is capturing: `Ok(Some(true))` active, `Ok(Some(false))` invalidated,
 /// `Ok(None)` not capturing.
-pub(crate) fn stream_capture_status(expect: Ctx, s: Stream) -> DResult<Option<bool>> {
+pub(crate) fn stream_capture_status(expect: Ctx, s: StreamRef) -> DResult<Option<bool>> {
     check(expect, "cuStreamIsCapturing");
     let mut st = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
     // SAFETY: writes one status.
@@ -718,7 +792,7 @@ pub(crate) fn stream_capture_status(expect: Ctx, s: Stream) -> DResult<Option<bo
 }
 
 /// The nodes the next operation captured on `s` would depend on (the capture's current tail).
-pub(crate) fn capture_dependencies(expect: Ctx, s: Stream) -> DResult<Vec<GraphNode>> {
+pub(crate) fn capture_dependencies(expect: Ctx, s: StreamRef) -> DResult<Vec<GraphNode>> {
     check(expect, "cuStreamGetCaptureInfo");
     let mut status = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
     let mut deps: *const sys::CUgraphNode = std::ptr::null();
@@ -749,7 +823,11 @@ pub(crate) fn capture_dependencies(expect: Ctx, s: Stream) -> DResult<Vec<GraphN
 
 /// Makes the next operation captured on `s` depend on exactly `deps` (none: a root of the
 /// graph). This is how a capture on one stream keeps a DAG's parallelism.
-pub(crate) fn capture_set_dependencies(expect: Ctx, s: Stream, deps: &[GraphNode]) -> DResult<()> {
+pub(crate) fn capture_set_dependencies(
+    expect: Ctx,
+    s: StreamRef,
+    deps: &[GraphNode],
+) -> DResult<()> {
     check(expect, "cuStreamUpdateCaptureDependencies");
     let mut raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
     let p = if raw.is_empty() {
@@ -774,7 +852,7 @@ pub(crate) fn capture_set_dependencies(expect: Ctx, s: Stream, deps: &[GraphNode
 /// Adds an empty node with no dependencies to the graph being captured on `s` and returns it:
 /// a root the next captured operations can depend on, where a driver refuses an empty
 /// dependency set in [`capture_set_dependencies`].
-pub(crate) fn capture_add_root(expect: Ctx, s: Stream) -> DResult<GraphNode> {
+pub(crate) fn capture_add_root(expect: Ctx, s: StreamRef) -> DResult<GraphNode> {
     check(expect, "cuGraphAddEmptyNode");
     let mut status = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
     let mut g: sys::CUgraph = std::ptr::null_mut();
@@ -921,22 +999,74 @@ pub(crate) fn graph_exec_update(expect: Ctx, exec: &mut GraphExec, g: &CudaGraph
 }
 
 /// Launches `exec` on `s` (ordered after earlier launches of `exec` by the driver).
-pub(crate) fn graph_launch(expect: Ctx, exec: &GraphExec, s: Stream) -> DResult<()> {
+pub(crate) fn graph_launch(expect: Ctx, exec: &GraphExec, s: StreamRef) -> DResult<()> {
     check(expect, "cuGraphLaunch");
     // SAFETY: both handles are live.
     unsafe { sys::cuGraphLaunch(exec.0, s.0).result() }
 }
 
-/// Destroys a graph template.
-pub(crate) fn graph_destroy(expect: Ctx, g: CudaGraph) -> DResult<()> {
-    check(expect, "cuGraphDestroy");
-    // SAFETY: `g` is owned and consumed here: destroyed once.
-    unsafe { sys::cuGraphDestroy(g.0).result() }
+impl CudaGraph {
+    /// Destroys the graph template.
+    pub(crate) fn destroy(self, expect: Ctx) -> DResult<()> {
+        check(expect, "cuGraphDestroy");
+        // SAFETY: `self` is owned and consumed here: destroyed once.
+        unsafe { sys::cuGraphDestroy(self.0).result() }
+    }
 }
 
-/// Destroys an executable (an in-flight launch finishes first: the driver frees it then).
-pub(crate) fn graph_exec_destroy(expect: Ctx, e: GraphExec) -> DResult<()> {
-    check(expect, "cuGraphExecDestroy");
-    // SAFETY: `e` is owned and consumed here: destroyed once.
-    unsafe { sys::cuGraphExecDestroy(e.0).result() }
+impl GraphExec {
+    /// Destroys the executable (an in-flight launch finishes first: the driver frees it then).
+    pub(crate) fn destroy(self, expect: Ctx) -> DResult<()> {
+        check(expect, "cuGraphExecDestroy");
+        // SAFETY: `self` is owned and consumed here: destroyed once.
+        unsafe { sys::cuGraphExecDestroy(self.0).result() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fails to compile if `T` is `Copy` or `Clone`: with both impls below applicable, the
+    /// type parameter of `AmbiguousIfImpl` cannot be inferred (the `static_assertions`
+    /// `assert_not_impl_any!` trick).
+    macro_rules! assert_not_copy_or_clone {
+        ($($t:ty),*) => { $({
+            trait AmbiguousIfImpl<A> {
+                fn some_item() {}
+            }
+            impl<T: ?Sized> AmbiguousIfImpl<()> for T {}
+            #[allow(dead_code)]
+            struct Invalid;
+            impl<T: ?Sized + Clone> AmbiguousIfImpl<Invalid> for T {}
+            let _ = <$t as AmbiguousIfImpl<_>>::some_item;
+        })* };
+    }
+
+    /// Owners of driver handles are neither `Copy` nor `Clone` (`Copy` implies `Clone`), so
+    /// every destroy, which takes `self`, happens at most once per handle: a second
+    /// `s.destroy(ctx)` is a use of a moved value. Checked at compile time: this test exists
+    /// to build.
+    #[test]
+    fn owners_are_not_copy_or_clone() {
+        assert_not_copy_or_clone!(
+            PrimaryCtx,
+            Stream,
+            Event,
+            Module,
+            DeviceAlloc,
+            CudaGraph,
+            GraphExec
+        );
+    }
+
+    /// Views are `Copy` and carry no destroy; they are only made here, from an owner.
+    #[test]
+    fn views_are_copy() {
+        fn copy<T: Copy>() {}
+        copy::<Ctx>();
+        copy::<StreamRef>();
+        copy::<Func>();
+        copy::<GraphNode>();
+    }
 }

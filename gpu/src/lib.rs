@@ -49,20 +49,28 @@
 //! The one list (the README points here). Every block has a `// SAFETY:` comment and every
 //! unsafe fn or trait a `# Safety` section.
 //!
-//! * `driver.rs`: the only file that calls the CUDA driver (`cudarc::driver::sys`). Its
-//!   wrappers check (when on) that the expected context is current; the handles it returns
-//!   (`Ctx`, `Stream`, `Event`, `Func`, `Module`, `Dev`) are `Copy` newtypes whose raw field
-//!   only this file can read (`Stream::raw_ptr` hands the raw stream to cuBLAS / cuSOLVER);
-//!   `device.rs`, `worker.rs`, `node.rs`, `timing.rs` and `blas.rs` keep them in their tables
-//!   and hand them back to it; destroying one once is still those tables' business, not the
-//!   types'. (A [`DeviceBuffer`] holds its device address as a plain `u64`.) Its unsafe fns are
-//!   the launch (which packs the arguments, one 8-byte slot each, as the pointers the driver
-//!   reads), the copies and the memset, which take raw pointers. CUDA graphs and executables
-//!   (`CudaGraph`, `GraphExec`, for `replay.rs` and the raw-graph baseline) are owned instead:
-//!   not `Copy`, destroyed by functions that consume them.
+//! * `driver.rs`: the only file that calls the CUDA driver (`cudarc::driver::sys`) and the
+//!   only one with raw driver handles. Its wrappers check (when on) that the expected context is
+//!   current. A handle that must be destroyed comes out of it as an *owner* (`PrimaryCtx`,
+//!   `Stream`, `Event`, `Module`, `DeviceAlloc`, `CudaGraph`, `GraphExec`): not `Copy` nor
+//!   `Clone`, its raw field private, destroyed by a method that consumes it (`destroy(self)`,
+//!   `unload(self)`, `release(self)`, `free(self)`), so destroying one twice does not compile
+//!   (its unit test `owners_are_not_copy_or_clone` asserts it at compile time). Whoever needs to
+//!   name a handle it does not own gets a `Copy` *view* made from the owner (`Ctx`, `StreamRef`,
+//!   `Func`, `GraphNode`), which destroys nothing. The owners live where their lifetime is
+//!   decided: a device's table (`device.rs`) owns its retained context, its workers' streams,
+//!   spare events, modules and the allocations behind [`DeviceBuffer`]s (which keep the address),
+//!   destroyed by the device's last worker, after every node that could hold a view; events move
+//!   by value between a worker's spares, markers and that table; capture streams and graphs are
+//!   owned by `replay.rs`'s capture, executables by their replay slot. `StreamRef::raw_ptr` is
+//!   the one way a raw handle leaves the file (to cuBLAS / cuSOLVER, and
+//!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (which packs the arguments, one
+//!   8-byte slot each, as the pointers the driver reads), the copies and the memset, which take
+//!   raw pointers.
 //! * `blas.rs`: the only file with cuBLAS and cuSOLVER handles and calls (`cudarc::cublas::sys`,
-//!   `cudarc::cusolver::sys`): creating, setting the stream of (the raw stream taken out of a
-//!   `Stream`) and destroying the handles, the library-presence checks, and the routines, unsafe
+//!   `cudarc::cusolver::sys`; library handles, not driver handles, kept here by design, owned
+//!   like the driver's: not `Copy`, destroyed by consuming them on their worker): creating,
+//!   setting the stream of (the raw stream taken out of a `StreamRef`) and destroying the handles, the library-presence checks, and the routines, unsafe
 //!   fns on device addresses.
 //! * `cholesky.rs`: the tiled factorization's node bodies calling those routines on its tiles.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's

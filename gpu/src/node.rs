@@ -10,7 +10,7 @@ use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef, Pla
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::device::{DeviceInfo, DeviceShared, GpuDevice};
-use crate::driver::{self, Event, Stream};
+use crate::driver::{self, Event, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
 use crate::worker::{Bound, EventReturn, GpuWorker, PendingEvent};
@@ -32,7 +32,9 @@ pub(crate) struct GpuMarker {
     /// The recording worker's return list (its own reference count: no line shared with the
     /// device's other workers on the node path).
     events: Option<Arc<EventReturn>>,
-    stream: Stream,
+    /// A view: the stream is owned by its device's table, which outlives every marker (the
+    /// device's last worker destroys it after the pool's graphs are done).
+    stream: StreamRef,
     event: Option<Event>,
     handoff: bool,
 }
@@ -55,7 +57,7 @@ pub struct GpuCtx<'a, 'n> {
     pub(crate) b: &'a Bound,
     /// Where this node's work goes: its worker's stream of the node's level, or the one its
     /// predecessor (same level) handed over; under a replay capture, the capturing stream.
-    pub(crate) stream: Stream,
+    pub(crate) stream: StreamRef,
     /// Set while a replay captures this body (`replay.rs`): allocations are hoisted out of
     /// the capture, host copies staged, downloads refused.
     pub(crate) capture: Option<&'a crate::replay::Capture>,
@@ -305,7 +307,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         if let (Some(c), Some(mode)) = (self.capture, hoisted) {
             c.unrelax(self, mode, p.is_ok())?;
         }
-        Ok(DeviceBuffer::from_raw(p?, len, self.b.device.clone()))
+        Ok(DeviceBuffer::from_alloc(p?, len, self.b.device.clone()))
     }
 
     /// Enqueues an allocation of `len` zeroed elements.
@@ -585,7 +587,7 @@ impl GpuGraphExt for GraphBuilder<GpuWorker> {
 }
 
 /// Records an event of the node's worker on `stream`, right after the node's work.
-fn record(ctx: &GpuCtx<'_, '_>, stream: Stream) -> Result<Event, BoxError> {
+fn record(ctx: &GpuCtx<'_, '_>, stream: StreamRef) -> Result<Event, BoxError> {
     ctx.b
         .record_event(stream)
         .map_err(|(call, e)| Box::new(ctx.fail(call, e)) as BoxError)
@@ -632,7 +634,7 @@ where
     };
     // Order after GPU predecessors on other streams: one wait per other stream of this device
     // suffices (an event recorded on it now follows everything its predecessors enqueued).
-    let mut waited: Vec<Stream> = Vec::new();
+    let mut waited: Vec<StreamRef> = Vec::new();
     for (_, m) in node.predecessor_markers() {
         let Some(m) = m.downcast_ref::<GpuMarker>() else {
             continue;
@@ -646,10 +648,10 @@ where
             }
             waited.push(m.stream);
         }
-        let r = match m.event {
+        let r = match &m.event {
             Some(e) => driver::stream_wait_event(b.ctx, stream, e),
             None => b.take_event().and_then(|e| {
-                let r = b.device.wait_for_stream(stream, m.stream, e);
+                let r = b.device.wait_for_stream(stream, m.stream, &e);
                 b.put_event(e);
                 r
             }),

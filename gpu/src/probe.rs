@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use crate::device::DeviceShared;
-use crate::driver::{self, Stream};
+use crate::driver::{self, StreamRef};
 use crate::error::{GpuError, GpuResult};
 use crate::module::{builtin, Kernel, Module};
 
@@ -60,7 +60,7 @@ pub fn probe(ordinal: i32, sticky: bool) -> GpuResult<Vec<String>> {
 }
 
 /// The kernel checks of a probe, on its bound thread.
-type KernelChecks = fn(&DeviceShared, Stream, &mut Vec<String>) -> GpuResult<()>;
+type KernelChecks = fn(&DeviceShared, StreamRef, &mut Vec<String>) -> GpuResult<()>;
 
 /// [`probe`] with its kernel checks given (a test makes them fail).
 fn probe_with(ordinal: i32, sticky: bool, kernels: KernelChecks) -> GpuResult<Vec<String>> {
@@ -89,7 +89,8 @@ fn probe_with(ordinal: i32, sticky: bool, kernels: KernelChecks) -> GpuResult<Ve
             ));
             let st = driver::stream_create(ctx)
                 .map_err(|e| GpuError::driver("cuStreamCreate", "probe", e))?;
-            sh.register_stream(st);
+            // Owned by the device table from here on (destroyed at its teardown).
+            let st = sh.register_stream(st);
             let r = kernels(&sh, st, &mut out);
             if let Err(e) = &r {
                 out.push(format!("FAILED: {e}"));
@@ -117,22 +118,25 @@ fn probe_with(ordinal: i32, sticky: bool, kernels: KernelChecks) -> GpuResult<Ve
         // Recreate the context on a fresh thread: does the device work again?
         let r = std::thread::scope(|s| {
             s.spawn(move || -> GpuResult<String> {
-                let c = driver::primary_ctx_retain(dev)
+                let primary = driver::primary_ctx_retain(dev)
                     .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", "re-probe", e))?;
-                driver::ctx_set_current(c)
-                    .map_err(|e| GpuError::driver("cuCtxSetCurrent", "re-probe", e))?;
-                let st = driver::stream_create(c)
-                    .map_err(|e| GpuError::driver("cuStreamCreate", "re-probe", e));
+                let c = primary.ctx();
+                let st = driver::ctx_set_current(c)
+                    .map_err(|e| GpuError::driver("cuCtxSetCurrent", "re-probe", e))
+                    .and_then(|()| {
+                        driver::stream_create(c)
+                            .map_err(|e| GpuError::driver("cuStreamCreate", "re-probe", e))
+                    });
                 let res = match st {
                     Ok(st) => {
-                        let _ = driver::stream_destroy(c, st);
+                        let _ = st.destroy(c);
                         "after releasing the failed context, a new retain works (stream created)"
                             .to_string()
                     }
                     Err(e) => format!("after releasing the failed context: {e}"),
                 };
                 let _ = driver::ctx_unbind();
-                let _ = driver::primary_ctx_release(dev);
+                let _ = primary.release();
                 Ok(res)
             })
             .join()
@@ -164,7 +168,7 @@ fn drv<T>(call: &str, r: driver::DResult<T>) -> GpuResult<T> {
 fn launch(
     sh: &DeviceShared,
     k: &Kernel,
-    st: Stream,
+    st: StreamRef,
     grid: u32,
     block: u32,
     params: &mut [u64],
@@ -178,7 +182,7 @@ fn launch(
     })
 }
 
-fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuResult<()> {
+fn probe_kernels(sh: &DeviceShared, st: StreamRef, out: &mut Vec<String>) -> GpuResult<()> {
     let ctx = sh.ctx();
     let m = Module::builtin();
     for name in [
@@ -214,17 +218,16 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
     let buf = drv("cuMemAllocAsync", driver::mem_alloc_async(ctx, 64, st))?;
     // SAFETY: `buf` holds 64 bytes.
     drv("cuMemsetD8Async", unsafe {
-        driver::memset_d8_async(ctx, buf, 0, 64, st)
+        driver::memset_d8_async(ctx, buf.addr(), 0, 64, st)
     })?;
     let count = m.kernel(builtin::COUNT)?;
     for _ in 0..1000 {
-        let p = buf;
-        launch(sh, &count, st, 1, 1, &mut [p])?;
+        launch(sh, &count, st, 1, 1, &mut [buf.addr()])?;
     }
     let mut host = [0u32; 1];
     // SAFETY: 4 bytes into a 4-byte host array from a 64-byte allocation.
     drv("cuMemcpyDtoHAsync", unsafe {
-        driver::memcpy_dtoh_async(ctx, host.as_mut_ptr() as *mut u8, buf, 4, st)
+        driver::memcpy_dtoh_async(ctx, host.as_mut_ptr() as *mut u8, buf.addr(), 4, st)
     })?;
     drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
     out.push(format!(
@@ -233,8 +236,8 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
         ok(host[0] == 1000)
     ));
     // set / add
-    let a = buf;
-    let b = buf + 8;
+    let a = buf.addr();
+    let b = buf.addr() + 8;
     let (pa, pb, v7, v5) = (a, b, 7i64, 5i64);
     launch(
         sh,
@@ -276,14 +279,14 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
     unsafe {
         drv(
             "cuMemcpyHtoDAsync",
-            driver::memcpy_htod_async(ctx, x, xs.as_ptr() as *const u8, 4 * n as usize, st),
+            driver::memcpy_htod_async(ctx, x.addr(), xs.as_ptr() as *const u8, 4 * n as usize, st),
         )?;
         drv(
             "cuMemsetD8Async",
-            driver::memset_d8_async(ctx, sum, 0, 4, st),
+            driver::memset_d8_async(ctx, sum.addr(), 0, 4, st),
         )?;
     }
-    let (px, a2, nn, ps) = (x, 2.0f32, n, sum);
+    let (px, a2, nn, ps) = (x.addr(), 2.0f32, n, sum.addr());
     launch(
         sh,
         &m.kernel(builtin::SCALE_F32)?,
@@ -303,7 +306,7 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
     let mut hs = [0f32; 1];
     // SAFETY: 4 bytes into a 4-byte host array.
     drv("cuMemcpyDtoHAsync", unsafe {
-        driver::memcpy_dtoh_async(ctx, hs.as_mut_ptr() as *mut u8, sum, 4, st)
+        driver::memcpy_dtoh_async(ctx, hs.as_mut_ptr() as *mut u8, sum.addr(), 4, st)
     })?;
     drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
     let expect = 2.0 * (n as f32 - 1.0) * n as f32 / 2.0;
@@ -329,9 +332,9 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
     let ev = sh
         .take_event()
         .map_err(|e| GpuError::driver("cuEventCreate", "probe", e))?;
-    drv("cuEventRecord", driver::event_record(ctx, ev, st))?;
+    drv("cuEventRecord", driver::event_record(ctx, &ev, st))?;
     let mut polls = 0;
-    while !drv("cuEventQuery", driver::event_query(ctx, ev))? {
+    while !drv("cuEventQuery", driver::event_query(ctx, &ev))? {
         polls += 1;
     }
     sh.put_event(ev);
@@ -339,7 +342,7 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
         "event record + query: complete after {polls} not-ready polls"
     ));
     for p in [buf, x, sum] {
-        drv("cuMemFreeAsync", driver::mem_free_async(ctx, p, st))?;
+        drv("cuMemFreeAsync", p.free_async(ctx, st))?;
     }
     // OOM
     match driver::mem_alloc_async(ctx, 1usize << 50, st) {
@@ -349,7 +352,7 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
             ok(driver::is_out_of_memory(e))
         )),
         Ok(p) => {
-            let _ = driver::mem_free_async(ctx, p, st);
+            let _ = p.free_async(ctx, st);
             out.push("1 PiB allocation unexpectedly succeeded".into());
         }
     }
@@ -360,7 +363,7 @@ fn probe_kernels(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) -> GpuRes
     Ok(())
 }
 
-fn probe_sticky(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) {
+fn probe_sticky(sh: &DeviceShared, st: StreamRef, out: &mut Vec<String>) {
     let ctx = sh.ctx();
     let r = (|| -> GpuResult<()> {
         let m = Module::from_ptx("probe", POKE_PTX)?;
@@ -369,10 +372,10 @@ fn probe_sticky(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) {
         let ev = sh
             .take_event()
             .map_err(|e| GpuError::driver("cuEventCreate", "probe", e))?;
-        let _ = driver::event_record(ctx, ev, st);
+        let _ = driver::event_record(ctx, &ev, st);
         let t0 = Instant::now();
         loop {
-            match driver::event_query(ctx, ev) {
+            match driver::event_query(ctx, &ev) {
                 Ok(true) => {
                     out.push("poke(8) completed without error?!".into());
                     break;
@@ -393,10 +396,15 @@ fn probe_sticky(sh: &DeviceShared, st: Stream, out: &mut Vec<String>) {
                 }
             }
         }
+        sh.put_event(ev);
         let again = driver::stream_create(ctx);
         out.push(format!(
             "after it: cuStreamCreate -> {:?}; device failed = {:?}",
-            again.map(|_| ()).map_err(driver::error_name),
+            again
+                .map(|s| {
+                    let _ = s.destroy(ctx);
+                })
+                .map_err(driver::error_name),
             sh.failed()
         ));
         Ok(())
@@ -421,7 +429,7 @@ mod tests {
     /// Context checking is process-wide: the tests that switch it run one at a time.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    fn failing_kernels(_: &DeviceShared, _: Stream, _: &mut Vec<String>) -> GpuResult<()> {
+    fn failing_kernels(_: &DeviceShared, _: StreamRef, _: &mut Vec<String>) -> GpuResult<()> {
         Err(GpuError::new(
             crate::GpuErrorKind::Driver,
             "injected failure",

@@ -54,7 +54,7 @@ use boundpool_scheduler::{BoxError, GraphBuilder, GraphOutput, NodeCtx, NodeRef}
 use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::device::GpuDevice;
 use crate::device::{DeviceShared, Release};
-use crate::driver::{self, GraphExec, GraphNode, Stream};
+use crate::driver::{self, GraphExec, GraphNode, Stream, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::{GpuCtx, GpuGraphExt};
 use crate::pool::{GpuGraph, GpuPool};
@@ -542,7 +542,7 @@ impl<'c, 'n> ReplayCtx<'c, 'n> {
 /// copies and refuse what cannot be captured.
 pub(crate) struct Capture {
     /// The worker's own stream, not capturing: hoisted allocations and staging copies go there.
-    side: Stream,
+    side: StreamRef,
     /// Why the capture cannot go on (the first operation refused).
     refused: RefCell<Option<String>>,
     /// Staging buffers of captured host-to-device copies (kept with the segment).
@@ -550,7 +550,7 @@ pub(crate) struct Capture {
 }
 
 impl Capture {
-    pub(crate) fn side_stream(&self) -> Stream {
+    pub(crate) fn side_stream(&self) -> StreamRef {
         self.side
     }
 
@@ -1015,8 +1015,8 @@ impl CaptureGuard {
     fn finish(mut self) -> driver::DResult<Option<driver::CudaGraph>> {
         let s = self.stream.take().expect("finished once");
         CAPTURING.with(|c| c.set(false));
-        let g = driver::stream_end_capture(self.ctx, s);
-        let _ = driver::stream_destroy(self.ctx, s);
+        let g = driver::stream_end_capture(self.ctx, s.view());
+        let _ = s.destroy(self.ctx);
         g
     }
 }
@@ -1025,10 +1025,10 @@ impl Drop for CaptureGuard {
     fn drop(&mut self) {
         if let Some(s) = self.stream.take() {
             CAPTURING.with(|c| c.set(false));
-            if let Ok(Some(g)) = driver::stream_end_capture(self.ctx, s) {
-                let _ = driver::graph_destroy(self.ctx, g);
+            if let Ok(Some(g)) = driver::stream_end_capture(self.ctx, s.view()) {
+                let _ = g.destroy(self.ctx);
             }
-            let _ = driver::stream_destroy(self.ctx, s);
+            let _ = s.destroy(self.ctx);
         }
     }
 }
@@ -1069,14 +1069,17 @@ fn capture_segment(
     }
     let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
     let t0 = Instant::now();
-    let cs = driver::stream_create(ctx).map_err(|e| drv("cuStreamCreate", e))?;
+    let owned = driver::stream_create(ctx).map_err(|e| drv("cuStreamCreate", e))?;
+    // The capturing stream: a view of `owned`, which the guard destroys when the capture ends
+    // (`finish` consumes the guard, after the last use of `cs` below).
+    let cs = owned.view();
     if let Err(e) = driver::stream_begin_capture(ctx, cs) {
-        let _ = driver::stream_destroy(ctx, cs);
+        let _ = owned.destroy(ctx);
         return Err(drv("cuStreamBeginCapture", e));
     }
     let guard = CaptureGuard {
         ctx,
-        stream: Some(cs),
+        stream: Some(owned),
     };
     CAPTURING.with(|c| c.set(true));
     FREED.with(|f| f.set(false));
@@ -1212,14 +1215,14 @@ fn capture_segment(
     let nodes = match counted {
         Ok(n) => n,
         Err(e) => {
-            let _ = driver::graph_destroy(ctx, graph);
+            let _ = graph.destroy(ctx);
             return Err(drv("cuGraphGetNodes", e));
         }
     };
     let edges = match driver::graph_edge_count(ctx, &graph) {
         Ok(n) => n,
         Err(e) => {
-            let _ = driver::graph_destroy(ctx, graph);
+            let _ = graph.destroy(ctx);
             return Err(drv("cuGraphGetEdges", e));
         }
     };
@@ -1266,7 +1269,7 @@ fn capture_segment(
             }
         }
     };
-    let _ = driver::graph_destroy(ctx, graph);
+    let _ = graph.destroy(ctx);
     let exec = made?;
     if let Some(e) = exec {
         *seg.slot.exec.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use boundpool_scheduler::backend::SpanRecorder;
 
-use crate::driver::{self, Ctx, DResult, Event, Stream};
+use crate::driver::{self, Ctx, DResult, Event, StreamRef};
 
 /// Rebase the reference once it is this old (f32 milliseconds: ~0.06 µs steps at 1 s).
 const REBASE_AFTER_MS: f32 = 1000.0;
@@ -61,7 +61,7 @@ struct Pending {
 }
 
 struct StreamTrack {
-    stream: Stream,
+    stream: StreamRef,
     track: String,
     last_end: Option<Instant>,
 }
@@ -117,7 +117,7 @@ impl DeviceTiming {
     /// A worker's stream joins: gets its track (`GPU <ordinal> (<name>) stream <i>`) and, for the
     /// device's first stream, the reference is calibrated on it (the stream is idle). Returns the
     /// stream's index in this table.
-    pub(crate) fn add_stream(&self, ctx: Ctx, stream: Stream) -> DResult<usize> {
+    pub(crate) fn add_stream(&self, ctx: Ctx, stream: StreamRef) -> DResult<usize> {
         let mut st = self.lock();
         if st.reference.is_none() {
             st.reference = Some(calibrate(ctx, stream, &mut st.free, &self.created)?);
@@ -133,11 +133,11 @@ impl DeviceTiming {
     }
 
     /// Records a node's start event on `stream` (after its waits, before its body).
-    pub(crate) fn begin(&self, ctx: Ctx, stream: Stream) -> DResult<Started<'_>> {
+    pub(crate) fn begin(&self, ctx: Ctx, stream: StreamRef) -> DResult<Started<'_>> {
         let mut st = self.lock();
         self.resolve_locked(ctx, &mut st, false);
         let e = take(ctx, &mut st.free, &self.created)?;
-        if let Err(err) = driver::event_record(ctx, e, stream) {
+        if let Err(err) = driver::event_record(ctx, &e, stream) {
             st.free.push(e);
             return Err(err);
         }
@@ -153,7 +153,7 @@ impl DeviceTiming {
     pub(crate) fn end(
         &self,
         ctx: Ctx,
-        s: Stream,
+        s: StreamRef,
         mut started: Started<'_>,
         ok: bool,
         (name, graph, node): (&str, &str, u32),
@@ -179,7 +179,7 @@ impl DeviceTiming {
                 return Err(err);
             }
         };
-        if let Err(err) = driver::event_record(ctx, e, s) {
+        if let Err(err) = driver::event_record(ctx, &e, s) {
             st.free.push(e);
             st.free.push(start);
             return Err(err);
@@ -207,14 +207,16 @@ impl DeviceTiming {
     }
 
     fn resolve_locked(&self, ctx: Ctx, st: &mut State, wait: bool) {
-        let Some((reference, ref_host)) = st.reference else {
+        // Out of the state while in use; put back on every way out but a rebase (which puts
+        // the new one).
+        let Some((reference, ref_host)) = st.reference.take() else {
             return;
         };
         while let Some(p) = st.pending.front() {
             let ready = if wait {
-                driver::event_synchronize(ctx, p.end).is_ok()
+                driver::event_synchronize(ctx, &p.end).is_ok()
             } else {
-                matches!(driver::event_query(ctx, p.end), Ok(true))
+                matches!(driver::event_query(ctx, &p.end), Ok(true))
             };
             if !ready {
                 if wait {
@@ -224,11 +226,11 @@ impl DeviceTiming {
                     st.free.push(p.end);
                     continue;
                 }
-                return;
+                break;
             }
             let p = st.pending.pop_front().expect("front exists");
-            let times = driver::event_elapsed_ms(ctx, reference, p.start)
-                .and_then(|a| driver::event_elapsed_ms(ctx, reference, p.end).map(|b| (a, b)));
+            let times = driver::event_elapsed_ms(ctx, &reference, &p.start)
+                .and_then(|a| driver::event_elapsed_ms(ctx, &reference, &p.end).map(|b| (a, b)));
             if let Ok((a, b)) = times {
                 let track = &mut st.streams[p.stream];
                 let mut start = at(ref_host, a);
@@ -251,6 +253,7 @@ impl DeviceTiming {
             st.free.push(p.start);
             st.free.push(p.end);
         }
+        st.reference = Some((reference, ref_host));
     }
 
     /// Destroys every timing event (the device's last worker, at teardown, after `resolve(.., true)`).
@@ -263,7 +266,7 @@ impl DeviceTiming {
             all.push(p.end);
         }
         for e in all {
-            let _ = driver::event_destroy(ctx, e);
+            let _ = e.destroy(ctx);
         }
     }
 }
@@ -293,7 +296,7 @@ fn at(base: Instant, ms: f32) -> Instant {
 /// shortest host round trip; its host time is the middle of that round trip.
 fn calibrate(
     ctx: Ctx,
-    stream: Stream,
+    stream: StreamRef,
     free: &mut Vec<Event>,
     created: &AtomicUsize,
 ) -> DResult<(Event, Instant)> {
@@ -302,7 +305,7 @@ fn calibrate(
         let e = take(ctx, free, created)?;
         let t0 = Instant::now();
         let r =
-            driver::event_record(ctx, e, stream).and_then(|_| driver::event_synchronize(ctx, e));
+            driver::event_record(ctx, &e, stream).and_then(|_| driver::event_synchronize(ctx, &e));
         let t1 = Instant::now();
         if let Err(err) = r {
             free.push(e);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use boundpool_scheduler::{BoxError, GroupId, Placement, Priority};
 
 use crate::device::DeviceShared;
-use crate::driver::{self, Ctx, DriverError, Event, Func, Stream};
+use crate::driver::{self, Ctx, DriverError, Event, Func, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
 
@@ -83,14 +83,16 @@ impl Drop for PendingEvent {
 /// One of a worker's streams (one per priority level) and the completion tracking of the nodes
 /// enqueued on it.
 pub(crate) struct Lane {
-    pub(crate) stream: Stream,
+    /// A view: the stream is owned by the device's table (so that other workers may record
+    /// on it until the device's last worker stops).
+    pub(crate) stream: StreamRef,
     /// GPU nodes enqueued on `stream` so far.
     pub(crate) seq: Cell<u64>,
     completion: RefCell<Completion>,
 }
 
 impl Lane {
-    fn new(stream: Stream) -> Self {
+    fn new(stream: StreamRef) -> Self {
         Self {
             stream,
             seq: Cell::new(0),
@@ -106,7 +108,7 @@ pub(crate) struct Bound {
     pub(crate) ctx: Ctx,
     /// The normal level's stream, made at start with the group's priority
     /// (`GpuPoolBuilder::stream_priority`). Also the stream of the idle hook's releases.
-    pub(crate) stream: Stream,
+    pub(crate) stream: StreamRef,
     /// The normal level's lane (on `stream`).
     normal: Lane,
     /// The high level's lane: a stream of the device's greatest priority, made at this worker's
@@ -186,7 +188,8 @@ impl GpuWorker {
                 return Err(err);
             }
         };
-        device.register_stream(stream);
+        // Owned by the device from here on; this worker keeps a view.
+        let stream = device.register_stream(stream);
         if let Some(t) = &device.timing {
             if let Err(e) = t.add_stream(ctx, stream) {
                 let err = GpuError::driver(
@@ -296,7 +299,7 @@ impl Bound {
 
     /// Makes and registers the stream of level `p` (high or low).
     #[cold]
-    fn level_stream(&self, p: Priority) -> GpuResult<Stream> {
+    fn level_stream(&self, p: Priority) -> GpuResult<StreamRef> {
         let what = format!("device {}: {p:?} priority stream", self.device.ordinal());
         let (least, greatest) = driver::stream_priority_range(self.ctx).map_err(|e| {
             self.device
@@ -308,7 +311,7 @@ impl Bound {
                 .driver_error("cuStreamCreateWithPriority", &what, e)
         })?;
         // Registered at once, so the last worker destroys it whatever happens next.
-        self.device.register_stream(stream);
+        let stream = self.device.register_stream(stream);
         if let Some(t) = &self.device.timing {
             t.add_stream(self.ctx, stream)
                 .map_err(|e| self.device.driver_error("cuEventRecord", &what, e))?;
@@ -343,13 +346,13 @@ impl Bound {
     /// far); on failure the event goes back to the spares.
     pub(crate) fn record_event(
         &self,
-        stream: Stream,
+        stream: StreamRef,
     ) -> Result<Event, (&'static str, DriverError)> {
         let e = self.take_event().map_err(|err| ("cuEventCreate", err))?;
-        driver::event_record(self.ctx, e, stream).map_err(|err| {
+        if let Err(err) = driver::event_record(self.ctx, &e, stream) {
             self.put_event(e);
-            ("cuEventRecord", err)
-        })?;
+            return Err(("cuEventRecord", err));
+        }
         Ok(e)
     }
 
@@ -374,13 +377,14 @@ impl Bound {
         if pending.last.is_some_and(|t| t.elapsed() < REQUERY_AFTER) {
             return Poll::Pending;
         }
-        let Some(e) = pending.event else {
+        let Some(e) = &pending.event else {
             return Poll::Ready(Ok(()));
         };
         match driver::event_query(self.ctx, e) {
             Ok(true) => {
-                pending.event = None;
-                self.put_event(e);
+                if let Some(e) = pending.event.take() {
+                    self.put_event(e);
+                }
                 if let Some(t) = &self.device.timing {
                     t.resolve(self.ctx, false);
                 }
@@ -422,12 +426,13 @@ impl Bound {
             .last_not_ready
             .is_some_and(|t| t.elapsed() < REQUERY_AFTER);
         if !throttled {
-            while let Some(&(s, e)) = c.recorded.front() {
+            while let Some((s, e)) = c.recorded.front() {
                 match driver::event_query(self.ctx, e) {
                     Ok(true) => {
-                        c.done = c.done.max(s);
-                        c.recorded.pop_front();
-                        self.put_event(e);
+                        c.done = c.done.max(*s);
+                        if let Some((_, e)) = c.recorded.pop_front() {
+                            self.put_event(e);
+                        }
                         c.last_not_ready = None;
                     }
                     Ok(false) => {

@@ -1,7 +1,8 @@
 //! One execution of a graph: its dependency counters, output slots and completion.
 //!
-//! This file and `worker.rs` hold the scheduler's raw-pointer code: a queued `Task` points at
-//! its `Run` without a reference count, so a node hand-off costs no shared refcount traffic.
+//! The scheduler's raw-pointer code starts here (the crate docs, `lib.rs`, keep the one list of
+//! the files with `unsafe`: `ctx.rs` and `backend.rs` read and write the output slots this file
+//! hands out): a queued `Task` points at its `Run` without a reference count, so a node hand-off costs no shared refcount traffic.
 //! The pointer stays valid because the registry keeps an `Arc<Run>` in its table of active
 //! runs until the run's in-flight count reaches zero, and every task is counted in flight
 //! from the moment it is created until its node has completed (a worker's spare units, see
