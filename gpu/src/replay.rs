@@ -1206,7 +1206,7 @@ fn capture_segment(
     // from one node instantiated several times slower per node than the same roots).
     if let Some(root) = empty_root {
         if let Err(e) = driver::graph_remove_node(ctx, &mut graph, root) {
-            let _ = driver::graph_destroy(ctx, graph);
+            let _ = graph.destroy(ctx);
             return Err(drv("cuGraphDestroyNode", e));
         }
     }
