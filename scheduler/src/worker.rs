@@ -19,7 +19,9 @@ use crate::ids::{Placement, ANY_GROUP, DOMAIN_BIT};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::priority::{poll_order, Priority, WorkerDeques};
 use crate::registry::{Finished, Registry};
-use crate::run::{span_chunk, Completion, Credit, Run, RunRef, Task, SPAN_GRAIN, SPAN_MIN};
+use crate::run::{
+    span_chunk, Completion, Credit, LeafBatcher, Run, RunRef, Task, SPAN_GRAIN, SPAN_MIN,
+};
 use crate::sync::{self, Condvar, Mutex, Ordering};
 
 /// Nodes between two service points of a busy worker (idle hook, metrics flush, timing
@@ -35,7 +37,14 @@ const DEFERRED_PARK: Duration = Duration::from_micros(50);
 /// How long a worker that just ran dry watches the queues before it parks. Work often follows
 /// within microseconds (a chain of GPU nodes hopping between workers, a burst of submissions),
 /// and a futex wake-up costs several; an idle pool still parks after this, so it burns nothing.
+#[cfg_attr(loom, allow(dead_code))]
 const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
+/// Looks at the queues between two doublings of the pause between looks while spinning.
+#[cfg(not(loom))]
+const SPIN_FAST_LOOKS: u32 = 16;
+/// The most `spin_loop` hints between two looks while spinning.
+#[cfg(not(loom))]
+const SPIN_MAX_PAUSES: u32 = 32;
 
 /// Start-up rendezvous: every worker reports its start hook's outcome, then waits for the
 /// builder's verdict (run, or exit because another worker failed).
@@ -191,6 +200,8 @@ pub(crate) fn main<S: Send + 'static>(
         credit: Credit::new(),
         helped: Cell::new(false),
         nesting: Cell::new(0),
+        next: Cell::new(None),
+        batcher: LeafBatcher::new(),
         defer_slot: Cell::new(None),
         stolen: Cell::new(false),
         rng: Cell::new(
@@ -359,6 +370,21 @@ pub(crate) struct WorkerThread<S> {
     /// Nested waits (`help_until`) and spans (`run_span`) in progress on this worker: while
     /// there are any, a chain does not go on with the deque's top (`pop_local_of`).
     nesting: Cell<u32>,
+    /// The last ready successor a completion queued here (tokio's LIFO slot): the chain loop
+    /// runs it next, when the node it runs has no continuation, without the deque's push and
+    /// pop (the pop's SeqCst fence was a fifth of a tree node's cost) and out of thieves'
+    /// reach. A newer one pushes it on the deque; the chain loop's service point (every
+    /// [`SERVICE_EVERY`] nodes) and a nested wait push it there too, so a long chain cannot
+    /// hide it from thieves for long, and the worker never parks with it. Used only at nesting
+    /// 0 in a pool without priorities (where `pop_local_of` would pop it); empty outside the
+    /// chain loop.
+    next: Cell<Option<Task<S>>>,
+    /// The run whose wide-join arrivals this worker batches (`batcher.run`), set by the
+    /// outermost span in progress here (`run_span`), whose unit keeps the run alive until the
+    /// span flushes the batch; nodes of that run count their arrivals at a wide join's leaf in
+    /// `batcher.batch` (one read-modify-write per batch instead of one per node: a
+    /// map-reduce's reduce was a third of a mapped node's cost).
+    batcher: LeafBatcher<S>,
     /// What the running node's body passed to `NodeCtx::complete_when`, taken after the body.
     defer_slot: Cell<Option<DeferFn<S>>>,
     flusher: RefCell<Flusher>,
@@ -372,9 +398,18 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
         // The waiting body may already have deferred its completion: keep that apart while
         // other nodes run here, and put it back for the waiting node.
         let waiting = self.defer_slot.take();
+        // The loop below may park, and does not take from the slot (nesting): thieves get it.
+        self.spill_next();
+        // Nor does it go on with the span that batches here: count the batch now (the span's
+        // unit keeps its run alive), and batch again once the body goes on.
+        let batching = self.batcher.run.take();
+        if let Some(run) = batching {
+            self.flush_batch(run);
+        }
         self.nesting.set(self.nesting.get() + 1);
         let done = self.help_loop(c, deadline);
         self.nesting.set(self.nesting.get() - 1);
+        self.batcher.run.set(batching);
         self.defer_slot.set(waiting);
         self.helped.set(true);
         done
@@ -497,6 +532,12 @@ impl<S: Send + 'static> WorkerThread<S> {
         // The successors run from here, one at a time: the deque's top is this span's upper
         // halves, which `pop_local_of` would only pop and push back after each of them.
         self.nesting.set(self.nesting.get() + 1);
+        // The outermost span batches its successors' arrivals at wide joins (see `batch`); its
+        // unit keeps the run alive until the batch is flushed below.
+        let batching = self.batcher.run.get().is_none();
+        if batching {
+            self.batcher.run.set(Some(run));
+        }
         for (k, &s) in part.iter().enumerate() {
             if run.is_failed() {
                 run.mark_unreleased_of(&part[k..]);
@@ -518,10 +559,35 @@ impl<S: Send + 'static> WorkerThread<S> {
                 self.registry.sleep.notify_local(self.group);
             }
         }
+        if batching {
+            self.flush_batch(run);
+            self.batcher.run.set(None);
+        }
         self.nesting.set(self.nesting.get() - 1);
         // The span's own unit; `succ` and `part` are not used past here.
         if let Some(done) = self.credit.leave(run) {
             self.finish_run(done);
+        }
+    }
+
+    /// Counts this worker's batched wide-join arrivals (`batch`, of `run`, which the caller keeps
+    /// alive with a unit) in their leaf, and queues the join if that made it ready.
+    fn flush_batch(&self, run: RunRef<S>) {
+        let Some(b) = self.batcher.batch.take() else {
+            return;
+        };
+        if run.flush_leaf(b) {
+            if let Some(done) = self.credit.enter(run) {
+                self.finish_run(done);
+            }
+            let spec = &run.plan.nodes[b.join as usize];
+            if self.queue(
+                Task::new(run, b.join),
+                spec.placement(),
+                spec.is_prioritized(),
+            ) {
+                self.registry.sleep.notify_local(self.group);
+            }
         }
     }
 
@@ -590,7 +656,11 @@ impl<S: Send + 'static> WorkerThread<S> {
                     run.fail(node_panicked(&run, cur, &*p));
                     match self.complete(run, cur, false) {
                         Some(s) => running = s,
-                        None => return,
+                        // The chain's slot holds a node of this run: it runs next, as in the loop.
+                        None => match self.next.take() {
+                            Some(t) => running = t.node,
+                            None => return,
+                        },
                     }
                 }
             }
@@ -674,6 +744,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 } else {
                     // A service point.
                     if n % SERVICE_EVERY == 0 {
+                        self.spill_next();
                         self.service(n);
                     }
                     let sample = n % SAMPLE_EVERY == 0 && self.registry.export_metrics;
@@ -681,7 +752,10 @@ impl<S: Send + 'static> WorkerThread<S> {
                 }
             };
             n = counters.nodes_run.get();
-            match next.or_else(|| self.pop_local_of(run)) {
+            match next
+                .or_else(|| self.next.take().map(|t| t.node))
+                .or_else(|| self.pop_local_of(run))
+            {
                 Some(s) => node = s,
                 None => return,
             }
@@ -939,6 +1013,10 @@ impl<S: Send + 'static> WorkerThread<S> {
         // Before anything else: a run whose last task ended here finishes now, not when this
         // worker next finds work.
         self.flush_credit();
+        debug_assert!(
+            self.next.take().is_none(),
+            "a worker never idles with a `next` task"
+        );
         if *idle_rounds == 0 && self.deferred.borrow().is_empty() && self.spin(condition) {
             return;
         }
@@ -988,20 +1066,32 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// something turned up. Under loom, never: the models check the parking protocol itself.
     #[cfg(not(loom))]
     fn spin(&self, condition: &dyn Fn() -> bool) -> bool {
-        // Look often (a hand-off between two workers waits for exactly this look), read the
-        // clock seldom.
+        // Look often at first (a hand-off between two workers waits for exactly this look),
+        // then back off: a look reads every peer's deque ends, and each read costs the busy
+        // owner a cache miss on its next push or pop (issue 14: idle workers slowed busy ones).
+        // Read the clock seldom.
         let start = Instant::now();
         let mut looks = 0u32;
-        loop {
-            std::hint::spin_loop();
+        let mut pauses = 1u32;
+        let sleep = &self.registry.sleep;
+        sleep.start_spinning(self.group);
+        let found = loop {
+            for _ in 0..pauses {
+                std::hint::spin_loop();
+            }
             if self.work_visible() || condition() {
-                return true;
+                break true;
             }
             looks = looks.wrapping_add(1);
-            if looks % 64 == 0 && start.elapsed() >= SPIN_BEFORE_PARK {
-                return false;
+            if looks % SPIN_FAST_LOOKS == 0 {
+                pauses = (pauses * 2).min(SPIN_MAX_PAUSES);
+                if start.elapsed() >= SPIN_BEFORE_PARK {
+                    break false;
+                }
             }
-        }
+        };
+        sleep.stop_spinning(self.group, found);
+        found
     }
 
     #[cfg(loom)]
@@ -1153,7 +1243,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         let mut cont = None;
         let mut held: Option<(Task<S>, Placement, bool)> = None;
         let mut pushed_here = false;
-        run.release(i, ok, |t| {
+        run.release_batched(i, ok, Some(&self.batcher), |t| {
             let spec = &nodes[t.node as usize];
             if cont.is_none() && self.runs_here(spec) {
                 cont = Some(t.node);
@@ -1165,7 +1255,8 @@ impl<S: Send + 'static> WorkerThread<S> {
                 if let Some(done) = self.credit.enter(run) {
                     self.finish_run(done);
                 }
-                pushed_here |= self.queue(prev, place, prio);
+                // A held task that may run here exists only once `cont` is set.
+                pushed_here |= self.queue_next(prev, place, prio);
             }
         });
         match (cont, held) {
@@ -1174,7 +1265,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 if let Some(done) = self.credit.enter(run) {
                     self.finish_run(done);
                 }
-                pushed_here |= self.queue(t, place, prio);
+                pushed_here |= self.queue_next(t, place, prio);
             }
             (None, Some((t, place, prio))) => {
                 // `t` carries this node's unit: once it is queued the run may end any moment.
@@ -1224,6 +1315,45 @@ impl<S: Send + 'static> WorkerThread<S> {
                 self.local.push(t);
                 true
             }
+        }
+    }
+
+    /// `queue` for a ready successor of a node whose continuation runs here: one this worker's
+    /// deque would take goes to the `next` slot instead (the chain loop runs it next), and the
+    /// one it displaces to the deque (returns `true`: the caller wakes a peer). It is queued as
+    /// usual outside the chain loop's reach (nested, or a pool with priorities), and while a
+    /// peer of the group is spinning or idle: that peer may be waiting for exactly this node (a
+    /// wavefront's next row), and the slot would keep it from it for up to 64 nodes.
+    #[inline]
+    fn queue_next(&self, t: Task<S>, place: Placement, prio: bool) -> bool {
+        let here = match place {
+            Placement::Any => true,
+            Placement::Group(g) => g.index() == self.group,
+            Placement::Domain(_) => false,
+        };
+        if !here
+            || prio
+            || self.nesting.get() != 0
+            || self.registry.prioritized.load(Ordering::Relaxed)
+            || self.registry.sleep.has_idle(self.group)
+        {
+            return self.queue(t, place, prio);
+        }
+        match self.next.replace(Some(t)) {
+            Some(old) => {
+                self.local.push(old);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Pushes the `next` slot's task, if any, on the deque, where thieves can take it.
+    #[inline]
+    fn spill_next(&self) {
+        if let Some(t) = self.next.take() {
+            self.local.push(t);
+            self.registry.sleep.notify_local(self.group);
         }
     }
 
