@@ -159,14 +159,6 @@ impl Sleep {
         }
     }
 
-    /// Whether a worker of `group` is spinning or idle (a hint, Relaxed): a busy worker then
-    /// queues a ready node where it can be stolen rather than keep it for itself.
-    #[inline]
-    pub(crate) fn has_idle(&self, group: usize) -> bool {
-        let g = &self.groups[group];
-        g.count.load(Ordering::Relaxed) > 0 || g.spinning.load(Ordering::Relaxed) > 0
-    }
-
     /// A worker of `group` starts watching the queues before it parks.
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn start_spinning(&self, group: usize) {

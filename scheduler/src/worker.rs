@@ -200,7 +200,6 @@ pub(crate) fn main<S: Send + 'static>(
         credit: Credit::new(),
         helped: Cell::new(false),
         nesting: Cell::new(0),
-        next: Cell::new(None),
         batcher: LeafBatcher::new(),
         defer_slot: Cell::new(None),
         stolen: Cell::new(false),
@@ -370,15 +369,6 @@ pub(crate) struct WorkerThread<S> {
     /// Nested waits (`help_until`) and spans (`run_span`) in progress on this worker: while
     /// there are any, a chain does not go on with the deque's top (`pop_local_of`).
     nesting: Cell<u32>,
-    /// The last ready successor a completion queued here (tokio's LIFO slot): the chain loop
-    /// runs it next, when the node it runs has no continuation, without the deque's push and
-    /// pop (the pop's SeqCst fence was a fifth of a tree node's cost) and out of thieves'
-    /// reach. A newer one pushes it on the deque; the chain loop's service point (every
-    /// [`SERVICE_EVERY`] nodes) and a nested wait push it there too, so a long chain cannot
-    /// hide it from thieves for long, and the worker never parks with it. Used only at nesting
-    /// 0 in a pool without priorities (where `pop_local_of` would pop it); empty outside the
-    /// chain loop.
-    next: Cell<Option<Task<S>>>,
     /// The run whose wide-join arrivals this worker batches (`batcher.run`), set by the
     /// outermost span in progress here (`run_span`), whose unit keeps the run alive until the
     /// span flushes the batch; nodes of that run count their arrivals at a wide join's leaf in
@@ -398,10 +388,8 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
         // The waiting body may already have deferred its completion: keep that apart while
         // other nodes run here, and put it back for the waiting node.
         let waiting = self.defer_slot.take();
-        // The loop below may park, and does not take from the slot (nesting): thieves get it.
-        self.spill_next();
-        // Nor does it go on with the span that batches here: count the batch now (the span's
-        // unit keeps its run alive), and batch again once the body goes on.
+        // The loop below does not go on with the span that batches here: count the batch now
+        // (the span's unit keeps its run alive), and batch again once the body goes on.
         let batching = self.batcher.run.take();
         if let Some(run) = batching {
             self.flush_batch(run);
@@ -532,8 +520,8 @@ impl<S: Send + 'static> WorkerThread<S> {
         // The successors run from here, one at a time: the deque's top is this span's upper
         // halves, which `pop_local_of` would only pop and push back after each of them.
         self.nesting.set(self.nesting.get() + 1);
-        // The outermost span batches its successors' arrivals at wide joins (see `batch`); its
-        // unit keeps the run alive until the batch is flushed below.
+        // The outermost span batches its successors' arrivals at wide joins (see `batcher`);
+        // its unit keeps the run alive until the batch is flushed below.
         let batching = self.batcher.run.get().is_none();
         if batching {
             self.batcher.run.set(Some(run));
@@ -570,8 +558,8 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// Counts this worker's batched wide-join arrivals (`batch`, of `run`, which the caller keeps
-    /// alive with a unit) in their leaf, and queues the join if that made it ready.
+    /// Counts this worker's batched wide-join arrivals (`batcher`, of `run`, which the caller
+    /// keeps alive with a unit) in their leaf, and queues the join if that made it ready.
     fn flush_batch(&self, run: RunRef<S>) {
         let Some(b) = self.batcher.batch.take() else {
             return;
@@ -656,11 +644,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                     run.fail(node_panicked(&run, cur, &*p));
                     match self.complete(run, cur, false) {
                         Some(s) => running = s,
-                        // The chain's slot holds a node of this run: it runs next, as in the loop.
-                        None => match self.next.take() {
-                            Some(t) => running = t.node,
-                            None => return,
-                        },
+                        None => return,
                     }
                 }
             }
@@ -744,7 +728,6 @@ impl<S: Send + 'static> WorkerThread<S> {
                 } else {
                     // A service point.
                     if n % SERVICE_EVERY == 0 {
-                        self.spill_next();
                         self.service(n);
                     }
                     let sample = n % SAMPLE_EVERY == 0 && self.registry.export_metrics;
@@ -752,10 +735,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 }
             };
             n = counters.nodes_run.get();
-            match next
-                .or_else(|| self.next.take().map(|t| t.node))
-                .or_else(|| self.pop_local_of(run))
-            {
+            match next.or_else(|| self.pop_local_of(run)) {
                 Some(s) => node = s,
                 None => return,
             }
@@ -1013,10 +993,6 @@ impl<S: Send + 'static> WorkerThread<S> {
         // Before anything else: a run whose last task ended here finishes now, not when this
         // worker next finds work.
         self.flush_credit();
-        debug_assert!(
-            self.next.take().is_none(),
-            "a worker never idles with a `next` task"
-        );
         if *idle_rounds == 0 && self.deferred.borrow().is_empty() && self.spin(condition) {
             return;
         }
@@ -1255,8 +1231,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 if let Some(done) = self.credit.enter(run) {
                     self.finish_run(done);
                 }
-                // A held task that may run here exists only once `cont` is set.
-                pushed_here |= self.queue_next(prev, place, prio);
+                pushed_here |= self.queue(prev, place, prio);
             }
         });
         match (cont, held) {
@@ -1265,7 +1240,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 if let Some(done) = self.credit.enter(run) {
                     self.finish_run(done);
                 }
-                pushed_here |= self.queue_next(t, place, prio);
+                pushed_here |= self.queue(t, place, prio);
             }
             (None, Some((t, place, prio))) => {
                 // `t` carries this node's unit: once it is queued the run may end any moment.
@@ -1315,45 +1290,6 @@ impl<S: Send + 'static> WorkerThread<S> {
                 self.local.push(t);
                 true
             }
-        }
-    }
-
-    /// `queue` for a ready successor of a node whose continuation runs here: one this worker's
-    /// deque would take goes to the `next` slot instead (the chain loop runs it next), and the
-    /// one it displaces to the deque (returns `true`: the caller wakes a peer). It is queued as
-    /// usual outside the chain loop's reach (nested, or a pool with priorities), and while a
-    /// peer of the group is spinning or idle: that peer may be waiting for exactly this node (a
-    /// wavefront's next row), and the slot would keep it from it for up to 64 nodes.
-    #[inline]
-    fn queue_next(&self, t: Task<S>, place: Placement, prio: bool) -> bool {
-        let here = match place {
-            Placement::Any => true,
-            Placement::Group(g) => g.index() == self.group,
-            Placement::Domain(_) => false,
-        };
-        if !here
-            || prio
-            || self.nesting.get() != 0
-            || self.registry.prioritized.load(Ordering::Relaxed)
-            || self.registry.sleep.has_idle(self.group)
-        {
-            return self.queue(t, place, prio);
-        }
-        match self.next.replace(Some(t)) {
-            Some(old) => {
-                self.local.push(old);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Pushes the `next` slot's task, if any, on the deque, where thieves can take it.
-    #[inline]
-    fn spill_next(&self) {
-        if let Some(t) = self.next.take() {
-            self.local.push(t);
-            self.registry.sleep.notify_local(self.group);
         }
     }
 

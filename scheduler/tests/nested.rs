@@ -196,11 +196,10 @@ fn nested_wait_via_the_pool_handle_and_async() {
     });
 }
 
-/// Nodes that wait on nested graphs inside the shapes whose ready nodes a worker keeps for
-/// itself: a binary tree (the sibling waits in the worker's `next` slot, which a nested wait
-/// must hand to thieves before the worker helps or parks) and a wide fan-out into a wide join
-/// (a span batches the middles' arrivals at the join, which a nested wait must count first).
-/// Every node runs once, the join sees every input, with one worker and with three.
+/// Nodes that wait on nested graphs inside a binary tree and inside a wide fan-out into a wide
+/// join (a span batches the middles' arrivals at the join, which a nested wait must count
+/// first, since the waiting worker helps elsewhere and may park): every node runs once and the
+/// join sees every input, with one worker and with three.
 #[test]
 fn nested_waits_inside_trees_and_wide_fan_outs() {
     common::with_deadline(60, "nested_waits_inside_trees_and_wide_fan_outs", || {
