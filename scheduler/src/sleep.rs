@@ -22,12 +22,9 @@ use crate::sync::{self, fence, AtomicBool, AtomicUsize, Mutex, Ordering, Thread}
 struct GroupSleep {
     idle: Mutex<Vec<usize>>,
     count: AtomicUsize,
-    /// Workers of the group watching the queues before they park (`Sleep::spinning`): a
-    /// worker pushing on its own deque wakes nobody while one of them looks.
-    spinning: AtomicUsize,
     /// Someone asked a worker of the group to run its idle hook (`request_hook`); cleared by the
     /// worker that takes the request, right before it runs the hook. On a line of its own:
-    /// busy workers read it every 64 nodes, and idle ones write `idle`, `count`, `spinning`.
+    /// busy workers read it every 64 nodes, and idle ones write `idle` and `count`.
     hook: CachePadded<AtomicBool>,
 }
 
@@ -60,7 +57,6 @@ impl Sleep {
                     CachePadded::new(GroupSleep {
                         idle: Mutex::new(Vec::new()),
                         count: AtomicUsize::new(0),
-                        spinning: AtomicUsize::new(0),
                         hook: CachePadded::new(AtomicBool::new(false)),
                     })
                 })
@@ -146,35 +142,10 @@ impl Sleep {
 
     /// The pusher's half for a worker that pushed onto its own deque: no fence. A wake-up lost to
     /// the race is harmless, since the pushing worker itself will pop the task (rayon-core makes
-    /// the same trade for local pushes); cross-queue pushes use `notify_group`. Nobody is woken
-    /// while a worker of the group spins (it will see the task; as tokio wakes no parked worker
-    /// while one is searching): a busy worker pays no futex wake-up per push, and a worker woken
-    /// for a task a spinner takes does not spin in vain. A spinner that finds work and was the
-    /// last one passes the wake-up on (`stop_spinning`).
+    /// the same trade for local pushes); cross-queue pushes use `notify_group`.
     #[inline]
     pub(crate) fn notify_local(&self, group: usize) {
-        let g = &self.groups[group];
-        if g.count.load(Ordering::Relaxed) > 0 && g.spinning.load(Ordering::Relaxed) == 0 {
-            self.wake_one(group);
-        }
-    }
-
-    /// A worker of `group` starts watching the queues before it parks.
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn start_spinning(&self, group: usize) {
-        self.groups[group].spinning.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A worker of `group` stops spinning, having `found` work or not. A last spinner that found
-    /// work wakes a parked worker of the group, if any: pushes made while it spun woke nobody,
-    /// and it takes one task (or half a deque), not necessarily all of them.
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn stop_spinning(&self, group: usize, found: bool) {
-        let g = &self.groups[group];
-        if g.spinning.fetch_sub(1, Ordering::Relaxed) == 1
-            && found
-            && g.count.load(Ordering::Relaxed) > 0
-        {
+        if self.groups[group].count.load(Ordering::Relaxed) > 0 {
             self.wake_one(group);
         }
     }

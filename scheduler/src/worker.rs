@@ -39,12 +39,6 @@ const DEFERRED_PARK: Duration = Duration::from_micros(50);
 /// and a futex wake-up costs several; an idle pool still parks after this, so it burns nothing.
 #[cfg_attr(loom, allow(dead_code))]
 const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
-/// Looks at the queues between two doublings of the pause between looks while spinning.
-#[cfg(not(loom))]
-const SPIN_FAST_LOOKS: u32 = 16;
-/// The most `spin_loop` hints between two looks while spinning.
-#[cfg(not(loom))]
-const SPIN_MAX_PAUSES: u32 = 32;
 
 /// Start-up rendezvous: every worker reports its start hook's outcome, then waits for the
 /// builder's verdict (run, or exit because another worker failed).
@@ -1042,32 +1036,20 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// something turned up. Under loom, never: the models check the parking protocol itself.
     #[cfg(not(loom))]
     fn spin(&self, condition: &dyn Fn() -> bool) -> bool {
-        // Look often at first (a hand-off between two workers waits for exactly this look),
-        // then back off: a look reads every peer's deque ends, and each read costs the busy
-        // owner a cache miss on its next push or pop (issue 14: idle workers slowed busy ones).
-        // Read the clock seldom.
+        // Look often (a hand-off between two workers waits for exactly this look), read the
+        // clock seldom.
         let start = Instant::now();
         let mut looks = 0u32;
-        let mut pauses = 1u32;
-        let sleep = &self.registry.sleep;
-        sleep.start_spinning(self.group);
-        let found = loop {
-            for _ in 0..pauses {
-                std::hint::spin_loop();
-            }
+        loop {
+            std::hint::spin_loop();
             if self.work_visible() || condition() {
-                break true;
+                return true;
             }
             looks = looks.wrapping_add(1);
-            if looks % SPIN_FAST_LOOKS == 0 {
-                pauses = (pauses * 2).min(SPIN_MAX_PAUSES);
-                if start.elapsed() >= SPIN_BEFORE_PARK {
-                    break false;
-                }
+            if looks % 64 == 0 && start.elapsed() >= SPIN_BEFORE_PARK {
+                return false;
             }
-        };
-        sleep.stop_spinning(self.group, found);
-        found
+        }
     }
 
     #[cfg(loom)]
