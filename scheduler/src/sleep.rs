@@ -15,17 +15,14 @@
 
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
-
 use crate::sync::{self, fence, AtomicBool, AtomicUsize, Mutex, Ordering, Thread};
 
 struct GroupSleep {
     idle: Mutex<Vec<usize>>,
     count: AtomicUsize,
     /// Someone asked a worker of the group to run its idle hook (`request_hook`); cleared by the
-    /// worker that takes the request, right before it runs the hook. On a line of its own:
-    /// busy workers read it every 64 nodes, and idle ones write `idle` and `count`.
-    hook: CachePadded<AtomicBool>,
+    /// worker that takes the request, right before it runs the hook.
+    hook: AtomicBool,
 }
 
 struct WorkerSleep {
@@ -34,8 +31,8 @@ struct WorkerSleep {
 }
 
 pub(crate) struct Sleep {
-    groups: Box<[CachePadded<GroupSleep>]>,
-    workers: Box<[CachePadded<WorkerSleep>]>,
+    groups: Box<[GroupSleep]>,
+    workers: Box<[WorkerSleep]>,
 }
 
 /// Why `Sleep::sleep` returned.
@@ -53,20 +50,16 @@ impl Sleep {
     pub(crate) fn new(groups: usize, workers: usize) -> Self {
         Sleep {
             groups: (0..groups)
-                .map(|_| {
-                    CachePadded::new(GroupSleep {
-                        idle: Mutex::new(Vec::new()),
-                        count: AtomicUsize::new(0),
-                        hook: CachePadded::new(AtomicBool::new(false)),
-                    })
+                .map(|_| GroupSleep {
+                    idle: Mutex::new(Vec::new()),
+                    count: AtomicUsize::new(0),
+                    hook: AtomicBool::new(false),
                 })
                 .collect(),
             workers: (0..workers)
-                .map(|_| {
-                    CachePadded::new(WorkerSleep {
-                        thread: Mutex::new(None),
-                        notified: AtomicBool::new(false),
-                    })
+                .map(|_| WorkerSleep {
+                    thread: Mutex::new(None),
+                    notified: AtomicBool::new(false),
                 })
                 .collect(),
         }
