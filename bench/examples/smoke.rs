@@ -57,12 +57,25 @@ fn main() {
         }
     }
     let graph = g.build().unwrap();
+    let totals = |p: &Pool| {
+        let st = p.stats();
+        let w = &st.workers;
+        (
+            w.iter().map(|w| w.steals).sum::<u64>(),
+            w.iter().map(|w| w.parks).sum::<u64>(),
+        )
+    };
     for _ in 0..runs {
+        let (s0, p0) = totals(&pool);
         let t1 = Instant::now();
         pool.submit(&graph).unwrap().wait().unwrap();
+        let dt = t1.elapsed();
+        let (s1, p1) = totals(&pool);
         println!(
-            "{shape}: {:.1} ns/node",
-            t1.elapsed().as_nanos() as f64 / n as f64
+            "{shape}: {:.1} ns/node ({} steals, {} parks)",
+            dt.as_nanos() as f64 / n as f64,
+            s1 - s0,
+            p1 - p0
         );
     }
 }

@@ -27,7 +27,8 @@
 //!    units back; a worker that switches runs gives the old run's units back and finishes it.
 //! 6. the leaf counters of a wide join (`WideJoins`, with a threshold of 3 under loom): three
 //!    predecessors finishing at once make the join ready exactly once, with every predecessor's
-//!    output visible to it.
+//!    output visible to it; also when one worker batches its arrivals at a leaf
+//!    (`Run::release_batched`, what a span does) and counts them in one increment later.
 //!
 //! A lost wake-up shows up as a loom deadlock (every thread parked).
 
@@ -398,6 +399,91 @@ fn wide_join_leaves() {
             })
             .collect();
         finish(0);
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(readies.load(Ordering::SeqCst), 1);
+    });
+}
+
+/// Two predecessors of a wide join that share a leaf (nodes 0 and 1) complete on one thread,
+/// which batches their arrivals (`release_batched`, as a worker running a span does) and counts
+/// the batch in the leaf only after both, while node 4 (the same leaf: `(4 / 2) % 2`) and
+/// node 3 (the other leaf) complete on two other threads with single arrivals: the join becomes
+/// ready exactly once, seeing every predecessor's value, whether the batch's flush or a single
+/// arrival is last.
+#[test]
+fn wide_join_batched_leaf() {
+    use crate::run::LeafBatcher;
+    loom::model(|| {
+        // Nodes 0..5 (node 2 is no predecessor), the join is node 5. Two leaves under loom:
+        // leaf 0 = {0, 1, 4}, leaf 1 = {3}.
+        let mut g = GraphBuilder::<()>::new("wide");
+        let nodes: Vec<_> = (0..5u32)
+            .map(|i| g.node(format!("p{i}"), move |_| Ok(i)))
+            .collect();
+        let j = g.node("j", |_| Ok(()));
+        for p in [0usize, 1, 3, 4] {
+            g.edge(nodes[p], j);
+        }
+        const PREDS: [u32; 4] = [0, 1, 3, 4];
+        let graph = g.build().expect("wide builds");
+        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let readies = Arc::new(AtomicUsize::new(0));
+        let check = {
+            let (run, readies) = (run.clone(), readies.clone());
+            move |ready: Vec<u32>| {
+                if ready == [5] {
+                    for p in PREDS {
+                        // SAFETY: the join's counter reached its target: every predecessor
+                        // stored its value before its (batched) arrival was counted, which
+                        // happened-before this.
+                        let out = unsafe { run.slots.get(p).and_then(|s| s.get()) };
+                        let v = out.and_then(|o| o.value.as_ref());
+                        assert_eq!(v.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
+                    }
+                    readies.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    assert!(ready.is_empty(), "{ready:?}");
+                }
+            }
+        };
+        let store = {
+            let run = run.clone();
+            move |node: u32| {
+                // SAFETY: this thread is node's only runner, before it releases successors.
+                unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
+            }
+        };
+        let hs: Vec<_> = [3u32, 4]
+            .into_iter()
+            .map(|node| {
+                let (run, check, store) = (run.clone(), check.clone(), store.clone());
+                thread::spawn(move || {
+                    store(node);
+                    let mut ready = Vec::new();
+                    run.release(node, true, |t| ready.push(t.node));
+                    check(ready);
+                })
+            })
+            .collect();
+        let batcher = LeafBatcher::new();
+        batcher.run.set(Some(RunRef::new(&run)));
+        let mut ready = Vec::new();
+        for node in [0u32, 1] {
+            store(node);
+            run.release_batched(node, true, Some(&batcher), |t| ready.push(t.node));
+        }
+        assert!(
+            ready.is_empty(),
+            "a batch counts nothing until it is flushed"
+        );
+        let b = batcher.batch.take().expect("p0 and p1 batched");
+        assert_eq!(b.join, 5);
+        if run.flush_leaf(b) {
+            ready.push(b.join);
+        }
+        check(ready);
         for h in hs {
             h.join().unwrap();
         }

@@ -461,6 +461,41 @@ impl<S> fmt::Debug for Task<S> {
     }
 }
 
+/// Arrivals of one worker's predecessors at one leaf of a wide join, not yet counted in the
+/// leaf (see `Run::release_batched`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeafBatch {
+    /// The join node.
+    pub(crate) join: u32,
+    /// The leaf's index among all the plan's leaves.
+    leaf: u32,
+    /// Arrivals counted in this batch (at least 1).
+    count: u32,
+}
+
+/// A worker's batching of wide-join arrivals (see `Run::release_batched`).
+pub(crate) struct LeafBatcher<S> {
+    /// The run whose arrivals are batched, if any (the caller keeps it alive while set).
+    pub(crate) run: Cell<Option<RunRef<S>>>,
+    /// Arrivals at one leaf of a wide join of `run`, not yet counted.
+    pub(crate) batch: Cell<Option<LeafBatch>>,
+}
+
+impl<S> LeafBatcher<S> {
+    pub(crate) fn new() -> Self {
+        LeafBatcher {
+            run: Cell::new(None),
+            batch: Cell::new(None),
+        }
+    }
+}
+
+impl<S> fmt::Debug for LeafBatcher<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeafBatcher({:?})", self.batch.get())
+    }
+}
+
 /// In-degree from which a join counts its predecessors in leaf counters first (see
 /// [`WideJoins`]).
 pub(crate) const WIDE_JOIN: u32 = if cfg!(loom) { 3 } else { 256 };
@@ -470,13 +505,29 @@ const LEAF_SPAN: u32 = if cfg!(loom) { 2 } else { 128 };
 /// neighbouring ranges of predecessors do not share a line.
 const LEAF_STRIDE: usize = if cfg!(loom) { 1 } else { 32 };
 
+/// The leaf of a wide join with `leaves` leaves that predecessor `p` counts in:
+/// `(p / LEAF_SPAN) % leaves`, without the division when no wrap is needed (a join's
+/// predecessors are mostly numbered below `leaves * LEAF_SPAN`; the division cost a mapped node
+/// of a map-reduce more than its batched count).
+#[inline]
+fn leaf_of(p: u32, leaves: u32) -> u32 {
+    let q = p / LEAF_SPAN;
+    if q < leaves {
+        q
+    } else {
+        q % leaves
+    }
+}
+
 /// Two-level dependency counters for the joins with at least [`WIDE_JOIN`] predecessors (issue
 /// 14: a million predecessors finishing on every worker all incremented one counter). A
 /// predecessor `p` of such a join counts in leaf `(p / LEAF_SPAN) % leaves` of the join; the one
 /// that completes a leaf (its quota, fixed here from the edges) counts once in the join's own
 /// counter, whose target is the number of non-empty leaves. Predecessors are mostly numbered in
-/// ranges and stolen in ranges, so a leaf is shared by a few workers at most. Nothing is
-/// batched or deferred: the join is ready the moment its last predecessor completes.
+/// ranges and stolen in ranges, so a leaf is shared by a few workers at most. A worker running
+/// a span batches its nodes' arrivals at one leaf (`Run::release_batched`) and counts them with
+/// one increment when the span ends or the leaf changes, so the join is ready at most one
+/// span's part after its last predecessor completes.
 #[derive(Debug, Default)]
 pub(crate) struct WideJoins {
     /// (join node, first leaf, leaves, non-empty leaves), sorted by node.
@@ -510,7 +561,7 @@ impl WideJoins {
                 if plan.nodes[s as usize].indegree >= WIDE_JOIN {
                     let k = joins.partition_point(|j| j.0 < s);
                     let (_, first, leaves, _) = joins[k];
-                    quota[(first + (p / LEAF_SPAN) % leaves) as usize] += 1;
+                    quota[(first + leaf_of(p, leaves)) as usize] += 1;
                 }
             }
         }
@@ -615,24 +666,8 @@ impl<S> Run<S> {
     /// handed to `ready`. Returns how many were. The caller must then call [`RunRef::settle`]
     /// with that number *before* queueing any of them.
     #[inline]
-    pub(crate) fn release(
-        &self,
-        node: u32,
-        release: bool,
-        mut ready: impl FnMut(Task<S>),
-    ) -> usize {
-        let mut n = 0;
-        if !release || self.is_failed() {
-            self.mark_unreleased(node);
-        } else {
-            for &s in self.plan.successors(node) {
-                if self.release_one(node, s) {
-                    ready(Task::new(RunRef::new(self), s));
-                    n += 1;
-                }
-            }
-        }
-        n
+    pub(crate) fn release(&self, node: u32, release: bool, ready: impl FnMut(Task<S>)) -> usize {
+        self.release_batched(node, release, None, ready)
     }
 
     /// Counts `node`'s completion in its successor `s`; returns whether `s` is now ready.
@@ -657,14 +692,98 @@ impl<S> Run<S> {
             } else {
                 d
             };
-            let pending = &self.pending[s as usize];
-            if pending.load(Ordering::Acquire) == target - 1 {
-                pending.store(target, Ordering::Relaxed);
-            } else if pending.fetch_add(1, Ordering::AcqRel) != target - 1 {
-                return false;
-            }
+            return self.count_in(s, target);
         }
         true
+    }
+
+    /// Counts one arrival in node `s`'s own counter, whose target is `target`; returns whether
+    /// `s` is now ready.
+    #[inline]
+    fn count_in(&self, s: u32, target: u32) -> bool {
+        let pending = &self.pending[s as usize];
+        if pending.load(Ordering::Acquire) == target - 1 {
+            pending.store(target, Ordering::Relaxed);
+            true
+        } else {
+            pending.fetch_add(1, Ordering::AcqRel) == target - 1
+        }
+    }
+
+    /// [`release`](Self::release), for a worker that may batch its arrivals at wide joins
+    /// (`batcher`, when it batches for this run): a wide join's leaf arrival joins the batch
+    /// when it is for the same leaf, and
+    /// otherwise replaces it, the old batch being counted in its leaf
+    /// ([`flush_leaf`](Self::flush_leaf)), which may make the old batch's join ready (handed to
+    /// `ready` like a successor, and counted in the result). The caller flushes what is left in
+    /// `batch` before it gives away the unit that keeps the run alive.
+    #[inline]
+    pub(crate) fn release_batched(
+        &self,
+        node: u32,
+        release: bool,
+        batcher: Option<&LeafBatcher<S>>,
+        mut ready: impl FnMut(Task<S>),
+    ) -> usize {
+        let mut n = 0;
+        if !release || self.is_failed() {
+            self.mark_unreleased(node);
+        } else {
+            for &s in self.plan.successors(node) {
+                let r = match batcher {
+                    Some(b)
+                        if self.plan.nodes[s as usize].indegree >= WIDE_JOIN
+                            && b.run.get().is_some_and(|r| r.same(RunRef::new(self))) =>
+                    {
+                        self.batch_arrive(node, s, &b.batch)
+                    }
+                    _ => self.release_one(node, s).then_some(s),
+                };
+                if let Some(r) = r {
+                    ready(Task::new(RunRef::new(self), r));
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// Predecessor `p`'s arrival at wide join `s`, batched (see `release_batched`). Returns a
+    /// join that the flush of an older batch made ready.
+    #[inline(never)]
+    fn batch_arrive(&self, p: u32, s: u32, batch: &Cell<Option<LeafBatch>>) -> Option<u32> {
+        let wide = WideJoins::of(&self.plan);
+        let (_, first, leaves, _) = wide.join(s);
+        let leaf = first + leaf_of(p, leaves);
+        match batch.get() {
+            Some(b) if b.leaf == leaf => {
+                batch.set(Some(LeafBatch {
+                    count: b.count + 1,
+                    ..b
+                }));
+                None
+            }
+            old => {
+                batch.set(Some(LeafBatch {
+                    join: s,
+                    leaf,
+                    count: 1,
+                }));
+                old.and_then(|b| self.flush_leaf(b).then_some(b.join))
+            }
+        }
+    }
+
+    /// Counts a batch of arrivals in its leaf (one read-modify-write for all of them); returns
+    /// whether that made its join ready. Orderings as for one arrival (`leaf_arrive`): the
+    /// batch's predecessors ran on this thread before the Release half of the increment.
+    pub(crate) fn flush_leaf(&self, b: LeafBatch) -> bool {
+        let wide = WideJoins::of(&self.plan);
+        let quota = wide.quota[b.leaf as usize];
+        let counter = &self.leaves[b.leaf as usize * LEAF_STRIDE];
+        let last = counter.load(Ordering::Acquire) == quota - b.count
+            || counter.fetch_add(b.count, Ordering::AcqRel) == quota - b.count;
+        last && self.count_in(b.join, wide.join(b.join).3)
     }
 
     /// Counts predecessor `p`'s completion in its leaf of wide join `s`. Returns the join's root
@@ -675,7 +794,7 @@ impl<S> Run<S> {
     fn leaf_arrive(&self, p: u32, s: u32) -> Option<u32> {
         let wide = WideJoins::of(&self.plan);
         let (_, first, leaves, roots) = wide.join(s);
-        let leaf = (first + (p / LEAF_SPAN) % leaves) as usize;
+        let leaf = (first + leaf_of(p, leaves)) as usize;
         let quota = wide.quota[leaf];
         let counter = &self.leaves[leaf * LEAF_STRIDE];
         if counter.load(Ordering::Acquire) == quota - 1

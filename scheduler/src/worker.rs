@@ -19,7 +19,9 @@ use crate::ids::{Placement, ANY_GROUP, DOMAIN_BIT};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::priority::{poll_order, Priority, WorkerDeques};
 use crate::registry::{Finished, Registry};
-use crate::run::{span_chunk, Completion, Credit, Run, RunRef, Task, SPAN_GRAIN, SPAN_MIN};
+use crate::run::{
+    span_chunk, Completion, Credit, LeafBatcher, Run, RunRef, Task, SPAN_GRAIN, SPAN_MIN,
+};
 use crate::sync::{self, Condvar, Mutex, Ordering};
 
 /// Nodes between two service points of a busy worker (idle hook, metrics flush, timing
@@ -39,6 +41,7 @@ const DEFERRED_PARK: Duration = Duration::from_micros(50);
 /// How long a worker that just ran dry watches the queues before it parks. Work often follows
 /// within microseconds (a chain of GPU nodes hopping between workers, a burst of submissions),
 /// and a futex wake-up costs several; an idle pool still parks after this, so it burns nothing.
+#[cfg_attr(loom, allow(dead_code))]
 const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
 
 /// Start-up rendezvous: every worker reports its start hook's outcome, then waits for the
@@ -195,6 +198,7 @@ pub(crate) fn main<S: Send + 'static>(
         credit: Credit::new(),
         helped: Cell::new(false),
         nesting: Cell::new(0),
+        batcher: LeafBatcher::new(),
         defer_slot: Cell::new(None),
         dry_since: Cell::new(None),
         stolen: Cell::new(false),
@@ -364,6 +368,12 @@ pub(crate) struct WorkerThread<S> {
     /// Nested waits (`help_until`) and spans (`run_span`) in progress on this worker: while
     /// there are any, a chain does not go on with the deque's top (`pop_local_of`).
     nesting: Cell<u32>,
+    /// The run whose wide-join arrivals this worker batches (`batcher.run`), set by the
+    /// outermost span in progress here (`run_span`), whose unit keeps the run alive until the
+    /// span flushes the batch; nodes of that run count their arrivals at a wide join's leaf in
+    /// `batcher.batch` (one read-modify-write per batch instead of one per node: a
+    /// map-reduce's reduce was a third of a mapped node's cost).
+    batcher: LeafBatcher<S>,
     /// What the running node's body passed to `NodeCtx::complete_when`, taken after the body.
     defer_slot: Cell<Option<DeferFn<S>>>,
     /// When this worker, with deferred completions, last ran dry (see [`DEFERRED_SPIN`]).
@@ -379,9 +389,16 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
         // The waiting body may already have deferred its completion: keep that apart while
         // other nodes run here, and put it back for the waiting node.
         let waiting = self.defer_slot.take();
+        // The loop below does not go on with the span that batches here: count the batch now
+        // (the span's unit keeps its run alive), and batch again once the body goes on.
+        let batching = self.batcher.run.take();
+        if let Some(run) = batching {
+            self.flush_batch(run);
+        }
         self.nesting.set(self.nesting.get() + 1);
         let done = self.help_loop(c, deadline);
         self.nesting.set(self.nesting.get() - 1);
+        self.batcher.run.set(batching);
         self.defer_slot.set(waiting);
         self.helped.set(true);
         done
@@ -504,6 +521,12 @@ impl<S: Send + 'static> WorkerThread<S> {
         // The successors run from here, one at a time: the deque's top is this span's upper
         // halves, which `pop_local_of` would only pop and push back after each of them.
         self.nesting.set(self.nesting.get() + 1);
+        // The outermost span batches its successors' arrivals at wide joins (see `batcher`);
+        // its unit keeps the run alive until the batch is flushed below.
+        let batching = self.batcher.run.get().is_none();
+        if batching {
+            self.batcher.run.set(Some(run));
+        }
         for (k, &s) in part.iter().enumerate() {
             if run.is_failed() {
                 run.mark_unreleased_of(&part[k..]);
@@ -525,10 +548,35 @@ impl<S: Send + 'static> WorkerThread<S> {
                 self.registry.sleep.notify_local(self.group);
             }
         }
+        if batching {
+            self.flush_batch(run);
+            self.batcher.run.set(None);
+        }
         self.nesting.set(self.nesting.get() - 1);
         // The span's own unit; `succ` and `part` are not used past here.
         if let Some(done) = self.credit.leave(run) {
             self.finish_run(done);
+        }
+    }
+
+    /// Counts this worker's batched wide-join arrivals (`batcher`, of `run`, which the caller
+    /// keeps alive with a unit) in their leaf, and queues the join if that made it ready.
+    fn flush_batch(&self, run: RunRef<S>) {
+        let Some(b) = self.batcher.batch.take() else {
+            return;
+        };
+        if run.flush_leaf(b) {
+            if let Some(done) = self.credit.enter(run) {
+                self.finish_run(done);
+            }
+            let spec = &run.plan.nodes[b.join as usize];
+            if self.queue(
+                Task::new(run, b.join),
+                spec.placement(),
+                spec.is_prioritized(),
+            ) {
+                self.registry.sleep.notify_local(self.group);
+            }
         }
     }
 
@@ -1171,7 +1219,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         let mut cont = None;
         let mut held: Option<(Task<S>, Placement, bool)> = None;
         let mut pushed_here = false;
-        run.release(i, ok, |t| {
+        run.release_batched(i, ok, Some(&self.batcher), |t| {
             let spec = &nodes[t.node as usize];
             if cont.is_none() && self.runs_here(spec) {
                 cont = Some(t.node);

@@ -195,3 +195,79 @@ fn nested_wait_via_the_pool_handle_and_async() {
         assert_eq!(pool.run(&graph).unwrap().get(x), Some(&8));
     });
 }
+
+/// Nodes that wait on nested graphs inside a binary tree and inside a wide fan-out into a wide
+/// join (a span batches the middles' arrivals at the join, which a nested wait must count
+/// first, since the waiting worker helps elsewhere and may park): every node runs once and the
+/// join sees every input, with one worker and with three.
+#[test]
+fn nested_waits_inside_trees_and_wide_fan_outs() {
+    common::with_deadline(60, "nested_waits_inside_trees_and_wide_fan_outs", || {
+        for workers in [1, 3] {
+            let pool = pool(workers);
+            // A tree of 2^10 - 1 nodes; every 37th waits on an inner graph.
+            let ran = Arc::new(AtomicUsize::new(0));
+            let mut g = GraphBuilder::<()>::new("tree");
+            let mut ids = Vec::new();
+            for i in 0..1023u64 {
+                let r = ran.clone();
+                let id = g.node(format!("t{i}"), move |ctx| -> Result<u64, BoxError> {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    if i % 37 == 0 {
+                        let (graph, d) = inner(i);
+                        let out = ctx.submit(&graph)?.wait()?;
+                        return Ok(*out.get(d).unwrap());
+                    }
+                    Ok(i)
+                });
+                if i > 0 {
+                    g.edge(ids[((i - 1) / 2) as usize], id);
+                }
+                ids.push(id);
+            }
+            let tree = g.build().unwrap();
+            for _ in 0..5 {
+                pool.run(&tree).expect("the tree runs");
+            }
+            assert_eq!(ran.load(Ordering::SeqCst), 5 * 1023, "{workers} workers");
+
+            // source -> 3000 middles -> sink; every 101st middle waits on an inner graph.
+            let mut g = GraphBuilder::<()>::new("fan");
+            let src = g.node("src", |_| Ok(1u64));
+            let mut mids = Vec::new();
+            for i in 0..3000u64 {
+                let m = g.node(format!("m{i}"), move |ctx| -> Result<u64, BoxError> {
+                    if i % 101 == 0 {
+                        let (graph, d) = inner(i);
+                        let out = ctx.submit(&graph)?.wait()?;
+                        // 2 * (i + 1), back to i + 1.
+                        return Ok(*out.get(d).unwrap() / 2);
+                    }
+                    Ok(*ctx.input(src)? + i)
+                });
+                g.edge(src, m);
+                mids.push(m);
+            }
+            let ins = mids.clone();
+            let sink = g.node("sink", move |ctx| -> Result<u64, BoxError> {
+                let mut sum = 0;
+                for &m in &ins {
+                    sum += *ctx.input(m)?;
+                }
+                Ok(sum)
+            });
+            for &m in &mids {
+                g.edge(m, sink);
+            }
+            let fan = g.build().unwrap();
+            for round in 0..5 {
+                let out = pool.run(&fan).expect("the fan runs");
+                assert_eq!(
+                    out.get(sink),
+                    Some(&(3000 + 3000 * 2999 / 2)),
+                    "{workers} workers, round {round}"
+                );
+            }
+        }
+    });
+}
