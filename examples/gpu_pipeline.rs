@@ -45,7 +45,11 @@ fn check(results: &[(usize, f32)], len: usize) -> bool {
         let rel = ((got as f64 - want) / want.max(1.0)).abs();
         // Exact while every partial sum is a whole number below 2^24 (see `input`); beyond,
         // f32 rounding depends on the order of the adds.
-        let tolerance = if want < (1u32 << 24) as f64 { 0.0 } else { 1e-3 };
+        let tolerance = if want < (1u32 << 24) as f64 {
+            0.0
+        } else {
+            1e-3
+        };
         if rel > tolerance {
             println!("vector {v}: got {got}, expected {want} (relative error {rel:.2e}) WRONG");
             ok = false;

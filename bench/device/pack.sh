@@ -25,7 +25,7 @@ while read -r kind name path; do
   case "$kind:$name" in
     test:gpu_*) cp "$path" "$out/b/t_$name" ;;
     lib:boundpool_gpu) cp "$path" "$out/b/t_boundpool_gpu" ;;
-    bench:gpu|bench:cholesky|bench:replay|bench:scheduler) cp "$path" "$out/b/bench_$name" ;;
+    bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe) cp "$path" "$out/b/bench_$name" ;;
     bin:boundpool|example:cholesky|example:gpu_pipeline) cp "$path" "$out/b/$name" ;;
   esac
 done < "$exes"
