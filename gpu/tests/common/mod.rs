@@ -30,7 +30,16 @@ pub fn gpu_or_skip(test: &str) -> bool {
 }
 
 /// Aborts the process if the returned guard is not dropped within `secs` (a hang is a failure).
+///
+/// `BOUNDPOOL_WATCHDOG_SCALE` (a whole number, default 1) multiplies the limit: under
+/// compute-sanitizer every kernel and driver call is many times slower.
 pub fn watchdog(test: &'static str, secs: u64) -> Watchdog {
+    let scale = std::env::var("BOUNDPOOL_WATCHDOG_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let secs = secs.saturating_mul(scale);
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
