@@ -46,7 +46,7 @@ fn nested_wait_with_one_worker() {
         let y = g.node("after", move |ctx| Ok(ctx.input(x)? + 100));
         g.edge(x, y);
         let graph = g.build().unwrap();
-        for _ in 0..100 {
+        for _ in 0..if cfg!(miri) { 3 } else { 100 } {
             assert_eq!(pool.run(&graph).unwrap().get(y), Some(&142));
         }
     });
@@ -203,13 +203,20 @@ fn nested_wait_via_the_pool_handle_and_async() {
 #[test]
 fn nested_waits_inside_trees_and_wide_fan_outs() {
     common::with_deadline(60, "nested_waits_inside_trees_and_wide_fan_outs", || {
+        // Under Miri: a smaller tree, a fan-out still wide enough for two-level join counters
+        // (256 predecessors) and span tasks, one round each.
+        let (tree_nodes, fan, rounds) = if cfg!(miri) {
+            (127u64, 300u64, 1)
+        } else {
+            (1023, 3000, 5)
+        };
         for workers in [1, 3] {
             let pool = pool(workers);
             // A tree of 2^10 - 1 nodes; every 37th waits on an inner graph.
             let ran = Arc::new(AtomicUsize::new(0));
             let mut g = GraphBuilder::<()>::new("tree");
             let mut ids = Vec::new();
-            for i in 0..1023u64 {
+            for i in 0..tree_nodes {
                 let r = ran.clone();
                 let id = g.node(format!("t{i}"), move |ctx| -> Result<u64, BoxError> {
                     r.fetch_add(1, Ordering::SeqCst);
@@ -226,16 +233,20 @@ fn nested_waits_inside_trees_and_wide_fan_outs() {
                 ids.push(id);
             }
             let tree = g.build().unwrap();
-            for _ in 0..5 {
+            for _ in 0..rounds {
                 pool.run(&tree).expect("the tree runs");
             }
-            assert_eq!(ran.load(Ordering::SeqCst), 5 * 1023, "{workers} workers");
+            assert_eq!(
+                ran.load(Ordering::SeqCst),
+                rounds * tree_nodes as usize,
+                "{workers} workers"
+            );
 
-            // source -> 3000 middles -> sink; every 101st middle waits on an inner graph.
+            // source -> `fan` middles (3000; 300 under Miri) -> sink; every 101st middle waits on an inner graph.
             let mut g = GraphBuilder::<()>::new("fan");
             let src = g.node("src", |_| Ok(1u64));
             let mut mids = Vec::new();
-            for i in 0..3000u64 {
+            for i in 0..fan {
                 let m = g.node(format!("m{i}"), move |ctx| -> Result<u64, BoxError> {
                     if i % 101 == 0 {
                         let (graph, d) = inner(i);
@@ -259,12 +270,12 @@ fn nested_waits_inside_trees_and_wide_fan_outs() {
             for &m in &mids {
                 g.edge(m, sink);
             }
-            let fan = g.build().unwrap();
-            for round in 0..5 {
-                let out = pool.run(&fan).expect("the fan runs");
+            let fan_graph = g.build().unwrap();
+            for round in 0..rounds {
+                let out = pool.run(&fan_graph).expect("the fan runs");
                 assert_eq!(
                     out.get(sink),
-                    Some(&(3000 + 3000 * 2999 / 2)),
+                    Some(&(fan + fan * (fan - 1) / 2)),
                     "{workers} workers, round {round}"
                 );
             }

@@ -20,6 +20,8 @@ pub(crate) fn with_deadline<T: Send + 'static>(
             let _ = tx.send(f());
         })
         .expect("spawn a test thread");
+    // Miri interprets every step, hundreds of times slower.
+    let secs = if cfg!(miri) { secs * 50 } else { secs };
     match rx.recv_timeout(Duration::from_secs(secs)) {
         Ok(v) => {
             h.join().expect("test thread");
