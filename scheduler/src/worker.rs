@@ -714,6 +714,11 @@ impl<S: Send + 'static> WorkerThread<S> {
                             continue;
                         }
                         counters.nodes_run.set(n);
+                        // The node this worker goes straight on with (a successor made ready
+                        // here, or its deque's newest) starts its slice where this one ended:
+                        // one clock read a node here too, its slice then covering this
+                        // completion's bookkeeping.
+                        chained = end;
                         self.complete_general(run, node, true)
                     }
                     (res, deferred) => {
