@@ -3,7 +3,8 @@
 //! operation, edges from tile dependencies, GPU-side edges only (no host synchronise inside the
 //! factorization). Each bound worker uses its own library handles, set to its node's stream.
 //!
-//! `cargo run --release --example cholesky [-- --n N --tile B --workers W --trace FILE.json]`
+//! `cargo run --release --example cholesky [-- --n N --tile B --workers W --merge --trace FILE.json]`
+//! (`--merge`: one TRSM and one GEMM per column instead of one per tile, `CholeskyPlan::merge_columns`)
 //!
 //! The panel work (POTRF, TRSM and the look-ahead updates of the next tile column) runs on
 //! half of the device's workers, whose streams have a high priority, the bulk updates on the
@@ -89,6 +90,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tile,
         panel,
         update,
+        merge_columns: args.iter().any(|a| a == "--merge"),
     };
     let chol = plan.build("cholesky", &a, &info)?;
     let [p, t, s, g] = chol.counts;
@@ -198,6 +200,9 @@ fn host_version(n: usize, b: usize) -> Result<(), Box<dyn std::error::Error>> {
                             x[j * m + row] = s / l[j * nk + j];
                         }
                     }
+                }
+                TileOp::TrsmBelow { .. } | TileOp::GemmBelow { .. } => {
+                    unreachable!("the host version's plan keeps one operation per tile")
                 }
                 TileOp::Syrk { j: i, k } | TileOp::Gemm { i, k, .. } => {
                     // A_ij -= A_ik A_jk^T (the host SYRK updates the whole diagonal tile)

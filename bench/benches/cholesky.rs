@@ -8,7 +8,8 @@
 //! read-back of the POTRF infos). The matrix is reloaded from a device copy before every run
 //! (not timed), and every configuration's last result is spot-checked on the device.
 //!
-//! `cargo bench -p boundpool-bench --bench cholesky [-- --n 4096,8192 --tiles 512,1024 --runs 3 --workers 8]`.
+//! `cargo bench -p boundpool-bench --bench cholesky [-- --n 4096,8192 --tiles 512,1024 --runs 3 --workers 8 --merge]`
+//! (`--merge`: every DAG with `CholeskyPlan::merge_columns`, one TRSM and one GEMM per column).
 //! Without a GPU it says why and exits.
 
 use std::sync::Arc;
@@ -127,14 +128,20 @@ fn main() -> Res<()> {
     let tiles = list("--tiles", &[512, 1024, 2048]);
     let runs = list("--runs", &[3]).first().copied().unwrap_or(3).max(1);
     let workers = list("--workers", &[8]).first().copied().unwrap_or(8).max(2);
+    let merge_columns = std::env::args().any(|a| a == "--merge");
     let name = boundpool_gpu::device_info(0)
         .map(|d| d.name)
         .unwrap_or_default();
     println!(
         "tiled Cholesky f64 on {name}: medians of {runs} runs; DAG on {workers} workers \
-         ({} panel at stream priority -5, {} updates, event edges)",
+         ({} panel at stream priority -5, {} updates, event edges){}",
         workers / 2,
-        workers - workers / 2
+        workers - workers / 2,
+        if merge_columns {
+            "; one TRSM and one GEMM per column (--merge)"
+        } else {
+            ""
+        }
     );
     println!(
         "{:>6} {:>5} {:>7} | {:>10} {:>10} {:>10} {:>10} | {:>8} {:>8}",
@@ -193,6 +200,7 @@ fn main() -> Res<()> {
                     tile: b,
                     panel: g[0],
                     update: *g.last().unwrap(),
+                    merge_columns,
                 };
                 let info = Arc::new(s.pool.call(&s.dev, move |ctx| {
                     Ok(ctx.alloc_zeros::<i32>(n.div_ceil(b))?)

@@ -23,6 +23,7 @@ done
 step bench_gpu 90 $B/bench_gpu --runs 3; tail -n 30 $OUT/bench_gpu.log | cut -c1-140
 step chol 120 $B/bench_cholesky --n 4096,8192,16384 --tiles 512,1024,2048 --runs ${CHOL_RUNS:-2}; grep -vE "^\s*$" $OUT/chol.log | tail -n 16 | cut -c1-140
 step chol16k 100 $B/bench_cholesky --n 16384 --tiles 2048,3072,4096 --runs 3; grep -vE "^\s*$" $OUT/chol16k.log | tail -n 8 | cut -c1-140
+step chol16k_merged 100 $B/bench_cholesky --n 16384 --tiles 1024,2048,4096 --runs 3 --merge; grep -vE "^\s*$" $OUT/chol16k_merged.log | tail -n 8 | cut -c1-140
 step chol32k 70 $B/bench_cholesky --n 32768 --tiles 1024,2048 --runs 1; tail -n 5 $OUT/chol32k.log | cut -c1-140
 step replay 70 $B/bench_replay --rounds 5 --per-round 20; tr '\r' '\n' < $OUT/replay.log | grep -v "rounds$" | tail -n 10 | cut -c1-140
 step latency 60 $B/boundpool bench --latency --gpu --json --threads 8 --seconds 2; tail -c 1000 $OUT/latency.log; echo

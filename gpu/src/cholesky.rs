@@ -34,6 +34,12 @@ pub struct CholeskyPlan {
     pub panel: GroupId,
     /// Where the other SYRK and GEMM updates run.
     pub update: GroupId,
+    /// One TRSM for all the tiles below each diagonal tile, and one tall GEMM for all the
+    /// tiles below the diagonal of each column an update reaches ([`TileOp::TrsmBelow`],
+    /// [`TileOp::GemmBelow`]), instead of one call per tile: fewer, larger library calls
+    /// (a column of `t` tiles takes 2 + 2 (t - 1) nodes a step, not about t² / 2), at the
+    /// price of fewer independent nodes. `false` by default ([`new`](Self::new)).
+    pub merge_columns: bool,
 }
 
 /// A factorization graph and its last node, which checks every POTRF's `info`.
@@ -43,7 +49,7 @@ pub struct CholeskyGraph {
     pub graph: GpuGraph,
     /// The node that reads back the POTRF infos after the factorization (the graph's sink).
     pub check: NodeRef<()>,
-    /// Nodes of each kind: POTRF, TRSM, SYRK, GEMM.
+    /// Nodes of each kind: POTRF, TRSM, SYRK, GEMM (a merged TRSM or GEMM counts once).
     pub counts: [usize; 4],
 }
 
@@ -55,6 +61,7 @@ impl CholeskyPlan {
             tile,
             panel: group,
             update: group,
+            merge_columns: false,
         }
     }
 
@@ -74,6 +81,9 @@ impl CholeskyPlan {
     /// writer of every tile it reads or writes. No GPU needed; [`build`](Self::build) makes
     /// one node per operation with these edges.
     pub fn tasks(&self) -> Vec<TileTask> {
+        if self.merge_columns {
+            return self.merged_tasks();
+        }
         let t = self.tiles();
         let mut out: Vec<TileTask> = Vec::with_capacity(t * (t + 1) * (t + 2) / 6);
         // last[i * t + j]: the task that last wrote tile (i, j), i >= j.
@@ -129,6 +139,59 @@ impl CholeskyPlan {
                         (i, j),
                         panel,
                     );
+                }
+            }
+        }
+        out
+    }
+
+    /// [`tasks`](Self::tasks) with [`merge_columns`](Self::merge_columns): per step `k`, POTRF,
+    /// one TRSM below it, and for each later column `j` a SYRK of its diagonal tile and one GEMM
+    /// of the tiles below it.
+    fn merged_tasks(&self) -> Vec<TileTask> {
+        let t = self.tiles();
+        let mut out: Vec<TileTask> = Vec::with_capacity(t * t + t);
+        // The last writers of diagonal tile j, and of the tiles below it in column j.
+        let mut diag: Vec<Option<usize>> = vec![None; t];
+        let mut below: Vec<Option<usize>> = vec![None; t];
+        for k in 0..t {
+            let deps = diag[k].into_iter().collect();
+            out.push(TileTask {
+                op: TileOp::Potrf { k },
+                deps,
+                panel: true,
+            });
+            let potrf = out.len() - 1;
+            diag[k] = Some(potrf);
+            if k + 1 == t {
+                break;
+            }
+            let deps = std::iter::once(potrf).chain(below[k]).collect();
+            out.push(TileTask {
+                op: TileOp::TrsmBelow { k },
+                deps,
+                panel: true,
+            });
+            let trsm = out.len() - 1;
+            below[k] = Some(trsm);
+            for j in k + 1..t {
+                // The updates of column k + 1 are on the critical path: with the panel.
+                let panel = j == k + 1;
+                let deps = std::iter::once(trsm).chain(diag[j]).collect();
+                out.push(TileTask {
+                    op: TileOp::Syrk { j, k },
+                    deps,
+                    panel,
+                });
+                diag[j] = Some(out.len() - 1);
+                if j + 1 < t {
+                    let deps = std::iter::once(trsm).chain(below[j]).collect();
+                    out.push(TileTask {
+                        op: TileOp::GemmBelow { j, k },
+                        deps,
+                        panel,
+                    });
+                    below[j] = Some(out.len() - 1);
                 }
             }
         }
@@ -215,6 +278,60 @@ impl CholeskyPlan {
                                 tile_ptr(k, k),
                                 n,
                                 tile_ptr(i, k),
+                                n,
+                            )?
+                        };
+                        Ok(())
+                    })
+                }
+                TileOp::TrsmBelow { k } => {
+                    counts[1] += 1;
+                    let (rows, nk) = (n - (k + 1) * b, size(k));
+                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
+                        let _alive = &keep;
+                        // SAFETY: tile (k, k) and the `rows` × `nk` block below it (rows
+                        // (k + 1) b .. n of tile column k) lie inside `a`, alive (see above).
+                        // A_(k+1..,k) := A_(k+1..,k) L_kk^-T.
+                        unsafe {
+                            ctx.blas()?.dtrsm(
+                                Side::Right,
+                                Uplo::Lower,
+                                Trans::T,
+                                Diag::NonUnit,
+                                rows,
+                                nk,
+                                1.0,
+                                tile_ptr(k, k),
+                                n,
+                                tile_ptr(k + 1, k),
+                                n,
+                            )?
+                        };
+                        Ok(())
+                    })
+                }
+                TileOp::GemmBelow { j, k } => {
+                    counts[3] += 1;
+                    let (rows, nj, nk) = (n - (j + 1) * b, size(j), size(k));
+                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
+                        let _alive = &keep;
+                        // SAFETY: the `rows`-row blocks below tile row j of tile columns k and
+                        // j, and tile (j, k), lie inside `a`, alive (see above).
+                        // A_(j+1..,j) -= A_(j+1..,k) A_jk^T.
+                        unsafe {
+                            ctx.blas()?.dgemm(
+                                Trans::No,
+                                Trans::T,
+                                rows,
+                                nj,
+                                nk,
+                                -1.0,
+                                tile_ptr(j + 1, k),
+                                n,
+                                tile_ptr(j, k),
+                                n,
+                                1.0,
+                                tile_ptr(j + 1, j),
                                 n,
                             )?
                         };
@@ -344,12 +461,29 @@ pub enum TileOp {
         /// The panel column read.
         k: usize,
     },
+    /// `A_ik := A_ik L_kk^-T` for every tile row `i > k` at once (one cuBLAS `trsm`; with
+    /// [`CholeskyPlan::merge_columns`]).
+    TrsmBelow {
+        /// Tile column (the panel).
+        k: usize,
+    },
+    /// `A_ij -= A_ik A_jk^T` for every tile row `i > j` at once (one cuBLAS `gemm`; with
+    /// [`CholeskyPlan::merge_columns`]).
+    GemmBelow {
+        /// Tile column updated.
+        j: usize,
+        /// The panel column read.
+        k: usize,
+    },
 }
 
 impl TileOp {
-    /// The node name: `potrf(k)`, `trsm(i,k)`, `syrk(j,k)`, `gemm(i,j,k)`.
+    /// The node name: `potrf(k)`, `trsm(i,k)`, `syrk(j,k)`, `gemm(i,j,k)`, and for the merged
+    /// operations `trsm(k+1..,k)`, `gemm(j+1..,j,k)`.
     pub fn name(&self) -> String {
         match *self {
+            TileOp::TrsmBelow { k } => format!("trsm({}..,{k})", k + 1),
+            TileOp::GemmBelow { j, k } => format!("gemm({}..,{j},{k})", j + 1),
             TileOp::Potrf { k } => format!("potrf({k})"),
             TileOp::Trsm { i, k } => format!("trsm({i},{k})"),
             TileOp::Syrk { j, k } => format!("syrk({j},{k})"),
@@ -514,13 +648,20 @@ mod tests {
     use super::*;
     use boundpool_scheduler::backend::FromIndex;
 
-    /// Tiles (row, column) an operation reads and the one it writes.
-    fn touches(op: TileOp) -> (Vec<(usize, usize)>, (usize, usize)) {
+    /// Tiles (row, column) an operation reads and those it writes, in a matrix of `t` tiles.
+    type Tiles = Vec<(usize, usize)>;
+
+    fn touches(op: TileOp, t: usize) -> (Tiles, Tiles) {
         match op {
-            TileOp::Potrf { k } => (vec![], (k, k)),
-            TileOp::Trsm { i, k } => (vec![(k, k)], (i, k)),
-            TileOp::Syrk { j, k } => (vec![(j, k)], (j, j)),
-            TileOp::Gemm { i, j, k } => (vec![(i, k), (j, k)], (i, j)),
+            TileOp::Potrf { k } => (vec![], vec![(k, k)]),
+            TileOp::Trsm { i, k } => (vec![(k, k)], vec![(i, k)]),
+            TileOp::Syrk { j, k } => (vec![(j, k)], vec![(j, j)]),
+            TileOp::Gemm { i, j, k } => (vec![(i, k), (j, k)], vec![(i, j)]),
+            TileOp::TrsmBelow { k } => (vec![(k, k)], (k + 1..t).map(|i| (i, k)).collect()),
+            TileOp::GemmBelow { j, k } => (
+                (j..t).map(|i| (i, k)).collect(),
+                (j + 1..t).map(|i| (i, j)).collect(),
+            ),
         }
     }
 
@@ -560,6 +701,16 @@ mod tests {
                 }
             }
             TileOp::Syrk { j, k } => run_op(a, n, b, TileOp::Gemm { i: j, j, k }),
+            TileOp::TrsmBelow { k } => {
+                for i in k + 1..n.div_ceil(b) {
+                    run_op(a, n, b, TileOp::Trsm { i, k });
+                }
+            }
+            TileOp::GemmBelow { j, k } => {
+                for i in j + 1..n.div_ceil(b) {
+                    run_op(a, n, b, TileOp::Gemm { i, j, k });
+                }
+            }
             TileOp::Gemm { i, j, k } => {
                 let (ro, cj, ck) = (i * b, j * b, k * b);
                 for c in 0..size(j) {
@@ -572,6 +723,34 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn merged_tasks_have_the_expected_counts_and_order() {
+        for (n, b) in [(64, 64), (200, 48), (512, 64)] {
+            let plan = CholeskyPlan {
+                merge_columns: true,
+                ..CholeskyPlan::new(n, b, GroupId::from_index(0))
+            };
+            let t = plan.tiles();
+            let tasks = plan.tasks();
+            let count = |f: fn(&TileOp) -> bool| tasks.iter().filter(|x| f(&x.op)).count();
+            assert_eq!(count(|o| matches!(o, TileOp::Potrf { .. })), t);
+            assert_eq!(count(|o| matches!(o, TileOp::TrsmBelow { .. })), t - 1);
+            assert_eq!(count(|o| matches!(o, TileOp::Syrk { .. })), t * (t - 1) / 2);
+            assert_eq!(
+                count(|o| matches!(o, TileOp::GemmBelow { .. })),
+                (t - 1) * (t.max(2) - 2) / 2
+            );
+            assert_eq!(
+                count(|o| matches!(o, TileOp::Trsm { .. } | TileOp::Gemm { .. })),
+                0
+            );
+            for (x, task) in tasks.iter().enumerate() {
+                assert!(task.deps.iter().all(|&d| d < x), "{:?}", task.op);
+            }
+            assert_eq!(tasks.last().unwrap().op, TileOp::Potrf { k: t - 1 });
         }
     }
 
@@ -601,8 +780,16 @@ mod tests {
     /// of the last POTRF (the graph's single sink before the info check).
     #[test]
     fn tasks_order_every_conflicting_pair() {
-        let plan = CholeskyPlan::new(7 * 32 + 5, 32, GroupId::from_index(0));
-        let tasks = plan.tasks();
+        for merge_columns in [false, true] {
+            let plan = CholeskyPlan {
+                merge_columns,
+                ..CholeskyPlan::new(7 * 32 + 5, 32, GroupId::from_index(0))
+            };
+            order_every_conflicting_pair(&plan.tasks(), plan.tiles());
+        }
+    }
+
+    fn order_every_conflicting_pair(tasks: &[TileTask], t: usize) {
         let m = tasks.len();
         let mut anc: Vec<Vec<bool>> = vec![vec![false; m]; m];
         for x in 0..m {
@@ -617,10 +804,12 @@ mod tests {
             }
         }
         for x in 0..m {
-            let (rx, wx) = touches(tasks[x].op);
+            let (rx, wx) = touches(tasks[x].op, t);
             for y in 0..x {
-                let (ry, wy) = touches(tasks[y].op);
-                let conflict = wx == wy || rx.contains(&wy) || ry.contains(&wx);
+                let (ry, wy) = touches(tasks[y].op, t);
+                let meets =
+                    |a: &[(usize, usize)], b: &[(usize, usize)]| a.iter().any(|p| b.contains(p));
+                let conflict = meets(&wx, &wy) || meets(&rx, &wy) || meets(&ry, &wx);
                 if conflict {
                     assert!(
                         anc[x][y],
@@ -637,9 +826,19 @@ mod tests {
 
     #[test]
     fn tasks_in_order_factor_the_matrix() {
+        for merge_columns in [false, true] {
+            factor_in_order(merge_columns);
+        }
+    }
+
+    fn factor_in_order(merge_columns: bool) {
         let (n, b) = (200, 48);
         let mut a = spd_matrix(n);
-        for task in CholeskyPlan::new(n, b, GroupId::from_index(0)).tasks() {
+        let plan = CholeskyPlan {
+            merge_columns,
+            ..CholeskyPlan::new(n, b, GroupId::from_index(0))
+        };
+        for task in plan.tasks() {
             run_op(&mut a, n, b, task.op);
         }
         let (mut num, mut den) = (0.0f64, 0.0f64);
@@ -655,7 +854,7 @@ mod tests {
             }
         }
         let r = (num / den).sqrt();
-        assert!(r <= 1e-12, "residual {r:e}");
+        assert!(r <= 1e-12, "residual {r:e} (merge_columns {merge_columns})");
         // The upper triangle is not touched.
         assert_eq!(a[5 * n + 1], spd_entry(n, 1, 5));
     }

@@ -339,7 +339,9 @@ fn small_tiled_cholesky_verifies() {
     let _w = watchdog("small_tiled_cholesky", 180);
     // 1000 = 7 tiles of 128 and one of 104: the ragged edge is covered too.
     let n = 1000;
-    for (groups, handoff) in [(2, false), (1, true)] {
+    // The last: one TRSM and one GEMM per column (`merge_columns`), ragged edge included.
+    for (groups, handoff, merge_columns) in [(2, false, false), (1, true, false), (2, false, true)]
+    {
         let pool = GpuPoolBuilder::new()
             .devices(Devices::List(vec![0]))
             .workers_per_device(4)
@@ -361,12 +363,18 @@ fn small_tiled_cholesky_verifies() {
             tile: 128,
             panel: dev.groups()[0],
             update: *dev.groups().last().unwrap(),
+            merge_columns,
         };
         let chol = plan.build("small", &a, &info).unwrap();
-        assert_eq!(chol.counts, [8, 28, 28, 56]);
+        let counts = if merge_columns {
+            [8, 7, 28, 21]
+        } else {
+            [8, 28, 28, 56]
+        };
+        assert_eq!(chol.counts, counts);
         pool.submit(&chol.graph).unwrap().wait().unwrap();
         let r = residual_on_device(&pool, &dev, &a0, &a, n).unwrap();
-        eprintln!("groups {groups}, hand-off {handoff}: residual {r:.3e}");
+        eprintln!("groups {groups}, hand-off {handoff}, merged {merge_columns}: residual {r:.3e}");
         assert!(r <= 1e-12, "residual {r:e}");
         // A spot value of L: L_00 = sqrt(A_00).
         let l = pool.download(&a).unwrap();
