@@ -32,5 +32,5 @@ done < "$exes"
 rm -f "$exes"
 strip "$out"/b/*
 (cd "$out" && tar cJf b.tar.xz b && rm -rf b)
-cp bench/device/tests_and_benches.sh bench/device/soak_and_sanitizers.sh bench/device/soak_collect.sh bench/device/recheck.sh "$out/"
+cp bench/device/*.sh "$out/"
 ls -la "$out"; tar tJf "$out/b.tar.xz" | tr '\n' ' '; echo

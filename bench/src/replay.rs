@@ -169,6 +169,16 @@ pub struct ReplayRow {
     pub instantiate_us_per_node: f64,
     /// The raw graph's instantiation, microseconds per node.
     pub raw_instantiate_us_per_node: f64,
+    /// The same graph captured from a stream on one bound thread as a replay segment is
+    /// ([`baselines::captured_graph`]), launched + stream synchronise, microseconds per run.
+    pub captured_us: f64,
+    /// The same, each launch waited for by polling an event (as a worker waits).
+    pub captured_polled_us: f64,
+    /// That captured graph's instantiation, microseconds per node.
+    pub captured_instantiate_us_per_node: f64,
+    /// What the capture and the node-by-node build record for the first nodes (types,
+    /// parameters, non-zero launch attributes), and the captured graph's node and edge counts.
+    pub captured_notes: Vec<String>,
 }
 
 impl ReplayRow {
@@ -192,7 +202,7 @@ impl ReplayRow {
     /// One JSON object.
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"shape\":\"{}\",\"nodes\":{},\"edges\":{},\"eager_us\":{:.3},\"replay_us\":{:.3},\"raw_us\":{:.3},\"replay_vs_raw\":{:.4},\"replay_speedup\":{:.3},\"replay_nodes_per_s\":{:.0},\"replay_us_per_edge\":{:.4},\"segments\":{},\"capture_us_per_node\":{:.4},\"instantiate_us_per_node\":{:.4},\"raw_instantiate_us_per_node\":{:.4}}}",
+            "{{\"shape\":\"{}\",\"nodes\":{},\"edges\":{},\"eager_us\":{:.3},\"replay_us\":{:.3},\"raw_us\":{:.3},\"replay_vs_raw\":{:.4},\"replay_speedup\":{:.3},\"replay_nodes_per_s\":{:.0},\"replay_us_per_edge\":{:.4},\"segments\":{},\"capture_us_per_node\":{:.4},\"instantiate_us_per_node\":{:.4},\"raw_instantiate_us_per_node\":{:.4},\"captured_us\":{:.3},\"captured_polled_us\":{:.3},\"captured_instantiate_us_per_node\":{:.4}}}",
             self.shape,
             self.nodes,
             self.edges,
@@ -206,7 +216,10 @@ impl ReplayRow {
             self.segments,
             self.capture_us_per_node,
             self.instantiate_us_per_node,
-            self.raw_instantiate_us_per_node
+            self.raw_instantiate_us_per_node,
+            self.captured_us,
+            self.captured_polled_us,
+            self.captured_instantiate_us_per_node
         )
     }
 }
@@ -284,6 +297,7 @@ pub fn bench(
         replay.run(&pool)?;
         let s = replay.stats();
         let (mut e_t, mut r_t, mut raw_t, mut raw_inst) = (vec![], vec![], vec![], vec![]);
+        let (mut c_t, mut cp_t, mut c_inst, mut notes) = (vec![], vec![], vec![], vec![]);
         // Warm-up of the eager path.
         for _ in 0..3 {
             pool.submit(&eager)?.wait()?;
@@ -302,6 +316,24 @@ pub fn bench(
             let raw = baselines::raw_graph(dev.ordinal(), &preds, cfg.per_round)?;
             raw_t.extend(raw.runs.iter().map(|&d| us(d)));
             raw_inst.push(us(raw.instantiate) / raw.nodes.max(1) as f64);
+            let cap = baselines::captured_graph(dev.ordinal(), &preds, cfg.per_round)?;
+            c_t.extend(cap.runs.iter().map(|&d| us(d)));
+            cp_t.extend(cap.polled_runs.iter().map(|&d| us(d)));
+            c_inst.push(us(cap.instantiate) / cap.nodes.max(1) as f64);
+            if notes.is_empty() {
+                notes.push(format!(
+                    "captured graph: {} nodes, {} edges{}",
+                    cap.nodes,
+                    cap.edges,
+                    if cap.stand_in_root {
+                        " (empty dependency set refused: stand-in root, removed)"
+                    } else {
+                        ""
+                    }
+                ));
+                notes.extend(cap.first_nodes.iter().map(|l| format!("captured: {l}")));
+                notes.extend(cap.raw_first_nodes.iter().map(|l| format!("built:    {l}")));
+            }
             done += 1;
             progress(done, total);
         }
@@ -316,6 +348,10 @@ pub fn bench(
             capture_us_per_node: us(s.capture_time) / preds.len().max(1) as f64,
             instantiate_us_per_node: us(s.instantiate_time) / preds.len().max(1) as f64,
             raw_instantiate_us_per_node: median(raw_inst),
+            captured_us: median(c_t),
+            captured_polled_us: median(cp_t),
+            captured_instantiate_us_per_node: median(c_inst),
+            captured_notes: notes,
         });
     }
     let upd = update_row(&pool, &dev, cfg.nodes, cfg.rounds, |_| {
@@ -450,5 +486,14 @@ pub fn table(rows: &[ReplayRow], upd: &UpdateRow) -> String {
         }
     }
     s.push_str("replay vs raw CUDA graph: target >= 0.9x on every shape\n");
+    for r in rows {
+        s.push_str(&format!(
+            "{}: the graph captured on one thread as a segment is: {:.1} us a run (synchronise), {:.1} us (event polled), instantiate {:.3} us/node\n",
+            r.shape, r.captured_us, r.captured_polled_us, r.captured_instantiate_us_per_node
+        ));
+        for n in &r.captured_notes {
+            s.push_str(&format!("  {n}\n"));
+        }
+    }
     s
 }

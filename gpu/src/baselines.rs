@@ -606,3 +606,186 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<Raw
     drop(raw);
     r
 }
+
+/// What [`captured_graph`] measured, for telling apart what a replayed graph costs from what
+/// the scheduler around it costs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CapturedGraph {
+    /// Nodes and edges of the captured graph (after the stand-in root, if any, is removed).
+    pub nodes: usize,
+    /// Edges of the captured graph.
+    pub edges: usize,
+    /// Whether the driver refused an empty dependency set (a stand-in root was used).
+    pub stand_in_root: bool,
+    /// The capture, node by node.
+    pub capture: Duration,
+    /// `cuGraphInstantiateWithFlags` of the captured graph.
+    pub instantiate: Duration,
+    /// Each timed run: one launch and a stream synchronise.
+    pub runs: Vec<Duration>,
+    /// Each timed run: one launch, an event recorded after it and polled with `cuEventQuery`
+    /// until complete (how a worker waits for a segment).
+    pub polled_runs: Vec<Duration>,
+    /// The first captured nodes, described (type, parameters, non-zero launch attributes).
+    pub first_nodes: Vec<String>,
+    /// The same for the graph [`raw_graph`] builds node by node.
+    pub raw_first_nodes: Vec<String>,
+}
+
+/// The graph of [`raw_graph`], but captured from a stream the way a replay segment is
+/// (thread-local mode, each node's dependencies set with `cuStreamUpdateCaptureDependencies`,
+/// the empty kernel launched with `cuLaunchKernel`), then instantiated and launched like the
+/// raw one; and the first nodes of both graphs described, to compare what the capture records.
+pub fn captured_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<CapturedGraph> {
+    for (i, ps) in preds.iter().enumerate() {
+        if ps.iter().any(|&p| p as usize >= i) {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!("captured_graph: node {i} has a predecessor not below it"),
+            ));
+        }
+    }
+    let raw = Raw::open(ordinal)?;
+    let (ctx, f) = (raw.ctx, raw.empty);
+    let r = on_bound(ctx, || {
+        let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+        let s = owned.view();
+        // The node-by-node graph, for the description only.
+        let mut rg = drv("cuGraphCreate", driver::graph_create(ctx))?;
+        let mut built: Vec<driver::GraphNode> = Vec::new();
+        for ps in preds.iter().take(4) {
+            let deps: Vec<driver::GraphNode> = ps.iter().map(|&p| built[p as usize]).collect();
+            built.push(drv(
+                "cuGraphAddKernelNode",
+                driver::graph_add_empty_kernel(ctx, &mut rg, &deps, f),
+            )?);
+        }
+        let raw_first_nodes = drv("cuGraphGetNodes", driver::graph_describe(ctx, &rg, 4));
+        let _ = rg.destroy(ctx);
+        let raw_first_nodes = raw_first_nodes?;
+
+        let cap_owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+        let cs = cap_owned.view();
+        let t0 = Instant::now();
+        drv(
+            "cuStreamBeginCapture",
+            driver::stream_begin_capture(ctx, cs),
+        )?;
+        let mut tails: Vec<Vec<driver::GraphNode>> = vec![Vec::new(); preds.len()];
+        let mut root: Option<driver::GraphNode> = None;
+        let mut failed = None;
+        for (i, ps) in preds.iter().enumerate() {
+            let mut deps: Vec<driver::GraphNode> = Vec::new();
+            for &p in ps {
+                for d in &tails[p as usize] {
+                    if !deps.contains(d) {
+                        deps.push(*d);
+                    }
+                }
+            }
+            if let (true, Some(r)) = (deps.is_empty(), root) {
+                deps.push(r);
+            }
+            let set = match driver::capture_set_dependencies(ctx, cs, &deps) {
+                Err(_) if deps.is_empty() => driver::capture_add_root(ctx, cs).and_then(|r| {
+                    root = Some(r);
+                    driver::capture_set_dependencies(ctx, cs, &[r])
+                }),
+                other => other,
+            };
+            let r = set
+                .map_err(|e| GpuError::driver("cuStreamUpdateCaptureDependencies", "baseline", e))
+                .and_then(|()| launch_empty(ctx, f, cs))
+                .and_then(|()| {
+                    drv(
+                        "cuStreamGetCaptureInfo",
+                        driver::capture_dependencies(ctx, cs),
+                    )
+                });
+            match r {
+                Ok(t) => tails[i] = t,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let g = driver::stream_end_capture(ctx, cs);
+        let _ = cap_owned.destroy(ctx);
+        let mut g = match (g, failed) {
+            (Ok(Some(g)), None) => g,
+            (Ok(Some(g)), Some(e)) => {
+                let _ = g.destroy(ctx);
+                return Err(e);
+            }
+            (_, Some(e)) => return Err(e),
+            (Ok(None), None) => {
+                return Err(GpuError::new(GpuErrorKind::Driver, "capture made no graph"))
+            }
+            (Err(e), None) => return Err(GpuError::driver("cuStreamEndCapture", "baseline", e)),
+        };
+        if let Some(r) = root {
+            drv(
+                "cuGraphDestroyNode",
+                driver::graph_remove_node(ctx, &mut g, r),
+            )?;
+        }
+        let capture = t0.elapsed();
+        let nodes = drv("cuGraphGetNodes", driver::graph_node_count(ctx, &g))?;
+        let edges = drv("cuGraphGetEdges", driver::graph_edge_count(ctx, &g))?;
+        let first_nodes = drv("cuGraphGetNodes", driver::graph_describe(ctx, &g, 4))?;
+        let t1 = Instant::now();
+        let exec = drv(
+            "cuGraphInstantiateWithFlags",
+            driver::graph_instantiate(ctx, &g),
+        );
+        let instantiate = t1.elapsed();
+        let _ = g.destroy(ctx);
+        let exec = exec?;
+        let ev = drv("cuEventCreate", driver::event_create(ctx))?;
+        let (mut timed, mut polled) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+        let mut res = Ok(());
+        for i in 0..runs + 3 {
+            let t = Instant::now();
+            let r = drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s))
+                .and_then(|()| drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s)));
+            let d = t.elapsed();
+            let t = Instant::now();
+            let r = r
+                .and_then(|()| drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s)))
+                .and_then(|()| drv("cuEventRecord", driver::event_record(ctx, &ev, s)))
+                .and_then(|()| loop {
+                    match driver::event_query(ctx, &ev) {
+                        Ok(true) => break Ok(()),
+                        Ok(false) => std::hint::spin_loop(),
+                        Err(e) => break Err(GpuError::driver("cuEventQuery", "baseline", e)),
+                    }
+                });
+            let p = t.elapsed();
+            if let Err(e) = r {
+                res = Err(e);
+                break;
+            }
+            if i >= 3 {
+                timed.push(d);
+                polled.push(p);
+            }
+        }
+        let _ = ev.destroy(ctx);
+        let _ = exec.destroy(ctx);
+        let _ = owned.destroy(ctx);
+        res.map(|()| CapturedGraph {
+            nodes,
+            edges,
+            stand_in_root: root.is_some(),
+            capture,
+            instantiate,
+            runs: timed,
+            polled_runs: polled,
+            first_nodes,
+            raw_first_nodes,
+        })
+    });
+    drop(raw);
+    r
+}

@@ -975,6 +975,89 @@ pub(crate) fn graph_add_empty_kernel(
     Ok(GraphNode(node))
 }
 
+/// One line for each of the first `max` nodes of `g`: its type and, for a kernel node, its
+/// function, grid, block, shared memory and every launch attribute the driver reports with a
+/// non-zero value (for comparing a captured graph with one built node by node).
+#[cfg(feature = "bench-internals")]
+pub(crate) fn graph_describe(expect: Ctx, g: &CudaGraph, max: usize) -> DResult<Vec<String>> {
+    use sys::CUlaunchAttributeID_enum as A;
+    check(expect, "cuGraphGetNodes");
+    let mut n: usize = 0;
+    // SAFETY: with a null node array the driver only writes the count.
+    unsafe { sys::cuGraphGetNodes(g.0, std::ptr::null_mut(), &mut n).result()? };
+    let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // SAFETY: `nodes` has room for `n` handles; the driver writes at most `n`.
+    unsafe { sys::cuGraphGetNodes(g.0, nodes.as_mut_ptr(), &mut n).result()? };
+    let attrs = [
+        A::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW,
+        A::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+        A::CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY,
+        A::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        A::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+        A::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        A::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
+        A::CU_LAUNCH_ATTRIBUTE_PRIORITY,
+        A::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP,
+        A::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN,
+        A::CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION,
+        A::CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT,
+        A::CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE,
+        A::CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+    ];
+    let mut out = Vec::new();
+    for &node in nodes.iter().take(max) {
+        let mut t = MaybeUninit::<sys::CUgraphNodeType>::uninit();
+        // SAFETY: `node` is a node of `g`; writes one type.
+        let t = unsafe {
+            sys::cuGraphNodeGetType(node, t.as_mut_ptr()).result()?;
+            t.assume_init()
+        };
+        let mut line = format!("{t:?}");
+        if t == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+            let mut p = MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
+            // SAFETY: `node` is a kernel node of `g`; writes one parameter block.
+            let p = unsafe {
+                sys::cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr()).result()?;
+                p.assume_init()
+            };
+            line += &format!(
+                " func={:?} kern={:?} ctx={:?} grid={}x{}x{} block={}x{}x{} smem={}",
+                p.func,
+                p.kern,
+                p.ctx,
+                p.gridDimX,
+                p.gridDimY,
+                p.gridDimZ,
+                p.blockDimX,
+                p.blockDimY,
+                p.blockDimZ,
+                p.sharedMemBytes
+            );
+            for a in attrs {
+                let mut v = MaybeUninit::<sys::CUkernelNodeAttrValue>::zeroed();
+                // SAFETY: writes one attribute value (a 64-byte union) for a kernel node.
+                let r = unsafe { sys::cuGraphKernelNodeGetAttribute(node, a, v.as_mut_ptr()) };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    line += &format!(" {a:?}=err{}", r as i32);
+                    continue;
+                }
+                // SAFETY: zeroed, then written by the driver: every byte is initialised, and
+                // `pad` covers the whole union.
+                let bytes = unsafe { v.assume_init().pad };
+                if bytes.iter().any(|&b| b != 0) {
+                    let hex: String = bytes[..16]
+                        .iter()
+                        .map(|b| format!("{:02x}", *b as u8))
+                        .collect();
+                    line += &format!(" {a:?}={hex}");
+                }
+            }
+        }
+        out.push(line);
+    }
+    Ok(out)
+}
+
 /// Instantiates `g` (which stays the caller's: it may be destroyed at once).
 pub(crate) fn graph_instantiate(expect: Ctx, g: &CudaGraph) -> DResult<GraphExec> {
     check(expect, "cuGraphInstantiateWithFlags");
