@@ -5,7 +5,7 @@
 //! `boundpool_bench::replay`.
 //!
 //! `cargo bench -p boundpool-bench --bench replay [-- --rounds N --per-round N --nodes N
-//! --workers N --json]`. Without a GPU it says why and exits (status 1 with
+//! --workers N --widths 1,4 --json]`. Without a GPU it says why and exits (status 1 with
 //! `BOUNDPOOL_REQUIRE_GPU=1`).
 
 use boundpool_bench::replay::{bench, table, GpuShape, ReplayBenchConfig};
@@ -46,6 +46,15 @@ fn main() {
             (GpuShape::Builtin(Shape::Chain), n),
             (GpuShape::Builtin(Shape::Wavefront), side * side),
         ];
+    }
+    // `--widths 1,4`: more rows of the independent shape, replayed with `max_width(w)`.
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(v) = args
+        .iter()
+        .position(|a| a == "--widths")
+        .and_then(|i| args.get(i + 1))
+    {
+        cfg.widths = v.split(',').filter_map(|w| w.trim().parse().ok()).collect();
     }
     match bench(&cfg, |done, total| {
         if !json {

@@ -140,6 +140,10 @@ struct RunArgs {
     /// replayed after).
     #[arg(long, requires = "gpu")]
     replay: bool,
+    /// With --replay: capture each segment with at most this many branches (lane edges added,
+    /// `ReplayBuilder::max_width`): launch-bound graphs of short kernels replay faster.
+    #[arg(long, requires = "replay", value_parser = clap::value_parser!(u64).range(1..))]
+    max_width: Option<u64>,
 }
 
 #[derive(Args, Debug)]

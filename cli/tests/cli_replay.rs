@@ -48,8 +48,32 @@ fn without_a_gpu_run_and_bench_exit_2() {
         );
         assert_eq!(text(&o.stdout), "", "{args:?}");
     }
-    // --replay needs --gpu.
+    // --replay needs --gpu, --max-width needs --replay and at least 1.
     let o = run(&["run", "--replay", "--shape", "chain", "--size", "10"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = run(&[
+        "run",
+        "--gpu",
+        "--shape",
+        "wide",
+        "--size",
+        "10",
+        "--max-width",
+        "4",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("--replay"), "{}", text(&o.stderr));
+    let o = run(&[
+        "run",
+        "--gpu",
+        "--replay",
+        "--shape",
+        "wide",
+        "--size",
+        "10",
+        "--max-width",
+        "0",
+    ]);
     assert_eq!(o.status.code(), Some(2));
 }
 

@@ -636,7 +636,15 @@ pub struct CapturedGraph {
 /// (thread-local mode, each node's dependencies set with `cuStreamUpdateCaptureDependencies`,
 /// the empty kernel launched with `cuLaunchKernel`), then instantiated and launched like the
 /// raw one; and the first nodes of both graphs described, to compare what the capture records.
-pub fn captured_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<CapturedGraph> {
+/// `read_back_all`: each node's tail is read back (`cuStreamGetCaptureInfo`) after it, needed
+/// or not; otherwise only where a later node depends on it, and the dependencies are set only
+/// when they differ from the capture's current ones.
+pub fn captured_graph(
+    ordinal: i32,
+    preds: &[Vec<u32>],
+    runs: usize,
+    read_back_all: bool,
+) -> GpuResult<CapturedGraph> {
     for (i, ps) in preds.iter().enumerate() {
         if ps.iter().any(|&p| p as usize >= i) {
             return Err(GpuError::new(
@@ -672,6 +680,13 @@ pub fn captured_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResul
             driver::stream_begin_capture(ctx, cs),
         )?;
         let mut tails: Vec<Vec<driver::GraphNode>> = vec![Vec::new(); preds.len()];
+        let mut needed = vec![read_back_all; preds.len()];
+        for ps in preds {
+            for &p in ps {
+                needed[p as usize] = true;
+            }
+        }
+        let mut current: Option<Vec<driver::GraphNode>> = Some(Vec::new());
         let mut root: Option<driver::GraphNode> = None;
         let mut failed = None;
         for (i, ps) in preds.iter().enumerate() {
@@ -686,24 +701,36 @@ pub fn captured_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResul
             if let (true, Some(r)) = (deps.is_empty(), root) {
                 deps.push(r);
             }
-            let set = match driver::capture_set_dependencies(ctx, cs, &deps) {
-                Err(_) if deps.is_empty() => driver::capture_add_root(ctx, cs).and_then(|r| {
-                    root = Some(r);
-                    driver::capture_set_dependencies(ctx, cs, &[r])
-                }),
-                other => other,
+            let set = if !read_back_all && current.as_ref() == Some(&deps) {
+                Ok(())
+            } else {
+                match driver::capture_set_dependencies(ctx, cs, &deps) {
+                    Err(_) if deps.is_empty() => driver::capture_add_root(ctx, cs).and_then(|r| {
+                        root = Some(r);
+                        driver::capture_set_dependencies(ctx, cs, &[r])
+                    }),
+                    other => other,
+                }
             };
             let r = set
                 .map_err(|e| GpuError::driver("cuStreamUpdateCaptureDependencies", "baseline", e))
                 .and_then(|()| launch_empty(ctx, f, cs))
                 .and_then(|()| {
-                    drv(
-                        "cuStreamGetCaptureInfo",
-                        driver::capture_dependencies(ctx, cs),
-                    )
+                    if needed[i] {
+                        drv(
+                            "cuStreamGetCaptureInfo",
+                            driver::capture_dependencies(ctx, cs),
+                        )
+                        .map(Some)
+                    } else {
+                        Ok(None)
+                    }
                 });
             match r {
-                Ok(t) => tails[i] = t,
+                Ok(t) => {
+                    current = t.clone();
+                    tails[i] = t.unwrap_or_default();
+                }
                 Err(e) => {
                     failed = Some(e);
                     break;

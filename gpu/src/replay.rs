@@ -125,6 +125,10 @@ struct Desc {
     seg_of: Vec<Option<u32>>,
     /// Each segment's members, in a topological order.
     segments: Vec<Vec<u32>>,
+    /// With [`ReplayBuilder::max_width`]: the member of its segment each captured node is
+    /// also made to follow (the previous node of its lane), where its own predecessors do not
+    /// already order it.
+    after: Vec<Option<u32>>,
 }
 
 impl Desc {
@@ -143,6 +147,7 @@ pub struct ReplayBuilder {
     edges: Vec<(u32, u32)>,
     bad: Option<String>,
     instances: usize,
+    max_width: Option<usize>,
 }
 
 impl fmt::Debug for ReplayBuilder {
@@ -175,6 +180,7 @@ impl ReplayBuilder {
             edges: Vec::new(),
             bad: None,
             instances: 1,
+            max_width: None,
         }
     }
 
@@ -183,6 +189,24 @@ impl ReplayBuilder {
     /// runs of the graph queue, and GPU outputs are the same buffers for every run.
     pub fn instances(&mut self, n: usize) -> &mut Self {
         self.instances = n.max(1);
+        self
+    }
+
+    /// Captures each segment with at most `w` branches (`w` >= 1): captured nodes are spread
+    /// over `w` lanes in a topological order, each node placed on the lane of one of its
+    /// predecessors when that predecessor is the lane's last node, else on the lane used least
+    /// recently, after that lane's last node. The CUDA graph then has the DAG's edges plus
+    /// those lane edges, so no more than `w` of its nodes can run at once.
+    ///
+    /// Default: no limit, the CUDA graph has exactly the DAG's edges. A limit pays where nodes
+    /// are short launches that do not fill the GPU: the driver launches a chain of kernel nodes
+    /// faster than as many independent ones (1,000 empty kernels on an H200: 0.68 µs a node as
+    /// a chain, 0.83 µs independent), and one stream's capture in PyTorch is a chain anyway.
+    /// Never use it where nodes of one segment wait on each other through memory (a kernel
+    /// spinning on a flag another independent node sets): a lane edge could order the waiter
+    /// first.
+    pub fn max_width(&mut self, w: usize) -> &mut Self {
+        self.max_width = Some(w.max(1));
         self
     }
 
@@ -295,6 +319,10 @@ impl ReplayBuilder {
             })
             .collect();
         let (seg_of, segments) = plan_segments(&devices, &preds, &order);
+        let after = match self.max_width {
+            Some(w) => plan_lanes(&segments, &seg_of, &preds, w),
+            None => vec![None; n],
+        };
         let desc = Arc::new(Desc {
             name: self.name,
             names: self.names,
@@ -303,6 +331,7 @@ impl ReplayBuilder {
             preds,
             seg_of,
             segments,
+            after,
         });
         let (eager, eager_refs) = build_eager(&desc)?;
         Ok(Replayable {
@@ -354,6 +383,44 @@ fn plan_segments(
         segments[s as usize].push(v);
     }
     (seg_of, segments)
+}
+
+/// [`ReplayBuilder::max_width`]: spreads each segment's members (in their topological order)
+/// over `w` lanes and returns, for each node, the member it must also follow (its lane's
+/// previous node) where none of its own predecessors is that node. Every lane is a chain, so
+/// at most `w` members of a segment are ever unordered with each other.
+fn plan_lanes(
+    segments: &[Vec<u32>],
+    seg_of: &[Option<u32>],
+    preds: &[Vec<u32>],
+    w: usize,
+) -> Vec<Option<u32>> {
+    let mut after = vec![None; seg_of.len()];
+    let mut lane_of: Vec<usize> = vec![usize::MAX; seg_of.len()];
+    for (k, members) in segments.iter().enumerate() {
+        // Each lane's last node and when it was last extended.
+        let mut tail: Vec<Option<u32>> = vec![None; w];
+        let mut used: Vec<usize> = vec![0; w];
+        for (step, &m) in members.iter().enumerate() {
+            let own = preds[m as usize].iter().copied().filter(|&p| {
+                seg_of[p as usize] == Some(k as u32) && tail[lane_of[p as usize]] == Some(p)
+            });
+            let lane = match own.min_by_key(|&p| lane_of[p as usize]) {
+                Some(p) => lane_of[p as usize],
+                None => {
+                    let l = (0..w)
+                        .min_by_key(|&l| (tail[l].is_some(), used[l]))
+                        .expect("w >= 1");
+                    after[m as usize] = tail[l];
+                    l
+                }
+            };
+            tail[lane] = Some(m);
+            used[lane] = step + 1;
+            lane_of[m as usize] = lane;
+        }
+    }
+    after
 }
 
 fn sched_error(e: boundpool_scheduler::Error) -> GpuError {
@@ -1092,11 +1159,12 @@ fn capture_segment(
     let mut tails: Vec<Vec<GraphNode>> = vec![Vec::new(); desc.names.len()];
     // The capture's current dependency set (empty at the start; None: not read back).
     let mut current: Option<Vec<GraphNode>> = Some(Vec::new());
-    // Members some later member of this segment depends on: only their tails are read back
-    // (one driver call less per node for the others, e.g. independent nodes).
+    // Members some later member of this segment depends on (lane edges included): only their
+    // tails are read back (one driver call less per node for the others, e.g. independent
+    // nodes; the replay bench's `captured_graph` baseline shows the graph is the same).
     let mut needed = vec![false; desc.names.len()];
     for &m in &desc.segments[k as usize] {
-        for &p in &desc.preds[m as usize] {
+        for &p in desc.preds[m as usize].iter().chain(&desc.after[m as usize]) {
             if desc.seg_of[p as usize] == Some(k) {
                 needed[p as usize] = true;
             }
@@ -1105,7 +1173,7 @@ fn capture_segment(
     let mut empty_root: Option<GraphNode> = None;
     for &m in &desc.segments[k as usize] {
         let mut deps: Vec<GraphNode> = Vec::new();
-        for &p in &desc.preds[m as usize] {
+        for &p in desc.preds[m as usize].iter().chain(&desc.after[m as usize]) {
             if desc.seg_of[p as usize] == Some(k) {
                 for d in &tails[p as usize] {
                     if !deps.contains(d) {
@@ -1300,7 +1368,102 @@ fn capture_segment(
 
 #[cfg(test)]
 mod tests {
-    use super::plan_segments;
+    use super::{plan_lanes, plan_segments};
+
+    /// `plan_lanes` on independent nodes: round robin over the lanes, each node after the one
+    /// `w` before it.
+    #[test]
+    fn independent_nodes_fill_lanes_round_robin() {
+        let preds = vec![Vec::new(); 7];
+        let of = vec![Some(0); 7];
+        let after = plan_lanes(&[(0..7).collect()], &of, &preds, 3);
+        assert_eq!(
+            after,
+            vec![None, None, None, Some(0), Some(1), Some(2), Some(3)]
+        );
+        // A chain stays on one lane whatever the width: no lane edge.
+        let chain: Vec<Vec<u32>> = (0..7u32)
+            .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
+            .collect();
+        assert_eq!(
+            plan_lanes(&[(0..7).collect()], &of, &chain, 3),
+            vec![None; 7]
+        );
+    }
+
+    /// Random DAGs and segments: lane edges point backwards within one segment, and with them
+    /// no `w + 1` members of a segment are pairwise unordered (checked by brute force).
+    #[test]
+    #[allow(clippy::needless_range_loop)] // index loops read clearer for a reachability matrix
+    fn lanes_bound_the_width_of_every_segment() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..200 {
+            let n = 2 + (next() % 11) as usize;
+            let w = 1 + (next() % 3) as usize;
+            let devices: Vec<Option<i32>> = (0..n)
+                .map(|_| if next() % 5 == 0 { None } else { Some(0) })
+                .collect();
+            let preds: Vec<Vec<u32>> = (0..n)
+                .map(|i| {
+                    let mut ps: Vec<u32> = (0..next() % 3)
+                        .filter(|_| i > 0)
+                        .map(|_| (next() % i as u64) as u32)
+                        .collect();
+                    ps.sort_unstable();
+                    ps.dedup();
+                    ps
+                })
+                .collect();
+            let order: Vec<u32> = (0..n as u32).collect();
+            let (of, segs) = plan_segments(&devices, &preds, &order);
+            let after = plan_lanes(&segs, &of, &preds, w);
+            // Reachability over the DAG's edges plus the lane edges (nodes are in order).
+            let mut reach = vec![vec![false; n]; n];
+            for v in 0..n {
+                let ps = preds[v].iter().chain(&after[v]);
+                for &p in ps {
+                    let p = p as usize;
+                    assert!(p < v, "round {round}: an edge {p} -> {v} backwards");
+                    reach[p][v] = true;
+                    for u in 0..n {
+                        if reach[u][p] {
+                            reach[u][v] = true;
+                        }
+                    }
+                }
+                if let Some(a) = after[v] {
+                    assert_eq!(
+                        of[a as usize], of[v],
+                        "round {round}: lane edge across segments"
+                    );
+                    assert!(of[v].is_some());
+                }
+            }
+            for seg in &segs {
+                // Every (w + 1)-subset of the members has an ordered pair.
+                let m = seg.len();
+                for mask in 0u32..(1 << m) {
+                    if mask.count_ones() as usize != w + 1 {
+                        continue;
+                    }
+                    let pick: Vec<usize> = (0..m)
+                        .filter(|&i| mask & (1 << i) != 0)
+                        .map(|i| seg[i] as usize)
+                        .collect();
+                    let ordered = pick
+                        .iter()
+                        .any(|&a| pick.iter().any(|&b| a != b && reach[a][b]));
+                    assert!(ordered, "round {round}: {pick:?} unordered with {w} lanes");
+                }
+            }
+        }
+    }
 
     /// Segments of a graph given as (device or None for host/eager, predecessors), nodes in
     /// topological order.

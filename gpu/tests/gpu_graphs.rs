@@ -98,6 +98,13 @@ fn workers_are_bound_and_call_returns_values() {
     let d = p.devices()[0].clone();
     // "call and get a result": a device query.
     let (free, total) = p.call(&d, |ctx| Ok(ctx.memory_info()?)).unwrap();
+    // A body that returns nothing: `call` gives `()` back (it failed with "call produced no
+    // output": a node returning `()` stores no output).
+    p.call(&d, |ctx| {
+        ctx.memory_info()?;
+        Ok(())
+    })
+    .unwrap();
     assert!(free > 0 && free <= total);
     // an allocation handed to the submitter, then downloaded
     let buf: DeviceBuffer<u32> = p

@@ -107,12 +107,30 @@ fn test_graph(
     next_value: Arc<dyn Fn() -> i64 + Send + Sync>,
     body_sleep: Duration,
 ) -> TestGraph {
+    test_graph_with(pool, name, n, seed, instances, next_value, body_sleep, None)
+}
+
+/// [`test_graph`], captured with at most `max_width` branches per segment when given.
+#[allow(clippy::too_many_arguments)]
+fn test_graph_with(
+    pool: &GpuPool,
+    name: &str,
+    n: usize,
+    seed: u64,
+    instances: usize,
+    next_value: Arc<dyn Fn() -> i64 + Send + Sync>,
+    body_sleep: Duration,
+    max_width: Option<usize>,
+) -> TestGraph {
     let dev = pool.devices()[0].clone();
     let k = kernels();
     let preds = random_preds(n, seed);
     let body_calls = Arc::new(AtomicUsize::new(0));
     let mut b = ReplayBuilder::new(name);
     b.instances(instances);
+    if let Some(w) = max_width {
+        b.max_width(w);
+    }
     // Zeroed, so that its segment records work (a memset) and has an executable.
     let input = b.gpu_node(&dev, "input", |c: &ReplayCtx<'_, '_>| {
         Ok(c.gpu()?.alloc_zeros::<i64>(1)?)
@@ -947,4 +965,83 @@ fn the_captured_graph_keeps_the_dags_edges() {
         }
     }
     assert_no_wrong_context("the_captured_graph_keeps_the_dags_edges");
+}
+
+/// `max_width`: the captured graph has the DAG's edges plus lane edges, so that no more than
+/// `w` nodes are unordered (independent nodes: `n - w` lane edges; a chain: none), and a
+/// random DAG captured with 3 lanes still computes what the eager run computes.
+#[test]
+fn max_width_adds_lane_edges_and_keeps_results() {
+    if !gpu_or_skip("max_width_adds_lane_edges_and_keeps_results") {
+        return;
+    }
+    let _w = watchdog("max_width_adds_lane_edges_and_keeps_results", 180);
+    let p = pool(4);
+    let dev = p.devices()[0].clone();
+    let empty = Module::builtin().kernel(builtin::EMPTY).unwrap();
+    let chain_preds: Vec<Vec<usize>> = (0..64)
+        .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
+        .collect();
+    let cases: Vec<(&str, Vec<Vec<usize>>, usize, usize)> = vec![
+        ("independent w4", vec![Vec::new(); 64], 4, 60),
+        ("independent w1", vec![Vec::new(); 64], 1, 63),
+        ("chain w1", chain_preds.clone(), 1, 63),
+        ("chain w4", chain_preds, 4, 63),
+    ];
+    for (name, preds, w, edges) in cases {
+        let mut b = ReplayBuilder::new(name);
+        b.max_width(w);
+        let mut refs: Vec<RNode<()>> = Vec::new();
+        for (i, ps) in preds.iter().enumerate() {
+            let k = empty.clone();
+            let r = b.gpu_node(&dev, &format!("n{i}"), move |c: &ReplayCtx<'_, '_>| {
+                // SAFETY: the empty kernel takes no parameters.
+                unsafe { c.gpu()?.launch(&k, LaunchConfig::single()).launch()? };
+                Ok(())
+            });
+            for &q in ps {
+                b.edge(refs[q], r);
+            }
+            refs.push(r);
+        }
+        let r = b.build().unwrap();
+        r.run(&p)
+            .unwrap_or_else(|e| panic!("{name}: {}", chain(&e)));
+        let s = r.stats();
+        assert_eq!(
+            (s.captured_nodes, s.captured_edges),
+            (preds.len() as u64, edges as u64),
+            "{name}: captured nodes and edges"
+        );
+    }
+    let next = Arc::new(AtomicI64::new(0));
+    let n2 = next.clone();
+    let t = test_graph_with(
+        &p,
+        "random w3",
+        120,
+        11,
+        1,
+        Arc::new(move || n2.load(Ordering::SeqCst)),
+        Duration::ZERO,
+        Some(3),
+    );
+    for run in 0..20i64 {
+        let v = run * 104_729 - 77;
+        next.store(v, Ordering::SeqCst);
+        let eager = t.replay.run_eager(&p).unwrap_or_else(|e| {
+            panic!("eager run {run}: {}", chain(&e));
+        });
+        let replayed = t.replay.run(&p).unwrap_or_else(|e| {
+            panic!("replay run {run}: {}", chain(&e));
+        });
+        assert_eq!(check_run(&t, &format!("eager run {run}"), &eager), v);
+        assert_eq!(check_run(&t, &format!("replay run {run}"), &replayed), v);
+        assert_eq!(
+            eager.get(t.read).unwrap().1,
+            replayed.get(t.read).unwrap().1,
+            "run {run}: replay with 3 lanes differs from eager"
+        );
+    }
+    assert_no_wrong_context("max_width_adds_lane_edges_and_keeps_results");
 }

@@ -54,7 +54,8 @@
 //! * `ctx.rs`: a node's reads of its predecessors' output slots and markers, and its worker's
 //!   writes of its own slot (ordered by the same counters as `run.rs`'s).
 //! * `worker.rs`: the thread-local pointer from a thread to its worker (for nested waits), its
-//!   lifetime erased and cleared by an RAII guard.
+//!   lifetime erased and cleared by an RAII guard; the `prctl` that tightens a worker thread's
+//!   timer slack (Linux).
 //! * `sync.rs`: the dependency counters' zeroed allocation (`alloc_zeroed`, then `Box::from_raw`).
 //! * `trace.rs`: the zeroed allocation of a worker's trace ring, and the time-stamp counter read
 //!   (`_rdtsc`).

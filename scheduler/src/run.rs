@@ -928,14 +928,25 @@ impl GraphOutput {
             .ok()
     }
 
-    /// The output of node `r`, if `r` is a node of this graph whose output was not taken.
+    /// The output of node `r`, if `r` is a node of this graph whose output was not taken. A
+    /// node returning `()` stores nothing (no slot, no allocation): its output is `Some(&())`
+    /// for any node of this graph.
     pub fn get<T: 'static>(&self, r: NodeRef<T>) -> Option<&T> {
+        if crate::body::is_unit::<T>() {
+            return (r.id.graph == self.graph)
+                .then(|| (&() as &dyn std::any::Any).downcast_ref::<T>())?;
+        }
         let p = self.position(r.id)?;
         (*self.values[p].1).downcast_ref::<T>()
     }
 
-    /// Moves the output of node `r` out.
+    /// Moves the output of node `r` out (`Some(())` for any node of this graph returning `()`,
+    /// every time: see [`get`](Self::get)).
     pub fn take<T: 'static>(&mut self, r: NodeRef<T>) -> Option<T> {
+        if crate::body::is_unit::<T>() {
+            let unit: Box<dyn std::any::Any> = Box::new(());
+            return (r.id.graph == self.graph).then(|| unit.downcast::<T>().ok().map(|b| *b))?;
+        }
         let p = self.position(r.id)?;
         if !(*self.values[p].1).is::<T>() {
             return None;

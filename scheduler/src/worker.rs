@@ -31,11 +31,12 @@ const _: () = assert!(FLUSH_EVERY % SERVICE_EVERY == 0 && SAMPLE_EVERY % SERVICE
 /// `running` between node bodies.
 const NO_NODE: u32 = u32::MAX;
 /// How long a worker with deferred completions and nothing else to do polls them between
-/// yields before it parks with a timeout. A GPU graph of a few hundred µs is then seen done within
-/// a yield, as `cuStreamSynchronize`'s spin would see it, not at the end of a timed park (whose
-/// wake-up the kernel's timer slack stretches by tens of µs); the yield leaves the core to any
-/// other thread that wants it.
-const DEFERRED_SPIN: Duration = Duration::from_micros(500);
+/// yields before it parks with a timeout. A GPU graph of up to a couple of milliseconds (a
+/// replayed segment of a thousand kernels takes ~0.8 ms) is then seen done within a yield, as
+/// `cuStreamSynchronize`'s spin would see it, not at the end of a timed park: with 500 µs here,
+/// replays of 0.7–0.9 ms were seen done 60–95 µs late (H200, replay bench). The yield leaves the
+/// core to any other thread that wants it; a worker is pinned to its core anyway.
+const DEFERRED_SPIN: Duration = Duration::from_millis(2);
 /// The timed park of a worker that waits for deferred completions and has nothing else to do.
 const DEFERRED_PARK: Duration = Duration::from_micros(50);
 /// How long a worker that just ran dry watches the queues before it parks. Work often follows
@@ -115,6 +116,21 @@ pub(crate) fn panic_message(p: &(dyn Any + Send)) -> String {
     }
 }
 
+/// Makes this thread's timed waits end on time: Linux lets a timer fire up to the thread's
+/// timer slack late (50 µs by default), which doubled a worker's 50 µs timed parks
+/// ([`DEFERRED_PARK`]) while it waits for a long GPU segment.
+#[cfg(all(target_os = "linux", not(miri)))]
+fn tighten_timer_slack() {
+    // SAFETY: PR_SET_TIMERSLACK takes one unsigned long (nanoseconds) by value and changes only
+    // the calling thread's timer slack; a failure (an old kernel) leaves the default.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", not(miri))))]
+fn tighten_timer_slack() {}
+
 /// The body of a worker thread.
 pub(crate) fn main<S: Send + 'static>(
     reg: Arc<Registry<S>>,
@@ -133,6 +149,7 @@ pub(crate) fn main<S: Send + 'static>(
         Some(core) => core_affinity::set_for_current(core_affinity::CoreId { id: core }),
         None => true,
     };
+    tighten_timer_slack();
     let state = if !pinned {
         gate.report(
             index,

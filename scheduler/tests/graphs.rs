@@ -255,10 +255,18 @@ fn typed_outputs_flow_to_successors_and_the_submitter() {
         Some("forty-6"),
         "other outputs stay"
     );
+    // A node returning `()` stores nothing, yet its output is there (`GpuPool::call` of a
+    // body returning `()` reads it with `take`).
+    assert_eq!(out.get(unit), Some(&()));
+    assert_eq!(out.take(unit), Some(()));
+    assert_eq!(out.take(unit), Some(()));
     // A ref of another graph reads nothing.
     let mut other = GraphBuilder::<()>::new("other");
     let foreign = other.node("x", |_| Ok(2u64));
+    let foreign_unit = other.node("y", |_| Ok(()));
     assert_eq!(out.get(foreign), None);
+    assert_eq!(out.get(foreign_unit), None);
+    assert_eq!(out.take(foreign_unit), None);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use boundpool::gpu::gpu_unavailable_reason;
 use boundpool_bench::replay::{
-    bench, eager_graph, gpu_pool, median, replay_graph, table, GpuShape, ReplayBenchConfig,
+    bench, eager_graph, gpu_pool, median, replay_graph_with, table, GpuShape, ReplayBenchConfig,
 };
 use boundpool_bench::workloads::Shape;
 use serde_json::json;
@@ -49,7 +49,7 @@ fn run(a: &RunArgs, shape: Shape) -> Result<(), boundpool::gpu::BoxError> {
     let mut first_us = 0.0;
     let mut extra = serde_json::Map::new();
     if a.replay {
-        let r = replay_graph(&dev, gshape, &preds)?;
+        let r = replay_graph_with(&dev, gshape, &preds, a.max_width.map(|w| w as usize))?;
         for i in 0..a.repeat + 1 {
             let t = Instant::now();
             r.run(&pool)?;
@@ -62,6 +62,7 @@ fn run(a: &RunArgs, shape: Shape) -> Result<(), boundpool::gpu::BoxError> {
         }
         let s = r.stats();
         let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / nodes.max(1) as f64;
+        extra.insert("max_width".into(), json!(a.max_width));
         extra.insert("segments".into(), json!(r.segments()));
         extra.insert("executables".into(), json!(r.executables()));
         extra.insert("captured_nodes".into(), json!(s.captured_nodes));
