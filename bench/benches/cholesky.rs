@@ -9,15 +9,17 @@
 //! (not timed), and every configuration's last result is spot-checked on the device.
 //!
 //! `cargo bench -p boundpool-bench --bench cholesky [-- --n 4096,8192 --tiles 512,1024 --runs 3 --workers 8 --merge]`
-//! (`--merge`: every DAG with `CholeskyPlan::merge_columns`, one TRSM and one GEMM per column).
+//! (`--merge`: every DAG with `CholeskyPlan::merge_columns`, one TRSM and one GEMM per column;
+//! `--probe`: GEMM, TRSM, TRMM and SYRK calls of the tile shapes, each alone on the GPU).
 //! Without a GPU it says why and exits.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use boundpool_gpu::{
-    spd_matrix, spot_check_on_device, CholeskyPlan, DeviceBuffer, Devices, GpuDevice, GpuGraph,
-    GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, Uplo,
+    spd_matrix, spot_check_on_device, CholeskyPlan, DeviceBuffer, Devices, Diag, GpuDevice,
+    GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, ShutdownMode, Side, Trans,
+    Uplo,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -119,10 +121,135 @@ fn cusolver_graph(s: &Setup, n: usize) -> Res<GpuGraph> {
     Ok(g.build()?)
 }
 
+/// `--probe`: each kind of tile operation alone on the whole GPU, for tile sizes `tiles` in a
+/// matrix of order `n` (the merged shapes: `m = n - b` rows below a diagonal tile), median
+/// of 5 calls each after one warm-up: what each library call reaches without contention.
+fn probe(n: usize, tiles: &[usize]) -> Res<()> {
+    let pool = GpuPoolBuilder::new()
+        .devices(Devices::List(vec![0]))
+        .workers_per_device(1)
+        .blas(true)
+        .solver(true)
+        .build()?;
+    let dev = pool.devices()[0].clone();
+    let host = Arc::new(spd_matrix(n));
+    let h = host.clone();
+    let a = Arc::new(pool.call(&dev, move |ctx| Ok(ctx.upload(&h)?))?);
+    let bmax = tiles.iter().copied().max().unwrap_or(1);
+    let w = Arc::new(pool.call(&dev, move |ctx| Ok(ctx.alloc_zeros::<f64>(n * bmax)?))?);
+    println!("probe: N = {n}, each call alone, median of 5, GFLOP/s");
+    println!(
+        "{:>5} {:>6} | {:>9} {:>9} {:>9} {:>9}",
+        "tile", "m", "gemm", "trsm", "trmm", "syrk"
+    );
+    for &b in tiles {
+        let m = n - b;
+        let (ap, wp) = (a.device_ptr(), w.device_ptr());
+        // Seconds per call: 5 calls in one node.
+        let time = |op: u8| -> Res<f64> {
+            let mut v = Vec::new();
+            for i in 0..4 {
+                let keep = (a.clone(), w.clone());
+                let t = Instant::now();
+                pool.call(&dev, move |ctx| {
+                    let _alive = &keep;
+                    let blas = ctx.blas()?;
+                    for _ in 0..5 {
+                        // SAFETY: every block addressed lies inside `a` (n² doubles: the
+                        // diagonal block at the top left, the rows below it) or `w` (n·bmax
+                        // doubles), alive in this closure.
+                        unsafe {
+                            match op {
+                                0 => blas.dgemm(
+                                    Trans::No,
+                                    Trans::T,
+                                    m,
+                                    b,
+                                    b,
+                                    -1.0,
+                                    ap + (b * 8) as u64,
+                                    n,
+                                    ap,
+                                    n,
+                                    1.0,
+                                    wp,
+                                    m,
+                                )?,
+                                1 => blas.dtrsm(
+                                    Side::Right,
+                                    Uplo::Lower,
+                                    Trans::T,
+                                    Diag::NonUnit,
+                                    m,
+                                    b,
+                                    1.0,
+                                    ap,
+                                    n,
+                                    wp,
+                                    m,
+                                )?,
+                                2 => blas.dtrmm(
+                                    Side::Right,
+                                    Uplo::Lower,
+                                    Trans::T,
+                                    Diag::NonUnit,
+                                    m,
+                                    b,
+                                    1.0,
+                                    ap,
+                                    n,
+                                    wp,
+                                    m,
+                                    wp,
+                                    m,
+                                )?,
+                                _ => blas.dsyrk(
+                                    Uplo::Lower,
+                                    Trans::No,
+                                    b,
+                                    b,
+                                    -1.0,
+                                    ap,
+                                    n,
+                                    1.0,
+                                    wp,
+                                    b,
+                                )?,
+                            }
+                        }
+                    }
+                    Ok(())
+                })?;
+                if i > 0 {
+                    v.push(t.elapsed().as_secs_f64() / 5.0);
+                }
+            }
+            Ok(median(v))
+        };
+        let (mf, bf) = (m as f64, b as f64);
+        let g = |secs: f64, flops: f64| flops / secs / 1e9;
+        println!(
+            "{:>5} {:>6} | {:>9.0} {:>9.0} {:>9.0} {:>9.0}",
+            b,
+            m,
+            g(time(0)?, 2.0 * mf * bf * bf),
+            g(time(1)?, mf * bf * bf),
+            g(time(2)?, mf * bf * bf),
+            g(time(3)?, bf * bf * bf),
+        );
+    }
+    pool.shutdown(ShutdownMode::Finish);
+    Ok(())
+}
+
 fn main() -> Res<()> {
     if let Some(why) = boundpool_gpu::gpu_unavailable_reason() {
         println!("cholesky bench skipped: no GPU: {why}");
         return Ok(());
+    }
+    if std::env::args().any(|a| a == "--probe") {
+        let n = list("--n", &[16384])[0];
+        return probe(n, &list("--tiles", &[1024, 2048, 4096]));
     }
     let ns = list("--n", &[4096, 8192, 16384, 32768]);
     let tiles = list("--tiles", &[512, 1024, 2048]);
