@@ -3,9 +3,10 @@
 //! operation, edges from tile dependencies, GPU-side edges only (no host synchronise inside the
 //! factorization). Each bound worker uses its own library handles, set to its node's stream.
 //!
-//! `cargo run --release --example cholesky [-- --n N --tile B --workers W --merge --warm --trace FILE.json]`
+//! `cargo run --release --example cholesky [-- --n N --tile B --workers W --merge --no-critical --warm --trace FILE.json]`
 //! (`--warm`: factor once first, untimed and untraced, then time and trace a second run)
-//! (`--merge`: one TRSM and one GEMM per column instead of one per tile, `CholeskyPlan::merge_columns`)
+//! (`--merge`: one TRSM and one GEMM per column instead of one per tile, `CholeskyPlan::merge_columns`;
+//! `--no-critical`: the critical path's nodes at normal priority, `CholeskyPlan::critical_high`)
 //!
 //! The panel work (POTRF, TRSM and the look-ahead updates of the next tile column) runs on
 //! half of the device's workers, whose streams have a high priority, the bulk updates on the
@@ -92,6 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         panel,
         update,
         merge_columns: args.iter().any(|a| a == "--merge"),
+        critical_high: !args.iter().any(|a| a == "--no-critical"),
     };
     let chol = plan.build("cholesky", &a, &info)?;
     let [p, t, s, g] = chol.counts;

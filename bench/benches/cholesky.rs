@@ -10,6 +10,7 @@
 //!
 //! `cargo bench -p boundpool-bench --bench cholesky [-- --n 4096,8192 --tiles 512,1024 --runs 3 --workers 8 --merge]`
 //! (`--merge`: every DAG with `CholeskyPlan::merge_columns`, one TRSM and one GEMM per column;
+//! `--no-critical`: the critical path's nodes at normal priority (`CholeskyPlan::critical_high`);
 //! `--probe`: GEMM, TRSM, TRMM and SYRK calls of the tile shapes, each alone on the GPU).
 //! Without a GPU it says why and exits.
 
@@ -256,6 +257,7 @@ fn main() -> Res<()> {
     let runs = list("--runs", &[3]).first().copied().unwrap_or(3).max(1);
     let workers = list("--workers", &[8]).first().copied().unwrap_or(8).max(2);
     let merge_columns = std::env::args().any(|a| a == "--merge");
+    let critical_high = !std::env::args().any(|a| a == "--no-critical");
     let name = boundpool_gpu::device_info(0)
         .map(|d| d.name)
         .unwrap_or_default();
@@ -268,6 +270,14 @@ fn main() -> Res<()> {
             "; one TRSM and one GEMM per column (--merge)"
         } else {
             ""
+        },
+    );
+    println!(
+        "critical path (POTRF, the next two TRSMs, the next column's first updates) at {} priority",
+        if critical_high {
+            "high"
+        } else {
+            "normal (--no-critical)"
         }
     );
     println!(
@@ -328,6 +338,7 @@ fn main() -> Res<()> {
                     panel: g[0],
                     update: *g.last().unwrap(),
                     merge_columns,
+                    critical_high,
                 };
                 let info = Arc::new(s.pool.call(&s.dev, move |ctx| {
                     Ok(ctx.alloc_zeros::<i32>(n.div_ceil(b))?)

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use boundpool_scheduler::{GraphBuilder, GroupId, NodeRef};
+use boundpool_scheduler::{GraphBuilder, GroupId, NodeRef, Priority};
 
 use crate::blas::{potrf_info_error, Diag, Side, Trans, Uplo};
 use crate::buffer::DeviceBuffer;
@@ -40,6 +40,11 @@ pub struct CholeskyPlan {
     /// (a column of `t` tiles takes 2 + 2 (t - 1) nodes a step, not about t² / 2), at the
     /// price of fewer independent nodes. `false` by default ([`new`](Self::new)).
     pub merge_columns: bool,
+    /// The critical path's nodes at [`Priority::High`] ([`TileTask::critical`]): workers take
+    /// them before other ready nodes, and enqueue them on their high-priority stream, where
+    /// they do not queue behind other panel work (the TRSMs of a column's farther tiles, say)
+    /// already enqueued on the group's streams. `true` by default ([`new`](Self::new)).
+    pub critical_high: bool,
 }
 
 /// A factorization graph and its last node, which checks every POTRF's `info`.
@@ -62,6 +67,7 @@ impl CholeskyPlan {
             panel: group,
             update: group,
             merge_columns: false,
+            critical_high: true,
         }
     }
 
@@ -393,6 +399,9 @@ impl CholeskyPlan {
             for &d in &task.deps {
                 g.edge(ids[d], node);
             }
+            if self.critical_high && task.critical() {
+                g.node_priority(node, Priority::High);
+            }
             ids.push(node.id());
         }
         let potrf_names: Vec<String> = (0..t).map(|k| TileOp::Potrf { k }.name()).collect();
@@ -488,6 +497,21 @@ impl TileOp {
             TileOp::Trsm { i, k } => format!("trsm({i},{k})"),
             TileOp::Syrk { j, k } => format!("syrk({j},{k})"),
             TileOp::Gemm { i, j, k } => format!("gemm({i},{j},{k})"),
+        }
+    }
+}
+
+impl TileTask {
+    /// Whether the operation is on the path from one POTRF to the next or to the TRSM after it
+    /// (POTRF; the TRSMs of the next two tiles below the diagonal; the update of the next
+    /// diagonal tile and of the tile below it; merged: the TRSM below and the next column's
+    /// updates).
+    pub fn critical(&self) -> bool {
+        match self.op {
+            TileOp::Potrf { .. } | TileOp::TrsmBelow { .. } => true,
+            TileOp::Trsm { i, k } => i <= k + 2,
+            TileOp::Syrk { j, k } | TileOp::GemmBelow { j, k } => j == k + 1,
+            TileOp::Gemm { i, j, k } => j == k + 1 && i == k + 2,
         }
     }
 }
@@ -752,6 +776,41 @@ mod tests {
             }
             assert_eq!(tasks.last().unwrap().op, TileOp::Potrf { k: t - 1 });
         }
+    }
+
+    /// The critical path's tasks: every POTRF, the two TRSMs below each, the next diagonal
+    /// tile's SYRK and the GEMM below it; merged: every TRSM below and the next column's two
+    /// updates.
+    #[test]
+    fn critical_tasks_are_the_path_between_potrfs() {
+        let t = 6;
+        let plan = CholeskyPlan::new(6 * 16, 16, GroupId::from_index(0));
+        let crit: Vec<TileOp> = plan
+            .tasks()
+            .into_iter()
+            .filter(TileTask::critical)
+            .map(|x| x.op)
+            .collect();
+        let count = |f: fn(&TileOp) -> bool| crit.iter().filter(|o| f(o)).count();
+        assert_eq!(count(|o| matches!(o, TileOp::Potrf { .. })), t);
+        assert_eq!(count(|o| matches!(o, TileOp::Trsm { .. })), 2 * (t - 2) + 1);
+        assert_eq!(count(|o| matches!(o, TileOp::Syrk { .. })), t - 1);
+        assert_eq!(count(|o| matches!(o, TileOp::Gemm { .. })), t - 2);
+        assert!(crit.contains(&TileOp::Trsm { i: 2, k: 0 }));
+        assert!(!crit.contains(&TileOp::Trsm { i: 3, k: 0 }));
+        assert!(crit.contains(&TileOp::Gemm { i: 2, j: 1, k: 0 }));
+        assert!(!crit.contains(&TileOp::Gemm { i: 3, j: 1, k: 0 }));
+        let merged = CholeskyPlan {
+            merge_columns: true,
+            ..plan
+        };
+        let crit = merged
+            .tasks()
+            .into_iter()
+            .filter(TileTask::critical)
+            .count();
+        // POTRF and TRSM below: t and t - 1; the next column's SYRK and GEMM below: t - 1, t - 2.
+        assert_eq!(crit, t + (t - 1) + (t - 1) + (t - 2));
     }
 
     #[test]

@@ -340,8 +340,13 @@ fn small_tiled_cholesky_verifies() {
     // 1000 = 7 tiles of 128 and one of 104: the ragged edge is covered too.
     let n = 1000;
     // The last: one TRSM and one GEMM per column (`merge_columns`), ragged edge included.
-    for (groups, handoff, merge_columns) in [(2, false, false), (1, true, false), (2, false, true)]
-    {
+    // The fourth: the critical path at normal priority (`critical_high` off).
+    for (groups, handoff, merge_columns, critical_high) in [
+        (2, false, false, true),
+        (1, true, false, true),
+        (2, false, true, true),
+        (2, false, false, false),
+    ] {
         let pool = GpuPoolBuilder::new()
             .devices(Devices::List(vec![0]))
             .workers_per_device(4)
@@ -364,6 +369,7 @@ fn small_tiled_cholesky_verifies() {
             panel: dev.groups()[0],
             update: *dev.groups().last().unwrap(),
             merge_columns,
+            critical_high,
         };
         let chol = plan.build("small", &a, &info).unwrap();
         let counts = if merge_columns {
@@ -374,7 +380,10 @@ fn small_tiled_cholesky_verifies() {
         assert_eq!(chol.counts, counts);
         pool.submit(&chol.graph).unwrap().wait().unwrap();
         let r = residual_on_device(&pool, &dev, &a0, &a, n).unwrap();
-        eprintln!("groups {groups}, hand-off {handoff}, merged {merge_columns}: residual {r:.3e}");
+        eprintln!(
+            "groups {groups}, hand-off {handoff}, merged {merge_columns}, critical high \
+             {critical_high}: residual {r:.3e}"
+        );
         assert!(r <= 1e-12, "residual {r:e}");
         // A spot value of L: L_00 = sqrt(A_00).
         let l = pool.download(&a).unwrap();
