@@ -24,7 +24,7 @@ use std::time::Instant;
 use crossbeam_utils::CachePadded;
 
 use crate::error::{Error, ErrorKind};
-use crate::graph::{AnyValue, Plan};
+use crate::graph::{AnyValue, Plan, CLASS_ONE, CLASS_RECORD};
 use crate::ids::{NodeId, NodeRef};
 use crate::sync::{
     self, current_thread, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Mutex, Ordering, Thread,
@@ -671,8 +671,13 @@ impl<S> Run<S> {
     }
 
     /// Counts `node`'s completion in its successor `s`; returns whether `s` is now ready.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn release_one(&self, node: u32, s: u32) -> bool {
+        // The common classes without the successor's record (see `Plan::classes`).
+        let class = self.plan.class(s);
+        if class != CLASS_RECORD {
+            return class == CLASS_ONE || self.count_in(s, 2);
+        }
         let d = self.plan.nodes[s as usize].indegree;
         // One predecessor (the common case): ready, no shared counter at all; our output
         // reaches the successor through the queue hand-off. Otherwise count up: a count of
@@ -730,7 +735,15 @@ impl<S> Run<S> {
             self.mark_unreleased(node);
         } else {
             for &s in self.plan.successors(node) {
+                let class = self.plan.class(s);
                 let r = match batcher {
+                    _ if class != CLASS_RECORD => {
+                        // Decided from the class byte (see `Plan::classes`); the successor's
+                        // runner reads its record soon, here or elsewhere: ask for it now,
+                        // without waiting for it.
+                        sync::prefetch(self.plan.nodes.as_ptr().wrapping_add(s as usize));
+                        (class == CLASS_ONE || self.count_in(s, 2)).then_some(s)
+                    }
                     Some(b)
                         if self.plan.nodes[s as usize].indegree >= WIDE_JOIN
                             && b.run.get().is_some_and(|r| r.same(RunRef::new(self))) =>
