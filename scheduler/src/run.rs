@@ -737,11 +737,9 @@ impl<S> Run<S> {
             for &s in self.plan.successors(node) {
                 let class = self.plan.class(s);
                 let r = match batcher {
+                    // Decided from the class byte, without the successor's record (see
+                    // `Plan::classes`).
                     _ if class != CLASS_RECORD => {
-                        // Decided from the class byte (see `Plan::classes`); the successor's
-                        // runner reads its record soon, here or elsewhere: ask for it now,
-                        // without waiting for it.
-                        sync::prefetch(self.plan.nodes.as_ptr().wrapping_add(s as usize));
                         (class == CLASS_ONE || self.count_in(s, 2)).then_some(s)
                     }
                     Some(b)
