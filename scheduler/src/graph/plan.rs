@@ -1,6 +1,7 @@
 //! The frozen graph: `Plan`, its 24-byte node records (`NodeSpec`: body, in-degree, placement,
-//! flags, up to two successors inline), the packed name table, predecessor lists built on first
-//! use, and the body of an inlined subgraph's node. What a run reads.
+//! flags, up to two successors inline), the release classes (a byte a node), the packed name
+//! table, predecessor lists built on first use, and the body of an inlined subgraph's node. What
+//! a run reads.
 
 use std::sync::{Arc, OnceLock};
 
