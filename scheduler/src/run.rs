@@ -671,13 +671,8 @@ impl<S> Run<S> {
     }
 
     /// Counts `node`'s completion in its successor `s`; returns whether `s` is now ready.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn release_one(&self, node: u32, s: u32) -> bool {
-        // The common classes without the successor's record (see `Plan::classes`).
-        let class = self.plan.class(s);
-        if class != CLASS_RECORD {
-            return class == CLASS_ONE || self.count_in(s, 2);
-        }
         let d = self.plan.nodes[s as usize].indegree;
         // One predecessor (the common case): ready, no shared counter at all; our output
         // reaches the successor through the queue hand-off. Otherwise count up: a count of

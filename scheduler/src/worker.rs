@@ -538,11 +538,6 @@ impl<S: Send + 'static> WorkerThread<S> {
             if let Some(done) = self.credit.enter(run) {
                 self.finish_run(done);
             }
-            if run.plan.class(s) != CLASS_RECORD {
-                // Placed anywhere, at the normal level: no need to read the record here.
-                self.execute_task(Task::new(run, s));
-                continue;
-            }
             let spec = &run.plan.nodes[s as usize];
             // Run here what would otherwise go to this deque (any worker's, or this group's);
             // a domain's nodes go to its injector, where every group of it looks.
