@@ -735,6 +735,9 @@ impl<S> Run<S> {
                     // Decided from the class byte, without the successor's record (see
                     // `Plan::classes`).
                     _ if class != CLASS_RECORD => {
+                        // Its runner reads the record soon, here or elsewhere: ask for it now,
+                        // without waiting for it.
+                        sync::prefetch(self.plan.nodes.as_ptr().wrapping_add(s as usize));
                         (class == CLASS_ONE || self.count_in(s, 2)).then_some(s)
                     }
                     Some(b)
