@@ -229,20 +229,26 @@ pub(crate) const CLASS_TWO: u8 = 2;
 /// Release class of every other node: the releasing worker reads the node's record.
 pub(crate) const CLASS_RECORD: u8 = 0;
 
-/// A node's release class (see [`Plan::classes`]). The successor of a release is read from
-/// the releasing node's record, but deciding whether it is ready and where it goes needed the
-/// successor's own record too: with the successor run on another worker (a wavefront's next
-/// row), that record's line was first read by the releasing worker and then fetched from its
-/// cache by the running one. A byte array shares a line among 64 nodes instead of 2.7.
-pub(super) fn release_class<S>(spec: &NodeSpec<S>) -> u8 {
-    if spec.placement_bits() != ANY_GROUP || spec.is_prioritized() {
-        return CLASS_RECORD;
-    }
-    match spec.indegree {
-        1 => CLASS_ONE,
-        2 => CLASS_TWO,
-        _ => CLASS_RECORD,
-    }
+/// The release classes of `nodes` (see [`Plan::classes`]). The successor of a release is read
+/// from the releasing node's record, but deciding whether it is ready and where it goes needed
+/// the successor's own record too: with the successor run on another worker (a wavefront's
+/// next row), that record's line was first read by the releasing worker and then fetched from
+/// its cache by the running one. A byte array shares a line among 64 nodes instead of 2.7.
+pub(super) fn release_classes<S>(nodes: &[NodeSpec<S>]) -> Box<[u8]> {
+    nodes
+        .iter()
+        .map(|spec| {
+            if spec.placement_bits() != ANY_GROUP || spec.is_prioritized() {
+                CLASS_RECORD
+            } else {
+                match spec.indegree {
+                    1 => CLASS_ONE,
+                    2 => CLASS_TWO,
+                    _ => CLASS_RECORD,
+                }
+            }
+        })
+        .collect()
 }
 
 /// (start offsets, list): compressed adjacency lists.

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::builder::{BadEdge, GraphBuilder};
 use super::plan::{
-    build_predecessors, release_class, successors_of, MaxPlacement, NodeSpec, Plan, FLAG_CHAIN,
+    build_predecessors, release_classes, successors_of, MaxPlacement, NodeSpec, Plan, FLAG_CHAIN,
 };
 use crate::error::{bounded, bounded_list, Error, ErrorKind};
 use crate::ids::{NodeId, Placement, ANY_GROUP, DOMAIN_BIT};
@@ -54,7 +54,7 @@ impl<S> Plan<S> {
             }
         }
         let ext = external_successors(&mut b.nodes, &b.overflow);
-        let classes = mark_chains(&mut b.nodes);
+        mark_chains(&mut b.nodes);
         let mut sources = Vec::new();
         for (w, &bits) in b.has_pred.iter().enumerate() {
             let mut free = !bits;
@@ -109,6 +109,7 @@ impl<S> Plan<S> {
                 max_placement.note(i as u32, spec.placement());
             }
         }
+        let classes = release_classes(&b.nodes);
         Ok(Plan {
             uid: b.uid,
             name: gname,
@@ -195,13 +196,10 @@ fn external_successors<S>(nodes: &mut [NodeSpec<S>], overflow: &[(u32, u32)]) ->
 }
 
 /// Sets `FLAG_CHAIN` on every node whose one successor has it as its only predecessor and is
-/// placed anywhere or where the node is, and returns the nodes' release classes (in the same
-/// pass over the records: building a large graph is mostly memory traffic).
-fn mark_chains<S>(nodes: &mut [NodeSpec<S>]) -> Box<[u8]> {
-    let mut classes = Vec::with_capacity(nodes.len());
+/// placed anywhere or where the node is.
+fn mark_chains<S>(nodes: &mut [NodeSpec<S>]) {
     for i in 0..nodes.len() {
         let spec = &nodes[i];
-        classes.push(release_class(spec));
         if spec.succ_mode() != 1 {
             continue;
         }
@@ -211,7 +209,6 @@ fn mark_chains<S>(nodes: &mut [NodeSpec<S>]) -> Box<[u8]> {
             nodes[i].meta |= FLAG_CHAIN;
         }
     }
-    classes.into_boxed_slice()
 }
 
 /// Walks predecessors among the nodes Kahn's algorithm could not reach until one repeats;
