@@ -56,7 +56,8 @@
 //! * `worker.rs`: the thread-local pointer from a thread to its worker (for nested waits), its
 //!   lifetime erased and cleared by an RAII guard; the `prctl` that tightens a worker thread's
 //!   timer slack (Linux).
-//! * `sync.rs`: the dependency counters' zeroed allocation (`alloc_zeroed`, then `Box::from_raw`).
+//! * `sync.rs`: the dependency counters' zeroed allocation (`alloc_zeroed`, then `Box::from_raw`),
+//!   and the cache prefetch hint (`_mm_prefetch`).
 //! * `trace.rs`: the zeroed allocation of a worker's trace ring, and the time-stamp counter read
 //!   (`_rdtsc`).
 //! * `loom_models.rs` (only under `--cfg loom`, test builds): the models of the output slots.

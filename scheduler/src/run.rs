@@ -24,7 +24,7 @@ use std::time::Instant;
 use crossbeam_utils::CachePadded;
 
 use crate::error::{Error, ErrorKind};
-use crate::graph::{AnyValue, Plan};
+use crate::graph::{AnyValue, Plan, CLASS_ONE, CLASS_RECORD};
 use crate::ids::{NodeId, NodeRef};
 use crate::sync::{
     self, current_thread, AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Mutex, Ordering, Thread,
@@ -730,7 +730,16 @@ impl<S> Run<S> {
             self.mark_unreleased(node);
         } else {
             for &s in self.plan.successors(node) {
+                let class = self.plan.class(s);
                 let r = match batcher {
+                    // Decided from the class byte, without the successor's record (see
+                    // `Plan::classes`).
+                    _ if class != CLASS_RECORD => {
+                        // Its runner reads the record soon, here or elsewhere: ask for it now,
+                        // without waiting for it.
+                        sync::prefetch(self.plan.nodes.as_ptr().wrapping_add(s as usize));
+                        (class == CLASS_ONE || self.count_in(s, 2)).then_some(s)
+                    }
                     Some(b)
                         if self.plan.nodes[s as usize].indegree >= WIDE_JOIN
                             && b.run.get().is_some_and(|r| r.same(RunRef::new(self))) =>

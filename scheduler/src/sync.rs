@@ -45,6 +45,19 @@ mod imp {
 
 pub(crate) use imp::*;
 
+/// Asks the cache for the line at `p` (for reading): a hint, which never faults, so `p` may
+/// point anywhere (compute it with `wrapping_add`). A no-op off x86-64 and under loom.
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    // SAFETY: `prefetcht0` reads nothing architecturally and never faults, whatever `p` is.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
+    };
+    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    let _ = p;
+}
+
 /// `n` counters at zero. Outside loom they come from zeroed memory: the allocator hands out
 /// untouched pages, so counters that a run never touches (nodes with one predecessor) cost
 /// nothing to create.

@@ -14,7 +14,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::ctx::{DeferFn, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::NodeSpec;
+use crate::graph::{NodeSpec, CLASS_RECORD};
 use crate::ids::{Placement, ANY_GROUP, DOMAIN_BIT};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::priority::{poll_order, Priority, WorkerDeques};
@@ -1242,14 +1242,23 @@ impl<S: Send + 'static> WorkerThread<S> {
         let mut held: Option<(Task<S>, Placement, bool)> = None;
         let mut pushed_here = false;
         run.release_batched(i, ok, Some(&self.batcher), |t| {
-            let spec = &nodes[t.node as usize];
-            if cont.is_none() && self.runs_here(spec) {
+            // A successor placed anywhere at the normal level runs here or goes on this deque,
+            // decided from its class byte: its record is first read by whoever runs it.
+            let (here, place, prio) = if run.plan.class(t.node) != CLASS_RECORD {
+                (true, Placement::Any, false)
+            } else {
+                let spec = &nodes[t.node as usize];
+                (
+                    self.runs_here(spec),
+                    spec.placement(),
+                    spec.is_prioritized(),
+                )
+            };
+            if cont.is_none() && here {
                 cont = Some(t.node);
                 return;
             }
-            if let Some((prev, place, prio)) =
-                held.replace((t, spec.placement(), spec.is_prioritized()))
-            {
+            if let Some((prev, place, prio)) = held.replace((t, place, prio)) {
                 if let Some(done) = self.credit.enter(run) {
                     self.finish_run(done);
                 }

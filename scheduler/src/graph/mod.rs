@@ -14,7 +14,7 @@ mod plan;
 mod validate;
 
 pub use self::builder::{GraphBuilder, Subgraph};
-pub(crate) use self::plan::{InlinedBody, NodeSpec, Plan};
+pub(crate) use self::plan::{InlinedBody, NodeSpec, Plan, CLASS_ONE, CLASS_RECORD};
 
 /// A node's output, type-erased.
 pub(crate) type AnyValue = Box<dyn Any + Send + Sync>;

@@ -310,3 +310,38 @@ fn empty_graph_plan() {
     assert!(g.plan.sources.is_empty() && g.plan.nodes.is_empty());
     assert_eq!(g.edge_count(), 0);
 }
+
+/// A node's release class says what releasing it needs without its record: one or two
+/// predecessors, placed anywhere at the normal level; everything else reads the record.
+#[test]
+fn release_classes_follow_in_degree_placement_and_level() {
+    use super::plan::{CLASS_ONE, CLASS_RECORD, CLASS_TWO};
+    let mut g = GraphBuilder::<()>::new("g");
+    let n: Vec<_> = (0..8).map(|i| g.node(format!("n{i}"), noop())).collect();
+    // n1: one predecessor; n2: two; n3: three; n4: two, placed; n5: two, high; n6: one, low.
+    g.edge(n[0], n[1]);
+    g.edge(n[0], n[2]).edge(n[1], n[2]);
+    g.edge(n[0], n[3]).edge(n[1], n[3]).edge(n[2], n[3]);
+    g.edge(n[0], n[4]).edge(n[1], n[4]);
+    g.place(n[4], GroupId::from_index(1));
+    g.edge(n[0], n[5]).edge(n[1], n[5]);
+    g.node_priority(n[5], Priority::High);
+    g.edge(n[0], n[6]);
+    g.node_priority(n[6], Priority::Low);
+    g.edge(n[6], n[7]);
+    let graph = g.build().unwrap();
+    let classes: Vec<u8> = (0..8).map(|i| graph.plan.class(i)).collect();
+    assert_eq!(
+        classes,
+        [
+            CLASS_RECORD, // a source: no predecessor
+            CLASS_ONE,
+            CLASS_TWO,
+            CLASS_RECORD,
+            CLASS_RECORD,
+            CLASS_RECORD,
+            CLASS_RECORD,
+            CLASS_ONE,
+        ]
+    );
+}

@@ -5,7 +5,9 @@
 use std::sync::{Arc, OnceLock};
 
 use super::builder::{BadEdge, GraphBuilder};
-use super::plan::{build_predecessors, successors_of, MaxPlacement, NodeSpec, Plan, FLAG_CHAIN};
+use super::plan::{
+    build_predecessors, release_classes, successors_of, MaxPlacement, NodeSpec, Plan, FLAG_CHAIN,
+};
 use crate::error::{bounded, bounded_list, Error, ErrorKind};
 use crate::ids::{NodeId, Placement, ANY_GROUP, DOMAIN_BIT};
 
@@ -107,6 +109,7 @@ impl<S> Plan<S> {
                 max_placement.note(i as u32, spec.placement());
             }
         }
+        let classes = release_classes(&b.nodes);
         Ok(Plan {
             uid: b.uid,
             name: gname,
@@ -123,6 +126,7 @@ impl<S> Plan<S> {
             priority: b.priority,
             prio_overrides: b.prio_overrides.into_boxed_slice(),
             prioritized,
+            classes,
         })
     }
 }
