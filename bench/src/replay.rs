@@ -369,6 +369,11 @@ pub fn bench(
             c_inst.push(us(cap.instantiate) / cap.nodes.max(1) as f64);
             if notes.is_empty() {
                 notes.push(format!(
+                    "replay's captures with a stand-in root: {} of {}",
+                    replay.stats().stand_in_roots,
+                    replay.stats().captures
+                ));
+                notes.push(format!(
                     "captured graph: {} nodes, {} edges{}",
                     cap.nodes,
                     cap.edges,

@@ -778,6 +778,9 @@ pub struct ReplayStats {
     /// CUDA graph edges captured, summed over captures (an independent segment has none: the
     /// capture keeps the DAG's parallelism).
     pub captured_edges: u64,
+    /// Captures during which the driver refused an empty dependency set, so that an empty
+    /// node stood in for it (removed before instantiation).
+    pub stand_in_roots: u64,
 }
 
 /// A graph whose GPU work is captured once per instance and replayed (see the module docs).
@@ -1363,6 +1366,7 @@ fn capture_segment(
     s.update_time += stats.update_time;
     s.captured_nodes += nodes as u64;
     s.captured_edges += edges as u64;
+    s.stand_in_roots += u64::from(empty_root.is_some());
     Ok(())
 }
 
