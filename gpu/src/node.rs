@@ -202,15 +202,16 @@ impl Launch<'_, '_, '_> {
             ));
         }
         let b = self.ctx.b;
-        let f = match self.ctx.capture {
+        let f = match (self.ctx.capture, b.cached_function(self.kernel)) {
+            (_, Some(f)) => Ok(f),
             // A kernel's first use loads its module: outside the capture's view (relaxed mode).
-            Some(c) => {
+            (Some(c), None) => {
                 let mode = c.relax(self.ctx)?;
                 let f = b.function(self.kernel);
                 c.unrelax(self.ctx, mode, false)?;
                 f
             }
-            None => b.function(self.kernel),
+            (None, None) => b.function(self.kernel),
         }
         .map_err(|e| e.prefixed(&self.ctx.what()))?;
         // SAFETY: one slot per argument, each holding its little-endian bytes (`KernelArg`);

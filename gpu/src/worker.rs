@@ -356,6 +356,11 @@ impl Bound {
         Ok(e)
     }
 
+    /// `k`'s function if this worker has looked it up before (no driver call).
+    pub(crate) fn cached_function(&self, k: &Kernel) -> Option<Func> {
+        self.funcs.borrow().get(&k.inner.id).copied()
+    }
+
     pub(crate) fn function(&self, k: &Kernel) -> GpuResult<Func> {
         if let Some(f) = self.funcs.borrow().get(&k.inner.id) {
             return Ok(*f);
