@@ -15,11 +15,18 @@
 
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
+
 use crate::sync::{self, fence, AtomicBool, AtomicUsize, Mutex, Ordering, Thread};
 
+/// One group's sleepers. `count` is read by `notify_local` after every push onto a worker's own
+/// deque, by every busy worker of the group, so it has a cache line of its own: written only when
+/// a worker announces itself idle, cancels, or is popped by a waker (the idle-list lock is taken
+/// on those same transitions), not by the hook flag's requests and takes, nor by another group's
+/// or a worker's sleep state that a heap allocation next to it would hold.
 struct GroupSleep {
     idle: Mutex<Vec<usize>>,
-    count: AtomicUsize,
+    count: CachePadded<AtomicUsize>,
     /// Someone asked a worker of the group to run its idle hook (`request_hook`); cleared by the
     /// worker that takes the request, right before it runs the hook.
     hook: AtomicBool,
@@ -31,8 +38,12 @@ struct WorkerSleep {
 }
 
 pub(crate) struct Sleep {
-    groups: Box<[GroupSleep]>,
-    workers: Box<[WorkerSleep]>,
+    /// Padded apart: each group's count line stays clean of the others' writes (see
+    /// `GroupSleep`).
+    groups: Box<[CachePadded<GroupSleep>]>,
+    /// Padded apart: a waker's swap of one worker's `notified` does not invalidate the line
+    /// another worker reads when it parks or wakes.
+    workers: Box<[CachePadded<WorkerSleep>]>,
 }
 
 /// Why `Sleep::sleep` returned.
@@ -50,16 +61,20 @@ impl Sleep {
     pub(crate) fn new(groups: usize, workers: usize) -> Self {
         Sleep {
             groups: (0..groups)
-                .map(|_| GroupSleep {
-                    idle: Mutex::new(Vec::new()),
-                    count: AtomicUsize::new(0),
-                    hook: AtomicBool::new(false),
+                .map(|_| {
+                    CachePadded::new(GroupSleep {
+                        idle: Mutex::new(Vec::new()),
+                        count: CachePadded::new(AtomicUsize::new(0)),
+                        hook: AtomicBool::new(false),
+                    })
                 })
                 .collect(),
             workers: (0..workers)
-                .map(|_| WorkerSleep {
-                    thread: Mutex::new(None),
-                    notified: AtomicBool::new(false),
+                .map(|_| {
+                    CachePadded::new(WorkerSleep {
+                        thread: Mutex::new(None),
+                        notified: AtomicBool::new(false),
+                    })
                 })
                 .collect(),
         }
