@@ -1380,6 +1380,32 @@ fn capture_segment(
 mod tests {
     use super::{plan_lanes, plan_segments};
 
+    /// A xorshift64 stream from `seed` (non-zero).
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
+    /// `n` nodes in topological order, each with fewer than `most` distinct predecessors
+    /// below it.
+    fn random_preds(n: usize, most: u64, next: &mut impl FnMut() -> u64) -> Vec<Vec<u32>> {
+        (0..n)
+            .map(|i| {
+                let mut ps: Vec<u32> = (0..next() % most)
+                    .filter(|_| i > 0)
+                    .map(|_| (next() % i as u64) as u32)
+                    .collect();
+                ps.sort_unstable();
+                ps.dedup();
+                ps
+            })
+            .collect()
+    }
+
     /// `plan_lanes` on independent nodes: round robin over the lanes, each node after the one
     /// `w` before it.
     #[test]
@@ -1406,30 +1432,14 @@ mod tests {
     #[test]
     #[allow(clippy::needless_range_loop)] // index loops read clearer for a reachability matrix
     fn lanes_bound_the_width_of_every_segment() {
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
         for round in 0..200 {
             let n = 2 + (next() % 11) as usize;
             let w = 1 + (next() % 3) as usize;
             let devices: Vec<Option<i32>> = (0..n)
                 .map(|_| if next() % 5 == 0 { None } else { Some(0) })
                 .collect();
-            let preds: Vec<Vec<u32>> = (0..n)
-                .map(|i| {
-                    let mut ps: Vec<u32> = (0..next() % 3)
-                        .filter(|_| i > 0)
-                        .map(|_| (next() % i as u64) as u32)
-                        .collect();
-                    ps.sort_unstable();
-                    ps.dedup();
-                    ps
-                })
-                .collect();
+            let preds = random_preds(n, 3, &mut next);
             let order: Vec<u32> = (0..n as u32).collect();
             let (of, segs) = plan_segments(&devices, &preds, &order);
             let after = plan_lanes(&segs, &of, &preds, w);
@@ -1533,13 +1543,7 @@ mod tests {
     #[test]
     #[allow(clippy::needless_range_loop)] // index loops read clearer for a reachability matrix
     fn random_graphs_give_convex_acyclic_segments() {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         for round in 0..300 {
             let n = 2 + (next() % 40) as usize;
             let devices: Vec<Option<i32>> = (0..n)
@@ -1549,17 +1553,7 @@ mod tests {
                     _ => Some(0),
                 })
                 .collect();
-            let preds: Vec<Vec<u32>> = (0..n)
-                .map(|i| {
-                    let mut ps: Vec<u32> = (0..next() % 4)
-                        .filter(|_| i > 0)
-                        .map(|_| (next() % i as u64) as u32)
-                        .collect();
-                    ps.sort_unstable();
-                    ps.dedup();
-                    ps
-                })
-                .collect();
+            let preds = random_preds(n, 4, &mut next);
             let order: Vec<u32> = (0..n as u32).collect();
             let (of, segs) = plan_segments(&devices, &preds, &order);
             // Every captured node in exactly one segment of its device.
