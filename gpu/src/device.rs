@@ -154,11 +154,21 @@ impl DeviceShared {
     }
 
     /// Retains the primary context once per device (the first worker to start does it) and
-    /// binds it to the calling thread. Returns the context.
+    /// binds it to the calling thread. Returns the context. Fails once the device has been torn
+    /// down: at a failed start, the other workers of the device may all have stopped (and
+    /// released the context) before this one binds.
     pub(crate) fn bind_worker(&self) -> GpuResult<Ctx> {
         let what = format!("device {}", self.info.ordinal);
+        // Under the `primary` lock: the check, the retain and the count, against a teardown
+        // (which takes the lock to count its worker out and to mark the device closed).
+        let mut primary = self.primary.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::Acquire) {
+            return Err(GpuError::new(
+                GpuErrorKind::Closed,
+                format!("{what}: its other workers have stopped and released it (the pool is shutting down or failed to start)"),
+            ));
+        }
         let ctx = {
-            let mut primary = self.primary.lock().unwrap_or_else(|e| e.into_inner());
             if self.ctx.get().is_none() {
                 let p = driver::primary_ctx_retain(self.dev)
                     .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", &what, e))?;
@@ -181,6 +191,7 @@ impl DeviceShared {
             Err(e) => return Err(GpuError::driver("cuCtxGetCurrent", &what, e)),
         }
         self.live_workers.fetch_add(1, Ordering::SeqCst);
+        drop(primary);
         Ok(ctx)
     }
 
@@ -476,11 +487,16 @@ impl DeviceShared {
     pub(crate) fn worker_stopped_without_stream(&self) {
         let ctx = self.ctx();
         let failed = self.failed().is_some();
-        if self.live_workers.fetch_sub(1, Ordering::SeqCst) != 1 {
-            return;
+        {
+            // With `bind_worker`'s lock: a worker binding now either counted itself before
+            // (this is not the last) or sees the device closed and does not use it.
+            let _bind = self.primary.lock().unwrap_or_else(|e| e.into_inner());
+            if self.live_workers.fetch_sub(1, Ordering::SeqCst) != 1 {
+                return;
+            }
+            // Last worker of this device.
+            self.closed.store(true, Ordering::Release);
         }
-        // Last worker of this device.
-        self.closed.store(true, Ordering::Release);
         drop(self.waker.lock().unwrap_or_else(|e| e.into_inner()).take());
         if !failed {
             let _ = driver::ctx_synchronize(ctx);

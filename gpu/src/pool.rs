@@ -324,8 +324,10 @@ impl GpuPoolBuilder {
             stream_handoff: self.stream_handoff,
             plan: self.plan.clone(),
             group_priority,
+            first_start_failure: std::sync::Mutex::new(None),
         });
         let sh_start = shared.clone();
+        let sh_failed = shared.clone();
         let pool_name = self.name.clone();
         let mut builder = PoolBuilder::new().name(&self.name).groups(specs);
         if self.groups_per_device > 1 {
@@ -343,7 +345,18 @@ impl GpuPoolBuilder {
                         let priority = sh_start.group_priority[info.group.index()];
                         GpuWorker::start_device(sh_start.clone(), d, priority)
                             .and_then(|w| w.set_up(info))
-                            .map_err(|e| Box::new(e) as BoxError)
+                            .map_err(|e| {
+                                if e.kind() != GpuErrorKind::Closed {
+                                    let mut first = sh_start
+                                        .first_start_failure
+                                        .lock()
+                                        .unwrap_or_else(|p| p.into_inner());
+                                    if first.is_none() {
+                                        *first = Some((info.name.clone(), e.to_string()));
+                                    }
+                                }
+                                Box::new(e) as BoxError
+                            })
                     }
                     None => Ok(GpuWorker::host(sh_start.clone())),
                 }
@@ -353,9 +366,21 @@ impl GpuPoolBuilder {
             .trace(self.trace)
             .build()
             .map_err(|e| {
+                let first = sh_failed
+                    .first_start_failure
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
+                let msg = e.to_string();
+                let msg = match first {
+                    Some((worker, why)) if !msg.contains(&why) => {
+                        format!("{msg} (the first device worker to fail: '{worker}': {why})")
+                    }
+                    _ => msg,
+                };
                 GpuError::new(
                     GpuErrorKind::Scheduler,
-                    format!("starting the GPU pool: {e}"),
+                    format!("starting the GPU pool: {msg}"),
                 )
                 .with_source(e)
             })?;

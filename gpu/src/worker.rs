@@ -30,6 +30,10 @@ pub(crate) struct PoolShared {
     pub(crate) plan: crate::blas::WorkerPlan,
     /// Group index -> priority of its workers' streams (`GpuPoolBuilder::stream_priority`).
     pub(crate) group_priority: Vec<i32>,
+    /// The first device worker whose start failed, and why (`GpuPool::build` reports it: the
+    /// scheduler names the lowest-numbered failing worker, which may have failed only because
+    /// this one's failure had the device released before it bound).
+    pub(crate) first_start_failure: std::sync::Mutex<Option<(String, String)>>,
 }
 
 impl PoolShared {
