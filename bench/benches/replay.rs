@@ -5,7 +5,8 @@
 //! `boundpool_bench::replay`.
 //!
 //! `cargo bench -p boundpool-bench --bench replay [-- --rounds N --per-round N --nodes N
-//! --workers N --widths 1,4 --json]`. Without a GPU it says why and exits (status 1 with
+//! --workers N --widths 1,4 --shapes chain,independent --json]` (`--shapes`: which shapes, in
+//! that order: independent, chain, wavefront, tree, wide). Without a GPU it says why and exits (status 1 with
 //! `BOUNDPOOL_REQUIRE_GPU=1`).
 
 use boundpool_bench::replay::{bench, table, GpuShape, ReplayBenchConfig};
@@ -46,6 +47,35 @@ fn main() {
             (GpuShape::Builtin(Shape::Chain), n),
             (GpuShape::Builtin(Shape::Wavefront), side * side),
         ];
+    }
+    // `--shapes chain,independent`: these shapes, in this order (the first is captured and
+    // instantiated first in the process).
+    if let Some(v) = std::env::args()
+        .collect::<Vec<_>>()
+        .iter()
+        .position(|a| a == "--shapes")
+        .and_then(|i| std::env::args().nth(i + 1))
+    {
+        let n = cfg.nodes;
+        let side = (n as f64).sqrt().ceil() as usize;
+        let mut shapes = Vec::new();
+        for name in v.split(',').map(str::trim) {
+            let shape = if name == "independent" {
+                GpuShape::Independent
+            } else if let Some(s) = Shape::parse(name) {
+                GpuShape::Builtin(s)
+            } else {
+                eprintln!("replay bench: unknown shape '{name}' (independent, chain, tree, wide, wavefront)");
+                std::process::exit(2);
+            };
+            let size = if shape == GpuShape::Builtin(Shape::Wavefront) {
+                side * side
+            } else {
+                n
+            };
+            shapes.push((shape, size));
+        }
+        cfg.shapes = shapes;
     }
     // `--widths 1,4`: more rows of the independent shape, replayed with `max_width(w)`.
     let args: Vec<String> = std::env::args().collect();

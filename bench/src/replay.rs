@@ -405,6 +405,25 @@ pub fn bench(
                     lean.nodes,
                     lean.edges
                 ));
+                // The same on a worker of the pool (its thread, its node's stream), with the
+                // baseline's and then the worker's function handle of the empty kernel.
+                for worker_function in [false, true] {
+                    let w = baselines::captured_graph_on_worker(
+                        &pool,
+                        &dev,
+                        &raw_preds,
+                        cfg.per_round,
+                        worker_function,
+                    )?;
+                    notes.push(format!(
+                        "captured on a pool worker ({} function): {:.1} us a run, instantiate {:.3} us/node, {} nodes, {} edges",
+                        if worker_function { "its" } else { "baseline" },
+                        median(w.runs.iter().map(|&d| us(d)).collect()),
+                        us(w.instantiate) / w.nodes.max(1) as f64,
+                        w.nodes,
+                        w.edges
+                    ));
+                }
             }
             done += 1;
             progress(done, total);

@@ -656,163 +656,211 @@ pub fn captured_graph(
     let raw = Raw::open(ordinal)?;
     let (ctx, f) = (raw.ctx, raw.empty);
     let r = on_bound(ctx, || {
-        let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
-        let s = owned.view();
-        // The node-by-node graph, for the description only.
-        let mut rg = drv("cuGraphCreate", driver::graph_create(ctx))?;
-        let mut built: Vec<driver::GraphNode> = Vec::new();
-        for ps in preds.iter().take(4) {
-            let deps: Vec<driver::GraphNode> = ps.iter().map(|&p| built[p as usize]).collect();
-            built.push(drv(
-                "cuGraphAddKernelNode",
-                driver::graph_add_empty_kernel(ctx, &mut rg, &deps, f),
-            )?);
-        }
-        let raw_first_nodes = drv("cuGraphGetNodes", driver::graph_describe(ctx, &rg, 4));
-        let _ = rg.destroy(ctx);
-        let raw_first_nodes = raw_first_nodes?;
-
-        let cap_owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
-        let cs = cap_owned.view();
-        let t0 = Instant::now();
-        drv(
-            "cuStreamBeginCapture",
-            driver::stream_begin_capture(ctx, cs),
-        )?;
-        let mut tails: Vec<Vec<driver::GraphNode>> = vec![Vec::new(); preds.len()];
-        let mut needed = vec![read_back_all; preds.len()];
-        for ps in preds {
-            for &p in ps {
-                needed[p as usize] = true;
-            }
-        }
-        let mut current: Option<Vec<driver::GraphNode>> = Some(Vec::new());
-        let mut root: Option<driver::GraphNode> = None;
-        let mut failed = None;
-        for (i, ps) in preds.iter().enumerate() {
-            let mut deps: Vec<driver::GraphNode> = Vec::new();
-            for &p in ps {
-                for d in &tails[p as usize] {
-                    if !deps.contains(d) {
-                        deps.push(*d);
-                    }
-                }
-            }
-            if let (true, Some(r)) = (deps.is_empty(), root) {
-                deps.push(r);
-            }
-            let set = if !read_back_all && current.as_ref() == Some(&deps) {
-                Ok(())
-            } else {
-                match driver::capture_set_dependencies(ctx, cs, &deps) {
-                    Err(_) if deps.is_empty() => driver::capture_add_root(ctx, cs).and_then(|r| {
-                        root = Some(r);
-                        driver::capture_set_dependencies(ctx, cs, &[r])
-                    }),
-                    other => other,
-                }
-            };
-            let r = set
-                .map_err(|e| GpuError::driver("cuStreamUpdateCaptureDependencies", "baseline", e))
-                .and_then(|()| launch_empty(ctx, f, cs))
-                .and_then(|()| {
-                    if needed[i] {
-                        drv(
-                            "cuStreamGetCaptureInfo",
-                            driver::capture_dependencies(ctx, cs),
-                        )
-                        .map(Some)
-                    } else {
-                        Ok(None)
-                    }
-                });
-            match r {
-                Ok(t) => {
-                    current = t.clone();
-                    tails[i] = t.unwrap_or_default();
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        let g = driver::stream_end_capture(ctx, cs);
-        let _ = cap_owned.destroy(ctx);
-        let mut g = match (g, failed) {
-            (Ok(Some(g)), None) => g,
-            (Ok(Some(g)), Some(e)) => {
-                let _ = g.destroy(ctx);
-                return Err(e);
-            }
-            (_, Some(e)) => return Err(e),
-            (Ok(None), None) => {
-                return Err(GpuError::new(GpuErrorKind::Driver, "capture made no graph"))
-            }
-            (Err(e), None) => return Err(GpuError::driver("cuStreamEndCapture", "baseline", e)),
-        };
-        if let Some(r) = root {
-            drv(
-                "cuGraphDestroyNode",
-                driver::graph_remove_node(ctx, &mut g, r),
-            )?;
-        }
-        let capture = t0.elapsed();
-        let nodes = drv("cuGraphGetNodes", driver::graph_node_count(ctx, &g))?;
-        let edges = drv("cuGraphGetEdges", driver::graph_edge_count(ctx, &g))?;
-        let first_nodes = drv("cuGraphGetNodes", driver::graph_describe(ctx, &g, 4))?;
-        let t1 = Instant::now();
-        let exec = drv(
-            "cuGraphInstantiateWithFlags",
-            driver::graph_instantiate(ctx, &g),
-        );
-        let instantiate = t1.elapsed();
-        let _ = g.destroy(ctx);
-        let exec = exec?;
-        let ev = drv("cuEventCreate", driver::event_create(ctx))?;
-        let (mut timed, mut polled) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
-        let mut res = Ok(());
-        for i in 0..runs + 3 {
-            let t = Instant::now();
-            let r = drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s))
-                .and_then(|()| drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s)));
-            let d = t.elapsed();
-            let t = Instant::now();
-            let r = r
-                .and_then(|()| drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s)))
-                .and_then(|()| drv("cuEventRecord", driver::event_record(ctx, &ev, s)))
-                .and_then(|()| loop {
-                    match driver::event_query(ctx, &ev) {
-                        Ok(true) => break Ok(()),
-                        Ok(false) => std::hint::spin_loop(),
-                        Err(e) => break Err(GpuError::driver("cuEventQuery", "baseline", e)),
-                    }
-                });
-            let p = t.elapsed();
-            if let Err(e) = r {
-                res = Err(e);
-                break;
-            }
-            if i >= 3 {
-                timed.push(d);
-                polled.push(p);
-            }
-        }
-        let _ = ev.destroy(ctx);
-        let _ = exec.destroy(ctx);
-        let _ = owned.destroy(ctx);
-        res.map(|()| CapturedGraph {
-            nodes,
-            edges,
-            stand_in_root: root.is_some(),
-            capture,
-            instantiate,
-            runs: timed,
-            polled_runs: polled,
-            first_nodes,
-            raw_first_nodes,
-        })
+        capture_and_time(ctx, f, preds, runs, read_back_all, None)
     });
     drop(raw);
     r
+}
+
+/// [`captured_graph`] (tails read back only where needed) inside a node on a worker of `dev`:
+/// captured on the worker's thread and launched on the node's stream, with the baseline's own
+/// load of the empty kernel or, with `worker_function`, the worker's (the device's load of the
+/// built-in module, which a replay captures). Tells apart what the thread, the stream and the
+/// function handle do to a captured graph.
+pub fn captured_graph_on_worker(
+    pool: &crate::GpuPool,
+    dev: &crate::GpuDevice,
+    preds: &[Vec<u32>],
+    runs: usize,
+    worker_function: bool,
+) -> GpuResult<CapturedGraph> {
+    let raw = Raw::open(dev.ordinal())?;
+    let f = raw.empty;
+    let preds = preds.to_vec();
+    let kernel = Module::builtin().kernel(builtin::EMPTY)?;
+    let r = pool.call(dev, move |gctx| {
+        let f = if worker_function {
+            gctx.b.function(&kernel)?
+        } else {
+            f
+        };
+        Ok(capture_and_time(
+            gctx.b.ctx,
+            f,
+            &preds,
+            runs,
+            false,
+            Some(gctx.stream),
+        )?)
+    });
+    drop(raw);
+    r
+}
+
+/// The body of [`captured_graph`] on a thread bound to `ctx`: launches on `launch` (else a
+/// stream of its own).
+fn capture_and_time(
+    ctx: Ctx,
+    f: Func,
+    preds: &[Vec<u32>],
+    runs: usize,
+    read_back_all: bool,
+    launch: Option<StreamRef>,
+) -> GpuResult<CapturedGraph> {
+    let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+    let s = launch.unwrap_or_else(|| owned.view());
+    // The node-by-node graph, for the description only.
+    let mut rg = drv("cuGraphCreate", driver::graph_create(ctx))?;
+    let mut built: Vec<driver::GraphNode> = Vec::new();
+    for ps in preds.iter().take(4) {
+        let deps: Vec<driver::GraphNode> = ps.iter().map(|&p| built[p as usize]).collect();
+        built.push(drv(
+            "cuGraphAddKernelNode",
+            driver::graph_add_empty_kernel(ctx, &mut rg, &deps, f),
+        )?);
+    }
+    let raw_first_nodes = drv("cuGraphGetNodes", driver::graph_describe(ctx, &rg, 4));
+    let _ = rg.destroy(ctx);
+    let raw_first_nodes = raw_first_nodes?;
+
+    let cap_owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+    let cs = cap_owned.view();
+    let t0 = Instant::now();
+    drv(
+        "cuStreamBeginCapture",
+        driver::stream_begin_capture(ctx, cs),
+    )?;
+    let mut tails: Vec<Vec<driver::GraphNode>> = vec![Vec::new(); preds.len()];
+    let mut needed = vec![read_back_all; preds.len()];
+    for ps in preds {
+        for &p in ps {
+            needed[p as usize] = true;
+        }
+    }
+    let mut current: Option<Vec<driver::GraphNode>> = Some(Vec::new());
+    let mut root: Option<driver::GraphNode> = None;
+    let mut failed = None;
+    for (i, ps) in preds.iter().enumerate() {
+        let mut deps: Vec<driver::GraphNode> = Vec::new();
+        for &p in ps {
+            for d in &tails[p as usize] {
+                if !deps.contains(d) {
+                    deps.push(*d);
+                }
+            }
+        }
+        if let (true, Some(r)) = (deps.is_empty(), root) {
+            deps.push(r);
+        }
+        let set = if !read_back_all && current.as_ref() == Some(&deps) {
+            Ok(())
+        } else {
+            match driver::capture_set_dependencies(ctx, cs, &deps) {
+                Err(_) if deps.is_empty() => driver::capture_add_root(ctx, cs).and_then(|r| {
+                    root = Some(r);
+                    driver::capture_set_dependencies(ctx, cs, &[r])
+                }),
+                other => other,
+            }
+        };
+        let r = set
+            .map_err(|e| GpuError::driver("cuStreamUpdateCaptureDependencies", "baseline", e))
+            .and_then(|()| launch_empty(ctx, f, cs))
+            .and_then(|()| {
+                if needed[i] {
+                    drv(
+                        "cuStreamGetCaptureInfo",
+                        driver::capture_dependencies(ctx, cs),
+                    )
+                    .map(Some)
+                } else {
+                    Ok(None)
+                }
+            });
+        match r {
+            Ok(t) => {
+                current = t.clone();
+                tails[i] = t.unwrap_or_default();
+            }
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let g = driver::stream_end_capture(ctx, cs);
+    let _ = cap_owned.destroy(ctx);
+    let mut g = match (g, failed) {
+        (Ok(Some(g)), None) => g,
+        (Ok(Some(g)), Some(e)) => {
+            let _ = g.destroy(ctx);
+            return Err(e);
+        }
+        (_, Some(e)) => return Err(e),
+        (Ok(None), None) => {
+            return Err(GpuError::new(GpuErrorKind::Driver, "capture made no graph"))
+        }
+        (Err(e), None) => return Err(GpuError::driver("cuStreamEndCapture", "baseline", e)),
+    };
+    if let Some(r) = root {
+        drv(
+            "cuGraphDestroyNode",
+            driver::graph_remove_node(ctx, &mut g, r),
+        )?;
+    }
+    let capture = t0.elapsed();
+    let nodes = drv("cuGraphGetNodes", driver::graph_node_count(ctx, &g))?;
+    let edges = drv("cuGraphGetEdges", driver::graph_edge_count(ctx, &g))?;
+    let first_nodes = drv("cuGraphGetNodes", driver::graph_describe(ctx, &g, 4))?;
+    let t1 = Instant::now();
+    let exec = drv(
+        "cuGraphInstantiateWithFlags",
+        driver::graph_instantiate(ctx, &g),
+    );
+    let instantiate = t1.elapsed();
+    let _ = g.destroy(ctx);
+    let exec = exec?;
+    let ev = drv("cuEventCreate", driver::event_create(ctx))?;
+    let (mut timed, mut polled) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    let mut res = Ok(());
+    for i in 0..runs + 3 {
+        let t = Instant::now();
+        let r = drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s))
+            .and_then(|()| drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s)));
+        let d = t.elapsed();
+        let t = Instant::now();
+        let r = r
+            .and_then(|()| drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s)))
+            .and_then(|()| drv("cuEventRecord", driver::event_record(ctx, &ev, s)))
+            .and_then(|()| loop {
+                match driver::event_query(ctx, &ev) {
+                    Ok(true) => break Ok(()),
+                    Ok(false) => std::hint::spin_loop(),
+                    Err(e) => break Err(GpuError::driver("cuEventQuery", "baseline", e)),
+                }
+            });
+        let p = t.elapsed();
+        if let Err(e) = r {
+            res = Err(e);
+            break;
+        }
+        if i >= 3 {
+            timed.push(d);
+            polled.push(p);
+        }
+    }
+    let _ = ev.destroy(ctx);
+    let _ = exec.destroy(ctx);
+    let _ = owned.destroy(ctx);
+    res.map(|()| CapturedGraph {
+        nodes,
+        edges,
+        stand_in_root: root.is_some(),
+        capture,
+        instantiate,
+        runs: timed,
+        polled_runs: polled,
+        first_nodes,
+        raw_first_nodes,
+    })
 }
