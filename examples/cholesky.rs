@@ -3,11 +3,9 @@
 //! operation, edges from tile dependencies, GPU-side edges only (no host synchronise inside the
 //! factorization). Each bound worker uses its own library handles, set to its node's stream.
 //!
-//! `cargo run --release --example cholesky [-- --n N --tile B --workers W --merge --trailing --inverse --no-critical --warm --trace FILE.json]`
+//! `cargo run --release --example cholesky [-- --n N --tile B --workers W --merge --no-critical --warm --trace FILE.json]`
 //! (`--warm`: factor once first, untimed and untraced, then time and trace a second run)
 //! (`--merge`: one TRSM and one GEMM per column instead of one per tile, `CholeskyPlan::merge_columns`;
-//! `--trailing`: besides, one SYRK for the columns after the next, `CholeskyPlan::merge_trailing`;
-//! `--inverse`: each TRSM below a diagonal tile as a GEMM by its inverse, `CholeskyPlan::trsm_by_inverse`;
 //! `--no-critical`: the critical path's nodes at normal priority, `CholeskyPlan::critical_high`)
 //!
 //! The panel work (POTRF, TRSM and the look-ahead updates of the next tile column) runs on
@@ -95,13 +93,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         panel,
         update,
         merge_columns: args.iter().any(|a| a == "--merge"),
-        merge_trailing: args.iter().any(|a| a == "--trailing"),
-        trsm_by_inverse: args.iter().any(|a| a == "--inverse"),
         critical_high: !args.iter().any(|a| a == "--no-critical"),
     };
-    let len = plan.scratch_len().max(1);
-    let scratch = Arc::new(pool.call(&dev, move |ctx| Ok(ctx.alloc::<f64>(len)?))?);
-    let chol = plan.build_with_scratch("cholesky", &a, &info, Some(&scratch))?;
+    let chol = plan.build("cholesky", &a, &info)?;
     let [p, t, s, g] = chol.counts;
     println!("graph: {p} POTRF, {t} TRSM, {s} SYRK, {g} GEMM nodes");
     if args.iter().any(|a| a == "--warm") {
@@ -229,9 +223,7 @@ fn host_version(n: usize, b: usize) -> Result<(), Box<dyn std::error::Error>> {
                         }
                     }
                 }
-                TileOp::TrsmBelow { .. }
-                | TileOp::GemmBelow { .. }
-                | TileOp::SyrkTrailing { .. } => {
+                TileOp::TrsmBelow { .. } | TileOp::GemmBelow { .. } => {
                     unreachable!("the host version's plan keeps one operation per tile")
                 }
                 TileOp::Syrk { j: i, k } | TileOp::Gemm { i, k, .. } => {

@@ -10,9 +10,6 @@
 //!
 //! `cargo bench -p boundpool-bench --bench cholesky [-- --n 4096,8192 --tiles 512,1024 --runs 3 --workers 8 --merge]`
 //! (`--merge`: every DAG with `CholeskyPlan::merge_columns`, one TRSM and one GEMM per column;
-//! `--trailing`: with `CholeskyPlan::merge_trailing`, besides one SYRK for the columns after
-//! the next; `--inverse`: with `CholeskyPlan::trsm_by_inverse`, each TRSM below a diagonal tile
-//! as a GEMM by the tile's inverse;
 //! `--no-critical`: the critical path's nodes at normal priority (`CholeskyPlan::critical_high`);
 //! `--probe`: GEMM, TRSM, TRMM and SYRK calls of the tile shapes, each alone on the GPU).
 //! Without a GPU it says why and exits.
@@ -260,8 +257,6 @@ fn main() -> Res<()> {
     let runs = list("--runs", &[3]).first().copied().unwrap_or(3).max(1);
     let workers = list("--workers", &[8]).first().copied().unwrap_or(8).max(2);
     let merge_columns = std::env::args().any(|a| a == "--merge");
-    let merge_trailing = std::env::args().any(|a| a == "--trailing");
-    let trsm_by_inverse = std::env::args().any(|a| a == "--inverse");
     let critical_high = !std::env::args().any(|a| a == "--no-critical");
     let name = boundpool_gpu::device_info(0)
         .map(|d| d.name)
@@ -271,17 +266,12 @@ fn main() -> Res<()> {
          ({} panel at stream priority -5, {} updates, event edges){}",
         workers / 2,
         workers - workers / 2,
-        if merge_trailing {
-            "; one TRSM per column, the next column's updates, one SYRK for the rest (--trailing)"
-        } else if merge_columns {
+        if merge_columns {
             "; one TRSM and one GEMM per column (--merge)"
         } else {
             ""
         },
     );
-    if trsm_by_inverse {
-        println!("TRSMs below the diagonal as GEMMs by the diagonal tile's inverse (--inverse)");
-    }
     println!(
         "critical path (POTRF, the next two TRSMs, the next column's first updates) at {} priority",
         if critical_high {
@@ -348,16 +338,12 @@ fn main() -> Res<()> {
                     panel: g[0],
                     update: *g.last().unwrap(),
                     merge_columns,
-                    merge_trailing,
-                    trsm_by_inverse,
                     critical_high,
                 };
                 let info = Arc::new(s.pool.call(&s.dev, move |ctx| {
                     Ok(ctx.alloc_zeros::<i32>(n.div_ceil(b))?)
                 })?);
-                let len = plan.scratch_len().max(1);
-                let scratch = Arc::new(s.pool.call(&s.dev, move |ctx| Ok(ctx.alloc::<f64>(len)?))?);
-                let chol = plan.build_with_scratch("cholesky", &s.a, &info, Some(&scratch))?;
+                let chol = plan.build("cholesky", &s.a, &info)?;
                 nodes = chol.graph.len();
                 let t = s.time(&chol.graph, runs)?;
                 s.check(n, &format!("DAG N={n} tile={b}"))?;

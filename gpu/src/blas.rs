@@ -864,51 +864,6 @@ impl Blas<'_, '_, '_> {
         blas_check("cublasDtrmm", s, &what)
     }
 
-    /// `C = alpha op(A) + beta op(B)` (`m`×`n`; with `beta` 0, `B` is not read: a scaled copy
-    /// of `A` between leading dimensions).
-    ///
-    /// # Safety
-    /// As [`dgemm`](Self::dgemm); `C` may not overlap `A` or `B` unless it is the same matrix
-    /// with the same leading dimension and no transposition.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn dgeam(
-        &self,
-        ta: Trans,
-        tb: Trans,
-        m: usize,
-        n: usize,
-        alpha: f64,
-        a: u64,
-        lda: usize,
-        beta: f64,
-        b: u64,
-        ldb: usize,
-        c: u64,
-        ldc: usize,
-    ) -> GpuResult<()> {
-        let what = || self.ctx.what();
-        dims!(&what; m, n, lda, ldb, ldc);
-        // SAFETY: the caller's contract; scalars are read from the host before return.
-        let s = unsafe {
-            cb::cublasDgeam(
-                self.raw,
-                ta.blas(),
-                tb.blas(),
-                m,
-                n,
-                &alpha,
-                a as *const f64,
-                lda,
-                &beta,
-                b as *const f64,
-                ldb,
-                c as *mut f64,
-                ldc,
-            )
-        };
-        blas_check("cublasDgeam", s, &what)
-    }
-
     /// `y = x` for `n` elements with strides `incx`, `incy`.
     ///
     /// # Safety

@@ -158,7 +158,4 @@ pub mod builtin {
     pub const SCALE_F32: &str = "bp_scale_f32";
     /// `bp_sum_f32(const f32* x, f32* out, u32 n)`: `*out += x[i]` for `i < n` (atomic).
     pub const SUM_F32: &str = "bp_sum_f32";
-    /// `bp_identity_f64(f64* a, u64 ld, u64 n)`: the `n`×`n` column-major identity (leading
-    /// dimension `ld`) into `a`, one thread per element (`n²` threads).
-    pub const IDENTITY_F64: &str = "bp_identity_f64";
 }

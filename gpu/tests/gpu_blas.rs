@@ -344,17 +344,13 @@ fn small_tiled_cholesky_verifies() {
     let _w = watchdog("small_tiled_cholesky", 180);
     // 1000 = 7 tiles of 128 and one of 104: the ragged edge is covered too.
     let n = 1000;
-    // The third: one TRSM and one GEMM per column (`merge_columns`), ragged edge included.
-    // The fourth: the critical path at normal priority (`critical_high` off). The fifth: the
-    // trailing updates of each step in one SYRK (`merge_trailing`). The last: TRSMs as GEMMs
-    // by the diagonal tiles' inverses (`trsm_by_inverse`, merged columns implied).
-    for (groups, handoff, merge_columns, critical_high, merge_trailing, trsm_by_inverse) in [
-        (2, false, false, true, false, false),
-        (1, true, false, true, false, false),
-        (2, false, true, true, false, false),
-        (2, false, false, false, false, false),
-        (2, false, false, true, true, false),
-        (2, false, false, true, false, true),
+    // The last: one TRSM and one GEMM per column (`merge_columns`), ragged edge included.
+    // The fourth: the critical path at normal priority (`critical_high` off).
+    for (groups, handoff, merge_columns, critical_high) in [
+        (2, false, false, true),
+        (1, true, false, true),
+        (2, false, true, true),
+        (2, false, false, false),
     ] {
         let pool = GpuPoolBuilder::new()
             .devices(Devices::List(vec![0]))
@@ -378,36 +374,10 @@ fn small_tiled_cholesky_verifies() {
             panel: dev.groups()[0],
             update: *dev.groups().last().unwrap(),
             merge_columns,
-            merge_trailing,
-            trsm_by_inverse,
             critical_high,
         };
-        let chol = if trsm_by_inverse {
-            let err = plan.build("small", &a, &info).unwrap_err();
-            assert!(err.to_string().contains("trsm_by_inverse needs"), "{err}");
-            let len = plan.scratch_len();
-            assert_eq!(len, n * 128);
-            let short = Arc::new(
-                pool.call(&dev, move |ctx| Ok(ctx.alloc::<f64>(len - 1)?))
-                    .unwrap(),
-            );
-            let err = plan
-                .build_with_scratch("small", &a, &info, Some(&short))
-                .unwrap_err();
-            assert!(err.to_string().contains("(has "), "{err}");
-            let scratch = Arc::new(
-                pool.call(&dev, move |ctx| Ok(ctx.alloc::<f64>(len)?))
-                    .unwrap(),
-            );
-            plan.build_with_scratch("small", &a, &info, Some(&scratch))
-                .unwrap()
-        } else {
-            plan.build("small", &a, &info).unwrap()
-        };
-        let counts = if merge_trailing {
-            // Per step but the last two: the look-ahead SYRK and GEMM, the trailing SYRK.
-            [8, 7, 7 + 6, 6]
-        } else if merge_columns || trsm_by_inverse {
+        let chol = plan.build("small", &a, &info).unwrap();
+        let counts = if merge_columns {
             [8, 7, 28, 21]
         } else {
             [8, 28, 28, 56]
@@ -417,8 +387,7 @@ fn small_tiled_cholesky_verifies() {
         let r = residual_on_device(&pool, &dev, &a0, &a, n).unwrap();
         eprintln!(
             "groups {groups}, hand-off {handoff}, merged {merge_columns}, critical high \
-             {critical_high}, trailing {merge_trailing}, inverse {trsm_by_inverse}: residual \
-             {r:.3e}"
+             {critical_high}: residual {r:.3e}"
         );
         assert!(r <= 1e-12, "residual {r:e}");
         // A spot value of L: L_00 = sqrt(A_00).
