@@ -368,6 +368,30 @@ pub fn bench(
             cp_t.extend(cap.polled_runs.iter().map(|&d| us(d)));
             c_inst.push(us(cap.instantiate) / cap.nodes.max(1) as f64);
             if notes.is_empty() {
+                // Three more replays of the same graph, each captured and instantiated anew:
+                // how much one executable's speed varies from one instantiation to the next
+                // (the replay above is timed on one instantiation, the raw graph on a fresh
+                // one each round).
+                let mut draws = Vec::new();
+                for _ in 0..3 {
+                    let again = replay_graph_with(&dev, shape, &preds, width)?;
+                    again.run(&pool)?;
+                    let inst = us(again.stats().instantiate_time) / preds.len().max(1) as f64;
+                    let mut t_again = Vec::new();
+                    for _ in 0..cfg.per_round {
+                        let t = Instant::now();
+                        again.run(&pool)?;
+                        t_again.push(us(t.elapsed()));
+                    }
+                    draws.push(format!(
+                        "{:.1} us (instantiated at {inst:.1} us/node)",
+                        median(t_again)
+                    ));
+                }
+                notes.push(format!(
+                    "the same replay captured and instantiated again, three times: {}",
+                    draws.join(", ")
+                ));
                 notes.push(format!(
                     "replay's captures with a stand-in root: {} of {}",
                     replay.stats().stand_in_roots,
