@@ -530,20 +530,28 @@ pub struct RawGraph {
     pub runs: Vec<Duration>,
 }
 
+/// Fails unless every predecessor of every node is below it (the order the graphs are built in).
+fn check_preds(what: &str, preds: &[Vec<u32>]) -> GpuResult<()> {
+    match preds
+        .iter()
+        .enumerate()
+        .find(|(i, ps)| ps.iter().any(|&p| p as usize >= *i))
+    {
+        Some((i, _)) => Err(GpuError::new(
+            GpuErrorKind::InvalidArgument,
+            format!("{what}: node {i} has a predecessor not below it"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A raw CUDA graph of the empty kernel `<<<1,1>>>`, one kernel node per entry of `preds`
 /// (node `i` after every node in `preds[i]`, each of them below `i`), built with the driver
 /// API, instantiated once, then launched and waited for (stream synchronise) `runs` times after
 /// 3 warm-up runs, on one bound thread: the floor a replayed graph of the same topology is
 /// measured against.
 pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<RawGraph> {
-    for (i, ps) in preds.iter().enumerate() {
-        if ps.iter().any(|&p| p as usize >= i) {
-            return Err(GpuError::new(
-                GpuErrorKind::InvalidArgument,
-                format!("raw_graph: node {i} has a predecessor not below it"),
-            ));
-        }
-    }
+    check_preds("raw_graph", preds)?;
     let raw = Raw::open(ordinal)?;
     let (ctx, f) = (raw.ctx, raw.empty);
     let r = on_bound(ctx, || {
@@ -645,14 +653,7 @@ pub fn captured_graph(
     runs: usize,
     read_back_all: bool,
 ) -> GpuResult<CapturedGraph> {
-    for (i, ps) in preds.iter().enumerate() {
-        if ps.iter().any(|&p| p as usize >= i) {
-            return Err(GpuError::new(
-                GpuErrorKind::InvalidArgument,
-                format!("captured_graph: node {i} has a predecessor not below it"),
-            ));
-        }
-    }
+    check_preds("captured_graph", preds)?;
     let raw = Raw::open(ordinal)?;
     let (ctx, f) = (raw.ctx, raw.empty);
     let r = on_bound(ctx, || {
@@ -674,6 +675,7 @@ pub fn captured_graph_on_worker(
     runs: usize,
     worker_function: bool,
 ) -> GpuResult<CapturedGraph> {
+    check_preds("captured_graph_on_worker", preds)?;
     let raw = Raw::open(dev.ordinal())?;
     let f = raw.empty;
     let preds = preds.to_vec();

@@ -239,6 +239,35 @@ fn check_run(t: &TestGraph, what: &str, out: &boundpool_gpu::ReplayOutput) -> i6
     *v
 }
 
+/// `runs` times: sets the per-run input to `value(run)`, runs `t` eagerly and replayed, and
+/// checks that both computed it and that every node's value is the same in both.
+fn replay_matches_eager(
+    p: &GpuPool,
+    t: &TestGraph,
+    next: &AtomicI64,
+    runs: i64,
+    value: impl Fn(i64) -> i64,
+    what: &str,
+) {
+    for run in 0..runs {
+        let v = value(run);
+        next.store(v, Ordering::SeqCst);
+        let eager = t.replay.run_eager(p).unwrap_or_else(|e| {
+            panic!("eager run {run}: {}", chain(&e));
+        });
+        let replayed = t.replay.run(p).unwrap_or_else(|e| {
+            panic!("{what} run {run}: {}", chain(&e));
+        });
+        assert_eq!(check_run(t, &format!("eager run {run}"), &eager), v);
+        assert_eq!(check_run(t, &format!("{what} run {run}"), &replayed), v);
+        assert_eq!(
+            eager.get(t.read).unwrap().1,
+            replayed.get(t.read).unwrap().1,
+            "run {run}: {what} differs from eager"
+        );
+    }
+}
+
 #[test]
 fn random_dag_replayed_100_times_matches_eager() {
     if !gpu_or_skip("random_dag_replayed_100_times_matches_eager") {
@@ -258,23 +287,7 @@ fn random_dag_replayed_100_times_matches_eager() {
         Duration::ZERO,
     );
     assert!(t.replay.segments() >= 1, "the captured nodes form segments");
-    for run in 0..100i64 {
-        let v = run * 7919 - 300;
-        next.store(v, Ordering::SeqCst);
-        let eager = t.replay.run_eager(&p).unwrap_or_else(|e| {
-            panic!("eager run {run}: {}", chain(&e));
-        });
-        let replayed = t.replay.run(&p).unwrap_or_else(|e| {
-            panic!("replay run {run}: {}", chain(&e));
-        });
-        assert_eq!(check_run(&t, &format!("eager run {run}"), &eager), v);
-        assert_eq!(check_run(&t, &format!("replay run {run}"), &replayed), v);
-        assert_eq!(
-            eager.get(t.read).unwrap().1,
-            replayed.get(t.read).unwrap().1,
-            "run {run}: replay differs from eager"
-        );
-    }
+    replay_matches_eager(&p, &t, &next, 100, |run| run * 7919 - 300, "replay");
     // The eager runs called the bodies 100 times each; the replays once (one capture).
     let calls = t.body_calls.load(Ordering::SeqCst);
     assert_eq!(
@@ -1026,22 +1039,13 @@ fn max_width_adds_lane_edges_and_keeps_results() {
         Duration::ZERO,
         Some(3),
     );
-    for run in 0..20i64 {
-        let v = run * 104_729 - 77;
-        next.store(v, Ordering::SeqCst);
-        let eager = t.replay.run_eager(&p).unwrap_or_else(|e| {
-            panic!("eager run {run}: {}", chain(&e));
-        });
-        let replayed = t.replay.run(&p).unwrap_or_else(|e| {
-            panic!("replay run {run}: {}", chain(&e));
-        });
-        assert_eq!(check_run(&t, &format!("eager run {run}"), &eager), v);
-        assert_eq!(check_run(&t, &format!("replay run {run}"), &replayed), v);
-        assert_eq!(
-            eager.get(t.read).unwrap().1,
-            replayed.get(t.read).unwrap().1,
-            "run {run}: replay with 3 lanes differs from eager"
-        );
-    }
+    replay_matches_eager(
+        &p,
+        &t,
+        &next,
+        20,
+        |run| run * 104_729 - 77,
+        "replay with 3 lanes",
+    );
     assert_no_wrong_context("max_width_adds_lane_edges_and_keeps_results");
 }
