@@ -710,6 +710,17 @@ impl<S> Run<S> {
         }
     }
 
+    /// A predecessor's arrival at `s`, of release class `class` ([`CLASS_ONE`] or
+    /// [`CLASS_TWO`]): whether `s` is now ready, decided without its record (see
+    /// `Plan::classes`). Counted as in [`release_one`](Self::release_one).
+    #[inline(always)]
+    pub(crate) fn arrive_by_class(&self, s: u32, class: u8) -> bool {
+        // Its runner reads the record soon, here or elsewhere: ask for it now, without waiting
+        // for it.
+        sync::prefetch(self.plan.nodes.as_ptr().wrapping_add(s as usize));
+        class == CLASS_ONE || self.count_in(s, 2)
+    }
+
     /// [`release`](Self::release), for a worker that may batch its arrivals at wide joins
     /// (`batcher`, when it batches for this run): a wide join's leaf arrival joins the batch
     /// when it is for the same leaf, and
@@ -734,12 +745,7 @@ impl<S> Run<S> {
                 let r = match batcher {
                     // Decided from the class byte, without the successor's record (see
                     // `Plan::classes`).
-                    _ if class != CLASS_RECORD => {
-                        // Its runner reads the record soon, here or elsewhere: ask for it now,
-                        // without waiting for it.
-                        sync::prefetch(self.plan.nodes.as_ptr().wrapping_add(s as usize));
-                        (class == CLASS_ONE || self.count_in(s, 2)).then_some(s)
-                    }
+                    _ if class != CLASS_RECORD => self.arrive_by_class(s, class).then_some(s),
                     Some(b)
                         if self.plan.nodes[s as usize].indegree >= WIDE_JOIN
                             && b.run.get().is_some_and(|r| r.same(RunRef::new(self))) =>

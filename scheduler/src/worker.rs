@@ -14,7 +14,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::ctx::{DeferFn, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::{NodeSpec, CLASS_RECORD};
+use crate::graph::{NodeSpec, CLASS_ONE, CLASS_RECORD};
 use crate::ids::{Placement, ANY_GROUP, DOMAIN_BIT};
 use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::priority::{poll_order, Priority, WorkerDeques};
@@ -736,7 +736,10 @@ impl<S: Send + 'static> WorkerThread<S> {
                         // one clock read a node here too, its slice then covering this
                         // completion's bookkeeping.
                         chained = end;
-                        self.complete_general(run, node, true)
+                        match self.release_by_class(run, spec) {
+                            Some(next) => next,
+                            None => self.complete_general(run, node, true),
+                        }
                     }
                     (res, deferred) => {
                         counters.nodes_run.set(n);
@@ -1214,6 +1217,61 @@ impl<S: Send + 'static> WorkerThread<S> {
                 && self.registry.groups[self.group]
                     .domains
                     .contains(&(p & !DOMAIN_BIT)))
+    }
+
+    /// `complete_general` for the commonest nodes after chain links: no successor (a leaf), or
+    /// one or two inline in `spec` (a completed node of `run`), each of release class one or two
+    /// predecessors (a tree's inner nodes, a wavefront's cells). Decided from the class bytes
+    /// alone, as `complete_general` decides these, without its span, batch, placement and
+    /// level checks and its queueing closure: the first ready successor is the continuation,
+    /// a second ready one is pushed here with a unit of this worker's credit; with none ready
+    /// the node's unit becomes a spare one. `None`: not such a node, or its run failed (the
+    /// general path marks the successors unreleased).
+    #[inline(always)]
+    fn release_by_class(&self, run: RunRef<S>, spec: &NodeSpec<S>) -> Option<Option<u32>> {
+        let (a, b) = match *spec.inline_successors()? {
+            [] => {
+                // A leaf: its unit becomes a spare one.
+                if let Some(done) = self.credit.leave(run) {
+                    self.finish_run(done);
+                }
+                return Some(None);
+            }
+            [a] => (a, None),
+            [a, b] => (a, Some(b)),
+            _ => return None,
+        };
+        let plan = &run.plan;
+        let ca = plan.class(a);
+        let cb = match b {
+            Some(b) => plan.class(b),
+            None => CLASS_ONE,
+        };
+        if ca == CLASS_RECORD || cb == CLASS_RECORD || run.is_failed() {
+            return None;
+        }
+        let ready_a = run.arrive_by_class(a, ca);
+        let ready_b = b.filter(|&b| run.arrive_by_class(b, cb));
+        Some(match (ready_a, ready_b) {
+            (true, Some(b)) => {
+                // The node's unit passes to `a`, the continuation; `b` takes one of the credit.
+                if let Some(done) = self.credit.enter(run) {
+                    self.finish_run(done);
+                }
+                self.local.push(Task::new(run, b));
+                self.registry.sleep.notify_local(self.group);
+                Some(a)
+            }
+            (true, None) => Some(a),
+            (false, b) => {
+                if b.is_none() {
+                    if let Some(done) = self.credit.leave(run) {
+                        self.finish_run(done);
+                    }
+                }
+                b
+            }
+        })
     }
 
     /// Releases the successors of a node that has more than one, or whose one successor may

@@ -121,6 +121,16 @@ impl<S> NodeSpec<S> {
         (self.meta & FLAG_CHAIN != 0).then_some(self.succ[0])
     }
 
+    /// The node's successors when it has at most two, inline in the record; `None` for an
+    /// external list.
+    #[inline(always)]
+    pub(crate) fn inline_successors(&self) -> Option<&[u32]> {
+        match self.succ_mode() {
+            SUCC_EXTERNAL => None,
+            k => Some(&self.succ[..k as usize]),
+        }
+    }
+
     #[inline]
     pub(super) fn succ_mode(&self) -> u32 {
         (self.meta & SUCC_MASK) >> SUCC_SHIFT
