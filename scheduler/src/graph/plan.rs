@@ -216,6 +216,8 @@ pub(crate) struct Plan<S> {
     pub(super) preds: OnceLock<Csr>,
     /// The joins with many predecessors and their leaf counters, built by the first run.
     pub(crate) wide_joins: OnceLock<crate::run::WideJoins>,
+    /// Dependency counters left by runs that succeeded, counted on by the next runs.
+    pub(crate) counters: crate::run::CounterCache,
     pub(crate) names: NameTable,
     pub(crate) sources: Box<[u32]>,
     /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.
