@@ -819,6 +819,26 @@ impl<S> Run<S> {
         n
     }
 
+    /// Node `node`'s arrival at wide join `s` counted in `batcher`'s batch, when the batcher
+    /// batches for this run, as [`release_batched`](Self::release_batched) counts it: `None`
+    /// when it does not (or `s` is not a wide join, or the run failed), else the join that an
+    /// older batch's flush made ready, if any.
+    #[inline]
+    pub(crate) fn arrive_batched(
+        &self,
+        node: u32,
+        s: u32,
+        batcher: &LeafBatcher<S>,
+    ) -> Option<Option<u32>> {
+        if self.plan.nodes[s as usize].indegree < WIDE_JOIN
+            || !batcher.run.get().is_some_and(|r| r.same(RunRef::new(self)))
+            || self.is_failed()
+        {
+            return None;
+        }
+        Some(self.batch_arrive(node, s, &batcher.batch))
+    }
+
     /// Predecessor `p`'s arrival at wide join `s`, batched (see `release_batched`). Returns a
     /// join that the flush of an older batch made ready.
     #[inline(never)]

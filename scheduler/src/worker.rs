@@ -750,7 +750,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                         // one clock read a node here too, its slice then covering this
                         // completion's bookkeeping.
                         chained = end;
-                        match self.release_by_class(run, spec) {
+                        match self.release_by_class(run, node, spec) {
                             Some(next) => next,
                             None => self.complete_general(run, node, true),
                         }
@@ -1242,7 +1242,12 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// the node's unit becomes a spare one. `None`: not such a node, or its run failed (the
     /// general path marks the successors unreleased).
     #[inline(always)]
-    fn release_by_class(&self, run: RunRef<S>, spec: &NodeSpec<S>) -> Option<Option<u32>> {
+    fn release_by_class(
+        &self,
+        run: RunRef<S>,
+        node: u32,
+        spec: &NodeSpec<S>,
+    ) -> Option<Option<u32>> {
         let (a, b) = match *spec.inline_successors()? {
             [] => {
                 // A leaf: its unit becomes a spare one.
@@ -1257,6 +1262,11 @@ impl<S: Send + 'static> WorkerThread<S> {
         };
         let plan = &run.plan;
         let ca = plan.class(a);
+        if ca == CLASS_RECORD && b.is_none() {
+            // One successor read from its record: a wide join that a span's node arrives at
+            // (a map-reduce's map) is counted in the span's batch here too.
+            return self.arrive_at_wide_join(run, node, a);
+        }
         let cb = match b {
             Some(b) => plan.class(b),
             None => CLASS_ONE,
@@ -1286,6 +1296,35 @@ impl<S: Send + 'static> WorkerThread<S> {
                 b
             }
         })
+    }
+
+    /// Node `node`'s (of `run`, completed) arrival at its one successor `s`, when that is a
+    /// wide join and this worker batches for `run` (a span's node): counted in the batch, and
+    /// a join an older batch's flush made ready is the continuation (where it may run here,
+    /// as `complete_general` decides) or queued with the node's unit. `None`: not such an
+    /// arrival, for `complete_general`.
+    #[inline(never)]
+    fn arrive_at_wide_join(&self, run: RunRef<S>, node: u32, s: u32) -> Option<Option<u32>> {
+        match run.arrive_batched(node, s, &self.batcher)? {
+            None => {
+                // The node's unit becomes a spare one.
+                if let Some(done) = self.credit.leave(run) {
+                    self.finish_run(done);
+                }
+                Some(None)
+            }
+            Some(j) => {
+                let spec = &run.plan.nodes[j as usize];
+                if self.runs_here(spec) {
+                    return Some(Some(j));
+                }
+                // `j` carries this node's unit: once it is queued the run may end any moment.
+                if self.queue(Task::new(run, j), spec.placement(), spec.is_prioritized()) {
+                    self.registry.sleep.notify_local(self.group);
+                }
+                Some(None)
+            }
+        }
     }
 
     /// Releases the successors of a node that has more than one, or whose one successor may
