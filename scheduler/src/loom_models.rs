@@ -29,6 +29,8 @@
 //!    predecessors finishing at once make the join ready exactly once, with every predecessor's
 //!    output visible to it; also when one worker batches its arrivals at a leaf
 //!    (`Run::release_batched`, what a span does) and counts them in one increment later.
+//! 7. the counters a run that succeeded leaves to its plan's next run (`CounterCache`): the
+//!    next run counts on from the previous targets, and its joins are ready exactly once.
 //!
 //! A lost wake-up shows up as a loom deadlock (every thread parked).
 
@@ -403,6 +405,74 @@ fn wide_join_leaves() {
             h.join().unwrap();
         }
         assert_eq!(readies.load(Ordering::SeqCst), 1);
+    });
+}
+
+/// The counters a run that succeeded leaves behind are counted on by the plan's next run
+/// (`CounterCache`: each counter starts at its target times the runs before). A first run of
+/// three predecessors feeding a wide join `j` (two leaves under loom) and a two-predecessor
+/// join `k` (after p0 and p1) completes on this thread; in the second run the predecessors
+/// complete on three threads: each join becomes ready exactly once, seeing its inputs.
+#[test]
+fn counters_counted_on_by_the_next_run() {
+    loom::model(|| {
+        let mut g = GraphBuilder::<()>::new("rerun");
+        let preds: Vec<_> = (0..3u32)
+            .map(|i| g.node(format!("p{i}"), move |_| Ok(i)))
+            .collect();
+        let j = g.node("j", |_| Ok(()));
+        let k = g.node("k", |_| Ok(()));
+        for &p in &preds {
+            g.edge(p, j);
+        }
+        g.edge(preds[0], k).edge(preds[1], k);
+        let graph = g.build().expect("rerun builds");
+        {
+            let first = Run::new(1, graph.plan.clone());
+            let mut ready = Vec::new();
+            for node in 0..3u32 {
+                first.release(node, true, |t| ready.push(t.node));
+            }
+            ready.sort_unstable();
+            assert_eq!(ready, [3, 4], "the first run releases both joins");
+            assert!(first.take_result().is_ok());
+            // Dropped here: its counters go back to the plan.
+        }
+        let run = Arc::new(Run::new(2, graph.plan.clone()));
+        let readies = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let finish = {
+            let (run, readies) = (run.clone(), readies.clone());
+            move |node: u32| {
+                // SAFETY: this thread is node's only runner, before it releases successors.
+                unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
+                let mut ready = Vec::new();
+                run.release(node, true, |t| ready.push(t.node));
+                for &s in &ready {
+                    let inputs: &[u32] = if s == 3 { &[0, 1, 2] } else { &[0, 1] };
+                    for &p in inputs {
+                        // SAFETY: the join's counter reached its target: every predecessor
+                        // stored its value before its release, which happened-before this.
+                        let out = unsafe { run.slots.get(p).and_then(|s| s.get()) };
+                        let v = out.and_then(|o| o.value.as_ref());
+                        assert_eq!(v.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
+                    }
+                    readies[s as usize - 3].fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        };
+        let hs: Vec<_> = [1u32, 2]
+            .into_iter()
+            .map(|node| {
+                let finish = finish.clone();
+                thread::spawn(move || finish(node))
+            })
+            .collect();
+        finish(0);
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(readies[0].load(Ordering::SeqCst), 1, "j ready once");
+        assert_eq!(readies[1].load(Ordering::SeqCst), 1, "k ready once");
     });
 }
 

@@ -598,15 +598,49 @@ impl WideJoins {
     }
 }
 
+/// The dependency counters of one run: `pending` (one a node) and the wide joins' `leaves`.
+/// A counter whose target is `t` starts at `epoch × t` (wrapping) and counts up to `(epoch +
+/// 1) × t`.
+pub(crate) struct Counters {
+    pending: Box<[AtomicU32]>,
+    leaves: Box<[AtomicU32]>,
+    epoch: u32,
+}
+
+/// How many counter sets a plan keeps for its next runs (more runs of one graph at once
+/// allocate their own).
+const CACHED_COUNTERS: usize = 2;
+
+/// A plan's dependency counters left by its runs that succeeded, for its next runs (see
+/// `Run::epoch`). A run that succeeded counted every arrival at every join, so each counter
+/// stands at its target above where it started: the next run counts on from there instead of
+/// allocating `4 × nodes` bytes that the allocator zeroes on the submitting thread before the
+/// first node runs (a million-cell wavefront's 4 MB: 0.15 ms here, and its whole run takes
+/// 2-3 ms on 16 workers), and its workers find the counters where the last run left them
+/// rather than in the submitting core's cache. The cost is the set kept while the graph
+/// lives.
+pub(crate) struct CounterCache(Mutex<Vec<Counters>>);
+
+impl CounterCache {
+    pub(crate) fn new() -> Self {
+        CounterCache(Mutex::new(Vec::new()))
+    }
+}
+
 pub(crate) struct Run<S> {
     pub(crate) id: u64,
     pub(crate) plan: std::sync::Arc<Plan<S>>,
-    /// Finished predecessors of each node with more than one, counting up from 0 (zeroed
-    /// memory; empty when the graph has no such node: one-predecessor nodes need no counter).
-    pub(crate) pending: Box<[AtomicU32]>,
-    /// The leaf counters of the wide joins ([`WideJoins`]), `LEAF_STRIDE` apart (zeroed; empty
-    /// when the graph has none).
+    /// Finished predecessors of each node with more than one, counting up from `epoch ×`
+    /// its target (zeroed memory for a plan's first run; empty when the graph has no such
+    /// node: one-predecessor nodes need no counter).
+    pending: Box<[AtomicU32]>,
+    /// The leaf counters of the wide joins ([`WideJoins`]), `LEAF_STRIDE` apart, counting as
+    /// `pending` does (empty when the graph has none).
     leaves: Box<[AtomicU32]>,
+    /// Runs of this plan that counted in these counters before (see [`CounterCache`]).
+    epoch: u32,
+    /// The run succeeded: its counters go back to the plan's cache when it is dropped.
+    recycle: AtomicBool,
     pub(crate) slots: Slots,
     /// One-predecessor nodes whose predecessor ended without releasing them (failures only).
     unreleased: Mutex<Vec<u32>>,
@@ -624,18 +658,32 @@ pub(crate) struct Run<S> {
 impl<S> Run<S> {
     pub(crate) fn new(id: u64, plan: std::sync::Arc<Plan<S>>) -> Self {
         let n = plan.nodes.len();
-        let pending = sync::zeroed_counters(if plan.joins { n } else { 0 });
-        let leaves = if plan.joins {
-            sync::zeroed_counters(WideJoins::of(&plan).leaves() * LEAF_STRIDE)
+        let cached = if plan.joins {
+            sync::lock(&plan.counters.0).pop()
         } else {
-            sync::zeroed_counters(0)
+            None
         };
+        let Counters {
+            pending,
+            leaves,
+            epoch,
+        } = cached.unwrap_or_else(|| Counters {
+            pending: sync::zeroed_counters(if plan.joins { n } else { 0 }),
+            leaves: if plan.joins {
+                sync::zeroed_counters(WideJoins::of(&plan).leaves() * LEAF_STRIDE)
+            } else {
+                sync::zeroed_counters(0)
+            },
+            epoch: 0,
+        });
         let inflight = CachePadded::new(AtomicUsize::new(plan.sources.len()));
         Run {
             id,
             plan,
             pending,
             leaves,
+            epoch,
+            recycle: AtomicBool::new(false),
             slots: Slots::new(n),
             unreleased: Mutex::new(Vec::new()),
             inflight,
@@ -697,17 +745,36 @@ impl<S> Run<S> {
         true
     }
 
+    /// Where a counter with target `target` stands when this run has counted `k` arrivals in
+    /// it (see [`CounterCache`]).
+    #[inline(always)]
+    fn mark(&self, target: u32, k: u32) -> u32 {
+        self.epoch.wrapping_mul(target).wrapping_add(k)
+    }
+
     /// Counts one arrival in node `s`'s own counter, whose target is `target`; returns whether
     /// `s` is now ready.
     #[inline]
     fn count_in(&self, s: u32, target: u32) -> bool {
         let pending = &self.pending[s as usize];
-        if pending.load(Ordering::Acquire) == target - 1 {
-            pending.store(target, Ordering::Relaxed);
+        let last = self.mark(target, target - 1);
+        if pending.load(Ordering::Acquire) == last {
+            pending.store(last.wrapping_add(1), Ordering::Relaxed);
             true
         } else {
-            pending.fetch_add(1, Ordering::AcqRel) == target - 1
+            pending.fetch_add(1, Ordering::AcqRel) == last
         }
+    }
+
+    /// A predecessor's arrival at `s`, of release class `class` ([`CLASS_ONE`] or
+    /// [`CLASS_TWO`]): whether `s` is now ready, decided without its record (see
+    /// `Plan::classes`). Counted as in [`release_one`](Self::release_one).
+    #[inline(always)]
+    pub(crate) fn arrive_by_class(&self, s: u32, class: u8) -> bool {
+        // Its runner reads the record soon, here or elsewhere: ask for it now, without waiting
+        // for it.
+        sync::prefetch(self.plan.nodes.as_ptr().wrapping_add(s as usize));
+        class == CLASS_ONE || self.count_in(s, 2)
     }
 
     /// [`release`](Self::release), for a worker that may batch its arrivals at wide joins
@@ -734,12 +801,7 @@ impl<S> Run<S> {
                 let r = match batcher {
                     // Decided from the class byte, without the successor's record (see
                     // `Plan::classes`).
-                    _ if class != CLASS_RECORD => {
-                        // Its runner reads the record soon, here or elsewhere: ask for it now,
-                        // without waiting for it.
-                        sync::prefetch(self.plan.nodes.as_ptr().wrapping_add(s as usize));
-                        (class == CLASS_ONE || self.count_in(s, 2)).then_some(s)
-                    }
+                    _ if class != CLASS_RECORD => self.arrive_by_class(s, class).then_some(s),
                     Some(b)
                         if self.plan.nodes[s as usize].indegree >= WIDE_JOIN
                             && b.run.get().is_some_and(|r| r.same(RunRef::new(self))) =>
@@ -755,6 +817,26 @@ impl<S> Run<S> {
             }
         }
         n
+    }
+
+    /// Node `node`'s arrival at wide join `s` counted in `batcher`'s batch, when the batcher
+    /// batches for this run, as [`release_batched`](Self::release_batched) counts it: `None`
+    /// when it does not (or `s` is not a wide join, or the run failed), else the join that an
+    /// older batch's flush made ready, if any.
+    #[inline]
+    pub(crate) fn arrive_batched(
+        &self,
+        node: u32,
+        s: u32,
+        batcher: &LeafBatcher<S>,
+    ) -> Option<Option<u32>> {
+        if self.plan.nodes[s as usize].indegree < WIDE_JOIN
+            || !batcher.run.get().is_some_and(|r| r.same(RunRef::new(self)))
+            || self.is_failed()
+        {
+            return None;
+        }
+        Some(self.batch_arrive(node, s, &batcher.batch))
     }
 
     /// Predecessor `p`'s arrival at wide join `s`, batched (see `release_batched`). Returns a
@@ -790,8 +872,15 @@ impl<S> Run<S> {
         let wide = WideJoins::of(&self.plan);
         let quota = wide.quota[b.leaf as usize];
         let counter = &self.leaves[b.leaf as usize * LEAF_STRIDE];
-        let last = counter.load(Ordering::Acquire) == quota - b.count
-            || counter.fetch_add(b.count, Ordering::AcqRel) == quota - b.count;
+        let before = self.mark(quota, quota - b.count);
+        // The leaf's last arrivals leave it at its target, as `count_in` does, so that the
+        // next run of the plan counts on from there.
+        let last = if counter.load(Ordering::Acquire) == before {
+            counter.store(self.mark(quota, quota), Ordering::Relaxed);
+            true
+        } else {
+            counter.fetch_add(b.count, Ordering::AcqRel) == before
+        };
         last && self.count_in(b.join, wide.join(b.join).3)
     }
 
@@ -806,13 +895,15 @@ impl<S> Run<S> {
         let leaf = (first + leaf_of(p, leaves)) as usize;
         let quota = wide.quota[leaf];
         let counter = &self.leaves[leaf * LEAF_STRIDE];
-        if counter.load(Ordering::Acquire) == quota - 1
-            || counter.fetch_add(1, Ordering::AcqRel) == quota - 1
-        {
-            Some(roots)
+        let before = self.mark(quota, quota - 1);
+        let last = if counter.load(Ordering::Acquire) == before {
+            // Left at its target for the next run, as in `count_in`.
+            counter.store(self.mark(quota, quota), Ordering::Relaxed);
+            true
         } else {
-            None
-        }
+            counter.fetch_add(1, Ordering::AcqRel) == before
+        };
+        last.then_some(roots)
     }
 
     /// Marks `node`'s one-predecessor successors as never released. Their counters are not
@@ -857,8 +948,10 @@ impl<S> Run<S> {
                         u = self.plan.predecessors(u as u32)[0] as usize;
                         continue;
                     }
-                    d if self.pending[u].load(Ordering::Relaxed)
-                        == WideJoins::of(&self.plan).target(u as u32, d) =>
+                    d if {
+                        let t = WideJoins::of(&self.plan).target(u as u32, d);
+                        self.pending[u].load(Ordering::Relaxed) == self.mark(t, t)
+                    } =>
                     {
                         1
                     }
@@ -894,6 +987,8 @@ impl<S> Run<S> {
             });
             return Err(err.with_cancelled(cancelled));
         }
+        // Every arrival at every join was counted: the counters stand at their targets.
+        self.recycle.store(true, Ordering::Relaxed);
         let mut values = Vec::with_capacity(self.plan.valued.len());
         for &i in self.plan.valued.iter() {
             // SAFETY: in-flight reached zero, so no other thread touches this run's slots.
@@ -907,6 +1002,24 @@ impl<S> Run<S> {
             name: self.plan.name.clone(),
             values,
         })
+    }
+}
+
+impl<S> Drop for Run<S> {
+    fn drop(&mut self) {
+        // Only a run that succeeded left every counter at its target; a failed one (or one
+        // never started) leaves them where they stopped, and they are freed.
+        if !self.plan.joins || !self.recycle.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut cache = sync::lock(&self.plan.counters.0);
+        if cache.len() < CACHED_COUNTERS {
+            cache.push(Counters {
+                pending: std::mem::take(&mut self.pending),
+                leaves: std::mem::take(&mut self.leaves),
+                epoch: self.epoch.wrapping_add(1),
+            });
+        }
     }
 }
 

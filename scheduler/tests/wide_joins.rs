@@ -194,3 +194,116 @@ fn a_failed_successor_of_a_wide_fan_out_cancels_the_rest_exactly() {
         assert_eq!(err.cancelled_nodes(), not_run, "round {round}: {err}");
     }
 }
+
+/// A graph's dependency counters carry over from one of its runs that succeeded to the next
+/// (each counts on from where the last one stopped, `run.rs`'s `CounterCache`): runs of one
+/// graph (wide joins, a grid of two-predecessor joins), some failing, some submitted several
+/// at once, each succeed with every input or fail with the exact cancelled count.
+#[test]
+fn counters_carry_over_between_runs_of_a_graph() {
+    use std::sync::atomic::AtomicU64;
+    let pool = pool("wide-rerun", 3);
+    let ran = Arc::new(AtomicUsize::new(0));
+    // The predecessor of the wide joins that fails in a round, if any (u64::MAX: none).
+    let fail = Arc::new(AtomicU64::new(u64::MAX));
+    let mut g = GraphBuilder::<()>::new("rerun");
+    let mut inputs = Vec::new();
+    for i in 0..600u64 {
+        let (r, f) = (ran.clone(), fail.clone());
+        inputs.push(g.node(format!("p{i}"), move |_| -> Result<u64, BoxError> {
+            r.fetch_add(1, Ordering::SeqCst);
+            if f.load(Ordering::SeqCst) == i {
+                return Err("predecessor failed".into());
+            }
+            Ok(i)
+        }));
+    }
+    let ins = inputs.clone();
+    let all = g.node("all", move |ctx| -> Result<u64, BoxError> {
+        let mut sum = 0;
+        for &p in &ins {
+            sum += *ctx.input(p)?;
+        }
+        Ok(sum)
+    });
+    for &p in &inputs {
+        g.edge(p, all);
+    }
+    // A 20x20 grid after `all`: cell (r, c) adds its left and upper neighbours.
+    let side = 20usize;
+    let mut cells: Vec<NodeRef<u64>> = Vec::new();
+    for r in 0..side {
+        for c in 0..side {
+            let left = (c > 0).then(|| cells[r * side + c - 1]);
+            let up = (r > 0).then(|| cells[(r - 1) * side + c]);
+            let rr = ran.clone();
+            let cell = g.node(format!("c{r}_{c}"), move |ctx| -> Result<u64, BoxError> {
+                rr.fetch_add(1, Ordering::SeqCst);
+                let mut v = 0;
+                if let Some(l) = left {
+                    v += *ctx.input(l)?;
+                }
+                if let Some(u) = up {
+                    v += *ctx.input(u)?;
+                }
+                Ok(if left.is_none() && up.is_none() {
+                    *ctx.input(all)?
+                } else {
+                    v
+                })
+            });
+            if let Some(l) = left {
+                g.edge(l, cell);
+            }
+            if let Some(u) = up {
+                g.edge(u, cell);
+            }
+            if r == 0 && c == 0 {
+                g.edge(all, cell);
+            }
+            cells.push(cell);
+        }
+    }
+    let graph = g.build().expect("builds");
+    let sum = 600 * 599 / 2;
+    // Paths from the corner to the far corner: C(2 (side - 1), side - 1).
+    let paths: u64 =
+        (0..side as u64 - 1).fold(1, |acc, k| acc * (2 * (side as u64 - 1) - k) / (k + 1));
+    let last = cells[side * side - 1];
+    for round in 0..16u64 {
+        let failing = round % 5 == 3;
+        fail.store(if failing { 7 + round } else { u64::MAX }, Ordering::SeqCst);
+        ran.store(0, Ordering::SeqCst);
+        // Some rounds that succeed submit the graph three times at once (more runs than the
+        // cached counter sets); a failing round runs it once (its count of bodies run is then
+        // that run's).
+        let copies = if round % 4 == 1 && !failing { 3 } else { 1 };
+        let handles: Vec<_> = (0..copies)
+            .map(|_| pool.submit(&graph).expect("submits"))
+            .collect();
+        for h in handles {
+            match h.wait() {
+                Ok(out) => {
+                    assert!(!failing, "round {round}");
+                    assert_eq!(out.get(all), Some(&sum), "round {round}");
+                    assert_eq!(out.get(last), Some(&(sum * paths)), "round {round}");
+                }
+                Err(err) => {
+                    assert!(failing, "round {round}: {err}");
+                    assert_eq!(err.kind(), ErrorKind::NodeFailed, "{err}");
+                    // The grid and the join never run.
+                    assert!(err.cancelled_nodes() > side * side, "round {round}: {err}");
+                    let not_run = graph.len() - ran.load(Ordering::SeqCst);
+                    assert_eq!(err.cancelled_nodes(), not_run, "round {round}: {err}");
+                }
+            }
+        }
+        if !failing {
+            assert_eq!(
+                ran.load(Ordering::SeqCst),
+                copies * (600 + side * side),
+                "round {round}"
+            );
+        }
+    }
+}

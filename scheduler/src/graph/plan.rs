@@ -121,6 +121,16 @@ impl<S> NodeSpec<S> {
         (self.meta & FLAG_CHAIN != 0).then_some(self.succ[0])
     }
 
+    /// The node's successors when it has at most two, inline in the record; `None` for an
+    /// external list.
+    #[inline(always)]
+    pub(crate) fn inline_successors(&self) -> Option<&[u32]> {
+        match self.succ_mode() {
+            SUCC_EXTERNAL => None,
+            k => Some(&self.succ[..k as usize]),
+        }
+    }
+
     #[inline]
     pub(super) fn succ_mode(&self) -> u32 {
         (self.meta & SUCC_MASK) >> SUCC_SHIFT
@@ -206,6 +216,8 @@ pub(crate) struct Plan<S> {
     pub(super) preds: OnceLock<Csr>,
     /// The joins with many predecessors and their leaf counters, built by the first run.
     pub(crate) wide_joins: OnceLock<crate::run::WideJoins>,
+    /// Dependency counters left by runs that succeeded, counted on by the next runs.
+    pub(crate) counters: crate::run::CounterCache,
     pub(crate) names: NameTable,
     pub(crate) sources: Box<[u32]>,
     /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.

@@ -119,6 +119,7 @@ impl<S> Plan<S> {
             joins: b.joins,
             preds: OnceLock::new(),
             wide_joins: OnceLock::new(),
+            counters: crate::run::CounterCache::new(),
             names: b.names.shrunk(),
             sources: sources.into_boxed_slice(),
             valued: b.valued.into_boxed_slice(),
