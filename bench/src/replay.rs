@@ -2,7 +2,8 @@
 //! GPU pool, replayed as CUDA graphs ([`boundpool_gpu::Replayable`]), and launched as a raw CUDA
 //! graph of the same topology built with the driver API
 //! ([`boundpool_gpu::baselines::raw_graph`]), all in one process, interleaved round by round.
-//! Used by `cargo bench -p boundpool-bench --bench replay` and `boundpool bench --gpu`.
+//! Each round times a fresh instantiation of both the replay and the raw graph (an executable's
+//! speed varies from one instantiation to the next). Used by `cargo bench -p boundpool-bench --bench replay` and `boundpool bench --gpu`.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -349,17 +350,33 @@ pub fn bench(
         for _ in 0..3 {
             pool.submit(&eager)?.wait()?;
         }
-        for _ in 0..cfg.rounds {
+        let mut per_round_replay = Vec::new();
+        for round in 0..cfg.rounds {
             for _ in 0..cfg.per_round {
                 let t = Instant::now();
                 pool.submit(&eager)?.wait()?;
                 e_t.push(us(t.elapsed()));
             }
+            // Each round replays an executable of its own (captured and instantiated untimed
+            // before), as each round's raw graph below is instantiated anew: one instantiation
+            // of the same graph can run ~15% slower than the next (1,000 roots, H100), so both
+            // sides sample that alike.
+            let fresh;
+            let this = if round == 0 {
+                &replay
+            } else {
+                fresh = replay_graph_with(&dev, shape, &preds, width)?;
+                fresh.run(&pool)?;
+                &fresh
+            };
+            let mut this_round = Vec::with_capacity(cfg.per_round);
             for _ in 0..cfg.per_round {
                 let t = Instant::now();
-                replay.run(&pool)?;
-                r_t.push(us(t.elapsed()));
+                this.run(&pool)?;
+                this_round.push(us(t.elapsed()));
             }
+            per_round_replay.push(median(this_round.clone()));
+            r_t.extend(this_round);
             let raw = baselines::raw_graph(dev.ordinal(), &raw_preds, cfg.per_round)?;
             raw_t.extend(raw.runs.iter().map(|&d| us(d)));
             raw_inst.push(us(raw.instantiate) / raw.nodes.max(1) as f64);
@@ -368,30 +385,6 @@ pub fn bench(
             cp_t.extend(cap.polled_runs.iter().map(|&d| us(d)));
             c_inst.push(us(cap.instantiate) / cap.nodes.max(1) as f64);
             if notes.is_empty() {
-                // Three more replays of the same graph, each captured and instantiated anew:
-                // how much one executable's speed varies from one instantiation to the next
-                // (the replay above is timed on one instantiation, the raw graph on a fresh
-                // one each round).
-                let mut draws = Vec::new();
-                for _ in 0..3 {
-                    let again = replay_graph_with(&dev, shape, &preds, width)?;
-                    again.run(&pool)?;
-                    let inst = us(again.stats().instantiate_time) / preds.len().max(1) as f64;
-                    let mut t_again = Vec::new();
-                    for _ in 0..cfg.per_round {
-                        let t = Instant::now();
-                        again.run(&pool)?;
-                        t_again.push(us(t.elapsed()));
-                    }
-                    draws.push(format!(
-                        "{:.1} us (instantiated at {inst:.1} us/node)",
-                        median(t_again)
-                    ));
-                }
-                notes.push(format!(
-                    "the same replay captured and instantiated again, three times: {}",
-                    draws.join(", ")
-                ));
                 notes.push(format!(
                     "replay's captures with a stand-in root: {} of {}",
                     replay.stats().stand_in_roots,
@@ -452,6 +445,17 @@ pub fn bench(
             done += 1;
             progress(done, total);
         }
+        notes.insert(
+            0,
+            format!(
+                "replay, each round's own instantiation: {} us (medians of its runs)",
+                per_round_replay
+                    .iter()
+                    .map(|v| format!("{v:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
         rows.push(ReplayRow {
             shape: label,
             nodes: preds.len(),
