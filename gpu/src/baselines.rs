@@ -653,11 +653,24 @@ pub fn captured_graph(
     runs: usize,
     read_back_all: bool,
 ) -> GpuResult<CapturedGraph> {
+    captured_graph_with(ordinal, preds, runs, read_back_all, false)
+}
+
+/// [`captured_graph`]; with `default_policy`, the captured kernel nodes' cluster scheduling
+/// preference (which a capture sets to "spread") set back to the default before instantiating,
+/// as a replay does.
+pub fn captured_graph_with(
+    ordinal: i32,
+    preds: &[Vec<u32>],
+    runs: usize,
+    read_back_all: bool,
+    default_policy: bool,
+) -> GpuResult<CapturedGraph> {
     check_preds("captured_graph", preds)?;
     let raw = Raw::open(ordinal)?;
     let (ctx, f) = (raw.ctx, raw.empty);
     let r = on_bound(ctx, || {
-        capture_and_time(ctx, f, preds, runs, read_back_all, None)
+        capture_and_time(ctx, f, preds, runs, read_back_all, None, default_policy)
     });
     drop(raw);
     r
@@ -693,6 +706,7 @@ pub fn captured_graph_on_worker(
             runs,
             false,
             Some(gctx.stream),
+            false,
         )?)
     });
     drop(raw);
@@ -708,6 +722,7 @@ fn capture_and_time(
     runs: usize,
     read_back_all: bool,
     launch: Option<StreamRef>,
+    default_policy: bool,
 ) -> GpuResult<CapturedGraph> {
     let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
     let s = launch.unwrap_or_else(|| owned.view());
@@ -808,6 +823,12 @@ fn capture_and_time(
         drv(
             "cuGraphDestroyNode",
             driver::graph_remove_node(ctx, &mut g, r),
+        )?;
+    }
+    if default_policy {
+        drv(
+            "cuGraphKernelNodeSetAttribute",
+            driver::graph_default_cluster_policy(ctx, &mut g),
         )?;
     }
     let capture = t0.elapsed();
