@@ -422,21 +422,6 @@ pub fn bench(
                     lean.nodes,
                     lean.edges
                 ));
-                // The same with the captured nodes' cluster scheduling preference set back to
-                // the default (as the replay does, unless BOUNDPOOL_REPLAY_KEEP_CAPTURED_POLICY
-                // is set).
-                let reset = baselines::captured_graph_with(
-                    dev.ordinal(),
-                    &raw_preds,
-                    cfg.per_round,
-                    false,
-                    true,
-                )?;
-                notes.push(format!(
-                    "captured, cluster scheduling preference back to the default: {:.1} us a run, instantiate {:.3} us/node",
-                    median(reset.runs.iter().map(|&d| us(d)).collect()),
-                    us(reset.instantiate) / reset.nodes.max(1) as f64,
-                ));
                 // The same on a worker of the pool (its thread, its node's stream), with the
                 // baseline's and then the worker's function handle of the empty kernel.
                 for worker_function in [false, true] {

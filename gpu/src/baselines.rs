@@ -653,24 +653,11 @@ pub fn captured_graph(
     runs: usize,
     read_back_all: bool,
 ) -> GpuResult<CapturedGraph> {
-    captured_graph_with(ordinal, preds, runs, read_back_all, false)
-}
-
-/// [`captured_graph`]; with `default_policy`, the captured kernel nodes' cluster scheduling
-/// preference (which a capture sets to "spread") set back to the default before instantiating,
-/// as a replay does.
-pub fn captured_graph_with(
-    ordinal: i32,
-    preds: &[Vec<u32>],
-    runs: usize,
-    read_back_all: bool,
-    default_policy: bool,
-) -> GpuResult<CapturedGraph> {
     check_preds("captured_graph", preds)?;
     let raw = Raw::open(ordinal)?;
     let (ctx, f) = (raw.ctx, raw.empty);
     let r = on_bound(ctx, || {
-        capture_and_time(ctx, f, preds, runs, read_back_all, None, default_policy)
+        capture_and_time(ctx, f, preds, runs, read_back_all, None)
     });
     drop(raw);
     r
@@ -706,7 +693,6 @@ pub fn captured_graph_on_worker(
             runs,
             false,
             Some(gctx.stream),
-            false,
         )?)
     });
     drop(raw);
@@ -722,7 +708,6 @@ fn capture_and_time(
     runs: usize,
     read_back_all: bool,
     launch: Option<StreamRef>,
-    default_policy: bool,
 ) -> GpuResult<CapturedGraph> {
     let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
     let s = launch.unwrap_or_else(|| owned.view());
@@ -823,12 +808,6 @@ fn capture_and_time(
         drv(
             "cuGraphDestroyNode",
             driver::graph_remove_node(ctx, &mut g, r),
-        )?;
-    }
-    if default_policy {
-        drv(
-            "cuGraphKernelNodeSetAttribute",
-            driver::graph_default_cluster_policy(ctx, &mut g),
         )?;
     }
     let capture = t0.elapsed();

@@ -975,68 +975,6 @@ pub(crate) fn graph_add_empty_kernel(
     Ok(GraphNode(node))
 }
 
-/// Sets the cluster scheduling policy preference of every kernel node of `g` that a stream
-/// capture recorded as "spread" and whose kernel has no cluster dimension back to the default,
-/// as a node added with `cuGraphAddKernelNode` has it (the one launch attribute by which the
-/// captured and the built graphs' nodes differ; a kernel without clusters is scheduled the same
-/// either way). Returns how many nodes it changed.
-pub(crate) fn graph_default_cluster_policy(expect: Ctx, g: &mut CudaGraph) -> DResult<usize> {
-    use sys::CUlaunchAttributeID_enum as A;
-    check(expect, "cuGraphGetNodes");
-    let mut n: usize = 0;
-    // SAFETY: with a null node array the driver only writes the count.
-    unsafe { sys::cuGraphGetNodes(g.0, std::ptr::null_mut(), &mut n).result()? };
-    let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
-    // SAFETY: `nodes` has room for `n` handles; the driver writes at most `n`.
-    unsafe { sys::cuGraphGetNodes(g.0, nodes.as_mut_ptr(), &mut n).result()? };
-    let mut changed = 0;
-    for &node in nodes.iter().take(n) {
-        let mut t = MaybeUninit::<sys::CUgraphNodeType>::uninit();
-        // SAFETY: `node` is a node of `g`; writes one type.
-        let t = unsafe {
-            sys::cuGraphNodeGetType(node, t.as_mut_ptr()).result()?;
-            t.assume_init()
-        };
-        if t != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
-            continue;
-        }
-        let get = |a| {
-            let mut v = MaybeUninit::<sys::CUkernelNodeAttrValue>::zeroed();
-            // SAFETY: `node` is a kernel node of `g`; writes one attribute value (a union
-            // the zeroed buffer already holds).
-            let r = unsafe { sys::cuGraphKernelNodeGetAttribute(node, a, v.as_mut_ptr()) };
-            // SAFETY: zero-initialised above, written by the driver on success.
-            (r == sys::CUresult::CUDA_SUCCESS).then(|| unsafe { v.assume_init() })
-        };
-        let Some(policy) = get(A::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE) else {
-            continue;
-        };
-        // SAFETY: the union member this attribute's value is.
-        let spread = unsafe { policy.clusterSchedulingPolicyPreference }
-            == sys::CUclusterSchedulingPolicy::CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
-        // SAFETY: the union member the cluster dimension's value is.
-        let clustered = get(A::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
-            .map(|v| unsafe { v.clusterDim.x * v.clusterDim.y * v.clusterDim.z > 1 })
-            .unwrap_or(false);
-        if spread && !clustered {
-            let mut v = policy;
-            v.clusterSchedulingPolicyPreference =
-                sys::CUclusterSchedulingPolicy::CU_CLUSTER_SCHEDULING_POLICY_DEFAULT;
-            // SAFETY: `node` is a kernel node of `g`; the driver copies the value.
-            unsafe {
-                sys::cuGraphKernelNodeSetAttribute(
-                    node,
-                    A::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
-                    &v,
-                )
-                .result()?
-            };
-            changed += 1;
-        }
-    }
-    Ok(changed)
-}
-
 /// One line for each of the first `max` nodes of `g`: its type and, for a kernel node, its
 /// function, grid, block, shared memory and every launch attribute the driver reports with a
 /// non-zero value (for comparing a captured graph with one built node by node).

@@ -1281,18 +1281,6 @@ fn capture_segment(
             return Err(drv("cuGraphDestroyNode", e));
         }
     }
-    // The captured kernel nodes' cluster scheduling preference back to the default a node
-    // built with cuGraphAddKernelNode has (see `driver::graph_default_cluster_policy`).
-    #[cfg(feature = "bench-internals")]
-    let reset = std::env::var_os("BOUNDPOOL_REPLAY_KEEP_CAPTURED_POLICY").is_none();
-    #[cfg(not(feature = "bench-internals"))]
-    let reset = true;
-    if reset {
-        if let Err(e) = driver::graph_default_cluster_policy(ctx, &mut graph) {
-            let _ = graph.destroy(ctx);
-            return Err(drv("cuGraphKernelNodeSetAttribute", e));
-        }
-    }
     let capture_time = t0.elapsed();
     let counted = driver::graph_node_count(ctx, &graph);
     let nodes = match counted {
