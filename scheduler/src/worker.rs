@@ -221,7 +221,7 @@ pub(crate) fn main<S: Send + 'static>(
         deferred: RefCell::new(Vec::new()),
         finished: RefCell::new(Vec::new()),
         credit: Credit::new(),
-        helped: Cell::new(false),
+        attention: Cell::new(false),
         nesting: Cell::new(0),
         batcher: LeafBatcher::new(),
         defer_slot: Cell::new(None),
@@ -388,8 +388,9 @@ pub(crate) struct WorkerThread<S> {
     /// worker touch no shared count.
     credit: Credit<S>,
     /// A body running here waited for a nested graph and ran other nodes meanwhile (their
-    /// counts are in `nodes_run`; the chain loop re-reads it).
-    helped: Cell<bool>,
+    /// counts are in `nodes_run`; the chain loop re-reads it), or deferred its completion
+    /// (`defer_slot`): the chain loop looks at either only when this is set.
+    attention: Cell<bool>,
     /// Nested waits (`help_until`) and spans (`run_span`) in progress on this worker: while
     /// there are any, a chain does not go on with the deque's top (`pop_local_of`).
     nesting: Cell<u32>,
@@ -425,7 +426,7 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
         self.nesting.set(self.nesting.get() - 1);
         self.batcher.run.set(batching);
         self.defer_slot.set(waiting);
-        self.helped.set(true);
+        self.attention.set(true);
         done
     }
 
@@ -485,6 +486,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// Called by `NodeCtx::complete_when` from the running body.
     pub(crate) fn set_deferred(&self, poll: DeferFn<S>) {
         self.defer_slot.set(Some(poll));
+        self.attention.set(true);
     }
 
     #[inline]
@@ -680,12 +682,28 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// The loop of a chain of continuations, starting at node `*running`. They all belong to
     /// `run`, so its node records are read from a slice held in registers, and one `NodeCtx`
     /// serves the whole chain (only its node changes). `*running` names the node whose body
-    /// runs ([`NO_NODE`] between bodies).
+    /// runs ([`NO_NODE`] between bodies, except from a chain link's body to its successor's,
+    /// where nothing can panic).
+    #[inline(always)]
     fn execute_chain(&self, run: RunRef<S>, running: &mut u32) {
+        // Two instantiations: a pool without a trace (the usual case) keeps no trace state in
+        // the loop and checks for none per node.
+        if self.registry.trace.is_some() {
+            self.chain_loop::<true>(run, running)
+        } else {
+            self.chain_loop::<false>(run, running)
+        }
+    }
+
+    #[inline(always)]
+    fn chain_loop<const TRACE: bool>(&self, run: RunRef<S>, running: &mut u32) {
         let nodes: &[NodeSpec<S>] = &run.plan.nodes;
         let counters = self.counters();
-        let sink = self.registry.trace.as_ref();
-        let tracing = sink.is_some();
+        let sink = if TRACE {
+            self.registry.trace.as_ref()
+        } else {
+            None
+        };
         let mut node = *running;
         *running = NO_NODE;
         let mut ctx = NodeCtx {
@@ -704,35 +722,38 @@ impl<S: Send + 'static> WorkerThread<S> {
                 *running = node;
                 // The count before this body (the landing pad counts a panicking one).
                 counters.nodes_run.set(n);
-                let tick = sink.map(|t| chained.take().unwrap_or_else(|| t.now()));
+                let tick = if TRACE {
+                    sink.map(|t| chained.take().unwrap_or_else(|| t.now()))
+                } else {
+                    None
+                };
                 let res = spec.body.run(&ctx);
-                *running = NO_NODE;
-                n += 1;
-                if self.helped.get() {
-                    // The body waited for a nested graph and ran other nodes here, which
-                    // counted themselves: a stale `n` would set the count back (and the metrics
-                    // flush would see it go down). A flag, not a re-read of the count per node:
-                    // that put a store-to-load round trip on every link of a chain.
-                    self.helped.set(false);
-                    n = counters.nodes_run.get() + 1;
-                }
                 let mut end = None;
-                if let (Some(t), Some(tick)) = (sink, tick) {
-                    // Before the node completes, so a trace taken once its graph is done has it.
-                    let e = t.now();
-                    t.node(
-                        self.index,
-                        &run.plan,
-                        node,
-                        (tick, e),
-                        self.stolen.replace(false),
-                    );
-                    end = Some(e);
+                if TRACE {
+                    *running = NO_NODE;
+                    if let (Some(t), Some(tick)) = (sink, tick) {
+                        // Before the node completes, so a trace taken once its graph is done
+                        // has it.
+                        let e = t.now();
+                        t.node(
+                            self.index,
+                            &run.plan,
+                            node,
+                            (tick, e),
+                            self.stolen.replace(false),
+                        );
+                        end = Some(e);
+                    }
                 }
-                match (res, self.defer_slot.take()) {
-                    // A failed run is caught when the continuation starts: it is skipped and
-                    // counted there.
-                    (Ok(()), None) => {
+                match res {
+                    // `attention`: the body deferred its completion or ran other nodes in a
+                    // nested wait (see `after_body_attention`). One flag for both, not a take
+                    // of the slot and a check of a second flag per node: on a chain link those
+                    // were a fifth of the loop's instructions.
+                    Ok(()) if !self.attention.get() => {
+                        n += 1;
+                        // A failed run is caught when the continuation starts: it is skipped
+                        // and counted there.
                         if let Some(s) = spec.chain_successor() {
                             sync::prefetch(
                                 nodes
@@ -742,8 +763,11 @@ impl<S: Send + 'static> WorkerThread<S> {
                             );
                             node = s;
                             chained = end;
+                            // `*running` still names the node that ran: nothing up to the
+                            // next body's start can panic (the path that can sets `NO_NODE`).
                             continue;
                         }
+                        *running = NO_NODE;
                         counters.nodes_run.set(n);
                         // The node this worker goes straight on with (a successor made ready
                         // here, or its deque's newest) starts its slice where this one ended:
@@ -755,12 +779,14 @@ impl<S: Send + 'static> WorkerThread<S> {
                             None => self.complete_general(run, node, true),
                         }
                     }
-                    (res, deferred) => {
-                        counters.nodes_run.set(n);
-                        self.after_body_slow(run, node, res, deferred)
+                    res => {
+                        *running = NO_NODE;
+                        chained = None;
+                        self.after_body_attention(run, node, res)
                     }
                 }
             } else {
+                *running = NO_NODE;
                 chained = None;
                 counters.nodes_run.set(n);
                 if spec.is_cpu() || run.is_failed() {
@@ -771,7 +797,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                         self.service(n);
                     }
                     let sample = n % SAMPLE_EVERY == 0 && self.registry.export_metrics;
-                    self.run_worker_body_instrumented(run, node, running, sample, tracing)
+                    self.run_worker_body_instrumented(run, node, running, sample, TRACE)
                 }
             };
             n = counters.nodes_run.get();
@@ -1112,6 +1138,29 @@ impl<S: Send + 'static> WorkerThread<S> {
     #[cfg(loom)]
     fn spin(&self, _condition: &dyn Fn() -> bool) -> bool {
         false
+    }
+
+    /// The chain loop's fast path after a body that failed, or left `attention` set: it
+    /// deferred its completion (`defer_slot`), or waited for a nested graph and ran other
+    /// nodes here, which counted themselves in `nodes_run` (the loop re-reads the count, which
+    /// the loop set before the body: a stale one would set it back, and the metrics flush
+    /// would see it go down).
+    #[cold]
+    #[inline(never)]
+    fn after_body_attention(
+        &self,
+        run: RunRef<S>,
+        node: u32,
+        res: Result<(), BoxError>,
+    ) -> Option<u32> {
+        let counters = self.counters();
+        counters.nodes_run.set(counters.nodes_run.get() + 1);
+        let deferred = if self.attention.replace(false) {
+            self.defer_slot.take()
+        } else {
+            None
+        };
+        self.after_body_slow(run, node, res, deferred)
     }
 
     /// The uncommon cases: a failed run, a CPU-heavy node.
