@@ -521,7 +521,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
         match task.chunks() {
             None => self.execute_task(task),
-            Some((lo, hi)) => self.run_span(task.run(), task.node, lo, hi),
+            Some((lo, hi)) => self.run_span(task.run(), task.node(), lo, hi),
         }
         self.settle_finished();
     }
@@ -650,7 +650,7 @@ impl<S: Send + 'static> WorkerThread<S> {
 
     fn execute_task(&self, task: Task<S>) {
         let run = task.run();
-        let mut running = task.node;
+        let mut running = task.node();
         loop {
             let mut cur = running;
             match catch_unwind(AssertUnwindSafe(|| self.execute_chain(run, &mut cur))) {
@@ -819,7 +819,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
         let t = self.local.pop()?;
         if t.chunks().is_none() && t.run().same(run) {
-            Some(t.node)
+            Some(t.node())
         } else {
             self.local.push(t);
             None
@@ -1404,10 +1404,10 @@ impl<S: Send + 'static> WorkerThread<S> {
         run.release_batched(i, ok, Some(&self.batcher), |t| {
             // A successor placed anywhere at the normal level runs here or goes on this deque,
             // decided from its class byte: its record is first read by whoever runs it.
-            let (here, place, prio) = if run.plan.class(t.node) != CLASS_RECORD {
+            let (here, place, prio) = if run.plan.class(t.node()) != CLASS_RECORD {
                 (true, Placement::Any, false)
             } else {
-                let spec = &nodes[t.node as usize];
+                let spec = &nodes[t.node() as usize];
                 (
                     self.runs_here(spec),
                     spec.placement(),
@@ -1415,7 +1415,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 )
             };
             if cont.is_none() && here {
-                cont = Some(t.node);
+                cont = Some(t.node());
                 return;
             }
             if let Some((prev, place, prio)) = held.replace((t, place, prio)) {
@@ -1488,7 +1488,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     #[cold]
     #[inline(never)]
     fn queue_level(&self, t: Task<S>, place: Placement) -> bool {
-        let p = t.run().plan.nodes[t.node as usize].priority();
+        let p = t.run().plan.nodes[t.node() as usize].priority();
         let reg = &*self.registry;
         let level = reg.level(p);
         match place {
@@ -1534,19 +1534,19 @@ impl<S: Send + 'static> WorkerThread<S> {
                 Ok(Poll::Ready(Ok(()))) => true,
                 Ok(Poll::Ready(Err(e))) => {
                     let run = d.task.run();
-                    run.fail(node_failed(&run, d.task.node, e));
+                    run.fail(node_failed(&run, d.task.node(), e));
                     false
                 }
                 Err(p) => {
                     let run = d.task.run();
-                    run.fail(node_panicked(&run, d.task.node, &*p));
+                    run.fail(node_panicked(&run, d.task.node(), &*p));
                     false
                 }
             };
             let d = list.swap_remove(i);
             progressed = true;
             let run = d.task.run();
-            if let Some(c) = self.complete(run, d.task.node, ok) {
+            if let Some(c) = self.complete(run, d.task.node(), ok) {
                 self.execute(Task::new(run, c));
             }
             self.settle_finished();
@@ -1591,7 +1591,7 @@ fn store_outcome<S>(run: &Run<S>, i: u32, res: std::thread::Result<Result<(), Bo
 /// Runs a CPU-heavy node on the rayon lane and releases its successors through the injectors.
 fn run_on_cpu_lane<S: Send + 'static>(reg: Arc<Registry<S>>, task: Task<S>) {
     let run = task.run();
-    let i = task.node;
+    let i = task.node();
     let ok = if run.is_failed() {
         run.note_skipped();
         false
