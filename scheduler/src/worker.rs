@@ -33,9 +33,11 @@ const _: () = assert!(FLUSH_EVERY % SERVICE_EVERY == 0 && SAMPLE_EVERY % SERVICE
 /// a link whose successor index comes from that record: a dependent walk that the hardware
 /// prefetcher did not keep ahead of once the records had left the cache (a 1M-node chain
 /// after `bench`'s eviction: 5.0 ns a node here, 4.2 with this hint, about the warm figure).
-/// 64 records (1.5 KiB) ahead: a few hundred ns of links, a memory access's latency. For a
-/// chain laid out otherwise the hint is wasted, never wrong.
-const CHAIN_AHEAD: usize = 64;
+/// 160 records (3.75 KiB) ahead, about 500 ns of links: with 64 (a few hundred ns when a link
+/// took ~5 ns) the leaner link loop (~3.2 ns warm) outran it, and the same evicted 1M-node
+/// chain took 4.0-4.4 ns a node against 3.6-3.9 with 160 (320: no better). For a chain laid
+/// out otherwise the hint is wasted, never wrong.
+const CHAIN_AHEAD: usize = 160;
 /// `running` between node bodies.
 const NO_NODE: u32 = u32::MAX;
 /// How long a worker with deferred completions and nothing else to do polls them between
