@@ -671,6 +671,13 @@ impl<S: Send + 'static> WorkerThread<S> {
                     }
                     // The body unwound past its own `nodes_run` count.
                     self.counters().nodes_run.add(1);
+                    // A deferred completion the body registered before it panicked dies with
+                    // it: left in the slot, it was taken for the next body's (which then waited
+                    // on the dead node's poll). A nested wait's count needs no re-read here:
+                    // the chain loop starts again from the count.
+                    if self.attention.replace(false) {
+                        drop(self.defer_slot.take());
+                    }
                     run.fail(node_panicked(&run, cur, &*p));
                     match self.complete(run, cur, false) {
                         Some(s) => running = s,
