@@ -59,7 +59,7 @@ fn diamond() -> Graph<()> {
 /// made ready and whether it brought the in-flight count to zero.
 fn complete(run: &Run<()>, node: u32, ok: bool) -> (Vec<u32>, bool) {
     let mut ready = Vec::new();
-    let n = run.release(node, ok, |t| ready.push(t.node));
+    let n = run.release(node, ok, |t| ready.push(t.node()));
     assert_eq!(n, ready.len());
     let finished = RunRef::new(run).settle(n);
     (ready, finished)
@@ -225,7 +225,7 @@ fn ready_handoff_keeps_the_run_alive() {
         };
         // The worker: complete `a`, settle, queue all but the continuation, run the continuation.
         let mut ready = Vec::new();
-        let n = run.release(0, true, |t| ready.push(t.node));
+        let n = run.release(0, true, |t| ready.push(t.node()));
         assert!(!RunRef::new(&run).settle(n));
         let cont = ready.remove(0);
         for t in ready {
@@ -325,7 +325,7 @@ fn credit_finishes_a_run_once() {
         let me = RunRef::new(&run);
         completed.fetch_add(1, Ordering::Relaxed);
         let mut ready = Vec::new();
-        run.release(0, true, |t| ready.push(t.node));
+        run.release(0, true, |t| ready.push(t.node()));
         assert_eq!(ready, vec![1, 2, 3, 4]);
         let cont = ready.remove(0);
         let mut mine = Vec::new();
@@ -378,7 +378,7 @@ fn wide_join_leaves() {
                 // SAFETY: this thread is node's only runner, before it releases successors.
                 unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
                 let mut ready = Vec::new();
-                run.release(node, true, |t| ready.push(t.node));
+                run.release(node, true, |t| ready.push(t.node()));
                 if ready == [3] {
                     for p in 0..3u32 {
                         // SAFETY: the join's counter reached its target: every predecessor
@@ -431,7 +431,7 @@ fn counters_counted_on_by_the_next_run() {
             let first = Run::new(1, graph.plan.clone());
             let mut ready = Vec::new();
             for node in 0..3u32 {
-                first.release(node, true, |t| ready.push(t.node));
+                first.release(node, true, |t| ready.push(t.node()));
             }
             ready.sort_unstable();
             assert_eq!(ready, [3, 4], "the first run releases both joins");
@@ -446,7 +446,7 @@ fn counters_counted_on_by_the_next_run() {
                 // SAFETY: this thread is node's only runner, before it releases successors.
                 unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
                 let mut ready = Vec::new();
-                run.release(node, true, |t| ready.push(t.node));
+                run.release(node, true, |t| ready.push(t.node()));
                 for &s in &ready {
                     let inputs: &[u32] = if s == 3 { &[0, 1, 2] } else { &[0, 1] };
                     for &p in inputs {
@@ -532,7 +532,7 @@ fn wide_join_batched_leaf() {
                 thread::spawn(move || {
                     store(node);
                     let mut ready = Vec::new();
-                    run.release(node, true, |t| ready.push(t.node));
+                    run.release(node, true, |t| ready.push(t.node()));
                     check(ready);
                 })
             })
@@ -542,7 +542,7 @@ fn wide_join_batched_leaf() {
         let mut ready = Vec::new();
         for node in [0u32, 1] {
             store(node);
-            run.release_batched(node, true, Some(&batcher), |t| ready.push(t.node));
+            run.release_batched(node, true, Some(&batcher), |t| ready.push(t.node()));
         }
         assert!(
             ready.is_empty(),

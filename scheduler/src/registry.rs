@@ -433,7 +433,7 @@ impl<S: Send + 'static> Registry<S> {
 
     /// Pushes a ready task from a thread that is not one of this pool's workers (the cpu lane).
     pub(crate) fn push_external(&self, t: Task<S>) {
-        let spec = &t.run().plan.nodes[t.node as usize];
+        let spec = &t.run().plan.nodes[t.node() as usize];
         let placement = spec.placement();
         self.inject(t, spec.priority(), placement);
         match placement {

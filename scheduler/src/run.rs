@@ -399,10 +399,13 @@ impl<S> std::ops::Deref for RunRef<S> {
 /// one in-flight unit of its run, so it is completed exactly once, by whoever holds it last.
 pub(crate) struct Task<S> {
     run: RunRef<S>,
-    pub(crate) node: u32,
-    /// 0: run `node`. Otherwise the chunks `[span >> 16, span & 0xFFFF)` of `node`'s successor
-    /// list (see [`span_chunk`]), which `node` completed without releasing them yet.
-    span: u32,
+    /// The node (low 32 bits) and the span (high 32 bits): 0 to run the node, otherwise the
+    /// chunks `[span >> 16, span & 0xFFFF)` of the node's successor list (see [`span_chunk`]),
+    /// which the node completed without releasing them yet. One word, so that a task is a
+    /// pair of scalars, passed in two registers: as (pointer, u32, u32) it went to
+    /// `Worker::push` through the stack, and the callee's 16-byte load of the three smaller
+    /// stores could not be forwarded from them (three quarters of `push`'s time on a tree).
+    word: u64,
 }
 
 /// Nodes with at least this many successors hand them on as spans (`Task::span`) that workers
@@ -427,24 +430,34 @@ unsafe impl<S> Send for Task<S> {}
 impl<S> Task<S> {
     #[inline]
     pub(crate) fn new(run: RunRef<S>, node: u32) -> Self {
-        Task { run, node, span: 0 }
+        Task {
+            run,
+            word: node as u64,
+        }
     }
 
     /// A span: chunks `lo..hi` of `node`'s successor list, to be released (`lo < hi <= 0xFFFF`).
     #[inline]
     pub(crate) fn span(run: RunRef<S>, node: u32, lo: usize, hi: usize) -> Self {
         debug_assert!(lo < hi && hi <= 0xFFFF);
+        let span = ((lo as u64) << 16) | hi as u64;
         Task {
             run,
-            node,
-            span: ((lo as u32) << 16) | hi as u32,
+            word: (span << 32) | node as u64,
         }
     }
 
     /// The chunks of a span task, `None` for a node task.
     #[inline]
     pub(crate) fn chunks(&self) -> Option<(usize, usize)> {
-        (self.span != 0).then_some(((self.span >> 16) as usize, (self.span & 0xFFFF) as usize))
+        let span = (self.word >> 32) as u32;
+        (span != 0).then_some(((span >> 16) as usize, (span & 0xFFFF) as usize))
+    }
+
+    /// The node to run, or whose successors the span releases.
+    #[inline]
+    pub(crate) fn node(&self) -> u32 {
+        self.word as u32
     }
 
     /// The run this task belongs to: valid to dereference while this task's unit is held (it is
@@ -457,7 +470,7 @@ impl<S> Task<S> {
 
 impl<S> fmt::Debug for Task<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Task(node #{})", self.node)
+        write!(f, "Task(node #{})", self.node())
     }
 }
 

@@ -33,9 +33,11 @@ const _: () = assert!(FLUSH_EVERY % SERVICE_EVERY == 0 && SAMPLE_EVERY % SERVICE
 /// a link whose successor index comes from that record: a dependent walk that the hardware
 /// prefetcher did not keep ahead of once the records had left the cache (a 1M-node chain
 /// after `bench`'s eviction: 5.0 ns a node here, 4.2 with this hint, about the warm figure).
-/// 64 records (1.5 KiB) ahead: a few hundred ns of links, a memory access's latency. For a
-/// chain laid out otherwise the hint is wasted, never wrong.
-const CHAIN_AHEAD: usize = 64;
+/// 160 records (3.75 KiB) ahead, about 500 ns of links: with 64 (a few hundred ns when a link
+/// took ~5 ns) the leaner link loop (~3.2 ns warm) outran it, and the same evicted 1M-node
+/// chain took 4.0-4.4 ns a node against 3.6-3.9 with 160 (320: no better). For a chain laid
+/// out otherwise the hint is wasted, never wrong.
+const CHAIN_AHEAD: usize = 160;
 /// `running` between node bodies.
 const NO_NODE: u32 = u32::MAX;
 /// How long a worker with deferred completions and nothing else to do polls them between
@@ -221,7 +223,7 @@ pub(crate) fn main<S: Send + 'static>(
         deferred: RefCell::new(Vec::new()),
         finished: RefCell::new(Vec::new()),
         credit: Credit::new(),
-        helped: Cell::new(false),
+        attention: Cell::new(false),
         nesting: Cell::new(0),
         batcher: LeafBatcher::new(),
         defer_slot: Cell::new(None),
@@ -388,8 +390,9 @@ pub(crate) struct WorkerThread<S> {
     /// worker touch no shared count.
     credit: Credit<S>,
     /// A body running here waited for a nested graph and ran other nodes meanwhile (their
-    /// counts are in `nodes_run`; the chain loop re-reads it).
-    helped: Cell<bool>,
+    /// counts are in `nodes_run`; the chain loop re-reads it), or deferred its completion
+    /// (`defer_slot`): the chain loop looks at either only when this is set.
+    attention: Cell<bool>,
     /// Nested waits (`help_until`) and spans (`run_span`) in progress on this worker: while
     /// there are any, a chain does not go on with the deque's top (`pop_local_of`).
     nesting: Cell<u32>,
@@ -425,7 +428,7 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
         self.nesting.set(self.nesting.get() - 1);
         self.batcher.run.set(batching);
         self.defer_slot.set(waiting);
-        self.helped.set(true);
+        self.attention.set(true);
         done
     }
 
@@ -485,6 +488,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// Called by `NodeCtx::complete_when` from the running body.
     pub(crate) fn set_deferred(&self, poll: DeferFn<S>) {
         self.defer_slot.set(Some(poll));
+        self.attention.set(true);
     }
 
     #[inline]
@@ -519,7 +523,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
         match task.chunks() {
             None => self.execute_task(task),
-            Some((lo, hi)) => self.run_span(task.run(), task.node, lo, hi),
+            Some((lo, hi)) => self.run_span(task.run(), task.node(), lo, hi),
         }
         self.settle_finished();
     }
@@ -648,7 +652,7 @@ impl<S: Send + 'static> WorkerThread<S> {
 
     fn execute_task(&self, task: Task<S>) {
         let run = task.run();
-        let mut running = task.node;
+        let mut running = task.node();
         loop {
             let mut cur = running;
             match catch_unwind(AssertUnwindSafe(|| self.execute_chain(run, &mut cur))) {
@@ -667,6 +671,13 @@ impl<S: Send + 'static> WorkerThread<S> {
                     }
                     // The body unwound past its own `nodes_run` count.
                     self.counters().nodes_run.add(1);
+                    // A deferred completion the body registered before it panicked dies with
+                    // it: left in the slot, it was taken for the next body's (which then waited
+                    // on the dead node's poll). A nested wait's count needs no re-read here:
+                    // the chain loop starts again from the count.
+                    if self.attention.replace(false) {
+                        drop(self.defer_slot.take());
+                    }
                     run.fail(node_panicked(&run, cur, &*p));
                     match self.complete(run, cur, false) {
                         Some(s) => running = s,
@@ -680,12 +691,28 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// The loop of a chain of continuations, starting at node `*running`. They all belong to
     /// `run`, so its node records are read from a slice held in registers, and one `NodeCtx`
     /// serves the whole chain (only its node changes). `*running` names the node whose body
-    /// runs ([`NO_NODE`] between bodies).
+    /// runs ([`NO_NODE`] between bodies, except from a chain link's body to its successor's,
+    /// where nothing can panic).
+    #[inline(always)]
     fn execute_chain(&self, run: RunRef<S>, running: &mut u32) {
+        // Two instantiations: a pool without a trace (the usual case) keeps no trace state in
+        // the loop and checks for none per node.
+        if self.registry.trace.is_some() {
+            self.chain_loop::<true>(run, running)
+        } else {
+            self.chain_loop::<false>(run, running)
+        }
+    }
+
+    #[inline(always)]
+    fn chain_loop<const TRACE: bool>(&self, run: RunRef<S>, running: &mut u32) {
         let nodes: &[NodeSpec<S>] = &run.plan.nodes;
         let counters = self.counters();
-        let sink = self.registry.trace.as_ref();
-        let tracing = sink.is_some();
+        let sink = if TRACE {
+            self.registry.trace.as_ref()
+        } else {
+            None
+        };
         let mut node = *running;
         *running = NO_NODE;
         let mut ctx = NodeCtx {
@@ -704,35 +731,38 @@ impl<S: Send + 'static> WorkerThread<S> {
                 *running = node;
                 // The count before this body (the landing pad counts a panicking one).
                 counters.nodes_run.set(n);
-                let tick = sink.map(|t| chained.take().unwrap_or_else(|| t.now()));
+                let tick = if TRACE {
+                    sink.map(|t| chained.take().unwrap_or_else(|| t.now()))
+                } else {
+                    None
+                };
                 let res = spec.body.run(&ctx);
-                *running = NO_NODE;
-                n += 1;
-                if self.helped.get() {
-                    // The body waited for a nested graph and ran other nodes here, which
-                    // counted themselves: a stale `n` would set the count back (and the metrics
-                    // flush would see it go down). A flag, not a re-read of the count per node:
-                    // that put a store-to-load round trip on every link of a chain.
-                    self.helped.set(false);
-                    n = counters.nodes_run.get() + 1;
-                }
                 let mut end = None;
-                if let (Some(t), Some(tick)) = (sink, tick) {
-                    // Before the node completes, so a trace taken once its graph is done has it.
-                    let e = t.now();
-                    t.node(
-                        self.index,
-                        &run.plan,
-                        node,
-                        (tick, e),
-                        self.stolen.replace(false),
-                    );
-                    end = Some(e);
+                if TRACE {
+                    *running = NO_NODE;
+                    if let (Some(t), Some(tick)) = (sink, tick) {
+                        // Before the node completes, so a trace taken once its graph is done
+                        // has it.
+                        let e = t.now();
+                        t.node(
+                            self.index,
+                            &run.plan,
+                            node,
+                            (tick, e),
+                            self.stolen.replace(false),
+                        );
+                        end = Some(e);
+                    }
                 }
-                match (res, self.defer_slot.take()) {
-                    // A failed run is caught when the continuation starts: it is skipped and
-                    // counted there.
-                    (Ok(()), None) => {
+                match res {
+                    // `attention`: the body deferred its completion or ran other nodes in a
+                    // nested wait (see `after_body_attention`). One flag for both, not a take
+                    // of the slot and a check of a second flag per node: on a chain link those
+                    // were a fifth of the loop's instructions.
+                    Ok(()) if !self.attention.get() => {
+                        n += 1;
+                        // A failed run is caught when the continuation starts: it is skipped
+                        // and counted there.
                         if let Some(s) = spec.chain_successor() {
                             sync::prefetch(
                                 nodes
@@ -742,8 +772,11 @@ impl<S: Send + 'static> WorkerThread<S> {
                             );
                             node = s;
                             chained = end;
+                            // `*running` still names the node that ran: nothing up to the
+                            // next body's start can panic (the path that can sets `NO_NODE`).
                             continue;
                         }
+                        *running = NO_NODE;
                         counters.nodes_run.set(n);
                         // The node this worker goes straight on with (a successor made ready
                         // here, or its deque's newest) starts its slice where this one ended:
@@ -755,12 +788,14 @@ impl<S: Send + 'static> WorkerThread<S> {
                             None => self.complete_general(run, node, true),
                         }
                     }
-                    (res, deferred) => {
-                        counters.nodes_run.set(n);
-                        self.after_body_slow(run, node, res, deferred)
+                    res => {
+                        *running = NO_NODE;
+                        chained = None;
+                        self.after_body_attention(run, node, res)
                     }
                 }
             } else {
+                *running = NO_NODE;
                 chained = None;
                 counters.nodes_run.set(n);
                 if spec.is_cpu() || run.is_failed() {
@@ -771,7 +806,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                         self.service(n);
                     }
                     let sample = n % SAMPLE_EVERY == 0 && self.registry.export_metrics;
-                    self.run_worker_body_instrumented(run, node, running, sample, tracing)
+                    self.run_worker_body_instrumented(run, node, running, sample, TRACE)
                 }
             };
             n = counters.nodes_run.get();
@@ -793,7 +828,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
         let t = self.local.pop()?;
         if t.chunks().is_none() && t.run().same(run) {
-            Some(t.node)
+            Some(t.node())
         } else {
             self.local.push(t);
             None
@@ -1114,6 +1149,29 @@ impl<S: Send + 'static> WorkerThread<S> {
         false
     }
 
+    /// The chain loop's fast path after a body that failed, or left `attention` set: it
+    /// deferred its completion (`defer_slot`), or waited for a nested graph and ran other
+    /// nodes here, which counted themselves in `nodes_run` (the loop re-reads the count, which
+    /// the loop set before the body: a stale one would set it back, and the metrics flush
+    /// would see it go down).
+    #[cold]
+    #[inline(never)]
+    fn after_body_attention(
+        &self,
+        run: RunRef<S>,
+        node: u32,
+        res: Result<(), BoxError>,
+    ) -> Option<u32> {
+        let counters = self.counters();
+        counters.nodes_run.set(counters.nodes_run.get() + 1);
+        let deferred = if self.attention.replace(false) {
+            self.defer_slot.take()
+        } else {
+            None
+        };
+        self.after_body_slow(run, node, res, deferred)
+    }
+
     /// The uncommon cases: a failed run, a CPU-heavy node.
     #[cold]
     #[inline(never)]
@@ -1355,10 +1413,10 @@ impl<S: Send + 'static> WorkerThread<S> {
         run.release_batched(i, ok, Some(&self.batcher), |t| {
             // A successor placed anywhere at the normal level runs here or goes on this deque,
             // decided from its class byte: its record is first read by whoever runs it.
-            let (here, place, prio) = if run.plan.class(t.node) != CLASS_RECORD {
+            let (here, place, prio) = if run.plan.class(t.node()) != CLASS_RECORD {
                 (true, Placement::Any, false)
             } else {
-                let spec = &nodes[t.node as usize];
+                let spec = &nodes[t.node() as usize];
                 (
                     self.runs_here(spec),
                     spec.placement(),
@@ -1366,7 +1424,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 )
             };
             if cont.is_none() && here {
-                cont = Some(t.node);
+                cont = Some(t.node());
                 return;
             }
             if let Some((prev, place, prio)) = held.replace((t, place, prio)) {
@@ -1439,7 +1497,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     #[cold]
     #[inline(never)]
     fn queue_level(&self, t: Task<S>, place: Placement) -> bool {
-        let p = t.run().plan.nodes[t.node as usize].priority();
+        let p = t.run().plan.nodes[t.node() as usize].priority();
         let reg = &*self.registry;
         let level = reg.level(p);
         match place {
@@ -1485,19 +1543,19 @@ impl<S: Send + 'static> WorkerThread<S> {
                 Ok(Poll::Ready(Ok(()))) => true,
                 Ok(Poll::Ready(Err(e))) => {
                     let run = d.task.run();
-                    run.fail(node_failed(&run, d.task.node, e));
+                    run.fail(node_failed(&run, d.task.node(), e));
                     false
                 }
                 Err(p) => {
                     let run = d.task.run();
-                    run.fail(node_panicked(&run, d.task.node, &*p));
+                    run.fail(node_panicked(&run, d.task.node(), &*p));
                     false
                 }
             };
             let d = list.swap_remove(i);
             progressed = true;
             let run = d.task.run();
-            if let Some(c) = self.complete(run, d.task.node, ok) {
+            if let Some(c) = self.complete(run, d.task.node(), ok) {
                 self.execute(Task::new(run, c));
             }
             self.settle_finished();
@@ -1542,7 +1600,7 @@ fn store_outcome<S>(run: &Run<S>, i: u32, res: std::thread::Result<Result<(), Bo
 /// Runs a CPU-heavy node on the rayon lane and releases its successors through the injectors.
 fn run_on_cpu_lane<S: Send + 'static>(reg: Arc<Registry<S>>, task: Task<S>) {
     let run = task.run();
-    let i = task.node;
+    let i = task.node();
     let ok = if run.is_failed() {
         run.note_skipped();
         false

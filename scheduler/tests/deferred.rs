@@ -223,3 +223,39 @@ fn markers_reach_direct_successors_only() {
         );
     }
 }
+
+#[test]
+fn a_body_that_defers_then_panics_leaves_no_deferral_behind() {
+    common::with_deadline(30, "defer_then_panic", || {
+        let pool = PoolBuilder::new()
+            .name("deferpanic")
+            .workers(1)
+            .cores(Cores::Unpinned)
+            .build()
+            .unwrap();
+        common::quiet_worker_panics();
+        let mut g = GraphBuilder::<()>::new("defers-then-panics");
+        g.node("defers-then-panics", |ctx| -> Result<(), BoxError> {
+            ctx.complete_when(|_| -> Poll<Result<(), BoxError>> { Poll::Pending });
+            panic!("after complete_when");
+        });
+        let err = pool.run(&g.build().unwrap()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NodePanicked);
+        // The next node on the one worker completes by itself: the panicking body's deferred
+        // completion (which never finishes) died with it, and is not taken for this node's.
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let mut g = GraphBuilder::<()>::new("next");
+        g.node("next", move |_| {
+            r.store(true, Ordering::SeqCst);
+            Ok(())
+        });
+        let h = pool.submit(&g.build().unwrap()).unwrap();
+        let res = h.wait_timeout(Duration::from_secs(5));
+        assert!(ran.load(Ordering::SeqCst), "the next graph's node ran");
+        assert!(
+            res.is_ok(),
+            "the next graph completed (its node was not held by a stale deferral)"
+        );
+    });
+}
