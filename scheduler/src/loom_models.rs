@@ -356,6 +356,48 @@ fn credit_finishes_a_run_once() {
     });
 }
 
+/// Completes nodes 0, 1 and 2 of `run` on three threads (node 0 on this one), each storing
+/// its index as its output before it releases its successors; `on_ready` gets the successors
+/// each release made ready.
+fn complete_three_on_three_threads<F>(run: &Arc<Run<()>>, on_ready: F)
+where
+    F: Fn(&Run<()>, Vec<u32>) + Clone + Send + Sync + 'static,
+{
+    let finish = {
+        let run = run.clone();
+        move |node: u32| {
+            // SAFETY: this thread is node's only runner, before it releases successors.
+            unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
+            let mut ready = Vec::new();
+            run.release(node, true, |t| ready.push(t.node()));
+            on_ready(&run, ready);
+        }
+    };
+    let hs: Vec<_> = [1u32, 2]
+        .into_iter()
+        .map(|node| {
+            let finish = finish.clone();
+            thread::spawn(move || finish(node))
+        })
+        .collect();
+    finish(0);
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+/// Asserts that every predecessor in `preds` of a node made ready stored its index as its
+/// output ([`complete_three_on_three_threads`]).
+fn assert_inputs(run: &Run<()>, preds: &[u32]) {
+    for &p in preds {
+        // SAFETY: the node's counter reached its target: every predecessor stored its value
+        // before its release, which happened-before this.
+        let out = unsafe { run.slots.get(p).and_then(|s| s.get()) };
+        let v = out.and_then(|o| o.value.as_ref());
+        assert_eq!(v.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
+    }
+}
+
 /// Three predecessors of a wide join (two leaves under loom: {p0, p1} and {p2}) complete on three
 /// threads: exactly one of them makes the join ready, and it sees every predecessor's value.
 #[test]
@@ -372,38 +414,15 @@ fn wide_join_leaves() {
         let graph = g.build().expect("wide builds");
         let run = Arc::new(Run::new(1, graph.plan.clone()));
         let readies = Arc::new(AtomicUsize::new(0));
-        let finish = {
-            let (run, readies) = (run.clone(), readies.clone());
-            move |node: u32| {
-                // SAFETY: this thread is node's only runner, before it releases successors.
-                unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
-                let mut ready = Vec::new();
-                run.release(node, true, |t| ready.push(t.node()));
-                if ready == [3] {
-                    for p in 0..3u32 {
-                        // SAFETY: the join's counter reached its target: every predecessor
-                        // stored its value before its release, which happened-before this.
-                        let out = unsafe { run.slots.get(p).and_then(|s| s.get()) };
-                        let v = out.and_then(|o| o.value.as_ref());
-                        assert_eq!(v.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
-                    }
-                    readies.fetch_add(1, Ordering::SeqCst);
-                } else {
-                    assert!(ready.is_empty());
-                }
+        let r = readies.clone();
+        complete_three_on_three_threads(&run, move |run, ready| {
+            if ready == [3] {
+                assert_inputs(run, &[0, 1, 2]);
+                r.fetch_add(1, Ordering::SeqCst);
+            } else {
+                assert!(ready.is_empty());
             }
-        };
-        let hs: Vec<_> = [1u32, 2]
-            .into_iter()
-            .map(|node| {
-                let finish = finish.clone();
-                thread::spawn(move || finish(node))
-            })
-            .collect();
-        finish(0);
-        for h in hs {
-            h.join().unwrap();
-        }
+        });
         assert_eq!(readies.load(Ordering::SeqCst), 1);
     });
 }
@@ -440,37 +459,13 @@ fn counters_counted_on_by_the_next_run() {
         }
         let run = Arc::new(Run::new(2, graph.plan.clone()));
         let readies = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
-        let finish = {
-            let (run, readies) = (run.clone(), readies.clone());
-            move |node: u32| {
-                // SAFETY: this thread is node's only runner, before it releases successors.
-                unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
-                let mut ready = Vec::new();
-                run.release(node, true, |t| ready.push(t.node()));
-                for &s in &ready {
-                    let inputs: &[u32] = if s == 3 { &[0, 1, 2] } else { &[0, 1] };
-                    for &p in inputs {
-                        // SAFETY: the join's counter reached its target: every predecessor
-                        // stored its value before its release, which happened-before this.
-                        let out = unsafe { run.slots.get(p).and_then(|s| s.get()) };
-                        let v = out.and_then(|o| o.value.as_ref());
-                        assert_eq!(v.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
-                    }
-                    readies[s as usize - 3].fetch_add(1, Ordering::SeqCst);
-                }
+        let r = readies.clone();
+        complete_three_on_three_threads(&run, move |run, ready| {
+            for s in ready {
+                assert_inputs(run, if s == 3 { &[0, 1, 2] } else { &[0, 1] });
+                r[s as usize - 3].fetch_add(1, Ordering::SeqCst);
             }
-        };
-        let hs: Vec<_> = [1u32, 2]
-            .into_iter()
-            .map(|node| {
-                let finish = finish.clone();
-                thread::spawn(move || finish(node))
-            })
-            .collect();
-        finish(0);
-        for h in hs {
-            h.join().unwrap();
-        }
+        });
         assert_eq!(readies[0].load(Ordering::SeqCst), 1, "j ready once");
         assert_eq!(readies[1].load(Ordering::SeqCst), 1, "k ready once");
     });

@@ -20,6 +20,23 @@ fn pool(name: &str, workers: usize) -> Pool {
 /// `preds` predecessors (interleaved with unrelated one-node chains, so that the join's
 /// predecessors are not numbered in one range) feeding two joins: `all` after every
 /// predecessor, `odd` after the odd ones. `fail` names a predecessor whose body fails.
+/// A node after every one of `inputs` whose output is the sum of theirs (a wide join when there
+/// are many).
+fn sum_of(g: &mut GraphBuilder<()>, name: &str, inputs: &[NodeRef<u64>]) -> NodeRef<u64> {
+    let ins = inputs.to_vec();
+    let sum = g.node(name.to_owned(), move |ctx| -> Result<u64, BoxError> {
+        let mut sum = 0;
+        for &p in &ins {
+            sum += *ctx.input(p)?;
+        }
+        Ok(sum)
+    });
+    for &p in inputs {
+        g.edge(p, sum);
+    }
+    sum
+}
+
 fn build(
     preds: u64,
     fail: Option<u64>,
@@ -52,29 +69,9 @@ fn build(
             g.edge(x, y);
         }
     }
-    let ins = inputs.clone();
-    let all = g.node("all", move |ctx| -> Result<u64, BoxError> {
-        let mut sum = 0;
-        for &p in &ins {
-            sum += *ctx.input(p)?;
-        }
-        Ok(sum)
-    });
+    let all = sum_of(&mut g, "all", &inputs);
     let odd_ins: Vec<_> = inputs.iter().copied().skip(1).step_by(2).collect();
-    let ins = odd_ins.clone();
-    let odd = g.node("odd", move |ctx| -> Result<u64, BoxError> {
-        let mut sum = 0;
-        for &p in &ins {
-            sum += *ctx.input(p)?;
-        }
-        Ok(sum)
-    });
-    for &p in &inputs {
-        g.edge(p, all);
-    }
-    for &p in &odd_ins {
-        g.edge(p, odd);
-    }
+    let odd = sum_of(&mut g, "odd", &odd_ins);
     // The join's successors: cancelled with it when it is.
     let after = g.node("after-all", move |ctx| Ok(*ctx.input(all)? + 1));
     g.edge(all, after);
@@ -218,17 +215,7 @@ fn counters_carry_over_between_runs_of_a_graph() {
             Ok(i)
         }));
     }
-    let ins = inputs.clone();
-    let all = g.node("all", move |ctx| -> Result<u64, BoxError> {
-        let mut sum = 0;
-        for &p in &ins {
-            sum += *ctx.input(p)?;
-        }
-        Ok(sum)
-    });
-    for &p in &inputs {
-        g.edge(p, all);
-    }
+    let all = sum_of(&mut g, "all", &inputs);
     // A 20x20 grid after `all`: cell (r, c) adds its left and upper neighbours.
     let side = 20usize;
     let mut cells: Vec<NodeRef<u64>> = Vec::new();
