@@ -8,8 +8,17 @@
 //! --workers N --widths 1,4 --shapes chain,independent --json]` (`--shapes`: which shapes, in
 //! that order: independent, chain, wavefront, tree, wide). Without a GPU it says why and exits (status 1 with
 //! `BOUNDPOOL_REQUIRE_GPU=1`).
+//!
+//! `-- --variants [--shapes independent,chain] [--rounds N] [--runs N] [--json]`: instead, the
+//! graph-variants experiment (`boundpool_bench::replay::variants`): each shape's graph made six
+//! ways (node by node, with an empty root removed or kept, captured, the capture cloned, the
+//! capture rebuilt node by node) on one bound thread, each round instantiating every variant
+//! anew and launching them in turn `--runs` times (default 100); one row per variant: median us
+//! per launch, ratio to the node-by-node graph, instantiation, node and edge counts.
 
-use boundpool_bench::replay::{bench, table, GpuShape, ReplayBenchConfig};
+use boundpool_bench::replay::{
+    bench, table, variants, variants_table, GpuShape, ReplayBenchConfig,
+};
 use boundpool_bench::workloads::Shape;
 
 fn arg(name: &str) -> Option<usize> {
@@ -76,6 +85,31 @@ fn main() {
             shapes.push((shape, size));
         }
         cfg.shapes = shapes;
+    }
+    // `--variants`: the graph-variants experiment instead (no pool; `--runs` timed launches of
+    // each variant per round, interleaved).
+    if std::env::args().any(|a| a == "--variants") {
+        let runs = arg("--runs").unwrap_or(100).max(1);
+        match variants(&cfg.shapes, cfg.rounds, runs, |done, total| {
+            if !json {
+                eprint!("\rreplay bench --variants: {done}/{total} rounds");
+            }
+        }) {
+            Ok((rows, notes)) => {
+                if json {
+                    let items: Vec<String> = rows.iter().map(|r| r.to_json()).collect();
+                    println!("[{}]", items.join(","));
+                } else {
+                    eprintln!();
+                    print!("{}", variants_table(&rows, &notes));
+                }
+            }
+            Err(e) => {
+                eprintln!("replay bench --variants failed: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
     }
     // `--widths 1,4`: more rows of the independent shape, replayed with `max_width(w)`.
     let args: Vec<String> = std::env::args().collect();

@@ -4,6 +4,9 @@
 //! ([`boundpool_gpu::baselines::raw_graph`]), all in one process, interleaved round by round.
 //! Each round times a fresh instantiation of both the replay and the raw graph (an executable's
 //! speed varies from one instantiation to the next). Used by `cargo bench -p boundpool-bench --bench replay` and `boundpool bench --gpu`.
+//! [`variants()`] is the bench's `--variants` experiment: the same graphs made six ways on one
+//! bound thread ([`baselines::graph_variants`]), to find why a captured graph launches slower
+//! than one built node by node.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -613,6 +616,157 @@ pub fn table(rows: &[ReplayRow], upd: &UpdateRow) -> String {
         for n in &r.captured_notes {
             s.push_str(&format!("  {n}\n"));
         }
+    }
+    s
+}
+
+/// One variant of one shape in [`variants()`]: see [`baselines::graph_variants`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct VariantRow {
+    /// Shape name.
+    pub shape: String,
+    /// The variant, one of [`baselines::GRAPH_VARIANTS`].
+    pub variant: &'static str,
+    /// Nodes of its graph (checked against the DAG by the baseline).
+    pub nodes: usize,
+    /// Edges of its graph (checked likewise).
+    pub edges: usize,
+    /// Launch + stream synchronise, microseconds: median of every timed run of every round.
+    pub us: f64,
+    /// Each round's median (each round builds and instantiates every variant anew).
+    pub round_us: Vec<f64>,
+    /// The `plain` variant's `us` over this one's: 1.0 is as fast as the graph built node by
+    /// node, below 1.0 slower.
+    pub vs_plain: f64,
+    /// `cuGraphInstantiateWithFlags`, microseconds (median over the rounds).
+    pub instantiate_us: f64,
+}
+
+impl VariantRow {
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"shape\":\"{}\",\"variant\":\"{}\",\"nodes\":{},\"edges\":{},\"us\":{:.3},\"round_us\":[{}],\"vs_plain\":{:.4},\"instantiate_us\":{:.3}}}",
+            self.shape,
+            self.variant,
+            self.nodes,
+            self.edges,
+            self.us,
+            self.round_us
+                .iter()
+                .map(|v| format!("{v:.3}"))
+                .collect::<Vec<_>>()
+                .join(","),
+            self.vs_plain,
+            self.instantiate_us
+        )
+    }
+}
+
+/// The graph-variants experiment on device 0 ([`baselines::graph_variants`]): for each shape,
+/// `rounds` rounds, each building, instantiating and timing every variant anew (`runs` timed
+/// launches each, interleaved); no pool. Returns the rows (per shape, in the order of
+/// [`baselines::GRAPH_VARIANTS`]) and notes: whether a capture used a stand-in root, and the
+/// first nodes of the plain, captured and rebuilt graphs as the driver describes them.
+pub fn variants(
+    shapes: &[(GpuShape, usize)],
+    rounds: usize,
+    runs: usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<(Vec<VariantRow>, Vec<String>), BoxError> {
+    let rounds = rounds.max(1);
+    let (mut rows, mut notes) = (Vec::new(), Vec::new());
+    let total = shapes.len() * rounds;
+    let mut done = 0;
+    for &(shape, n) in shapes {
+        let preds = shape.preds(n);
+        let mut measured = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            measured.push(baselines::graph_variants(0, &preds, runs)?);
+            done += 1;
+            progress(done, total);
+        }
+        let roots = measured.iter().filter(|m| m.stand_in_root).count();
+        notes.push(format!(
+            "{}: captures with a stand-in root (empty dependency set refused): {roots} of {}",
+            shape.name(),
+            measured.len()
+        ));
+        if let Some(m) = measured.first() {
+            for (name, lines) in &m.described {
+                for l in lines {
+                    notes.push(format!("{} {name:<16} {l}", shape.name()));
+                }
+            }
+        }
+        let per_variant = |k: usize| -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+            let (mut all, mut per_round, mut inst) = (vec![], vec![], vec![]);
+            for m in &measured {
+                let v = &m.variants[k];
+                let r: Vec<f64> = v.runs.iter().map(|&d| us(d)).collect();
+                per_round.push(median(r.clone()));
+                all.extend(r);
+                inst.push(us(v.instantiate));
+            }
+            (all, per_round, inst)
+        };
+        let plain = baselines::GRAPH_VARIANTS
+            .iter()
+            .position(|&v| v == "plain")
+            .unwrap_or(0);
+        let plain_us = median(per_variant(plain).0);
+        for (k, &name) in baselines::GRAPH_VARIANTS.iter().enumerate() {
+            let (all, round_us, inst) = per_variant(k);
+            let v = &measured[0].variants[k];
+            debug_assert_eq!(v.name, name);
+            let this_us = median(all);
+            rows.push(VariantRow {
+                shape: shape.name().to_owned(),
+                variant: name,
+                nodes: v.nodes,
+                edges: v.edges,
+                us: this_us,
+                round_us,
+                vs_plain: plain_us / this_us,
+                instantiate_us: median(inst),
+            });
+        }
+    }
+    Ok((rows, notes))
+}
+
+/// The table of [`variants()`]'s rows, then its notes.
+pub fn variants_table(rows: &[VariantRow], notes: &[String]) -> String {
+    let mut s = format!(
+        "{:<12} {:<17} {:>10} {:>11} {:>12} {:>6} {:>6}  {}\n",
+        "shape",
+        "variant",
+        "us/launch",
+        "plain/this",
+        "instantiate",
+        "nodes",
+        "edges",
+        "rounds' medians (us)"
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "{:<12} {:<17} {:>10.1} {:>10.3}x {:>10.1}us {:>6} {:>6}  {}\n",
+            r.shape,
+            r.variant,
+            r.us,
+            r.vs_plain,
+            r.instantiate_us,
+            r.nodes,
+            r.edges,
+            r.round_us
+                .iter()
+                .map(|v| format!("{v:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    for n in notes {
+        s.push_str(&format!("  {n}\n"));
     }
     s
 }

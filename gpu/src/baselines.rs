@@ -558,29 +558,21 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<Raw
         let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
         let s = owned.view();
         let t0 = Instant::now();
-        let mut g = drv("cuGraphCreate", driver::graph_create(ctx))?;
-        let mut nodes: Vec<driver::GraphNode> = Vec::with_capacity(preds.len());
-        let mut built = Ok(());
-        for ps in preds {
-            let deps: Vec<driver::GraphNode> = ps.iter().map(|&p| nodes[p as usize]).collect();
-            match driver::graph_add_empty_kernel(ctx, &mut g, &deps, f) {
-                Ok(n) => nodes.push(n),
-                Err(e) => {
-                    built = Err(GpuError::driver("cuGraphAddKernelNode", "baseline", e));
-                    break;
-                }
-            }
-        }
+        let built = build_graph(ctx, f, preds, StandInRoot::None);
         let build = t0.elapsed();
-        let t1 = Instant::now();
-        let exec = built.and_then(|()| {
-            drv(
-                "cuGraphInstantiateWithFlags",
-                driver::graph_instantiate(ctx, &g),
-            )
-        });
-        let instantiate = t1.elapsed();
-        let _ = g.destroy(ctx);
+        let (exec, instantiate) = match built {
+            Ok(g) => {
+                let t1 = Instant::now();
+                let e = drv(
+                    "cuGraphInstantiateWithFlags",
+                    driver::graph_instantiate(ctx, &g),
+                );
+                let instantiate = t1.elapsed();
+                let _ = g.destroy(ctx);
+                (e, instantiate)
+            }
+            Err(e) => (Err(e), Duration::ZERO),
+        };
         let exec = match exec {
             Ok(e) => e,
             Err(e) => {
@@ -613,6 +605,64 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<Raw
     });
     drop(raw);
     r
+}
+
+/// Whether [`build_graph`] puts an empty node before the graph's roots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StandInRoot {
+    /// No: the roots are the kernel nodes without predecessors.
+    None,
+    /// One empty node first, every kernel node without predecessors after it, destroyed
+    /// (`cuGraphDestroyNode`) once the graph is built, as a capture's stand-in root is.
+    Removed,
+    /// The same empty node, kept.
+    Kept,
+}
+
+/// The empty kernel `<<<1,1>>>` once per entry of `preds` (each predecessor below its node,
+/// checked by the caller), added node by node (`cuGraphAddKernelNode`) to a new graph, with or
+/// without an empty root first.
+fn build_graph(
+    ctx: Ctx,
+    f: Func,
+    preds: &[Vec<u32>],
+    root: StandInRoot,
+) -> GpuResult<driver::CudaGraph> {
+    let mut g = drv("cuGraphCreate", driver::graph_create(ctx))?;
+    let mut built = || -> GpuResult<()> {
+        let r = match root {
+            StandInRoot::None => None,
+            StandInRoot::Removed | StandInRoot::Kept => Some(drv(
+                "cuGraphAddEmptyNode",
+                driver::graph_add_empty_node(ctx, &mut g, &[]),
+            )?),
+        };
+        let mut nodes: Vec<driver::GraphNode> = Vec::with_capacity(preds.len());
+        for ps in preds {
+            let mut deps: Vec<driver::GraphNode> = ps.iter().map(|&p| nodes[p as usize]).collect();
+            if let (true, Some(r)) = (deps.is_empty(), r) {
+                deps.push(r);
+            }
+            nodes.push(drv(
+                "cuGraphAddKernelNode",
+                driver::graph_add_empty_kernel(ctx, &mut g, &deps, f),
+            )?);
+        }
+        if let (StandInRoot::Removed, Some(r)) = (root, r) {
+            drv(
+                "cuGraphDestroyNode",
+                driver::graph_remove_node(ctx, &mut g, r),
+            )?;
+        }
+        Ok(())
+    };
+    match built() {
+        Ok(()) => Ok(g),
+        Err(e) => {
+            let _ = g.destroy(ctx);
+            Err(e)
+        }
+    }
 }
 
 /// What [`captured_graph`] measured, for telling apart what a replayed graph costs from what
@@ -711,27 +761,130 @@ fn capture_and_time(
 ) -> GpuResult<CapturedGraph> {
     let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
     let s = launch.unwrap_or_else(|| owned.view());
+    let r = capture_and_time_on(ctx, f, preds, runs, read_back_all, s);
+    let _ = owned.destroy(ctx);
+    r
+}
+
+/// [`capture_and_time`] launching on `s`.
+fn capture_and_time_on(
+    ctx: Ctx,
+    f: Func,
+    preds: &[Vec<u32>],
+    runs: usize,
+    read_back_all: bool,
+    s: StreamRef,
+) -> GpuResult<CapturedGraph> {
     // The node-by-node graph, for the description only.
-    let mut rg = drv("cuGraphCreate", driver::graph_create(ctx))?;
-    let mut built: Vec<driver::GraphNode> = Vec::new();
-    for ps in preds.iter().take(4) {
-        let deps: Vec<driver::GraphNode> = ps.iter().map(|&p| built[p as usize]).collect();
-        built.push(drv(
-            "cuGraphAddKernelNode",
-            driver::graph_add_empty_kernel(ctx, &mut rg, &deps, f),
-        )?);
-    }
+    let rg = build_graph(ctx, f, &preds[..preds.len().min(4)], StandInRoot::None)?;
     let raw_first_nodes = drv("cuGraphGetNodes", driver::graph_describe(ctx, &rg, 4));
     let _ = rg.destroy(ctx);
     let raw_first_nodes = raw_first_nodes?;
 
+    let Captured {
+        graph: g,
+        stand_in_root,
+        elapsed: capture,
+    } = capture_graph(ctx, f, preds, read_back_all)?;
+    let inspected = drv("cuGraphGetNodes", driver::graph_node_count(ctx, &g)).and_then(|n| {
+        let e = drv("cuGraphGetEdges", driver::graph_edge_count(ctx, &g))?;
+        let d = drv("cuGraphGetNodes", driver::graph_describe(ctx, &g, 4))?;
+        Ok((n, e, d))
+    });
+    let (nodes, edges, first_nodes) = match inspected {
+        Ok(i) => i,
+        Err(e) => {
+            let _ = g.destroy(ctx);
+            return Err(e);
+        }
+    };
+    let t1 = Instant::now();
+    let exec = drv(
+        "cuGraphInstantiateWithFlags",
+        driver::graph_instantiate(ctx, &g),
+    );
+    let instantiate = t1.elapsed();
+    let _ = g.destroy(ctx);
+    let exec = exec?;
+    let ev = match drv("cuEventCreate", driver::event_create(ctx)) {
+        Ok(ev) => ev,
+        Err(e) => {
+            let _ = exec.destroy(ctx);
+            return Err(e);
+        }
+    };
+    let (mut timed, mut polled) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    let mut res = Ok(());
+    for i in 0..runs + 3 {
+        let t = Instant::now();
+        let r = drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s))
+            .and_then(|()| drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s)));
+        let d = t.elapsed();
+        let t = Instant::now();
+        let r = r
+            .and_then(|()| drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s)))
+            .and_then(|()| drv("cuEventRecord", driver::event_record(ctx, &ev, s)))
+            .and_then(|()| loop {
+                match driver::event_query(ctx, &ev) {
+                    Ok(true) => break Ok(()),
+                    Ok(false) => std::hint::spin_loop(),
+                    Err(e) => break Err(GpuError::driver("cuEventQuery", "baseline", e)),
+                }
+            });
+        let p = t.elapsed();
+        if let Err(e) = r {
+            res = Err(e);
+            break;
+        }
+        if i >= 3 {
+            timed.push(d);
+            polled.push(p);
+        }
+    }
+    let _ = ev.destroy(ctx);
+    let _ = exec.destroy(ctx);
+    res.map(|()| CapturedGraph {
+        nodes,
+        edges,
+        stand_in_root,
+        capture,
+        instantiate,
+        runs: timed,
+        polled_runs: polled,
+        first_nodes,
+        raw_first_nodes,
+    })
+}
+
+/// A graph captured by [`capture_graph`].
+struct Captured {
+    graph: driver::CudaGraph,
+    /// The driver refused an empty dependency set: a stand-in root was used, and removed.
+    stand_in_root: bool,
+    /// From the capture's start until its graph was ready (stand-in root removed).
+    elapsed: Duration,
+}
+
+/// Captures the empty kernel once per entry of `preds` on a capture stream of its own, on a
+/// thread bound to `ctx`, the way a replay segment is captured (`replay.rs`): thread-local
+/// mode, each node's dependencies set with `cuStreamUpdateCaptureDependencies` to its
+/// predecessors' tails, read back with `cuStreamGetCaptureInfo` (after every node with
+/// `read_back_all`, else only after those a later node depends on, and the set skipped where it
+/// is already the capture's current one); where the driver refuses an empty set, the roots
+/// depend on a stand-in empty root instead, destroyed (`cuGraphDestroyNode`) after the capture.
+fn capture_graph(
+    ctx: Ctx,
+    f: Func,
+    preds: &[Vec<u32>],
+    read_back_all: bool,
+) -> GpuResult<Captured> {
     let cap_owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
     let cs = cap_owned.view();
     let t0 = Instant::now();
-    drv(
-        "cuStreamBeginCapture",
-        driver::stream_begin_capture(ctx, cs),
-    )?;
+    if let Err(e) = driver::stream_begin_capture(ctx, cs) {
+        let _ = cap_owned.destroy(ctx);
+        return Err(GpuError::driver("cuStreamBeginCapture", "baseline", e));
+    }
     let mut tails: Vec<Vec<driver::GraphNode>> = vec![Vec::new(); preds.len()];
     let mut needed = vec![read_back_all; preds.len()];
     for ps in preds {
@@ -805,64 +958,279 @@ fn capture_and_time(
         (Err(e), None) => return Err(GpuError::driver("cuStreamEndCapture", "baseline", e)),
     };
     if let Some(r) = root {
-        drv(
-            "cuGraphDestroyNode",
-            driver::graph_remove_node(ctx, &mut g, r),
-        )?;
-    }
-    let capture = t0.elapsed();
-    let nodes = drv("cuGraphGetNodes", driver::graph_node_count(ctx, &g))?;
-    let edges = drv("cuGraphGetEdges", driver::graph_edge_count(ctx, &g))?;
-    let first_nodes = drv("cuGraphGetNodes", driver::graph_describe(ctx, &g, 4))?;
-    let t1 = Instant::now();
-    let exec = drv(
-        "cuGraphInstantiateWithFlags",
-        driver::graph_instantiate(ctx, &g),
-    );
-    let instantiate = t1.elapsed();
-    let _ = g.destroy(ctx);
-    let exec = exec?;
-    let ev = drv("cuEventCreate", driver::event_create(ctx))?;
-    let (mut timed, mut polled) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
-    let mut res = Ok(());
-    for i in 0..runs + 3 {
-        let t = Instant::now();
-        let r = drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s))
-            .and_then(|()| drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s)));
-        let d = t.elapsed();
-        let t = Instant::now();
-        let r = r
-            .and_then(|()| drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s)))
-            .and_then(|()| drv("cuEventRecord", driver::event_record(ctx, &ev, s)))
-            .and_then(|()| loop {
-                match driver::event_query(ctx, &ev) {
-                    Ok(true) => break Ok(()),
-                    Ok(false) => std::hint::spin_loop(),
-                    Err(e) => break Err(GpuError::driver("cuEventQuery", "baseline", e)),
-                }
-            });
-        let p = t.elapsed();
-        if let Err(e) = r {
-            res = Err(e);
-            break;
-        }
-        if i >= 3 {
-            timed.push(d);
-            polled.push(p);
+        if let Err(e) = driver::graph_remove_node(ctx, &mut g, r) {
+            let _ = g.destroy(ctx);
+            return Err(GpuError::driver("cuGraphDestroyNode", "baseline", e));
         }
     }
-    let _ = ev.destroy(ctx);
-    let _ = exec.destroy(ctx);
-    let _ = owned.destroy(ctx);
-    res.map(|()| CapturedGraph {
-        nodes,
-        edges,
+    Ok(Captured {
+        graph: g,
         stand_in_root: root.is_some(),
-        capture,
-        instantiate,
-        runs: timed,
-        polled_runs: polled,
-        first_nodes,
-        raw_first_nodes,
+        elapsed: t0.elapsed(),
     })
+}
+
+/// A new graph with the kernel nodes and edges of `g`, added node by node in a topological
+/// order (`cuGraphGetNodes`, `cuGraphGetEdges`, then `cuGraphKernelNodeGetParams` and
+/// `cuGraphAddKernelNode` per node): the same work and topology as `g` without anything else
+/// the capture recorded (launch attributes, the driver's internal layout). Fails on a node
+/// that is not a kernel node.
+fn rebuild_graph(ctx: Ctx, g: &driver::CudaGraph) -> GpuResult<driver::CudaGraph> {
+    let nodes = drv("cuGraphGetNodes", driver::graph_nodes(ctx, g))?;
+    let edges = drv("cuGraphGetEdges", driver::graph_edges(ctx, g))?;
+    let index: std::collections::HashMap<driver::GraphNode, usize> =
+        nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let mut preds: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
+    let mut succs: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
+    for (a, b) in &edges {
+        match (index.get(a), index.get(b)) {
+            (Some(&a), Some(&b)) => {
+                preds[b].push(a);
+                succs[a].push(b);
+            }
+            _ => {
+                return Err(GpuError::new(
+                    GpuErrorKind::Driver,
+                    "rebuild: an edge of the graph names a node cuGraphGetNodes did not list",
+                ))
+            }
+        }
+    }
+    // Kahn's order, seeded in the driver's node order (for 1,000 roots: that order itself).
+    let mut waiting: Vec<usize> = preds.iter().map(Vec::len).collect();
+    let mut order: Vec<usize> = (0..nodes.len()).filter(|&i| waiting[i] == 0).collect();
+    let mut next = 0;
+    while next < order.len() {
+        for &s in &succs[order[next]] {
+            waiting[s] -= 1;
+            if waiting[s] == 0 {
+                order.push(s);
+            }
+        }
+        next += 1;
+    }
+    if order.len() != nodes.len() {
+        return Err(GpuError::new(
+            GpuErrorKind::Driver,
+            "rebuild: the graph's edges make a cycle",
+        ));
+    }
+    let mut new = drv("cuGraphCreate", driver::graph_create(ctx))?;
+    let mut added: Vec<Option<driver::GraphNode>> = vec![None; nodes.len()];
+    for &i in &order {
+        // Every predecessor came earlier in `order`, so it was added.
+        let deps: Vec<driver::GraphNode> = preds[i].iter().filter_map(|&p| added[p]).collect();
+        match driver::graph_copy_kernel_node(ctx, &mut new, &deps, g, nodes[i]) {
+            Ok(Some(n)) => added[i] = Some(n),
+            Ok(None) => {
+                let _ = new.destroy(ctx);
+                return Err(GpuError::new(
+                    GpuErrorKind::Driver,
+                    format!("rebuild: node {i} of the graph is not a kernel node"),
+                ));
+            }
+            Err(e) => {
+                let _ = new.destroy(ctx);
+                return Err(GpuError::driver(
+                    "cuGraphKernelNodeGetParams/cuGraphAddKernelNode",
+                    "baseline",
+                    e,
+                ));
+            }
+        }
+    }
+    Ok(new)
+}
+
+/// The variants [`graph_variants`] builds, in its order: node by node (`plain`, as
+/// [`raw_graph`]); node by node after an empty root that is then destroyed (`root_removed`)
+/// or kept (`root_kept`); captured as a replay segment is (`captured`, as [`captured_graph`]
+/// reading tails back only where needed); `cuGraphClone` of that capture (`captured_clone`);
+/// and the capture rebuilt node by node from its nodes' parameters and its edges
+/// (`captured_rebuilt`).
+pub const GRAPH_VARIANTS: [&str; 6] = [
+    "plain",
+    "root_removed",
+    "root_kept",
+    "captured",
+    "captured_clone",
+    "captured_rebuilt",
+];
+
+/// One variant of [`graph_variants`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphVariant {
+    /// Its name, one of [`GRAPH_VARIANTS`].
+    pub name: &'static str,
+    /// Nodes of its graph (`root_kept`: the kernel nodes and the empty root).
+    pub nodes: usize,
+    /// Edges of its graph.
+    pub edges: usize,
+    /// `cuGraphInstantiateWithFlags` of its graph.
+    pub instantiate: Duration,
+    /// Each timed run: one launch and a stream synchronise.
+    pub runs: Vec<Duration>,
+}
+
+/// What [`graph_variants`] measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphVariants {
+    /// The variants, in the order of [`GRAPH_VARIANTS`].
+    pub variants: Vec<GraphVariant>,
+    /// Whether the driver refused an empty dependency set during the capture (a stand-in root
+    /// was used, and destroyed).
+    pub stand_in_root: bool,
+    /// The first nodes of the `plain`, `captured` and `captured_rebuilt` graphs, described
+    /// (type, parameters, non-zero launch attributes).
+    pub described: Vec<(&'static str, Vec<String>)>,
+}
+
+/// Why a graph captured from a stream launches slower than one built node by node: the graph of
+/// [`raw_graph`] (the empty kernel once per entry of `preds`) made six ways
+/// ([`GRAPH_VARIANTS`]) on one bound thread, each instantiated once, then all launched and
+/// waited for (stream synchronise) in turn, `runs` times after 3 warm-up turns, so that drift
+/// hits every variant alike. Fails if a variant's node or edge count differs from the DAG's
+/// (`root_kept`: one node more, and an edge to each root).
+pub fn graph_variants(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<GraphVariants> {
+    check_preds("graph_variants", preds)?;
+    let raw = Raw::open(ordinal)?;
+    let (ctx, f) = (raw.ctx, raw.empty);
+    let r = on_bound(ctx, || {
+        let mut templates: Vec<(&'static str, driver::CudaGraph)> = Vec::new();
+        let r = make_variants(ctx, f, preds, &mut templates)
+            .and_then(|stand_in_root| time_variants(ctx, preds, runs, &templates, stand_in_root));
+        for (_, g) in templates {
+            let _ = g.destroy(ctx);
+        }
+        r
+    });
+    drop(raw);
+    r
+}
+
+/// Builds the graphs of [`GRAPH_VARIANTS`] into `out` (which owns them even when this fails
+/// halfway); returns whether the capture used a stand-in root.
+fn make_variants(
+    ctx: Ctx,
+    f: Func,
+    preds: &[Vec<u32>],
+    out: &mut Vec<(&'static str, driver::CudaGraph)>,
+) -> GpuResult<bool> {
+    out.push(("plain", build_graph(ctx, f, preds, StandInRoot::None)?));
+    out.push((
+        "root_removed",
+        build_graph(ctx, f, preds, StandInRoot::Removed)?,
+    ));
+    out.push(("root_kept", build_graph(ctx, f, preds, StandInRoot::Kept)?));
+    let cap = capture_graph(ctx, f, preds, false)?;
+    let c = out.len();
+    out.push(("captured", cap.graph));
+    let clone = drv("cuGraphClone", driver::graph_clone(ctx, &out[c].1))?;
+    out.push(("captured_clone", clone));
+    let rebuilt = rebuild_graph(ctx, &out[c].1)?;
+    out.push(("captured_rebuilt", rebuilt));
+    debug_assert!(out.iter().map(|v| v.0).eq(GRAPH_VARIANTS));
+    Ok(cap.stand_in_root)
+}
+
+/// Checks, describes, instantiates and times the graphs of [`make_variants`].
+fn time_variants(
+    ctx: Ctx,
+    preds: &[Vec<u32>],
+    runs: usize,
+    templates: &[(&'static str, driver::CudaGraph)],
+    stand_in_root: bool,
+) -> GpuResult<GraphVariants> {
+    let (n, e) = (preds.len(), preds.iter().map(Vec::len).sum::<usize>());
+    let roots = preds.iter().filter(|ps| ps.is_empty()).count();
+    let mut variants = Vec::with_capacity(templates.len());
+    let mut described = Vec::new();
+    for (name, g) in templates {
+        let nodes = drv("cuGraphGetNodes", driver::graph_node_count(ctx, g))?;
+        let edges = drv("cuGraphGetEdges", driver::graph_edge_count(ctx, g))?;
+        let want = if *name == "root_kept" {
+            (n + 1, e + roots)
+        } else {
+            (n, e)
+        };
+        if (nodes, edges) != want {
+            return Err(GpuError::new(
+                GpuErrorKind::Driver,
+                format!(
+                    "graph_variants: {name} has {nodes} nodes and {edges} edges, not {} and {}",
+                    want.0, want.1
+                ),
+            ));
+        }
+        if matches!(*name, "plain" | "captured" | "captured_rebuilt") {
+            described.push((
+                *name,
+                drv("cuGraphGetNodes", driver::graph_describe(ctx, g, 3))?,
+            ));
+        }
+        variants.push(GraphVariant {
+            name,
+            nodes,
+            edges,
+            instantiate: Duration::ZERO,
+            runs: Vec::with_capacity(runs),
+        });
+    }
+    // Each variant its own executable, instantiated in the order of `GRAPH_VARIANTS`.
+    let mut execs = Vec::with_capacity(templates.len());
+    let mut res = Ok(());
+    for ((_, g), v) in templates.iter().zip(&mut variants) {
+        let t = Instant::now();
+        match driver::graph_instantiate(ctx, g) {
+            Ok(x) => {
+                v.instantiate = t.elapsed();
+                execs.push(x);
+            }
+            Err(e) => {
+                res = Err(GpuError::driver(
+                    "cuGraphInstantiateWithFlags",
+                    "baseline",
+                    e,
+                ));
+                break;
+            }
+        }
+    }
+    if res.is_ok() {
+        res = drv("cuStreamCreate", driver::stream_create(ctx)).and_then(|st| {
+            let r = launch_in_turns(ctx, st.view(), &execs, &mut variants, runs);
+            let _ = st.destroy(ctx);
+            r
+        });
+    }
+    for x in execs {
+        let _ = x.destroy(ctx);
+    }
+    res.map(|()| GraphVariants {
+        variants,
+        stand_in_root,
+        described,
+    })
+}
+
+/// Launches each of `execs` in turn on `s` and waits for it (stream synchronise), `runs + 3`
+/// turns; from the fourth turn on, each launch's time goes to its variant's runs.
+fn launch_in_turns(
+    ctx: Ctx,
+    s: StreamRef,
+    execs: &[driver::GraphExec],
+    variants: &mut [GraphVariant],
+    runs: usize,
+) -> GpuResult<()> {
+    for i in 0..runs + 3 {
+        for (x, v) in execs.iter().zip(variants.iter_mut()) {
+            let t = Instant::now();
+            drv("cuGraphLaunch", driver::graph_launch(ctx, x, s))?;
+            drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s))?;
+            if i >= 3 {
+                v.runs.push(t.elapsed());
+            }
+        }
+    }
+    Ok(())
 }

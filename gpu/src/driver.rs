@@ -975,6 +975,129 @@ pub(crate) fn graph_add_empty_kernel(
     Ok(GraphNode(node))
 }
 
+/// Adds an empty node (no work, only ordering) after `deps` to `g`, a graph built node by node.
+#[cfg(feature = "bench-internals")]
+pub(crate) fn graph_add_empty_node(
+    expect: Ctx,
+    g: &mut CudaGraph,
+    deps: &[GraphNode],
+) -> DResult<GraphNode> {
+    check(expect, "cuGraphAddEmptyNode");
+    let raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
+    let mut node: sys::CUgraphNode = std::ptr::null_mut();
+    // SAFETY: `raw` holds `raw.len()` nodes of `g` (the caller's contract, checked by the
+    // driver too); writes one node handle.
+    unsafe { sys::cuGraphAddEmptyNode(&mut node, g.0, raw.as_ptr(), raw.len()).result()? };
+    Ok(GraphNode(node))
+}
+
+/// A copy of `g` (`cuGraphClone`): the same nodes, parameters and edges, owned separately.
+#[cfg(feature = "bench-internals")]
+pub(crate) fn graph_clone(expect: Ctx, g: &CudaGraph) -> DResult<CudaGraph> {
+    check(expect, "cuGraphClone");
+    let mut c: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: `g` is live; writes one graph handle, owned by the `CudaGraph` returned.
+    unsafe { sys::cuGraphClone(&mut c, g.0).result()? };
+    Ok(CudaGraph(c))
+}
+
+/// The nodes of `g`, in the driver's order; views valid while `g` lives.
+#[cfg(feature = "bench-internals")]
+pub(crate) fn graph_nodes(expect: Ctx, g: &CudaGraph) -> DResult<Vec<GraphNode>> {
+    check(expect, "cuGraphGetNodes");
+    let mut n: usize = 0;
+    // SAFETY: with a null node array the driver only writes the count.
+    unsafe { sys::cuGraphGetNodes(g.0, std::ptr::null_mut(), &mut n).result()? };
+    let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // SAFETY: `nodes` has room for `n` handles; the driver writes at most `n` and sets `n` to
+    // the number written.
+    unsafe { sys::cuGraphGetNodes(g.0, nodes.as_mut_ptr(), &mut n).result()? };
+    nodes.truncate(n);
+    Ok(nodes.into_iter().map(GraphNode).collect())
+}
+
+/// The edges of `g` as `(from, to)` pairs; views valid while `g` lives. Fails
+/// (`CUDA_ERROR_LOSSY_QUERY`) if an edge carries non-default edge data, which this drops.
+#[cfg(feature = "bench-internals")]
+pub(crate) fn graph_edges(expect: Ctx, g: &CudaGraph) -> DResult<Vec<(GraphNode, GraphNode)>> {
+    check(expect, "cuGraphGetEdges");
+    let mut n: usize = 0;
+    // SAFETY: with null arrays the driver only writes the count.
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            g.0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut n,
+        )
+        .result()?
+    };
+    let mut from: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+    let mut to: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // SAFETY: `from` and `to` have room for `n` handles each; the driver writes at most `n`
+    // pairs and sets `n` to the number written; null edge data: not returned (the driver
+    // refuses rather than drop non-default data).
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            g.0,
+            from.as_mut_ptr(),
+            to.as_mut_ptr(),
+            std::ptr::null_mut(),
+            &mut n,
+        )
+        .result()?
+    };
+    Ok(from
+        .into_iter()
+        .zip(to)
+        .take(n)
+        .map(|(a, b)| (GraphNode(a), GraphNode(b)))
+        .collect())
+}
+
+/// Adds to `dst`, after `deps` (nodes of `dst`), a kernel node with the parameters of `src`, a
+/// kernel node of `src_graph` (`cuGraphKernelNodeGetParams`, then `cuGraphAddKernelNode`):
+/// function, dimensions, shared memory and arguments, but none of `src`'s launch attributes.
+/// `Ok(None)`: `src` is not a kernel node (nothing added).
+#[cfg(feature = "bench-internals")]
+pub(crate) fn graph_copy_kernel_node(
+    expect: Ctx,
+    dst: &mut CudaGraph,
+    deps: &[GraphNode],
+    src_graph: &CudaGraph,
+    src: GraphNode,
+) -> DResult<Option<GraphNode>> {
+    check(expect, "cuGraphKernelNodeGetParams");
+    let _ = src_graph;
+    let mut t = MaybeUninit::<sys::CUgraphNodeType>::uninit();
+    // SAFETY: `src` is a node of `src_graph`, live (borrowed) here; writes one type.
+    let t = unsafe {
+        sys::cuGraphNodeGetType(src.0, t.as_mut_ptr()).result()?;
+        t.assume_init()
+    };
+    if t != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+        return Ok(None);
+    }
+    let mut p = MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
+    // SAFETY: `src` is a kernel node of the live `src_graph`; writes one parameter block, whose
+    // argument pointers point into the driver's copy held by `src` (valid while `src_graph`
+    // lives, which outlasts this function).
+    let p = unsafe {
+        sys::cuGraphKernelNodeGetParams_v2(src.0, p.as_mut_ptr()).result()?;
+        p.assume_init()
+    };
+    let raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
+    let mut node: sys::CUgraphNode = std::ptr::null_mut();
+    // SAFETY: `raw` holds nodes of `dst`; `p` is the parameter block the driver just gave for
+    // a kernel node, its argument pointers still valid (`src_graph` is borrowed), and the
+    // driver copies the arguments into the new node.
+    unsafe {
+        sys::cuGraphAddKernelNode_v2(&mut node, dst.0, raw.as_ptr(), raw.len(), &p).result()?
+    };
+    Ok(Some(GraphNode(node)))
+}
+
 /// One line for each of the first `max` nodes of `g`: its type and, for a kernel node, its
 /// function, grid, block, shared memory and every launch attribute the driver reports with a
 /// non-zero value (for comparing a captured graph with one built node by node).

@@ -904,6 +904,42 @@ fn a_captured_upload_is_repeated_by_every_replay() {
     assert_no_wrong_context("a_captured_upload_is_repeated_by_every_replay");
 }
 
+/// `n` nodes in a chain: node `i` after node `i - 1`.
+fn chain_preds(n: usize) -> Vec<Vec<usize>> {
+    (0..n)
+        .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
+        .collect()
+}
+
+/// A replay graph of one captured node per entry of `preds` (node `i` after each node in
+/// `preds[i]`), each launching the empty kernel, captured with `max_width` lanes when given.
+fn empty_kernel_graph(
+    dev: &boundpool_gpu::GpuDevice,
+    name: &str,
+    preds: &[Vec<usize>],
+    max_width: Option<usize>,
+) -> Replayable {
+    let empty = Module::builtin().kernel(builtin::EMPTY).unwrap();
+    let mut b = ReplayBuilder::new(name);
+    if let Some(w) = max_width {
+        b.max_width(w);
+    }
+    let mut refs: Vec<RNode<()>> = Vec::new();
+    for (i, ps) in preds.iter().enumerate() {
+        let k = empty.clone();
+        let r = b.gpu_node(dev, &format!("n{i}"), move |c: &ReplayCtx<'_, '_>| {
+            // SAFETY: the empty kernel takes no parameters.
+            unsafe { c.gpu()?.launch(&k, LaunchConfig::single()).launch()? };
+            Ok(())
+        });
+        for &q in ps {
+            b.edge(refs[q], r);
+        }
+        refs.push(r);
+    }
+    b.build().unwrap()
+}
+
 #[test]
 fn the_captured_graph_keeps_the_dags_edges() {
     if !gpu_or_skip("the_captured_graph_keeps_the_dags_edges") {
@@ -912,18 +948,12 @@ fn the_captured_graph_keeps_the_dags_edges() {
     let _w = watchdog("the_captured_graph_keeps_the_dags_edges", 120);
     let p = pool(4);
     let dev = p.devices()[0].clone();
-    let empty = Module::builtin().kernel(builtin::EMPTY).unwrap();
     // One empty kernel per node: the CUDA graph must have exactly the DAG's nodes and edges
     // (not one serial chain), whichever the shape.
     let side = 8usize;
     let shapes: Vec<(&str, Vec<Vec<usize>>)> = vec![
         ("independent", vec![Vec::new(); 64]),
-        (
-            "chain",
-            (0..64)
-                .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
-                .collect(),
-        ),
+        ("chain", chain_preds(64)),
         (
             "wavefront 8x8",
             (0..side * side)
@@ -943,21 +973,7 @@ fn the_captured_graph_keeps_the_dags_edges() {
         ("random", random_preds(64, 13)),
     ];
     for (name, preds) in shapes {
-        let mut b = ReplayBuilder::new(name);
-        let mut refs: Vec<RNode<()>> = Vec::new();
-        for (i, ps) in preds.iter().enumerate() {
-            let k = empty.clone();
-            let r = b.gpu_node(&dev, &format!("n{i}"), move |c: &ReplayCtx<'_, '_>| {
-                // SAFETY: the empty kernel takes no parameters.
-                unsafe { c.gpu()?.launch(&k, LaunchConfig::single()).launch()? };
-                Ok(())
-            });
-            for &q in ps {
-                b.edge(refs[q], r);
-            }
-            refs.push(r);
-        }
-        let r = b.build().unwrap();
+        let r = empty_kernel_graph(&dev, name, &preds, None);
         assert_eq!(r.segments(), 1, "{name}");
         r.run(&p)
             .unwrap_or_else(|e| panic!("{name}: {}", chain(&e)));
@@ -991,33 +1007,14 @@ fn max_width_adds_lane_edges_and_keeps_results() {
     let _w = watchdog("max_width_adds_lane_edges_and_keeps_results", 180);
     let p = pool(4);
     let dev = p.devices()[0].clone();
-    let empty = Module::builtin().kernel(builtin::EMPTY).unwrap();
-    let chain_preds: Vec<Vec<usize>> = (0..64)
-        .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
-        .collect();
     let cases: Vec<(&str, Vec<Vec<usize>>, usize, usize)> = vec![
         ("independent w4", vec![Vec::new(); 64], 4, 60),
         ("independent w1", vec![Vec::new(); 64], 1, 63),
-        ("chain w1", chain_preds.clone(), 1, 63),
-        ("chain w4", chain_preds, 4, 63),
+        ("chain w1", chain_preds(64), 1, 63),
+        ("chain w4", chain_preds(64), 4, 63),
     ];
     for (name, preds, w, edges) in cases {
-        let mut b = ReplayBuilder::new(name);
-        b.max_width(w);
-        let mut refs: Vec<RNode<()>> = Vec::new();
-        for (i, ps) in preds.iter().enumerate() {
-            let k = empty.clone();
-            let r = b.gpu_node(&dev, &format!("n{i}"), move |c: &ReplayCtx<'_, '_>| {
-                // SAFETY: the empty kernel takes no parameters.
-                unsafe { c.gpu()?.launch(&k, LaunchConfig::single()).launch()? };
-                Ok(())
-            });
-            for &q in ps {
-                b.edge(refs[q], r);
-            }
-            refs.push(r);
-        }
-        let r = b.build().unwrap();
+        let r = empty_kernel_graph(&dev, name, &preds, Some(w));
         r.run(&p)
             .unwrap_or_else(|e| panic!("{name}: {}", chain(&e)));
         let s = r.stats();
