@@ -779,9 +779,9 @@ impl<S: Send + 'static> WorkerThread<S> {
                         *running = NO_NODE;
                         counters.nodes_run.set(n);
                         // The node this worker goes straight on with (a successor made ready
-                        // here, or its deque's newest) starts its slice where this one ended:
-                        // one clock read a node here too, its slice then covering this
-                        // completion's bookkeeping.
+                        // here, or its deque's newest) starts its slice where this one ended
+                        // if this was its one predecessor (see below): one clock read a node
+                        // here too, its slice then covering this completion's bookkeeping.
                         chained = end;
                         match self.release_by_class(run, node, spec) {
                             Some(next) => next,
@@ -811,7 +811,18 @@ impl<S: Send + 'static> WorkerThread<S> {
             };
             n = counters.nodes_run.get();
             match next.or_else(|| self.pop_local_of(run)) {
-                Some(s) => node = s,
+                Some(s) => {
+                    // The body that just ended is a start for `s` only when it was `s`'s one
+                    // predecessor: another predecessor may have read its end tick after this
+                    // worker read its own and still arrived first, leaving this worker's
+                    // arrival the last one (`s` traced as starting before a predecessor
+                    // ended). A node popped from the deque may have been made ready by this
+                    // same completion, so it takes the same rule.
+                    if TRACE && run.plan.class(s) != CLASS_ONE {
+                        chained = None;
+                    }
+                    node = s
+                }
                 None => return,
             }
         }

@@ -135,6 +135,46 @@ fn every_node_once_with_its_name_in_dependency_order() {
     assert!(nodes_of(&p.take_trace(), "grid").is_empty());
 }
 
+/// A node whose last arrival came from this worker but whose other predecessor ended later on
+/// another (its clock read after this worker's, its arrival before) must still start after
+/// both: a race of a few nanoseconds, so the grid runs many times.
+#[test]
+fn no_node_starts_before_a_predecessor_that_another_worker_ended() {
+    let p = pool(2).build().unwrap();
+    let side = 30;
+    let g = grid("grid", side);
+    let runs = if cfg!(miri) { 2 } else { 300 };
+    for run in 0..runs {
+        p.run(&g).unwrap();
+        let t = p.take_trace();
+        assert_eq!(t.dropped, 0);
+        let nodes = nodes_of(&t, "grid");
+        assert_eq!(
+            nodes.len(),
+            side * side,
+            "run {run}: every node of the grid"
+        );
+        for (&i, v) in &nodes {
+            let (r, c) = (i as usize / side, i as usize % side);
+            let start = v[0].1;
+            for pred in [
+                c.checked_sub(1).map(|c| r * side + c),
+                r.checked_sub(1).map(|r| r * side + c),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let pend = nodes[&(pred as u32)][0].2;
+                assert!(
+                    pend <= start,
+                    "run {run}: node {i} started at {start}, before its predecessor {pred} \
+                     ended at {pend}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn snapshot_leaves_the_window_for_the_next_take() {
     let p = pool(2).build().unwrap();
