@@ -3,6 +3,8 @@
 # Unpacks the binaries to $B, logs each step to $LOGS/NAME.log, prints a one-line summary, and
 # `finish` packs the logs into $OUT/logs.tgz. BUDGET (default 570) bounds all steps together.
 cd "$(dirname "${BASH_SOURCE[0]}")"; [ -d b ] || tar xJf b.tar.xz; B=$PWD/b
+# The binaries of other revisions (pack.sh's PACK_REVS), as revs/NAME/{boundpool,bench_replay}.
+for f in revs/*/*.xz; do [ -f "$f" ] && xz -dkf "$f" && chmod +x "${f%.xz}"; done
 LOGS=/tmp/boundpool-logs; mkdir -p $LOGS
 export BOUNDPOOL_REQUIRE_GPU=1
 END=$((SECONDS+${BUDGET:-570}))

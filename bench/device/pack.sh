@@ -5,6 +5,12 @@
 #   SOAK_S=570 bash .devbin/soak_and_sanitizers.sh   # GPU soak with compute-sanitizer meanwhile
 # (one command may run 600 s at most: give the soak less, or start it in one call and collect
 # it in the next).
+# PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI and the replay bench at each
+# git revision (a detached worktree under target/revs/, each with a target directory of its own:
+# cargo names a workspace crate's artifacts alike in every checkout, so a shared one can link a
+# stale copy) into
+# .devbin/revs/NAME/ (xz-packed; lib.sh unpacks them), for A/B runs in one call: first_call.sh
+# alternates every revs/*/boundpool with the new one.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.devbin; rm -rf "$out"; mkdir -p "$out/b"
@@ -32,5 +38,28 @@ done < "$exes"
 rm -f "$exes"
 strip "$out"/b/*
 (cd "$out" && tar cJf b.tar.xz b && rm -rf b)
+for spec in ${PACK_REVS:-}; do
+  name=${spec%%=*}; rev=${spec#*=}; src=target/revs/src-$name
+  git worktree remove --force "$src" 2>/dev/null || rm -rf "$src"
+  git worktree add --detach -q "$src" "$rev"
+  mkdir -p "$out/revs/$name"
+  ( cd "$src"
+    cargo build --release -p boundpool-cli --target-dir ../t-$name -q
+    cp ../t-$name/release/boundpool "../../../$out/revs/$name/boundpool"
+    # The replay bench, where that revision has one.
+    r=$(cargo bench -p boundpool-bench --bench replay --no-run --target-dir ../t-$name \
+          --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable"): print(m["executable"])
+' | tail -n 1) || true
+    if [ -n "$r" ]; then cp "$r" "../../../$out/revs/$name/bench_replay"; fi )
+  git rev-parse "$rev" > "$out/revs/$name/REV"
+  strip "$out/revs/$name"/boundpool "$out/revs/$name"/bench_replay 2>/dev/null || true
+  xz -9 "$out/revs/$name"/boundpool "$out/revs/$name"/bench_replay 2>/dev/null || true
+  git worktree remove --force "$src"
+done
 cp bench/device/*.sh "$out/"
 ls -la "$out"; tar tJf "$out/b.tar.xz" | tr '\n' ' '; echo

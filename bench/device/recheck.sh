@@ -2,11 +2,11 @@
 # On the GPU machine, after bench/device/pack.sh here: every GPU test, the GPU and replay benches,
 # then the compute-sanitizer runs that need more time than soak_and_sanitizers.sh gives them
 # (memcheck over gpu_graphs and gpu_replay, racecheck over the pipeline, Cholesky and gpu_graphs),
-# the observe bench and the host scaling bench (new binary, and `.devbin/old/boundpool` if
-# present, alternated), all within BUDGET seconds (default 490). Logs: $OUT/logs3.tgz.
+# the observe bench and the host scaling bench (new binary, and revs/old/boundpool of
+# `PACK_REVS="old=REV" pack.sh` if present, alternated), all within BUDGET seconds (default 490). Logs: $OUT/logs3.tgz.
 REAL_OUT=$OUT; OUT=/tmp/boundpool-logs3; rm -rf $OUT; mkdir -p $OUT
 cd "$(dirname "$0")"; tar xJf b.tar.xz; B=$PWD/b
-[ -d old ] && (cd old && for f in *.xz; do [ -f "$f" ] && xz -dkf "$f"; done; chmod +x * 2>/dev/null)
+for f in revs/*/*.xz; do [ -f "$f" ] && xz -dkf "$f" && chmod +x "${f%.xz}"; done
 export BOUNDPOOL_REQUIRE_GPU=1
 END=$((SECONDS+${BUDGET:-490}))
 step() { local name=$1 lim=$2; shift 2; local left=$((END-SECONDS)); [ $left -lt $lim ] && lim=$left
@@ -25,7 +25,7 @@ step racecheck_cholesky 60 $CS --tool racecheck $B/cholesky --n 1024 --tile 256
 step observe 40 env BOUNDPOOL_BENCH_RUNS=5 $B/bench_observe; grep -E "tracing on|baseline|wavefront|chain" $OUT/observe.log | head -12
 for r in 1 2; do
   step scaling_new$r 25 $B/boundpool bench --scaling --scale 0.3 --runs 3
-  [ -x old/boundpool ] && step scaling_old$r 25 old/boundpool bench --scaling --scale 0.3 --runs 3
+  [ -x revs/old/boundpool ] && step scaling_old$r 25 revs/old/boundpool bench --scaling --scale 0.3 --runs 3
 done
 for f in $OUT/scaling_*.log; do echo "-- $f"; grep -E " (1|16) " $f | cut -c1-100; done
 step racecheck_graphs 200 $CS --tool racecheck $B/t_gpu_graphs
