@@ -262,12 +262,20 @@ fn start_hook_panic_fails_build_and_leaves_no_thread() {
             msg.contains("startpool-host-2") && msg.contains("boom in the start hook"),
             "{msg}"
         );
-        // Other tests of this binary start threads at the same time: look for this pool's.
-        let left: Vec<String> = common::thread_names()
-            .into_iter()
-            .filter(|n| n.starts_with("startpool"))
-            .collect();
-        assert!(left.is_empty(), "worker threads left behind: {left:?}");
+        // Other tests of this binary start threads at the same time: look for this pool's. A
+        // joined thread can stay listed in /proc for a moment after `join` returns (the kernel
+        // wakes the joiner before it reaps the thread): seen under load, so allow it that.
+        let left = || -> Vec<String> {
+            common::thread_names()
+                .into_iter()
+                .filter(|n| n.starts_with("startpool"))
+                .collect()
+        };
+        assert!(
+            common::eventually(5, || left().is_empty()),
+            "worker threads left behind: {:?}",
+            left()
+        );
     });
 }
 
