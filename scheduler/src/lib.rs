@@ -59,7 +59,7 @@
 //! * `sync.rs`: the dependency counters' zeroed allocation (`alloc_zeroed`, then `Box::from_raw`),
 //!   and the cache prefetch hint (`_mm_prefetch`).
 //! * `trace.rs`: the zeroed allocation of a worker's trace ring, and the time-stamp counter read
-//!   (`_rdtsc`).
+//!   (`_rdtsc`, after an `_mm_lfence` for a node's start).
 //! * `loom_models.rs` (only under `--cfg loom`, test builds): the models of the output slots.
 //!
 //! No other file has `unsafe`.

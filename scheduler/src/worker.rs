@@ -732,7 +732,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 // The count before this body (the landing pad counts a panicking one).
                 counters.nodes_run.set(n);
                 let tick = if TRACE {
-                    sink.map(|t| chained.take().unwrap_or_else(|| t.now()))
+                    sink.map(|t| chained.take().unwrap_or_else(|| t.start_tick()))
                 } else {
                     None
                 };
@@ -1223,7 +1223,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         };
         let start = sample.then(Instant::now);
         let tick = match &self.registry.trace {
-            Some(sink) if tracing => Some(sink.now()),
+            Some(sink) if tracing => Some(sink.start_tick()),
             _ => None,
         };
         *running = i;
