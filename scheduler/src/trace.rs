@@ -23,8 +23,9 @@ use crate::graph::Plan;
 use crate::sync::{self, fence, AtomicU64, Mutex, Ordering};
 
 /// Slices a worker's ring keeps unless [`PoolBuilder::trace_window`](crate::PoolBuilder::trace_window)
-/// says otherwise (32 bytes each, touched only as they are written).
-pub(crate) const DEFAULT_WINDOW: usize = 1 << 20;
+/// says otherwise (32 bytes each, touched only as they are written). Smaller under Miri, whose
+/// shadow state of a zeroed allocation is not untouched pages: 32 MiB a worker took 24 GiB.
+pub(crate) const DEFAULT_WINDOW: usize = if cfg!(miri) { 1 << 12 } else { 1 << 20 };
 
 /// What a slice stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -308,7 +309,8 @@ impl WorkerRing {
 }
 
 /// The clock slices are measured with: the CPU's time-stamp counter where there is one (a few
-/// ns to read, where `Instant::now` costs several times that), else nanoseconds of `Instant`.
+/// ns to read, where `Instant::now` costs several times that), else nanoseconds of `Instant`
+/// (also under loom and Miri, which do not model the counter).
 /// Ticks become nanoseconds when the trace is read, by the rate between the pool's build and
 /// that read.
 struct Clock {
@@ -325,7 +327,7 @@ impl Clock {
         }
     }
 
-    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
     #[inline]
     fn raw_ticks(_epoch: Instant) -> u64 {
         // SAFETY: `rdtsc` reads the time-stamp counter; every x86_64 CPU has it and it has no
@@ -336,7 +338,7 @@ impl Clock {
 
     /// Waits until every instruction ahead of it has completed, loads included, so that a
     /// counter read after it is not read early (see [`start_tick`](Self::start_tick)).
-    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
     #[inline]
     fn after_loads() {
         // SAFETY: `lfence` has no preconditions and touches no memory; SSE2, so every x86_64
@@ -345,13 +347,13 @@ impl Clock {
         unsafe { core::arch::x86_64::_mm_lfence() }
     }
 
-    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
     #[inline]
     fn raw_ticks(epoch: Instant) -> u64 {
         epoch.elapsed().as_nanos() as u64
     }
 
-    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
     #[inline]
     fn after_loads() {}
 

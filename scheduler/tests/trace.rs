@@ -249,7 +249,9 @@ fn takes_racing_the_workers_lose_and_repeat_nothing() {
             all
         })
     };
-    let runs = 50;
+    // Under Miri the window is 4,096 slices a worker (see `DEFAULT_WINDOW`): fewer runs, so
+    // that a taker Miri schedules seldom still loses nothing.
+    let runs = if cfg!(miri) { 5 } else { 50 };
     for _ in 0..runs {
         p.run(&g).unwrap();
     }
