@@ -11,20 +11,10 @@
 # 8 files at most, so not one file a step).
 source "$(dirname "$0")/lib.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; uptime
-keep() { finish; }
-for t in $B/t_*; do n=$(basename $t); step $n 90 $t --test-threads=1; keep $n; done
+for t in $B/t_*; do n=$(basename $t); step $n 90 $t --test-threads=1; finish; done
 step variants 60 $B/bench_replay --variants --shapes independent,chain --rounds 5 --runs 100
-keep variants; grep -vE "^\s*$" $LOGS/variants.log | tail -n 24 | cut -c1-150
-bins="new=$B/boundpool"
-for n in ${SCALING_REVS:-$(ls revs 2>/dev/null)}; do
-  [ -x revs/$n/boundpool ] && bins="$bins $n=$PWD/revs/$n/boundpool"
-done
-for r in $(seq 1 ${ROUNDS:-2}); do
-  for spec in $bins; do
-    name=${spec%%=*}; bin=${spec#*=}
-    step scaling_${name}_$r 75 $bin bench --scaling --runs 3; keep scaling_${name}_$r
-  done
-done
+finish; grep -vE "^\s*$" $LOGS/variants.log | tail -n 24 | cut -c1-150
+alternate scaling boundpool "${SCALING_REVS:-}" ${ROUNDS:-2} 75 bench --scaling --runs 3
 echo "-- 16 workers (shape workers nodes ns speedup rayon speedup vs-rayon):"
 for f in $LOGS/scaling_*.log; do echo "$(basename $f .log):"; grep -E "^\S+ +(1|16) " $f; done
 finish

@@ -14,3 +14,15 @@ step() { local name=$1 lim=$2; shift 2; local left=$((END-SECONDS)); [ $left -lt
   timeout -k 5 $lim "$@" > $LOGS/$name.log 2>&1; local rc=$?
   echo "== $name rc=$rc @${SECONDS}s: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|test result|FAILED|panicked|HUNG' $LOGS/$name.log | sort | uniq -c | tr '\n' ' ' | cut -c1-300)"; }
 finish() { tar czf $OUT/logs.tgz -C $LOGS .; }
+# `alternate NAME FILE "REVS" ROUNDS SECS ARGS...`: $B/FILE (as `new`) and revs/R/FILE for each R
+# in REVS (empty: every packed revision that has FILE), alternated ROUNDS times, each run with
+# ARGS as step NAME_<which>_<round>; the logs are packed after every step, so a cut-off call
+# still brings back what ran.
+alternate() { local name=$1 file=$2 revs=$3 rounds=$4 secs=$5; shift 5
+  local bins="new=$B/$file" n r spec
+  for n in ${revs:-$(ls revs 2>/dev/null)}; do
+    [ -x revs/$n/$file ] && bins="$bins $n=$PWD/revs/$n/$file"
+  done
+  for r in $(seq 1 $rounds); do
+    for spec in $bins; do step ${name}_${spec%%=*}_$r $secs ${spec#*=} "$@"; finish; done
+  done; }

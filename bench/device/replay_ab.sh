@@ -7,17 +7,11 @@
 # 0.96-0.98x on others). Then the graph variants once more. Logs: $OUT/logs.tgz.
 source "$(dirname "$0")/lib.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-bins="new=$B/bench_replay"
-for n in ${REPLAY_REVS:-$(ls revs 2>/dev/null)}; do
-  [ -x revs/$n/bench_replay ] && bins="$bins $n=$PWD/revs/$n/bench_replay"
-done
-for r in $(seq 1 ${ROUNDS:-3}); do
-  for spec in $bins; do
-    name=${spec%%=*}; bin=${spec#*=}
-    step replay_${name}_$r 60 $bin --shapes independent,chain --rounds 3 --per-round 20
-    finish   # after every step: a cut-off call still brings back what ran
-    tr '\r' '\n' < $LOGS/replay_${name}_$r.log | grep -v "rounds$" | grep -iE "independent|chain" | tail -n 6 | cut -c1-150
-  done
+alternate replay bench_replay "${REPLAY_REVS:-}" ${ROUNDS:-3} 60 \
+  --shapes independent,chain --rounds 3 --per-round 20
+for f in $LOGS/replay_*.log; do
+  echo "-- $(basename $f .log):"
+  tr '\r' '\n' < $f | grep -v "rounds$" | grep -iE "independent|chain" | tail -n 6 | cut -c1-150
 done
 step variants 60 $B/bench_replay --variants --shapes independent,chain --rounds 5 --runs 100
 grep -vE "^\s*$" $LOGS/variants.log | tail -n 24 | cut -c1-150

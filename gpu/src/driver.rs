@@ -1004,10 +1004,7 @@ pub(crate) fn graph_clone(expect: Ctx, g: &CudaGraph) -> DResult<CudaGraph> {
 /// The nodes of `g`, in the driver's order; views valid while `g` lives.
 #[cfg(feature = "bench-internals")]
 pub(crate) fn graph_nodes(expect: Ctx, g: &CudaGraph) -> DResult<Vec<GraphNode>> {
-    check(expect, "cuGraphGetNodes");
-    let mut n: usize = 0;
-    // SAFETY: with a null node array the driver only writes the count.
-    unsafe { sys::cuGraphGetNodes(g.0, std::ptr::null_mut(), &mut n).result()? };
+    let mut n = graph_node_count(expect, g)?;
     let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
     // SAFETY: `nodes` has room for `n` handles; the driver writes at most `n` and sets `n` to
     // the number written.
@@ -1020,19 +1017,7 @@ pub(crate) fn graph_nodes(expect: Ctx, g: &CudaGraph) -> DResult<Vec<GraphNode>>
 /// (`CUDA_ERROR_LOSSY_QUERY`) if an edge carries non-default edge data, which this drops.
 #[cfg(feature = "bench-internals")]
 pub(crate) fn graph_edges(expect: Ctx, g: &CudaGraph) -> DResult<Vec<(GraphNode, GraphNode)>> {
-    check(expect, "cuGraphGetEdges");
-    let mut n: usize = 0;
-    // SAFETY: with null arrays the driver only writes the count.
-    unsafe {
-        sys::cuGraphGetEdges_v2(
-            g.0,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut n,
-        )
-        .result()?
-    };
+    let mut n = graph_edge_count(expect, g)?;
     let mut from: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
     let mut to: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
     // SAFETY: `from` and `to` have room for `n` handles each; the driver writes at most `n`
@@ -1056,6 +1041,30 @@ pub(crate) fn graph_edges(expect: Ctx, g: &CudaGraph) -> DResult<Vec<(GraphNode,
         .collect())
 }
 
+/// `node`'s type and, for a kernel node, its parameters (`cuGraphKernelNodeGetParams`), whose
+/// argument pointers point into the driver's copy held by the node.
+#[cfg(feature = "bench-internals")]
+fn node_kernel_params(
+    node: sys::CUgraphNode,
+) -> DResult<(sys::CUgraphNodeType, Option<sys::CUDA_KERNEL_NODE_PARAMS>)> {
+    let mut t = MaybeUninit::<sys::CUgraphNodeType>::uninit();
+    // SAFETY: the caller's `node` is a node of a live graph; writes one type.
+    let t = unsafe {
+        sys::cuGraphNodeGetType(node, t.as_mut_ptr()).result()?;
+        t.assume_init()
+    };
+    if t != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+        return Ok((t, None));
+    }
+    let mut p = MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
+    // SAFETY: `node` is a kernel node of a live graph; writes one parameter block.
+    let p = unsafe {
+        sys::cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr()).result()?;
+        p.assume_init()
+    };
+    Ok((t, Some(p)))
+}
+
 /// Adds to `dst`, after `deps` (nodes of `dst`), a kernel node with the parameters of `src`, a
 /// kernel node of `src_graph` (`cuGraphKernelNodeGetParams`, then `cuGraphAddKernelNode`):
 /// function, dimensions, shared memory and arguments, but none of `src`'s launch attributes.
@@ -1070,22 +1079,10 @@ pub(crate) fn graph_copy_kernel_node(
 ) -> DResult<Option<GraphNode>> {
     check(expect, "cuGraphKernelNodeGetParams");
     let _ = src_graph;
-    let mut t = MaybeUninit::<sys::CUgraphNodeType>::uninit();
-    // SAFETY: `src` is a node of `src_graph`, live (borrowed) here; writes one type.
-    let t = unsafe {
-        sys::cuGraphNodeGetType(src.0, t.as_mut_ptr()).result()?;
-        t.assume_init()
-    };
-    if t != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+    // Its argument pointers point into the driver's copy held by `src`, valid while
+    // `src_graph` lives, which outlasts this function.
+    let Some(p) = node_kernel_params(src.0)?.1 else {
         return Ok(None);
-    }
-    let mut p = MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
-    // SAFETY: `src` is a kernel node of the live `src_graph`; writes one parameter block, whose
-    // argument pointers point into the driver's copy held by `src` (valid while `src_graph`
-    // lives, which outlasts this function).
-    let p = unsafe {
-        sys::cuGraphKernelNodeGetParams_v2(src.0, p.as_mut_ptr()).result()?;
-        p.assume_init()
     };
     let raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
     let mut node: sys::CUgraphNode = std::ptr::null_mut();
@@ -1104,13 +1101,7 @@ pub(crate) fn graph_copy_kernel_node(
 #[cfg(feature = "bench-internals")]
 pub(crate) fn graph_describe(expect: Ctx, g: &CudaGraph, max: usize) -> DResult<Vec<String>> {
     use sys::CUlaunchAttributeID_enum as A;
-    check(expect, "cuGraphGetNodes");
-    let mut n: usize = 0;
-    // SAFETY: with a null node array the driver only writes the count.
-    unsafe { sys::cuGraphGetNodes(g.0, std::ptr::null_mut(), &mut n).result()? };
-    let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
-    // SAFETY: `nodes` has room for `n` handles; the driver writes at most `n`.
-    unsafe { sys::cuGraphGetNodes(g.0, nodes.as_mut_ptr(), &mut n).result()? };
+    let nodes: Vec<sys::CUgraphNode> = graph_nodes(expect, g)?.into_iter().map(|n| n.0).collect();
     let attrs = [
         A::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW,
         A::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
@@ -1129,20 +1120,9 @@ pub(crate) fn graph_describe(expect: Ctx, g: &CudaGraph, max: usize) -> DResult<
     ];
     let mut out = Vec::new();
     for &node in nodes.iter().take(max) {
-        let mut t = MaybeUninit::<sys::CUgraphNodeType>::uninit();
-        // SAFETY: `node` is a node of `g`; writes one type.
-        let t = unsafe {
-            sys::cuGraphNodeGetType(node, t.as_mut_ptr()).result()?;
-            t.assume_init()
-        };
+        let (t, params) = node_kernel_params(node)?;
         let mut line = format!("{t:?}");
-        if t == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
-            let mut p = MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
-            // SAFETY: `node` is a kernel node of `g`; writes one parameter block.
-            let p = unsafe {
-                sys::cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr()).result()?;
-                p.assume_init()
-            };
+        if let Some(p) = params {
             line += &format!(
                 " func={:?} kern={:?} ctx={:?} grid={}x{}x{} block={}x{}x{} smem={}",
                 p.func,

@@ -69,6 +69,28 @@ fn nodes_of(t: &Trace, graph: &str) -> NodeSlices {
     m
 }
 
+/// Every node of a `side` x `side` grid (see [`grid`]) started after its left and upper
+/// neighbours ended, by its first slice in `nodes`; `what` prefixes the failure message.
+fn assert_after_predecessors(nodes: &NodeSlices, side: usize, what: &str) {
+    for (&i, v) in nodes {
+        let (r, c) = (i as usize / side, i as usize % side);
+        let start = v[0].1;
+        for pred in [
+            c.checked_sub(1).map(|c| r * side + c),
+            r.checked_sub(1).map(|r| r * side + c),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let pend = nodes[&(pred as u32)][0].2;
+            assert!(
+                pend <= start,
+                "{what}node {i} started at {start}, before its predecessor {pred} ended at {pend}"
+            );
+        }
+    }
+}
+
 #[test]
 fn every_node_once_with_its_name_in_dependency_order() {
     let p = pool(2).build().unwrap();
@@ -93,22 +115,10 @@ fn every_node_once_with_its_name_in_dependency_order() {
             assert_eq!(name, &format!("r{r}c{c}"));
             assert!(start <= end);
             assert!(*track < 2);
-            // After its predecessors ended (one clock for every worker).
-            for pred in [
-                c.checked_sub(1).map(|c| r * side + c),
-                r.checked_sub(1).map(|r| r * side + c),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let pend = nodes[&(pred as u32)][0].2;
-                assert!(
-                    pend <= *start,
-                    "node {i} started at {start}, before its predecessor {pred} ended at {pend}"
-                );
-            }
         }
     }
+    // After its predecessors ended (one clock for every worker).
+    assert_after_predecessors(&nodes, side, "");
     let parks: Vec<_> = t
         .slices
         .iter()
@@ -154,24 +164,7 @@ fn no_node_starts_before_a_predecessor_that_another_worker_ended() {
             side * side,
             "run {run}: every node of the grid"
         );
-        for (&i, v) in &nodes {
-            let (r, c) = (i as usize / side, i as usize % side);
-            let start = v[0].1;
-            for pred in [
-                c.checked_sub(1).map(|c| r * side + c),
-                r.checked_sub(1).map(|r| r * side + c),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let pend = nodes[&(pred as u32)][0].2;
-                assert!(
-                    pend <= start,
-                    "run {run}: node {i} started at {start}, before its predecessor {pred} \
-                     ended at {pend}"
-                );
-            }
-        }
+        assert_after_predecessors(&nodes, side, &format!("run {run}: "));
     }
 }
 
