@@ -11,14 +11,16 @@
 //! moves its handle between three streams of its own, with three workspaces).
 
 use std::any::{Any, TypeId};
-use std::cell::RefCell;
+use std::cell::{RefCell, RefMut};
 use std::ffi::c_int;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use boundpool_scheduler::{BoxError, WorkerInfo};
 use cudarc::cublas::sys as cb;
+use cudarc::cublas::CudaBlas;
 use cudarc::cusolver::sys as cs;
+use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::device::DeviceInfo;
 use crate::driver::{self, Ctx, DeviceAlloc, StreamRef};
@@ -232,34 +234,36 @@ impl Diag {
 // ----------------------------------------------------------------------------------------------
 // Owned handles (not Copy; destroyed by consuming them, on their worker).
 
-struct BlasHandle {
-    raw: cb::cublasHandle_t,
+/// A worker's cuBLAS handle: cudarc's `CudaBlas` (so a node can use its typed GEMMs), and
+/// the stream it was last set to with that stream's workspace (`None`: set again at the next
+/// use, as after a capture, whose stream is gone once it ends).
+pub(crate) struct BlasHandle {
+    blas: CudaBlas,
     stream: Option<StreamRef>,
     stream_sets: u64,
 }
 
-// SAFETY: cuBLAS allows a handle to be used from any host thread (not concurrently: it lives
-// in its worker's `RefCell`, and the worker state is not `Sync`); this crate creates, uses and
-// destroys it on its worker only.
-unsafe impl Send for BlasHandle {}
-
 impl BlasHandle {
-    fn create(what: &dyn Fn() -> String) -> GpuResult<Self> {
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: the library is present (checked by the caller) and the worker's context is
-        // current; the call writes one handle.
-        let s = unsafe { cb::cublasCreate_v2(&mut raw) };
-        blas_check("cublasCreate", s, what)?;
+    fn create(stream: &Arc<CudaStream>, what: &dyn Fn() -> String) -> GpuResult<Self> {
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| status_error("cublasCreate", format!("{:?}", e.0), &what()))?;
         Ok(Self {
-            raw,
+            blas,
             stream: None,
             stream_sets: 0,
         })
     }
 
-    fn destroy(self) {
-        // SAFETY: created by `create` on this thread, destroyed once (consumed here).
-        let _ = unsafe { cb::cublasDestroy_v2(self.raw) };
+    fn raw(&self) -> cb::cublasHandle_t {
+        *self.blas.handle()
+    }
+
+    /// Destroys the handle (cudarc's drop) on its worker. After a sticky error the library may
+    /// fail to destroy it, and cudarc's drop panics then: the handle is leaked instead.
+    fn destroy(self, device_failed: bool) {
+        if device_failed {
+            std::mem::forget(self.blas);
+        }
     }
 }
 
@@ -327,12 +331,13 @@ impl WorkerLibs {
         f(&mut spaces[i])
     }
 
-    fn ensure_blas(&self, what: &dyn Fn() -> String) -> GpuResult<()> {
+    /// Creates the cuBLAS handle (on `stream`) unless it exists.
+    fn ensure_blas(&self, stream: &Arc<CudaStream>, what: &dyn Fn() -> String) -> GpuResult<()> {
         if self.blas.borrow().is_none() {
             if !Library::Blas.present() {
                 return Err(Library::Blas.missing_error(&what()));
             }
-            *self.blas.borrow_mut() = Some(BlasHandle::create(what)?);
+            *self.blas.borrow_mut() = Some(BlasHandle::create(stream, what)?);
         }
         Ok(())
     }
@@ -347,46 +352,23 @@ impl WorkerLibs {
         Ok(())
     }
 
-    /// The cuBLAS handle, set to `stream` (with this worker's workspace for it).
-    fn blas_on(
+    /// This worker's workspace for `stream` (made at the stream's first use, in its order).
+    fn blas_workspace(
         &self,
         ctx: Ctx,
         stream: StreamRef,
         what: &dyn Fn() -> String,
-    ) -> GpuResult<(cb::cublasHandle_t, u64)> {
-        self.ensure_blas(what)?;
-        let mut h = self.blas.borrow_mut();
-        let h = h.as_mut().expect("created above");
-        if h.stream != Some(stream) {
-            let ws = self.space(stream, |sp| {
-                let ws = match &sp.blas {
-                    Some(a) => a,
-                    None => sp.blas.insert(
-                        driver::mem_alloc_async(ctx, BLAS_WORKSPACE_BYTES, stream)
-                            .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?,
-                    ),
-                };
-                Ok::<u64, GpuError>(ws.addr())
-            })?;
-            // SAFETY: a live handle of this worker and a live stream of its context; the
-            // workspace is this worker's for this stream, so it is only used in its order.
-            // (Setting the stream resets the workspace to the library's default: set it after.)
-            unsafe {
-                blas_check(
-                    "cublasSetStream",
-                    cb::cublasSetStream_v2(h.raw, stream.raw_ptr() as cb::cudaStream_t),
-                    what,
-                )?;
-                blas_check(
-                    "cublasSetWorkspace",
-                    cb::cublasSetWorkspace_v2(h.raw, ws as *mut _, BLAS_WORKSPACE_BYTES),
-                    what,
-                )?;
-            }
-            h.stream = Some(stream);
-            h.stream_sets += 1;
-        }
-        Ok((h.raw, h.stream_sets))
+    ) -> GpuResult<u64> {
+        self.space(stream, |sp| {
+            let ws = match &sp.blas {
+                Some(a) => a,
+                None => sp.blas.insert(
+                    driver::mem_alloc_async(ctx, BLAS_WORKSPACE_BYTES, stream)
+                        .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?,
+                ),
+            };
+            Ok::<u64, GpuError>(ws.addr())
+        })
     }
 
     /// The cuSOLVER handle, set to `stream`.
@@ -436,14 +418,14 @@ impl WorkerLibs {
 
     /// Frees the workspaces (each after its stream's work) and destroys the handles. On the
     /// worker, its context still current.
-    pub(crate) fn shutdown(self, ctx: Ctx) {
+    pub(crate) fn shutdown(self, ctx: Ctx, device_failed: bool) {
         for sp in self.spaces.into_inner() {
             for a in [sp.blas, sp.solver].into_iter().flatten() {
                 let _ = a.free_async(ctx, sp.stream);
             }
         }
         if let Some(h) = self.blas.into_inner() {
-            h.destroy();
+            h.destroy(device_failed);
         }
         if let Some(h) = self.solver.into_inner() {
             h.destroy();
@@ -460,12 +442,18 @@ impl WorkerLibs {
 pub struct WorkerSetup<'a> {
     worker: &'a WorkerInfo,
     device: &'a DeviceInfo,
+    context: &'a Arc<CudaContext>,
 }
 
 impl WorkerSetup<'_> {
     /// The worker (name, index, group).
     pub fn worker(&self) -> &WorkerInfo {
         self.worker
+    }
+    /// The device's context as cudarc's type, bound to this worker: load a cudarc module here
+    /// (`context().load_module(ptx)`) to keep one per worker in its state.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.context
     }
     /// The worker's device.
     pub fn device(&self) -> &DeviceInfo {
@@ -544,7 +532,7 @@ impl GpuWorker {
             };
             let what = || format!("worker '{}' of device {}", info.name, b.device.ordinal());
             if plan.blas {
-                b.libs.ensure_blas(&what)?;
+                b.libs.ensure_blas(b.normal_stream(), &what)?;
             }
             if plan.solver {
                 b.libs.ensure_solver(&what)?;
@@ -552,6 +540,7 @@ impl GpuWorker {
             let setup = WorkerSetup {
                 worker: info,
                 device: &b.device.info,
+                context: &b.cuda,
             };
             for m in &plan.states {
                 let v = (m.make)(&setup).map_err(|e| {
@@ -598,17 +587,84 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
     /// This worker's cuBLAS handle, set to the stream this node enqueues on (the worker's
     /// stream of the node's priority level, or one handed over; created on the worker at its
     /// first use; a missing libcublas is an error naming the node).
+    ///
+    /// Under a replay capture the calls are captured too: the handle is set to the capturing
+    /// stream with a workspace of its own, allocated outside the graph and kept as long as the
+    /// replay (as PyTorch sets one per handle and stream, so that cuBLAS allocates nothing while
+    /// capturing).
     pub fn blas(&self) -> GpuResult<Blas<'_, 'a, 'n>> {
-        if let Some(c) = self.capture {
-            return Err(c.refuse(self, "cuBLAS under a replay capture is not supported (its workspace would be a graph allocation; not examined)"));
-        }
-        let what = || self.what();
-        let (raw, stream_sets) = self.b.libs.blas_on(self.b.ctx, self.stream, &what)?;
+        let h = self.blas_handle()?;
+        let (raw, stream_sets) = (h.raw(), h.stream_sets);
+        drop(h);
         Ok(Blas {
             ctx: self,
             raw,
             stream_sets,
         })
+    }
+
+    /// This worker's cuBLAS handle as cudarc's [`CudaBlas`], set to the stream this node
+    /// enqueues on ([`GpuCtx::stream`]) with the worker's workspace for it: cudarc's typed
+    /// GEMMs (`Gemm` for `f16`, `bf16`, `f32`, `f64`, strided-batched too, and `Gemv`) on
+    /// [`DeviceBuffer`](crate::DeviceBuffer)s or `CudaSlice`s run in the node's order, and under
+    /// a replay capture are captured ([`GpuCtx::blas`] says how). Hold it only for the calls:
+    /// while held, a node nested on this worker (run while this body waits on a subgraph) gets
+    /// an error from `cublas()`.
+    pub fn cublas(&self) -> GpuResult<CublasRef<'a>> {
+        Ok(CublasRef {
+            h: self.blas_handle()?,
+        })
+    }
+
+    /// The worker's cuBLAS handle, created at its first use and set to this node's stream.
+    fn blas_handle(&self) -> GpuResult<RefMut<'a, BlasHandle>> {
+        let what = || self.what();
+        let libs = &self.b.libs;
+        // A capture's workspace: allocated (hoisted) before the handle is borrowed.
+        let capture_ws = match self.capture {
+            Some(c) => {
+                let ws = self.alloc::<u8>(BLAS_WORKSPACE_BYTES)?;
+                let p = ws.device_ptr();
+                c.keep(ws);
+                Some(p)
+            }
+            None => None,
+        };
+        let mut h = libs.blas.try_borrow_mut().map_err(|_| {
+            GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!("{}: this worker's cuBLAS handle is held by a node this one is nested in (drop the CublasRef before waiting on a subgraph)", what()),
+            )
+        })?;
+        if h.is_none() {
+            drop(h);
+            libs.ensure_blas(self.stream(), &what)?;
+            h = libs.blas.borrow_mut();
+        }
+        let hb = h.as_mut().expect("created above");
+        if capture_ws.is_some() || hb.stream != Some(self.stream) {
+            let ws = match capture_ws {
+                Some(p) => p,
+                None => libs.blas_workspace(self.b.ctx, self.stream, &what)?,
+            };
+            // SAFETY: `set_stream` is unsafe because work on two streams may race on memory:
+            // this handle's work goes where the node's own work goes, ordered by its edges.
+            unsafe { hb.blas.set_stream(self.stream().clone()) }
+                .map_err(|e| status_error("cublasSetStream", format!("{:?}", e.0), &what()))?;
+            // SAFETY: a live handle of this worker; the workspace is this worker's for this
+            // stream (or this capture's), so it is only used in that stream's order. (Setting
+            // the stream resets the workspace to the library's default: set it after.)
+            unsafe {
+                blas_check(
+                    "cublasSetWorkspace",
+                    cb::cublasSetWorkspace_v2(hb.raw(), ws as *mut _, BLAS_WORKSPACE_BYTES),
+                    &what,
+                )?;
+            }
+            hb.stream = capture_ws.is_none().then_some(self.stream);
+            hb.stream_sets += 1;
+        }
+        Ok(RefMut::map(h, |h| h.as_mut().expect("created above")))
     }
 
     /// This worker's cuSOLVER (dense) handle, set to the stream this node enqueues on.
@@ -666,6 +722,29 @@ impl fmt::Debug for Blas<'_, '_, '_> {
 
 macro_rules! dims {
     ($what:expr; $($v:ident),*) => { $( let $v = dim($v, stringify!($v), $what)?; )* };
+}
+
+/// The node's worker's cuBLAS handle as cudarc's [`CudaBlas`], set to the node's stream
+/// ([`GpuCtx::cublas`]). Dereferences to the `CudaBlas`.
+pub struct CublasRef<'a> {
+    h: RefMut<'a, BlasHandle>,
+}
+
+impl std::ops::Deref for CublasRef<'_> {
+    type Target = CudaBlas;
+
+    fn deref(&self) -> &CudaBlas {
+        &self.h.blas
+    }
+}
+
+impl fmt::Debug for CublasRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CublasRef")
+            .field("handle", &self.h.raw())
+            .field("stream_sets", &self.h.stream_sets)
+            .finish()
+    }
 }
 
 impl Blas<'_, '_, '_> {

@@ -13,23 +13,32 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use boundpool_scheduler::{GroupId, Placement};
+use cudarc::driver::{CudaContext, CudaStream};
 
+use crate::buffer::LeakSlice;
 use crate::driver::{
-    self, Ctx, DResult, Dev, DeviceAlloc, Event, Func, GraphExec, Module as RawModule, PrimaryCtx,
-    Stream, StreamRef,
+    self, Ctx, DResult, Dev, DeviceAlloc, Event, Func, GraphExec, Module as RawModule, StreamRef,
 };
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
 use crate::timing::DeviceTiming;
 
 /// A handle whose release waits for a bound worker.
-#[derive(Debug)]
 pub(crate) enum Release {
-    /// Device memory from `cuMemAllocAsync`, by address (its owner is the device's
-    /// allocation table).
-    Mem(u64),
+    /// The memory of a dropped [`DeviceBuffer`](crate::DeviceBuffer): a `CudaSlice` of this
+    /// device, taken apart and freed on the worker.
+    Slice(Box<dyn LeakSlice>),
     /// A replay executable (`replay.rs`) whose last owner dropped it.
     Exec(GraphExec),
+}
+
+impl fmt::Debug for Release {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Release::Slice(s) => write!(f, "Slice({} bytes)", s.bytes()),
+            Release::Exec(e) => write!(f, "Exec({e:?})"),
+        }
+    }
 }
 
 /// Public, static facts about a device.
@@ -52,27 +61,28 @@ pub(crate) struct DeviceShared {
     pub(crate) dev: Dev,
     /// Set once the primary context has been retained (by the first worker of the device).
     ctx: OnceLock<Ctx>,
-    /// The retain itself, released by the device's last worker.
-    primary: Mutex<Option<PrimaryCtx>>,
+    /// The retain itself: cudarc's `CudaContext` over the primary context (its event tracking
+    /// off: boundpool's edges order the streams). Dropped by the device's last worker; streams,
+    /// buffers and workers hold their own `Arc`s, so a user's clone keeps it alive.
+    primary: Mutex<Option<Arc<CudaContext>>>,
     events: Mutex<Vec<Event>>,
     events_created: AtomicUsize,
     releases: Mutex<Vec<Release>>,
     release_pending: AtomicBool,
     waker: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
-    /// Every worker stream of the device, owned here (workers, nodes and markers hold
-    /// [`StreamRef`] views), destroyed by the device's last worker.
-    streams: RwLock<Vec<Stream>>,
+    /// Every worker stream of the device (workers, nodes and markers hold [`StreamRef`]
+    /// views), dropped by the device's last worker (destroyed then, unless a user's clone or a
+    /// buffer allocated on it still holds it).
+    streams: RwLock<Vec<Arc<CudaStream>>>,
     /// Loaded modules, owned here; the functions (views) are valid until teardown unloads them.
     modules: Mutex<HashMap<u64, RawModule>>,
     functions: Mutex<HashMap<u64, Func>>,
     failed: OnceLock<String>,
     closed: AtomicBool,
     live_workers: AtomicUsize,
-    /// Device allocations made through the pool and not yet freed, owned here by address
-    /// (a `DeviceBuffer` holds the address and queues it for release when dropped; teardown
-    /// frees those whose buffers are still held). Freeing takes the allocation out of this
-    /// table, so it happens once.
-    allocations: Mutex<HashMap<u64, DeviceAlloc>>,
+    /// [`DeviceBuffer`](crate::DeviceBuffer)s of this device not yet freed, and their bytes.
+    live_buffers: AtomicUsize,
+    live_bytes: AtomicUsize,
     /// GPU stream tracks of the trace (only when the pool records one).
     pub(crate) timing: Option<DeviceTiming>,
     /// Replay executables' slots, so that teardown destroys those still owned
@@ -110,7 +120,8 @@ impl DeviceShared {
             failed: OnceLock::new(),
             closed: AtomicBool::new(false),
             live_workers: AtomicUsize::new(0),
-            allocations: Mutex::new(HashMap::new()),
+            live_buffers: AtomicUsize::new(0),
+            live_bytes: AtomicUsize::new(0),
             exec_slots: Mutex::new(Vec::new()),
             execs_live: AtomicUsize::new(0),
         }
@@ -157,7 +168,7 @@ impl DeviceShared {
     /// binds it to the calling thread. Returns the context. Fails once the device has been torn
     /// down: at a failed start, the other workers of the device may all have stopped (and
     /// released the context) before this one binds.
-    pub(crate) fn bind_worker(&self) -> GpuResult<Ctx> {
+    pub(crate) fn bind_worker(&self) -> GpuResult<(Ctx, Arc<CudaContext>)> {
         let what = format!("device {}", self.info.ordinal);
         // Under the `primary` lock: the check, the retain and the count, against a teardown
         // (which takes the lock to count its worker out and to mark the device closed).
@@ -168,15 +179,20 @@ impl DeviceShared {
                 format!("{what}: its other workers have stopped and released it (the pool is shutting down or failed to start)"),
             ));
         }
-        let ctx = {
-            if self.ctx.get().is_none() {
-                let p = driver::primary_ctx_retain(self.dev)
+        let cuda = match &*primary {
+            Some(c) => c.clone(),
+            None => {
+                let c = CudaContext::new(self.info.ordinal as usize)
                     .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", &what, e))?;
-                let _ = self.ctx.set(p.ctx());
-                *primary = Some(p);
+                // SAFETY: boundpool orders the work of different streams itself (GPU edges and
+                // the release fence); no stream of this context relies on cudarc's events.
+                unsafe { c.disable_event_tracking() };
+                let _ = self.ctx.set(Ctx::of(&c));
+                *primary = Some(c.clone());
+                c
             }
-            self.ctx()
         };
+        let ctx = self.ctx();
         driver::ctx_set_current(ctx).map_err(|e| GpuError::driver("cuCtxSetCurrent", &what, e))?;
         match driver::ctx_current() {
             Ok(Some(c)) if c == ctx => {}
@@ -192,7 +208,7 @@ impl DeviceShared {
         }
         self.live_workers.fetch_add(1, Ordering::SeqCst);
         drop(primary);
-        Ok(ctx)
+        Ok((ctx, cuda))
     }
 
     // ---------------------------------------------------------------- failure state
@@ -266,15 +282,25 @@ impl DeviceShared {
 
     // ---------------------------------------------------------------- streams
 
-    /// Takes ownership of a worker's stream (destroyed by the device's last worker) and
-    /// returns the view the worker enqueues on.
-    pub(crate) fn register_stream(&self, s: Stream) -> StreamRef {
-        let view = s.view();
+    /// Takes a worker's stream into the device's table (dropped by the device's last worker)
+    /// and returns the view the worker enqueues on.
+    pub(crate) fn register_stream(&self, s: Arc<CudaStream>) -> StreamRef {
+        let view = StreamRef::of(&s);
         self.streams
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .push(s);
         view
+    }
+
+    /// The cudarc stream behind `view`, if it is one of this device's worker streams.
+    pub(crate) fn cuda_stream(&self, view: StreamRef) -> Option<Arc<CudaStream>> {
+        self.streams
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|s| StreamRef::of(s) == view)
+            .cloned()
     }
 
     /// Makes `own` wait for everything enqueued so far on `other`, another worker's stream of
@@ -300,7 +326,13 @@ impl DeviceShared {
     /// Queues a handle for release by a bound worker; no driver call, any thread.
     pub(crate) fn release(&self, r: Release) {
         if self.closed.load(Ordering::Acquire) {
-            // The device's workers are gone: teardown freed everything already.
+            // The device's workers are gone (teardown freed what was queued).
+            if let Release::Slice(s) = r {
+                // No bound worker is left: cudarc frees it here (its slice keeps the context).
+                let bytes = s.bytes();
+                s.drop_here();
+                self.buffer_freed(bytes);
+            }
             return;
         }
         self.releases
@@ -344,8 +376,12 @@ impl DeviceShared {
             let streams = self.streams.read().unwrap_or_else(|e| e.into_inner());
             device_idle = streams
                 .iter()
-                .all(|s| driver::stream_query(ctx, s.view()).unwrap_or(false));
-            for s in streams.iter().map(Stream::view).filter(|&s| s != own) {
+                .all(|s| driver::stream_query(ctx, StreamRef::of(s)).unwrap_or(false));
+            for s in streams
+                .iter()
+                .map(|s| StreamRef::of(s))
+                .filter(|&s| s != own)
+            {
                 let ok = self.take_event().and_then(|e| {
                     let r = driver::event_record(ctx, &e, s)
                         .and_then(|_| driver::stream_wait_event(ctx, own, &e));
@@ -360,16 +396,17 @@ impl DeviceShared {
         let n = batch.len();
         for r in batch {
             match r {
-                Release::Mem(p) => {
-                    // Out of the table first: once freed, the address may be handed out again.
-                    // (Not there: teardown freed it already.)
-                    if let Some(a) = self.forget_allocation(p) {
-                        let _ = if fenced {
-                            a.free_async(ctx, own)
-                        } else {
-                            a.free(ctx)
-                        };
-                    }
+                Release::Slice(s) => {
+                    let bytes = s.bytes();
+                    // SAFETY: the slice was allocated in this device's context (checked when
+                    // it became a `DeviceBuffer`) and is taken apart here: freed once.
+                    let a = unsafe { DeviceAlloc::adopt(s.leak()) };
+                    let _ = if fenced {
+                        a.free_async(ctx, own)
+                    } else {
+                        a.free(ctx)
+                    };
+                    self.buffer_freed(bytes);
                 }
                 // An in-flight launch finishes first (the driver defers the free).
                 Release::Exec(e) => self.destroy_exec(ctx, e),
@@ -389,33 +426,29 @@ impl DeviceShared {
         let streams = self.streams.read().unwrap_or_else(|e| e.into_inner());
         streams
             .iter()
-            .map(Stream::view)
+            .map(|s| StreamRef::of(s))
             .filter(|&s| s != own)
             .all(|s| driver::stream_query(ctx, s).unwrap_or(false))
     }
 
-    /// Takes ownership of a new allocation; returns its address.
-    pub(crate) fn track_allocation(&self, a: DeviceAlloc) -> u64 {
-        let p = a.addr();
-        self.allocations
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(p, a);
-        p
+    /// Counts a new [`DeviceBuffer`](crate::DeviceBuffer) of `bytes`.
+    pub(crate) fn buffer_made(&self, bytes: usize) {
+        self.live_buffers.fetch_add(1, Ordering::Relaxed);
+        self.live_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    fn forget_allocation(&self, p: u64) -> Option<DeviceAlloc> {
-        self.allocations
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&p)
+    /// Counts a buffer freed (or handed back to cudarc as a `CudaSlice`).
+    pub(crate) fn buffer_freed(&self, bytes: usize) {
+        self.live_buffers.fetch_sub(1, Ordering::Relaxed);
+        self.live_bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn live_allocations(&self) -> usize {
-        self.allocations
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        self.live_buffers.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn live_bytes(&self) -> usize {
+        self.live_bytes.load(Ordering::Relaxed)
     }
 
     // ---------------------------------------------------------------- modules
@@ -506,8 +539,14 @@ impl DeviceShared {
         // still owned (their owners' later drop finds the slot empty).
         let queued = std::mem::take(&mut *self.releases.lock().unwrap_or_else(|e| e.into_inner()));
         for r in queued {
-            if let Release::Exec(e) = r {
-                self.destroy_exec(ctx, e);
+            match r {
+                Release::Exec(e) => self.destroy_exec(ctx, e),
+                Release::Slice(s) => {
+                    let bytes = s.bytes();
+                    // SAFETY: as in `drain_releases`: this device's allocation, freed once.
+                    let _ = unsafe { DeviceAlloc::adopt(s.leak()) }.free(ctx);
+                    self.buffer_freed(bytes);
+                }
             }
         }
         let slots = std::mem::take(&mut *self.exec_slots.lock().unwrap_or_else(|e| e.into_inner()));
@@ -516,14 +555,13 @@ impl DeviceShared {
                 self.destroy_exec(ctx, e);
             }
         }
-        let live = std::mem::take(&mut *self.allocations.lock().unwrap_or_else(|e| e.into_inner()));
-        for (_, a) in live {
-            let _ = a.free(ctx);
-        }
-        // Every worker has stopped: no node, marker or hook can use a view of these any more.
-        for s in std::mem::take(&mut *self.streams.write().unwrap_or_else(|e| e.into_inner())) {
-            let _ = s.destroy(ctx);
-        }
+        // Buffers still held keep their memory (and, through their `CudaSlice`, their stream
+        // and the context): freed when their owner drops them, on that thread (cudarc's rule:
+        // no bound worker is left). Every worker has stopped: no node, marker or hook can use a
+        // view of these streams any more; each is destroyed now unless something still holds it.
+        drop(std::mem::take(
+            &mut *self.streams.write().unwrap_or_else(|e| e.into_inner()),
+        ));
         for e in std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner())) {
             let _ = e.destroy(ctx);
         }
@@ -541,15 +579,14 @@ impl DeviceShared {
             let _ = driver::ctx_synchronize(ctx);
             let _ = driver::mempool_trim(ctx, self.dev);
         }
+        // cudarc's drop binds the context to release it: unbind after.
+        drop(
+            self.primary
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         let _ = driver::ctx_unbind();
-        if let Some(p) = self
-            .primary
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            let _ = p.release();
-        }
     }
 }
 
@@ -612,9 +649,13 @@ impl GpuDevice {
     pub fn failure(&self) -> Option<String> {
         self.shared.failed().map(str::to_owned)
     }
-    /// Device buffers currently allocated through this pool and not yet freed.
+    /// Device buffers ([`DeviceBuffer`](crate::DeviceBuffer)s) of this pool not yet freed.
     pub fn live_allocations(&self) -> usize {
         self.shared.live_allocations()
+    }
+    /// The bytes of those buffers.
+    pub fn live_bytes(&self) -> usize {
+        self.shared.live_bytes()
     }
     /// Events created so far for the device's event table (the table recycles them).
     pub fn events_created(&self) -> usize {

@@ -158,6 +158,14 @@ pub(crate) struct DeviceAlloc(sys::CUdeviceptr);
 
 send_sync!(Ctx, PrimaryCtx, Stream, StreamRef, Event, Module, Func);
 
+impl Ctx {
+    /// The view of the context a cudarc `CudaContext` holds (each device's is retained by the
+    /// pool as an `Arc<CudaContext>`, see `device.rs`); valid while that `Arc` lives.
+    pub(crate) fn of(c: &cudarc::driver::CudaContext) -> Self {
+        Ctx(c.cu_ctx())
+    }
+}
+
 impl PrimaryCtx {
     /// The retained context.
     pub(crate) fn ctx(&self) -> Ctx {
@@ -187,6 +195,13 @@ impl Stream {
 }
 
 impl StreamRef {
+    /// A view of a stream cudarc owns (the device's worker streams and capture streams are
+    /// `Arc<CudaStream>`s, so that a node can hand them to cudarc code); valid while that
+    /// `Arc` lives.
+    pub(crate) fn of(s: &cudarc::driver::CudaStream) -> Self {
+        StreamRef(s.cu_stream())
+    }
+
     /// The raw stream as an untyped pointer: for cuBLAS and cuSOLVER's `*SetStream` (which
     /// take the runtime API's `cudaStream_t`, the same handle) and their stream checks. The one
     /// way a raw driver handle leaves this file.
@@ -215,8 +230,23 @@ impl Module {
 }
 
 impl DeviceAlloc {
+    /// Takes ownership of an allocation handed over by its former owner (a `CudaSlice` taken
+    /// apart with `leak`).
+    ///
+    /// # Safety
+    /// `p` must be a live allocation of the current context from `cuMemAllocAsync` or
+    /// `cuMemAlloc` that nothing else frees.
+    pub(crate) unsafe fn adopt(p: sys::CUdeviceptr) -> Self {
+        DeviceAlloc(p)
+    }
+
     /// The device address (for kernel arguments, copies, and the device's table key).
     pub(crate) fn addr(&self) -> u64 {
+        self.0
+    }
+
+    /// Gives up ownership: the caller hands the address to its next owner (a `CudaSlice`).
+    pub(crate) fn into_raw(self) -> sys::CUdeviceptr {
         self.0
     }
 

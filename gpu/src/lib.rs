@@ -107,7 +107,7 @@ mod replay;
 mod timing;
 mod worker;
 
-pub use blas::{potrf_info_error, Blas, Diag, Side, Solver, Trans, Uplo, WorkerSetup};
+pub use blas::{potrf_info_error, Blas, CublasRef, Diag, Side, Solver, Trans, Uplo, WorkerSetup};
 pub use buffer::{DeviceBuffer, DeviceCopy};
 pub use cholesky::{
     residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyGraph, CholeskyPlan,
@@ -127,6 +127,12 @@ pub use pool::{Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 pub use probe::probe;
 pub use replay::{RNode, ReplayBuilder, ReplayCtx, ReplayOutput, ReplayStats, Replayable};
 pub use worker::GpuWorker;
+
+/// The cudarc that boundpool links, so that code written against cudarc names the same
+/// version (see the crate docs: "cudarc inside a node").
+pub use cudarc;
+/// The `half` crate of cudarc's `f16` / `bf16` types.
+pub use half;
 
 /// Re-exports of the scheduler types GPU graphs use.
 pub use boundpool_scheduler::{

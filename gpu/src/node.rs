@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use boundpool_scheduler::backend::{InputsExt, NodeCtxExt};
-use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef, Placement};
+use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef, Placement, Priority};
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::device::{DeviceInfo, DeviceShared, GpuDevice};
@@ -14,6 +14,7 @@ use crate::driver::{self, Event, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
 use crate::worker::{Bound, EventReturn, GpuWorker, PendingEvent};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 /// What a GPU node leaves for its GPU successors (through the scheduler's node markers): the
 /// stream its work went to, and either
@@ -64,6 +65,8 @@ pub struct GpuCtx<'a, 'n> {
     /// The node's name when it is not the scheduler node's (a replay node captured inside its
     /// segment's node).
     pub(crate) name: Option<&'a str>,
+    /// `stream` as cudarc's type, looked up at the body's first [`GpuCtx::stream`] call.
+    pub(crate) cuda_stream: std::cell::OnceCell<Arc<CudaStream>>,
 }
 
 /// A context's range of CUDA stream priorities (lower numbers are more urgent).
@@ -138,13 +141,13 @@ kernel_arg_int!(u8, i8, u16, i16, u32, i32, u64, i64, usize, isize, f32, f64);
 
 impl<T: DeviceCopy> KernelArg for &DeviceBuffer<T> {
     fn to_bits(&self) -> u64 {
-        self.ptr
+        self.device_ptr()
     }
 }
 
 impl<T: DeviceCopy> KernelArg for &mut DeviceBuffer<T> {
     fn to_bits(&self) -> u64 {
-        self.ptr
+        self.device_ptr()
     }
 }
 
@@ -279,6 +282,60 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         &self.b.device.info
     }
 
+    /// The stream this node enqueues on, as cudarc's type: its worker's stream of the node's
+    /// priority level, one a predecessor handed over, or, under a replay capture, the
+    /// capturing stream. cudarc code given it (`launch_builder`, `CudaBlas`, copies,
+    /// `alloc_zeros`) is ordered by the node's edges like the node's own work.
+    ///
+    /// Keep the work of one node on this stream: boundpool orders streams, not cudarc's
+    /// per-buffer events, which are off on the pool's context. A clone kept past the pool's
+    /// shutdown keeps the stream (and the context) alive; work enqueued on it then is the
+    /// caller's to order.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.cuda_stream.get_or_init(|| self.find_stream())
+    }
+
+    #[cold]
+    fn find_stream(&self) -> Arc<CudaStream> {
+        if let Some(c) = self.capture {
+            return c.stream().clone();
+        }
+        if let Some(l) = [Priority::Normal, Priority::High, Priority::Low]
+            .into_iter()
+            .filter_map(|p| self.b.lane_if_made(p))
+            .find(|l| l.stream == self.stream)
+        {
+            return l.cuda.clone();
+        }
+        self.b
+            .device
+            .cuda_stream(self.stream)
+            .expect("a node's stream is one of its device's worker streams")
+    }
+
+    /// The device's context, as cudarc's type (the primary context, bound to this worker for
+    /// its whole life; its event tracking is off, see [`GpuCtx::stream`]).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.b.cuda
+    }
+
+    /// Takes a cudarc slice of this device into a [`DeviceBuffer`] without a copy, so that it
+    /// may leave the node and be dropped on any thread (a plain `CudaSlice` frees on the
+    /// dropping thread). An error if the slice belongs to another device's context.
+    pub fn adopt<T: DeviceCopy>(&self, slice: CudaSlice<T>) -> GpuResult<DeviceBuffer<T>> {
+        if slice.context().cu_ctx() != self.b.cuda.cu_ctx() {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!(
+                    "{}: adopt: the slice belongs to device {}'s context, not this node's",
+                    self.what(),
+                    slice.context().ordinal()
+                ),
+            ));
+        }
+        Ok(DeviceBuffer::from_slice(slice, self.b.device.clone()))
+    }
+
     /// Enqueues an allocation of `len` elements (contents undefined).
     pub fn alloc<T: DeviceCopy>(&self, len: usize) -> GpuResult<DeviceBuffer<T>> {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
@@ -290,11 +347,11 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         // Under a capture the allocation is hoisted: made now, outside the graph, on the
         // worker's own (not capturing) stream, so it lives as long as the replay's outputs.
         let on = match self.capture {
-            Some(c) => c.side_stream(),
-            None => self.stream,
+            Some(_) => self.b.normal_stream(),
+            None => self.stream(),
         };
         let hoisted = self.capture.map(|c| c.relax(self)).transpose()?;
-        let p = driver::mem_alloc_async(self.b.ctx, bytes, on).map_err(|e| {
+        let p = driver::mem_alloc_async(self.b.ctx, bytes, StreamRef::of(on)).map_err(|e| {
             let mut err = self.fail("cuMemAllocAsync", e);
             if err.kind() == GpuErrorKind::OutOfMemory {
                 err = GpuError::new(
@@ -308,7 +365,11 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         if let (Some(c), Some(mode)) = (self.capture, hoisted) {
             c.unrelax(self, mode, p.is_ok())?;
         }
-        Ok(DeviceBuffer::from_alloc(p?, len, self.b.device.clone()))
+        // SAFETY: a live allocation of this context of `bytes.max(1)` bytes, room for `len`
+        // elements, handed to the slice (which owns it from now on); its contents are
+        // undefined until written, as this method's docs say, and `T` is plain data.
+        let s = unsafe { on.upgrade_device_ptr::<T>(p?.into_raw(), len) };
+        Ok(DeviceBuffer::from_slice(s, self.b.device.clone()))
     }
 
     /// Enqueues an allocation of `len` zeroed elements.
@@ -322,8 +383,10 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
     pub fn memset_zero<T: DeviceCopy>(&self, buf: &mut DeviceBuffer<T>) -> GpuResult<()> {
         self.check_device(&buf.device)?;
         // SAFETY: `buf` is a live allocation of `buf.bytes()` bytes on this device.
-        unsafe { driver::memset_d8_async(self.b.ctx, buf.ptr, 0, buf.bytes(), self.stream) }
-            .map_err(|e| self.fail("cuMemsetD8Async", e))
+        unsafe {
+            driver::memset_d8_async(self.b.ctx, buf.device_ptr(), 0, buf.bytes(), self.stream)
+        }
+        .map_err(|e| self.fail("cuMemsetD8Async", e))
     }
 
     /// Allocates a buffer and enqueues a copy of `src` into it. `src` may be dropped as soon as
@@ -352,14 +415,14 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         dst: &DeviceBuffer<T>,
     ) -> GpuResult<()> {
         self.check_device(&dst.device)?;
-        if src.len() != dst.len {
+        if src.len() != dst.len() {
             return Err(GpuError::new(
                 GpuErrorKind::InvalidArgument,
                 format!(
                     "{}: copy of {} elements into a buffer of {}",
                     self.what(),
                     src.len(),
-                    dst.len
+                    dst.len()
                 ),
             ));
         }
@@ -372,7 +435,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         unsafe {
             driver::memcpy_htod_async(
                 self.b.ctx,
-                dst.ptr,
+                dst.device_ptr(),
                 src.as_ptr() as *const u8,
                 dst.bytes(),
                 self.stream,
@@ -386,7 +449,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
     /// memory only once it has completed.
     pub fn download<T: DeviceCopy>(&self, src: &DeviceBuffer<T>) -> GpuResult<Vec<T>> {
         self.check_device(&src.device)?;
-        self.download_raw(src.ptr, src.len)
+        self.download_raw(src.device_ptr(), src.len())
     }
 
     /// `download` of a live allocation of this device given by address and length.
@@ -426,20 +489,28 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
     ) -> GpuResult<()> {
         self.check_device(&src.device)?;
         self.check_device(&dst.device)?;
-        if src.len != dst.len {
+        if src.len() != dst.len() {
             return Err(GpuError::new(
                 GpuErrorKind::InvalidArgument,
                 format!(
                     "{}: copy of {} elements into {}",
                     self.what(),
-                    src.len,
-                    dst.len
+                    src.len(),
+                    dst.len()
                 ),
             ));
         }
         // SAFETY: both are live allocations of `bytes()` bytes on this device.
-        unsafe { driver::memcpy_dtod_async(self.b.ctx, dst.ptr, src.ptr, src.bytes(), self.stream) }
-            .map_err(|e| self.fail("cuMemcpyDtoDAsync", e))
+        unsafe {
+            driver::memcpy_dtod_async(
+                self.b.ctx,
+                dst.device_ptr(),
+                src.device_ptr(),
+                src.bytes(),
+                self.stream,
+            )
+        }
+        .map_err(|e| self.fail("cuMemcpyDtoDAsync", e))
     }
 
     /// Starts a launch of `kernel` with `cfg` on this node's stream.
@@ -632,6 +703,7 @@ where
         stream,
         capture: None,
         name: None,
+        cuda_stream: std::cell::OnceCell::new(),
     };
     // Order after GPU predecessors on other streams: one wait per other stream of this device
     // suffices (an event recorded on it now follows everything its predecessors enqueued).

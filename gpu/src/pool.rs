@@ -525,7 +525,7 @@ impl GpuPool {
                 )
             })?
             .clone();
-        let (ptr, len) = (buf.ptr, buf.len);
+        let (ptr, len) = (buf.device_ptr(), buf.len());
         // The caller's borrow of `buf` keeps the allocation alive until `call` returns.
         self.call(&dev, move |ctx| Ok(ctx.download_raw::<T>(ptr, len)?))
     }

@@ -83,11 +83,12 @@ fn probe_with(ordinal: i32, sticky: bool, kernels: KernelChecks) -> GpuResult<Ve
             out.push(format!(
                 "fresh thread: current context before binding = {before:?}"
             ));
-            let ctx = sh.bind_worker()?;
+            let (ctx, cuda) = sh.bind_worker()?;
             out.push(format!(
                 "bound primary context {ctx:?}; cuCtxGetCurrent agrees"
             ));
-            let st = driver::stream_create(ctx)
+            let st = cuda
+                .new_stream()
                 .map_err(|e| GpuError::driver("cuStreamCreate", "probe", e))?;
             // Owned by the device table from here on (destroyed at its teardown).
             let st = sh.register_stream(st);

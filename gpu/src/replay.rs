@@ -54,11 +54,12 @@ use boundpool_scheduler::{BoxError, GraphBuilder, GraphOutput, NodeCtx, NodeRef}
 use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::device::GpuDevice;
 use crate::device::{DeviceShared, Release};
-use crate::driver::{self, GraphExec, GraphNode, Stream, StreamRef};
+use crate::driver::{self, GraphExec, GraphNode, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::{GpuCtx, GpuGraphExt};
 use crate::pool::{GpuGraph, GpuPool};
 use crate::worker::GpuWorker;
+use cudarc::driver::CudaStream;
 
 /// A node's output, type-erased (every node of a replay graph returns one).
 type Out = Arc<dyn Any + Send + Sync>;
@@ -610,6 +611,8 @@ impl<'c, 'n> ReplayCtx<'c, 'n> {
 pub(crate) struct Capture {
     /// The worker's own stream, not capturing: hoisted allocations and staging copies go there.
     side: StreamRef,
+    /// The capturing stream, as cudarc's type (`GpuCtx::stream`).
+    stream: Arc<CudaStream>,
     /// Why the capture cannot go on (the first operation refused).
     refused: RefCell<Option<String>>,
     /// Staging buffers of captured host-to-device copies (kept with the segment).
@@ -617,8 +620,14 @@ pub(crate) struct Capture {
 }
 
 impl Capture {
-    pub(crate) fn side_stream(&self) -> StreamRef {
-        self.side
+    /// Keeps a hoisted buffer (a library workspace) as long as the segment's executable.
+    pub(crate) fn keep(&self, buf: DeviceBuffer<u8>) {
+        self.staged.borrow_mut().push(buf);
+    }
+
+    /// The capturing stream.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
 
     /// Switches the thread to relaxed capture mode for a call the capture must not see.
@@ -657,7 +666,7 @@ impl Capture {
         let copied = unsafe {
             driver::memcpy_htod_async(
                 ctx.b.ctx,
-                stage.ptr,
+                stage.device_ptr(),
                 src.as_ptr() as *const u8,
                 bytes,
                 self.side,
@@ -667,8 +676,16 @@ impl Capture {
         self.unrelax(ctx, mode, copied.is_ok())?;
         copied?;
         // SAFETY: both are live allocations of `bytes` bytes on this device.
-        unsafe { driver::memcpy_dtod_async(ctx.b.ctx, dst.ptr, stage.ptr, bytes, ctx.stream) }
-            .map_err(|e| ctx.fail_call("cuMemcpyDtoDAsync", e))?;
+        unsafe {
+            driver::memcpy_dtod_async(
+                ctx.b.ctx,
+                dst.device_ptr(),
+                stage.device_ptr(),
+                bytes,
+                ctx.stream,
+            )
+        }
+        .map_err(|e| ctx.fail_call("cuMemcpyDtoDAsync", e))?;
         self.staged.borrow_mut().push(stage);
         Ok(())
     }
@@ -1078,16 +1095,15 @@ fn run_segment(
 /// capturing, the partial graph and the stream are destroyed, the thread's flag is cleared.
 struct CaptureGuard {
     ctx: driver::Ctx,
-    stream: Option<Stream>,
+    /// Dropped (destroyed, unless a body kept a clone) when the capture ends.
+    stream: Option<Arc<CudaStream>>,
 }
 
 impl CaptureGuard {
     fn finish(mut self) -> driver::DResult<Option<driver::CudaGraph>> {
         let s = self.stream.take().expect("finished once");
         CAPTURING.with(|c| c.set(false));
-        let g = driver::stream_end_capture(self.ctx, s.view());
-        let _ = s.destroy(self.ctx);
-        g
+        driver::stream_end_capture(self.ctx, StreamRef::of(&s))
     }
 }
 
@@ -1095,10 +1111,9 @@ impl Drop for CaptureGuard {
     fn drop(&mut self) {
         if let Some(s) = self.stream.take() {
             CAPTURING.with(|c| c.set(false));
-            if let Ok(Some(g)) = driver::stream_end_capture(self.ctx, s.view()) {
+            if let Ok(Some(g)) = driver::stream_end_capture(self.ctx, StreamRef::of(&s)) {
                 let _ = g.destroy(self.ctx);
             }
-            let _ = s.destroy(self.ctx);
         }
     }
 }
@@ -1139,22 +1154,20 @@ fn capture_segment(
     }
     let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
     let t0 = Instant::now();
-    let owned = driver::stream_create(ctx).map_err(|e| drv("cuStreamCreate", e))?;
-    // The capturing stream: a view of `owned`, which the guard destroys when the capture ends
+    let owned = b.cuda.new_stream().map_err(|e| drv("cuStreamCreate", e))?;
+    // The capturing stream: a view of `owned`, which the guard drops when the capture ends
     // (`finish` consumes the guard, after the last use of `cs` below).
-    let cs = owned.view();
-    if let Err(e) = driver::stream_begin_capture(ctx, cs) {
-        let _ = owned.destroy(ctx);
-        return Err(drv("cuStreamBeginCapture", e));
-    }
+    let cs = StreamRef::of(&owned);
+    driver::stream_begin_capture(ctx, cs).map_err(|e| drv("cuStreamBeginCapture", e))?;
     let guard = CaptureGuard {
         ctx,
-        stream: Some(owned),
+        stream: Some(owned.clone()),
     };
     CAPTURING.with(|c| c.set(true));
     FREED.with(|f| f.set(false));
     let cap = Capture {
         side: b.stream,
+        stream: owned,
         refused: RefCell::new(None),
         staged: RefCell::new(Vec::new()),
     };
@@ -1218,6 +1231,7 @@ fn capture_segment(
             stream: cs,
             capture: Some(&cap),
             name: Some(&desc.names[m as usize]),
+            cuda_stream: std::cell::OnceCell::new(),
         };
         let rctx = ReplayCtx {
             gpu: Some(&mctx),

@@ -10,6 +10,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use boundpool_scheduler::{BoxError, GroupId, Placement, Priority};
+use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::device::DeviceShared;
 use crate::driver::{self, Ctx, DriverError, Event, Func, StreamRef};
@@ -87,18 +88,22 @@ impl Drop for PendingEvent {
 /// One of a worker's streams (one per priority level) and the completion tracking of the nodes
 /// enqueued on it.
 pub(crate) struct Lane {
-    /// A view: the stream is owned by the device's table (so that other workers may record
-    /// on it until the device's last worker stops).
+    /// A view of `cuda`, the one the node path uses.
     pub(crate) stream: StreamRef,
+    /// The stream as cudarc's type, for node bodies that use cudarc
+    /// ([`GpuCtx::stream`](crate::GpuCtx::stream)); the device's table holds it too (so
+    /// that other workers may record on it until the device's last worker stops).
+    pub(crate) cuda: Arc<CudaStream>,
     /// GPU nodes enqueued on `stream` so far.
     pub(crate) seq: Cell<u64>,
     completion: RefCell<Completion>,
 }
 
 impl Lane {
-    fn new(stream: StreamRef) -> Self {
+    fn new(cuda: Arc<CudaStream>) -> Self {
         Self {
-            stream,
+            stream: StreamRef::of(&cuda),
+            cuda,
             seq: Cell::new(0),
             completion: RefCell::new(Completion::default()),
         }
@@ -110,6 +115,8 @@ pub(crate) struct Bound {
     pub(crate) device: Arc<DeviceShared>,
     pub(crate) device_index: usize,
     pub(crate) ctx: Ctx,
+    /// The device's context as cudarc's type ([`GpuCtx::context`](crate::GpuCtx::context)).
+    pub(crate) cuda: Arc<CudaContext>,
     /// The normal level's stream, made at start with the group's priority
     /// (`GpuPoolBuilder::stream_priority`). Also the stream of the idle hook's releases.
     pub(crate) stream: StreamRef,
@@ -176,13 +183,8 @@ impl GpuWorker {
         priority: i32,
     ) -> GpuResult<Self> {
         let device = shared.devices[device_index].clone();
-        let ctx = device.bind_worker()?;
-        let created = if priority == 0 {
-            driver::stream_create(ctx)
-        } else {
-            driver::stream_create_with_priority(ctx, priority)
-        };
-        let stream = match created {
+        let (ctx, cuda) = device.bind_worker()?;
+        let stream = match new_stream(&cuda, ctx, priority) {
             Ok(s) => s,
             Err(e) => {
                 // Undo the bind so the context's reference count stays right.
@@ -192,7 +194,8 @@ impl GpuWorker {
                 return Err(err);
             }
         };
-        // Owned by the device from here on; this worker keeps a view.
+        // Held by the device's table from here on; this worker keeps a view and a clone.
+        let cuda_stream = stream.clone();
         let stream = device.register_stream(stream);
         if let Some(t) = &device.timing {
             if let Err(e) = t.add_stream(ctx, stream) {
@@ -210,8 +213,9 @@ impl GpuWorker {
                 device,
                 device_index,
                 ctx,
+                cuda,
                 stream,
-                normal: Lane::new(stream),
+                normal: Lane::new(cuda_stream),
                 high: OnceCell::new(),
                 low: OnceCell::new(),
                 funcs: RefCell::new(HashMap::new()),
@@ -232,7 +236,7 @@ impl GpuWorker {
         if let Some(b) = self.bound {
             // User states and library handles go first, on this worker, context still bound.
             b.states.drop_all();
-            b.libs.shutdown(b.ctx);
+            b.libs.shutdown(b.ctx, b.device.failed().is_some());
             let lanes = [Some(b.normal), b.high.into_inner(), b.low.into_inner()];
             for lane in lanes.into_iter().flatten() {
                 if lane.stream != b.stream && b.device.failed().is_none() {
@@ -271,6 +275,21 @@ impl GpuWorker {
     }
 }
 
+/// A non-blocking stream of the context, of `priority` clamped to the context's range (lower
+/// numbers are more urgent; 0, the default, makes a plain stream), owned by cudarc so that node
+/// bodies can take it as cudarc's type.
+fn new_stream(
+    cuda: &Arc<CudaContext>,
+    ctx: Ctx,
+    priority: i32,
+) -> driver::DResult<Arc<CudaStream>> {
+    if priority == 0 {
+        return cuda.new_stream();
+    }
+    let (least, greatest) = driver::stream_priority_range(ctx)?;
+    cuda.new_stream_with_priority(priority.clamp(greatest, least))
+}
+
 impl Bound {
     /// The lane of a node of level `p` on this worker, making its stream at the level's first
     /// node: high nodes go to a stream of the device's greatest priority, low ones to one of its
@@ -292,6 +311,11 @@ impl Bound {
         Ok(cell.get_or_init(|| lane))
     }
 
+    /// The worker's normal-level stream (hoisted allocations of a capture go there).
+    pub(crate) fn normal_stream(&self) -> &Arc<CudaStream> {
+        &self.normal.cuda
+    }
+
     /// The lane of level `p` if this worker made it.
     pub(crate) fn lane_if_made(&self, p: Priority) -> Option<&Lane> {
         match p {
@@ -303,21 +327,21 @@ impl Bound {
 
     /// Makes and registers the stream of level `p` (high or low).
     #[cold]
-    fn level_stream(&self, p: Priority) -> GpuResult<StreamRef> {
+    fn level_stream(&self, p: Priority) -> GpuResult<Arc<CudaStream>> {
         let what = format!("device {}: {p:?} priority stream", self.device.ordinal());
         let (least, greatest) = driver::stream_priority_range(self.ctx).map_err(|e| {
             self.device
                 .driver_error("cuCtxGetStreamPriorityRange", &what, e)
         })?;
         let prio = if p == Priority::High { greatest } else { least };
-        let stream = driver::stream_create_with_priority(self.ctx, prio).map_err(|e| {
+        let stream = new_stream(&self.cuda, self.ctx, prio).map_err(|e| {
             self.device
                 .driver_error("cuStreamCreateWithPriority", &what, e)
         })?;
-        // Registered at once, so the last worker destroys it whatever happens next.
-        let stream = self.device.register_stream(stream);
+        // Registered at once, so the last worker drops it whatever happens next.
+        let view = self.device.register_stream(stream.clone());
         if let Some(t) = &self.device.timing {
-            t.add_stream(self.ctx, stream)
+            t.add_stream(self.ctx, view)
                 .map_err(|e| self.device.driver_error("cuEventRecord", &what, e))?;
         }
         Ok(stream)
