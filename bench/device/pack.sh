@@ -32,7 +32,7 @@ while read -r kind name path; do
     test:gpu_*) cp "$path" "$out/b/t_$name" ;;
     lib:boundpool_gpu) cp "$path" "$out/b/t_boundpool_gpu" ;;
     bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe) cp "$path" "$out/b/bench_$name" ;;
-    bin:boundpool|example:cholesky|example:gpu_pipeline) cp "$path" "$out/b/$name" ;;
+    bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes) cp "$path" "$out/b/$name" ;;
   esac
 done < "$exes"
 rm -f "$exes"

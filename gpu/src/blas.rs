@@ -630,17 +630,22 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
             }
             None => None,
         };
-        let mut h = libs.blas.try_borrow_mut().map_err(|_| {
+        let held = || {
             GpuError::new(
                 GpuErrorKind::InvalidArgument,
                 format!("{}: this worker's cuBLAS handle is held by a node this one is nested in (drop the CublasRef before waiting on a subgraph)", what()),
             )
-        })?;
-        if h.is_none() {
-            drop(h);
-            libs.ensure_blas(self.stream(), &what)?;
-            h = libs.blas.borrow_mut();
+        };
+        if libs.blas.try_borrow().map_err(|_| held())?.is_none() {
+            // cublasCreate makes calls a capture refuses: under one, outside it (relaxed mode).
+            let relaxed = self.capture.map(|c| c.relax(self)).transpose()?;
+            let made = libs.ensure_blas(self.stream(), &what);
+            if let (Some(c), Some(mode)) = (self.capture, relaxed) {
+                c.unrelax(self, mode, false)?;
+            }
+            made?;
         }
+        let mut h = libs.blas.try_borrow_mut().map_err(|_| held())?;
         let hb = h.as_mut().expect("created above");
         if capture_ws.is_some() || hb.stream != Some(self.stream) {
             let ws = match capture_ws {

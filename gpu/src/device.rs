@@ -20,6 +20,7 @@ use crate::driver::{
     self, Ctx, DResult, Dev, DeviceAlloc, Event, Func, GraphExec, Module as RawModule, StreamRef,
 };
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::metrics::DeviceMetrics;
 use crate::module::Kernel;
 use crate::timing::DeviceTiming;
 
@@ -90,6 +91,8 @@ pub(crate) struct DeviceShared {
     exec_slots: Mutex<Vec<Weak<crate::replay::ExecSlot>>>,
     /// Replay executables instantiated and not yet destroyed.
     execs_live: AtomicUsize,
+    /// The device's metric handles (set at the pool's build; none for the probe's device).
+    metrics: OnceLock<DeviceMetrics>,
 }
 
 impl fmt::Debug for DeviceShared {
@@ -124,7 +127,20 @@ impl DeviceShared {
             live_bytes: AtomicUsize::new(0),
             exec_slots: Mutex::new(Vec::new()),
             execs_live: AtomicUsize::new(0),
+            metrics: OnceLock::new(),
         }
+    }
+
+    pub(crate) fn set_metrics(&self, m: DeviceMetrics) {
+        let _ = self.metrics.set(m);
+    }
+
+    /// The device's metric handles.
+    pub(crate) fn metrics(&self) -> &DeviceMetrics {
+        static NOOP: OnceLock<DeviceMetrics> = OnceLock::new();
+        self.metrics
+            .get()
+            .unwrap_or_else(|| NOOP.get_or_init(DeviceMetrics::noop))
     }
 
     // ---------------------------------------------------------------- replay executables
@@ -218,7 +234,9 @@ impl DeviceShared {
     }
 
     pub(crate) fn mark_failed(&self, why: String) {
-        let _ = self.failed.set(why);
+        if self.failed.set(why).is_ok() {
+            self.metrics().sticky_failures.increment(1);
+        }
     }
 
     pub(crate) fn check_usable(&self) -> GpuResult<()> {
@@ -339,6 +357,7 @@ impl DeviceShared {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(r);
+        self.metrics().releases_queued.increment(1);
         if !self.release_pending.swap(true, Ordering::AcqRel) {
             if let Some(w) = &*self.waker.lock().unwrap_or_else(|e| e.into_inner()) {
                 w();
@@ -412,6 +431,7 @@ impl DeviceShared {
                 Release::Exec(e) => self.destroy_exec(ctx, e),
             }
         }
+        self.metrics().releases_done.increment(n as u64);
         // Look again before blocking: work another worker enqueued since the first look (before
         // the fence events were recorded) would make this worker wait for it. A stream idle now
         // has finished everything the fence waits for, so the synchronise returns at once.
@@ -435,12 +455,18 @@ impl DeviceShared {
     pub(crate) fn buffer_made(&self, bytes: usize) {
         self.live_buffers.fetch_add(1, Ordering::Relaxed);
         self.live_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let m = self.metrics();
+        m.live_buffers.increment(1.0);
+        m.live_bytes.increment(bytes as f64);
     }
 
     /// Counts a buffer freed (or handed back to cudarc as a `CudaSlice`).
     pub(crate) fn buffer_freed(&self, bytes: usize) {
         self.live_buffers.fetch_sub(1, Ordering::Relaxed);
         self.live_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        let m = self.metrics();
+        m.live_buffers.decrement(1.0);
+        m.live_bytes.decrement(bytes as f64);
     }
 
     pub(crate) fn live_allocations(&self) -> usize {
@@ -538,6 +564,7 @@ impl DeviceShared {
         // pool (their later drop does nothing). Replay executables: those queued, and those
         // still owned (their owners' later drop finds the slot empty).
         let queued = std::mem::take(&mut *self.releases.lock().unwrap_or_else(|e| e.into_inner()));
+        self.metrics().releases_done.increment(queued.len() as u64);
         for r in queued {
             match r {
                 Release::Exec(e) => self.destroy_exec(ctx, e),

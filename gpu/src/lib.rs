@@ -98,8 +98,11 @@ mod device;
 mod diag;
 mod driver;
 mod error;
+mod metrics;
 mod module;
 mod node;
+#[cfg(feature = "nvtx")]
+mod nvtx;
 mod pool;
 #[cfg(feature = "bench-internals")]
 mod probe;
@@ -117,6 +120,7 @@ pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reas
 pub use device::{DeviceInfo, GpuDevice};
 pub use diag::{context_check, MemoryProbe};
 pub use error::{GpuError, GpuErrorKind, GpuResult};
+pub use metrics::GPU_METRICS;
 pub use module::{builtin, Kernel, Module};
 pub use node::{
     GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,

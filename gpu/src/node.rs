@@ -692,11 +692,12 @@ where
     let lane = b
         .lane(level)
         .map_err(|e| Box::new(e.prefixed(&format!("node '{}'", node.node_name()))) as BoxError)?;
-    let stream = node
+    let handed = node
         .predecessor_markers()
         .filter_map(|(_, m)| m.downcast_ref::<GpuMarker>())
         .find(|m| m.handoff)
-        .map_or(lane.stream, |m| m.stream);
+        .map(|m| m.stream);
+    let stream = handed.unwrap_or(lane.stream);
     let ctx = GpuCtx {
         node,
         b,
@@ -708,6 +709,7 @@ where
     // Order after GPU predecessors on other streams: one wait per other stream of this device
     // suffices (an event recorded on it now follows everything its predecessors enqueued).
     let mut waited: Vec<StreamRef> = Vec::new();
+    let mut event_edges = 0u64;
     for (_, m) in node.predecessor_markers() {
         let Some(m) = m.downcast_ref::<GpuMarker>() else {
             continue;
@@ -730,7 +732,10 @@ where
             }),
         };
         r.map_err(|e| Box::new(ctx.fail("cuStreamWaitEvent", e)) as BoxError)?;
+        event_edges += 1;
     }
+    b.edges
+        .node(event_edges, handed.is_some(), b.device.metrics());
     let started = match &b.device.timing {
         Some(t) => Some(
             t.begin(b.ctx, stream)
@@ -738,7 +743,11 @@ where
         ),
         None => None,
     };
+    #[cfg(feature = "nvtx")]
+    let range = crate::nvtx::node_range(node.node_name(), node.graph_name());
     let out = body(&ctx);
+    #[cfg(feature = "nvtx")]
+    drop(range);
     if let (Some(t), Some(s)) = (&b.device.timing, started) {
         let who = (
             node.node_name(),

@@ -247,7 +247,12 @@ impl GpuPoolBuilder {
         for &o in &ordinals {
             let (dev, info) = detect::open_device(o)?;
             infos.push(info.clone());
-            devices.push(Arc::new(DeviceShared::new(info, dev, self.trace)));
+            let d = DeviceShared::new(info, dev, self.trace);
+            d.set_metrics(crate::metrics::DeviceMetrics::register(
+                &self.name,
+                d.ordinal(),
+            ));
+            devices.push(Arc::new(d));
         }
         let process = process_cores();
         let plans = plan_cores(&infos, self.workers_per_device, &process);

@@ -1087,6 +1087,7 @@ fn run_segment(
     if let Some(e) = exec.as_ref() {
         driver::graph_launch(gctx.b.ctx, e, gctx.stream)
             .map_err(|e| Box::new(gctx.fail_call("cuGraphLaunch", e)) as BoxError)?;
+        gctx.b.device.metrics().replays.increment(1);
     }
     Ok(())
 }
@@ -1376,6 +1377,10 @@ fn capture_segment(
         }
     }
     seg._staged = cap.staged.into_inner();
+    let m = b.device.metrics();
+    m.captures.increment(1);
+    m.exec_instantiations.increment(stats.instantiations);
+    m.exec_updates.increment(stats.updates);
     let mut s = st.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
     s.captures += 1;
     s.capture_time += capture_time;

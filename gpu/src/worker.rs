@@ -137,6 +137,8 @@ pub(crate) struct Bound {
     pub(crate) libs: crate::blas::WorkerLibs,
     /// User states (`GpuPoolBuilder::worker_state`).
     pub(crate) states: crate::blas::WorkerStates,
+    /// Edge counts not yet pushed to the device's metrics.
+    pub(crate) edges: crate::metrics::EdgeCounts,
 }
 
 #[derive(Default)]
@@ -223,6 +225,7 @@ impl GpuWorker {
                 returned: Arc::new(EventReturn::default()),
                 libs: Default::default(),
                 states: Default::default(),
+                edges: Default::default(),
             }),
             shared,
         })
@@ -234,6 +237,7 @@ impl GpuWorker {
     /// elsewhere may record on them until then).
     pub(crate) fn stop(self) {
         if let Some(b) = self.bound {
+            b.edges.flush(b.device.metrics());
             // User states and library handles go first, on this worker, context still bound.
             b.states.drop_all();
             b.libs.shutdown(b.ctx, b.device.failed().is_some());
@@ -263,6 +267,7 @@ impl GpuWorker {
     /// Idle hook: free handles dropped elsewhere.
     pub(crate) fn idle(&self) {
         if let Some(b) = &self.bound {
+            b.edges.flush(b.device.metrics());
             if b.device.has_pending_releases() {
                 b.device.drain_releases(b.stream);
             }
