@@ -164,10 +164,14 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
     let inner = check
         .peak_threads
         .load(std::sync::atomic::Ordering::Relaxed);
-    peak = [peak, (inner > 0).then_some(inner), super::observe::os_threads()]
-        .into_iter()
-        .flatten()
-        .max();
+    peak = [
+        peak,
+        (inner > 0).then_some(inner),
+        super::observe::os_threads(),
+    ]
+    .into_iter()
+    .flatten()
+    .max();
     let cores: Vec<Option<usize>> = pool.workers().iter().map(|w| w.core).collect();
 
     if let Some(path) = &a.trace {
