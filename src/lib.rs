@@ -27,7 +27,7 @@ pub use boundpool_gpu as gpu;
 pub use boundpool_scheduler::{
     backend, default_workers, BoxError, Cores, DomainId, Error, ErrorKind, Graph, GraphBuilder,
     GraphHandle, GraphOutput, GroupId, GroupSpec, Inputs, NodeCtx, NodeId, NodeRef, Placement,
-    Pool, PoolBuilder, PoolStats, Priority, ShutdownMode, SliceKind, SubmitFuture, Subgraph, Trace,
+    Pool, PoolBuilder, PoolStats, Priority, ShutdownMode, SliceKind, Subgraph, SubmitFuture, Trace,
     TraceSlice, TraceTrack, WorkerInfo, WorkerStats, METRICS,
 };
 
