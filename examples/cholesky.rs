@@ -18,11 +18,11 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use boundpool::backend::FromIndex;
-use boundpool::gpu::{
-    residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyPlan, Devices,
-    GpuPoolBuilder, TileOp,
-};
+use boundpool::gpu::{Devices, GpuPoolBuilder};
 use boundpool::{GraphBuilder, PoolBuilder};
+use boundpool_bench::cholesky::{
+    residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyPlan, TileOp,
+};
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use boundpool::observe::{install_prometheus, os_threads};
+use boundpool::observe::install_prometheus;
 use boundpool::{GraphBuilder, PoolBuilder};
 use boundpool_bench::workloads::busy_work;
 
@@ -139,4 +139,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .into());
     }
     Ok(())
+}
+
+/// The number of OS threads of this process, counted from `/proc/self/task` (`None` off Linux).
+fn os_threads() -> Option<usize> {
+    std::fs::read_dir("/proc/self/task").ok().map(|d| d.count())
 }

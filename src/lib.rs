@@ -3,11 +3,12 @@
 //! Task graphs of GPU and host work on a bounded pool of pinned OS threads, each holding its
 //! device's CUDA context bound for its whole life, stealing ready nodes from each other.
 //!
-//! This facade re-exports the scheduler core ([`boundpool_scheduler`]) and the CUDA backend
-//! ([`boundpool_gpu`]), and adds the graph-file reader ([`graph_file`]) and observability
-//! ([`observe`]: Chrome traces, SVG timelines, and with the `prometheus` feature the Prometheus
-//! exporter). The `boundpool` command line is its own crate (`boundpool-cli`, in `cli/`), and the
-//! benches, their workloads and baselines another (`boundpool-bench`, in `bench/`), so that a
+//! This facade re-exports the scheduler core ([`boundpool_scheduler`], by name) and the CUDA
+//! backend ([`boundpool_gpu`]), and adds the graph-file reader ([`graph_file`]) and observability
+//! ([`observe`]: Chrome traces, and with the `prometheus` feature the Prometheus exporter). The
+//! `boundpool` command line is its own crate (`boundpool-cli`, in `cli/`, with the SVG timelines
+//! and the metric table), and the benches, their workloads and baselines another
+//! (`boundpool-bench`, in `bench/`), so that a
 //! library user compiles neither clap, indicatif nor the exporter.
 //!
 //! ```
@@ -23,7 +24,12 @@
 //! ```
 
 pub use boundpool_gpu as gpu;
-pub use boundpool_scheduler::*;
+pub use boundpool_scheduler::{
+    backend, default_workers, BoxError, Cores, DomainId, Error, ErrorKind, Graph, GraphBuilder,
+    GraphHandle, GraphOutput, GroupId, GroupSpec, Inputs, NodeCtx, NodeId, NodeRef, Placement,
+    Pool, PoolBuilder, PoolStats, Priority, ShutdownMode, SliceKind, Subgraph, SubmitFuture, Trace,
+    TraceSlice, TraceTrack, WorkerInfo, WorkerStats, METRICS,
+};
 
 pub mod bounded;
 pub mod graph_file;

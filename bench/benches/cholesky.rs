@@ -17,10 +17,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use boundpool_bench::cholesky::{spd_matrix, spot_check_on_device, CholeskyPlan};
 use boundpool_gpu::{
-    spd_matrix, spot_check_on_device, CholeskyPlan, DeviceBuffer, Devices, Diag, GpuDevice,
-    GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, ShutdownMode, Side, Trans,
-    Uplo,
+    DeviceBuffer, Devices, Diag, GpuDevice, GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool,
+    GpuPoolBuilder, ShutdownMode, Side, Trans, Uplo,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;

@@ -1,6 +1,6 @@
 //! GPU benchmarks: boundpool's GPU nodes against baselines measured in the same process.
 //!
-//! An empty kernel `<<<1,1>>>` per node. Baselines (from `boundpool_gpu::baselines`): raw
+//! An empty kernel `<<<1,1>>>` per node. Baselines (from `boundpool_bench::baselines`): raw
 //! launches from k bound threads with a stream each; an OS thread per task; one server thread
 //! fed by a channel from 8 submitters; cross-stream chains with an event edge or a host
 //! synchronise per edge. Each figure is the median of several runs.
@@ -10,9 +10,10 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use boundpool_bench::baselines;
 use boundpool_gpu::{
-    baselines, builtin, Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool,
-    GpuPoolBuilder, GroupId, Kernel, LaunchConfig, Module,
+    builtin, Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder,
+    GroupId, Kernel, LaunchConfig, Module,
 };
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -254,8 +255,9 @@ fn main() {
             bg.push(time_graph(&p, &bare_gpu).as_secs_f64() * 1e6 / edges as f64);
             ours.push(time_graph(&p, &g).as_secs_f64() * 1e6 / edges as f64);
             ours_same.push(time_graph(&p, &same).as_secs_f64() * 1e6 / edges as f64);
-            let us =
-                |m: boundpool_gpu::GpuResult<baselines::Measurement>| m.unwrap().micros_per_op();
+            let us = |m: boundpool_bench::raw::Result<baselines::Measurement>| {
+                m.unwrap().micros_per_op()
+            };
             ev.push(us(baselines::event_edge_chain(0, edges)));
             host.push(us(baselines::host_sync_edge_chain(0, edges)));
             ev2.push(us(baselines::event_edge_chain_two_threads(0, edges)));

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 out=.devbin; rm -rf "$out"; mkdir -p "$out/b"
 exes=$(mktemp)
 {
-  cargo test --workspace --release --no-run --features boundpool-gpu/bench-internals --message-format=json
+  cargo test --workspace --release --no-run --message-format=json
   cargo bench -p boundpool-bench --no-run --message-format=json
   cargo build --release -p boundpool-cli -p boundpool --examples --bins --message-format=json
 } 2>/dev/null | python3 -c '
@@ -31,6 +31,7 @@ while read -r kind name path; do
   case "$kind:$name" in
     test:gpu_*) cp "$path" "$out/b/t_$name" ;;
     lib:boundpool_gpu) cp "$path" "$out/b/t_boundpool_gpu" ;;
+    lib:boundpool_bench) cp "$path" "$out/b/t_boundpool_bench" ;;
     bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe) cp "$path" "$out/b/bench_$name" ;;
     bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes) cp "$path" "$out/b/$name" ;;
   esac

@@ -1,7 +1,7 @@
 //! The replay bench: graphs of empty-kernel GPU nodes (`<<<1,1>>>`) run eagerly on a boundpool
 //! GPU pool, replayed as CUDA graphs ([`boundpool_gpu::Replayable`]), and launched as a raw CUDA
 //! graph of the same topology built with the driver API
-//! ([`boundpool_gpu::baselines::raw_graph`]), all in one process, interleaved round by round.
+//! ([`crate::baselines::raw_graph`]), all in one process, interleaved round by round.
 //! Each round times a fresh instantiation of both the replay and the raw graph (an executable's
 //! speed varies from one instantiation to the next). Used by `cargo bench -p boundpool-bench --bench replay` and `boundpool bench --gpu`.
 //! [`variants()`] is the bench's `--variants` experiment: the same graphs made six ways on one
@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use boundpool_gpu::{
-    baselines, builtin, BoxError, DeviceBuffer, Devices, GpuDevice, GpuGraph, GpuGraphBuilder,
-    GpuGraphExt, GpuPool, GpuPoolBuilder, GpuResult, Kernel, LaunchConfig, Module, RNode,
-    ReplayBuilder, ReplayCtx, Replayable,
+    builtin, BoxError, DeviceBuffer, Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuGraphExt,
+    GpuPool, GpuPoolBuilder, GpuResult, Kernel, LaunchConfig, Module, RNode, ReplayBuilder,
+    ReplayCtx, Replayable,
 };
 
+use crate::baselines;
 use crate::workloads::{Dag, Shape};
 
 /// A shape of the replay bench: the three of the issue, plus the command line's built-ins.

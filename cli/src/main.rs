@@ -225,7 +225,7 @@ fn main() -> ExitCode {
         Command::Trace(a) => cli::trace::main(a),
         Command::Soak(a) => cli::soak::main(a),
         Command::Metrics => {
-            print!("{}", boundpool::observe::metrics_table());
+            print!("{}", cli::observe::metrics_table());
             ExitCode::SUCCESS
         }
     }

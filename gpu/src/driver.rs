@@ -1,13 +1,16 @@
 //! The only module that touches raw CUDA driver handles.
 //!
 //! Everything here is a thin wrapper over `cudarc::driver::sys`. A handle that must be destroyed
-//! is an *owner* ([`PrimaryCtx`], [`Stream`], [`Event`], [`Module`], [`DeviceAlloc`],
+//! is an *owner* ([`PrimaryCtx`], [`Event`], [`Module`], [`DeviceAlloc`],
 //! [`CudaGraph`], [`GraphExec`]): not `Copy` nor `Clone`, its raw field private to this file,
 //! destroyed by a method that consumes it, so destroy-once is the compiler's business. What
 //! others need to name a handle they do not own is a `Copy` *view* ([`Ctx`], [`StreamRef`],
 //! [`Func`], [`GraphNode`]), made only here from its owner and unable to destroy anything; the
 //! crate keeps the owners views point to in its device tables until the device's last worker
-//! stops. Functions that take handles are therefore safe to call from crate code; those that
+//! stops. The device's context and its streams are cudarc's (`Arc<CudaContext>`,
+//! `Arc<CudaStream>`, held by the device's table, its workers and the buffers allocated on
+//! them) so that node bodies can use cudarc; [`Ctx::of`] and [`StreamRef::of`] make views of
+//! them, valid while those `Arc`s live. Functions that take handles are therefore safe to call from crate code; those that
 //! take raw pointers to memory (launch arguments, copies) are `unsafe`.
 //!
 //! Every function that needs a current context takes the context the caller *expects* to be
@@ -86,7 +89,7 @@ fn current_raw() -> DResult<usize> {
 // ----------------------------------------------------------------------------------------------
 // Handles.
 //
-// Two kinds. *Owners* ([`Stream`], [`Event`], [`Module`], [`PrimaryCtx`], [`DeviceAlloc`], and
+// Two kinds. *Owners* ([`Event`], [`Module`], [`PrimaryCtx`], [`DeviceAlloc`], and
 // below [`CudaGraph`], [`GraphExec`]) are neither `Copy` nor `Clone`, keep their raw field
 // private to this file, and are destroyed by a method that consumes them, so that destroying
 // one twice, or using one after destroying it, does not compile. *Views* ([`Ctx`],
@@ -126,12 +129,7 @@ pub(crate) struct PrimaryCtx {
     ctx: Ctx,
 }
 
-/// A stream, owned. Destroy with [`Stream::destroy`]; hand [`Stream::view`] to whoever
-/// enqueues on it.
-#[derive(Debug)]
-pub(crate) struct Stream(sys::CUstream);
-
-/// A view of a [`Stream`]: valid while the `Stream` lives (the crate's worker streams live in
+/// A view of a stream cudarc owns (an `Arc<CudaStream>`: the crate's worker streams live in
 /// their device's table until its last worker stops). Cannot destroy it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct StreamRef(sys::CUstream);
@@ -156,7 +154,7 @@ pub(crate) struct Func(sys::CUfunction);
 #[derive(Debug)]
 pub(crate) struct DeviceAlloc(sys::CUdeviceptr);
 
-send_sync!(Ctx, PrimaryCtx, Stream, StreamRef, Event, Module, Func);
+send_sync!(Ctx, PrimaryCtx, StreamRef, Event, Module, Func);
 
 impl Ctx {
     /// The view of the context a cudarc `CudaContext` holds (each device's is retained by the
@@ -176,21 +174,6 @@ impl PrimaryCtx {
     pub(crate) fn release(self) -> DResult<()> {
         // SAFETY: paired with the one successful retain that made `self`, consumed here.
         unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev.0).result() }
-    }
-}
-
-impl Stream {
-    /// A view to enqueue on; valid while `self` lives.
-    pub(crate) fn view(&self) -> StreamRef {
-        StreamRef(self.0)
-    }
-
-    /// `cuStreamDestroy` (work already enqueued still completes).
-    pub(crate) fn destroy(self, expect: Ctx) -> DResult<()> {
-        check(expect, "cuStreamDestroy");
-        // SAFETY: `self` is a live stream, consumed here: destroyed once, and no view of it is
-        // used after (the owners' contract above).
-        unsafe { sys::cuStreamDestroy_v2(self.0).result() }
     }
 }
 
@@ -390,39 +373,6 @@ pub(crate) fn mem_get_info(expect: Ctx) -> DResult<(usize, usize)> {
 
 // ----------------------------------------------------------------------------------------------
 // Streams and events.
-
-pub(crate) fn stream_create(expect: Ctx) -> DResult<Stream> {
-    check(expect, "cuStreamCreate");
-    let mut s = MaybeUninit::<sys::CUstream>::uninit();
-    // SAFETY: writes one stream handle.
-    unsafe {
-        sys::cuStreamCreate(
-            s.as_mut_ptr(),
-            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-        )
-        .result()?;
-        Ok(Stream(s.assume_init()))
-    }
-}
-
-/// A non-blocking stream of priority `priority`, clamped to the context's range (lower numbers
-/// are higher priorities; 0 is the default).
-pub(crate) fn stream_create_with_priority(expect: Ctx, priority: i32) -> DResult<Stream> {
-    check(expect, "cuStreamCreateWithPriority");
-    let (mut least, mut greatest) = (0i32, 0i32);
-    let mut s = MaybeUninit::<sys::CUstream>::uninit();
-    // SAFETY: the first call writes two integers; the second one stream handle.
-    unsafe {
-        sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest).result()?;
-        sys::cuStreamCreateWithPriority(
-            s.as_mut_ptr(),
-            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-            priority.clamp(greatest, least),
-        )
-        .result()?;
-        Ok(Stream(s.assume_init()))
-    }
-}
 
 /// The context's stream priority range as `(least, greatest)` (`cuCtxGetStreamPriorityRange`:
 /// lower numbers are more urgent, so `greatest <= least`; both 0 where priorities are not
@@ -745,7 +695,7 @@ pub(crate) fn is_sticky(e: DriverError) -> bool {
 }
 
 // ----------------------------------------------------------------------------------------------
-// CUDA graphs (replay, `replay.rs`; the raw-graph baseline, `baselines.rs`).
+// CUDA graphs (replay, `replay.rs`).
 //
 // Unlike the handles above, a graph and an executable are *owned*: neither is `Copy` or
 // `Clone`, and each is destroyed by a function that consumes it, so that destroying one twice
@@ -926,16 +876,6 @@ pub(crate) fn capture_mode_restore(mode: u32) -> DResult<()> {
     unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m).result() }
 }
 
-/// An empty graph (for graphs built node by node).
-#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
-pub(crate) fn graph_create(expect: Ctx) -> DResult<CudaGraph> {
-    check(expect, "cuGraphCreate");
-    let mut g: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: writes one graph handle.
-    unsafe { sys::cuGraphCreate(&mut g, 0).result()? };
-    Ok(CudaGraph(g))
-}
-
 /// Removes `node`, a node of `g`, with its edges: its dependents lose that dependency.
 pub(crate) fn graph_remove_node(expect: Ctx, g: &mut CudaGraph, node: GraphNode) -> DResult<()> {
     check(expect, "cuGraphDestroyNode");
@@ -970,225 +910,6 @@ pub(crate) fn graph_edge_count(expect: Ctx, g: &CudaGraph) -> DResult<usize> {
         .result()?
     };
     Ok(n)
-}
-
-/// Adds a kernel node of `f` (no parameters) after `deps`.
-#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
-pub(crate) fn graph_add_empty_kernel(
-    expect: Ctx,
-    g: &mut CudaGraph,
-    deps: &[GraphNode],
-    f: Func,
-) -> DResult<GraphNode> {
-    check(expect, "cuGraphAddKernelNode");
-    let raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
-    let params = sys::CUDA_KERNEL_NODE_PARAMS {
-        func: f.0,
-        gridDimX: 1,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: 1,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: 0,
-        kernelParams: std::ptr::null_mut(),
-        extra: std::ptr::null_mut(),
-        kern: std::ptr::null_mut(),
-        ctx: std::ptr::null_mut(),
-    };
-    let mut node: sys::CUgraphNode = std::ptr::null_mut();
-    // SAFETY: `raw` holds nodes of `g`; the kernel takes no parameters; `kern` and `ctx` null
-    // mean "use `func`" and "the current context".
-    unsafe {
-        sys::cuGraphAddKernelNode_v2(&mut node, g.0, raw.as_ptr(), raw.len(), &params).result()?
-    };
-    Ok(GraphNode(node))
-}
-
-/// Adds an empty node (no work, only ordering) after `deps` to `g`, a graph built node by node.
-#[cfg(feature = "bench-internals")]
-pub(crate) fn graph_add_empty_node(
-    expect: Ctx,
-    g: &mut CudaGraph,
-    deps: &[GraphNode],
-) -> DResult<GraphNode> {
-    check(expect, "cuGraphAddEmptyNode");
-    let raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
-    let mut node: sys::CUgraphNode = std::ptr::null_mut();
-    // SAFETY: `raw` holds `raw.len()` nodes of `g` (the caller's contract, checked by the
-    // driver too); writes one node handle.
-    unsafe { sys::cuGraphAddEmptyNode(&mut node, g.0, raw.as_ptr(), raw.len()).result()? };
-    Ok(GraphNode(node))
-}
-
-/// A copy of `g` (`cuGraphClone`): the same nodes, parameters and edges, owned separately.
-#[cfg(feature = "bench-internals")]
-pub(crate) fn graph_clone(expect: Ctx, g: &CudaGraph) -> DResult<CudaGraph> {
-    check(expect, "cuGraphClone");
-    let mut c: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: `g` is live; writes one graph handle, owned by the `CudaGraph` returned.
-    unsafe { sys::cuGraphClone(&mut c, g.0).result()? };
-    Ok(CudaGraph(c))
-}
-
-/// The nodes of `g`, in the driver's order; views valid while `g` lives.
-#[cfg(feature = "bench-internals")]
-pub(crate) fn graph_nodes(expect: Ctx, g: &CudaGraph) -> DResult<Vec<GraphNode>> {
-    let mut n = graph_node_count(expect, g)?;
-    let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
-    // SAFETY: `nodes` has room for `n` handles; the driver writes at most `n` and sets `n` to
-    // the number written.
-    unsafe { sys::cuGraphGetNodes(g.0, nodes.as_mut_ptr(), &mut n).result()? };
-    nodes.truncate(n);
-    Ok(nodes.into_iter().map(GraphNode).collect())
-}
-
-/// The edges of `g` as `(from, to)` pairs; views valid while `g` lives. Fails
-/// (`CUDA_ERROR_LOSSY_QUERY`) if an edge carries non-default edge data, which this drops.
-#[cfg(feature = "bench-internals")]
-pub(crate) fn graph_edges(expect: Ctx, g: &CudaGraph) -> DResult<Vec<(GraphNode, GraphNode)>> {
-    let mut n = graph_edge_count(expect, g)?;
-    let mut from: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
-    let mut to: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
-    // SAFETY: `from` and `to` have room for `n` handles each; the driver writes at most `n`
-    // pairs and sets `n` to the number written; null edge data: not returned (the driver
-    // refuses rather than drop non-default data).
-    unsafe {
-        sys::cuGraphGetEdges_v2(
-            g.0,
-            from.as_mut_ptr(),
-            to.as_mut_ptr(),
-            std::ptr::null_mut(),
-            &mut n,
-        )
-        .result()?
-    };
-    Ok(from
-        .into_iter()
-        .zip(to)
-        .take(n)
-        .map(|(a, b)| (GraphNode(a), GraphNode(b)))
-        .collect())
-}
-
-/// `node`'s type and, for a kernel node, its parameters (`cuGraphKernelNodeGetParams`), whose
-/// argument pointers point into the driver's copy held by the node.
-#[cfg(feature = "bench-internals")]
-fn node_kernel_params(
-    node: sys::CUgraphNode,
-) -> DResult<(sys::CUgraphNodeType, Option<sys::CUDA_KERNEL_NODE_PARAMS>)> {
-    let mut t = MaybeUninit::<sys::CUgraphNodeType>::uninit();
-    // SAFETY: the caller's `node` is a node of a live graph; writes one type.
-    let t = unsafe {
-        sys::cuGraphNodeGetType(node, t.as_mut_ptr()).result()?;
-        t.assume_init()
-    };
-    if t != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
-        return Ok((t, None));
-    }
-    let mut p = MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
-    // SAFETY: `node` is a kernel node of a live graph; writes one parameter block.
-    let p = unsafe {
-        sys::cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr()).result()?;
-        p.assume_init()
-    };
-    Ok((t, Some(p)))
-}
-
-/// Adds to `dst`, after `deps` (nodes of `dst`), a kernel node with the parameters of `src`, a
-/// kernel node of `src_graph` (`cuGraphKernelNodeGetParams`, then `cuGraphAddKernelNode`):
-/// function, dimensions, shared memory and arguments, but none of `src`'s launch attributes.
-/// `Ok(None)`: `src` is not a kernel node (nothing added).
-#[cfg(feature = "bench-internals")]
-pub(crate) fn graph_copy_kernel_node(
-    expect: Ctx,
-    dst: &mut CudaGraph,
-    deps: &[GraphNode],
-    src_graph: &CudaGraph,
-    src: GraphNode,
-) -> DResult<Option<GraphNode>> {
-    check(expect, "cuGraphKernelNodeGetParams");
-    let _ = src_graph;
-    // Its argument pointers point into the driver's copy held by `src`, valid while
-    // `src_graph` lives, which outlasts this function.
-    let Some(p) = node_kernel_params(src.0)?.1 else {
-        return Ok(None);
-    };
-    let raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
-    let mut node: sys::CUgraphNode = std::ptr::null_mut();
-    // SAFETY: `raw` holds nodes of `dst`; `p` is the parameter block the driver just gave for
-    // a kernel node, its argument pointers still valid (`src_graph` is borrowed), and the
-    // driver copies the arguments into the new node.
-    unsafe {
-        sys::cuGraphAddKernelNode_v2(&mut node, dst.0, raw.as_ptr(), raw.len(), &p).result()?
-    };
-    Ok(Some(GraphNode(node)))
-}
-
-/// One line for each of the first `max` nodes of `g`: its type and, for a kernel node, its
-/// function, grid, block, shared memory and every launch attribute the driver reports with a
-/// non-zero value (for comparing a captured graph with one built node by node).
-#[cfg(feature = "bench-internals")]
-pub(crate) fn graph_describe(expect: Ctx, g: &CudaGraph, max: usize) -> DResult<Vec<String>> {
-    use sys::CUlaunchAttributeID_enum as A;
-    let nodes: Vec<sys::CUgraphNode> = graph_nodes(expect, g)?.into_iter().map(|n| n.0).collect();
-    let attrs = [
-        A::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW,
-        A::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
-        A::CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY,
-        A::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-        A::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
-        A::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-        A::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
-        A::CU_LAUNCH_ATTRIBUTE_PRIORITY,
-        A::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP,
-        A::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN,
-        A::CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION,
-        A::CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT,
-        A::CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE,
-        A::CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-    ];
-    let mut out = Vec::new();
-    for &node in nodes.iter().take(max) {
-        let (t, params) = node_kernel_params(node)?;
-        let mut line = format!("{t:?}");
-        if let Some(p) = params {
-            line += &format!(
-                " func={:?} kern={:?} ctx={:?} grid={}x{}x{} block={}x{}x{} smem={}",
-                p.func,
-                p.kern,
-                p.ctx,
-                p.gridDimX,
-                p.gridDimY,
-                p.gridDimZ,
-                p.blockDimX,
-                p.blockDimY,
-                p.blockDimZ,
-                p.sharedMemBytes
-            );
-            for a in attrs {
-                let mut v = MaybeUninit::<sys::CUkernelNodeAttrValue>::zeroed();
-                // SAFETY: writes one attribute value (a 64-byte union) for a kernel node.
-                let r = unsafe { sys::cuGraphKernelNodeGetAttribute(node, a, v.as_mut_ptr()) };
-                if r != sys::CUresult::CUDA_SUCCESS {
-                    line += &format!(" {a:?}=err{}", r as i32);
-                    continue;
-                }
-                // SAFETY: zeroed, then written by the driver: every byte is initialised, and
-                // `pad` covers the whole union.
-                let bytes = unsafe { v.assume_init().pad };
-                if bytes.iter().any(|&b| b != 0) {
-                    let hex: String = bytes[..16]
-                        .iter()
-                        .map(|b| format!("{:02x}", *b as u8))
-                        .collect();
-                    line += &format!(" {a:?}={hex}");
-                }
-            }
-        }
-        out.push(line);
-    }
-    Ok(out)
 }
 
 /// Instantiates `g` (which stays the caller's: it may be destroyed at once).
@@ -1267,7 +988,6 @@ mod tests {
     fn owners_are_not_copy_or_clone() {
         assert_not_copy_or_clone!(
             PrimaryCtx,
-            Stream,
             Event,
             Module,
             DeviceAlloc,

@@ -33,8 +33,8 @@
 //!   why; out of memory fails the node only.
 //! * **Libraries.** [`GpuCtx::blas`] and [`GpuCtx::solver`] give a node its worker's cuBLAS
 //!   and cuSOLVER handles, set to the node's stream, with the worker's workspaces; per-worker
-//!   user state comes from [`GpuPoolBuilder::worker_state`]. [`CholeskyPlan`] builds a tiled
-//!   Cholesky factorization from them.
+//!   user state comes from [`GpuPoolBuilder::worker_state`]. (`boundpool-bench`'s `cholesky`
+//!   builds a tiled Cholesky factorization from them.)
 //! * **Replay.** A graph made with a [`ReplayBuilder`] is a [`Replayable`]: its GPU nodes'
 //!   work is captured at the first run into CUDA graphs (one per *segment*: the captured nodes
 //!   between host nodes, per device) on a bound worker, in thread-local capture mode, and
@@ -72,7 +72,6 @@
 //!   like the driver's: not `Copy`, destroyed by consuming them on their worker): creating,
 //!   setting the stream of (the raw stream taken out of a `StreamRef`) and destroying the handles, the library-presence checks, and the routines, unsafe
 //!   fns on device addresses.
-//! * `cholesky.rs`: the tiled factorization's node bodies calling those routines on its tiles.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
 //!   contract), and the host copies and memset it passes to `driver.rs`.
 //! * `buffer.rs`: the unsafe trait [`DeviceCopy`] (plain bytes a device may read and write) and
@@ -80,19 +79,13 @@
 //! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`).
 //! * `replay.rs`: a captured host-to-device copy's staging (a copy into a hoisted device
 //!   buffer, then a captured device-to-device copy).
-//! * `baselines.rs` and `probe.rs` (only with the `bench-internals` feature, for
-//!   `boundpool-bench`): raw launches of the built-in kernels.
 //!
 //! No other file has `unsafe`.
 //!
 //! [cudarc]: https://docs.rs/cudarc
 
-#[cfg(feature = "bench-internals")]
-#[doc(hidden)]
-pub mod baselines;
 mod blas;
 mod buffer;
-mod cholesky;
 mod detect;
 mod device;
 mod diag;
@@ -104,18 +97,12 @@ mod node;
 #[cfg(feature = "nvtx")]
 mod nvtx;
 mod pool;
-#[cfg(feature = "bench-internals")]
-mod probe;
 mod replay;
 mod timing;
 mod worker;
 
 pub use blas::{potrf_info_error, Blas, CublasRef, Diag, Side, Solver, Trans, Uplo, WorkerSetup};
 pub use buffer::{DeviceBuffer, DeviceCopy};
-pub use cholesky::{
-    residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyGraph, CholeskyPlan,
-    TileOp, TileTask,
-};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
 pub use device::{DeviceInfo, GpuDevice};
 pub use diag::{context_check, MemoryProbe};
@@ -126,9 +113,6 @@ pub use node::{
     GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,
 };
 pub use pool::{Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
-#[cfg(feature = "bench-internals")]
-#[doc(hidden)]
-pub use probe::probe;
 pub use replay::{RNode, ReplayBuilder, ReplayCtx, ReplayOutput, ReplayStats, Replayable};
 pub use worker::GpuWorker;
 

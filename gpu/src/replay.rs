@@ -1340,12 +1340,6 @@ fn capture_segment(
             }
             None => None,
         };
-        #[cfg(feature = "bench-internals")]
-        if std::env::var_os("BOUNDPOOL_REPLAY_DESCRIBE").is_some() {
-            for l in driver::graph_describe(ctx, &graph, 2).unwrap_or_default() {
-                eprintln!("replay '{}' segment {k}: {l}", desc.name);
-            }
-        }
         match updated {
             Some(e) => Ok(Some(e)),
             None => {

@@ -121,7 +121,7 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
         .trace_window((2 * n * a.repeat).max(1 << 20))
         .build()
         .map_err(|e| Fail::Input(e.to_string()))?;
-    let mut peak = observe::os_threads();
+    let mut peak = super::observe::os_threads();
     let steals_before = pool.stats().steals();
 
     let mut progress = Progress::new(
@@ -174,10 +174,14 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
     let inner = check
         .peak_threads
         .load(std::sync::atomic::Ordering::Relaxed);
-    peak = [peak, (inner > 0).then_some(inner), observe::os_threads()]
-        .into_iter()
-        .flatten()
-        .max();
+    peak = [
+        peak,
+        (inner > 0).then_some(inner),
+        super::observe::os_threads(),
+    ]
+    .into_iter()
+    .flatten()
+    .max();
     let cores: Vec<Option<usize>> = pool.workers().iter().map(|w| w.core).collect();
 
     if let Some(path) = &a.trace {

@@ -645,7 +645,7 @@ fn rss_bytes() -> Option<u64> {
 }
 
 fn os_threads() -> usize {
-    boundpool::observe::os_threads().unwrap_or(0)
+    super::observe::os_threads().unwrap_or(0)
 }
 
 /// The name of the short-lived pools' worker threads.

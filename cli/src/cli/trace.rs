@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use boundpool::observe::{BarKind, ColorBy, Timeline};
+use super::timeline::{BarKind, ColorBy, Timeline};
 
 use crate::{ColorArg, TraceArgs};
 

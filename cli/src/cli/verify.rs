@@ -58,7 +58,7 @@ impl Check {
         self.start[i as usize].store(self.seq.fetch_add(1, Relaxed) + 1, Relaxed);
         busy_work(work_ns);
         if i == self.sample {
-            if let Some(n) = boundpool::observe::os_threads() {
+            if let Some(n) = super::observe::os_threads() {
                 self.peak_threads.fetch_max(n, Relaxed);
             }
         }

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 /// What a bar of a [`Timeline`] stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BarKind {
+pub(crate) enum BarKind {
     /// A node ran.
     Node,
     /// The worker was parked.
@@ -18,28 +18,28 @@ pub enum BarKind {
 
 /// One interval of a [`Timeline`], in microseconds.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Bar {
+pub(crate) struct Bar {
     /// Row index into [`Timeline::rows`].
-    pub row: usize,
+    pub(crate) row: usize,
     /// Node (or span) name.
-    pub name: String,
+    pub(crate) name: String,
     /// Graph name (`park` / `span` for those).
-    pub graph: String,
+    pub(crate) graph: String,
     /// Start, µs.
-    pub ts: f64,
+    pub(crate) ts: f64,
     /// Duration, µs.
-    pub dur: f64,
+    pub(crate) dur: f64,
     /// What it is.
-    pub kind: BarKind,
+    pub(crate) kind: BarKind,
     /// The node was stolen from another worker's deque (`args.stolen`).
-    pub stolen: bool,
+    pub(crate) stolen: bool,
     /// The run it belongs to (`args.run`, written by `boundpool run --repeat`).
-    pub run: Option<u64>,
+    pub(crate) run: Option<u64>,
 }
 
 /// How [`Timeline::to_svg`] colours node bars.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum ColorBy {
+pub(crate) enum ColorBy {
     /// By graph when the trace holds more than one graph, else by run when it holds more than
     /// one run, else by node name.
     #[default]
@@ -54,11 +54,11 @@ pub enum ColorBy {
 
 /// A timeline read from a Chrome trace file: rows (tracks) and bars.
 #[derive(Clone, Debug, Default)]
-pub struct Timeline {
+pub(crate) struct Timeline {
     /// Row names, in display order.
-    pub rows: Vec<String>,
+    pub(crate) rows: Vec<String>,
     /// Every complete event.
-    pub bars: Vec<Bar>,
+    pub(crate) bars: Vec<Bar>,
 }
 
 const PALETTE: [&str; 12] = [
@@ -71,7 +71,7 @@ impl Timeline {
     /// `traceEvents` of `M` `thread_name` and `X` complete events; `B`/`E` pairs are not read).
     ///
     /// Errors: no `traceEvents` array, or an `X` event without a numeric `ts`.
-    pub fn from_chrome_trace(v: &Value) -> Result<Timeline, String> {
+    pub(crate) fn from_chrome_trace(v: &Value) -> Result<Timeline, String> {
         let events = v
             .get("traceEvents")
             .and_then(Value::as_array)
@@ -181,7 +181,7 @@ impl Timeline {
     /// line (so a gap with no line is a worker searching for work), extra spans hatched in their
     /// colour, and a time axis with ticks and labels. Bars narrower than a pixel that touch are
     /// drawn as one bar (its tooltip says how many slices), so million-node traces stay small.
-    pub fn to_svg(&self, width: u32, color_by: ColorBy) -> String {
+    pub(crate) fn to_svg(&self, width: u32, color_by: ColorBy) -> String {
         let width = width.max(400) as f64;
         let (label_w, row_h, top, bottom, right) = (230.0, 26.0, 56.0, 46.0, 20.0);
         let plot_w = width - label_w - right;
@@ -547,8 +547,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    use crate::observe::chrome_trace;
-    use crate::{SliceKind, Trace};
+    use boundpool::observe::chrome_trace;
+    use boundpool::{SliceKind, Trace};
 
     #[test]
     fn nice_steps_are_1_2_5() {
@@ -592,13 +592,13 @@ mod tests {
 
     #[test]
     fn chrome_trace_names_node_spans_like_nodes() {
-        let track = |name: &str, worker| crate::TraceTrack {
+        let track = |name: &str, worker| boundpool::TraceTrack {
             name: name.into(),
             worker,
             core: None,
             group: String::new(),
         };
-        let slice = |track, name: &str, graph: &str, node, kind| crate::TraceSlice {
+        let slice = |track, name: &str, graph: &str, node, kind| boundpool::TraceSlice {
             track,
             name: name.into(),
             graph: graph.into(),

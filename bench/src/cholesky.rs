@@ -3,15 +3,14 @@
 //! operation, edges from the tiles each one reads and writes. The matrix stays in one
 //! column-major allocation (leading dimension `n`); a tile is an offset into it.
 
+use std::fmt;
 use std::sync::Arc;
 
+use boundpool_gpu::{
+    potrf_info_error, DeviceBuffer, Diag, GpuDevice, GpuErrorKind, GpuGraph, GpuGraphExt, GpuPool,
+    GpuResult, Side, Trans, Uplo,
+};
 use boundpool_scheduler::{GraphBuilder, GroupId, NodeRef, Priority};
-
-use crate::blas::{potrf_info_error, Diag, Side, Trans, Uplo};
-use crate::buffer::DeviceBuffer;
-use crate::error::{GpuError, GpuErrorKind, GpuResult};
-use crate::node::GpuGraphExt;
-use crate::pool::GpuGraph;
 
 /// How to tile and place a factorization of an `n`×`n` matrix.
 ///
@@ -22,8 +21,8 @@ use crate::pool::GpuGraph;
 /// the panel workers' streams ahead of the bulk updates; with one group for both, the graph is
 /// the same and only the placement differs.
 ///
-/// [`GpuPoolBuilder::stream_priority`]: crate::GpuPoolBuilder::stream_priority
-/// [`GpuPoolBuilder::stream_handoff`]: crate::GpuPoolBuilder::stream_handoff
+/// [`GpuPoolBuilder::stream_priority`]: boundpool_gpu::GpuPoolBuilder::stream_priority
+/// [`GpuPoolBuilder::stream_handoff`]: boundpool_gpu::GpuPoolBuilder::stream_handoff
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CholeskyPlan {
     /// Order of the matrix.
@@ -45,6 +44,59 @@ pub struct CholeskyPlan {
     /// they do not queue behind other panel work (the TRSMs of a column's farther tiles, say)
     /// already enqueued on the group's streams. `true` by default ([`new`](Self::new)).
     pub critical_high: bool,
+}
+
+/// Why [`CholeskyPlan::build`] could not make the graph (kind `InvalidArgument`: a bad size;
+/// `Scheduler`: the graph did not build), or why its check node failed (kind `Library`: a
+/// POTRF's `info` says its tile was not positive definite). Its kinds and messages are those
+/// of the [`boundpool_gpu::GpuError`] it was while the factorization lived in that crate.
+#[derive(Debug)]
+pub struct CholeskyError {
+    kind: GpuErrorKind,
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl CholeskyError {
+    fn new(kind: GpuErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    fn with_source(
+        mut self,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> GpuErrorKind {
+        self.kind
+    }
+
+    /// The full message (same as `Display`).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for CholeskyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CholeskyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
 }
 
 /// A factorization graph and its last node, which checks every POTRF's `info`.
@@ -214,16 +266,16 @@ impl CholeskyPlan {
         name: &str,
         a: &Arc<DeviceBuffer<f64>>,
         info: &Arc<DeviceBuffer<i32>>,
-    ) -> GpuResult<CholeskyGraph> {
+    ) -> Result<CholeskyGraph, CholeskyError> {
         let (n, b, t) = (self.n, self.tile, self.tiles());
         if n == 0 || b == 0 {
-            return Err(GpuError::new(
+            return Err(CholeskyError::new(
                 GpuErrorKind::InvalidArgument,
                 format!("cholesky '{name}': n = {n} and tile = {b} must be positive"),
             ));
         }
         if a.len() < n * n || info.len() < t {
-            return Err(GpuError::new(
+            return Err(CholeskyError::new(
                 GpuErrorKind::InvalidArgument,
                 format!(
                     "cholesky '{name}': the matrix needs {} elements (has {}), info {t} (has {})",
@@ -412,7 +464,7 @@ impl CholeskyPlan {
                 if v != 0 {
                     let e = potrf_info_error(&potrf_names[k], v);
                     let order = k * b + v.max(0) as usize;
-                    return Err(Box::new(GpuError::new(
+                    return Err(Box::new(CholeskyError::new(
                         e.kind(),
                         format!(
                             "{} (tile {k}; order {order} of the whole matrix)",
@@ -429,7 +481,8 @@ impl CholeskyPlan {
             g.edge(sink, check);
         }
         let graph = g.build().map_err(|e| {
-            GpuError::new(GpuErrorKind::Scheduler, format!("cholesky '{name}': {e}")).with_source(e)
+            CholeskyError::new(GpuErrorKind::Scheduler, format!("cholesky '{name}': {e}"))
+                .with_source(e)
         })?;
         Ok(CholeskyGraph {
             graph,
@@ -573,8 +626,8 @@ pub fn spd_matrix(n: usize) -> Vec<f64> {
 /// original matrix, `l` the factored one (its lower triangle is `L`; the upper is ignored),
 /// both `n`×`n` column-major. Uses about `3 n²` doubles of scratch device memory.
 pub fn residual_on_device(
-    pool: &crate::GpuPool,
-    device: &crate::GpuDevice,
+    pool: &GpuPool,
+    device: &GpuDevice,
     a0: &Arc<DeviceBuffer<f64>>,
     l: &Arc<DeviceBuffer<f64>>,
     n: usize,
@@ -634,8 +687,8 @@ pub fn residual_on_device(
 /// largest `|A_ij − (L Lᵀ)_ij| / sqrt(A_ii A_jj)`, with `(L Lᵀ)_ij` a dot product of two rows
 /// of `L` on the device and `A_ij` from [`spd_entry`].
 pub fn spot_check_on_device(
-    pool: &crate::GpuPool,
-    device: &crate::GpuDevice,
+    pool: &GpuPool,
+    device: &GpuDevice,
     l: &Arc<DeviceBuffer<f64>>,
     n: usize,
     samples: usize,

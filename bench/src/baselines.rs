@@ -4,14 +4,17 @@
 //! made with an event or with a host synchronise. Each launches the built-in empty kernel
 //! `<<<1,1>>>` and counts the time until the work has completed on the device.
 //!
-//! These are benchmark baselines, not part of the framework: they bind threads themselves.
+//! These are benchmark baselines, not part of the framework: they bind threads themselves and
+//! make their driver calls through [`crate::raw`], on cudarc's own layers (the one exception,
+//! [`captured_graph_on_worker`], runs inside a node of a `boundpool-gpu` pool through its
+//! public API). They load the built-in kernels' PTX ([`raw::BUILTIN_PTX`]) themselves.
 
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use crate::driver::{self, Ctx, Func, PrimaryCtx, StreamRef};
-use crate::error::{GpuError, GpuErrorKind, GpuResult};
-use crate::module::{builtin, Module};
+use boundpool_gpu::{builtin, GpuCtx, GpuDevice, GpuPool, Kernel, LaunchConfig, Module};
+
+use crate::raw::{self, Ctx, Error, Func, PrimaryCtx, Result, StreamRef};
 
 /// What a baseline measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -38,29 +41,27 @@ struct Raw {
     ctx: Ctx,
     /// The retain and the module, owned; taken by the drop, which destroys them.
     primary: Option<PrimaryCtx>,
-    module: Option<driver::Module>,
+    module: Option<raw::Module>,
     empty: Func,
 }
 
 impl Raw {
-    fn open(ordinal: i32) -> GpuResult<Raw> {
-        crate::detect::detect()?;
+    fn open(ordinal: i32) -> Result<Raw> {
+        // Says why when there is no driver or device (cudarc would panic without libcuda).
+        boundpool_gpu::device_count()?;
         let what = format!("baseline device {ordinal}");
-        let dev =
-            driver::device_get(ordinal).map_err(|e| GpuError::driver("cuDeviceGet", &what, e))?;
-        let primary = driver::primary_ctx_retain(dev)
-            .map_err(|e| GpuError::driver("cuDevicePrimaryCtxRetain", &what, e))?;
+        let primary = raw::primary_ctx_retain(ordinal)
+            .map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", &what, e))?;
         let ctx = primary.ctx();
-        let m = Module::builtin();
         let loaded = on_bound(ctx, || {
-            let module = driver::module_load(ctx, &m.inner.ptx)
-                .map_err(|e| GpuError::driver("cuModuleLoadData", &what, e))?;
+            let module = raw::module_load(raw::BUILTIN_PTX)
+                .map_err(|e| Error::driver("cuModuleLoadData", &what, e))?;
             let name = std::ffi::CString::new(builtin::EMPTY).expect("no NUL");
-            match driver::module_function(ctx, &module, &name) {
-                Ok(f) => Ok::<_, GpuError>((module, f)),
+            match raw::module_function(&module, &name) {
+                Ok(f) => Ok::<_, Error>((module, f)),
                 Err(e) => {
-                    let _ = module.unload(ctx);
-                    Err(GpuError::driver("cuModuleGetFunction", &what, e))
+                    let _ = module.unload();
+                    Err(Error::driver("cuModuleGetFunction", &what, e))
                 }
             }
         });
@@ -84,11 +85,11 @@ impl Drop for Raw {
     fn drop(&mut self) {
         let (ctx, m) = (self.ctx, self.module.take());
         let _ = on_bound(ctx, || {
-            let _ = driver::ctx_synchronize(ctx);
+            let _ = raw::ctx_synchronize();
             if let Some(m) = m {
-                let _ = m.unload(ctx);
+                let _ = m.unload();
             }
-            Ok::<_, GpuError>(())
+            Ok::<_, Error>(())
         });
         if let Some(p) = self.primary.take() {
             let _ = p.release();
@@ -97,66 +98,61 @@ impl Drop for Raw {
 }
 
 /// Runs `f` on a fresh thread bound to `ctx`.
-fn on_bound<R: Send>(ctx: Ctx, f: impl FnOnce() -> GpuResult<R> + Send) -> GpuResult<R> {
+fn on_bound<R: Send>(ctx: Ctx, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
     std::thread::scope(|s| {
         s.spawn(move || {
             bind(ctx)?;
             let r = f();
-            let _ = driver::ctx_unbind();
+            let _ = raw::ctx_unbind();
             r
         })
         .join()
-        .unwrap_or_else(|_| {
-            Err(GpuError::new(
-                GpuErrorKind::Driver,
-                "baseline thread panicked",
-            ))
-        })
+        .unwrap_or_else(|_| Err(Error::new("baseline thread panicked")))
     })
 }
 
-fn bind(ctx: Ctx) -> GpuResult<()> {
-    driver::ctx_set_current(ctx).map_err(|e| GpuError::driver("cuCtxSetCurrent", "baseline", e))
+fn bind(ctx: Ctx) -> Result<()> {
+    raw::ctx_set_current(ctx).map_err(|e| Error::driver("cuCtxSetCurrent", "baseline", e))
 }
 
-fn drv<T>(call: &str, r: driver::DResult<T>) -> GpuResult<T> {
-    r.map_err(|e| GpuError::driver(call, "baseline", e))
+fn drv<T>(call: &str, r: raw::DResult<T>) -> Result<T> {
+    r.map_err(|e| Error::driver(call, "baseline", e))
 }
 
-fn launch_empty(ctx: Ctx, f: Func, s: StreamRef) -> GpuResult<()> {
+fn launch_empty(f: Func, s: StreamRef) -> Result<()> {
     // SAFETY: the empty kernel takes no parameters.
     drv("cuLaunchKernel", unsafe {
-        driver::launch(ctx, f, (1, 1, 1), (1, 1, 1), 0, s, &mut [])
+        raw::launch(f, (1, 1, 1), (1, 1, 1), 0, s, &mut [])
     })
 }
 
 /// `threads` OS threads, each bound once with its own stream, each launching the empty kernel
 /// `per_thread` times. `ops` = all launches.
-pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> GpuResult<Measurement> {
-    let raw = Raw::open(ordinal)?;
-    let (ctx, f) = (raw.ctx, raw.empty);
+pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> Result<Measurement> {
+    let base = Raw::open(ordinal)?;
+    let (ctx, f) = (base.ctx, base.empty);
     let barrier = Arc::new(Barrier::new(threads));
-    let results: Vec<GpuResult<(Instant, Instant)>> = std::thread::scope(|s| {
+    let results: Vec<Result<(Instant, Instant)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|_| {
                 let barrier = barrier.clone();
-                s.spawn(move || -> GpuResult<(Instant, Instant)> {
+                s.spawn(move || -> Result<(Instant, Instant)> {
                     bind(ctx)?;
-                    let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+                    let owned = drv("cuStreamCreate", raw::stream_create())?;
                     let st = owned.view();
                     for _ in 0..64 {
-                        launch_empty(ctx, f, st)?;
+                        launch_empty(f, st)?;
                     }
-                    drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
+                    drv("cuStreamSynchronize", raw::stream_synchronize(st))?;
                     barrier.wait();
                     let t0 = Instant::now();
                     for _ in 0..per_thread {
-                        launch_empty(ctx, f, st)?;
+                        launch_empty(f, st)?;
                     }
-                    drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))?;
+                    drv("cuStreamSynchronize", raw::stream_synchronize(st))?;
                     let t1 = Instant::now();
-                    let _ = owned.destroy(ctx);
-                    let _ = driver::ctx_unbind();
+                    let _ = owned.destroy();
+                    let _ = raw::ctx_unbind();
                     Ok((t0, t1))
                 })
             })
@@ -170,7 +166,7 @@ pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> GpuResul
         start = Some(start.map_or(a, |s| s.min(a)));
         end = Some(end.map_or(b, |e| e.max(b)));
     }
-    drop(raw);
+    drop(base);
     Ok(Measurement {
         ops: (threads * per_thread) as u64,
         elapsed: end.unwrap_or_else(Instant::now) - start.unwrap_or_else(Instant::now),
@@ -179,17 +175,17 @@ pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> GpuResul
 
 /// One OS thread per task: spawn, bind, launch the empty kernel on a shared stream, exit; all
 /// `tasks` spawned as one burst and joined at the end. `ops` = tasks.
-pub fn thread_per_task(ordinal: i32, tasks: usize) -> GpuResult<Measurement> {
-    let raw = Raw::open(ordinal)?;
-    let (ctx, f) = (raw.ctx, raw.empty);
-    let owned = on_bound(ctx, || drv("cuStreamCreate", driver::stream_create(ctx)))?;
+pub fn thread_per_task(ordinal: i32, tasks: usize) -> Result<Measurement> {
+    let base = Raw::open(ordinal)?;
+    let (ctx, f) = (base.ctx, base.empty);
+    let owned = on_bound(ctx, || drv("cuStreamCreate", raw::stream_create()))?;
     let st = owned.view();
     let t0 = Instant::now();
     let hs: Vec<_> = (0..tasks)
         .map(|_| {
-            std::thread::spawn(move || -> GpuResult<()> {
+            std::thread::spawn(move || -> Result<()> {
                 bind(ctx)?;
-                launch_empty(ctx, f, st)
+                launch_empty(f, st)
             })
         })
         .collect();
@@ -197,20 +193,20 @@ pub fn thread_per_task(ordinal: i32, tasks: usize) -> GpuResult<Measurement> {
     for h in hs {
         if let Err(e) = h
             .join()
-            .unwrap_or_else(|_| Err(GpuError::new(GpuErrorKind::Driver, "task thread panicked")))
+            .unwrap_or_else(|_| Err(Error::new("task thread panicked")))
         {
             first_err.get_or_insert(e);
         }
     }
     on_bound(ctx, || {
-        drv("cuStreamSynchronize", driver::stream_synchronize(ctx, st))
+        drv("cuStreamSynchronize", raw::stream_synchronize(st))
     })?;
     let elapsed = t0.elapsed();
-    on_bound(ctx, || drv("cuStreamDestroy", owned.destroy(ctx)))?;
+    on_bound(ctx, || drv("cuStreamDestroy", owned.destroy()))?;
     if let Some(e) = first_err {
         return Err(e);
     }
-    drop(raw);
+    drop(base);
     Ok(Measurement {
         ops: tasks as u64,
         elapsed,
@@ -221,32 +217,32 @@ type Job = Box<dyn FnOnce() + Send>;
 
 /// One bound server thread with one stream, fed closures through a channel by `submitters`
 /// threads; each closure launches the empty kernel. `ops` = launches.
-pub fn server_thread(ordinal: i32, submitters: usize, total: usize) -> GpuResult<Measurement> {
-    let raw = Raw::open(ordinal)?;
-    let (ctx, f) = (raw.ctx, raw.empty);
+pub fn server_thread(ordinal: i32, submitters: usize, total: usize) -> Result<Measurement> {
+    let base = Raw::open(ordinal)?;
+    let (ctx, f) = (base.ctx, base.empty);
     let (tx, rx) = mpsc::sync_channel::<Job>(4096);
     // The server owns its stream; the submitters' jobs get a view, used only on the server
     // thread before it destroys the stream.
-    let (ready_tx, ready_rx) = mpsc::channel::<GpuResult<StreamRef>>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<StreamRef>>();
     let server = std::thread::spawn(move || {
-        let st = bind(ctx).and_then(|_| drv("cuStreamCreate", driver::stream_create(ctx)));
+        let st = bind(ctx).and_then(|_| drv("cuStreamCreate", raw::stream_create()));
         let _ = ready_tx.send(
             st.as_ref()
-                .map(driver::Stream::view)
-                .map_err(|e| GpuError::new(GpuErrorKind::Driver, e.message().to_owned())),
+                .map(raw::Stream::view)
+                .map_err(|e| Error::new(e.message().to_owned())),
         );
         while let Ok(job) = rx.recv() {
             job();
         }
         if let Ok(st) = st {
-            let _ = driver::stream_synchronize(ctx, st.view());
-            let _ = st.destroy(ctx);
+            let _ = raw::stream_synchronize(st.view());
+            let _ = st.destroy();
         }
-        let _ = driver::ctx_unbind();
+        let _ = raw::ctx_unbind();
     });
     let st = ready_rx
         .recv()
-        .map_err(|_| GpuError::new(GpuErrorKind::Driver, "server thread died"))??;
+        .map_err(|_| Error::new("server thread died"))??;
     let per = total / submitters.max(1);
     let (done_tx, done_rx) = mpsc::channel::<Instant>();
     let barrier = Arc::new(Barrier::new(submitters + 1));
@@ -258,7 +254,7 @@ pub fn server_thread(ordinal: i32, submitters: usize, total: usize) -> GpuResult
                 barrier.wait();
                 for _ in 0..per {
                     let job: Job = Box::new(move || {
-                        let _ = launch_empty(ctx, f, st);
+                        let _ = launch_empty(f, st);
                     });
                     if tx.send(job).is_err() {
                         break;
@@ -274,15 +270,15 @@ pub fn server_thread(ordinal: i32, submitters: usize, total: usize) -> GpuResult
     }
     let done = done_tx.clone();
     let _ = tx.send(Box::new(move || {
-        let _ = driver::stream_synchronize(ctx, st);
+        let _ = raw::stream_synchronize(st);
         let _ = done.send(Instant::now());
     }));
     drop(tx);
     let t1 = done_rx
         .recv()
-        .map_err(|_| GpuError::new(GpuErrorKind::Driver, "server thread died"))?;
+        .map_err(|_| Error::new("server thread died"))?;
     let _ = server.join();
-    drop(raw);
+    drop(base);
     Ok(Measurement {
         ops: (per * submitters) as u64,
         elapsed: t1 - t0,
@@ -292,68 +288,61 @@ pub fn server_thread(ordinal: i32, submitters: usize, total: usize) -> GpuResult
 /// One thread, two streams: a chain of `edges` cross-stream edges, each made on the device with
 /// an event (launch on A, record on A, wait on B, launch on B, record on B, wait on A, ...).
 /// `ops` = edges.
-pub fn event_edge_chain(ordinal: i32, edges: usize) -> GpuResult<Measurement> {
+pub fn event_edge_chain(ordinal: i32, edges: usize) -> Result<Measurement> {
     chain(ordinal, edges, false)
 }
 
 /// Same chain as [`event_edge_chain`], but each edge waits on the host (stream synchronise)
 /// before the next launch. `ops` = edges.
-pub fn host_sync_edge_chain(ordinal: i32, edges: usize) -> GpuResult<Measurement> {
+pub fn host_sync_edge_chain(ordinal: i32, edges: usize) -> Result<Measurement> {
     chain(ordinal, edges, true)
 }
 
-fn chain(ordinal: i32, edges: usize, host: bool) -> GpuResult<Measurement> {
-    let raw = Raw::open(ordinal)?;
-    let (ctx, f) = (raw.ctx, raw.empty);
+fn chain(ordinal: i32, edges: usize, host: bool) -> Result<Measurement> {
+    let base = Raw::open(ordinal)?;
+    let (ctx, f) = (base.ctx, base.empty);
     let m = on_bound(ctx, || {
         let owned = [
-            drv("cuStreamCreate", driver::stream_create(ctx))?,
-            drv("cuStreamCreate", driver::stream_create(ctx))?,
+            drv("cuStreamCreate", raw::stream_create())?,
+            drv("cuStreamCreate", raw::stream_create())?,
         ];
         let s = [owned[0].view(), owned[1].view()];
-        let ev = drv("cuEventCreate", driver::event_create(ctx))?;
-        let run = |n: usize| -> GpuResult<Duration> {
+        let ev = drv("cuEventCreate", raw::event_create())?;
+        let run = |n: usize| -> Result<Duration> {
             let t0 = Instant::now();
-            launch_empty(ctx, f, s[0])?;
+            launch_empty(f, s[0])?;
             for i in 1..=n {
                 let (a, b) = (s[(i - 1) % 2], s[i % 2]);
                 if host {
-                    drv("cuStreamSynchronize", driver::stream_synchronize(ctx, a))?;
+                    drv("cuStreamSynchronize", raw::stream_synchronize(a))?;
                 } else {
-                    drv("cuEventRecord", driver::event_record(ctx, &ev, a))?;
-                    drv("cuStreamWaitEvent", driver::stream_wait_event(ctx, b, &ev))?;
+                    drv("cuEventRecord", raw::event_record(&ev, a))?;
+                    drv("cuStreamWaitEvent", raw::stream_wait_event(b, &ev))?;
                 }
-                launch_empty(ctx, f, b)?;
+                launch_empty(f, b)?;
             }
-            drv(
-                "cuStreamSynchronize",
-                driver::stream_synchronize(ctx, s[n % 2]),
-            )?;
+            drv("cuStreamSynchronize", raw::stream_synchronize(s[n % 2]))?;
             Ok(t0.elapsed())
         };
         run(256)?;
         let el = run(edges)?;
-        let _ = ev.destroy(ctx);
+        let _ = ev.destroy();
         for s in owned {
-            let _ = s.destroy(ctx);
+            let _ = s.destroy();
         }
         Ok(Measurement {
             ops: edges as u64,
             elapsed: el,
         })
     })?;
-    drop(raw);
+    drop(base);
     Ok(m)
 }
 
 /// A baseline thread's result; a panic is an error.
-fn joined<T>(h: std::thread::ScopedJoinHandle<'_, GpuResult<T>>) -> GpuResult<T> {
-    h.join().unwrap_or_else(|_| {
-        Err(GpuError::new(
-            GpuErrorKind::Driver,
-            "baseline thread panicked",
-        ))
-    })
+fn joined<T>(h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
+    h.join()
+        .unwrap_or_else(|_| Err(Error::new("baseline thread panicked")))
 }
 
 /// The event-edge chain of [`event_edge_chain`] with its nodes alternating between two bound
@@ -361,42 +350,42 @@ fn joined<T>(h: std::thread::ScopedJoinHandle<'_, GpuResult<T>>) -> GpuResult<T>
 /// enqueued (a spin on a shared counter, the cheapest possible host handoff): wait on the
 /// predecessor's event, launch, record. The floor for a chain whose consecutive nodes run on
 /// different workers and streams. `ops` = edges.
-pub fn event_edge_chain_two_threads(ordinal: i32, edges: usize) -> GpuResult<Measurement> {
+pub fn event_edge_chain_two_threads(ordinal: i32, edges: usize) -> Result<Measurement> {
     two_thread_chain(ordinal, edges, false)
 }
 
 /// [`event_edge_chain_two_threads`] with both threads launching on one stream, so an edge is
 /// a launch and nothing else: the floor for a chain whose consecutive nodes run on different
 /// workers and hand their stream over. `ops` = edges.
-pub fn shared_stream_chain_two_threads(ordinal: i32, edges: usize) -> GpuResult<Measurement> {
+pub fn shared_stream_chain_two_threads(ordinal: i32, edges: usize) -> Result<Measurement> {
     two_thread_chain(ordinal, edges, true)
 }
 
-fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measurement> {
+fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> Result<Measurement> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     const RING: usize = 4;
-    let raw = Raw::open(ordinal)?;
-    let (ctx, f) = (raw.ctx, raw.empty);
+    let base = Raw::open(ordinal)?;
+    let (ctx, f) = (base.ctx, base.empty);
     let (owned, events) = on_bound(ctx, || {
         let s = [
-            drv("cuStreamCreate", driver::stream_create(ctx))?,
-            drv("cuStreamCreate", driver::stream_create(ctx))?,
+            drv("cuStreamCreate", raw::stream_create())?,
+            drv("cuStreamCreate", raw::stream_create())?,
         ];
         let mut ev = Vec::with_capacity(RING);
         for _ in 0..RING {
-            ev.push(drv("cuEventCreate", driver::event_create(ctx))?);
+            ev.push(drv("cuEventCreate", raw::event_create())?);
         }
         Ok((s, ev))
     })?;
     let streams = [owned[0].view(), owned[1].view()];
-    let run = |n: usize| -> GpuResult<Duration> {
+    let run = |n: usize| -> Result<Duration> {
         let turn = AtomicUsize::new(0);
         let barrier = Barrier::new(2);
-        let times: Vec<GpuResult<(Option<Instant>, Option<Instant>)>> = std::thread::scope(|sc| {
+        let times: Vec<Result<(Option<Instant>, Option<Instant>)>> = std::thread::scope(|sc| {
             let hs: Vec<_> = (0..2)
                 .map(|t| {
                     let (turn, barrier, events) = (&turn, &barrier, &events);
-                    sc.spawn(move || -> GpuResult<(Option<Instant>, Option<Instant>)> {
+                    sc.spawn(move || -> Result<(Option<Instant>, Option<Instant>)> {
                         bind(ctx)?;
                         let own = if shared { streams[0] } else { streams[t] };
                         barrier.wait();
@@ -409,8 +398,7 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measu
                                     match turn.load(Ordering::Acquire) {
                                         v if v == i => break,
                                         usize::MAX => {
-                                            return Err(GpuError::new(
-                                                GpuErrorKind::Driver,
+                                            return Err(Error::new(
                                                 "the other baseline thread failed",
                                             ))
                                         }
@@ -419,20 +407,14 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measu
                                 }
                                 if i > 0 && !shared {
                                     let e = &events[(i - 1) % RING];
-                                    drv(
-                                        "cuStreamWaitEvent",
-                                        driver::stream_wait_event(ctx, own, e),
-                                    )?;
+                                    drv("cuStreamWaitEvent", raw::stream_wait_event(own, e))?;
                                 }
-                                launch_empty(ctx, f, own)?;
+                                launch_empty(f, own)?;
                                 if i < n && !shared {
                                     let e = &events[i % RING];
-                                    drv("cuEventRecord", driver::event_record(ctx, e, own))?;
+                                    drv("cuEventRecord", raw::event_record(e, own))?;
                                 } else {
-                                    drv(
-                                        "cuStreamSynchronize",
-                                        driver::stream_synchronize(ctx, own),
-                                    )?;
+                                    drv("cuStreamSynchronize", raw::stream_synchronize(own))?;
                                     end = Some(Instant::now());
                                 }
                                 turn.store(i + 1, Ordering::Release);
@@ -444,7 +426,7 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measu
                             // Let the other thread finish.
                             turn.store(usize::MAX, Ordering::Release);
                         }
-                        let _ = driver::ctx_unbind();
+                        let _ = raw::ctx_unbind();
                         r.map(|_| (start, end))
                     })
                 })
@@ -459,10 +441,7 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measu
         }
         match (start, end) {
             (Some(s), Some(e)) => Ok(e - s),
-            _ => Err(GpuError::new(
-                GpuErrorKind::Driver,
-                "baseline chain ended early",
-            )),
+            _ => Err(Error::new("baseline chain ended early")),
         }
     };
     let m = run(256).and_then(|_| run(edges)).map(|el| Measurement {
@@ -471,49 +450,49 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> GpuResult<Measu
     });
     let _ = on_bound(ctx, || {
         for e in events {
-            let _ = e.destroy(ctx);
+            let _ = e.destroy();
         }
         for s in owned {
-            let _ = s.destroy(ctx);
+            let _ = s.destroy();
         }
         Ok(())
     });
-    drop(raw);
+    drop(base);
     m
 }
 
 /// Cost of one `cuEventRecord` + `cuEventQuery` pair and of one launch, on one bound thread, in
 /// nanoseconds: `(launch, record, query)`. For the probe and for tuning.
-pub fn call_costs(ordinal: i32, n: usize) -> GpuResult<(f64, f64, f64)> {
-    let raw = Raw::open(ordinal)?;
-    let (ctx, f) = (raw.ctx, raw.empty);
+pub fn call_costs(ordinal: i32, n: usize) -> Result<(f64, f64, f64)> {
+    let base = Raw::open(ordinal)?;
+    let (ctx, f) = (base.ctx, base.empty);
     let r = on_bound(ctx, || {
-        let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+        let owned = drv("cuStreamCreate", raw::stream_create())?;
         let s = owned.view();
-        let ev = drv("cuEventCreate", driver::event_create(ctx))?;
+        let ev = drv("cuEventCreate", raw::event_create())?;
         let t0 = Instant::now();
         for _ in 0..n {
-            launch_empty(ctx, f, s)?;
+            launch_empty(f, s)?;
         }
         let tl = t0.elapsed();
-        drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s))?;
+        drv("cuStreamSynchronize", raw::stream_synchronize(s))?;
         let t0 = Instant::now();
         for _ in 0..n {
-            drv("cuEventRecord", driver::event_record(ctx, &ev, s))?;
+            drv("cuEventRecord", raw::event_record(&ev, s))?;
         }
         let tr = t0.elapsed();
-        drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s))?;
+        drv("cuStreamSynchronize", raw::stream_synchronize(s))?;
         let t0 = Instant::now();
         for _ in 0..n {
-            drv("cuEventQuery", driver::event_query(ctx, &ev))?;
+            drv("cuEventQuery", raw::event_query(&ev))?;
         }
         let tq = t0.elapsed();
-        let _ = ev.destroy(ctx);
-        let _ = owned.destroy(ctx);
+        let _ = ev.destroy();
+        let _ = owned.destroy();
         let per = |d: Duration| d.as_secs_f64() * 1e9 / n as f64;
         Ok((per(tl), per(tr), per(tq)))
     })?;
-    drop(raw);
+    drop(base);
     Ok(r)
 }
 
@@ -531,16 +510,15 @@ pub struct RawGraph {
 }
 
 /// Fails unless every predecessor of every node is below it (the order the graphs are built in).
-fn check_preds(what: &str, preds: &[Vec<u32>]) -> GpuResult<()> {
+fn check_preds(what: &str, preds: &[Vec<u32>]) -> Result<()> {
     match preds
         .iter()
         .enumerate()
         .find(|(i, ps)| ps.iter().any(|&p| p as usize >= *i))
     {
-        Some((i, _)) => Err(GpuError::new(
-            GpuErrorKind::InvalidArgument,
-            format!("{what}: node {i} has a predecessor not below it"),
-        )),
+        Some((i, _)) => Err(Error::new(format!(
+            "{what}: node {i} has a predecessor not below it"
+        ))),
         None => Ok(()),
     }
 }
@@ -550,25 +528,22 @@ fn check_preds(what: &str, preds: &[Vec<u32>]) -> GpuResult<()> {
 /// API, instantiated once, then launched and waited for (stream synchronise) `runs` times after
 /// 3 warm-up runs, on one bound thread: the floor a replayed graph of the same topology is
 /// measured against.
-pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<RawGraph> {
+pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> Result<RawGraph> {
     check_preds("raw_graph", preds)?;
-    let raw = Raw::open(ordinal)?;
-    let (ctx, f) = (raw.ctx, raw.empty);
+    let base = Raw::open(ordinal)?;
+    let (ctx, f) = (base.ctx, base.empty);
     let r = on_bound(ctx, || {
-        let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+        let owned = drv("cuStreamCreate", raw::stream_create())?;
         let s = owned.view();
         let t0 = Instant::now();
-        let built = build_graph(ctx, f, preds, StandInRoot::None);
+        let built = build_graph(f, preds, StandInRoot::None);
         let build = t0.elapsed();
         let (exec, instantiate) = match built {
             Ok(g) => {
                 let t1 = Instant::now();
-                let e = drv(
-                    "cuGraphInstantiateWithFlags",
-                    driver::graph_instantiate(ctx, &g),
-                );
+                let e = drv("cuGraphInstantiateWithFlags", raw::graph_instantiate(&g));
                 let instantiate = t1.elapsed();
-                let _ = g.destroy(ctx);
+                let _ = g.destroy();
                 (e, instantiate)
             }
             Err(e) => (Err(e), Duration::ZERO),
@@ -576,7 +551,7 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<Raw
         let exec = match exec {
             Ok(e) => e,
             Err(e) => {
-                let _ = owned.destroy(ctx);
+                let _ = owned.destroy();
                 return Err(e);
             }
         };
@@ -584,8 +559,8 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<Raw
         let mut res = Ok(());
         for i in 0..runs + 3 {
             let t = Instant::now();
-            let r = drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s))
-                .and_then(|()| drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s)));
+            let r = drv("cuGraphLaunch", raw::graph_launch(&exec, s))
+                .and_then(|()| drv("cuStreamSynchronize", raw::stream_synchronize(s)));
             if let Err(e) = r {
                 res = Err(e);
                 break;
@@ -594,8 +569,8 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<Raw
                 timed.push(t.elapsed());
             }
         }
-        let _ = exec.destroy(ctx);
-        let _ = owned.destroy(ctx);
+        let _ = exec.destroy();
+        let _ = owned.destroy();
         res.map(|()| RawGraph {
             nodes: preds.len(),
             build,
@@ -603,7 +578,7 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<Raw
             runs: timed,
         })
     });
-    drop(raw);
+    drop(base);
     r
 }
 
@@ -622,44 +597,36 @@ enum StandInRoot {
 /// The empty kernel `<<<1,1>>>` once per entry of `preds` (each predecessor below its node,
 /// checked by the caller), added node by node (`cuGraphAddKernelNode`) to a new graph, with or
 /// without an empty root first.
-fn build_graph(
-    ctx: Ctx,
-    f: Func,
-    preds: &[Vec<u32>],
-    root: StandInRoot,
-) -> GpuResult<driver::CudaGraph> {
-    let mut g = drv("cuGraphCreate", driver::graph_create(ctx))?;
-    let mut built = || -> GpuResult<()> {
+fn build_graph(f: Func, preds: &[Vec<u32>], root: StandInRoot) -> Result<raw::CudaGraph> {
+    let mut g = drv("cuGraphCreate", raw::graph_create())?;
+    let mut built = || -> Result<()> {
         let r = match root {
             StandInRoot::None => None,
             StandInRoot::Removed | StandInRoot::Kept => Some(drv(
                 "cuGraphAddEmptyNode",
-                driver::graph_add_empty_node(ctx, &mut g, &[]),
+                raw::graph_add_empty_node(&mut g, &[]),
             )?),
         };
-        let mut nodes: Vec<driver::GraphNode> = Vec::with_capacity(preds.len());
+        let mut nodes: Vec<raw::GraphNode> = Vec::with_capacity(preds.len());
         for ps in preds {
-            let mut deps: Vec<driver::GraphNode> = ps.iter().map(|&p| nodes[p as usize]).collect();
+            let mut deps: Vec<raw::GraphNode> = ps.iter().map(|&p| nodes[p as usize]).collect();
             if let (true, Some(r)) = (deps.is_empty(), r) {
                 deps.push(r);
             }
             nodes.push(drv(
                 "cuGraphAddKernelNode",
-                driver::graph_add_empty_kernel(ctx, &mut g, &deps, f),
+                raw::graph_add_empty_kernel(&mut g, &deps, f),
             )?);
         }
         if let (StandInRoot::Removed, Some(r)) = (root, r) {
-            drv(
-                "cuGraphDestroyNode",
-                driver::graph_remove_node(ctx, &mut g, r),
-            )?;
+            drv("cuGraphDestroyNode", raw::graph_remove_node(&mut g, r))?;
         }
         Ok(())
     };
     match built() {
         Ok(()) => Ok(g),
         Err(e) => {
-            let _ = g.destroy(ctx);
+            let _ = g.destroy();
             Err(e)
         }
     }
@@ -702,14 +669,14 @@ pub fn captured_graph(
     preds: &[Vec<u32>],
     runs: usize,
     read_back_all: bool,
-) -> GpuResult<CapturedGraph> {
+) -> Result<CapturedGraph> {
     check_preds("captured_graph", preds)?;
-    let raw = Raw::open(ordinal)?;
-    let (ctx, f) = (raw.ctx, raw.empty);
+    let base = Raw::open(ordinal)?;
+    let (ctx, f) = (base.ctx, base.empty);
     let r = on_bound(ctx, || {
-        capture_and_time(ctx, f, preds, runs, read_back_all, None)
+        capture_and_time(f, preds, runs, read_back_all, None)
     });
-    drop(raw);
+    drop(base);
     r
 }
 
@@ -719,97 +686,118 @@ pub fn captured_graph(
 /// built-in module, which a replay captures). Tells apart what the thread, the stream and the
 /// function handle do to a captured graph.
 pub fn captured_graph_on_worker(
-    pool: &crate::GpuPool,
-    dev: &crate::GpuDevice,
+    pool: &GpuPool,
+    dev: &GpuDevice,
     preds: &[Vec<u32>],
     runs: usize,
     worker_function: bool,
-) -> GpuResult<CapturedGraph> {
+) -> Result<CapturedGraph> {
     check_preds("captured_graph_on_worker", preds)?;
-    let raw = Raw::open(dev.ordinal())?;
-    let f = raw.empty;
+    let base = Raw::open(dev.ordinal())?;
+    let f = base.empty;
     let preds = preds.to_vec();
     let kernel = Module::builtin().kernel(builtin::EMPTY)?;
     let r = pool.call(dev, move |gctx| {
+        let s = StreamRef::from_raw(gctx.raw_stream());
         let f = if worker_function {
-            gctx.b.function(&kernel)?
+            worker_function_of(gctx, &kernel, s)?
         } else {
             f
         };
-        Ok(capture_and_time(
-            gctx.b.ctx,
-            f,
-            &preds,
-            runs,
-            false,
-            Some(gctx.stream),
-        )?)
+        Ok(capture_and_time(f, &preds, runs, false, Some(s))?)
     });
-    drop(raw);
-    r
+    drop(base);
+    Ok(r?)
+}
+
+/// The function handle the worker running `gctx` launches `kernel` with (its device's load of
+/// the module), through the pool's public API: one launch on the node's stream `s` (which
+/// loads the module where the device has not yet, outside any capture), then one captured on
+/// `s` (thread-local mode), whose kernel node names the function.
+fn worker_function_of(gctx: &GpuCtx<'_, '_>, kernel: &Kernel, s: StreamRef) -> Result<Func> {
+    // SAFETY: the empty kernel takes no parameters.
+    unsafe { gctx.launch(kernel, LaunchConfig::single()).launch()? };
+    drv("cuStreamSynchronize", raw::stream_synchronize(s))?;
+    drv("cuStreamBeginCapture", raw::stream_begin_capture(s))?;
+    // SAFETY: as above.
+    let launched = unsafe { gctx.launch(kernel, LaunchConfig::single()).launch() };
+    let g = match (raw::stream_end_capture(s), launched) {
+        (Ok(Some(g)), Ok(())) => g,
+        (Ok(Some(g)), Err(e)) => {
+            let _ = g.destroy();
+            return Err(e.into());
+        }
+        (_, Err(e)) => return Err(e.into()),
+        (Ok(None), Ok(())) => return Err(Error::new("capture made no graph")),
+        (Err(e), Ok(())) => return Err(Error::driver("cuStreamEndCapture", "baseline", e)),
+    };
+    let f = drv("cuGraphGetNodes", raw::graph_nodes(&g)).and_then(|nodes| match nodes[..] {
+        [n] => drv(
+            "cuGraphKernelNodeGetParams",
+            raw::graph_kernel_function(&g, n),
+        ),
+        _ => Ok(None),
+    });
+    let _ = g.destroy();
+    f?.ok_or_else(|| Error::new("the captured launch is not one kernel node"))
 }
 
 /// The body of [`captured_graph`] on a thread bound to `ctx`: launches on `launch` (else a
 /// stream of its own).
 fn capture_and_time(
-    ctx: Ctx,
     f: Func,
     preds: &[Vec<u32>],
     runs: usize,
     read_back_all: bool,
     launch: Option<StreamRef>,
-) -> GpuResult<CapturedGraph> {
-    let owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+) -> Result<CapturedGraph> {
+    let owned = drv("cuStreamCreate", raw::stream_create())?;
     let s = launch.unwrap_or_else(|| owned.view());
-    let r = capture_and_time_on(ctx, f, preds, runs, read_back_all, s);
-    let _ = owned.destroy(ctx);
+    let r = capture_and_time_on(f, preds, runs, read_back_all, s);
+    let _ = owned.destroy();
     r
 }
 
 /// [`capture_and_time`] launching on `s`.
 fn capture_and_time_on(
-    ctx: Ctx,
     f: Func,
     preds: &[Vec<u32>],
     runs: usize,
     read_back_all: bool,
     s: StreamRef,
-) -> GpuResult<CapturedGraph> {
+) -> Result<CapturedGraph> {
     // The node-by-node graph, for the description only.
-    let rg = build_graph(ctx, f, &preds[..preds.len().min(4)], StandInRoot::None)?;
-    let raw_first_nodes = drv("cuGraphGetNodes", driver::graph_describe(ctx, &rg, 4));
-    let _ = rg.destroy(ctx);
+    let rg = build_graph(f, &preds[..preds.len().min(4)], StandInRoot::None)?;
+    let raw_first_nodes = drv("cuGraphGetNodes", raw::graph_describe(&rg, 4));
+    let _ = rg.destroy();
     let raw_first_nodes = raw_first_nodes?;
 
     let Captured {
         graph: g,
         stand_in_root,
         elapsed: capture,
-    } = capture_graph(ctx, f, preds, read_back_all)?;
-    let inspected = drv("cuGraphGetNodes", driver::graph_node_count(ctx, &g)).and_then(|n| {
-        let e = drv("cuGraphGetEdges", driver::graph_edge_count(ctx, &g))?;
-        let d = drv("cuGraphGetNodes", driver::graph_describe(ctx, &g, 4))?;
+    } = capture_graph(f, preds, read_back_all)?;
+    let inspected = drv("cuGraphGetNodes", raw::graph_node_count(&g)).and_then(|n| {
+        let e = drv("cuGraphGetEdges", raw::graph_edge_count(&g))?;
+        let d = drv("cuGraphGetNodes", raw::graph_describe(&g, 4))?;
         Ok((n, e, d))
     });
     let (nodes, edges, first_nodes) = match inspected {
         Ok(i) => i,
         Err(e) => {
-            let _ = g.destroy(ctx);
+            let _ = g.destroy();
             return Err(e);
         }
     };
     let t1 = Instant::now();
-    let exec = drv(
-        "cuGraphInstantiateWithFlags",
-        driver::graph_instantiate(ctx, &g),
-    );
+    let exec = drv("cuGraphInstantiateWithFlags", raw::graph_instantiate(&g));
     let instantiate = t1.elapsed();
-    let _ = g.destroy(ctx);
+    let _ = g.destroy();
     let exec = exec?;
-    let ev = match drv("cuEventCreate", driver::event_create(ctx)) {
+    let ev = match drv("cuEventCreate", raw::event_create()) {
         Ok(ev) => ev,
         Err(e) => {
-            let _ = exec.destroy(ctx);
+            let _ = exec.destroy();
             return Err(e);
         }
     };
@@ -817,18 +805,18 @@ fn capture_and_time_on(
     let mut res = Ok(());
     for i in 0..runs + 3 {
         let t = Instant::now();
-        let r = drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s))
-            .and_then(|()| drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s)));
+        let r = drv("cuGraphLaunch", raw::graph_launch(&exec, s))
+            .and_then(|()| drv("cuStreamSynchronize", raw::stream_synchronize(s)));
         let d = t.elapsed();
         let t = Instant::now();
         let r = r
-            .and_then(|()| drv("cuGraphLaunch", driver::graph_launch(ctx, &exec, s)))
-            .and_then(|()| drv("cuEventRecord", driver::event_record(ctx, &ev, s)))
+            .and_then(|()| drv("cuGraphLaunch", raw::graph_launch(&exec, s)))
+            .and_then(|()| drv("cuEventRecord", raw::event_record(&ev, s)))
             .and_then(|()| loop {
-                match driver::event_query(ctx, &ev) {
+                match raw::event_query(&ev) {
                     Ok(true) => break Ok(()),
                     Ok(false) => std::hint::spin_loop(),
-                    Err(e) => break Err(GpuError::driver("cuEventQuery", "baseline", e)),
+                    Err(e) => break Err(Error::driver("cuEventQuery", "baseline", e)),
                 }
             });
         let p = t.elapsed();
@@ -841,8 +829,8 @@ fn capture_and_time_on(
             polled.push(p);
         }
     }
-    let _ = ev.destroy(ctx);
-    let _ = exec.destroy(ctx);
+    let _ = ev.destroy();
+    let _ = exec.destroy();
     res.map(|()| CapturedGraph {
         nodes,
         edges,
@@ -858,7 +846,7 @@ fn capture_and_time_on(
 
 /// A graph captured by [`capture_graph`].
 struct Captured {
-    graph: driver::CudaGraph,
+    graph: raw::CudaGraph,
     /// The driver refused an empty dependency set: a stand-in root was used, and removed.
     stand_in_root: bool,
     /// From the capture's start until its graph was ready (stand-in root removed).
@@ -872,31 +860,26 @@ struct Captured {
 /// `read_back_all`, else only after those a later node depends on, and the set skipped where it
 /// is already the capture's current one); where the driver refuses an empty set, the roots
 /// depend on a stand-in empty root instead, destroyed (`cuGraphDestroyNode`) after the capture.
-fn capture_graph(
-    ctx: Ctx,
-    f: Func,
-    preds: &[Vec<u32>],
-    read_back_all: bool,
-) -> GpuResult<Captured> {
-    let cap_owned = drv("cuStreamCreate", driver::stream_create(ctx))?;
+fn capture_graph(f: Func, preds: &[Vec<u32>], read_back_all: bool) -> Result<Captured> {
+    let cap_owned = drv("cuStreamCreate", raw::stream_create())?;
     let cs = cap_owned.view();
     let t0 = Instant::now();
-    if let Err(e) = driver::stream_begin_capture(ctx, cs) {
-        let _ = cap_owned.destroy(ctx);
-        return Err(GpuError::driver("cuStreamBeginCapture", "baseline", e));
+    if let Err(e) = raw::stream_begin_capture(cs) {
+        let _ = cap_owned.destroy();
+        return Err(Error::driver("cuStreamBeginCapture", "baseline", e));
     }
-    let mut tails: Vec<Vec<driver::GraphNode>> = vec![Vec::new(); preds.len()];
+    let mut tails: Vec<Vec<raw::GraphNode>> = vec![Vec::new(); preds.len()];
     let mut needed = vec![read_back_all; preds.len()];
     for ps in preds {
         for &p in ps {
             needed[p as usize] = true;
         }
     }
-    let mut current: Option<Vec<driver::GraphNode>> = Some(Vec::new());
-    let mut root: Option<driver::GraphNode> = None;
+    let mut current: Option<Vec<raw::GraphNode>> = Some(Vec::new());
+    let mut root: Option<raw::GraphNode> = None;
     let mut failed = None;
     for (i, ps) in preds.iter().enumerate() {
-        let mut deps: Vec<driver::GraphNode> = Vec::new();
+        let mut deps: Vec<raw::GraphNode> = Vec::new();
         for &p in ps {
             for d in &tails[p as usize] {
                 if !deps.contains(d) {
@@ -910,24 +893,20 @@ fn capture_graph(
         let set = if !read_back_all && current.as_ref() == Some(&deps) {
             Ok(())
         } else {
-            match driver::capture_set_dependencies(ctx, cs, &deps) {
-                Err(_) if deps.is_empty() => driver::capture_add_root(ctx, cs).and_then(|r| {
+            match raw::capture_set_dependencies(cs, &deps) {
+                Err(_) if deps.is_empty() => raw::capture_add_root(cs).and_then(|r| {
                     root = Some(r);
-                    driver::capture_set_dependencies(ctx, cs, &[r])
+                    raw::capture_set_dependencies(cs, &[r])
                 }),
                 other => other,
             }
         };
         let r = set
-            .map_err(|e| GpuError::driver("cuStreamUpdateCaptureDependencies", "baseline", e))
-            .and_then(|()| launch_empty(ctx, f, cs))
+            .map_err(|e| Error::driver("cuStreamUpdateCaptureDependencies", "baseline", e))
+            .and_then(|()| launch_empty(f, cs))
             .and_then(|()| {
                 if needed[i] {
-                    drv(
-                        "cuStreamGetCaptureInfo",
-                        driver::capture_dependencies(ctx, cs),
-                    )
-                    .map(Some)
+                    drv("cuStreamGetCaptureInfo", raw::capture_dependencies(cs)).map(Some)
                 } else {
                     Ok(None)
                 }
@@ -943,24 +922,22 @@ fn capture_graph(
             }
         }
     }
-    let g = driver::stream_end_capture(ctx, cs);
-    let _ = cap_owned.destroy(ctx);
+    let g = raw::stream_end_capture(cs);
+    let _ = cap_owned.destroy();
     let mut g = match (g, failed) {
         (Ok(Some(g)), None) => g,
         (Ok(Some(g)), Some(e)) => {
-            let _ = g.destroy(ctx);
+            let _ = g.destroy();
             return Err(e);
         }
         (_, Some(e)) => return Err(e),
-        (Ok(None), None) => {
-            return Err(GpuError::new(GpuErrorKind::Driver, "capture made no graph"))
-        }
-        (Err(e), None) => return Err(GpuError::driver("cuStreamEndCapture", "baseline", e)),
+        (Ok(None), None) => return Err(Error::new("capture made no graph")),
+        (Err(e), None) => return Err(Error::driver("cuStreamEndCapture", "baseline", e)),
     };
     if let Some(r) = root {
-        if let Err(e) = driver::graph_remove_node(ctx, &mut g, r) {
-            let _ = g.destroy(ctx);
-            return Err(GpuError::driver("cuGraphDestroyNode", "baseline", e));
+        if let Err(e) = raw::graph_remove_node(&mut g, r) {
+            let _ = g.destroy();
+            return Err(Error::driver("cuGraphDestroyNode", "baseline", e));
         }
     }
     Ok(Captured {
@@ -975,10 +952,10 @@ fn capture_graph(
 /// `cuGraphAddKernelNode` per node): the same work and topology as `g` without anything else
 /// the capture recorded (launch attributes, the driver's internal layout). Fails on a node
 /// that is not a kernel node.
-fn rebuild_graph(ctx: Ctx, g: &driver::CudaGraph) -> GpuResult<driver::CudaGraph> {
-    let nodes = drv("cuGraphGetNodes", driver::graph_nodes(ctx, g))?;
-    let edges = drv("cuGraphGetEdges", driver::graph_edges(ctx, g))?;
-    let index: std::collections::HashMap<driver::GraphNode, usize> =
+fn rebuild_graph(g: &raw::CudaGraph) -> Result<raw::CudaGraph> {
+    let nodes = drv("cuGraphGetNodes", raw::graph_nodes(g))?;
+    let edges = drv("cuGraphGetEdges", raw::graph_edges(g))?;
+    let index: std::collections::HashMap<raw::GraphNode, usize> =
         nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let mut preds: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     let mut succs: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
@@ -989,8 +966,7 @@ fn rebuild_graph(ctx: Ctx, g: &driver::CudaGraph) -> GpuResult<driver::CudaGraph
                 succs[a].push(b);
             }
             _ => {
-                return Err(GpuError::new(
-                    GpuErrorKind::Driver,
+                return Err(Error::new(
                     "rebuild: an edge of the graph names a node cuGraphGetNodes did not list",
                 ))
             }
@@ -1010,28 +986,24 @@ fn rebuild_graph(ctx: Ctx, g: &driver::CudaGraph) -> GpuResult<driver::CudaGraph
         next += 1;
     }
     if order.len() != nodes.len() {
-        return Err(GpuError::new(
-            GpuErrorKind::Driver,
-            "rebuild: the graph's edges make a cycle",
-        ));
+        return Err(Error::new("rebuild: the graph's edges make a cycle"));
     }
-    let mut new = drv("cuGraphCreate", driver::graph_create(ctx))?;
-    let mut added: Vec<Option<driver::GraphNode>> = vec![None; nodes.len()];
+    let mut new = drv("cuGraphCreate", raw::graph_create())?;
+    let mut added: Vec<Option<raw::GraphNode>> = vec![None; nodes.len()];
     for &i in &order {
         // Every predecessor came earlier in `order`, so it was added.
-        let deps: Vec<driver::GraphNode> = preds[i].iter().filter_map(|&p| added[p]).collect();
-        match driver::graph_copy_kernel_node(ctx, &mut new, &deps, g, nodes[i]) {
+        let deps: Vec<raw::GraphNode> = preds[i].iter().filter_map(|&p| added[p]).collect();
+        match raw::graph_copy_kernel_node(&mut new, &deps, g, nodes[i]) {
             Ok(Some(n)) => added[i] = Some(n),
             Ok(None) => {
-                let _ = new.destroy(ctx);
-                return Err(GpuError::new(
-                    GpuErrorKind::Driver,
-                    format!("rebuild: node {i} of the graph is not a kernel node"),
-                ));
+                let _ = new.destroy();
+                return Err(Error::new(format!(
+                    "rebuild: node {i} of the graph is not a kernel node"
+                )));
             }
             Err(e) => {
-                let _ = new.destroy(ctx);
-                return Err(GpuError::driver(
+                let _ = new.destroy();
+                return Err(Error::driver(
                     "cuGraphKernelNodeGetParams/cuGraphAddKernelNode",
                     "baseline",
                     e,
@@ -1091,43 +1063,39 @@ pub struct GraphVariants {
 /// waited for (stream synchronise) in turn, `runs` times after 3 warm-up turns, so that drift
 /// hits every variant alike. Fails if a variant's node or edge count differs from the DAG's
 /// (`root_kept`: one node more, and an edge to each root).
-pub fn graph_variants(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> GpuResult<GraphVariants> {
+pub fn graph_variants(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> Result<GraphVariants> {
     check_preds("graph_variants", preds)?;
-    let raw = Raw::open(ordinal)?;
-    let (ctx, f) = (raw.ctx, raw.empty);
+    let base = Raw::open(ordinal)?;
+    let (ctx, f) = (base.ctx, base.empty);
     let r = on_bound(ctx, || {
-        let mut templates: Vec<(&'static str, driver::CudaGraph)> = Vec::new();
-        let r = make_variants(ctx, f, preds, &mut templates)
-            .and_then(|stand_in_root| time_variants(ctx, preds, runs, &templates, stand_in_root));
+        let mut templates: Vec<(&'static str, raw::CudaGraph)> = Vec::new();
+        let r = make_variants(f, preds, &mut templates)
+            .and_then(|stand_in_root| time_variants(preds, runs, &templates, stand_in_root));
         for (_, g) in templates {
-            let _ = g.destroy(ctx);
+            let _ = g.destroy();
         }
         r
     });
-    drop(raw);
+    drop(base);
     r
 }
 
 /// Builds the graphs of [`GRAPH_VARIANTS`] into `out` (which owns them even when this fails
 /// halfway); returns whether the capture used a stand-in root.
 fn make_variants(
-    ctx: Ctx,
     f: Func,
     preds: &[Vec<u32>],
-    out: &mut Vec<(&'static str, driver::CudaGraph)>,
-) -> GpuResult<bool> {
-    out.push(("plain", build_graph(ctx, f, preds, StandInRoot::None)?));
-    out.push((
-        "root_removed",
-        build_graph(ctx, f, preds, StandInRoot::Removed)?,
-    ));
-    out.push(("root_kept", build_graph(ctx, f, preds, StandInRoot::Kept)?));
-    let cap = capture_graph(ctx, f, preds, false)?;
+    out: &mut Vec<(&'static str, raw::CudaGraph)>,
+) -> Result<bool> {
+    out.push(("plain", build_graph(f, preds, StandInRoot::None)?));
+    out.push(("root_removed", build_graph(f, preds, StandInRoot::Removed)?));
+    out.push(("root_kept", build_graph(f, preds, StandInRoot::Kept)?));
+    let cap = capture_graph(f, preds, false)?;
     let c = out.len();
     out.push(("captured", cap.graph));
-    let clone = drv("cuGraphClone", driver::graph_clone(ctx, &out[c].1))?;
+    let clone = drv("cuGraphClone", raw::graph_clone(&out[c].1))?;
     out.push(("captured_clone", clone));
-    let rebuilt = rebuild_graph(ctx, &out[c].1)?;
+    let rebuilt = rebuild_graph(&out[c].1)?;
     out.push(("captured_rebuilt", rebuilt));
     debug_assert!(out.iter().map(|v| v.0).eq(GRAPH_VARIANTS));
     Ok(cap.stand_in_root)
@@ -1135,38 +1103,31 @@ fn make_variants(
 
 /// Checks, describes, instantiates and times the graphs of [`make_variants`].
 fn time_variants(
-    ctx: Ctx,
     preds: &[Vec<u32>],
     runs: usize,
-    templates: &[(&'static str, driver::CudaGraph)],
+    templates: &[(&'static str, raw::CudaGraph)],
     stand_in_root: bool,
-) -> GpuResult<GraphVariants> {
+) -> Result<GraphVariants> {
     let (n, e) = (preds.len(), preds.iter().map(Vec::len).sum::<usize>());
     let roots = preds.iter().filter(|ps| ps.is_empty()).count();
     let mut variants = Vec::with_capacity(templates.len());
     let mut described = Vec::new();
     for (name, g) in templates {
-        let nodes = drv("cuGraphGetNodes", driver::graph_node_count(ctx, g))?;
-        let edges = drv("cuGraphGetEdges", driver::graph_edge_count(ctx, g))?;
+        let nodes = drv("cuGraphGetNodes", raw::graph_node_count(g))?;
+        let edges = drv("cuGraphGetEdges", raw::graph_edge_count(g))?;
         let want = if *name == "root_kept" {
             (n + 1, e + roots)
         } else {
             (n, e)
         };
         if (nodes, edges) != want {
-            return Err(GpuError::new(
-                GpuErrorKind::Driver,
-                format!(
-                    "graph_variants: {name} has {nodes} nodes and {edges} edges, not {} and {}",
-                    want.0, want.1
-                ),
-            ));
+            return Err(Error::new(format!(
+                "graph_variants: {name} has {nodes} nodes and {edges} edges, not {} and {}",
+                want.0, want.1
+            )));
         }
         if matches!(*name, "plain" | "captured" | "captured_rebuilt") {
-            described.push((
-                *name,
-                drv("cuGraphGetNodes", driver::graph_describe(ctx, g, 3))?,
-            ));
+            described.push((*name, drv("cuGraphGetNodes", raw::graph_describe(g, 3))?));
         }
         variants.push(GraphVariant {
             name,
@@ -1181,30 +1142,26 @@ fn time_variants(
     let mut res = Ok(());
     for ((_, g), v) in templates.iter().zip(&mut variants) {
         let t = Instant::now();
-        match driver::graph_instantiate(ctx, g) {
+        match raw::graph_instantiate(g) {
             Ok(x) => {
                 v.instantiate = t.elapsed();
                 execs.push(x);
             }
             Err(e) => {
-                res = Err(GpuError::driver(
-                    "cuGraphInstantiateWithFlags",
-                    "baseline",
-                    e,
-                ));
+                res = Err(Error::driver("cuGraphInstantiateWithFlags", "baseline", e));
                 break;
             }
         }
     }
     if res.is_ok() {
-        res = drv("cuStreamCreate", driver::stream_create(ctx)).and_then(|st| {
-            let r = launch_in_turns(ctx, st.view(), &execs, &mut variants, runs);
-            let _ = st.destroy(ctx);
+        res = drv("cuStreamCreate", raw::stream_create()).and_then(|st| {
+            let r = launch_in_turns(st.view(), &execs, &mut variants, runs);
+            let _ = st.destroy();
             r
         });
     }
     for x in execs {
-        let _ = x.destroy(ctx);
+        let _ = x.destroy();
     }
     res.map(|()| GraphVariants {
         variants,
@@ -1216,17 +1173,16 @@ fn time_variants(
 /// Launches each of `execs` in turn on `s` and waits for it (stream synchronise), `runs + 3`
 /// turns; from the fourth turn on, each launch's time goes to its variant's runs.
 fn launch_in_turns(
-    ctx: Ctx,
     s: StreamRef,
-    execs: &[driver::GraphExec],
+    execs: &[raw::GraphExec],
     variants: &mut [GraphVariant],
     runs: usize,
-) -> GpuResult<()> {
+) -> Result<()> {
     for i in 0..runs + 3 {
         for (x, v) in execs.iter().zip(variants.iter_mut()) {
             let t = Instant::now();
-            drv("cuGraphLaunch", driver::graph_launch(ctx, x, s))?;
-            drv("cuStreamSynchronize", driver::stream_synchronize(ctx, s))?;
+            drv("cuGraphLaunch", raw::graph_launch(x, s))?;
+            drv("cuStreamSynchronize", raw::stream_synchronize(s))?;
             if i >= 3 {
                 v.runs.push(t.elapsed());
             }
