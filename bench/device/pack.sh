@@ -29,7 +29,7 @@ for line in sys.stdin:
 ' > "$exes"
 while read -r kind name path; do
   case "$kind:$name" in
-    test:gpu_*) cp "$path" "$out/b/t_$name" ;;
+    test:gpu_*|test:prometheus_gpu) cp "$path" "$out/b/t_$name" ;;
     lib:boundpool_gpu) cp "$path" "$out/b/t_boundpool_gpu" ;;
     lib:boundpool_bench) cp "$path" "$out/b/t_boundpool_bench" ;;
     bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe) cp "$path" "$out/b/bench_$name" ;;

@@ -576,7 +576,7 @@ fn metrics_table_lists_every_metric_and_the_readme_is_current() {
     let o = run(&["metrics"]);
     assert!(o.status.success());
     let table = stdout(&o);
-    for &(name, kind, unit, ..) in boundpool::METRICS {
+    for &(name, kind, unit, ..) in boundpool::METRICS.iter().chain(boundpool::gpu::GPU_METRICS) {
         let line = table
             .lines()
             .find(|l| l.starts_with(&format!("| `{name}` |")))

@@ -986,14 +986,7 @@ mod tests {
     /// to build.
     #[test]
     fn owners_are_not_copy_or_clone() {
-        assert_not_copy_or_clone!(
-            PrimaryCtx,
-            Event,
-            Module,
-            DeviceAlloc,
-            CudaGraph,
-            GraphExec
-        );
+        assert_not_copy_or_clone!(PrimaryCtx, Event, Module, DeviceAlloc, CudaGraph, GraphExec);
     }
 
     /// Views are `Copy` and carry no destroy; they are only made here, from an owner.

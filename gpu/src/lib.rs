@@ -26,8 +26,10 @@
 //!   (`cuEventQuery`) between other nodes, never from a driver callback thread.
 //! * **Drops anywhere.** [`DeviceBuffer`] and the event table's events may be dropped on any
 //!   thread: the drop queues the handle for a bound worker of its device (woken for it), which
-//!   frees it after the work already enqueued on the device. Shutdown frees everything, unloads
-//!   modules, trims the memory pool and releases the contexts.
+//!   frees it after the work already enqueued on the device. Shutdown frees what was queued,
+//!   unloads modules, trims the memory pool and drops the device's context; a buffer still held
+//!   keeps its memory, stream and context alive until its owner drops it (then freed on that
+//!   thread, as cudarc does: no bound worker is left).
 //! * **Errors.** A failed launch or copy fails the graph naming the node and the driver error;
 //!   a sticky error (illegal address) marks the device failed and later submissions to it say
 //!   why; out of memory fails the node only.
@@ -43,6 +45,49 @@
 //!   (`cuGraphExecUpdate`). Operations a graph cannot hold (a download, a free) fail the
 //!   capture naming the node ([`GpuErrorKind::Capture`]); the graph still runs eagerly.
 //! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context.
+//! * **Metrics.** Per device, through the `metrics` facade ([`GPU_METRICS`] lists them): live
+//!   buffers and bytes, releases queued and done, event edges and stream hand-offs, captures,
+//!   replays, executable updates and instantiations, sticky failures. The `nvtx` feature puts
+//!   each GPU node's body in an NVTX range named after it, on its worker's thread.
+//!
+//! # cudarc inside a node
+//!
+//! boundpool links one cudarc, re-exported as [`cudarc`] (and its `half` as [`half`]), with
+//! the features `driver`, `nvrtc`, `cublas`, `cublaslt`, `curand`, `cusolver`, `f16`,
+//! `cuda-13000` and `fallback-dynamic-loading`. A program that also depends on cudarc directly,
+//! or through candle or burn, gets one cudarc only if it asks for the same minor version (0.19)
+//! and the same CUDA version feature (cargo unifies the features of one cudarc, and cudarc
+//! expects one `cuda-*` feature): name `boundpool::gpu::cudarc` instead of a dependency of your
+//! own where you can.
+//!
+//! A node's body gets the stream it enqueues on as `&Arc<CudaStream>` ([`GpuCtx::stream`]:
+//! its worker's stream of its level, one handed over, or the capturing stream under a replay
+//! capture) and the device's context as `&Arc<CudaContext>` ([`GpuCtx::context`]); cudarc
+//! code given them (`launch_builder`, `alloc_zeros`, copies, `CudaBlas`, cuRAND) runs on a
+//! bound worker of the node's device, ordered by the node's edges. The pool's context has
+//! cudarc's per-buffer event tracking off: boundpool orders streams, so one node's work stays
+//! on its stream. [`GpuCtx::cublas`] is the worker's cuBLAS handle as cudarc's `CudaBlas`, set
+//! to the node's stream with the worker's workspace for it (typed GEMMs in f16, bf16, f32,
+//! f64, strided-batched), also under a replay capture (a workspace of the capture's own, made
+//! outside the graph and kept with it). [`WorkerSetup::context`] lets a worker load cudarc
+//! modules once, into its state. A [`DeviceBuffer<T>`] is a `CudaSlice<T>` (it dereferences
+//! to one) whose drop is routed to a bound worker; [`GpuCtx::adopt`] and
+//! [`DeviceBuffer::into_cuda_slice`] move memory between the two without a copy. A plain
+//! `CudaSlice` keeps cudarc's rule (freed on the dropping thread): adopt one that leaves its
+//! node. A cudarc handle kept past the pool's shutdown (a stream, the context, a slice) keeps
+//! what it needs alive through cudarc's reference counts; work enqueued on it then is the
+//! caller's to order. cuBLASLt (`CudaBlasLT`) allocates its workspace on the stream it is made
+//! with and has no way to change stream: make one per stream inside a node if needed, not
+//! under a capture. candle cannot take an external stream yet (its CUDA device is built by a
+//! private constructor), so candle code does not run on the pool's streams.
+//!
+//! What stays hand-written, and why: the node path's launches, events and copies go through
+//! `driver.rs` (its own [`Launch`] and [`Module`]/[`Kernel`]), because cudarc's safe calls
+//! first bind the context (a `cuCtxGetCurrent`) and, on a launch, record events per buffer
+//! argument: the eager path at raw launch speed is measured on that layer
+//! (docs/benchmarks.md); the owners destroyed by consuming them, the release queue and the
+//! context check are boundpool's invariants, which cudarc's `Drop`s (a driver call on whichever
+//! thread drops) do not give.
 //!
 //! # Where the driver and the unsafe code are
 //!
@@ -52,31 +97,35 @@
 //! * `driver.rs`: the only file that calls the CUDA driver (`cudarc::driver::sys`) and the
 //!   only one with raw driver handles. Its wrappers check (when on) that the expected context is
 //!   current. A handle that must be destroyed comes out of it as an *owner* (`PrimaryCtx`,
-//!   `Stream`, `Event`, `Module`, `DeviceAlloc`, `CudaGraph`, `GraphExec`): not `Copy` nor
+//!   `Event`, `Module`, `DeviceAlloc`, `CudaGraph`, `GraphExec`): not `Copy` nor
 //!   `Clone`, its raw field private, destroyed by a method that consumes it (`destroy(self)`,
 //!   `unload(self)`, `release(self)`, `free(self)`), so destroying one twice does not compile
 //!   (its unit test `owners_are_not_copy_or_clone` asserts it at compile time). Whoever needs to
 //!   name a handle it does not own gets a `Copy` *view* made from the owner (`Ctx`, `StreamRef`,
 //!   `Func`, `GraphNode`), which destroys nothing. The owners live where their lifetime is
-//!   decided: a device's table (`device.rs`) owns its retained context, its workers' streams,
-//!   spare events, modules and the allocations behind [`DeviceBuffer`]s (which keep the address),
-//!   destroyed by the device's last worker, after every node that could hold a view; events move
-//!   by value between a worker's spares, markers and that table; capture streams and graphs are
-//!   owned by `replay.rs`'s capture, executables by their replay slot. `StreamRef::raw_ptr` is
+//!   decided: a device's table (`device.rs`) owns its spare events and modules, destroyed by the
+//!   device's last worker, after every node that could hold a view, and holds the device's
+//!   context and workers' streams (cudarc's `Arc`s, dropped there); events move by value between
+//!   a worker's spares, markers and that table; capture streams (cudarc's) and graphs are owned
+//!   by `replay.rs`'s capture, executables by their replay slot. `StreamRef::raw_ptr` is
 //!   the one way a raw handle leaves the file (to cuBLAS / cuSOLVER, and
 //!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (which packs the arguments, one
 //!   8-byte slot each, as the pointers the driver reads), the copies and the memset, which take
 //!   raw pointers.
-//! * `blas.rs`: the only file with cuBLAS and cuSOLVER handles and calls (`cudarc::cublas::sys`,
-//!   `cudarc::cusolver::sys`; library handles, not driver handles, kept here by design, owned
-//!   like the driver's: not `Copy`, destroyed by consuming them on their worker): creating,
-//!   setting the stream of (the raw stream taken out of a `StreamRef`) and destroying the handles, the library-presence checks, and the routines, unsafe
-//!   fns on device addresses.
+//! * `blas.rs`: the only file with cuBLAS and cuSOLVER handles and calls (`cudarc::cublas`,
+//!   `cudarc::cusolver::sys`; library handles, not driver handles, kept here by design: the
+//!   cuBLAS one is cudarc's `CudaBlas`, the cuSOLVER one owned like the driver's, destroyed by
+//!   consuming it on its worker): setting their stream (`CudaBlas::set_stream`, unsafe in
+//!   cudarc) and workspace, the cuSOLVER handle's creation and destruction, the
+//!   library-presence checks, and the routines, unsafe fns on device addresses.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
-//!   contract), and the host copies and memset it passes to `driver.rs`.
-//! * `buffer.rs`: the unsafe trait [`DeviceCopy`] (plain bytes a device may read and write) and
-//!   its impls for the primitive types and arrays.
-//! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`).
+//!   contract), the host copies and memset it passes to `driver.rs`, and handing a new
+//!   allocation to a `CudaSlice` (`upgrade_device_ptr`).
+//! * `device.rs`: turning cudarc's event tracking off on the pool's context
+//!   (`disable_event_tracking`), and freeing a dropped buffer's allocation, taken out of its
+//!   `CudaSlice` (`DeviceAlloc::adopt`).
+//! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`); `nvtx.rs`
+//!   (feature `nvtx`), whether libnvToolsExt is.
 //! * `replay.rs`: a captured host-to-device copy's staging (a copy into a hoisted device
 //!   buffer, then a captured device-to-device copy).
 //!

@@ -79,8 +79,7 @@ impl Module {
     pub fn builtin() -> Self {
         static B: std::sync::OnceLock<Module> = std::sync::OnceLock::new();
         B.get_or_init(|| {
-            Module::from_ptx("boundpool-builtin", include_str!("kernels.ptx"))
-                .expect("built-in PTX has no NUL")
+            Module::from_ptx("boundpool-builtin", builtin::PTX).expect("built-in PTX has no NUL")
         })
         .clone()
     }
@@ -144,6 +143,9 @@ impl Kernel {
 
 /// Names of the built-in kernels ([`Module::builtin`]), for tests, examples and benchmarks.
 pub mod builtin {
+    /// The PTX text of the built-in kernels (to load them through cudarc:
+    /// `ctx.load_module(Ptx::from_src(builtin::PTX))`).
+    pub const PTX: &str = include_str!("kernels.ptx");
     /// `bp_empty()`: does nothing (the per-node launch cost).
     pub const EMPTY: &str = "bp_empty";
     /// `bp_count(u32* counter)`: atomically adds 1 to `*counter`.

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use boundpool::gpu::GPU_METRICS;
 use boundpool::METRICS;
 
 /// The number of OS threads of this process, counted from `/proc/self/task` (`None` where that
@@ -12,12 +13,13 @@ pub(crate) fn os_threads() -> Option<usize> {
 }
 
 /// The markdown table of every metric the scheduler emits (name, type, unit, labels, meaning),
-/// generated from [`METRICS`]. `boundpool metrics` prints it; the README holds a copy.
+/// generated from [`METRICS`] and the GPU backend's [`GPU_METRICS`]. `boundpool metrics`
+/// prints it; the README holds a copy.
 pub(crate) fn metrics_table() -> String {
     let mut s = String::from(
         "| name | type | unit | labels | meaning |\n| --- | --- | --- | --- | --- |\n",
     );
-    for &(name, kind, unit, labels, meaning) in METRICS {
+    for &(name, kind, unit, labels, meaning) in METRICS.iter().chain(GPU_METRICS) {
         let labels = if labels.is_empty() {
             "—".to_string()
         } else {
@@ -35,9 +37,9 @@ mod tests {
     #[test]
     fn metrics_table_lists_every_metric() {
         let t = metrics_table();
-        for &(name, ..) in METRICS {
+        for &(name, ..) in METRICS.iter().chain(GPU_METRICS) {
             assert!(t.contains(&format!("`{name}`")), "{name} missing");
         }
-        assert_eq!(t.lines().count(), METRICS.len() + 2);
+        assert_eq!(t.lines().count(), METRICS.len() + GPU_METRICS.len() + 2);
     }
 }

@@ -15,8 +15,10 @@
 //! * **dropped**: a graph whose handle is dropped without waiting; it must still run every node,
 //!   and release everything it holds (a sentinel it captures must be freed) within 10 s.
 //! * **gpu** (with `--gpu`): a random DAG of GPU nodes (spin, set, add on one-element device
-//!   buffers); the sinks and one other node are downloaded and compared with the host's sums,
-//!   and the buffers are dropped on the submitter thread (not a worker).
+//!   buffers), half of them through cudarc's types (the node's `CudaStream`, `launch_builder`,
+//!   `alloc_zeros`, the slice adopted into a `DeviceBuffer`); the sinks and one other node are
+//!   downloaded and compared with the host's sums, and the buffers are dropped on the submitter
+//!   thread (not a worker).
 //!
 //! Meanwhile the main thread samples the process's OS threads (`/proc/self/task`): they must stay
 //! at main + workers + submitters, plus the workers of the short-lived pools alive at that moment.
@@ -31,6 +33,8 @@ use std::sync::{Arc, Barrier, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use boundpool::bounded;
+use boundpool::gpu::cudarc::driver::{CudaFunction, LaunchConfig as CuLaunch, PushKernelArg};
+use boundpool::gpu::cudarc::nvrtc::Ptx;
 use boundpool::gpu::{
     builtin, DeviceBuffer, Devices, GpuCtx, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
     GpuPoolBuilder, GpuWorker, Kernel, LaunchConfig, Module,
@@ -180,6 +184,8 @@ struct Tally {
     dropped: AtomicU64,
     gpu_graphs: AtomicU64,
     foreign_buffer_drops: AtomicU64,
+    /// GPU nodes run through cudarc's types (`spin_set_add_cudarc`).
+    cudarc_nodes: AtomicU64,
     violations: AtomicU64,
     messages: Mutex<Vec<String>>,
 }
@@ -508,6 +514,49 @@ fn nested<S: Send + 'static>(rng: &mut Rng, what: &str, pool: &Pool<S>, env: &En
 }
 
 /// One GPU node: spin, then a new one-element buffer set to `value` plus each input's.
+/// The built-in kernels as cudarc functions, loaded by each worker of the soak's GPU pool.
+struct CudarcKernels {
+    set: CudaFunction,
+    add: CudaFunction,
+    spin: CudaFunction,
+}
+
+/// As [`spin_set_add`], through cudarc: its launches (`launch_builder` on the node's stream) and
+/// allocation (`alloc_zeros`), the slice adopted into a `DeviceBuffer` to leave the node.
+fn spin_set_add_cudarc(
+    ctx: &GpuCtx<'_, '_>,
+    cycles: i64,
+    value: i64,
+    inputs: &[NodeRef<DeviceBuffer<i64>>],
+) -> Result<DeviceBuffer<i64>, BoxError> {
+    let k = ctx.state::<CudarcKernels>()?;
+    let s = ctx.stream();
+    let one = CuLaunch {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut out = s.alloc_zeros::<i64>(1)?;
+    // SAFETY: the built-in kernels get the argument types they declare (bp_spin(i64),
+    // bp_set_i64(i64*, i64), bp_add_i64(i64*, const i64*)); the inputs are node outputs, which
+    // outlive the graph's GPU work, and `out` is adopted below (freed after the node's work).
+    unsafe {
+        s.launch_builder(&k.spin).arg(&cycles).launch(one)?;
+        s.launch_builder(&k.set)
+            .arg(&mut out)
+            .arg(&value)
+            .launch(one)?;
+        for p in inputs {
+            let src: &DeviceBuffer<i64> = ctx.input(*p)?;
+            s.launch_builder(&k.add)
+                .arg(&mut out)
+                .arg(src.as_cuda_slice())
+                .launch(one)?;
+        }
+    }
+    Ok(ctx.adopt(out)?)
+}
+
 fn spin_set_add(
     ctx: &GpuCtx<'_, '_>,
     (set, add, spin): &(Kernel, Kernel, Kernel),
@@ -555,13 +604,22 @@ fn gpu_scenario(rng: &mut Rng, what: &str, gpu: &GpuSide, env: &Env<'_>) {
         let cycles = rng.below(2_000) as i64;
         let kernels = gpu.kernels.clone();
         let f = fault.and_then(|(f, at)| (at == i).then_some(f));
+        // Half the nodes through cudarc's types (the same kernels, loaded by cudarc).
+        let cudarc = rng.below(2) == 0;
+        if cudarc {
+            Tally::add(&tally.cudarc_nodes, 1);
+        }
         let r = g.gpu_node(&gpu.device, &format!("n{i}"), move |ctx| {
             match f {
                 Some(Fault::Error) => return Err(format!("injected error in n{i}").into()),
                 Some(Fault::Panic) => panic!("{PANIC_TAG} in n{i}"),
                 None => {}
             }
-            spin_set_add(ctx, &kernels, cycles, value, &inputs)
+            if cudarc {
+                spin_set_add_cudarc(ctx, cycles, value, &inputs)
+            } else {
+                spin_set_add(ctx, &kernels, cycles, value, &inputs)
+            }
         });
         for &p in &shape.preds[i] {
             g.edge(refs[p as usize], r);
@@ -711,6 +769,14 @@ pub(crate) fn main(a: SoakArgs) -> ExitCode {
             .name("soak-gpu")
             .devices(Devices::List(vec![0]))
             .workers_per_device(threads)
+            .worker_state(|s| -> Result<CudarcKernels, BoxError> {
+                let m = s.context().load_module(Ptx::from_src(builtin::PTX))?;
+                Ok(CudarcKernels {
+                    set: m.load_function(builtin::SET_I64)?,
+                    add: m.load_function(builtin::ADD_I64)?,
+                    spin: m.load_function(builtin::SPIN)?,
+                })
+            })
             .build()
         {
             Ok(p) => p,
@@ -997,6 +1063,7 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
                 "nested": g(&t.nested),
                 "dropped_handles": g(&t.dropped),
                 "foreign_buffer_drops": g(&t.foreign_buffer_drops),
+                "cudarc_nodes": g(&t.cudarc_nodes),
             },
             "gpu_graphs": g(&t.gpu_graphs),
             "os_threads": {
@@ -1049,7 +1116,11 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
             g(&t.nested),
             g(&t.dropped),
             if a.gpu {
-                format!(", {} buffers dropped off the workers", g(&t.foreign_buffer_drops))
+                format!(
+                    ", {} buffers dropped off the workers, {} GPU nodes through cudarc",
+                    g(&t.foreign_buffer_drops),
+                    g(&t.cudarc_nodes)
+                )
             } else {
                 String::new()
             }

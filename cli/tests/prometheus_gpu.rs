@@ -1,0 +1,160 @@
+//! The GPU backend's metrics on the Prometheus endpoint (own process: the recorder is global).
+//! Skips visibly without a GPU; fails instead under `BOUNDPOOL_REQUIRE_GPU=1`.
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use boundpool::gpu::{
+    builtin, DeviceBuffer, Devices, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, LaunchConfig,
+    Module, ReplayBuilder, ReplayCtx, GPU_METRICS,
+};
+
+fn scrape(addr: SocketAddr) -> String {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(5))
+        .build();
+    agent
+        .get(&format!("http://{addr}/metrics"))
+        .call()
+        .expect("the endpoint answers")
+        .into_string()
+        .unwrap()
+}
+
+/// The sample of `name` for device 0 of pool `pool`, if it appears.
+fn sample(text: &str, name: &str, pool: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| l.contains(&format!("pool=\"{pool}\"")) && l.contains("device=\"0\""))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn gpu_metrics_are_exported_per_device() {
+    if let Some(why) = boundpool::gpu::gpu_unavailable_reason() {
+        if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            panic!("BOUNDPOOL_REQUIRE_GPU=1 but no GPU: {why}");
+        }
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED gpu_metrics_are_exported_per_device: no GPU: {why}"
+        );
+        return;
+    }
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let _h = boundpool::observe::install_prometheus(addr).expect("the endpoint starts");
+    let pool = GpuPoolBuilder::new()
+        .name("gpu-metrics")
+        .devices(Devices::List(vec![0]))
+        .workers_per_device(2)
+        .groups_per_device(2)
+        .build()
+        .unwrap();
+    let d = pool.devices()[0].clone();
+    // Every series is there at zero before any work.
+    let text = scrape(addr);
+    for &(name, ..) in GPU_METRICS {
+        assert_eq!(
+            sample(&text, name, "gpu-metrics"),
+            Some(0.0),
+            "{name} not exported at zero"
+        );
+    }
+    let set = Module::builtin().kernel(builtin::SET_I64).unwrap();
+    // a -> b and a -> x on another group (two GPU successors: no hand-off, so event edges),
+    // b -> c (b's one GPU successor: a hand-off).
+    let mut g = GpuGraphBuilder::new("edges");
+    let (s1, s2) = (set.clone(), set.clone());
+    let a = g.gpu_node_in(d.groups()[0], "a", move |ctx| {
+        let mut b = ctx.alloc::<i64>(1)?;
+        // SAFETY: bp_set_i64(i64*, i64) on a one-element buffer.
+        unsafe {
+            ctx.launch(&s1, LaunchConfig::single())
+                .arg(&mut b)
+                .arg(1i64)
+                .launch()?
+        };
+        Ok(b)
+    });
+    let b = g.gpu_node_in(d.groups()[1], "b", move |ctx| {
+        let _ = ctx.input(a)?;
+        let mut b = ctx.alloc::<i64>(1)?;
+        // SAFETY: as above.
+        unsafe {
+            ctx.launch(&s2, LaunchConfig::single())
+                .arg(&mut b)
+                .arg(2i64)
+                .launch()?
+        };
+        Ok(b)
+    });
+    let c = g.gpu_node_in(d.groups()[1], "c", move |ctx| {
+        let v: &DeviceBuffer<i64> = ctx.input(b)?;
+        Ok(ctx.download(v)?)
+    });
+    let x = g.gpu_node_in(d.groups()[1], "x", move |ctx| Ok(ctx.input(a)?.len()));
+    g.edge(a, b).edge(a, x).edge(b, c);
+    let graph = g.build().unwrap();
+    for _ in 0..20 {
+        let out = pool.submit(&graph).unwrap().wait().unwrap();
+        assert_eq!(out.get(c).unwrap(), &vec![2]);
+    }
+    // A replay: one capture, then replays.
+    let mut rb = ReplayBuilder::new("replayed");
+    let s3 = set.clone();
+    let buf = pool.call(&d, |ctx| Ok(ctx.alloc::<i64>(1)?)).unwrap();
+    let buf = std::sync::Arc::new(buf);
+    let kb = buf.clone();
+    rb.gpu_node(&d, "set", move |c: &ReplayCtx<'_, '_>| {
+        // SAFETY: bp_set_i64(i64*, i64) on a one-element buffer that outlives the replay.
+        unsafe {
+            c.gpu()?
+                .launch(&s3, LaunchConfig::single())
+                .arg(&*kb)
+                .arg(3i64)
+                .launch()?
+        };
+        Ok(())
+    });
+    let r = rb.build().unwrap();
+    for _ in 0..5 {
+        r.run(&pool).unwrap();
+    }
+    drop(r);
+    drop(buf);
+    // Workers push their edge counts when they go idle; drops are released by them.
+    let t0 = Instant::now();
+    let ok = |t: &str| {
+        let v = |n| sample(t, n, "gpu-metrics").unwrap_or(-1.0);
+        v("boundpool_gpu_event_edges_total") >= 20.0
+            && v("boundpool_gpu_stream_handoffs_total") >= 20.0
+            && v("boundpool_gpu_captures_total") >= 1.0
+            && v("boundpool_gpu_replays_total") >= 4.0
+            && v("boundpool_gpu_exec_instantiations_total") >= 1.0
+            && v("boundpool_gpu_live_buffers") == 0.0
+            && v("boundpool_gpu_releases_queued_total") >= 41.0
+            && v("boundpool_gpu_releases_done_total") == v("boundpool_gpu_releases_queued_total")
+    };
+    let mut text = scrape(addr);
+    while !ok(&text) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        text = scrape(addr);
+    }
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("boundpool_gpu_"))
+        .collect();
+    assert!(
+        ok(&text),
+        "GPU metrics after the work:\n{}",
+        lines.join("\n")
+    );
+    assert_eq!(
+        sample(&text, "boundpool_gpu_sticky_failures_total", "gpu-metrics"),
+        Some(0.0)
+    );
+}
