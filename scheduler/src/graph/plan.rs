@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use super::joins::{CounterCache, WideJoins};
 use crate::body::{NodeBody, ThinBody};
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::{bounded, BoxError};
@@ -215,9 +216,9 @@ pub(crate) struct Plan<S> {
     /// predecessors: graphs whose nodes never read inputs never pay for them.
     pub(super) preds: OnceLock<Csr>,
     /// The joins with many predecessors and their leaf counters, built by the first run.
-    pub(crate) wide_joins: OnceLock<crate::run::WideJoins>,
+    pub(crate) wide_joins: OnceLock<WideJoins>,
     /// Dependency counters left by runs that succeeded, counted on by the next runs.
-    pub(crate) counters: crate::run::CounterCache,
+    pub(crate) counters: CounterCache,
     pub(crate) names: NameTable,
     pub(crate) sources: Box<[u32]>,
     /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.

@@ -5,6 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::builder::{BadEdge, GraphBuilder};
+use super::joins::CounterCache;
 use super::plan::{
     build_predecessors, release_classes, successors_of, MaxPlacement, NodeSpec, Plan, FLAG_CHAIN,
 };
@@ -119,7 +120,7 @@ impl<S> Plan<S> {
             joins: b.joins,
             preds: OnceLock::new(),
             wide_joins: OnceLock::new(),
-            counters: crate::run::CounterCache::new(),
+            counters: CounterCache::new(),
             names: b.names.shrunk(),
             sources: sources.into_boxed_slice(),
             valued: b.valued.into_boxed_slice(),
