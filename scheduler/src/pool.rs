@@ -350,10 +350,9 @@ impl<S: Send + 'static> PoolBuilder<S> {
             return Err(err);
         }
         gate.release(true);
-        if registry.export_metrics {
-            crate::metrics::describe();
-            crate::metrics::pool_started(&registry);
-        }
+        registry
+            .export()
+            .pool_started(&registry.infos, registry.cpu_lane.is_some());
         Ok(Pool {
             registry,
             threads: Mutex::new(threads),
@@ -653,7 +652,7 @@ impl<S: Send + 'static> Pool<S> {
 
     /// The scheduler's counters, read live (no metrics recorder needed).
     pub fn stats(&self) -> crate::PoolStats {
-        crate::metrics::stats(&self.registry)
+        self.registry.stats()
     }
 
     /// Stops taking graphs, finishes or cancels the running ones (see [`ShutdownMode`]), stops

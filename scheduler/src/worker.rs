@@ -16,7 +16,7 @@ use crate::ctx::{DeferFn, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::graph::{NodeSpec, CLASS_ONE, CLASS_RECORD};
 use crate::ids::{Placement, ANY_GROUP, DOMAIN_BIT};
-use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
+use crate::metrics::{Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::priority::{poll_order, Priority, WorkerDeques};
 use crate::registry::{Finished, Registry};
 use crate::run::{
@@ -145,7 +145,7 @@ fn tighten_timer_slack() {}
 pub(crate) fn main<S: Send + 'static>(
     reg: Arc<Registry<S>>,
     index: usize,
-    deques: WorkerDeques<S>,
+    deques: WorkerDeques<Task<S>>,
     gate: Arc<StartGate>,
 ) {
     let WorkerDeques {
@@ -1619,7 +1619,7 @@ fn run_on_cpu_lane<S: Send + 'static>(reg: Arc<Registry<S>>, task: Task<S>) {
         let inputs = Inputs::of(&run, i);
         let body = &run.plan.nodes[i as usize].body;
         let res = catch_unwind(AssertUnwindSafe(|| body.run_inputs(&inputs)));
-        metrics::cpu_lane_node(&reg);
+        reg.note_cpu_lane_node();
         store_outcome(&run, i, res)
     };
     let mut ready = Vec::new();
