@@ -111,7 +111,7 @@ pub enum Placement {
     Any,
     /// Only workers of this group.
     Group(GroupId),
-    /// Any worker of any group of this domain ([`PoolBuilder::domain`](crate::PoolBuilder::domain)(crate::PoolBuilder::domain)).
+    /// Any worker of any group of this domain ([`PoolBuilder::domain`](crate::PoolBuilder::domain)).
     Domain(DomainId),
 }
 

@@ -28,24 +28,16 @@ use crate::sync::{self, Condvar, Mutex, Ordering};
 /// sample); [`FLUSH_EVERY`] and [`SAMPLE_EVERY`] are multiples of it.
 const SERVICE_EVERY: u64 = 64;
 const _: () = assert!(FLUSH_EVERY % SERVICE_EVERY == 0 && SAMPLE_EVERY % SERVICE_EVERY == 0);
-/// How many records past a chain link's successor the chain loop asks the cache for. A
-/// chain's links are usually built, and so laid out, in order, and the loop reads one record
-/// a link whose successor index comes from that record: a dependent walk that the hardware
-/// prefetcher did not keep ahead of once the records had left the cache (a 1M-node chain
-/// after `bench`'s eviction: 5.0 ns a node here, 4.2 with this hint, about the warm figure).
-/// 160 records (3.75 KiB) ahead, about 500 ns of links: with 64 (a few hundred ns when a link
-/// took ~5 ns) the leaner link loop (~3.2 ns warm) outran it, and the same evicted 1M-node
-/// chain took 4.0-4.4 ns a node against 3.6-3.9 with 160 (320: no better). For a chain laid
-/// out otherwise the hint is wasted, never wrong.
+/// How many records past a chain link's successor the chain loop asks the cache for: a chain
+/// walked out of cache is a dependent walk the hardware prefetcher does not keep ahead of, and
+/// links are usually laid out in order (otherwise the hint is wasted, never wrong).
 const CHAIN_AHEAD: usize = 160;
 /// `running` between node bodies.
 const NO_NODE: u32 = u32::MAX;
 /// How long a worker with deferred completions and nothing else to do polls them between
-/// yields before it parks with a timeout. A GPU graph of up to a couple of milliseconds (a
-/// replayed segment of a thousand kernels takes ~0.8 ms) is then seen done within a yield, as
-/// `cuStreamSynchronize`'s spin would see it, not at the end of a timed park: with 500 µs here,
-/// replays of 0.7–0.9 ms were seen done 60–95 µs late (H200, replay bench). The yield leaves the
-/// core to any other thread that wants it; a worker is pinned to its core anyway.
+/// yields before it parks with a timeout: long enough that a GPU graph of a couple of
+/// milliseconds (a replayed segment) is seen done within a yield, not at the end of a timed
+/// park. The yield leaves the core to any other thread that wants it.
 const DEFERRED_SPIN: Duration = Duration::from_millis(2);
 /// The timed park of a worker that waits for deferred completions and has nothing else to do.
 const DEFERRED_PARK: Duration = Duration::from_micros(50);
@@ -399,8 +391,8 @@ pub(crate) struct WorkerThread<S> {
     /// The run whose wide-join arrivals this worker batches (`batcher.run`), set by the
     /// outermost span in progress here (`run_span`), whose unit keeps the run alive until the
     /// span flushes the batch; nodes of that run count their arrivals at a wide join's leaf in
-    /// `batcher.batch` (one read-modify-write per batch instead of one per node: a
-    /// map-reduce's reduce was a third of a mapped node's cost).
+    /// `batcher.batch` (one read-modify-write per batch instead of one per node, which made a
+    /// map-reduce's reduce a large part of a mapped node's cost).
     batcher: LeafBatcher<S>,
     /// What the running node's body passed to `NodeCtx::complete_when`, taken after the body.
     defer_slot: Cell<Option<DeferFn<S>>>,
@@ -757,8 +749,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 match res {
                     // `attention`: the body deferred its completion or ran other nodes in a
                     // nested wait (see `after_body_attention`). One flag for both, not a take
-                    // of the slot and a check of a second flag per node: on a chain link those
-                    // were a fifth of the loop's instructions.
+                    // of the slot and a check of a second flag per node on a chain link.
                     Ok(()) if !self.attention.get() => {
                         n += 1;
                         // A failed run is caught when the continuation starts: it is skipped
