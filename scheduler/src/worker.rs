@@ -23,6 +23,7 @@ use crate::run::{
     span_chunk, Completion, Credit, LeafBatcher, Run, RunRef, Task, SPAN_GRAIN, SPAN_MIN,
 };
 use crate::sync::{self, Condvar, Mutex, Ordering};
+use crate::trace::TraceSink;
 
 /// Nodes between two service points of a busy worker (idle hook, metrics flush, timing
 /// sample); [`FLUSH_EVERY`] and [`SAMPLE_EVERY`] are multiples of it.
@@ -140,60 +141,9 @@ pub(crate) fn main<S: Send + 'static>(
     deques: WorkerDeques<Task<S>>,
     gate: Arc<StartGate>,
 ) {
-    let WorkerDeques {
-        normal: local,
-        high,
-        low,
-    } = deques;
     let info = &reg.infos[index];
     reg.sleep.register(index, sync::current_thread());
-    let pinned = match info.core {
-        Some(core) => core_affinity::set_for_current(core_affinity::CoreId { id: core }),
-        None => true,
-    };
-    tighten_timer_slack();
-    let state = if !pinned {
-        gate.report(
-            index,
-            Err(Error::new(
-                ErrorKind::InvalidConfig,
-                format!(
-                    "pool '{}': worker {} could not pin itself to core {:?}",
-                    reg.name, info.name, info.core
-                ),
-            )),
-        );
-        None
-    } else {
-        match catch_unwind(AssertUnwindSafe(|| (reg.hooks.start)(info))) {
-            Ok(Ok(s)) => {
-                gate.report(index, Ok(()));
-                Some(s)
-            }
-            Ok(Err(e)) => {
-                let msg = format!(
-                    "pool '{}': the start hook of worker {} (core {:?}) failed",
-                    reg.name, info.name, info.core
-                );
-                gate.report(
-                    index,
-                    Err(Error::new(ErrorKind::StartHook, msg).with_source(e)),
-                );
-                None
-            }
-            Err(p) => {
-                let msg = format!(
-                    "pool '{}': the start hook of worker {} (core {:?}) panicked: {}",
-                    reg.name,
-                    info.name,
-                    info.core,
-                    panic_message(&*p)
-                );
-                gate.report(index, Err(Error::new(ErrorKind::StartHook, msg)));
-                None
-            }
-        }
-    };
+    let state = start(&reg, index, &gate);
     let go = gate.wait_go();
     drop(gate);
     let Some(state) = state else { return };
@@ -201,30 +151,7 @@ pub(crate) fn main<S: Send + 'static>(
         run_stop_hook(&reg, index, state);
         return;
     }
-    let wt = WorkerThread {
-        group: info.group.index(),
-        flusher: RefCell::new(Flusher::new(&reg.name, index)),
-        counters: reg.workers[index].clone(),
-        registry: reg.clone(),
-        index,
-        local,
-        high,
-        low,
-        takes: Cell::new(0),
-        state,
-        deferred: RefCell::new(Vec::new()),
-        finished: RefCell::new(Vec::new()),
-        credit: Credit::new(),
-        attention: Cell::new(false),
-        nesting: Cell::new(0),
-        batcher: LeafBatcher::new(),
-        defer_slot: Cell::new(None),
-        dry_since: Cell::new(None),
-        stolen: Cell::new(false),
-        rng: Cell::new(
-            0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
-        ),
-    };
+    let wt = WorkerThread::new(reg.clone(), index, deques, state);
     let helper: &dyn Helper = &wt;
     // SAFETY: only the lifetime is erased; `wt` lives on this stack frame until after the
     // `CurrentGuard` below has cleared CURRENT (on return or unwind), and CURRENT is
@@ -246,6 +173,58 @@ pub(crate) fn main<S: Send + 'static>(
         state, registry, ..
     } = wt;
     run_stop_hook(&registry, index, state);
+}
+
+/// Start-up on the worker's own thread: pins it to its core and runs the start hook, whose
+/// result is the worker's state; reports the outcome to `gate` (`None`: it failed).
+fn start<S: Send + 'static>(reg: &Registry<S>, index: usize, gate: &StartGate) -> Option<S> {
+    let info = &reg.infos[index];
+    let pinned = match info.core {
+        Some(core) => core_affinity::set_for_current(core_affinity::CoreId { id: core }),
+        None => true,
+    };
+    tighten_timer_slack();
+    if !pinned {
+        gate.report(
+            index,
+            Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "pool '{}': worker {} could not pin itself to core {:?}",
+                    reg.name, info.name, info.core
+                ),
+            )),
+        );
+        return None;
+    }
+    match catch_unwind(AssertUnwindSafe(|| (reg.hooks.start)(info))) {
+        Ok(Ok(s)) => {
+            gate.report(index, Ok(()));
+            Some(s)
+        }
+        Ok(Err(e)) => {
+            let msg = format!(
+                "pool '{}': the start hook of worker {} (core {:?}) failed",
+                reg.name, info.name, info.core
+            );
+            gate.report(
+                index,
+                Err(Error::new(ErrorKind::StartHook, msg).with_source(e)),
+            );
+            None
+        }
+        Err(p) => {
+            let msg = format!(
+                "pool '{}': the start hook of worker {} (core {:?}) panicked: {}",
+                reg.name,
+                info.name,
+                info.core,
+                panic_message(&*p)
+            );
+            gate.report(index, Err(Error::new(ErrorKind::StartHook, msg)));
+            None
+        }
+    }
 }
 
 /// Runs the stop hook of worker `index`; a panic there aborts the process with a message
@@ -430,6 +409,38 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
 }
 
 impl<S: Send + 'static> WorkerThread<S> {
+    fn new(reg: Arc<Registry<S>>, index: usize, deques: WorkerDeques<Task<S>>, state: S) -> Self {
+        let WorkerDeques {
+            normal: local,
+            high,
+            low,
+        } = deques;
+        WorkerThread {
+            group: reg.infos[index].group.index(),
+            flusher: RefCell::new(Flusher::new(&reg.name, index)),
+            counters: reg.workers[index].clone(),
+            registry: reg,
+            index,
+            local,
+            high,
+            low,
+            takes: Cell::new(0),
+            state,
+            deferred: RefCell::new(Vec::new()),
+            finished: RefCell::new(Vec::new()),
+            credit: Credit::new(),
+            attention: Cell::new(false),
+            nesting: Cell::new(0),
+            batcher: LeafBatcher::new(),
+            defer_slot: Cell::new(None),
+            dry_since: Cell::new(None),
+            stolen: Cell::new(false),
+            rng: Cell::new(
+                0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
+            ),
+        }
+    }
+
     fn help_loop(&self, c: &Completion, deadline: Option<Instant>) -> bool {
         c.register_thread();
         let mut idle_rounds = 0;
@@ -732,19 +743,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 let mut end = None;
                 if TRACE {
                     *running = NO_NODE;
-                    if let (Some(t), Some(tick)) = (sink, tick) {
-                        // Before the node completes, so a trace taken once its graph is done
-                        // has it.
-                        let e = t.now();
-                        t.node(
-                            self.index,
-                            &run.plan,
-                            node,
-                            (tick, e),
-                            self.stolen.replace(false),
-                        );
-                        end = Some(e);
-                    }
+                    end = self.trace_node(sink, run, node, tick);
                 }
                 match res {
                     // `attention`: the body deferred its completion or ran other nodes in a
@@ -789,16 +788,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 *running = NO_NODE;
                 chained = None;
                 counters.nodes_run.set(n);
-                if spec.is_cpu() || run.is_failed() {
-                    self.run_task_slow(run, node)
-                } else {
-                    // A service point.
-                    if n % SERVICE_EVERY == 0 {
-                        self.service(n);
-                    }
-                    let sample = n % SAMPLE_EVERY == 0 && self.registry.export_metrics;
-                    self.run_worker_body_instrumented(run, node, running, sample, TRACE)
-                }
+                self.chain_slow_step(run, node, n, running, TRACE)
             };
             n = counters.nodes_run.get();
             match next.or_else(|| self.pop_local_of(run)) {
@@ -816,6 +806,55 @@ impl<S: Send + 'static> WorkerThread<S> {
                 }
                 None => return,
             }
+        }
+    }
+
+    /// Records node `node`'s slice in the trace `sink`, from `tick` to now, before the node
+    /// completes (so a trace taken once its graph is done has it); returns its end tick.
+    #[inline(always)]
+    fn trace_node(
+        &self,
+        sink: Option<&TraceSink>,
+        run: RunRef<S>,
+        node: u32,
+        tick: Option<u64>,
+    ) -> Option<u64> {
+        let (Some(t), Some(tick)) = (sink, tick) else {
+            return None;
+        };
+        let e = t.now();
+        t.node(
+            self.index,
+            &run.plan,
+            node,
+            (tick, e),
+            self.stolen.replace(false),
+        );
+        Some(e)
+    }
+
+    /// The chain loop's way for a node off its fast path: a CPU-heavy node or one of a failed
+    /// run, or a node at a service point (every [`SERVICE_EVERY`]-th, whose body may be timed
+    /// for the run-time histogram). Returns the node to go on with, as the fast path does.
+    #[inline(always)]
+    fn chain_slow_step(
+        &self,
+        run: RunRef<S>,
+        node: u32,
+        n: u64,
+        running: &mut u32,
+        trace: bool,
+    ) -> Option<u32> {
+        let spec = &run.plan.nodes[node as usize];
+        if spec.is_cpu() || run.is_failed() {
+            self.run_task_slow(run, node)
+        } else {
+            // A service point.
+            if n % SERVICE_EVERY == 0 {
+                self.service(n);
+            }
+            let sample = n % SAMPLE_EVERY == 0 && self.registry.export_metrics;
+            self.run_worker_body_instrumented(run, node, running, sample, trace)
         }
     }
 
