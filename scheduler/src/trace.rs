@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::WorkerInfo;
-use crate::graph::Plan;
 use crate::sync::{self, fence, AtomicU64, Mutex, Ordering};
 
 /// Slices a worker's ring keeps unless [`PoolBuilder::trace_window`](crate::PoolBuilder::trace_window)
@@ -94,15 +93,6 @@ pub struct Trace {
 pub(crate) trait PlanNames: Send + Sync {
     fn graph_name(&self) -> &Arc<str>;
     fn node_name(&self, node: u32) -> &str;
-}
-
-impl<S: Send + 'static> PlanNames for Plan<S> {
-    fn graph_name(&self) -> &Arc<str> {
-        &self.name
-    }
-    fn node_name(&self, node: u32) -> &str {
-        &self.names[node as usize]
-    }
 }
 
 /// Plan address -> the plan, for the records of one read.
@@ -511,10 +501,10 @@ impl TraceSink {
     /// Records that `worker` ran node `node` of `plan` from `start` to `end` (ticks of
     /// [`now`](Self::now)). Only worker `worker` may call this.
     #[inline]
-    pub(crate) fn node<S: Send + 'static>(
+    pub(crate) fn node<P: PlanNames + 'static>(
         &self,
         worker: usize,
-        plan: &Arc<Plan<S>>,
+        plan: &Arc<P>,
         node: u32,
         (start, end): (u64, u64),
         stolen: bool,

@@ -10,6 +10,7 @@ use crate::body::{NodeBody, ThinBody};
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::{bounded, BoxError};
 use crate::ids::{DomainId, GroupId, NodeId, Placement, Priority, ANY_GROUP, PLACEMENT_MASK};
+use crate::trace::PlanNames;
 
 /// A node of an inlined subgraph: the body lives in the subgraph's plan, and the `NodeRef`s it
 /// captured map to this graph through `origin` and `base`.
@@ -197,6 +198,15 @@ pub(super) fn successors_of<'a, S>(nodes: &'a [NodeSpec<S>], ext: &'a [u32], i: 
             &ext[start as usize..start as usize + len as usize]
         }
         k => &spec.succ[..k as usize],
+    }
+}
+
+impl<S: Send + 'static> PlanNames for Plan<S> {
+    fn graph_name(&self) -> &Arc<str> {
+        &self.name
+    }
+    fn node_name(&self, node: u32) -> &str {
+        &self.names[node as usize]
     }
 }
 
