@@ -355,9 +355,8 @@ impl Clock {
     /// The tick a node starts at when it was found ready, not continued from a body that just
     /// ended here. `rdtsc` alone may execute before the loads ahead of it complete: a node
     /// that starts once it has seen its last predecessor's arrival could read the counter
-    /// while that load was still in flight, earlier than the predecessor's end tick (seen:
-    /// starts 10 ns before a predecessor's end, in 23 of 150 runs of the test of the order
-    /// under load). An end tick needs no fence: read early, it only makes the slice end sooner,
+    /// while that load was still in flight, earlier than the predecessor's end tick (the order
+    /// test saw it under load). An end tick needs no fence: read early, it only makes the slice end sooner,
     /// still before the arrival that a successor's start waits for.
     #[inline]
     fn start_tick(&self) -> u64 {

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::graph::AnyValue;
-use crate::ids::{NodeId, NodeRef};
+use crate::ids::{is_unit, NodeId, NodeRef};
 use crate::sync::{AtomicPtr, Ordering};
 
 /// What a finished node leaves for its successors and the submitter.
@@ -192,7 +192,7 @@ impl GraphOutput {
     /// node returning `()` stores nothing (no slot, no allocation): its output is `Some(&())`
     /// for any node of this graph.
     pub fn get<T: 'static>(&self, r: NodeRef<T>) -> Option<&T> {
-        if crate::body::is_unit::<T>() {
+        if is_unit::<T>() {
             return (r.id.graph == self.graph)
                 .then(|| (&() as &dyn std::any::Any).downcast_ref::<T>())?;
         }
@@ -203,7 +203,7 @@ impl GraphOutput {
     /// Moves the output of node `r` out (`Some(())` for any node of this graph returning `()`,
     /// every time: see [`get`](Self::get)).
     pub fn take<T: 'static>(&mut self, r: NodeRef<T>) -> Option<T> {
-        if crate::body::is_unit::<T>() {
+        if is_unit::<T>() {
             let unit: Box<dyn std::any::Any> = Box::new(());
             return (r.id.graph == self.graph).then(|| unit.downcast::<T>().ok().map(|b| *b))?;
         }
