@@ -788,7 +788,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 *running = NO_NODE;
                 chained = None;
                 counters.nodes_run.set(n);
-                self.chain_slow_step(run, node, n, running, TRACE)
+                self.chain_slow_step(run, spec, node, n, running, TRACE)
             };
             n = counters.nodes_run.get();
             match next.or_else(|| self.pop_local_of(run)) {
@@ -840,12 +840,12 @@ impl<S: Send + 'static> WorkerThread<S> {
     fn chain_slow_step(
         &self,
         run: RunRef<S>,
+        spec: &NodeSpec<S>,
         node: u32,
         n: u64,
         running: &mut u32,
         trace: bool,
     ) -> Option<u32> {
-        let spec = &run.plan.nodes[node as usize];
         if spec.is_cpu() || run.is_failed() {
             self.run_task_slow(run, node)
         } else {
