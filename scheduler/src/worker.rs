@@ -788,7 +788,16 @@ impl<S: Send + 'static> WorkerThread<S> {
                 *running = NO_NODE;
                 chained = None;
                 counters.nodes_run.set(n);
-                self.chain_slow_step(run, spec, node, n, running, TRACE)
+                if spec.is_cpu() || run.is_failed() {
+                    self.run_task_slow(run, node)
+                } else {
+                    // A service point.
+                    if n % SERVICE_EVERY == 0 {
+                        self.service(n);
+                    }
+                    let sample = n % SAMPLE_EVERY == 0 && self.registry.export_metrics;
+                    self.run_worker_body_instrumented(run, node, running, sample, TRACE)
+                }
             };
             n = counters.nodes_run.get();
             match next.or_else(|| self.pop_local_of(run)) {
@@ -831,31 +840,6 @@ impl<S: Send + 'static> WorkerThread<S> {
             self.stolen.replace(false),
         );
         Some(e)
-    }
-
-    /// The chain loop's way for a node off its fast path: a CPU-heavy node or one of a failed
-    /// run, or a node at a service point (every [`SERVICE_EVERY`]-th, whose body may be timed
-    /// for the run-time histogram). Returns the node to go on with, as the fast path does.
-    #[inline(always)]
-    fn chain_slow_step(
-        &self,
-        run: RunRef<S>,
-        spec: &NodeSpec<S>,
-        node: u32,
-        n: u64,
-        running: &mut u32,
-        trace: bool,
-    ) -> Option<u32> {
-        if spec.is_cpu() || run.is_failed() {
-            self.run_task_slow(run, node)
-        } else {
-            // A service point.
-            if n % SERVICE_EVERY == 0 {
-                self.service(n);
-            }
-            let sample = n % SAMPLE_EVERY == 0 && self.registry.export_metrics;
-            self.run_worker_body_instrumented(run, node, running, sample, trace)
-        }
     }
 
     /// The newest task of this worker's deque, if it is a node of `run`: the chain loop goes on
