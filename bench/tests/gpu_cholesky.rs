@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use boundpool_bench::cholesky::{residual_on_device, spd_entry, spd_matrix, CholeskyPlan};
 use boundpool_gpu::{Devices, GpuPool, GpuPoolBuilder};
-use common::{assert_no_wrong_context, gpu_or_skip, watchdog};
+use common::GpuTest;
 
 fn pool(workers: usize, groups: usize) -> GpuPool {
     GpuPoolBuilder::new()
@@ -51,10 +51,9 @@ fn upload(
 
 #[test]
 fn small_tiled_cholesky_verifies() {
-    if !gpu_or_skip("small_tiled_cholesky_verifies") {
+    let Some(_t) = GpuTest::start("small_tiled_cholesky_verifies", 180) else {
         return;
-    }
-    let _w = watchdog("small_tiled_cholesky", 180);
+    };
     // 1000 = 7 tiles of 128 and one of 104: the ragged edge is covered too.
     let n = 1000;
     // The last: one TRSM and one GEMM per column (`merge_columns`), ragged edge included.
@@ -109,15 +108,14 @@ fn small_tiled_cholesky_verifies() {
         // The upper triangle was not touched.
         assert_eq!(l[5 * n + 1], spd_entry(n, 1, 5));
     }
-    assert_no_wrong_context("small_tiled_cholesky");
 }
 
 #[test]
 fn non_spd_tile_gives_the_named_error() {
-    if !gpu_or_skip("non_spd_tile_gives_the_named_error") {
+    let Some(_t) = GpuTest::start_without_context_check("non_spd_tile_gives_the_named_error", 120)
+    else {
         return;
-    }
-    let _w = watchdog("non_spd_tile", 120);
+    };
     let pool = pool(4, 1);
     let dev = pool.devices()[0].clone();
     let n = 256;

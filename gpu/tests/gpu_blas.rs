@@ -12,7 +12,7 @@ use boundpool_gpu::{
     Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, ShutdownMode,
     Trans,
 };
-use common::{assert_no_wrong_context, gpu_or_skip, watchdog};
+use common::GpuTest;
 
 fn pool(workers: usize, groups: usize) -> GpuPool {
     GpuPoolBuilder::new()
@@ -30,10 +30,9 @@ type Seen = (usize, usize, usize, u64, u64, u64, u64);
 
 #[test]
 fn handles_are_per_worker_and_set_to_the_node_stream() {
-    if !gpu_or_skip("handles_are_per_worker_and_set_to_the_node_stream") {
+    let Some(_t) = GpuTest::start("handles_are_per_worker_and_set_to_the_node_stream", 120) else {
         return;
-    }
-    let _w = watchdog("handles_are_per_worker", 120);
+    };
     let pool = pool(4, 1);
     let dev = pool.devices()[0].clone();
     let mut g = GpuGraphBuilder::new("handles");
@@ -113,15 +112,13 @@ fn handles_are_per_worker_and_set_to_the_node_stream() {
         "{} workers ran the 64 nodes, one handle each",
         blas_of.len()
     );
-    assert_no_wrong_context("handles_are_per_worker");
 }
 
 #[test]
 fn handle_on_a_handed_over_stream_is_set_to_it() {
-    if !gpu_or_skip("handle_on_a_handed_over_stream_is_set_to_it") {
+    let Some(_t) = GpuTest::start("handle_on_a_handed_over_stream_is_set_to_it", 120) else {
         return;
-    }
-    let _w = watchdog("handle_on_a_handed_over_stream", 120);
+    };
     // Two one-worker groups and a pure chain alternating between them (each node has exactly
     // one GPU successor): every node after the first enqueues on the first node's stream,
     // the odd ones from the other group's worker, whose handle must follow that stream.
@@ -197,7 +194,6 @@ fn handle_on_a_handed_over_stream_is_set_to_it() {
         );
     }
     assert_eq!(workers.len(), 2, "both workers ran the chain");
-    assert_no_wrong_context("handle_on_a_handed_over_stream");
 }
 
 /// (what happened, worker name, thread): the probes' log.
@@ -221,10 +217,11 @@ impl Drop for Probe {
 
 #[test]
 fn worker_state_is_made_and_dropped_on_its_worker() {
-    if !gpu_or_skip("worker_state_is_made_and_dropped_on_its_worker") {
+    let Some(_t) =
+        GpuTest::start_without_context_check("worker_state_is_made_and_dropped_on_its_worker", 120)
+    else {
         return;
-    }
-    let _w = watchdog("worker_state", 120);
+    };
     let log: ProbeLog = Arc::new(Mutex::new(Vec::new()));
     let l = log.clone();
     let pool = GpuPoolBuilder::new()
@@ -280,10 +277,12 @@ fn worker_state_is_made_and_dropped_on_its_worker() {
 
 #[test]
 fn failing_worker_state_fails_build_naming_the_worker() {
-    if !gpu_or_skip("failing_worker_state_fails_build_naming_the_worker") {
+    let Some(_t) = GpuTest::start_without_context_check(
+        "failing_worker_state_fails_build_naming_the_worker",
+        120,
+    ) else {
         return;
-    }
-    let _w = watchdog("failing_worker_state", 120);
+    };
     // Repeated: the failing worker may stop (and, alone on the device, release it) before the
     // others bind; that once handed them a released context (a segfault). Each time the error
     // names the failing worker's reason, whichever worker the scheduler reports.
@@ -312,10 +311,9 @@ fn failing_worker_state_fails_build_naming_the_worker() {
 
 #[test]
 fn library_status_is_named() {
-    if !gpu_or_skip("library_status_is_named") {
+    let Some(_t) = GpuTest::start_without_context_check("library_status_is_named", 120) else {
         return;
-    }
-    let _w = watchdog("library_status_is_named", 120);
+    };
     let pool = pool(4, 1);
     let dev = pool.devices()[0].clone();
     // A library status by name: an illegal argument to cuBLAS.

@@ -18,7 +18,7 @@ use boundpool_gpu::{
     DeviceBuffer, Devices, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, ReplayBuilder,
     ReplayCtx,
 };
-use common::{assert_no_wrong_context, chain, gpu_or_skip, watchdog};
+use common::{chain, GpuTest};
 
 /// CUDA C of an existing cudarc program: plain C, no headers (NVRTC finds none by default).
 const SOURCE: &str = r#"
@@ -121,13 +121,12 @@ const K: usize = 64;
 
 #[test]
 fn cudarc_kernels_and_a_bf16_gemm_in_nodes_follow_the_edges() {
-    if !gpu_or_skip("cudarc_kernels_and_a_bf16_gemm_in_nodes_follow_the_edges") {
-        return;
-    }
-    let _w = watchdog(
+    let Some(_t) = GpuTest::start(
         "cudarc_kernels_and_a_bf16_gemm_in_nodes_follow_the_edges",
         120,
-    );
+    ) else {
+        return;
+    };
     let p = pool(4, 2);
     let d = p.devices()[0].clone();
     let (x, w) = (values(M * K, 1), values(K * N, 2));
@@ -225,7 +224,6 @@ fn cudarc_kernels_and_a_bf16_gemm_in_nodes_follow_the_edges() {
     }
     wait_for_no_buffers(&p);
     drop(p);
-    assert_no_wrong_context("cudarc_kernels_and_a_bf16_gemm_in_nodes_follow_the_edges");
 }
 
 /// Waits up to 10 s for every buffer of the pool's device to be freed by its workers.
@@ -268,10 +266,9 @@ where
 
 #[test]
 fn gemm_in_every_precision_matches_the_host() {
-    if !gpu_or_skip("gemm_in_every_precision_matches_the_host") {
+    let Some(_t) = GpuTest::start("gemm_in_every_precision_matches_the_host", 120) else {
         return;
-    }
-    let _w = watchdog("gemm_in_every_precision_matches_the_host", 120);
+    };
     let p = pool(2, 1);
     check_gemm(&p, 10, |v| v as f64, |v| *v, 1e-12, "f64");
     check_gemm(&p, 20, |v| v, |v| *v as f64, 1e-5, "f32");
@@ -318,18 +315,16 @@ fn gemm_in_every_precision_matches_the_host() {
         assert!(e < 1e-5, "strided-batched product {i}: relative error {e}");
     }
     drop(p);
-    assert_no_wrong_context("gemm_in_every_precision_matches_the_host");
 }
 
 #[test]
 fn buffers_move_between_device_buffer_and_cuda_slice_without_a_copy() {
-    if !gpu_or_skip("buffers_move_between_device_buffer_and_cuda_slice_without_a_copy") {
-        return;
-    }
-    let _w = watchdog(
+    let Some(_t) = GpuTest::start(
         "buffers_move_between_device_buffer_and_cuda_slice_without_a_copy",
         60,
-    );
+    ) else {
+        return;
+    };
     let p = pool(2, 1);
     let d = p.devices()[0].clone();
     let r = p
@@ -374,16 +369,14 @@ fn buffers_move_between_device_buffer_and_cuda_slice_without_a_copy() {
     }
     wait_for_no_buffers(&p);
     drop(p);
-    assert_no_wrong_context("buffers_move_between_device_buffer_and_cuda_slice_without_a_copy");
 }
 
 #[test]
 fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inputs() {
     let name = "a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inputs";
-    if !gpu_or_skip(name) {
+    let Some(_t) = GpuTest::start(name, 180) else {
         return;
-    }
-    let _w = watchdog(name, 180);
+    };
     let p = pool(4, 1);
     let d = p.devices()[0].clone();
     let (w1, w2, wb) = (values(K * K, 7), values(K * N, 8), values(K * N, 9));
@@ -531,5 +524,4 @@ fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inpu
     drop((x, weights));
     wait_for_no_buffers(&p);
     drop(p);
-    assert_no_wrong_context(name);
 }

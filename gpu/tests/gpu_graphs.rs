@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use boundpool_gpu::{
-    builtin, context_check, BoxError, DeviceBuffer, Devices, GpuCtx, GpuErrorKind, GpuGraphBuilder,
-    GpuGraphExt, GpuPool, GpuPoolBuilder, Kernel, LaunchConfig, Module, NodeRef,
+    builtin, context_check, DeviceBuffer, Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt,
+    GpuPool, GpuPoolBuilder, LaunchConfig, Module,
 };
-use common::{assert_no_wrong_context, chain, gpu_or_skip, watchdog};
+use common::{chain, set_add_spin, spin_set_add, GpuTest};
 
 fn pool(workers: usize, groups: usize) -> GpuPool {
     GpuPoolBuilder::new()
@@ -21,46 +21,6 @@ fn pool(workers: usize, groups: usize) -> GpuPool {
         .host_workers(1, boundpool_scheduler::Cores::Unpinned)
         .build()
         .expect("GPU pool")
-}
-
-/// The built-in kernels `bp_set_i64`, `bp_add_i64` and `bp_spin`.
-fn set_add_spin() -> (Kernel, Kernel, Kernel) {
-    let m = Module::builtin();
-    (
-        m.kernel(builtin::SET_I64).unwrap(),
-        m.kernel(builtin::ADD_I64).unwrap(),
-        m.kernel(builtin::SPIN).unwrap(),
-    )
-}
-
-/// A node body: spin `cycles`, then a new one-element buffer set to `value` plus each input's.
-fn spin_set_add(
-    ctx: &GpuCtx<'_, '_>,
-    (set, add, spin): (&Kernel, &Kernel, &Kernel),
-    cycles: i64,
-    value: i64,
-    inputs: &[NodeRef<DeviceBuffer<i64>>],
-) -> Result<DeviceBuffer<i64>, BoxError> {
-    let mut out = ctx.alloc::<i64>(1)?;
-    // SAFETY: kernels get the argument types they declare; buffers are node outputs, which
-    // outlive the graph's GPU work.
-    unsafe {
-        ctx.launch(spin, LaunchConfig::single())
-            .arg(cycles)
-            .launch()?;
-        ctx.launch(set, LaunchConfig::single())
-            .arg(&mut out)
-            .arg(value)
-            .launch()?;
-        for p in inputs {
-            let src: &DeviceBuffer<i64> = ctx.input(*p)?;
-            ctx.launch(add, LaunchConfig::single())
-                .arg(&mut out)
-                .arg(src)
-                .launch()?;
-        }
-    }
-    Ok(out)
 }
 
 #[test]
@@ -90,10 +50,9 @@ fn no_gpu_is_an_error_not_a_panic() {
 
 #[test]
 fn workers_are_bound_and_call_returns_values() {
-    if !gpu_or_skip("workers_are_bound_and_call_returns_values") {
+    let Some(_t) = GpuTest::start("workers_are_bound_and_call_returns_values", 120) else {
         return;
-    }
-    let _w = watchdog("bound", 120);
+    };
     let p = pool(4, 1);
     let d = p.devices()[0].clone();
     // "call and get a result": a device query.
@@ -115,17 +74,15 @@ fn workers_are_bound_and_call_returns_values() {
     assert_eq!(back, (0..1000u32).collect::<Vec<_>>());
     drop(buf);
     drop(p);
-    assert_no_wrong_context("bound");
 }
 
 /// 10,000 device buffers made by GPU nodes and dropped on 16 foreign threads: no driver call
 /// on those threads (the context check would count it), and all are freed by workers.
 #[test]
 fn buffers_dropped_on_foreign_threads() {
-    if !gpu_or_skip("buffers_dropped_on_foreign_threads") {
+    let Some(_t) = GpuTest::start("buffers_dropped_on_foreign_threads", 300) else {
         return;
-    }
-    let _w = watchdog("drops", 300);
+    };
     let p = pool(4, 1);
     let d = p.devices()[0].clone();
     let mut g = GpuGraphBuilder::new("make-buffers");
@@ -169,16 +126,14 @@ fn buffers_dropped_on_foreign_threads() {
     }
     assert_eq!(d.live_allocations(), 0, "buffers not freed by the workers");
     drop(p);
-    assert_no_wrong_context("drops");
 }
 
 /// A counting kernel launched from 100,000 nodes across all workers counts 100,000.
 #[test]
 fn counting_kernel_from_100k_nodes() {
-    if !gpu_or_skip("counting_kernel_from_100k_nodes") {
+    let Some(_t) = GpuTest::start("counting_kernel_from_100k_nodes", 300) else {
         return;
-    }
-    let _w = watchdog("count", 300);
+    };
     let p = pool(8, 2);
     let d = p.devices()[0].clone();
     let m = Module::builtin();
@@ -216,7 +171,6 @@ fn counting_kernel_from_100k_nodes() {
     eprintln!("100,000 counting nodes in {el:?}; stats: {stats:?}");
     drop(out);
     drop(p);
-    assert_no_wrong_context("count");
 }
 
 /// Random DAGs of GPU nodes across groups (so edges span workers and streams): each node sets
@@ -224,10 +178,9 @@ fn counting_kernel_from_100k_nodes() {
 /// computes the same; a missing device-side wait shows up as a wrong sum.
 #[test]
 fn random_dag_matches_host() {
-    if !gpu_or_skip("random_dag_matches_host") {
+    let Some(_t) = GpuTest::start("random_dag_matches_host", 300) else {
         return;
-    }
-    let _w = watchdog("dag", 300);
+    };
     let p = pool(6, 3);
     let d = p.devices()[0].clone();
     let (set, add, spin) = set_add_spin();
@@ -271,7 +224,13 @@ fn random_dag_matches_host() {
             let cycles = (next() % 20_000) as i64;
             let pr2 = pr.clone();
             let r = g.gpu_node_in(group, &format!("n{i}"), move |ctx| {
-                spin_set_add(ctx, (&set, &add, &spin), cycles, i as i64 + 1, &pr2)
+                spin_set_add(
+                    ctx,
+                    (&set, &add, &spin),
+                    cycles,
+                    i as i64 + 1,
+                    pr2.iter().map(|p| ctx.input(*p)),
+                )
             });
             for &p in &pr {
                 g.edge(p, r);
@@ -298,16 +257,14 @@ fn random_dag_matches_host() {
         }
     }
     drop(p);
-    assert_no_wrong_context("dag");
 }
 
 /// A host node after GPU nodes runs only once their work has completed on the device.
 #[test]
 fn host_successor_waits_for_device_work() {
-    if !gpu_or_skip("host_successor_waits_for_device_work") {
+    let Some(_t) = GpuTest::start("host_successor_waits_for_device_work", 120) else {
         return;
-    }
-    let _w = watchdog("host-succ", 120);
+    };
     let p = pool(2, 1);
     let d = p.devices()[0].clone();
     let spin = Module::builtin().kernel(builtin::SPIN).unwrap();
@@ -355,17 +312,15 @@ fn host_successor_waits_for_device_work() {
         "graph completed before its sink's GPU work"
     );
     drop(p);
-    assert_no_wrong_context("host-succ");
 }
 
 /// Out of memory fails the node (and its graph, naming it), not the pool; a panic in a GPU
 /// node likewise; an unknown kernel names the kernel.
 #[test]
 fn oom_panic_and_bad_kernel_fail_only_their_graph() {
-    if !gpu_or_skip("oom_panic_and_bad_kernel_fail_only_their_graph") {
+    let Some(_t) = GpuTest::start("oom_panic_and_bad_kernel_fail_only_their_graph", 120) else {
         return;
-    }
-    let _w = watchdog("errors", 120);
+    };
     let p = pool(2, 1);
     let d = p.devices()[0].clone();
 
@@ -424,7 +379,6 @@ fn oom_panic_and_bad_kernel_fail_only_their_graph() {
         .unwrap();
     assert_eq!(v, vec![1, 2, 3]);
     drop(p);
-    assert_no_wrong_context("errors");
 }
 
 /// A chain whose consecutive nodes are placed on two groups (so on different workers): each
@@ -433,10 +387,9 @@ fn oom_panic_and_bad_kernel_fail_only_their_graph() {
 /// chain whose last node, a sink on a handed-over stream, has its completion tracked there.
 #[test]
 fn chain_across_workers_hands_its_stream_over() {
-    if !gpu_or_skip("chain_across_workers_hands_its_stream_over") {
+    let Some(_t) = GpuTest::start("chain_across_workers_hands_its_stream_over", 180) else {
         return;
-    }
-    let _w = watchdog("handoff", 180);
+    };
     let p = pool(2, 2);
     let d = p.devices()[0].clone();
     let (set, add, spin) = set_add_spin();
@@ -449,7 +402,13 @@ fn chain_across_workers_hands_its_stream_over() {
         let cycles = ((i * 7919) % 50_000) as i64;
         let r = g.gpu_node_in(d.groups()[i % 2], &format!("c{i}"), move |ctx| {
             let inputs: Vec<_> = before.into_iter().collect();
-            spin_set_add(ctx, (&set, &add, &spin), cycles, 1, &inputs)
+            spin_set_add(
+                ctx,
+                (&set, &add, &spin),
+                cycles,
+                1,
+                inputs.iter().map(|p| ctx.input(*p)),
+            )
         });
         if let Some(b) = prev {
             g.edge(b, r);
@@ -502,5 +461,4 @@ fn chain_across_workers_hands_its_stream_over() {
         t0.elapsed()
     );
     drop(p);
-    assert_no_wrong_context("handoff");
 }

@@ -8,7 +8,7 @@ use boundpool_gpu::{
     builtin, DeviceBuffer, Devices, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, LaunchConfig,
     MemoryProbe, Module,
 };
-use common::{assert_no_wrong_context, gpu_or_skip, watchdog};
+use common::GpuTest;
 
 fn workload() {
     let pool = GpuPoolBuilder::new()
@@ -58,10 +58,9 @@ fn workload() {
 
 #[test]
 fn free_memory_returns_after_pool_drop() {
-    if !gpu_or_skip("free_memory_returns_after_pool_drop") {
+    let Some(_t) = GpuTest::start("free_memory_returns_after_pool_drop", 300) else {
         return;
-    }
-    let _w = watchdog("leak", 300);
+    };
     let probe = MemoryProbe::new(0).unwrap();
     let start = probe.free_memory().unwrap();
     workload();
@@ -85,5 +84,4 @@ fn free_memory_returns_after_pool_drop() {
         start as i64 - after2 as i64
     );
     drop(probe);
-    assert_no_wrong_context("leak");
 }

@@ -12,14 +12,13 @@ use boundpool_gpu::{
     builtin, Cores, DeviceBuffer, Devices, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder,
     LaunchConfig, Module, Placement,
 };
-use common::{assert_no_wrong_context, gpu_or_skip, watchdog};
+use common::GpuTest;
 
 #[test]
 fn device_placement_spans_every_group_of_the_device() {
-    if !gpu_or_skip("device_placement_spans_every_group_of_the_device") {
+    let Some(_t) = GpuTest::start("device_placement_spans_every_group_of_the_device", 300) else {
         return;
-    }
-    let _w = watchdog("placement", 300);
+    };
     let pool = GpuPoolBuilder::new()
         .devices(Devices::List(vec![0]))
         .workers_per_device(8)
@@ -82,17 +81,15 @@ fn device_placement_spans_every_group_of_the_device() {
         "device-placed nodes ran on one group only: {groups_seen:?}"
     );
     drop(pool);
-    assert_no_wrong_context("device_placement_spans_every_group_of_the_device");
 }
 
 /// Device-placed chains whose nodes may land on any worker of the device still order their
 /// GPU work: each chain sets a value and adds to it 50 times, checked on the host.
 #[test]
 fn device_placed_chains_stay_ordered_across_groups() {
-    if !gpu_or_skip("device_placed_chains_stay_ordered_across_groups") {
+    let Some(_t) = GpuTest::start("device_placed_chains_stay_ordered_across_groups", 300) else {
         return;
-    }
-    let _w = watchdog("placement-chains", 300);
+    };
     let pool = GpuPoolBuilder::new()
         .devices(Devices::List(vec![0]))
         .workers_per_device(8)
@@ -152,5 +149,4 @@ fn device_placed_chains_stay_ordered_across_groups() {
         }
     }
     drop(pool);
-    assert_no_wrong_context("device_placed_chains_stay_ordered_across_groups");
 }

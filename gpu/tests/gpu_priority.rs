@@ -6,10 +6,10 @@
 mod common;
 
 use boundpool_gpu::{
-    builtin, BoxError, DeviceBuffer, Devices, GpuCtx, GpuGraphBuilder, GpuGraphExt, GpuPool,
-    GpuPoolBuilder, GroupId, Kernel, LaunchConfig, Module, NodeRef, Priority, StreamPriorityRange,
+    BoxError, DeviceBuffer, Devices, GpuCtx, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder,
+    GroupId, Kernel, NodeRef, Priority, StreamPriorityRange,
 };
-use common::{assert_no_wrong_context, gpu_or_skip, watchdog};
+use common::{set_add_spin, spin_set_add, GpuTest};
 
 const LEVELS: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
 
@@ -58,10 +58,9 @@ fn pool(workers: usize, groups: usize, group_prio: i32, handoff: bool) -> GpuPoo
 /// level's stream has its priority, and the three are distinct streams.
 #[test]
 fn each_level_enqueues_on_a_stream_of_its_priority() {
-    if !gpu_or_skip("each_level_enqueues_on_a_stream_of_its_priority") {
+    let Some(_t) = GpuTest::start("each_level_enqueues_on_a_stream_of_its_priority", 120) else {
         return;
-    }
-    let _w = watchdog("levels", 120);
+    };
     for group_prio in [0, -1] {
         let p = pool(1, 1, group_prio, true);
         let d = p.devices()[0].clone();
@@ -105,16 +104,14 @@ fn each_level_enqueues_on_a_stream_of_its_priority() {
         }
         drop(p);
     }
-    assert_no_wrong_context("levels");
 }
 
 /// The graph's priority applies to every node without one of its own; a node's own wins.
 #[test]
 fn graph_priority_and_node_override() {
-    if !gpu_or_skip("graph_priority_and_node_override") {
+    let Some(_t) = GpuTest::start("graph_priority_and_node_override", 120) else {
         return;
-    }
-    let _w = watchdog("override", 120);
+    };
     let p = pool(2, 1, 0, true);
     let d = p.devices()[0].clone();
     let mut g = GpuGraphBuilder::new("low graph");
@@ -141,16 +138,14 @@ fn graph_priority_and_node_override() {
     assert_ne!(sb.stream, sa.stream);
     assert_eq!(sc.prio, sc.range.least, "{sc:?}");
     drop(p);
-    assert_no_wrong_context("override");
 }
 
 /// cuBLAS and cuSOLVER handles are set to the stream of the node's level.
 #[test]
 fn library_handles_follow_the_level_stream() {
-    if !gpu_or_skip("library_handles_follow_the_level_stream") {
+    let Some(_t) = GpuTest::start("library_handles_follow_the_level_stream", 120) else {
         return;
-    }
-    let _w = watchdog("libs", 120);
+    };
     let p = pool(1, 1, 0, true);
     let d = p.devices()[0].clone();
     let mut g = GpuGraphBuilder::new("libs");
@@ -189,7 +184,6 @@ fn library_handles_follow_the_level_stream() {
     let (_, _, _, low) = *out.get(refs[0]).unwrap();
     assert!(high < low, "high {high}, low {low}");
     drop(p);
-    assert_no_wrong_context("libs");
 }
 
 /// A node's output: its value on the device, and what it saw of its stream.
@@ -198,35 +192,18 @@ struct Out {
     seen: Seen,
 }
 
-/// Spin `cycles`, then set a new one-element buffer to `value` plus each input's value.
-fn spin_set_add(
+/// Spin `cycles`, then set a new one-element buffer to `value` plus each input's value
+/// (`common::spin_set_add`), with what the node saw of its stream.
+fn spin_set_add_seen(
     ctx: &GpuCtx<'_, '_>,
-    (set, add, spin): (&Kernel, &Kernel, &Kernel),
+    kernels: (&Kernel, &Kernel, &Kernel),
     cycles: i64,
     value: i64,
     inputs: &[NodeRef<Out>],
 ) -> Result<Out, BoxError> {
-    let mut out = ctx.alloc::<i64>(1)?;
-    // SAFETY: kernels get the argument types they declare; buffers are node outputs, which
-    // outlive the graph's GPU work.
-    unsafe {
-        ctx.launch(spin, LaunchConfig::single())
-            .arg(cycles)
-            .launch()?;
-        ctx.launch(set, LaunchConfig::single())
-            .arg(&mut out)
-            .arg(value)
-            .launch()?;
-        for p in inputs {
-            let src: &Out = ctx.input(*p)?;
-            ctx.launch(add, LaunchConfig::single())
-                .arg(&mut out)
-                .arg(&src.buf)
-                .launch()?;
-        }
-    }
+    let inputs = inputs.iter().map(|p| ctx.input(*p).map(|o: &Out| &o.buf));
     Ok(Out {
-        buf: out,
+        buf: spin_set_add(ctx, kernels, cycles, value, inputs)?,
         seen: seen(ctx)?,
     })
 }
@@ -236,16 +213,10 @@ fn spin_set_add(
 /// downloaded, matches the host's, and every node ran on a stream of its level's priority.
 #[test]
 fn values_are_right_across_levels() {
-    if !gpu_or_skip("values_are_right_across_levels") {
+    let Some(_t) = GpuTest::start("values_are_right_across_levels", 300) else {
         return;
-    }
-    let _w = watchdog("cross-levels", 300);
-    let m = Module::builtin();
-    let kernels = (
-        m.kernel(builtin::SET_I64).unwrap(),
-        m.kernel(builtin::ADD_I64).unwrap(),
-        m.kernel(builtin::SPIN).unwrap(),
-    );
+    };
+    let kernels = set_add_spin();
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
         rng ^= rng << 13;
@@ -295,7 +266,7 @@ fn values_are_right_across_levels() {
             let cycles = (next() % 40_000) as i64;
             let pr2 = pr.clone();
             let body = move |ctx: &GpuCtx<'_, '_>| {
-                spin_set_add(ctx, (&k.0, &k.1, &k.2), cycles, i as i64 + 1, &pr2)
+                spin_set_add_seen(ctx, (&k.0, &k.1, &k.2), cycles, i as i64 + 1, &pr2)
             };
             let pick = next() % 3;
             let r = if pick == 0 {
@@ -358,5 +329,4 @@ fn values_are_right_across_levels() {
         }
         drop(p);
     }
-    assert_no_wrong_context("cross-levels");
 }

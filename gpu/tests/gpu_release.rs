@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use boundpool_gpu::{
     DeviceBuffer, Devices, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, MemoryProbe,
 };
-use common::{assert_no_wrong_context, gpu_or_skip, watchdog};
+use common::GpuTest;
 
 const BUFFERS: usize = 1600;
 /// 256 KiB each: 400 MiB in all, far above the free-memory tolerance.
@@ -38,10 +38,12 @@ fn wait_for(what: &str, limit: Duration, since: Instant, mut f: impl FnMut() -> 
 
 #[test]
 fn drops_on_foreign_threads_into_an_idle_pool_are_released() {
-    if !gpu_or_skip("drops_on_foreign_threads_into_an_idle_pool_are_released") {
+    let Some(_t) = GpuTest::start(
+        "drops_on_foreign_threads_into_an_idle_pool_are_released",
+        300,
+    ) else {
         return;
-    }
-    let _w = watchdog("release", 300);
+    };
     let probe = MemoryProbe::new(0).unwrap();
     // Several groups: the release is the device's business, whichever group is idle.
     let pool = GpuPoolBuilder::new()
@@ -130,5 +132,4 @@ fn drops_on_foreign_threads_into_an_idle_pool_are_released() {
          {worst_live:?}, free memory back within {worst_free:?} (limit {LIMIT:?})"
     );
     drop(pool);
-    assert_no_wrong_context("drops_on_foreign_threads_into_an_idle_pool_are_released");
 }

@@ -11,7 +11,7 @@ use boundpool_gpu::{
     builtin, BoxError, DeviceBuffer, Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, GpuPool,
     GpuPoolBuilder, Kernel, LaunchConfig, Module, RNode, ReplayBuilder, ReplayCtx, Replayable,
 };
-use common::{assert_no_wrong_context, chain, gpu_or_skip, watchdog};
+use common::{chain, GpuTest};
 
 fn pool(workers: usize) -> GpuPool {
     GpuPoolBuilder::new()
@@ -270,10 +270,9 @@ fn replay_matches_eager(
 
 #[test]
 fn random_dag_replayed_100_times_matches_eager() {
-    if !gpu_or_skip("random_dag_replayed_100_times_matches_eager") {
+    let Some(_t) = GpuTest::start("random_dag_replayed_100_times_matches_eager", 180) else {
         return;
-    }
-    let _w = watchdog("random_dag_replayed_100_times_matches_eager", 180);
+    };
     let p = pool(4);
     let next = Arc::new(AtomicI64::new(0));
     let n2 = next.clone();
@@ -306,15 +305,13 @@ fn random_dag_replayed_100_times_matches_eager() {
         s.capture_time,
         s.instantiate_time
     );
-    assert_no_wrong_context("random_dag_replayed_100_times_matches_eager");
 }
 
 #[test]
 fn eager_graphs_run_on_other_workers_during_a_capture() {
-    if !gpu_or_skip("eager_graphs_run_on_other_workers_during_a_capture") {
+    let Some(_t) = GpuTest::start("eager_graphs_run_on_other_workers_during_a_capture", 180) else {
         return;
-    }
-    let _w = watchdog("eager_graphs_run_on_other_workers_during_a_capture", 180);
+    };
     let p = Arc::new(pool(4));
     // 200 bodies sleeping 1 ms each: the capture takes about 200 ms on one worker.
     let t = test_graph(
@@ -395,15 +392,13 @@ fn eager_graphs_run_on_other_workers_during_a_capture() {
         check_run(&t, &format!("replay {run} after the capture"), &out);
     }
     eprintln!("{during} eager graphs completed during the capture");
-    assert_no_wrong_context("eager_graphs_run_on_other_workers_during_a_capture");
 }
 
 #[test]
 fn thirty_two_threads_replay_one_graph() {
-    if !gpu_or_skip("thirty_two_threads_replay_one_graph") {
+    let Some(_t) = GpuTest::start("thirty_two_threads_replay_one_graph", 240) else {
         return;
-    }
-    let _w = watchdog("thirty_two_threads_replay_one_graph", 240);
+    };
     let p = Arc::new(pool(4));
     for instances in [1usize, 4] {
         let counter = Arc::new(AtomicI64::new(1));
@@ -462,15 +457,13 @@ fn thirty_two_threads_replay_one_graph() {
             t.replay.executables()
         );
     }
-    assert_no_wrong_context("thirty_two_threads_replay_one_graph");
 }
 
 #[test]
 fn host_nodes_run_every_time_between_segments() {
-    if !gpu_or_skip("host_nodes_run_every_time_between_segments") {
+    let Some(_t) = GpuTest::start("host_nodes_run_every_time_between_segments", 120) else {
         return;
-    }
-    let _w = watchdog("host_nodes_run_every_time_between_segments", 120);
+    };
     let p = pool(4);
     let dev = p.devices()[0].clone();
     let k = kernels();
@@ -556,18 +549,16 @@ fn host_nodes_run_every_time_between_segments() {
         3,
         "GPU bodies are called once, at the capture"
     );
-    assert_no_wrong_context("host_nodes_run_every_time_between_segments");
 }
 
 #[test]
 fn a_non_capturable_operation_names_the_node_and_eager_still_works() {
-    if !gpu_or_skip("a_non_capturable_operation_names_the_node_and_eager_still_works") {
-        return;
-    }
-    let _w = watchdog(
+    let Some(_t) = GpuTest::start(
         "a_non_capturable_operation_names_the_node_and_eager_still_works",
         120,
-    );
+    ) else {
+        return;
+    };
     let p = pool(4);
     let dev = p.devices()[0].clone();
     let k = kernels();
@@ -625,15 +616,14 @@ fn a_non_capturable_operation_names_the_node_and_eager_still_works() {
     }
     // The kind survives in the scheduler error's chain.
     let _ = GpuErrorKind::Capture;
-    assert_no_wrong_context("a_non_capturable_operation_names_the_node_and_eager_still_works");
 }
 
 #[test]
 fn a_thousand_replays_keep_memory_and_executables_stable() {
-    if !gpu_or_skip("a_thousand_replays_keep_memory_and_executables_stable") {
+    let Some(_t) = GpuTest::start("a_thousand_replays_keep_memory_and_executables_stable", 300)
+    else {
         return;
-    }
-    let _w = watchdog("a_thousand_replays_keep_memory_and_executables_stable", 300);
+    };
     let p = pool(4);
     let dev = p.devices()[0].clone();
     let next = Arc::new(AtomicI64::new(0));
@@ -691,15 +681,13 @@ fn a_thousand_replays_keep_memory_and_executables_stable() {
         (free10 - free1000) >> 20
     );
     assert_eq!(t.replay.stats().captures as usize, t.replay.segments());
-    assert_no_wrong_context("a_thousand_replays_keep_memory_and_executables_stable");
 }
 
 #[test]
 fn drops_on_foreign_threads_release_executables() {
-    if !gpu_or_skip("drops_on_foreign_threads_release_executables") {
+    let Some(_t) = GpuTest::start("drops_on_foreign_threads_release_executables", 120) else {
         return;
-    }
-    let _w = watchdog("drops_on_foreign_threads_release_executables", 120);
+    };
     let p = Arc::new(pool(4));
     let dev = p.devices()[0].clone();
     let before = dev.live_allocations();
@@ -780,18 +768,16 @@ fn drops_on_foreign_threads_release_executables() {
         "shutdown left executables of a live graph"
     );
     drop(t2);
-    assert_no_wrong_context("drops_on_foreign_threads_release_executables");
 }
 
 #[test]
 fn update_changes_arguments_in_place_and_reinstantiates_on_new_topology() {
-    if !gpu_or_skip("update_changes_arguments_in_place_and_reinstantiates_on_new_topology") {
-        return;
-    }
-    let _w = watchdog(
+    let Some(_t) = GpuTest::start(
         "update_changes_arguments_in_place_and_reinstantiates_on_new_topology",
         120,
-    );
+    ) else {
+        return;
+    };
     let p = pool(4);
     let dev = p.devices()[0].clone();
     let k = kernels();
@@ -855,15 +841,13 @@ fn update_changes_arguments_in_place_and_reinstantiates_on_new_topology() {
         1,
         "the refused executable was destroyed"
     );
-    assert_no_wrong_context("update_changes_arguments_in_place_and_reinstantiates_on_new_topology");
 }
 
 #[test]
 fn a_captured_upload_is_repeated_by_every_replay() {
-    if !gpu_or_skip("a_captured_upload_is_repeated_by_every_replay") {
+    let Some(_t) = GpuTest::start("a_captured_upload_is_repeated_by_every_replay", 120) else {
         return;
-    }
-    let _w = watchdog("a_captured_upload_is_repeated_by_every_replay", 120);
+    };
     let p = pool(4);
     let dev = p.devices()[0].clone();
     let k = kernels();
@@ -901,7 +885,6 @@ fn a_captured_upload_is_repeated_by_every_replay() {
         );
     }
     assert_eq!(*r.run_eager(&p).unwrap().get(read).unwrap(), 10, "eager");
-    assert_no_wrong_context("a_captured_upload_is_repeated_by_every_replay");
 }
 
 /// `n` nodes in a chain: node `i` after node `i - 1`.
@@ -942,10 +925,9 @@ fn empty_kernel_graph(
 
 #[test]
 fn the_captured_graph_keeps_the_dags_edges() {
-    if !gpu_or_skip("the_captured_graph_keeps_the_dags_edges") {
+    let Some(_t) = GpuTest::start("the_captured_graph_keeps_the_dags_edges", 120) else {
         return;
-    }
-    let _w = watchdog("the_captured_graph_keeps_the_dags_edges", 120);
+    };
     let p = pool(4);
     let dev = p.devices()[0].clone();
     // One empty kernel per node: the CUDA graph must have exactly the DAG's nodes and edges
@@ -993,7 +975,6 @@ fn the_captured_graph_keeps_the_dags_edges() {
                 .unwrap_or_else(|e| panic!("{name} replay {run}: {}", chain(&e)));
         }
     }
-    assert_no_wrong_context("the_captured_graph_keeps_the_dags_edges");
 }
 
 /// `max_width`: the captured graph has the DAG's edges plus lane edges, so that no more than
@@ -1001,10 +982,9 @@ fn the_captured_graph_keeps_the_dags_edges() {
 /// random DAG captured with 3 lanes still computes what the eager run computes.
 #[test]
 fn max_width_adds_lane_edges_and_keeps_results() {
-    if !gpu_or_skip("max_width_adds_lane_edges_and_keeps_results") {
+    let Some(_t) = GpuTest::start("max_width_adds_lane_edges_and_keeps_results", 180) else {
         return;
-    }
-    let _w = watchdog("max_width_adds_lane_edges_and_keeps_results", 180);
+    };
     let p = pool(4);
     let dev = p.devices()[0].clone();
     let cases: Vec<(&str, Vec<Vec<usize>>, usize, usize)> = vec![
@@ -1044,5 +1024,4 @@ fn max_width_adds_lane_edges_and_keeps_results() {
         |run| run * 104_729 - 77,
         "replay with 3 lanes",
     );
-    assert_no_wrong_context("max_width_adds_lane_edges_and_keeps_results");
 }

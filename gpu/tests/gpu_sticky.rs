@@ -8,7 +8,7 @@ use boundpool_gpu::{
     builtin, Cores, Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder,
     LaunchConfig, Module,
 };
-use common::{assert_no_wrong_context, chain, gpu_or_skip, watchdog};
+use common::{chain, GpuTest};
 
 /// `poke(u64 addr)`: `*(u32*)addr = 1` with a raw address (given a bad one, an illegal
 /// address). The test's own module: the library's built-in kernels have no use for it.
@@ -29,10 +29,9 @@ const POKE_PTX: &str = "
 
 #[test]
 fn illegal_address_marks_device_failed() {
-    if !gpu_or_skip("illegal_address_marks_device_failed") {
+    let Some(_t) = GpuTest::start("illegal_address_marks_device_failed", 120) else {
         return;
-    }
-    let _w = watchdog("sticky", 120);
+    };
     let pool = GpuPoolBuilder::new()
         .devices(Devices::List(vec![0]))
         .workers_per_device(4)
@@ -115,5 +114,4 @@ fn illegal_address_marks_device_failed() {
     let out = pool.submit(&g.build().unwrap()).unwrap().wait().unwrap();
     assert_eq!(out.get(h), Some(&42));
     drop(pool); // must not hang
-    assert_no_wrong_context("sticky");
 }

@@ -9,14 +9,13 @@ use std::sync::{Arc, Barrier};
 use boundpool_gpu::{
     builtin, Devices, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, LaunchConfig, Module,
 };
-use common::{assert_no_wrong_context, gpu_or_skip, os_threads, watchdog};
+use common::{os_threads, GpuTest};
 
 #[test]
 fn thousand_submitters_do_not_grow_the_pool() {
-    if !gpu_or_skip("thousand_submitters_do_not_grow_the_pool") {
+    let Some(_t) = GpuTest::start("thousand_submitters_do_not_grow_the_pool", 300) else {
         return;
-    }
-    let _w = watchdog("threads", 300);
+    };
     // Let the driver start its own helper threads first (it starts some with the first context).
     let probe = boundpool_gpu::MemoryProbe::new(0).unwrap();
     probe.free_memory().unwrap();
@@ -103,5 +102,4 @@ fn thousand_submitters_do_not_grow_the_pool() {
     eprintln!("stats: {stats:?}");
     drop(pool);
     drop(probe);
-    assert_no_wrong_context("threads");
 }

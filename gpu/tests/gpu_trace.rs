@@ -11,7 +11,7 @@ use boundpool_gpu::{
     LaunchConfig, Module, NodeRef,
 };
 use boundpool_scheduler::{SliceKind, Trace};
-use common::{assert_no_wrong_context, gpu_or_skip, watchdog};
+use common::GpuTest;
 
 const WORKERS: usize = 4;
 
@@ -135,10 +135,9 @@ fn check(trace: &Trace, graph_name: &str, nodes: usize, device_name: &str) {
 
 #[test]
 fn gpu_nodes_on_stream_tracks() {
-    if !gpu_or_skip("gpu_nodes_on_stream_tracks") {
+    let Some(_t) = GpuTest::start("gpu_nodes_on_stream_tracks", 120) else {
         return;
-    }
-    let _w = watchdog("gpu_trace", 120);
+    };
     let k = Module::builtin().kernel(builtin::SPIN).unwrap();
 
     // Off: no timing event at all.
@@ -230,5 +229,4 @@ fn gpu_nodes_on_stream_tracks() {
         assert!(w[0].3 <= w[1].2, "chain slices out of order: {w:?}");
     }
     drop(p);
-    assert_no_wrong_context("gpu_nodes_on_stream_tracks");
 }

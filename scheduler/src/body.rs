@@ -15,6 +15,7 @@ use std::ptr::NonNull;
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::BoxError;
 use crate::graph::InlinedBody;
+use crate::ids::is_unit;
 
 /// What a node runs. Implementations store their own output, so the call returns two words in
 /// registers instead of a value through memory.
@@ -28,11 +29,6 @@ pub(crate) trait NodeBody<S>: Send + Sync + 'static {
     fn inlined(&self) -> Option<&InlinedBody<S>> {
         None
     }
-}
-
-#[inline(always)]
-pub(crate) fn is_unit<T: 'static>() -> bool {
-    std::any::TypeId::of::<T>() == std::any::TypeId::of::<()>()
 }
 
 /// A worker node's closure returning `T`.

@@ -185,7 +185,7 @@ impl<S: Send + 'static> Future for SubmitFuture<'_, S> {
                 if ok {
                     reg.note_admitted(queued);
                 }
-                crate::metrics::submissions_waiting(reg, adm.waiting());
+                reg.export().submissions_waiting(adm.waiting());
                 ok
             }
         };

@@ -60,6 +60,13 @@ impl<T> fmt::Debug for NodeRef<T> {
     }
 }
 
+/// Whether a node's output type is `()`: such a node stores nothing (no slot, no allocation),
+/// and its output reads as `()` wherever a `NodeRef<()>` of its graph is asked for.
+#[inline(always)]
+pub(crate) fn is_unit<T: 'static>() -> bool {
+    std::any::TypeId::of::<T>() == std::any::TypeId::of::<()>()
+}
+
 impl<T> From<NodeRef<T>> for NodeId {
     fn from(r: NodeRef<T>) -> NodeId {
         r.id
@@ -111,7 +118,7 @@ pub enum Placement {
     Any,
     /// Only workers of this group.
     Group(GroupId),
-    /// Any worker of any group of this domain ([`PoolBuilder::domain`](crate::PoolBuilder::domain)(crate::PoolBuilder::domain)).
+    /// Any worker of any group of this domain ([`PoolBuilder::domain`](crate::PoolBuilder::domain)).
     Domain(DomainId),
 }
 

@@ -42,17 +42,19 @@
 //! The one list (the README points here). Every block has a `// SAFETY:` comment and every
 //! unsafe fn a `# Safety` section; `clippy::undocumented_unsafe_blocks` is on.
 //!
-//! * `run.rs`: tasks point at their run without a reference count (a `RunRef`, which is also
-//!   how workers hold the run they work on: never as a `&Run` argument across a point where they
-//!   give their in-flight unit away, as another worker may then free the run while that frame is
-//!   live; the unit is given up by a decrement through the raw pointer); output slots are
-//!   `UnsafeCell`s ordered by the dependency counters, allocated by the first node that stores.
+//! * `run/mod.rs`: `RunRef`, the pointer a task and a worker hold their run by, without a
+//!   reference count (never as a `&Run` argument across a point where they give their in-flight
+//!   unit away, as another worker may then free the run while that frame is live; the unit is
+//!   given up by a decrement through the raw pointer), and the read of a finished run's slots.
+//! * `run/task.rs`: a `Task` (a `RunRef` and a node) is `Send`.
+//! * `run/output.rs`: output slots, `UnsafeCell`s ordered by the dependency counters, allocated
+//!   by the first node that stores (`alloc_zeroed`) and freed with the run.
 //! * `body.rs`: node bodies behind one thin pointer (a vtable-prefixed block, or a static vtable
 //!   for a closure that captures nothing): the crate's type-erased code.
 //! * `backend.rs`: a node's marker, written into its own output slot, and its successors' reads
-//!   of their predecessors' markers (ordered by the same counters as `run.rs`'s).
+//!   of their predecessors' markers (ordered by the same dependency counters, `run/release.rs`).
 //! * `ctx.rs`: a node's reads of its predecessors' output slots and markers, and its worker's
-//!   writes of its own slot (ordered by the same counters as `run.rs`'s).
+//!   writes of its own slot (ordered by the same dependency counters, `run/release.rs`).
 //! * `worker.rs`: the thread-local pointer from a thread to its worker (for nested waits), its
 //!   lifetime erased and cleared by an RAII guard; the `prctl` that tightens a worker thread's
 //!   timer slack (Linux).

@@ -5,16 +5,15 @@
 //! and pushes the deltas to the `metrics` facade only every `FLUSH_EVERY` nodes and when it goes
 //! idle, so with no recorder installed the hot path pays one ordinary add per event.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
 };
 
+use crate::config::WorkerInfo;
 use crate::error::Error;
-use crate::registry::Registry;
-use crate::sync::{AtomicU64, Ordering, OwnedCounter};
+use crate::sync::{AtomicU64, OwnedCounter};
 
 /// Nodes between two flushes of a busy worker's counters to the `metrics` facade.
 pub(crate) const FLUSH_EVERY: u64 = 1024;
@@ -133,42 +132,6 @@ impl PoolStats {
     pub fn parks(&self) -> u64 {
         self.workers.iter().map(|w| w.parks).sum()
     }
-}
-
-pub(crate) fn stats<S: Send + 'static>(reg: &Registry<S>) -> PoolStats {
-    let workers = reg
-        .workers
-        .iter()
-        .map(|c| WorkerStats {
-            nodes_run: c.nodes_run.get(),
-            steals: c.steals.get(),
-            injector_pops: c.injector_pops.get(),
-            parks: c.parks.get(),
-            skipped: c.skipped.get(),
-        })
-        .collect();
-    PoolStats {
-        workers,
-        cpu_lane_nodes: reg.counters.cpu_lane_nodes.load(Ordering::Relaxed),
-        graphs_submitted: reg.counters.graphs_submitted.load(Ordering::Relaxed),
-        graphs_completed: reg.counters.graphs_completed.load(Ordering::Relaxed),
-        graphs_failed: reg.counters.graphs_failed.load(Ordering::Relaxed),
-        nodes_cancelled: reg.counters.nodes_cancelled.load(Ordering::Relaxed),
-        queue_depth: queue_depth(reg),
-        submissions_admitted: reg.counters.submissions_admitted.load(Ordering::Relaxed),
-        submissions_waited: reg.counters.submissions_waited.load(Ordering::Relaxed),
-        submissions_rejected: reg.counters.submissions_rejected.load(Ordering::Relaxed),
-        submissions_waiting: reg.admission.as_ref().map_or(0, |a| a.waiting()),
-    }
-}
-
-fn queue_depth<S: Send + 'static>(reg: &Registry<S>) -> usize {
-    reg.stealers.iter().map(|s| s.len()).sum::<usize>()
-        + reg.any.len()
-        + reg.groups.iter().map(|g| g.injector.len()).sum::<usize>()
-        + reg.domains.iter().map(|d| d.injector.len()).sum::<usize>()
-        + reg.high.len()
-        + reg.low.len()
 }
 
 /// Every metric this crate emits: (name, kind, unit, labels, meaning). The README's table is
@@ -295,7 +258,7 @@ pub const METRICS: &[(&str, &str, &str, &str, &str)] = &[
     ),
 ];
 
-pub(crate) fn describe() {
+fn describe() {
     for &(name, kind, unit, _, help) in METRICS {
         let unit = if unit == "seconds" {
             Unit::Seconds
@@ -310,40 +273,12 @@ pub(crate) fn describe() {
     }
 }
 
-/// Sets the workers gauge and registers every counter series of the pool at zero, so that a
-/// scrape shows each counter (its `# TYPE` line and a 0) before its first event: a pool that
-/// has not stolen yet still exports `boundpool_steals_total`, and `rate()` has a starting point.
-pub(crate) fn pool_started<S: Send + 'static>(reg: &Arc<Registry<S>>) {
-    let pool = reg.name.to_string();
-    gauge!("boundpool_workers", "pool" => pool.clone()).set(reg.infos.len() as f64);
-    for name in [
-        "boundpool_graphs_submitted_total",
-        "boundpool_graphs_completed_total",
-        "boundpool_graphs_failed_total",
-        "boundpool_nodes_cancelled_total",
-    ] {
-        counter!(name, "pool" => pool.clone()).increment(0);
-    }
-    if reg.cpu_lane.is_some() {
-        counter!("boundpool_cpu_lane_nodes_total", "pool" => pool.clone()).increment(0);
-    }
-    // Also without a limit (they stay at zero), so every pool exports every listed series.
-    {
-        for name in [
-            "boundpool_submissions_admitted_total",
-            "boundpool_submissions_waited_total",
-            "boundpool_submissions_rejected_total",
-        ] {
-            counter!(name, "pool" => pool.clone()).increment(0);
-        }
-        gauge!("boundpool_submissions_waiting", "pool" => pool.clone()).set(0.0);
-    }
-    for info in reg.infos.iter() {
-        let worker = info.index.to_string();
-        for name in FLUSHED_COUNTERS {
-            counter!(name, "pool" => pool.clone(), "worker" => worker.clone()).increment(0);
-        }
-    }
+/// A pool as its export sees it: the `pool` label, and whether it exports at all
+/// (`PoolBuilder::metrics`). Made by `Registry::export`; every method is a no-op when off.
+#[derive(Clone, Copy)]
+pub(crate) struct Export<'a> {
+    pub(crate) pool: &'a str,
+    pub(crate) on: bool,
 }
 
 /// The per-worker counters a [`Flusher`] pushes, in its order.
@@ -354,66 +289,108 @@ const FLUSHED_COUNTERS: [&str; 4] = [
     "boundpool_parks_total",
 ];
 
-pub(crate) fn graph_submitted<S: Send + 'static>(reg: &Registry<S>) {
-    if !reg.export_metrics {
-        return;
-    }
-    counter!("boundpool_graphs_submitted_total", "pool" => reg.name.to_string()).increment(1);
-}
-
-pub(crate) fn graph_finished<S: Send + 'static>(
-    reg: &Registry<S>,
-    err: Option<&Error>,
-    latency: Duration,
-) {
-    if !reg.export_metrics {
-        return;
-    }
-    let pool = reg.name.to_string();
-    match err {
-        None => counter!("boundpool_graphs_completed_total", "pool" => pool.clone()).increment(1),
-        Some(e) => {
-            counter!("boundpool_graphs_failed_total", "pool" => pool.clone()).increment(1);
-            counter!("boundpool_nodes_cancelled_total", "pool" => pool.clone())
-                .increment(e.cancelled_nodes() as u64);
+impl Export<'_> {
+    /// Describes every metric, sets the workers gauge and registers every counter series of
+    /// the pool at zero, so that a scrape shows each counter (its `# TYPE` line and a 0) before
+    /// its first event: a pool that has not stolen yet still exports `boundpool_steals_total`,
+    /// and `rate()` has a starting point.
+    pub(crate) fn pool_started(self, infos: &[WorkerInfo], cpu_lane: bool) {
+        if !self.on {
+            return;
+        }
+        describe();
+        let pool = self.pool.to_string();
+        gauge!("boundpool_workers", "pool" => pool.clone()).set(infos.len() as f64);
+        for name in [
+            "boundpool_graphs_submitted_total",
+            "boundpool_graphs_completed_total",
+            "boundpool_graphs_failed_total",
+            "boundpool_nodes_cancelled_total",
+        ] {
+            counter!(name, "pool" => pool.clone()).increment(0);
+        }
+        if cpu_lane {
+            counter!("boundpool_cpu_lane_nodes_total", "pool" => pool.clone()).increment(0);
+        }
+        // Also without a limit (they stay at zero), so every pool exports every listed series.
+        {
+            for name in [
+                "boundpool_submissions_admitted_total",
+                "boundpool_submissions_waited_total",
+                "boundpool_submissions_rejected_total",
+            ] {
+                counter!(name, "pool" => pool.clone()).increment(0);
+            }
+            gauge!("boundpool_submissions_waiting", "pool" => pool.clone()).set(0.0);
+        }
+        for info in infos {
+            let worker = info.index.to_string();
+            for name in FLUSHED_COUNTERS {
+                counter!(name, "pool" => pool.clone(), "worker" => worker.clone()).increment(0);
+            }
         }
     }
-    histogram!("boundpool_graph_latency_seconds", "pool" => pool).record(latency.as_secs_f64());
-}
 
-/// An admission outcome for the `metrics` facade: `admitted` (after `waited`), or a rejection.
-pub(crate) fn submission_admitted<S: Send + 'static>(reg: &Registry<S>, waited: bool) {
-    if !reg.export_metrics || reg.admission.is_none() {
-        return;
+    pub(crate) fn graph_submitted(self) {
+        if !self.on {
+            return;
+        }
+        counter!("boundpool_graphs_submitted_total", "pool" => self.pool.to_string()).increment(1);
     }
-    let pool = reg.name.to_string();
-    counter!("boundpool_submissions_admitted_total", "pool" => pool.clone()).increment(1);
-    if waited {
-        counter!("boundpool_submissions_waited_total", "pool" => pool).increment(1);
-    }
-}
 
-pub(crate) fn submission_rejected<S: Send + 'static>(reg: &Registry<S>) {
-    if !reg.export_metrics {
-        return;
+    pub(crate) fn graph_finished(self, err: Option<&Error>, latency: Duration) {
+        if !self.on {
+            return;
+        }
+        let pool = self.pool.to_string();
+        match err {
+            None => {
+                counter!("boundpool_graphs_completed_total", "pool" => pool.clone()).increment(1)
+            }
+            Some(e) => {
+                counter!("boundpool_graphs_failed_total", "pool" => pool.clone()).increment(1);
+                counter!("boundpool_nodes_cancelled_total", "pool" => pool.clone())
+                    .increment(e.cancelled_nodes() as u64);
+            }
+        }
+        histogram!("boundpool_graph_latency_seconds", "pool" => pool).record(latency.as_secs_f64());
     }
-    counter!("boundpool_submissions_rejected_total", "pool" => reg.name.to_string()).increment(1);
-}
 
-/// The number of waiting submissions changed.
-pub(crate) fn submissions_waiting<S: Send + 'static>(reg: &Registry<S>, waiting: usize) {
-    if !reg.export_metrics {
-        return;
+    /// A submission admitted under the pool's limit (after `waited`).
+    pub(crate) fn submission_admitted(self, waited: bool) {
+        if !self.on {
+            return;
+        }
+        let pool = self.pool.to_string();
+        counter!("boundpool_submissions_admitted_total", "pool" => pool.clone()).increment(1);
+        if waited {
+            counter!("boundpool_submissions_waited_total", "pool" => pool).increment(1);
+        }
     }
-    gauge!("boundpool_submissions_waiting", "pool" => reg.name.to_string()).set(waiting as f64);
-}
 
-pub(crate) fn cpu_lane_node<S: Send + 'static>(reg: &Registry<S>) {
-    reg.counters.cpu_lane_nodes.fetch_add(1, Ordering::Relaxed);
-    if !reg.export_metrics {
-        return;
+    pub(crate) fn submission_rejected(self) {
+        if !self.on {
+            return;
+        }
+        counter!("boundpool_submissions_rejected_total", "pool" => self.pool.to_string())
+            .increment(1);
     }
-    counter!("boundpool_cpu_lane_nodes_total", "pool" => reg.name.to_string()).increment(1);
+
+    /// The number of waiting submissions changed.
+    pub(crate) fn submissions_waiting(self, waiting: usize) {
+        if !self.on {
+            return;
+        }
+        gauge!("boundpool_submissions_waiting", "pool" => self.pool.to_string())
+            .set(waiting as f64);
+    }
+
+    pub(crate) fn cpu_lane_node(self) {
+        if !self.on {
+            return;
+        }
+        counter!("boundpool_cpu_lane_nodes_total", "pool" => self.pool.to_string()).increment(1);
+    }
 }
 
 /// A worker's record of what it already pushed to the facade, and its metric handles, taken

@@ -11,7 +11,9 @@ use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::graph::Graph;
 use crate::handle::GraphHandle;
 use crate::ids::{DomainId, GroupId};
+use crate::priority::WorkerDeques;
 use crate::registry::{Hooks, Registry, Settings, Topology};
+use crate::run::Task;
 use crate::sync::{self, Mutex};
 use crate::worker;
 
@@ -267,32 +269,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             }],
         };
         let infos = plan_workers(&self.name, &specs, self.thread_name.as_deref())?;
-        let cpu_lane = match (self.rayon, self.cpu_lane_threads) {
-            (Some(p), _) => Some(p),
-            (None, Some(0)) => {
-                return Err(Error::new(
-                    ErrorKind::InvalidConfig,
-                    format!("pool '{}': cpu_lane_threads must be at least 1", self.name),
-                ))
-            }
-            (None, Some(n)) => Some(Arc::new(
-                rayon_core::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .thread_name({
-                        let name = self.name.clone();
-                        move |i| format!("{name}-cpu-{i}")
-                    })
-                    .build()
-                    .map_err(|e| {
-                        Error::new(
-                            ErrorKind::Spawn,
-                            format!("pool '{}': cannot start the cpu lane", self.name),
-                        )
-                        .with_source(Box::new(e))
-                    })?,
-            )),
-            (None, None) => None,
-        };
+        let cpu_lane = cpu_lane(&self.name, self.rayon, self.cpu_lane_threads)?;
         let hooks = Hooks {
             start: self.start,
             stop: self.stop,
@@ -315,50 +292,98 @@ impl<S: Send + 'static> PoolBuilder<S> {
                 max_graphs_in_flight: self.max_graphs_in_flight,
             },
         );
-        let gate = Arc::new(worker::StartGate::new(registry.infos.len()));
-        let mut threads: Vec<JoinHandle<()>> = Vec::with_capacity(deques.len());
-        let mut spawn_error = None;
-        for (index, deque) in deques.into_iter().enumerate() {
-            let info = &registry.infos[index];
-            let mut tb = std::thread::Builder::new().name(info.name.clone());
-            if let Some(sz) = self.stack_size {
-                tb = tb.stack_size(sz);
-            }
-            let reg = registry.clone();
-            let g = gate.clone();
-            match tb.spawn(move || worker::main(reg, index, deque, g)) {
-                Ok(h) => threads.push(h),
-                Err(e) => {
-                    spawn_error = Some(
-                        Error::new(
-                            ErrorKind::Spawn,
-                            format!("pool '{}': cannot start worker {}", self.name, info.name),
-                        )
-                        .with_source(Box::new(e)),
-                    );
-                    break;
-                }
-            }
-        }
-        let started = threads.len();
-        let failure = gate.wait_reports(started).or(spawn_error);
-        if let Some(err) = failure {
-            gate.release(false);
-            for t in threads {
-                let _ = t.join();
-            }
-            return Err(err);
-        }
-        gate.release(true);
-        if registry.export_metrics {
-            crate::metrics::describe();
-            crate::metrics::pool_started(&registry);
-        }
+        let threads = start_workers(&registry, deques, self.stack_size)?;
+        registry
+            .export()
+            .pool_started(&registry.infos, registry.cpu_lane.is_some());
         Ok(Pool {
             registry,
             threads: Mutex::new(threads),
         })
     }
+}
+
+/// The cpu lane: the user's rayon pool, or a new one of `threads` threads, or none.
+fn cpu_lane(
+    pool: &str,
+    rayon: Option<Arc<rayon_core::ThreadPool>>,
+    threads: Option<usize>,
+) -> Result<Option<Arc<rayon_core::ThreadPool>>, Error> {
+    Ok(match (rayon, threads) {
+        (Some(p), _) => Some(p),
+        (None, Some(0)) => {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("pool '{pool}': cpu_lane_threads must be at least 1"),
+            ))
+        }
+        (None, Some(n)) => Some(Arc::new(
+            rayon_core::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .thread_name({
+                    let name = pool.to_string();
+                    move |i| format!("{name}-cpu-{i}")
+                })
+                .build()
+                .map_err(|e| {
+                    Error::new(
+                        ErrorKind::Spawn,
+                        format!("pool '{pool}': cannot start the cpu lane"),
+                    )
+                    .with_source(Box::new(e))
+                })?,
+        )),
+        (None, None) => None,
+    })
+}
+
+/// Spawns a thread per worker and waits until each has run its start hook. On a failure (a
+/// hook's, or a thread the OS would not create) the started workers are told to stop (they
+/// run their stop hooks) and joined, and the first error is returned.
+fn start_workers<S: Send + 'static>(
+    registry: &Arc<Registry<S>>,
+    deques: Vec<WorkerDeques<Task<S>>>,
+    stack_size: Option<usize>,
+) -> Result<Vec<JoinHandle<()>>, Error> {
+    let gate = Arc::new(worker::StartGate::new(registry.infos.len()));
+    let mut threads: Vec<JoinHandle<()>> = Vec::with_capacity(deques.len());
+    let mut spawn_error = None;
+    for (index, deque) in deques.into_iter().enumerate() {
+        let info = &registry.infos[index];
+        let mut tb = std::thread::Builder::new().name(info.name.clone());
+        if let Some(sz) = stack_size {
+            tb = tb.stack_size(sz);
+        }
+        let reg = registry.clone();
+        let g = gate.clone();
+        match tb.spawn(move || worker::main(reg, index, deque, g)) {
+            Ok(h) => threads.push(h),
+            Err(e) => {
+                spawn_error = Some(
+                    Error::new(
+                        ErrorKind::Spawn,
+                        format!(
+                            "pool '{}': cannot start worker {}",
+                            registry.name, info.name
+                        ),
+                    )
+                    .with_source(Box::new(e)),
+                );
+                break;
+            }
+        }
+    }
+    let started = threads.len();
+    let failure = gate.wait_reports(started).or(spawn_error);
+    if let Some(err) = failure {
+        gate.release(false);
+        for t in threads {
+            let _ = t.join();
+        }
+        return Err(err);
+    }
+    gate.release(true);
+    Ok(threads)
 }
 
 /// Checks the domains against the groups; returns them as (name, group indices).
@@ -653,7 +678,7 @@ impl<S: Send + 'static> Pool<S> {
 
     /// The scheduler's counters, read live (no metrics recorder needed).
     pub fn stats(&self) -> crate::PoolStats {
-        crate::metrics::stats(&self.registry)
+        self.registry.stats()
     }
 
     /// Stops taking graphs, finishes or cancels the running ones (see [`ShutdownMode`]), stops

@@ -13,7 +13,6 @@ use crossbeam_deque::{Injector, Stealer, Worker as Deque};
 
 // `Priority` itself is a leaf type (`ids.rs`); the run side's modules name it through here.
 pub(crate) use crate::ids::Priority;
-use crate::run::Task;
 
 /// A worker's takes between two low-first looks (and, offset by half of it, normal-first ones).
 pub(crate) const SHARE_EVERY: u32 = 16;
@@ -28,26 +27,23 @@ pub(crate) fn poll_order(n: u32) -> [Priority; 3] {
     }
 }
 
-/// The queues of one non-default level, shaped like the normal level's.
-pub(crate) struct LevelQueues<S> {
+/// The queues of one non-default level, shaped like the normal level's, of tasks `T` (the
+/// registry's `run::Task`s: this module knows nothing of them).
+pub(crate) struct LevelQueues<T> {
     /// Per group, in `GroupId` order.
-    pub(crate) groups: Box<[Injector<Task<S>>]>,
+    pub(crate) groups: Box<[Injector<T>]>,
     /// Per domain, in `DomainId` order.
-    pub(crate) domains: Box<[Injector<Task<S>>]>,
+    pub(crate) domains: Box<[Injector<T>]>,
     /// Ready nodes with no placement, from threads that are not workers of this pool.
-    pub(crate) any: Injector<Task<S>>,
+    pub(crate) any: Injector<T>,
     /// Each worker's deque of this level.
-    pub(crate) stealers: Box<[Stealer<Task<S>>]>,
+    pub(crate) stealers: Box<[Stealer<T>]>,
 }
 
-impl<S> LevelQueues<S> {
+impl<T> LevelQueues<T> {
     /// The level's queues and each worker's deque of it.
-    pub(crate) fn new(
-        groups: usize,
-        domains: usize,
-        workers: usize,
-    ) -> (Self, Vec<Deque<Task<S>>>) {
-        let deques: Vec<Deque<Task<S>>> = (0..workers).map(|_| Deque::new_lifo()).collect();
+    pub(crate) fn new(groups: usize, domains: usize, workers: usize) -> (Self, Vec<Deque<T>>) {
+        let deques: Vec<Deque<T>> = (0..workers).map(|_| Deque::new_lifo()).collect();
         let level = LevelQueues {
             groups: (0..groups).map(|_| Injector::new()).collect(),
             domains: (0..domains).map(|_| Injector::new()).collect(),
@@ -66,10 +62,10 @@ impl<S> LevelQueues<S> {
 }
 
 /// A worker's deques: the normal level's (the original one) and those of high and low.
-pub(crate) struct WorkerDeques<S> {
-    pub(crate) normal: Deque<Task<S>>,
-    pub(crate) high: Deque<Task<S>>,
-    pub(crate) low: Deque<Task<S>>,
+pub(crate) struct WorkerDeques<T> {
+    pub(crate) normal: Deque<T>,
+    pub(crate) high: Deque<T>,
+    pub(crate) low: Deque<T>,
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, Plan};
 use crate::handle::GraphHandle;
 use crate::ids::Placement;
-use crate::metrics::{PoolCounters, WorkerCounters};
+use crate::metrics::{Export, PoolCounters, PoolStats, WorkerCounters, WorkerStats};
 use crate::priority::{LevelQueues, Priority, WorkerDeques};
 use crate::run::{Completion, GraphOutput, Run, RunRef, Task};
 use crate::sleep::Sleep;
@@ -99,8 +99,8 @@ pub(crate) struct Registry<S> {
     /// Export through the `metrics` facade (`PoolBuilder::metrics`).
     pub(crate) export_metrics: bool,
     /// The queues of the high and low levels (the normal level's are the fields above).
-    pub(crate) high: LevelQueues<S>,
-    pub(crate) low: LevelQueues<S>,
+    pub(crate) high: LevelQueues<Task<S>>,
+    pub(crate) low: LevelQueues<Task<S>>,
     /// A graph with a node of another level than normal was submitted: workers poll every level
     /// from then on (set once, before that graph's first node is queued; never cleared).
     pub(crate) prioritized: AtomicBool,
@@ -116,7 +116,7 @@ impl<S: Send + 'static> Registry<S> {
         hooks: Hooks<S>,
         cpu_lane: Option<Arc<rayon_core::ThreadPool>>,
         settings: Settings,
-    ) -> (Arc<Self>, Vec<WorkerDeques<S>>) {
+    ) -> (Arc<Self>, Vec<WorkerDeques<Task<S>>>) {
         let Settings {
             trace,
             export_metrics,
@@ -193,13 +193,67 @@ impl<S: Send + 'static> Registry<S> {
         (Arc::new(reg), deques)
     }
 
+    /// The pool as its `metrics` export sees it.
+    #[inline]
+    pub(crate) fn export(&self) -> Export<'_> {
+        Export {
+            pool: &self.name,
+            on: self.export_metrics,
+        }
+    }
+
+    /// A node ran on the cpu lane (counted by the lane's threads, so in a shared counter).
+    pub(crate) fn note_cpu_lane_node(&self) {
+        self.counters.cpu_lane_nodes.fetch_add(1, Ordering::Relaxed);
+        self.export().cpu_lane_node();
+    }
+
+    /// The live statistics (`Pool::stats`).
+    pub(crate) fn stats(&self) -> PoolStats {
+        let workers = self
+            .workers
+            .iter()
+            .map(|c| WorkerStats {
+                nodes_run: c.nodes_run.get(),
+                steals: c.steals.get(),
+                injector_pops: c.injector_pops.get(),
+                parks: c.parks.get(),
+                skipped: c.skipped.get(),
+            })
+            .collect();
+        let c = &self.counters;
+        PoolStats {
+            workers,
+            cpu_lane_nodes: c.cpu_lane_nodes.load(Ordering::Relaxed),
+            graphs_submitted: c.graphs_submitted.load(Ordering::Relaxed),
+            graphs_completed: c.graphs_completed.load(Ordering::Relaxed),
+            graphs_failed: c.graphs_failed.load(Ordering::Relaxed),
+            nodes_cancelled: c.nodes_cancelled.load(Ordering::Relaxed),
+            queue_depth: self.queue_depth(),
+            submissions_admitted: c.submissions_admitted.load(Ordering::Relaxed),
+            submissions_waited: c.submissions_waited.load(Ordering::Relaxed),
+            submissions_rejected: c.submissions_rejected.load(Ordering::Relaxed),
+            submissions_waiting: self.admission.as_ref().map_or(0, |a| a.waiting()),
+        }
+    }
+
+    /// Tasks queued at every level, in every deque and injector.
+    fn queue_depth(&self) -> usize {
+        self.stealers.iter().map(|s| s.len()).sum::<usize>()
+            + self.any.len()
+            + self.groups.iter().map(|g| g.injector.len()).sum::<usize>()
+            + self.domains.iter().map(|d| d.injector.len()).sum::<usize>()
+            + self.high.len()
+            + self.low.len()
+    }
+
     pub(crate) fn is_terminated(&self) -> bool {
         self.state.load(Ordering::Acquire) == TERMINATED
     }
 
     /// The queues of level `p` other than normal.
     #[inline]
-    pub(crate) fn level(&self, p: Priority) -> &LevelQueues<S> {
+    pub(crate) fn level(&self, p: Priority) -> &LevelQueues<Task<S>> {
         match p {
             Priority::High => &self.high,
             _ => &self.low,
@@ -252,7 +306,7 @@ impl<S: Send + 'static> Registry<S> {
             this.counters
                 .submissions_rejected
                 .fetch_add(1, Ordering::Relaxed);
-            crate::metrics::submission_rejected(this);
+            this.export().submission_rejected();
             return Err(Error::new(
                 ErrorKind::WouldBlock,
                 format!(
@@ -263,8 +317,7 @@ impl<S: Send + 'static> Registry<S> {
                 ),
             ));
         }
-        let waited =
-            adm.acquire_blocking(|waiting| crate::metrics::submissions_waiting(this, waiting));
+        let waited = adm.acquire_blocking(|waiting| this.export().submissions_waiting(waiting));
         this.note_admitted(waited);
         Ok(())
     }
@@ -279,14 +332,16 @@ impl<S: Send + 'static> Registry<S> {
                 .submissions_waited
                 .fetch_add(1, Ordering::Relaxed);
         }
-        crate::metrics::submission_admitted(self, waited);
+        if self.admission.is_some() {
+            self.export().submission_admitted(waited);
+        }
     }
 
     /// A withdrawn async submission (see `Admission::cancel`).
     pub(crate) fn cancel_admission(&self, ticket: crate::admission::Ticket) {
         if let Some(adm) = &self.admission {
             adm.cancel(ticket);
-            crate::metrics::submissions_waiting(self, adm.waiting());
+            self.export().submissions_waiting(adm.waiting());
         }
     }
 
@@ -378,13 +433,13 @@ impl<S: Send + 'static> Registry<S> {
         this.counters
             .graphs_submitted
             .fetch_add(1, Ordering::Relaxed);
-        crate::metrics::graph_submitted(this);
+        this.export().graph_submitted();
         if plan.nodes.is_empty() {
             let result = run.take_result();
             this.counters
                 .graphs_completed
                 .fetch_add(1, Ordering::Relaxed);
-            crate::metrics::graph_finished(this, None, run.submitted.elapsed());
+            this.export().graph_finished(None, run.submitted.elapsed());
             this.release_admission();
             run.completion.complete(result);
             return Ok(handle);
@@ -472,7 +527,7 @@ impl<S: Send + 'static> Registry<S> {
                     .fetch_add(e.cancelled_nodes() as u64, Ordering::Relaxed);
             }
         }
-        crate::metrics::graph_finished(self, result.as_ref().err(), elapsed);
+        self.export().graph_finished(result.as_ref().err(), elapsed);
         let completion = run.completion.clone();
         let keep = {
             let mut runs = sync::lock(&self.runs);

@@ -3,7 +3,10 @@
 //! Under `--cfg loom` these are loom's model-checked versions, so the dependency
 //! counters, the sleep/wake hand-off and the completion protocol can be explored
 //! exhaustively by the tests in `tests/loom.rs`-style unit modules (see `loom_models`).
-//! Everything else in the crate imports from here, never from `std::sync` directly.
+//! The crate's protocols take their atomics, locks, parks and thread handles from here, never
+//! from `std::sync` or `std::thread` directly. What loom need not model comes from `std`:
+//! `Arc` and `OnceLock` (shared immutable data), the graph builder's process-wide id counter
+//! (`graph/builder.rs`), and the unit tests that do not run under loom.
 
 #[cfg(not(loom))]
 mod imp {

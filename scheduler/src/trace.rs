@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::WorkerInfo;
-use crate::graph::Plan;
 use crate::sync::{self, fence, AtomicU64, Mutex, Ordering};
 
 /// Slices a worker's ring keeps unless [`PoolBuilder::trace_window`](crate::PoolBuilder::trace_window)
@@ -94,15 +93,6 @@ pub struct Trace {
 pub(crate) trait PlanNames: Send + Sync {
     fn graph_name(&self) -> &Arc<str>;
     fn node_name(&self, node: u32) -> &str;
-}
-
-impl<S: Send + 'static> PlanNames for Plan<S> {
-    fn graph_name(&self) -> &Arc<str> {
-        &self.name
-    }
-    fn node_name(&self, node: u32) -> &str {
-        &self.names[node as usize]
-    }
 }
 
 /// Plan address -> the plan, for the records of one read.
@@ -365,9 +355,8 @@ impl Clock {
     /// The tick a node starts at when it was found ready, not continued from a body that just
     /// ended here. `rdtsc` alone may execute before the loads ahead of it complete: a node
     /// that starts once it has seen its last predecessor's arrival could read the counter
-    /// while that load was still in flight, earlier than the predecessor's end tick (seen:
-    /// starts 10 ns before a predecessor's end, in 23 of 150 runs of the test of the order
-    /// under load). An end tick needs no fence: read early, it only makes the slice end sooner,
+    /// while that load was still in flight, earlier than the predecessor's end tick (the order
+    /// test saw it under load). An end tick needs no fence: read early, it only makes the slice end sooner,
     /// still before the arrival that a successor's start waits for.
     #[inline]
     fn start_tick(&self) -> u64 {
@@ -511,10 +500,10 @@ impl TraceSink {
     /// Records that `worker` ran node `node` of `plan` from `start` to `end` (ticks of
     /// [`now`](Self::now)). Only worker `worker` may call this.
     #[inline]
-    pub(crate) fn node<S: Send + 'static>(
+    pub(crate) fn node<P: PlanNames + 'static>(
         &self,
         worker: usize,
-        plan: &Arc<Plan<S>>,
+        plan: &Arc<P>,
         node: u32,
         (start, end): (u64, u64),
         stolen: bool,

@@ -16,36 +16,29 @@ use crate::ctx::{DeferFn, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::graph::{NodeSpec, CLASS_ONE, CLASS_RECORD};
 use crate::ids::{Placement, ANY_GROUP, DOMAIN_BIT};
-use crate::metrics::{self, Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
+use crate::metrics::{Flusher, WorkerCounters, FLUSH_EVERY, SAMPLE_EVERY};
 use crate::priority::{poll_order, Priority, WorkerDeques};
 use crate::registry::{Finished, Registry};
 use crate::run::{
     span_chunk, Completion, Credit, LeafBatcher, Run, RunRef, Task, SPAN_GRAIN, SPAN_MIN,
 };
 use crate::sync::{self, Condvar, Mutex, Ordering};
+use crate::trace::TraceSink;
 
 /// Nodes between two service points of a busy worker (idle hook, metrics flush, timing
 /// sample); [`FLUSH_EVERY`] and [`SAMPLE_EVERY`] are multiples of it.
 const SERVICE_EVERY: u64 = 64;
 const _: () = assert!(FLUSH_EVERY % SERVICE_EVERY == 0 && SAMPLE_EVERY % SERVICE_EVERY == 0);
-/// How many records past a chain link's successor the chain loop asks the cache for. A
-/// chain's links are usually built, and so laid out, in order, and the loop reads one record
-/// a link whose successor index comes from that record: a dependent walk that the hardware
-/// prefetcher did not keep ahead of once the records had left the cache (a 1M-node chain
-/// after `bench`'s eviction: 5.0 ns a node here, 4.2 with this hint, about the warm figure).
-/// 160 records (3.75 KiB) ahead, about 500 ns of links: with 64 (a few hundred ns when a link
-/// took ~5 ns) the leaner link loop (~3.2 ns warm) outran it, and the same evicted 1M-node
-/// chain took 4.0-4.4 ns a node against 3.6-3.9 with 160 (320: no better). For a chain laid
-/// out otherwise the hint is wasted, never wrong.
+/// How many records past a chain link's successor the chain loop asks the cache for: a chain
+/// walked out of cache is a dependent walk the hardware prefetcher does not keep ahead of, and
+/// links are usually laid out in order (otherwise the hint is wasted, never wrong).
 const CHAIN_AHEAD: usize = 160;
 /// `running` between node bodies.
 const NO_NODE: u32 = u32::MAX;
 /// How long a worker with deferred completions and nothing else to do polls them between
-/// yields before it parks with a timeout. A GPU graph of up to a couple of milliseconds (a
-/// replayed segment of a thousand kernels takes ~0.8 ms) is then seen done within a yield, as
-/// `cuStreamSynchronize`'s spin would see it, not at the end of a timed park: with 500 µs here,
-/// replays of 0.7–0.9 ms were seen done 60–95 µs late (H200, replay bench). The yield leaves the
-/// core to any other thread that wants it; a worker is pinned to its core anyway.
+/// yields before it parks with a timeout: long enough that a GPU graph of a couple of
+/// milliseconds (a replayed segment) is seen done within a yield, not at the end of a timed
+/// park. The yield leaves the core to any other thread that wants it.
 const DEFERRED_SPIN: Duration = Duration::from_millis(2);
 /// The timed park of a worker that waits for deferred completions and has nothing else to do.
 const DEFERRED_PARK: Duration = Duration::from_micros(50);
@@ -145,63 +138,12 @@ fn tighten_timer_slack() {}
 pub(crate) fn main<S: Send + 'static>(
     reg: Arc<Registry<S>>,
     index: usize,
-    deques: WorkerDeques<S>,
+    deques: WorkerDeques<Task<S>>,
     gate: Arc<StartGate>,
 ) {
-    let WorkerDeques {
-        normal: local,
-        high,
-        low,
-    } = deques;
     let info = &reg.infos[index];
     reg.sleep.register(index, sync::current_thread());
-    let pinned = match info.core {
-        Some(core) => core_affinity::set_for_current(core_affinity::CoreId { id: core }),
-        None => true,
-    };
-    tighten_timer_slack();
-    let state = if !pinned {
-        gate.report(
-            index,
-            Err(Error::new(
-                ErrorKind::InvalidConfig,
-                format!(
-                    "pool '{}': worker {} could not pin itself to core {:?}",
-                    reg.name, info.name, info.core
-                ),
-            )),
-        );
-        None
-    } else {
-        match catch_unwind(AssertUnwindSafe(|| (reg.hooks.start)(info))) {
-            Ok(Ok(s)) => {
-                gate.report(index, Ok(()));
-                Some(s)
-            }
-            Ok(Err(e)) => {
-                let msg = format!(
-                    "pool '{}': the start hook of worker {} (core {:?}) failed",
-                    reg.name, info.name, info.core
-                );
-                gate.report(
-                    index,
-                    Err(Error::new(ErrorKind::StartHook, msg).with_source(e)),
-                );
-                None
-            }
-            Err(p) => {
-                let msg = format!(
-                    "pool '{}': the start hook of worker {} (core {:?}) panicked: {}",
-                    reg.name,
-                    info.name,
-                    info.core,
-                    panic_message(&*p)
-                );
-                gate.report(index, Err(Error::new(ErrorKind::StartHook, msg)));
-                None
-            }
-        }
-    };
+    let state = start(&reg, index, &gate);
     let go = gate.wait_go();
     drop(gate);
     let Some(state) = state else { return };
@@ -209,30 +151,7 @@ pub(crate) fn main<S: Send + 'static>(
         run_stop_hook(&reg, index, state);
         return;
     }
-    let wt = WorkerThread {
-        group: info.group.index(),
-        flusher: RefCell::new(Flusher::new(&reg.name, index)),
-        counters: reg.workers[index].clone(),
-        registry: reg.clone(),
-        index,
-        local,
-        high,
-        low,
-        takes: Cell::new(0),
-        state,
-        deferred: RefCell::new(Vec::new()),
-        finished: RefCell::new(Vec::new()),
-        credit: Credit::new(),
-        attention: Cell::new(false),
-        nesting: Cell::new(0),
-        batcher: LeafBatcher::new(),
-        defer_slot: Cell::new(None),
-        dry_since: Cell::new(None),
-        stolen: Cell::new(false),
-        rng: Cell::new(
-            0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
-        ),
-    };
+    let wt = WorkerThread::new(reg.clone(), index, deques, state);
     let helper: &dyn Helper = &wt;
     // SAFETY: only the lifetime is erased; `wt` lives on this stack frame until after the
     // `CurrentGuard` below has cleared CURRENT (on return or unwind), and CURRENT is
@@ -254,6 +173,58 @@ pub(crate) fn main<S: Send + 'static>(
         state, registry, ..
     } = wt;
     run_stop_hook(&registry, index, state);
+}
+
+/// Start-up on the worker's own thread: pins it to its core and runs the start hook, whose
+/// result is the worker's state; reports the outcome to `gate` (`None`: it failed).
+fn start<S: Send + 'static>(reg: &Registry<S>, index: usize, gate: &StartGate) -> Option<S> {
+    let info = &reg.infos[index];
+    let pinned = match info.core {
+        Some(core) => core_affinity::set_for_current(core_affinity::CoreId { id: core }),
+        None => true,
+    };
+    tighten_timer_slack();
+    if !pinned {
+        gate.report(
+            index,
+            Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "pool '{}': worker {} could not pin itself to core {:?}",
+                    reg.name, info.name, info.core
+                ),
+            )),
+        );
+        return None;
+    }
+    match catch_unwind(AssertUnwindSafe(|| (reg.hooks.start)(info))) {
+        Ok(Ok(s)) => {
+            gate.report(index, Ok(()));
+            Some(s)
+        }
+        Ok(Err(e)) => {
+            let msg = format!(
+                "pool '{}': the start hook of worker {} (core {:?}) failed",
+                reg.name, info.name, info.core
+            );
+            gate.report(
+                index,
+                Err(Error::new(ErrorKind::StartHook, msg).with_source(e)),
+            );
+            None
+        }
+        Err(p) => {
+            let msg = format!(
+                "pool '{}': the start hook of worker {} (core {:?}) panicked: {}",
+                reg.name,
+                info.name,
+                info.core,
+                panic_message(&*p)
+            );
+            gate.report(index, Err(Error::new(ErrorKind::StartHook, msg)));
+            None
+        }
+    }
 }
 
 /// Runs the stop hook of worker `index`; a panic there aborts the process with a message
@@ -399,8 +370,8 @@ pub(crate) struct WorkerThread<S> {
     /// The run whose wide-join arrivals this worker batches (`batcher.run`), set by the
     /// outermost span in progress here (`run_span`), whose unit keeps the run alive until the
     /// span flushes the batch; nodes of that run count their arrivals at a wide join's leaf in
-    /// `batcher.batch` (one read-modify-write per batch instead of one per node: a
-    /// map-reduce's reduce was a third of a mapped node's cost).
+    /// `batcher.batch` (one read-modify-write per batch instead of one per node, which made a
+    /// map-reduce's reduce a large part of a mapped node's cost).
     batcher: LeafBatcher<S>,
     /// What the running node's body passed to `NodeCtx::complete_when`, taken after the body.
     defer_slot: Cell<Option<DeferFn<S>>>,
@@ -438,6 +409,38 @@ impl<S: Send + 'static> Helper for WorkerThread<S> {
 }
 
 impl<S: Send + 'static> WorkerThread<S> {
+    fn new(reg: Arc<Registry<S>>, index: usize, deques: WorkerDeques<Task<S>>, state: S) -> Self {
+        let WorkerDeques {
+            normal: local,
+            high,
+            low,
+        } = deques;
+        WorkerThread {
+            group: reg.infos[index].group.index(),
+            flusher: RefCell::new(Flusher::new(&reg.name, index)),
+            counters: reg.workers[index].clone(),
+            registry: reg,
+            index,
+            local,
+            high,
+            low,
+            takes: Cell::new(0),
+            state,
+            deferred: RefCell::new(Vec::new()),
+            finished: RefCell::new(Vec::new()),
+            credit: Credit::new(),
+            attention: Cell::new(false),
+            nesting: Cell::new(0),
+            batcher: LeafBatcher::new(),
+            defer_slot: Cell::new(None),
+            dry_since: Cell::new(None),
+            stolen: Cell::new(false),
+            rng: Cell::new(
+                0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
+            ),
+        }
+    }
+
     fn help_loop(&self, c: &Completion, deadline: Option<Instant>) -> bool {
         c.register_thread();
         let mut idle_rounds = 0;
@@ -740,25 +743,12 @@ impl<S: Send + 'static> WorkerThread<S> {
                 let mut end = None;
                 if TRACE {
                     *running = NO_NODE;
-                    if let (Some(t), Some(tick)) = (sink, tick) {
-                        // Before the node completes, so a trace taken once its graph is done
-                        // has it.
-                        let e = t.now();
-                        t.node(
-                            self.index,
-                            &run.plan,
-                            node,
-                            (tick, e),
-                            self.stolen.replace(false),
-                        );
-                        end = Some(e);
-                    }
+                    end = self.trace_node(sink, run, node, tick);
                 }
                 match res {
                     // `attention`: the body deferred its completion or ran other nodes in a
                     // nested wait (see `after_body_attention`). One flag for both, not a take
-                    // of the slot and a check of a second flag per node: on a chain link those
-                    // were a fifth of the loop's instructions.
+                    // of the slot and a check of a second flag per node on a chain link.
                     Ok(()) if !self.attention.get() => {
                         n += 1;
                         // A failed run is caught when the continuation starts: it is skipped
@@ -826,6 +816,30 @@ impl<S: Send + 'static> WorkerThread<S> {
                 None => return,
             }
         }
+    }
+
+    /// Records node `node`'s slice in the trace `sink`, from `tick` to now, before the node
+    /// completes (so a trace taken once its graph is done has it); returns its end tick.
+    #[inline(always)]
+    fn trace_node(
+        &self,
+        sink: Option<&TraceSink>,
+        run: RunRef<S>,
+        node: u32,
+        tick: Option<u64>,
+    ) -> Option<u64> {
+        let (Some(t), Some(tick)) = (sink, tick) else {
+            return None;
+        };
+        let e = t.now();
+        t.node(
+            self.index,
+            &run.plan,
+            node,
+            (tick, e),
+            self.stolen.replace(false),
+        );
+        Some(e)
     }
 
     /// The newest task of this worker's deque, if it is a node of `run`: the chain loop goes on
@@ -1619,7 +1633,7 @@ fn run_on_cpu_lane<S: Send + 'static>(reg: Arc<Registry<S>>, task: Task<S>) {
         let inputs = Inputs::of(&run, i);
         let body = &run.plan.nodes[i as usize].body;
         let res = catch_unwind(AssertUnwindSafe(|| body.run_inputs(&inputs)));
-        metrics::cpu_lane_node(&reg);
+        reg.note_cpu_lane_node();
         store_outcome(&run, i, res)
     };
     let mut ready = Vec::new();

@@ -12,7 +12,9 @@ use boundpool_scheduler::{
 
 /// Groups 0..3 form the domain "dev" (2 + 1 + 1 workers); group 3 ("host", 1 worker) is
 /// outside it.
-fn pool() -> Pool<usize> {
+/// Three device groups (two workers in the first) under one domain `dev`, and a host group;
+/// a worker's state is its group index.
+fn domain_pool() -> Pool<usize> {
     PoolBuilder::new()
         .name("domains")
         .groups(vec![
@@ -36,7 +38,7 @@ fn spin(d: Duration) {
 
 #[test]
 fn pool_knows_its_domains() {
-    let pool = pool();
+    let pool = domain_pool();
     let dev = pool.domain("dev").unwrap();
     assert_eq!(dev, DomainId::from_index(0));
     assert_eq!(pool.domain_count(), 1);
@@ -52,7 +54,7 @@ fn pool_knows_its_domains() {
 /// runs outside.
 #[test]
 fn domain_placed_wide_graph_uses_every_group_and_nothing_else() {
-    let pool = pool();
+    let pool = domain_pool();
     let dev = pool.domain("dev").unwrap();
     let seen: Arc<Mutex<Vec<(usize, usize)>>> = Arc::new(Mutex::new(Vec::new()));
     let mut g = GraphBuilder::<usize>::new("wide");
@@ -112,7 +114,7 @@ fn domain_placed_wide_graph_uses_every_group_and_nothing_else() {
 /// group node inside the domain, or a domain node followed by group nodes.
 #[test]
 fn domain_sources_and_mixed_successors() {
-    let pool = pool();
+    let pool = domain_pool();
     let dev = pool.domain("dev").unwrap();
     let mut g = GraphBuilder::<usize>::new("mixed");
     let mut sources = Vec::new();

@@ -4,17 +4,9 @@
 #[allow(dead_code)]
 mod common;
 
-use boundpool_scheduler::{BoxError, Cores, Graph, GraphBuilder, Pool, PoolBuilder};
+use boundpool_scheduler::{BoxError, Graph, GraphBuilder};
+use common::pool;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-fn pool(workers: usize) -> Pool {
-    PoolBuilder::new()
-        .name("empty")
-        .workers(workers)
-        .cores(Cores::Unpinned)
-        .build()
-        .expect("build pool")
-}
 
 fn empty() -> Graph {
     GraphBuilder::<()>::new("nothing")
@@ -25,7 +17,7 @@ fn empty() -> Graph {
 #[test]
 fn an_empty_graph_builds_and_completes_at_once() {
     common::with_deadline(30, "empty", || {
-        let pool = pool(1);
+        let pool = pool("empty", 1);
         let g = empty();
         assert!(g.is_empty());
         assert_eq!((g.len(), g.edge_count(), g.nodes().count()), (0, 0, 0));
@@ -56,7 +48,7 @@ fn an_empty_graph_is_exported_as_a_completed_graph() {
     let snapshotter = recorder.snapshotter();
     // The empty graph completes on the submitting thread, so a thread-local recorder sees it.
     metrics::with_local_recorder(&recorder, || {
-        let pool = pool(1);
+        let pool = pool("empty", 1);
         pool.run(&empty()).unwrap();
         pool.run(&empty()).unwrap();
     });
@@ -80,7 +72,7 @@ fn an_empty_graph_is_exported_as_a_completed_graph() {
 #[test]
 fn nested_empty_graphs_complete() {
     common::with_deadline(30, "nested_empty", || {
-        let pool = pool(1);
+        let pool = pool("empty", 1);
         let mut g = GraphBuilder::<()>::new("outer");
         let x = g.node("submits-empty", |ctx| -> Result<usize, BoxError> {
             let inner = GraphBuilder::<()>::new("inner-empty").build()?;

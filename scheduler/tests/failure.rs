@@ -8,18 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use boundpool_scheduler::{
-    BoxError, Cores, Error, ErrorKind, Graph, GraphBuilder, NodeRef, Pool, PoolBuilder,
-};
-
-fn pool(name: &str, workers: usize) -> Pool {
-    PoolBuilder::new()
-        .name(name)
-        .workers(workers)
-        .cores(Cores::Unpinned)
-        .build()
-        .expect("build pool")
-}
+use boundpool_scheduler::{BoxError, Error, ErrorKind, Graph, GraphBuilder, NodeRef};
+use common::pool;
 
 #[derive(Debug, PartialEq)]
 struct MyError(u32);

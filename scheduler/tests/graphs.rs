@@ -7,18 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use boundpool_scheduler::backend::FromIndex;
-use boundpool_scheduler::{
-    Cores, Error, ErrorKind, GraphBuilder, GroupId, NodeRef, Placement, Pool, PoolBuilder,
-};
-
-fn pool(workers: usize) -> Pool {
-    PoolBuilder::new()
-        .name("graphs")
-        .workers(workers)
-        .cores(Cores::Unpinned)
-        .build()
-        .expect("build pool")
-}
+use boundpool_scheduler::{Error, ErrorKind, GraphBuilder, GroupId, NodeRef, Placement};
+use common::pool;
 
 /// A node body that counts its runs in `c`.
 fn counting(
@@ -144,7 +134,7 @@ fn edge_to_a_node_of_another_graph_is_foreign() {
 
 #[test]
 fn placement_on_a_missing_group_fails_at_submit() {
-    let pool = pool(2);
+    let pool = pool("graphs", 2);
     let ran = Arc::new(AtomicUsize::new(0));
     let mut g = GraphBuilder::<()>::new("placed");
     let a = g.node("a", counting(&ran));
@@ -169,7 +159,7 @@ fn placement_on_a_missing_group_fails_at_submit() {
 
 #[test]
 fn empty_graph_completes() {
-    let pool = pool(1);
+    let pool = pool("graphs", 1);
     let g = GraphBuilder::<()>::new("empty").build().unwrap();
     assert!(g.is_empty());
     let out = pool.submit(&g).unwrap().wait().unwrap();
@@ -223,7 +213,7 @@ fn graph_introspection() {
 
 #[test]
 fn typed_outputs_flow_to_successors_and_the_submitter() {
-    let pool = pool(2);
+    let pool = pool("graphs", 2);
     let mut g = GraphBuilder::<()>::new("typed");
     let text = g.node("text", |_| Ok(String::from("forty")));
     let num = g.node("num", |_| Ok(2u64));
@@ -271,7 +261,7 @@ fn typed_outputs_flow_to_successors_and_the_submitter() {
 
 #[test]
 fn reading_a_non_predecessor_is_bad_input() {
-    let pool = pool(2);
+    let pool = pool("graphs", 2);
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut g = GraphBuilder::<()>::new("bad-input");
     let a = g.node("a", |_| Ok(1u32));
@@ -313,7 +303,7 @@ fn reading_a_non_predecessor_is_bad_input() {
 
 #[test]
 fn a_ref_of_another_graph_is_bad_input() {
-    let pool = pool(1);
+    let pool = pool("graphs", 1);
     let mut other = GraphBuilder::<()>::new("other");
     let foreign = other.node("x", |_| Ok(2u64));
     let mut g = GraphBuilder::<()>::new("g");
@@ -363,7 +353,7 @@ fn diamond_sum() -> (boundpool_scheduler::Graph, NodeRef<u64>, Arc<AtomicUsize>)
 
 #[test]
 fn rerunning_a_graph_gives_the_same_result() {
-    let pool = pool(2);
+    let pool = pool("graphs", 2);
     let (graph, sink, ran) = diamond_sum();
     for i in 0..500 {
         let out = pool.run(&graph).unwrap();
@@ -374,7 +364,7 @@ fn rerunning_a_graph_gives_the_same_result() {
 
 #[test]
 fn rerunning_a_graph_concurrently_from_many_threads() {
-    let pool = pool(3);
+    let pool = pool("graphs", 3);
     let (graph, sink, ran) = diamond_sum();
     // Under Miri (an interpreter) the same pattern, smaller.
     let (threads, rounds) = if cfg!(miri) { (2, 2) } else { (6, 50) };
@@ -423,7 +413,7 @@ fn inner_graph(
 
 #[test]
 fn subgraph_inlining_maps_nodes_and_shares_bodies() {
-    let pool = pool(2);
+    let pool = pool("graphs", 2);
     let runs = Arc::new(AtomicUsize::new(0));
     let (inner, ia, ib) = inner_graph(&runs);
     let mut g = GraphBuilder::<()>::new("outer");
@@ -465,7 +455,7 @@ fn subgraph_inlining_maps_nodes_and_shares_bodies() {
 
 #[test]
 fn subgraph_of_a_subgraph() {
-    let pool = pool(2);
+    let pool = pool("graphs", 2);
     let runs = Arc::new(AtomicUsize::new(0));
     let (inner, _ia, ib) = inner_graph(&runs);
     // middle: x -> inner -> y, y reads inner's b through the mapping.
@@ -514,7 +504,7 @@ fn subgraph_node_rejects_refs_of_other_graphs() {
 
 #[test]
 fn handle_is_a_future() {
-    let pool = pool(2);
+    let pool = pool("graphs", 2);
     let (graph, sink, _) = diamond_sum();
     let (out, _) = common::block_on(pool.submit(&graph).unwrap());
     assert_eq!(out.unwrap().get(sink), Some(&360));

@@ -11,18 +11,10 @@ use std::time::{Duration, Instant};
 
 use boundpool_scheduler::backend::FromIndex;
 use boundpool_scheduler::{
-    BoxError, Cores, ErrorKind, Graph, GraphBuilder, GroupId, GroupSpec, NodeRef, Pool,
-    PoolBuilder, ShutdownMode,
+    BoxError, Cores, ErrorKind, Graph, GraphBuilder, GroupId, GroupSpec, NodeRef, PoolBuilder,
+    ShutdownMode,
 };
-
-fn pool(name: &str, workers: usize) -> Pool {
-    PoolBuilder::new()
-        .name(name)
-        .workers(workers)
-        .cores(Cores::Unpinned)
-        .build()
-        .expect("build pool")
-}
+use common::pool;
 
 /// A chain of `n` nodes that each sleep a little; the sink returns `n`.
 fn slow_chain(n: usize, ran: &Arc<AtomicUsize>) -> (Graph, NodeRef<usize>) {

@@ -7,20 +7,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use boundpool_scheduler::{
-    BoxError, Cores, ErrorKind, Graph, GraphBuilder, NodeRef, Pool, PoolBuilder,
-};
-
-fn pool(workers: usize) -> Arc<Pool> {
-    Arc::new(
-        PoolBuilder::new()
-            .name("nest")
-            .workers(workers)
-            .cores(Cores::Unpinned)
-            .build()
-            .expect("build pool"),
-    )
-}
+use boundpool_scheduler::{BoxError, ErrorKind, Graph, GraphBuilder, NodeRef};
 
 /// A small inner graph: a -> {b, c} -> d, d = 2 * (a + 1).
 fn inner(k: u64) -> (Graph, NodeRef<u64>) {
@@ -36,7 +23,7 @@ fn inner(k: u64) -> (Graph, NodeRef<u64>) {
 #[test]
 fn nested_wait_with_one_worker() {
     common::with_deadline(30, "nested_wait_with_one_worker", || {
-        let pool = pool(1);
+        let pool = Arc::new(common::pool("nest", 1));
         let mut g = GraphBuilder::<()>::new("outer");
         let x = g.node("submitter", |ctx| -> Result<u64, BoxError> {
             let (graph, d) = inner(20);
@@ -71,7 +58,7 @@ fn nest(depth: u32, max_seen: Arc<AtomicUsize>) -> (Graph, NodeRef<u32>) {
 fn deep_nesting() {
     for workers in [1, 2] {
         common::with_deadline(30, "deep_nesting", move || {
-            let pool = pool(workers);
+            let pool = Arc::new(common::pool("nest", workers));
             let seen = Arc::new(AtomicUsize::new(0));
             for depth in [1, 8, 16] {
                 let (g, r) = nest(depth, seen.clone());
@@ -90,7 +77,7 @@ fn deep_nesting() {
 fn many_concurrent_nested_waits() {
     for workers in [1, 2, 4] {
         common::with_deadline(60, "many_concurrent_nested_waits", move || {
-            let pool = pool(workers);
+            let pool = Arc::new(common::pool("nest", workers));
             // 64 nodes, each submitting and waiting on its own inner graph; outer graphs from
             // several threads at once.
             let mut g = GraphBuilder::<()>::new("fan");
@@ -142,7 +129,7 @@ fn many_concurrent_nested_waits() {
 #[test]
 fn nested_failure_propagates() {
     common::with_deadline(30, "nested_failure_propagates", || {
-        let pool = pool(1);
+        let pool = Arc::new(common::pool("nest", 1));
         let mut inner = GraphBuilder::<()>::new("inner-fails");
         inner.node("inner-bad", |_| -> Result<(), BoxError> {
             Err("deep trouble".into())
@@ -181,7 +168,7 @@ fn inner_plain() -> (Graph, NodeRef<u64>) {
 fn nested_wait_via_the_pool_handle_and_async() {
     // Waiting through `Pool::submit` (not `NodeCtx::submit`) from inside a node also helps.
     common::with_deadline(30, "nested_via_pool", || {
-        let pool = pool(1);
+        let pool = Arc::new(common::pool("nest", 1));
         let weak = Arc::downgrade(&pool);
         let mut g = GraphBuilder::<()>::new("outer");
         let x = g.node("outer", move |_| -> Result<u64, BoxError> {
@@ -211,7 +198,7 @@ fn nested_waits_inside_trees_and_wide_fan_outs() {
             (1023, 3000, 5)
         };
         for workers in [1, 3] {
-            let pool = pool(workers);
+            let pool = Arc::new(common::pool("nest", workers));
             // A tree of 2^10 - 1 nodes; every 37th waits on an inner graph.
             let ran = Arc::new(AtomicUsize::new(0));
             let mut g = GraphBuilder::<()>::new("tree");

@@ -9,16 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use boundpool_scheduler::{Cores, ErrorKind, Graph, GraphBuilder, Pool, PoolBuilder, ShutdownMode};
-
-fn pool(name: &str, workers: usize) -> Pool {
-    PoolBuilder::new()
-        .name(name)
-        .workers(workers)
-        .cores(Cores::Unpinned)
-        .build()
-        .expect("build pool")
-}
+use boundpool_scheduler::{Cores, ErrorKind, Graph, GraphBuilder, PoolBuilder, ShutdownMode};
+use common::pool;
 
 /// A chain of `n` nodes, each sleeping `us` microseconds and counting its run in `ran`.
 fn slow_chain(n: usize, us: u64, ran: &Arc<AtomicUsize>) -> Graph {

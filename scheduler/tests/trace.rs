@@ -1,17 +1,18 @@
 //! The timeline: every node and park of the window, names resolved at take time, the rolling
 //! window, drains against snapshots, takes racing the workers, and extra tracks.
 
+#[allow(dead_code)]
+mod common;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
 use boundpool_scheduler::backend::PoolExt;
-use boundpool_scheduler::{Cores, Graph, GraphBuilder, Pool, PoolBuilder, SliceKind, Trace};
+use boundpool_scheduler::{Graph, GraphBuilder, Pool, PoolBuilder, SliceKind, Trace};
 
-fn pool(workers: usize) -> PoolBuilder<()> {
-    PoolBuilder::new()
-        .workers(workers)
-        .cores(Cores::Unpinned)
-        .trace(true)
+/// The tests' pool builder (`common::pool_builder`), tracing.
+fn traced(workers: usize) -> PoolBuilder<()> {
+    common::pool_builder("trace", workers).trace(true)
 }
 
 /// A chain of `n` empty nodes named `c{i}`.
@@ -93,7 +94,7 @@ fn assert_after_predecessors(nodes: &NodeSlices, side: usize, what: &str) {
 
 #[test]
 fn every_node_once_with_its_name_in_dependency_order() {
-    let p = pool(2).build().unwrap();
+    let p = traced(2).build().unwrap();
     let side = 30;
     let g = grid("grid", side);
     p.run(&g).unwrap();
@@ -150,7 +151,7 @@ fn every_node_once_with_its_name_in_dependency_order() {
 /// both: a race of a few nanoseconds, so the grid runs many times.
 #[test]
 fn no_node_starts_before_a_predecessor_that_another_worker_ended() {
-    let p = pool(2).build().unwrap();
+    let p = traced(2).build().unwrap();
     let side = 30;
     let g = grid("grid", side);
     let runs = if cfg!(miri) { 2 } else { 300 };
@@ -170,7 +171,7 @@ fn no_node_starts_before_a_predecessor_that_another_worker_ended() {
 
 #[test]
 fn snapshot_leaves_the_window_for_the_next_take() {
-    let p = pool(2).build().unwrap();
+    let p = traced(2).build().unwrap();
     p.run(&chain("c", 50)).unwrap();
     let a = p.snapshot_trace();
     let b = p.snapshot_trace();
@@ -183,7 +184,7 @@ fn snapshot_leaves_the_window_for_the_next_take() {
 
 #[test]
 fn the_window_keeps_the_last_slices_of_each_worker() {
-    let p = pool(1).trace_window(100).build().unwrap();
+    let p = traced(1).trace_window(100).build().unwrap();
     p.run(&chain("long", 1000)).unwrap();
     let t = p.take_trace();
     let nodes = nodes_of(&t, "long");
@@ -206,7 +207,7 @@ fn the_window_keeps_the_last_slices_of_each_worker() {
 #[test]
 fn many_graphs_keep_their_names_in_a_small_window() {
     // More graphs than the plan table keeps before it prunes, each dropped after its run.
-    let p = pool(2).trace_window(64).build().unwrap();
+    let p = traced(2).trace_window(64).build().unwrap();
     for k in 0..200 {
         p.run(&chain(&format!("g{k}"), 3)).unwrap();
     }
@@ -228,7 +229,7 @@ fn many_graphs_keep_their_names_in_a_small_window() {
 
 #[test]
 fn takes_racing_the_workers_lose_and_repeat_nothing() {
-    let p = std::sync::Arc::new(pool(2).build().unwrap());
+    let p = std::sync::Arc::new(traced(2).build().unwrap());
     let g = grid("race", 20);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let taker = {
@@ -271,7 +272,7 @@ fn takes_racing_the_workers_lose_and_repeat_nothing() {
 
 #[test]
 fn extra_tracks_keep_a_window_too() {
-    let p: Pool = pool(1).trace_window(3).build().unwrap();
+    let p: Pool = traced(1).trace_window(3).build().unwrap();
     let rec = p.span_recorder().unwrap();
     let t0 = rec.epoch();
     for i in 0..5u64 {

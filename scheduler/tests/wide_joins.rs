@@ -1,21 +1,16 @@
-//! Joins with many predecessors (counted through leaf counters first, see `run.rs`): the join
+//! Joins with many predecessors (counted through leaf counters first, see `run/wide.rs`): the join
 //! runs once, after every predecessor, and sees every input; several wide joins share
 //! predecessors; a failure among the predecessors cancels the join and what follows it, and
 //! the cancelled count is exact.
 
+#[allow(dead_code)]
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use boundpool_scheduler::{BoxError, Cores, ErrorKind, GraphBuilder, NodeRef, Pool, PoolBuilder};
-
-fn pool(name: &str, workers: usize) -> Pool {
-    PoolBuilder::new()
-        .name(name)
-        .workers(workers)
-        .cores(Cores::Unpinned)
-        .build()
-        .expect("build pool")
-}
+use boundpool_scheduler::{BoxError, ErrorKind, GraphBuilder, NodeRef};
+use common::pool;
 
 /// `preds` predecessors (interleaved with unrelated one-node chains, so that the join's
 /// predecessors are not numbered in one range) feeding two joins: `all` after every

@@ -3,6 +3,56 @@
 
 use std::time::Duration;
 
+use boundpool_gpu::{builtin, BoxError, DeviceBuffer, GpuCtx, Kernel, LaunchConfig, Module};
+
+/// One GPU test's checks, its name given once. [`GpuTest::start`] at the top of a test:
+///
+/// * without a GPU the test is skipped, visibly (a `SKIPPED` line on the real stderr), or fails
+///   when `BOUNDPOOL_REQUIRE_GPU=1`;
+/// * a watchdog aborts the process if the test runs past its limit (a hang is a failure);
+/// * when the guard is dropped at the test's end (after the test's own locals, its pool
+///   included), it asserts that no framework driver call was made with the wrong or no context
+///   (not while the test is already panicking).
+#[must_use = "bind it (`let Some(_t) = ... else { return }`): its drop ends the test's checks"]
+pub struct GpuTest {
+    name: &'static str,
+    check_context: bool,
+    _watchdog: Watchdog,
+}
+
+impl GpuTest {
+    /// Starts test `name` with a watchdog of `secs` seconds; `None` without a GPU (the test
+    /// returns: skipped).
+    pub fn start(name: &'static str, secs: u64) -> Option<GpuTest> {
+        Self::begin(name, secs, true)
+    }
+
+    /// As [`start`](Self::start), without the context check at the end: for the tests that
+    /// check no driver calls (a pool whose start fails, a state made and dropped on workers).
+    pub fn start_without_context_check(name: &'static str, secs: u64) -> Option<GpuTest> {
+        Self::begin(name, secs, false)
+    }
+
+    fn begin(name: &'static str, secs: u64, check_context: bool) -> Option<GpuTest> {
+        if !gpu_or_skip(name) {
+            return None;
+        }
+        Some(GpuTest {
+            name,
+            check_context,
+            _watchdog: watchdog(name, secs),
+        })
+    }
+}
+
+impl Drop for GpuTest {
+    fn drop(&mut self) {
+        if self.check_context && !std::thread::panicking() {
+            assert_no_wrong_context(self.name);
+        }
+    }
+}
+
 /// Writes `line` to the process's real stderr. The test harness captures what `print!` and
 /// `eprint!` write (and shows it only for a failed test), not writes to the stderr handle, so a
 /// skip written here shows in a plain `cargo test` run.
@@ -13,7 +63,7 @@ pub fn uncaptured_notice(line: &str) {
 
 /// Whether a GPU is usable. Without one: says so on the real stderr (seen in a plain
 /// `cargo test` run) and returns false, or panics when `BOUNDPOOL_REQUIRE_GPU=1`.
-pub fn gpu_or_skip(test: &str) -> bool {
+fn gpu_or_skip(test: &str) -> bool {
     match boundpool_gpu::gpu_unavailable_reason() {
         None => {
             boundpool_gpu::context_check::set_enabled(true);
@@ -33,7 +83,7 @@ pub fn gpu_or_skip(test: &str) -> bool {
 ///
 /// `BOUNDPOOL_WATCHDOG_SCALE` (a whole number, default 1) multiplies the limit: under
 /// compute-sanitizer every kernel and driver call is many times slower.
-pub fn watchdog(test: &'static str, secs: u64) -> Watchdog {
+fn watchdog(test: &'static str, secs: u64) -> Watchdog {
     let scale = std::env::var("BOUNDPOOL_WATCHDOG_SCALE")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
@@ -53,7 +103,7 @@ pub fn watchdog(test: &'static str, secs: u64) -> Watchdog {
     Watchdog(Some(tx))
 }
 
-pub struct Watchdog(Option<std::sync::mpsc::Sender<()>>);
+struct Watchdog(Option<std::sync::mpsc::Sender<()>>);
 impl Drop for Watchdog {
     fn drop(&mut self) {
         if let Some(tx) = self.0.take() {
@@ -63,7 +113,7 @@ impl Drop for Watchdog {
 }
 
 /// Asserts that no framework driver call so far was made with the wrong or no context.
-pub fn assert_no_wrong_context(test: &str) {
+fn assert_no_wrong_context(test: &str) {
     let wrong = boundpool_gpu::context_check::wrong_context_calls();
     let checked = boundpool_gpu::context_check::checked_calls();
     eprintln!("{test}: context check: {checked} driver calls checked, {wrong} wrong");
@@ -99,4 +149,49 @@ pub fn os_threads() -> usize {
             })
         })
         .unwrap_or(0)
+}
+
+/// The built-in kernels `bp_set_i64`, `bp_add_i64` and `bp_spin`.
+pub fn set_add_spin() -> (Kernel, Kernel, Kernel) {
+    let m = Module::builtin();
+    (
+        m.kernel(builtin::SET_I64).unwrap(),
+        m.kernel(builtin::ADD_I64).unwrap(),
+        m.kernel(builtin::SPIN).unwrap(),
+    )
+}
+
+/// A node body's GPU work: spin `cycles`, then a new one-element buffer set to `value` plus each
+/// input's value. `inputs` is read lazily, one input before its add (after the spin and the set
+/// are enqueued), as a body reading `ctx.input` in the loop would.
+pub fn spin_set_add<'n, E>(
+    ctx: &GpuCtx<'_, 'n>,
+    (set, add, spin): (&Kernel, &Kernel, &Kernel),
+    cycles: i64,
+    value: i64,
+    inputs: impl IntoIterator<Item = Result<&'n DeviceBuffer<i64>, E>>,
+) -> Result<DeviceBuffer<i64>, BoxError>
+where
+    BoxError: From<E>,
+{
+    let mut out = ctx.alloc::<i64>(1)?;
+    // SAFETY: kernels get the argument types they declare; buffers are node outputs, which
+    // outlive the graph's GPU work.
+    unsafe {
+        ctx.launch(spin, LaunchConfig::single())
+            .arg(cycles)
+            .launch()?;
+        ctx.launch(set, LaunchConfig::single())
+            .arg(&mut out)
+            .arg(value)
+            .launch()?;
+        for src in inputs {
+            let src = src?;
+            ctx.launch(add, LaunchConfig::single())
+                .arg(&mut out)
+                .arg(src)
+                .launch()?;
+        }
+    }
+    Ok(out)
 }

@@ -12,10 +12,10 @@ use super::plan::{
     SUCC_EXTERNAL,
 };
 use super::Graph;
-use crate::body::{is_unit, CpuFn, ThinBody, WorkerFn};
+use crate::body::{CpuFn, ThinBody, WorkerFn};
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::{BoxError, Error};
-use crate::ids::{NodeId, NodeRef, Placement, Priority};
+use crate::ids::{is_unit, NodeId, NodeRef, Placement, Priority};
 
 /// Hands out a distinct id to every builder so edges between graphs can be told apart.
 static NEXT_GRAPH_UID: StdAtomicU32 = StdAtomicU32::new(1);

@@ -5,10 +5,12 @@
 
 use std::sync::{Arc, OnceLock};
 
+use super::joins::{CounterCache, WideJoins};
 use crate::body::{NodeBody, ThinBody};
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::{bounded, BoxError};
 use crate::ids::{DomainId, GroupId, NodeId, Placement, Priority, ANY_GROUP, PLACEMENT_MASK};
+use crate::trace::PlanNames;
 
 /// A node of an inlined subgraph: the body lives in the subgraph's plan, and the `NodeRef`s it
 /// captured map to this graph through `origin` and `base`.
@@ -199,6 +201,15 @@ pub(super) fn successors_of<'a, S>(nodes: &'a [NodeSpec<S>], ext: &'a [u32], i: 
     }
 }
 
+impl<S: Send + 'static> PlanNames for Plan<S> {
+    fn graph_name(&self) -> &Arc<str> {
+        &self.name
+    }
+    fn node_name(&self, node: u32) -> &str {
+        &self.names[node as usize]
+    }
+}
+
 /// A validated graph: node records (bodies, degrees, placements, inline successors), the
 /// successor lists of nodes with more than two, sources, names.
 pub(crate) struct Plan<S> {
@@ -215,9 +226,9 @@ pub(crate) struct Plan<S> {
     /// predecessors: graphs whose nodes never read inputs never pay for them.
     pub(super) preds: OnceLock<Csr>,
     /// The joins with many predecessors and their leaf counters, built by the first run.
-    pub(crate) wide_joins: OnceLock<crate::run::WideJoins>,
+    pub(crate) wide_joins: OnceLock<WideJoins>,
     /// Dependency counters left by runs that succeeded, counted on by the next runs.
-    pub(crate) counters: crate::run::CounterCache,
+    pub(crate) counters: CounterCache,
     pub(crate) names: NameTable,
     pub(crate) sources: Box<[u32]>,
     /// Nodes whose output is not `()`: the ones copied into a `GraphOutput`.

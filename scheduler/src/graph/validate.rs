@@ -5,6 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::builder::{BadEdge, GraphBuilder};
+use super::joins::CounterCache;
 use super::plan::{
     build_predecessors, release_classes, successors_of, MaxPlacement, NodeSpec, Plan, FLAG_CHAIN,
 };
@@ -13,93 +14,13 @@ use crate::ids::{NodeId, Placement, ANY_GROUP, DOMAIN_BIT};
 
 impl<S> Plan<S> {
     pub(super) fn build(mut b: GraphBuilder<S>) -> Result<Self, Error> {
-        let n = b.nodes.len();
         let gname: Arc<str> = Arc::from(&*b.name);
-        if let Some((id, placement)) = b.bad_placement {
-            return Err(match placement {
-                Some(p) => {
-                    let (what, index, max) = match p {
-                        Placement::Domain(d) => ("domain", d.index(), ANY_GROUP - DOMAIN_BIT - 1),
-                        Placement::Group(g) => ("group", g.index(), DOMAIN_BIT - 1),
-                        Placement::Any => unreachable!("`Any` always fits"),
-                    };
-                    Error::new(
-                        ErrorKind::UnknownGroup,
-                        format!(
-                            "graph '{}': node '{}' (#{}) is placed on {what} {index}, above the \
-                             largest {what} index a pool can have ({max})",
-                            bounded(&gname),
-                            bounded(&b.names[id.index as usize]),
-                            id.index,
-                        ),
-                    )
-                }
-                None => node_error(&gname, id, b.uid, n, "a placement or priority"),
-            });
-        }
-        match b.bad_edge {
-            None => {}
-            Some(BadEdge::Foreign(id)) | Some(BadEdge::Unknown(id)) => {
-                return Err(node_error(&gname, id, b.uid, n, "an edge"));
-            }
-            Some(BadEdge::SelfLoop(f)) => {
-                return Err(Error::new(
-                    ErrorKind::Cycle,
-                    format!(
-                        "graph '{}' has a cycle of 1 node: node '{}' (#{f}) depends on itself",
-                        bounded(&gname),
-                        bounded(&b.names[f as usize])
-                    ),
-                ));
-            }
-        }
+        check_recorded(&b, &gname)?;
         let ext = external_successors(&mut b.nodes, &b.overflow);
         mark_chains(&mut b.nodes);
-        let mut sources = Vec::new();
-        for (w, &bits) in b.has_pred.iter().enumerate() {
-            let mut free = !bits;
-            while free != 0 {
-                let i = w * 64 + free.trailing_zeros() as usize;
-                if i >= n {
-                    break;
-                }
-                sources.push(i as u32);
-                free &= free - 1;
-            }
-        }
-
-        // Kahn's algorithm: every node must become ready, or there is a cycle. Skipped when every
-        // edge goes from a lower to a higher index: node order is then a topological order.
+        let sources = sources(&b.has_pred, b.nodes.len());
         if !b.forward {
-            let mut remaining: Vec<u32> = b.nodes.iter().map(|s| s.indegree).collect();
-            let mut stack = sources.clone();
-            let mut seen = 0;
-            while let Some(i) = stack.pop() {
-                seen += 1;
-                for &s in successors_of(&b.nodes, &ext, i) {
-                    let r = &mut remaining[s as usize];
-                    *r -= 1;
-                    if *r == 0 {
-                        stack.push(s);
-                    }
-                }
-            }
-            if seen < n {
-                let preds = build_predecessors(n, |f| successors_of(&b.nodes, &ext, f));
-                let cycle = find_cycle(&remaining, &preds.0, &preds.1);
-                // Name at most a few of its nodes: a cycle can be millions of nodes long.
-                let name = |i: u32| format!("'{}' (#{i})", bounded(&b.names[i as usize]));
-                return Err(Error::new(
-                    ErrorKind::Cycle,
-                    format!(
-                        "graph '{}' has a cycle of {} nodes: {} -> {}",
-                        bounded(&gname),
-                        cycle.len(),
-                        bounded_list(cycle.iter().map(|&i| name(i)), cycle.len(), " -> "),
-                        name(cycle[0])
-                    ),
-                ));
-            }
+            check_acyclic(&b, &ext, &sources, &gname)?;
         }
         let prioritized = b.nodes.iter().any(|n| n.is_prioritized());
         let mut max_placement = b.max_placement;
@@ -119,7 +40,7 @@ impl<S> Plan<S> {
             joins: b.joins,
             preds: OnceLock::new(),
             wide_joins: OnceLock::new(),
-            counters: crate::run::CounterCache::new(),
+            counters: CounterCache::new(),
             names: b.names.shrunk(),
             sources: sources.into_boxed_slice(),
             valued: b.valued.into_boxed_slice(),
@@ -130,6 +51,109 @@ impl<S> Plan<S> {
             classes,
         })
     }
+}
+
+/// The errors the builder recorded as it went: the first bad placement, the first bad edge.
+fn check_recorded<S>(b: &GraphBuilder<S>, gname: &str) -> Result<(), Error> {
+    let n = b.nodes.len();
+    if let Some((id, placement)) = b.bad_placement {
+        return Err(match placement {
+            Some(p) => {
+                let (what, index, max) = match p {
+                    Placement::Domain(d) => ("domain", d.index(), ANY_GROUP - DOMAIN_BIT - 1),
+                    Placement::Group(g) => ("group", g.index(), DOMAIN_BIT - 1),
+                    Placement::Any => unreachable!("`Any` always fits"),
+                };
+                Error::new(
+                    ErrorKind::UnknownGroup,
+                    format!(
+                        "graph '{}': node '{}' (#{}) is placed on {what} {index}, above the \
+                         largest {what} index a pool can have ({max})",
+                        bounded(gname),
+                        bounded(&b.names[id.index as usize]),
+                        id.index,
+                    ),
+                )
+            }
+            None => node_error(gname, id, b.uid, n, "a placement or priority"),
+        });
+    }
+    match b.bad_edge {
+        None => {}
+        Some(BadEdge::Foreign(id)) | Some(BadEdge::Unknown(id)) => {
+            return Err(node_error(gname, id, b.uid, n, "an edge"));
+        }
+        Some(BadEdge::SelfLoop(f)) => {
+            return Err(Error::new(
+                ErrorKind::Cycle,
+                format!(
+                    "graph '{}' has a cycle of 1 node: node '{}' (#{f}) depends on itself",
+                    bounded(gname),
+                    bounded(&b.names[f as usize])
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The nodes without predecessors, in index order (`has_pred`: a bit a node).
+fn sources(has_pred: &[u64], n: usize) -> Vec<u32> {
+    let mut sources = Vec::new();
+    for (w, &bits) in has_pred.iter().enumerate() {
+        let mut free = !bits;
+        while free != 0 {
+            let i = w * 64 + free.trailing_zeros() as usize;
+            if i >= n {
+                break;
+            }
+            sources.push(i as u32);
+            free &= free - 1;
+        }
+    }
+    sources
+}
+
+/// Kahn's algorithm: every node must become ready, or there is a cycle, which the error names.
+/// The caller skips it when every edge goes from a lower to a higher index: node order is then
+/// a topological order.
+fn check_acyclic<S>(
+    b: &GraphBuilder<S>,
+    ext: &[u32],
+    sources: &[u32],
+    gname: &str,
+) -> Result<(), Error> {
+    let n = b.nodes.len();
+    let mut remaining: Vec<u32> = b.nodes.iter().map(|s| s.indegree).collect();
+    let mut stack = sources.to_vec();
+    let mut seen = 0;
+    while let Some(i) = stack.pop() {
+        seen += 1;
+        for &s in successors_of(&b.nodes, ext, i) {
+            let r = &mut remaining[s as usize];
+            *r -= 1;
+            if *r == 0 {
+                stack.push(s);
+            }
+        }
+    }
+    if seen < n {
+        let preds = build_predecessors(n, |f| successors_of(&b.nodes, ext, f));
+        let cycle = find_cycle(&remaining, &preds.0, &preds.1);
+        // Name at most a few of its nodes: a cycle can be millions of nodes long.
+        let name = |i: u32| format!("'{}' (#{i})", bounded(&b.names[i as usize]));
+        return Err(Error::new(
+            ErrorKind::Cycle,
+            format!(
+                "graph '{}' has a cycle of {} nodes: {} -> {}",
+                bounded(gname),
+                cycle.len(),
+                bounded_list(cycle.iter().map(|&i| name(i)), cycle.len(), " -> "),
+                name(cycle[0])
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The error for a placement or edge naming node `id`, which is of another graph or beyond the

@@ -6,6 +6,22 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 use std::time::Duration;
 
+use boundpool_scheduler::{Cores, Pool, PoolBuilder};
+
+/// The tests' pool builder: `workers` unpinned workers, the pool named `name` (its threads
+/// `{name}-host-{i}`).
+pub(crate) fn pool_builder(name: &str, workers: usize) -> PoolBuilder<()> {
+    PoolBuilder::new()
+        .name(name)
+        .workers(workers)
+        .cores(Cores::Unpinned)
+}
+
+/// The tests' pool: [`pool_builder`]'s, built.
+pub(crate) fn pool(name: &str, workers: usize) -> Pool {
+    pool_builder(name, workers).build().expect("build pool")
+}
+
 /// Runs `f` on its own thread and fails the test if it has not returned within `secs`
 /// seconds: a hang (deadlock, lost wake-up) becomes a failure instead of a stuck suite.
 pub(crate) fn with_deadline<T: Send + 'static>(

@@ -1,0 +1,222 @@
+//! A run's outputs: each node's slot while the run goes on (written once by the node's worker,
+//! read by its successors and by the finisher), and the [`GraphOutput`] the submitter gets.
+
+use std::cell::UnsafeCell;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::graph::AnyValue;
+use crate::ids::{is_unit, NodeId, NodeRef};
+use crate::sync::{AtomicPtr, Ordering};
+
+/// What a finished node leaves for its successors and the submitter.
+pub(crate) struct NodeOutput {
+    pub(crate) value: Option<AnyValue>,
+    pub(crate) marker: Option<AnyValue>,
+}
+
+/// A node's output slot: written once by the worker that ran the node, before it releases its
+/// successors, and read only by those successors (after their dependency counter reached zero)
+/// and by the run's finisher (after the in-flight count reached zero).
+#[repr(transparent)]
+pub(crate) struct Slot(UnsafeCell<Option<Box<NodeOutput>>>);
+
+// SAFETY: access is ordered by the dependency counters as described on `Slot`: the single writer
+// finishes before a Release decrement that every reader's Acquire observes, so no slot is ever
+// written and read concurrently. The values are `Send + Sync`.
+unsafe impl Sync for Slot {}
+
+impl Slot {
+    /// Stores the node's value.
+    ///
+    /// # Safety
+    /// Only the worker running this slot's node may call this, before releasing successors.
+    #[inline]
+    pub(crate) unsafe fn set_value(&self, value: AnyValue) {
+        // SAFETY: the caller is the node's only writer and no reader exists yet (see `Slot`).
+        let slot = unsafe { &mut *self.0.get() };
+        match slot {
+            Some(out) => out.value = Some(value),
+            None => {
+                *slot = Some(Box::new(NodeOutput {
+                    value: Some(value),
+                    marker: None,
+                }))
+            }
+        }
+    }
+
+    /// Stores the node's marker.
+    ///
+    /// # Safety
+    /// As for [`set_value`](Self::set_value).
+    pub(crate) unsafe fn set_marker(&self, marker: AnyValue) {
+        // SAFETY: as in `set_value`.
+        let slot = unsafe { &mut *self.0.get() };
+        match slot {
+            Some(out) => out.marker = Some(marker),
+            None => {
+                *slot = Some(Box::new(NodeOutput {
+                    value: None,
+                    marker: Some(marker),
+                }))
+            }
+        }
+    }
+
+    /// # Safety
+    /// The caller must be a successor whose dependency counter reached zero, or otherwise be
+    /// ordered after this slot's node completed.
+    pub(crate) unsafe fn get(&self) -> Option<&NodeOutput> {
+        // SAFETY: the write happened-before this read (caller's contract); no writer remains.
+        unsafe { (*self.0.get()).as_deref() }
+    }
+
+    /// # Safety
+    /// The caller must have exclusive access to the run (its in-flight count reached zero).
+    pub(super) unsafe fn take(&self) -> Option<NodeOutput> {
+        // SAFETY: exclusive access per the caller's contract.
+        unsafe { (*self.0.get()).take().map(|b| *b) }
+    }
+}
+
+/// A run's output slots, allocated when the first node stores a value or a marker: a graph
+/// whose nodes leave nothing (most large host graphs) never allocates or frees them.
+pub(crate) struct Slots {
+    ptr: AtomicPtr<Slot>,
+    len: usize,
+}
+
+impl Slots {
+    pub(super) fn new(len: usize) -> Self {
+        Slots {
+            ptr: AtomicPtr::new(std::ptr::null_mut()),
+            len,
+        }
+    }
+
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::array::<Slot>(len).expect("slot array size")
+    }
+
+    /// Slot `i`, if any slot was ever allocated (readers: a node that stored something
+    /// allocated them before its completion, which happened-before the read).
+    #[inline]
+    pub(crate) fn get(&self, i: u32) -> Option<&Slot> {
+        let p = self.ptr.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        assert!((i as usize) < self.len, "slot index out of range");
+        // SAFETY: `p` points to `len` initialised slots that live until the run is dropped.
+        Some(unsafe { &*p.add(i as usize) })
+    }
+
+    /// Slot `i`, allocating the slots on first use (several writers may race to allocate:
+    /// one wins, the others free theirs).
+    pub(crate) fn get_or_alloc(&self, i: u32) -> &Slot {
+        assert!((i as usize) < self.len, "slot index out of range");
+        let mut p = self.ptr.load(Ordering::Acquire);
+        if p.is_null() {
+            let layout = Self::layout(self.len);
+            // SAFETY: `layout` has a non-zero size (`len > 0`, since node `i` exists).
+            let fresh = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
+            if fresh.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            // All-zero bits are `None` in every slot (the null niche of `Box`).
+            match self.ptr.compare_exchange(
+                std::ptr::null_mut(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => p = fresh,
+                Err(won) => {
+                    // SAFETY: `fresh` came from `alloc_zeroed(layout)` and was never shared.
+                    unsafe { std::alloc::dealloc(fresh as *mut u8, layout) };
+                    p = won;
+                }
+            }
+        }
+        // SAFETY: as in `get`.
+        unsafe { &*p.add(i as usize) }
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        // `&mut self`: no other thread can be writing (a Relaxed load is exact).
+        let p = self.ptr.load(Ordering::Relaxed);
+        if p.is_null() {
+            return;
+        }
+        for i in 0..self.len {
+            // SAFETY: `&mut self`: no other reference to the slots exists; each slot is
+            // initialised and dropped exactly once here.
+            unsafe { std::ptr::drop_in_place(p.add(i)) };
+        }
+        // SAFETY: the memory came from `alloc_zeroed` with this layout.
+        unsafe { std::alloc::dealloc(p as *mut u8, Self::layout(self.len)) };
+    }
+}
+
+/// Node outputs of a finished graph.
+pub struct GraphOutput {
+    pub(super) graph: u32,
+    pub(super) name: Arc<str>,
+    /// (node index, value), sorted by index.
+    pub(super) values: Vec<(u32, AnyValue)>,
+}
+
+impl fmt::Debug for GraphOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GraphOutput")
+            .field("graph", &self.name)
+            .field("values", &self.values.len())
+            .finish()
+    }
+}
+
+impl GraphOutput {
+    fn position(&self, id: NodeId) -> Option<usize> {
+        if id.graph != self.graph {
+            return None;
+        }
+        self.values
+            .binary_search_by_key(&id.index, |(i, _)| *i)
+            .ok()
+    }
+
+    /// The output of node `r`, if `r` is a node of this graph whose output was not taken. A
+    /// node returning `()` stores nothing (no slot, no allocation): its output is `Some(&())`
+    /// for any node of this graph.
+    pub fn get<T: 'static>(&self, r: NodeRef<T>) -> Option<&T> {
+        if is_unit::<T>() {
+            return (r.id.graph == self.graph)
+                .then(|| (&() as &dyn std::any::Any).downcast_ref::<T>())?;
+        }
+        let p = self.position(r.id)?;
+        (*self.values[p].1).downcast_ref::<T>()
+    }
+
+    /// Moves the output of node `r` out (`Some(())` for any node of this graph returning `()`,
+    /// every time: see [`get`](Self::get)).
+    pub fn take<T: 'static>(&mut self, r: NodeRef<T>) -> Option<T> {
+        if is_unit::<T>() {
+            let unit: Box<dyn std::any::Any> = Box::new(());
+            return (r.id.graph == self.graph).then(|| unit.downcast::<T>().ok().map(|b| *b))?;
+        }
+        let p = self.position(r.id)?;
+        if !(*self.values[p].1).is::<T>() {
+            return None;
+        }
+        let (_, v) = self.values.remove(p);
+        v.downcast::<T>().ok().map(|b| *b)
+    }
+
+    /// The graph's name.
+    pub fn graph_name(&self) -> &str {
+        &self.name
+    }
+}
