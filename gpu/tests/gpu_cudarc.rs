@@ -525,3 +525,27 @@ fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inpu
     wait_for_no_buffers(&p);
     drop(p);
 }
+
+#[test]
+fn curand_fills_a_buffer_on_the_nodes_stream() {
+    let Some(_t) = GpuTest::start("curand_fills_a_buffer_on_the_nodes_stream", 60) else {
+        return;
+    };
+    let p = pool(2, 1);
+    let d = p.devices()[0].clone();
+    let n = 1 << 20;
+    let v = p
+        .call(&d, move |ctx| {
+            let rng = boundpool_gpu::cudarc::curand::CudaRng::new(42, ctx.stream().clone())?;
+            let mut x = ctx.alloc::<f32>(n)?;
+            rng.fill_with_uniform(x.as_cuda_slice_mut())?;
+            drop(rng);
+            Ok(ctx.download(&x)?)
+        })
+        .unwrap();
+    assert_eq!(v.len(), n);
+    assert!(v.iter().all(|&x| x > 0.0 && x <= 1.0), "outside (0, 1]");
+    let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
+    assert!((mean - 0.5).abs() < 0.01, "mean {mean}");
+    wait_for_no_buffers(&p);
+}
