@@ -549,3 +549,78 @@ fn curand_fills_a_buffer_on_the_nodes_stream() {
     assert!((mean - 0.5).abs() < 0.01, "mean {mean}");
     wait_for_no_buffers(&p);
 }
+
+#[test]
+fn cublaslt_matmul_with_a_bias_and_relu_epilogue_on_the_nodes_stream() {
+    let name = "cublaslt_matmul_with_a_bias_and_relu_epilogue_on_the_nodes_stream";
+    let Some(_t) = GpuTest::start(name, 60) else {
+        return;
+    };
+    use boundpool_gpu::cudarc::cublaslt::{Activation, CudaBlasLT, Matmul, MatmulConfig};
+    let p = pool(2, 1);
+    let d = p.devices()[0].clone();
+    let r = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| truncate_bf16(x)).collect() };
+    let (a, b, bias) = (
+        r(&values(M * K, 60)),
+        r(&values(K * N, 61)),
+        r(&values(M, 62)),
+    );
+    let (ha, hb, hbias) = (a.clone(), b.clone(), bias.clone());
+    let got = p
+        .call(&d, move |ctx| {
+            let to = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+            let (ad, bd, biasd) = (
+                ctx.upload(&to(&ha))?,
+                ctx.upload(&to(&hb))?,
+                ctx.upload(&to(&hbias))?,
+            );
+            let mut c = ctx.alloc_zeros::<bf16>(M * N)?;
+            // cudarc's cuBLASLt handle, made on the node's stream (its workspace too).
+            let lt = CudaBlasLT::new(ctx.stream().clone())?;
+            let cfg = MatmulConfig {
+                transa: false,
+                transb: false,
+                transc: false,
+                m: M as u64,
+                n: N as u64,
+                k: K as u64,
+                alpha: 1.0,
+                lda: M as i64,
+                ldb: K as i64,
+                beta: 0.0,
+                ldc: M as i64,
+                stride_a: None,
+                stride_b: None,
+                stride_c: None,
+                stride_bias: None,
+                batch_size: None,
+            };
+            // SAFETY: M×K times K×N into M×N, a bias of M, column-major.
+            unsafe {
+                lt.matmul(
+                    cfg,
+                    &*ad,
+                    &*bd,
+                    &mut *c,
+                    Some(&*biasd),
+                    Some(&Activation::Relu),
+                )?
+            };
+            Ok(ctx.download(&c)?)
+        })
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let mut want = host_gemm(&a, &b, M, N, K);
+    for j in 0..N {
+        for i in 0..M {
+            let v = &mut want[i + j * M];
+            *v = (*v + bias[i] as f64).max(0.0);
+        }
+    }
+    let got: Vec<f64> = got.iter().map(|v| v.to_f64()).collect();
+    let e = rel_err(&got, &want);
+    assert!(
+        e < 2e-2,
+        "cuBLASLt bf16 matmul + bias + ReLU: relative error {e}"
+    );
+    wait_for_no_buffers(&p);
+}
