@@ -21,8 +21,11 @@ for r in $(seq 1 ${ROUNDS:-2}); do
     finish
   done
 done
-echo "-- eager (independent k, ratio to raw; chain us/edge):"
-for f in $LOGS/gpu_*.log; do echo "$(basename $f .log): $(grep -E '^independent k=' $f | sed -E 's/.*ratio ([0-9.]+).*/\1/' | tr '\n' ' ') chain $(grep -E '^chain across workers' $f | sed -E 's/.*boundpool ([0-9.]+) us.*/\1/')"; done
+echo "-- eager (independent k=1,2,4,8,16: ratio to raw; chain us/edge):"
+for f in $LOGS/gpu_*.log; do
+  echo "$(basename $f .log): $(grep -E '^independent k=' $f | sed -E 's/.*ratio ([0-9.]+) .*/\1/' | tr '\n' ' ')chain $(grep -E '^chain across workers' $f | sed -E 's/.*boundpool ([0-9.]+) us.*/\1/')"
+  echo "  cudarc launch / own launch: $(grep -E '^cudarc launch k=' $f | sed -E 's/.*raw, ([0-9.]+)x.*/\1/' | tr '\n' ' ')"
+done
 echo "-- replay (shape vs-raw):"
 for f in $LOGS/replay_*.log; do echo "$(basename $f .log): $(tr '\r' '\n' < $f | grep -E '^(independent|chain|wavefront) ' | awk '{print $1 $2 "=" $(NF-5)}' | tr '\n' ' ')"; done
 step soak 90 $B/boundpool soak --gpu --seconds ${SOAK_S:-60} --json; tail -c 600 $LOGS/soak.log; echo; finish
