@@ -8,7 +8,7 @@
 //! ([`observe`]: Chrome traces, and with the `prometheus` feature the Prometheus exporter). The
 //! `boundpool` command line is its own crate (`boundpool-cli`, in `cli/`, with the SVG timelines
 //! and the metric table), and the benches, their workloads and baselines another
-//! (`boundpool-bench`, in `bench/`), so that a
+//! (`boundpool-bench`, in `benches/`), so that a
 //! library user compiles neither clap, indicatif nor the exporter.
 //!
 //! ```

@@ -1,5 +1,5 @@
 //! cuBLAS / cuSOLVER on bound workers and per-worker state (the tiled Cholesky's tests are the
-//! bench crate's, `bench/tests/gpu_cholesky.rs`). Run on a GPU machine with
+//! bench crate's, `benches/tests/gpu_cholesky.rs`). Run on a GPU machine with
 //! `BOUNDPOOL_REQUIRE_GPU=1`.
 
 mod common;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The first call of a session on the GPU machine, after (here)
-#   PACK_REVS="old=REV [exp=BRANCH ...]" bash bench/device/pack.sh
+#   PACK_REVS="old=REV [exp=BRANCH ...]" bash benches/device/pack.sh
 # run with carry [".devbin"]: `bash .devbin/first_call.sh`. Every GPU test binary with
 # BOUNDPOOL_REQUIRE_GPU=1 (one test at a time), the replay bench's graph variants (why a captured
 # graph launches slower than one built node by node), then the host scaling bench at full size

@@ -62,5 +62,5 @@ for line in sys.stdin:
   xz -9 "$out/revs/$name"/boundpool "$out/revs/$name"/bench_replay 2>/dev/null || true
   git worktree remove --force "$src"
 done
-cp bench/device/*.sh "$out/"
+cp benches/device/*.sh "$out/"
 ls -la "$out"; tar tJf "$out/b.tar.xz" | tr '\n' ' '; echo

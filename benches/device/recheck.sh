@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine, after bench/device/pack.sh here: every GPU test, the GPU and replay benches,
+# On the GPU machine, after benches/device/pack.sh here: every GPU test, the GPU and replay benches,
 # then the compute-sanitizer runs that need more time than soak_and_sanitizers.sh gives them
 # (memcheck over gpu_graphs and gpu_replay, racecheck over the pipeline, Cholesky and gpu_graphs),
 # the observe bench and the host scaling bench (new binary, and revs/old/boundpool of

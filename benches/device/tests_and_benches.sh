@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: `bash .devbin/tests_and_benches.sh` (after
-# bench/device/pack.sh here). Every GPU test with BOUNDPOOL_REQUIRE_GPU=1, then the GPU benches
+# benches/device/pack.sh here). Every GPU test with BOUNDPOOL_REQUIRE_GPU=1, then the GPU benches
 # and the host scaling bench, each under its own time limit inside BUDGET seconds (default 560).
 # Prints a summary; the full logs come back as $OUT/logs.tgz.
 REAL_OUT=$OUT; OUT=/tmp/boundpool-logs; rm -rf $OUT; mkdir -p $OUT

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: `SOAK_S=570 bash .devbin/soak_and_sanitizers.sh` (after bench/device/pack.sh
+# On the GPU machine: `SOAK_S=570 bash .devbin/soak_and_sanitizers.sh` (after benches/device/pack.sh
 # here). `boundpool soak --gpu` for SOAK_S seconds (default 450), and meanwhile compute-sanitizer
 # (memcheck, racecheck, synccheck) over the GPU test binaries and examples, started after the
 # soak has taken its warm-up level and ended before the soak ends (the soak checks that device

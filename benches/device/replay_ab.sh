@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine, after `PACK_REVS="old=REV" bash bench/device/pack.sh` here: the replay bench
+# On the GPU machine, after `PACK_REVS="old=REV" bash benches/device/pack.sh` here: the replay bench
 # of this build and of the packed revisions named in REPLAY_REVS (default: every revs/NAME with
 # a bench_replay), alternated ROUNDS times
 # (default 3), `--shapes independent,chain --rounds 3 --per-round 20`: tells a change of the
