@@ -5,7 +5,7 @@
 # (SOAK_S seconds, default 60) and memcheck over the given test binaries (MEMCHECK, default
 # "t_gpu_cudarc"). Here, first:
 #   cp -r <an older .devbin> .devbin-base      # the baseline's pack (benches/device/pack.sh)
-#   bash benches/device/pack.sh                  # this build
+#   bash benches/device/pack.sh                # this build
 # then run with carry [".devbin", ".devbin-base"]: `bash .devbin/ab_call.sh`. Logs: $OUT/logs.tgz.
 source "$(dirname "$0")/lib.sh"
 BASE=$(cd ../.devbin-base && ([ -d b ] || tar xJf b.tar.xz) && echo "$PWD/b")  # lib.sh left us in .devbin

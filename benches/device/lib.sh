@@ -1,19 +1,44 @@
 #!/usr/bin/env bash
-# Sourced on the GPU machine for ad-hoc runs: `source .devbin/lib.sh; step NAME SECS CMD...`.
-# Unpacks the binaries to $B, logs each step to $LOGS/NAME.log, prints a one-line summary, and
-# `finish` packs the logs into $OUT/logs.tgz. BUDGET (default 570) bounds all steps together.
-cd "$(dirname "${BASH_SOURCE[0]}")"; [ -d b ] || tar xJf b.tar.xz; B=$PWD/b
+# The library every device script sources (and ad-hoc runs on the GPU machine:
+# `source .devbin/lib.sh; step NAME SECS CMD...; finish`). Sourcing it moves into .devbin,
+# unpacks the binaries to $B (and other revisions' to revs/NAME/, see pack.sh's PACK_REVS),
+# exports BOUNDPOOL_REQUIRE_GPU=1 and sets CS (the compute-sanitizer command) and:
+#   logs_in DIR TGZ [fresh]   logs go to DIR, `finish` packs them into $OUT/TGZ; `fresh` empties
+#                             DIR first (default: /tmp/boundpool-logs, logs.tgz, kept)
+#   deadline SECS             every later step ends within SECS from now (default: BUDGET, 570)
+#   step NAME SECS CMD...     runs CMD into $LOGS/NAME.log under `timeout` (SECS, or less when
+#                             the deadline is nearer; skipped under 6 s) and prints a line with
+#                             its exit status and `summary` of the log; with STEP_START=1 also a
+#                             line as it starts
+#   summary FILE              the log's lines matching SUMMARY (an extended regex; empty: none),
+#                             counted; a script may define its own after sourcing this
+#   finish                    packs $LOGS into $OUT/$TGZ (call it after every step worth keeping:
+#                             a call cut off at its limit still brings back what ran)
+#   alternate ...             A/B runs of this build and the packed revisions, below
+cd "$(dirname "${BASH_SOURCE[0]}")"
+# Unpacked once per pack: a new b.tar.xz (a new carry) replaces b/.
+if [ ! -f b/.unpacked ] || [ b.tar.xz -nt b/.unpacked ]; then
+  rm -rf b; tar xJf b.tar.xz && touch b/.unpacked
+fi
+B=$PWD/b
 # The binaries of other revisions (pack.sh's PACK_REVS), as revs/NAME/{boundpool,bench_replay}.
 for f in revs/*/*.xz; do [ -f "$f" ] && xz -dkf "$f" && chmod +x "${f%.xz}"; done
-LOGS=/tmp/boundpool-logs; mkdir -p $LOGS
 export BOUNDPOOL_REQUIRE_GPU=1
-END=$((SECONDS+${BUDGET:-570}))
 CS="compute-sanitizer --error-exitcode 99 --print-limit 20"
+SUMMARY='ERROR SUMMARY|RACECHECK SUMMARY|test result|FAILED|panicked|HUNG'
+STEP_START=
+logs_in() { LOGS=$1; TGZ=$2; [ "${3:-}" = fresh ] && rm -rf "$LOGS"; mkdir -p "$LOGS"; }
+deadline() { END=$((SECONDS+$1)); }
+logs_in /tmp/boundpool-logs logs.tgz
+deadline "${BUDGET:-570}"
+summary() { [ -n "$SUMMARY" ] && grep -hE "$SUMMARY" "$1" | sort | uniq -c | tr '\n' ' ' | cut -c1-300; }
 step() { local name=$1 lim=$2; shift 2; local left=$((END-SECONDS)); [ $left -lt $lim ] && lim=$left
   if [ $lim -le 5 ]; then echo "== $name: SKIPPED (no time)"; return; fi
-  timeout -k 5 $lim "$@" > $LOGS/$name.log 2>&1; local rc=$?
-  echo "== $name rc=$rc @${SECONDS}s: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|test result|FAILED|panicked|HUNG' $LOGS/$name.log | sort | uniq -c | tr '\n' ' ' | cut -c1-300)"; }
-finish() { tar czf $OUT/logs.tgz -C $LOGS .; }
+  [ -n "$STEP_START" ] && echo "== $name (limit ${lim}s) @${SECONDS}s"
+  timeout -k 5 $lim "$@" > "$LOGS/$name.log" 2>&1; local rc=$? s
+  s=$(summary "$LOGS/$name.log")
+  echo "== $name rc=$rc @${SECONDS}s${s:+: $s}"; }
+finish() { tar czf "$OUT/$TGZ" -C "$LOGS" .; }
 # `alternate NAME FILE "REVS" ROUNDS SECS ARGS...`: $B/FILE (as `new`) and revs/R/FILE for each R
 # in REVS (empty: every packed revision that has FILE), alternated ROUNDS times, each run with
 # ARGS as step NAME_<which>_<round>; the logs are packed after every step, so a cut-off call

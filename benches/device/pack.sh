@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Builds every binary the GPU machine needs (it has no Rust toolchain) and packs them, with the
-# two run scripts, into .devbin/ (ignored by git): carry `.devbin` and run
+# device scripts of this folder, into .devbin/ (ignored by git): carry `.devbin` and run
 #   bash .devbin/tests_and_benches.sh      # GPU tests, GPU benches, host scaling (~2 min)
 #   SOAK_S=570 bash .devbin/soak_and_sanitizers.sh   # GPU soak with compute-sanitizer meanwhile
 # (one command may run 600 s at most: give the soak less, or start it in one call and collect
-# it in the next).
+# it in the next with soak_collect.sh), or ab_call.sh (a GPU-crate change against a baseline
+# pack), replay_ab.sh or first_call.sh (A/B runs against PACK_REVS, below). Every one of them
+# sources lib.sh (`step`, `finish`, `alternate`); so can an ad-hoc command there. This script
+# runs here, not there, and does not.
 # PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI and the replay bench at each
 # git revision (a detached worktree under target/revs/, each with a target directory of its own:
 # cargo names a workspace crate's artifacts alike in every checkout, so a shared one can link a

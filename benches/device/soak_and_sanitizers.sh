@@ -7,20 +7,20 @@
 # A soak longer than one call: `DETACH=1 SOAK_S=600 bash .devbin/soak_and_sanitizers.sh` starts it
 # in its own session (it outlives the call), runs the sanitizers and returns; then, within the
 # machine's idle window, `bash .devbin/soak_collect.sh` waits for it and returns its logs.
-REAL_OUT=$OUT; OUT=/tmp/boundpool-logs2; mkdir -p $OUT; cd "$(dirname "$0")"; tar xJf b.tar.xz; B=$PWD/b
-export BOUNDPOOL_REQUIRE_GPU=1
+source "$(dirname "$0")/lib.sh"
+# Kept across calls (not emptied): a detached soak writes here, and soak_collect.sh packs it.
+logs_in /tmp/boundpool-logs2 logs2.tgz
+SUMMARY='ERROR SUMMARY|RACECHECK SUMMARY|test result|HUNG'
+# Each sanitizer line as it is, and the count of API errors ("Invalid"), see below.
+summary() { echo "$(grep -hE "$SUMMARY" "$1" | tr '\n' ' ') invalid=$(grep -c Invalid "$1")"; }
 if [ -n "$DETACH" ]; then
-  setsid bash -c "$B/boundpool soak --gpu --seconds ${SOAK_S:-450} --json > $OUT/soak.json 2> $OUT/soak.err; echo \$? > $OUT/soak.rc" < /dev/null > /dev/null 2>&1 &
-  sleep 1; pgrep -f "boundpool soak" | head -1 > $OUT/soak.pid
+  setsid bash -c "$B/boundpool soak --gpu --seconds ${SOAK_S:-450} --json > $LOGS/soak.json 2> $LOGS/soak.err; echo \$? > $LOGS/soak.rc" < /dev/null > /dev/null 2>&1 &
+  sleep 1; pgrep -f "boundpool soak" | head -1 > $LOGS/soak.pid
 else
-  $B/boundpool soak --gpu --seconds ${SOAK_S:-450} --json > $OUT/soak.json 2> $OUT/soak.err & SOAK=$!
+  $B/boundpool soak --gpu --seconds ${SOAK_S:-450} --json > $LOGS/soak.json 2> $LOGS/soak.err & SOAK=$!
 fi
 sleep 12   # after the soak's warm-up level is taken
-END=$((SECONDS+${SOAK_S:-450}-40))
-step() { local name=$1 lim=$2; shift 2; local left=$((END-SECONDS)); [ $left -lt $lim ] && lim=$left
-  if [ $lim -le 5 ]; then echo "== $name: SKIPPED (no time)"; return; fi
-  timeout -k 5 $lim "$@" > $OUT/$name.log 2>&1; local rc=$?
-  echo "== $name rc=$rc @${SECONDS}s: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|test result|HUNG' $OUT/$name.log | tr '\n' ' ') invalid=$(grep -c Invalid $OUT/$name.log)"; }
+deadline $((${SOAK_S:-450}-40))   # the sanitizers end before the soak does
 # Under a sanitizer every call is many times slower: the tests' hang watchdogs get 20 times
 # their limit, and gpu_graphs runs one test at a time (seven at once starved each other past the
 # watchdog on an H100) without its 100,000-launch throughput test. Every test binary deliberately
@@ -30,7 +30,6 @@ step() { local name=$1 lim=$2; shift 2; local left=$((END-SECONDS)); [ $left -lt
 # plants a write through a null pointer, which memcheck reports (and turns into a launch failure
 # the test does not expect).
 export BOUNDPOOL_WATCHDOG_SCALE=20
-CS="compute-sanitizer --error-exitcode 99 --print-limit 20"
 G="--test-threads=1 --skip counting_kernel_from_100k_nodes"
 step mc_gpu_graphs 150 $CS --tool memcheck $B/t_gpu_graphs $G
 step mc_gpu_replay 90 $CS --tool memcheck $B/t_gpu_replay --test-threads=1
@@ -45,7 +44,7 @@ for tool in synccheck; do step ${tool}_graphs 40 $CS --tool $tool $B/t_gpu_graph
 step racecheck_replay 120 $CS --tool racecheck $B/t_gpu_replay --test-threads=1
 echo "== sanitizers done @${SECONDS}s"
 if [ -z "$DETACH" ]; then
-  wait $SOAK; echo "== soak rc=$? @${SECONDS}s"; tail -c 2500 $OUT/soak.json; tail -n 5 $OUT/soak.err
+  wait $SOAK; echo "== soak rc=$? @${SECONDS}s"; tail -c 2500 $LOGS/soak.json; tail -n 5 $LOGS/soak.err
 fi
-for f in $OUT/*.log; do grep -lE "FAILED|panicked" $f; done | head; grep -h -B2 -A12 "panicked" $OUT/mc_*.log $OUT/racecheck_*.log $OUT/synccheck_*.log 2>/dev/null | head -60
-tar czf $REAL_OUT/logs2.tgz -C $OUT .
+for f in $LOGS/*.log; do grep -lE "FAILED|panicked" $f; done | head; grep -h -B2 -A12 "panicked" $LOGS/mc_*.log $LOGS/racecheck_*.log $LOGS/synccheck_*.log 2>/dev/null | head -60
+finish

@@ -3,31 +3,22 @@
 # benches/device/pack.sh here). Every GPU test with BOUNDPOOL_REQUIRE_GPU=1, then the GPU benches
 # and the host scaling bench, each under its own time limit inside BUDGET seconds (default 560).
 # Prints a summary; the full logs come back as $OUT/logs.tgz.
-REAL_OUT=$OUT; OUT=/tmp/boundpool-logs; rm -rf $OUT; mkdir -p $OUT
-cd "$(dirname "$0")"; tar xJf b.tar.xz; B=$PWD/b
-export BOUNDPOOL_REQUIRE_GPU=1
-END=$((SECONDS+${BUDGET:-560}))
-step() { # step NAME SECS CMD...: runs CMD into $OUT/NAME.log within the budget left
-  local name=$1 lim=$2; shift 2
-  local left=$((END-SECONDS)); [ $left -lt $lim ] && lim=$left
-  if [ $lim -le 5 ]; then echo "== $name: SKIPPED (no time)"; return; fi
-  echo "== $name (limit ${lim}s) @${SECONDS}s"
-  timeout -k 5 $lim "$@" > $OUT/$name.log 2>&1; local rc=$?
-  echo "== $name rc=$rc @${SECONDS}s"
-}
+source "$(dirname "$0")/lib.sh"
+logs_in /tmp/boundpool-logs logs.tgz fresh; deadline ${BUDGET:-560}
+SUMMARY=; STEP_START=1   # a line as each step starts; each step's lines of note after it
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
 for t in $B/t_*; do
   n=$(basename $t); a=; [ $n = t_gpu_replay ] && a=--test-threads=1   # it checks free memory
-  step $n 120 $t $a; grep -hE "test result|FAILED|panicked|SKIPPED" $OUT/$n.log | head -8
+  step $n 120 $t $a; grep -hE "test result|FAILED|panicked|SKIPPED" $LOGS/$n.log | head -8
 done
-step bench_gpu 90 $B/bench_gpu --runs 3; tail -n 30 $OUT/bench_gpu.log | cut -c1-140
-step chol 120 $B/bench_cholesky --n 4096,8192,16384 --tiles 512,1024,2048 --runs ${CHOL_RUNS:-2}; grep -vE "^\s*$" $OUT/chol.log | tail -n 16 | cut -c1-140
-step chol16k 100 $B/bench_cholesky --n 16384 --tiles 2048,3072,4096 --runs 3; grep -vE "^\s*$" $OUT/chol16k.log | tail -n 8 | cut -c1-140
-step chol16k_merged 100 $B/bench_cholesky --n 16384 --tiles 1024,2048,4096 --runs 3 --merge; grep -vE "^\s*$" $OUT/chol16k_merged.log | tail -n 8 | cut -c1-140
-step chol32k 70 $B/bench_cholesky --n 32768 --tiles 1024,2048 --runs 1; tail -n 5 $OUT/chol32k.log | cut -c1-140
-step replay 70 $B/bench_replay --rounds 5 --per-round 20; tr '\r' '\n' < $OUT/replay.log | grep -v "rounds$" | tail -n 10 | cut -c1-140
-step latency 60 $B/boundpool bench --latency --gpu --json --threads 8 --seconds 2; tail -c 1000 $OUT/latency.log; echo
-step latency_host 30 $B/boundpool bench --latency --json --seconds 2; tail -c 700 $OUT/latency_host.log; echo
-step scaling 110 $B/boundpool bench --scaling --scale 0.3 --runs 3; tail -n 21 $OUT/scaling.log | cut -c1-140
-step cholex 25 $B/cholesky --n 8192 --tile 1024 --trace $OUT/chol_trace.json; tail -n 4 $OUT/cholex.log
-tar czf $REAL_OUT/logs.tgz -C $OUT .
+step bench_gpu 90 $B/bench_gpu --runs 3; tail -n 30 $LOGS/bench_gpu.log | cut -c1-140
+step chol 120 $B/bench_cholesky --n 4096,8192,16384 --tiles 512,1024,2048 --runs ${CHOL_RUNS:-2}; grep -vE "^\s*$" $LOGS/chol.log | tail -n 16 | cut -c1-140
+step chol16k 100 $B/bench_cholesky --n 16384 --tiles 2048,3072,4096 --runs 3; grep -vE "^\s*$" $LOGS/chol16k.log | tail -n 8 | cut -c1-140
+step chol16k_merged 100 $B/bench_cholesky --n 16384 --tiles 1024,2048,4096 --runs 3 --merge; grep -vE "^\s*$" $LOGS/chol16k_merged.log | tail -n 8 | cut -c1-140
+step chol32k 70 $B/bench_cholesky --n 32768 --tiles 1024,2048 --runs 1; tail -n 5 $LOGS/chol32k.log | cut -c1-140
+step replay 70 $B/bench_replay --rounds 5 --per-round 20; tr '\r' '\n' < $LOGS/replay.log | grep -v "rounds$" | tail -n 10 | cut -c1-140
+step latency 60 $B/boundpool bench --latency --gpu --json --threads 8 --seconds 2; tail -c 1000 $LOGS/latency.log; echo
+step latency_host 30 $B/boundpool bench --latency --json --seconds 2; tail -c 700 $LOGS/latency_host.log; echo
+step scaling 110 $B/boundpool bench --scaling --scale 0.3 --runs 3; tail -n 21 $LOGS/scaling.log | cut -c1-140
+step cholex 25 $B/cholesky --n 8192 --tile 1024 --trace $LOGS/chol_trace.json; tail -n 4 $LOGS/cholex.log
+finish
