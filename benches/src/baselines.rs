@@ -7,7 +7,7 @@
 //! These are benchmark baselines, not part of the framework: they bind threads themselves and
 //! make their driver calls through [`crate::raw`], on cudarc's own layers (the one exception,
 //! [`captured_graph_on_worker`], runs inside a node of a `boundpool-gpu` pool through its
-//! public API). They load the built-in kernels' PTX ([`raw::BUILTIN_PTX`]) themselves.
+//! public API). They load the built-in kernels' PTX ([`builtin::PTX`]) themselves.
 
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -54,7 +54,7 @@ impl Raw {
             .map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", &what, e))?;
         let ctx = primary.ctx();
         let loaded = on_bound(ctx, || {
-            let module = raw::module_load(raw::BUILTIN_PTX)
+            let module = raw::module_load(builtin::PTX)
                 .map_err(|e| Error::driver("cuModuleLoadData", &what, e))?;
             let name = std::ffi::CString::new(builtin::EMPTY).expect("no NUL");
             match raw::module_function(&module, &name) {

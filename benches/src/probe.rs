@@ -184,7 +184,7 @@ fn launch(f: Func, st: StreamRef, grid: u32, block: u32, params: &mut [u64]) -> 
 }
 
 fn probe_kernels(st: StreamRef, out: &mut Vec<String>) -> Result<()> {
-    let m = Loaded::new(raw::BUILTIN_PTX)?;
+    let m = Loaded::new(builtin::PTX)?;
     for name in [
         builtin::EMPTY,
         builtin::COUNT,

@@ -129,10 +129,6 @@ pub fn is_sticky(e: DriverError) -> bool {
     )
 }
 
-/// The PTX of `boundpool-gpu`'s built-in kernels ([`boundpool_gpu::builtin`]), the same file
-/// that crate loads.
-pub const BUILTIN_PTX: &str = include_str!("../../gpu/src/kernels.ptx");
-
 // ----------------------------------------------------------------------------------------------
 // Handles.
 
