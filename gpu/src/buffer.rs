@@ -1,6 +1,7 @@
 //! Device memory owned by a value that may be dropped on any thread: a cudarc `CudaSlice` whose
 //! drop is routed to a bound worker of its device.
 
+use std::cell::Cell;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -9,39 +10,41 @@ use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 
 use crate::device::{DeviceShared, Release};
 
+thread_local! {
+    /// Set on a worker while it captures (a buffer dropped then is a free the capture cannot
+    /// hold: the graph would replay on freed memory).
+    static CAPTURING: Cell<bool> = const { Cell::new(false) };
+    static FREED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Called by `DeviceBuffer::drop`: notes a free made during a capture on this thread.
+#[inline]
+fn note_free() {
+    if CAPTURING.with(Cell::get) {
+        FREED.with(|f| f.set(true));
+    }
+}
+
+/// A replay capture begins (`true`) or ends on this thread: while one is on, a buffer dropped
+/// here is noted (and the note cleared as it begins).
+pub(crate) fn watch_frees(on: bool) {
+    CAPTURING.with(|c| c.set(on));
+    if on {
+        FREED.with(|f| f.set(false));
+    }
+}
+
+/// Whether a buffer was dropped on this thread during the capture since the last call.
+pub(crate) fn take_freed() -> bool {
+    FREED.with(|f| f.replace(false))
+}
+
 /// Plain data that may be copied to and from the device bit for bit: cudarc's
 /// [`DeviceRepr`] types (the primitives, `half::f16`, `half::bf16`, arrays of them, and any
 /// `#[repr(C)]` type a user implements `DeviceRepr` for) that are `Copy`, `Send` and `Sync`.
 pub trait DeviceCopy: DeviceRepr + Copy + Send + Sync + 'static {}
 
 impl<T: DeviceRepr + Copy + Send + Sync + 'static> DeviceCopy for T {}
-
-/// A `CudaSlice` taken apart or dropped by the device's release queue, whatever its element
-/// type.
-pub(crate) trait LeakSlice: Send {
-    /// Its size in bytes.
-    fn bytes(&self) -> usize;
-    /// Gives up the allocation: the caller frees the returned address. Makes no driver call
-    /// on a context with event tracking off (the pool's); on a user's context with tracking on,
-    /// cudarc first makes the slice's stream wait for its last reads and writes.
-    fn leak(self: Box<Self>) -> u64;
-    /// Drops it as cudarc does (frees it on the calling thread): only once the pool is gone.
-    fn drop_here(self: Box<Self>);
-}
-
-impl<T: 'static> LeakSlice for CudaSlice<T> {
-    fn bytes(&self) -> usize {
-        self.num_bytes()
-    }
-
-    fn leak(self: Box<Self>) -> u64 {
-        (*self).leak()
-    }
-
-    fn drop_here(self: Box<Self>) {
-        drop(self)
-    }
-}
 
 /// `len` elements of `T` in one device's memory: a cudarc [`CudaSlice<T>`] that may be dropped
 /// on any thread.
@@ -160,7 +163,7 @@ impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
         if let Some(s) = self.slice.take() {
             // No driver call here: a bound worker of the device frees it. (A drop during a
             // replay capture fails the capture: the graph would replay on freed memory.)
-            crate::replay::note_free();
+            note_free();
             self.device.release(Release::Slice(Box::new(s)));
         }
     }

@@ -13,9 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use boundpool_scheduler::{GroupId, Placement};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
-use crate::buffer::LeakSlice;
 use crate::driver::{
     self, Ctx, DResult, Dev, DeviceAlloc, Event, Func, GraphExec, Module as RawModule, StreamRef,
 };
@@ -38,6 +37,72 @@ impl fmt::Debug for Release {
         match self {
             Release::Slice(s) => write!(f, "Slice({} bytes)", s.bytes()),
             Release::Exec(e) => write!(f, "Exec({e:?})"),
+        }
+    }
+}
+
+/// A `CudaSlice` taken apart or dropped by the device's release queue, whatever its element
+/// type.
+pub(crate) trait LeakSlice: Send {
+    /// Its size in bytes.
+    fn bytes(&self) -> usize;
+    /// Gives up the allocation: the caller frees the returned address. Makes no driver call
+    /// on a context with event tracking off (the pool's); on a user's context with tracking on,
+    /// cudarc first makes the slice's stream wait for its last reads and writes.
+    fn leak(self: Box<Self>) -> u64;
+    /// Drops it as cudarc does (frees it on the calling thread): only once the pool is gone.
+    fn drop_here(self: Box<Self>);
+}
+
+impl<T: 'static> LeakSlice for CudaSlice<T> {
+    fn bytes(&self) -> usize {
+        self.num_bytes()
+    }
+
+    fn leak(self: Box<Self>) -> u64 {
+        (*self).leak()
+    }
+
+    fn drop_here(self: Box<Self>) {
+        drop(self)
+    }
+}
+
+/// A replay executable of this device, owned by a segment of a replay instance (`replay.rs`).
+/// Dropped anywhere: the executable goes to its device's release queue; the device's teardown
+/// destroys those still held.
+pub(crate) struct ExecSlot {
+    pub(crate) exec: Mutex<Option<GraphExec>>,
+    pub(crate) device: Arc<DeviceShared>,
+    /// The replayable's count of executables.
+    count: Arc<AtomicUsize>,
+}
+
+impl ExecSlot {
+    /// An empty slot for an executable of `device`, counted in `count` while it holds one.
+    pub(crate) fn new(device: Arc<DeviceShared>, count: Arc<AtomicUsize>) -> Self {
+        Self {
+            exec: Mutex::new(None),
+            device,
+            count,
+        }
+    }
+
+    /// Takes the executable out (teardown).
+    pub(crate) fn take(&self) -> Option<GraphExec> {
+        let e = self.exec.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if e.is_some() {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+        e
+    }
+}
+
+impl Drop for ExecSlot {
+    fn drop(&mut self) {
+        if let Some(e) = self.take() {
+            // No driver call here: a bound worker of the device destroys it.
+            self.device.release(Release::Exec(e));
         }
     }
 }
@@ -88,7 +153,7 @@ pub(crate) struct DeviceShared {
     pub(crate) timing: Option<DeviceTiming>,
     /// Replay executables' slots, so that teardown destroys those still owned
     /// (`replay.rs`).
-    exec_slots: Mutex<Vec<Weak<crate::replay::ExecSlot>>>,
+    exec_slots: Mutex<Vec<Weak<ExecSlot>>>,
     /// Replay executables instantiated and not yet destroyed.
     execs_live: AtomicUsize,
     /// The device's metric handles (set at the pool's build; none for the probe's device).
@@ -146,7 +211,7 @@ impl DeviceShared {
     // ---------------------------------------------------------------- replay executables
 
     /// Registers a replay executable's slot for teardown (dead slots are pruned here).
-    pub(crate) fn register_exec_slot(&self, slot: &std::sync::Arc<crate::replay::ExecSlot>) {
+    pub(crate) fn register_exec_slot(&self, slot: &std::sync::Arc<ExecSlot>) {
         let mut v = self.exec_slots.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|w| w.strong_count() > 0);
         v.push(std::sync::Arc::downgrade(slot));

@@ -119,15 +119,14 @@
 //!   cudarc) and workspace, the cuSOLVER handle's creation and destruction, the
 //!   library-presence checks, and the routines, unsafe fns on device addresses.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
-//!   contract), the host copies and memset it passes to `driver.rs`, and handing a new
-//!   allocation to a `CudaSlice` (`upgrade_device_ptr`).
+//!   contract), the host copies and memset it passes to `driver.rs`, a captured host-to-device
+//!   copy's staging (a copy into a hoisted device buffer, then a captured device-to-device
+//!   copy), and handing a new allocation to a `CudaSlice` (`upgrade_device_ptr`).
 //! * `device.rs`: turning cudarc's event tracking off on the pool's context
 //!   (`disable_event_tracking`), and freeing a dropped buffer's allocation, taken out of its
 //!   `CudaSlice` (`DeviceAlloc::adopt`).
 //! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`); `nvtx.rs`
 //!   (feature `nvtx`), whether libnvToolsExt is.
-//! * `replay.rs`: a captured host-to-device copy's staging (a copy into a hoisted device
-//!   buffer, then a captured device-to-device copy).
 //!
 //! No other file has `unsafe`.
 //!
@@ -135,6 +134,7 @@
 
 mod blas;
 mod buffer;
+mod capture;
 mod detect;
 mod device;
 mod diag;

@@ -9,6 +9,7 @@ use boundpool_scheduler::backend::{InputsExt, NodeCtxExt};
 use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef, Placement, Priority};
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
+use crate::capture::Capture;
 use crate::device::{DeviceInfo, DeviceShared, GpuDevice};
 use crate::driver::{self, Event, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
@@ -59,9 +60,9 @@ pub struct GpuCtx<'a, 'n> {
     /// Where this node's work goes: its worker's stream of the node's level, or the one its
     /// predecessor (same level) handed over; under a replay capture, the capturing stream.
     pub(crate) stream: StreamRef,
-    /// Set while a replay captures this body (`replay.rs`): allocations are hoisted out of
+    /// Set while a replay captures this body (`capture.rs`): allocations are hoisted out of
     /// the capture, host copies staged, downloads refused.
-    pub(crate) capture: Option<&'a crate::replay::Capture>,
+    pub(crate) capture: Option<&'a Capture>,
     /// The node's name when it is not the scheduler node's (a replay node captured inside its
     /// segment's node).
     pub(crate) name: Option<&'a str>,
@@ -579,6 +580,79 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
                 ),
             ))
         }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Under a replay capture: what `GpuCtx` enqueues for its `Capture` (state in `capture.rs`).
+
+impl Capture {
+    /// Switches the thread to relaxed capture mode for a call the capture must not see.
+    pub(crate) fn relax(&self, ctx: &GpuCtx<'_, '_>) -> GpuResult<u32> {
+        driver::capture_mode_relaxed()
+            .map_err(|e| ctx.fail_call("cuThreadExchangeStreamCaptureMode", e))
+    }
+
+    /// After a hoisted call: waits for it on the side stream (`ok`: it enqueued something),
+    /// then restores the capture mode.
+    pub(crate) fn unrelax(&self, ctx: &GpuCtx<'_, '_>, mode: u32, ok: bool) -> GpuResult<()> {
+        let synced = if ok {
+            driver::stream_synchronize(ctx.b.ctx, self.side())
+                .map_err(|e| ctx.fail_call("cuStreamSynchronize", e))
+        } else {
+            Ok(())
+        };
+        driver::capture_mode_restore(mode)
+            .map_err(|e| ctx.fail_call("cuThreadExchangeStreamCaptureMode", e))?;
+        synced
+    }
+
+    /// `copy_to_device` under a capture: the host data goes now into a staging buffer the
+    /// segment keeps; the capture records a device-to-device copy from it.
+    pub(crate) fn staged_upload<T: DeviceCopy>(
+        &self,
+        ctx: &GpuCtx<'_, '_>,
+        src: &[T],
+        dst: &DeviceBuffer<T>,
+    ) -> GpuResult<()> {
+        let bytes = dst.bytes();
+        let stage = ctx.alloc::<u8>(bytes)?;
+        let mode = self.relax(ctx)?;
+        // SAFETY: `stage` is a live allocation of `bytes` bytes; `src` holds exactly `bytes`
+        // bytes (the caller checked the lengths) and is pageable: staged before return.
+        let copied = unsafe {
+            driver::memcpy_htod_async(
+                ctx.b.ctx,
+                stage.device_ptr(),
+                src.as_ptr() as *const u8,
+                bytes,
+                self.side(),
+            )
+        }
+        .map_err(|e| ctx.fail_call("cuMemcpyHtoDAsync", e));
+        self.unrelax(ctx, mode, copied.is_ok())?;
+        copied?;
+        // SAFETY: both are live allocations of `bytes` bytes on this device.
+        unsafe {
+            driver::memcpy_dtod_async(
+                ctx.b.ctx,
+                dst.device_ptr(),
+                stage.device_ptr(),
+                bytes,
+                ctx.stream,
+            )
+        }
+        .map_err(|e| ctx.fail_call("cuMemcpyDtoDAsync", e))?;
+        self.keep(stage);
+        Ok(())
+    }
+
+    /// Refuses an operation a CUDA graph cannot capture: remembers why (the capture fails
+    /// with it even if the body swallows the error) and returns the error.
+    pub(crate) fn refuse(&self, ctx: &GpuCtx<'_, '_>, why: &str) -> GpuError {
+        let msg = format!("{}: {why}", ctx.what());
+        self.note_refused(&msg);
+        GpuError::new(GpuErrorKind::Capture, msg)
     }
 }
 

@@ -41,7 +41,7 @@
 //!   worker right after instantiation.
 
 use std::any::Any;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fmt;
 use std::marker::PhantomData;
@@ -51,9 +51,10 @@ use std::time::{Duration, Instant};
 
 use boundpool_scheduler::{BoxError, GraphBuilder, GraphOutput, NodeCtx, NodeRef};
 
-use crate::buffer::{DeviceBuffer, DeviceCopy};
+use crate::buffer::{self, DeviceBuffer, DeviceCopy};
+use crate::capture::Capture;
+use crate::device::ExecSlot;
 use crate::device::GpuDevice;
-use crate::device::{DeviceShared, Release};
 use crate::driver::{self, GraphExec, GraphNode, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::{GpuCtx, GpuGraphExt};
@@ -66,21 +67,6 @@ type Out = Arc<dyn Any + Send + Sync>;
 type Body = Arc<dyn Fn(&ReplayCtx<'_, '_>) -> Result<Out, BoxError> + Send + Sync>;
 
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// Set on a worker while it captures (a buffer dropped then is a free the capture cannot
-    /// hold: the graph would replay on freed memory).
-    static CAPTURING: Cell<bool> = const { Cell::new(false) };
-    static FREED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Called by `DeviceBuffer::drop`: notes a free made during a capture on this thread.
-#[inline]
-pub(crate) fn note_free() {
-    if CAPTURING.with(Cell::get) {
-        FREED.with(|f| f.set(true));
-    }
-}
 
 /// A node of a [`ReplayBuilder`] whose output is a `T`.
 pub struct RNode<T> {
@@ -604,132 +590,7 @@ impl<'c, 'n> ReplayCtx<'c, 'n> {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Capture state seen by `GpuCtx` (node.rs).
-
-/// A capture in progress on a worker: what `GpuCtx` needs to hoist allocations, stage host
-/// copies and refuse what cannot be captured.
-pub(crate) struct Capture {
-    /// The worker's own stream, not capturing: hoisted allocations and staging copies go there.
-    side: StreamRef,
-    /// The capturing stream, as cudarc's type (`GpuCtx::stream`).
-    stream: Arc<CudaStream>,
-    /// Why the capture cannot go on (the first operation refused).
-    refused: RefCell<Option<String>>,
-    /// Staging buffers of captured host-to-device copies (kept with the segment).
-    staged: RefCell<Vec<DeviceBuffer<u8>>>,
-}
-
-impl Capture {
-    /// Keeps a hoisted buffer (a library workspace) as long as the segment's executable.
-    pub(crate) fn keep(&self, buf: DeviceBuffer<u8>) {
-        self.staged.borrow_mut().push(buf);
-    }
-
-    /// The capturing stream.
-    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-
-    /// Switches the thread to relaxed capture mode for a call the capture must not see.
-    pub(crate) fn relax(&self, ctx: &GpuCtx<'_, '_>) -> GpuResult<u32> {
-        driver::capture_mode_relaxed()
-            .map_err(|e| ctx.fail_call("cuThreadExchangeStreamCaptureMode", e))
-    }
-
-    /// After a hoisted call: waits for it on the side stream (`ok`: it enqueued something),
-    /// then restores the capture mode.
-    pub(crate) fn unrelax(&self, ctx: &GpuCtx<'_, '_>, mode: u32, ok: bool) -> GpuResult<()> {
-        let synced = if ok {
-            driver::stream_synchronize(ctx.b.ctx, self.side)
-                .map_err(|e| ctx.fail_call("cuStreamSynchronize", e))
-        } else {
-            Ok(())
-        };
-        driver::capture_mode_restore(mode)
-            .map_err(|e| ctx.fail_call("cuThreadExchangeStreamCaptureMode", e))?;
-        synced
-    }
-
-    /// `copy_to_device` under a capture: the host data goes now into a staging buffer the
-    /// segment keeps; the capture records a device-to-device copy from it.
-    pub(crate) fn staged_upload<T: DeviceCopy>(
-        &self,
-        ctx: &GpuCtx<'_, '_>,
-        src: &[T],
-        dst: &DeviceBuffer<T>,
-    ) -> GpuResult<()> {
-        let bytes = dst.bytes();
-        let stage = ctx.alloc::<u8>(bytes)?;
-        let mode = self.relax(ctx)?;
-        // SAFETY: `stage` is a live allocation of `bytes` bytes; `src` holds exactly `bytes`
-        // bytes (the caller checked the lengths) and is pageable: staged before return.
-        let copied = unsafe {
-            driver::memcpy_htod_async(
-                ctx.b.ctx,
-                stage.device_ptr(),
-                src.as_ptr() as *const u8,
-                bytes,
-                self.side,
-            )
-        }
-        .map_err(|e| ctx.fail_call("cuMemcpyHtoDAsync", e));
-        self.unrelax(ctx, mode, copied.is_ok())?;
-        copied?;
-        // SAFETY: both are live allocations of `bytes` bytes on this device.
-        unsafe {
-            driver::memcpy_dtod_async(
-                ctx.b.ctx,
-                dst.device_ptr(),
-                stage.device_ptr(),
-                bytes,
-                ctx.stream,
-            )
-        }
-        .map_err(|e| ctx.fail_call("cuMemcpyDtoDAsync", e))?;
-        self.staged.borrow_mut().push(stage);
-        Ok(())
-    }
-
-    /// Refuses an operation a CUDA graph cannot capture: remembers why (the capture fails
-    /// with it even if the body swallows the error) and returns the error.
-    pub(crate) fn refuse(&self, ctx: &GpuCtx<'_, '_>, why: &str) -> GpuError {
-        let msg = format!("{}: {why}", ctx.what());
-        self.refused.borrow_mut().get_or_insert_with(|| msg.clone());
-        GpuError::new(GpuErrorKind::Capture, msg)
-    }
-}
-
-// ----------------------------------------------------------------------------------------------
 // Executables, instances.
-
-/// An executable owned by a segment of an instance. Dropped anywhere: the executable goes to
-/// its device's release queue; the device's teardown destroys those still held.
-pub(crate) struct ExecSlot {
-    exec: Mutex<Option<GraphExec>>,
-    device: Arc<DeviceShared>,
-    /// The replayable's count of executables.
-    count: Arc<AtomicUsize>,
-}
-
-impl ExecSlot {
-    /// Takes the executable out (teardown).
-    pub(crate) fn take(&self) -> Option<GraphExec> {
-        let e = self.exec.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if e.is_some() {
-            self.count.fetch_sub(1, Ordering::Relaxed);
-        }
-        e
-    }
-}
-
-impl Drop for ExecSlot {
-    fn drop(&mut self) {
-        if let Some(e) = self.take() {
-            // No driver call here: a bound worker of the device destroys it.
-            self.device.release(Release::Exec(e));
-        }
-    }
-}
 
 struct SegState {
     slot: Arc<ExecSlot>,
@@ -961,11 +822,7 @@ impl Replayable {
                 let Kind::Captured(dev) = &desc.kinds[m[0] as usize] else {
                     unreachable!("segments hold captured nodes only")
                 };
-                let slot = Arc::new(ExecSlot {
-                    exec: Mutex::new(None),
-                    device: dev.shared.clone(),
-                    count: self.shared.execs.clone(),
-                });
+                let slot = Arc::new(ExecSlot::new(dev.shared.clone(), self.shared.execs.clone()));
                 dev.shared.register_exec_slot(&slot);
                 Mutex::new(SegState {
                     slot,
@@ -1103,7 +960,7 @@ struct CaptureGuard {
 impl CaptureGuard {
     fn finish(mut self) -> driver::DResult<Option<driver::CudaGraph>> {
         let s = self.stream.take().expect("finished once");
-        CAPTURING.with(|c| c.set(false));
+        buffer::watch_frees(false);
         driver::stream_end_capture(self.ctx, StreamRef::of(&s))
     }
 }
@@ -1111,7 +968,7 @@ impl CaptureGuard {
 impl Drop for CaptureGuard {
     fn drop(&mut self) {
         if let Some(s) = self.stream.take() {
-            CAPTURING.with(|c| c.set(false));
+            buffer::watch_frees(false);
             if let Ok(Some(g)) = driver::stream_end_capture(self.ctx, StreamRef::of(&s)) {
                 let _ = g.destroy(self.ctx);
             }
@@ -1164,14 +1021,8 @@ fn capture_segment(
         ctx,
         stream: Some(owned.clone()),
     };
-    CAPTURING.with(|c| c.set(true));
-    FREED.with(|f| f.set(false));
-    let cap = Capture {
-        side: b.stream,
-        stream: owned,
-        refused: RefCell::new(None),
-        staged: RefCell::new(Vec::new()),
-    };
+    buffer::watch_frees(true);
+    let cap = Capture::new(b.stream, owned);
     let local: RefCell<Vec<Option<Out>>> = RefCell::new(vec![None; desc.names.len()]);
     let mut tails: Vec<Vec<GraphNode>> = vec![Vec::new(); desc.names.len()];
     // The capture's current dependency set (empty at the start; None: not read back).
@@ -1246,7 +1097,7 @@ fn capture_segment(
             },
         };
         let r = (desc.bodies[m as usize])(&rctx);
-        if let Some(why) = cap.refused.borrow_mut().take() {
+        if let Some(why) = cap.take_refused() {
             return Err(capture_error(st, Some(m), why));
         }
         match r {
@@ -1257,7 +1108,7 @@ fn capture_segment(
                 return Err(capture_error(st, Some(m), format!("its body failed: {e}")));
             }
         }
-        if FREED.with(|f| f.replace(false)) {
+        if buffer::take_freed() {
             return Err(capture_error(
                 st,
                 Some(m),
@@ -1370,7 +1221,7 @@ fn capture_segment(
             outs[m as usize] = local[m as usize].take();
         }
     }
-    seg._staged = cap.staged.into_inner();
+    seg._staged = cap.into_staged();
     let m = b.device.metrics();
     m.captures.increment(1);
     m.exec_instantiations.increment(stats.instantiations);
