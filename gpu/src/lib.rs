@@ -112,12 +112,14 @@
 //!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (which packs the arguments, one
 //!   8-byte slot each, as the pointers the driver reads), the copies and the memset, which take
 //!   raw pointers.
-//! * `blas.rs`: the only file with cuBLAS and cuSOLVER handles and calls (`cudarc::cublas`,
-//!   `cudarc::cusolver::sys`; library handles, not driver handles, kept here by design: the
-//!   cuBLAS one is cudarc's `CudaBlas`, the cuSOLVER one owned like the driver's, destroyed by
-//!   consuming it on its worker): setting their stream (`CudaBlas::set_stream`, unsafe in
-//!   cudarc) and workspace, the cuSOLVER handle's creation and destruction, the
-//!   library-presence checks, and the routines, unsafe fns on device addresses.
+//! * `libs.rs` and `blas.rs`: the only files with cuBLAS and cuSOLVER handles and calls
+//!   (`cudarc::cublas`, `cudarc::cusolver::sys`; library handles, not driver handles, kept
+//!   there by design: the cuBLAS one is cudarc's `CudaBlas`, the cuSOLVER one owned like the
+//!   driver's, destroyed by consuming it on its worker). `libs.rs`, each worker's handles and
+//!   workspaces: the cuSOLVER handle's creation, destruction and stream, and the
+//!   library-presence checks; `blas.rs`, what nodes call: setting the cuBLAS handle's stream
+//!   (`CudaBlas::set_stream`, unsafe in cudarc) and workspace, and the routines, unsafe fns on
+//!   device addresses.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
 //!   contract), the host copies and memset it passes to `driver.rs`, a captured host-to-device
 //!   copy's staging (a copy into a hoisted device buffer, then a captured device-to-device
@@ -140,6 +142,7 @@ mod device;
 mod diag;
 mod driver;
 mod error;
+mod libs;
 mod metrics;
 mod module;
 mod node;
@@ -147,10 +150,11 @@ mod node;
 mod nvtx;
 mod pool;
 mod replay;
+mod state;
 mod timing;
 mod worker;
 
-pub use blas::{potrf_info_error, Blas, CublasRef, Diag, Side, Solver, Trans, Uplo, WorkerSetup};
+pub use blas::{potrf_info_error, Blas, CublasRef, Diag, Side, Solver, Trans, Uplo};
 pub use buffer::{DeviceBuffer, DeviceCopy};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
 pub use device::{DeviceInfo, GpuDevice};
@@ -163,6 +167,7 @@ pub use node::{
 };
 pub use pool::{Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 pub use replay::{RNode, ReplayBuilder, ReplayCtx, ReplayOutput, ReplayStats, Replayable};
+pub use state::WorkerSetup;
 pub use worker::GpuWorker;
 
 /// The cudarc that boundpool links, so that code written against cudarc names the same

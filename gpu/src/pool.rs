@@ -49,7 +49,7 @@ pub struct GpuPoolBuilder {
     host_cores: Option<Cores>,
     trace: bool,
     stream_handoff: bool,
-    plan: crate::blas::WorkerPlan,
+    plan: crate::state::WorkerPlan,
     /// (group index within a device, stream priority)
     stream_priorities: Vec<(usize, i32)>,
 }
@@ -171,9 +171,9 @@ impl GpuPoolBuilder {
     pub fn worker_state<T, F>(mut self, make: F) -> Self
     where
         T: Send + 'static,
-        F: Fn(&crate::blas::WorkerSetup<'_>) -> Result<T, BoxError> + Send + Sync + 'static,
+        F: Fn(&crate::state::WorkerSetup<'_>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
-        let m = crate::blas::StateMaker::new::<T, F>(make);
+        let m = crate::state::StateMaker::new::<T, F>(make);
         self.plan
             .states
             .retain(|o| o.state_type() != m.state_type());

@@ -9,13 +9,15 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use boundpool_scheduler::{BoxError, GroupId, Placement, Priority};
+use boundpool_scheduler::{BoxError, GroupId, Placement, Priority, WorkerInfo};
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::device::DeviceShared;
 use crate::driver::{self, Ctx, DriverError, Event, Func, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::libs::WorkerLibs;
 use crate::module::Kernel;
+use crate::state::{WorkerPlan, WorkerSetup, WorkerStates};
 
 /// Pool-wide facts every worker needs: which group belongs to which device.
 #[derive(Debug)]
@@ -28,7 +30,7 @@ pub(crate) struct PoolShared {
     /// `GpuPoolBuilder::stream_handoff`.
     pub(crate) stream_handoff: bool,
     /// Libraries and user states every device worker sets up at start.
-    pub(crate) plan: crate::blas::WorkerPlan,
+    pub(crate) plan: WorkerPlan,
     /// Group index -> priority of its workers' streams (`GpuPoolBuilder::stream_priority`).
     pub(crate) group_priority: Vec<i32>,
     /// The first device worker whose start failed, and why (`GpuPool::build` reports it: the
@@ -134,9 +136,9 @@ pub(crate) struct Bound {
     /// Where this worker's events come back from markers.
     pub(crate) returned: Arc<EventReturn>,
     /// cuBLAS / cuSOLVER handles and workspaces.
-    pub(crate) libs: crate::blas::WorkerLibs,
+    pub(crate) libs: WorkerLibs,
     /// User states (`GpuPoolBuilder::worker_state`).
-    pub(crate) states: crate::blas::WorkerStates,
+    pub(crate) states: WorkerStates,
     /// Edge counts not yet pushed to the device's metrics.
     pub(crate) edges: crate::metrics::EdgeCounts,
 }
@@ -229,6 +231,33 @@ impl GpuWorker {
             }),
             shared,
         })
+    }
+
+    /// After binding: the libraries asked for up front and the user states, on this worker.
+    /// On failure the worker is stopped (its context released) and the error names it.
+    pub(crate) fn set_up(mut self, info: &WorkerInfo) -> GpuResult<Self> {
+        let plan = self.shared.plan.clone();
+        let r = (|| {
+            let Some(b) = self.bound.as_mut() else {
+                return Ok(());
+            };
+            let what = || format!("worker '{}' of device {}", info.name, b.device.ordinal());
+            if plan.blas {
+                b.libs.ensure_blas(b.normal_stream(), &what)?;
+            }
+            if plan.solver {
+                b.libs.ensure_solver(&what)?;
+            }
+            let setup = WorkerSetup::new(info, &b.device.info, &b.cuda);
+            b.states.make(&plan.states, &setup, &what)
+        })();
+        match r {
+            Ok(()) => Ok(self),
+            Err(e) => {
+                self.stop();
+                Err(e)
+            }
+        }
     }
 
     /// Stop hook: finish the streams' work, give back every event, free what is queued, and
