@@ -11,7 +11,7 @@ use boundpool_scheduler::{
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::detect::{self, plan_cores, process_cores};
-use crate::device::{DeviceShared, GpuDevice};
+use crate::device::{DeviceInfo, DeviceShared, GpuDevice};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::{GpuCtx, GpuGraphExt};
 use crate::worker::{GpuWorker, PoolShared};
@@ -196,6 +196,25 @@ impl GpuPoolBuilder {
     /// then starts the workers: each pins itself, binds its device's primary context (retained
     /// once per device), checks it with `cuCtxGetCurrent` and creates its stream.
     pub fn build(self) -> GpuResult<GpuPool> {
+        let ordinals = self.ordinals()?;
+        self.plan.check_libraries()?;
+        let (devices, infos) = self.open_devices(&ordinals)?;
+        let groups = self.plan_groups(&devices, &infos);
+        let shared = Arc::new(PoolShared {
+            group_device: groups.group_device,
+            domain_device: groups.domain_device,
+            devices: devices.clone(),
+            stream_handoff: self.stream_handoff,
+            plan: self.plan.clone(),
+            group_priority: groups.group_priority,
+            first_start_failure: std::sync::Mutex::new(None),
+        });
+        let pool = self.start(shared, groups.specs, &devices, &groups.device_groups)?;
+        Ok(self.finish(pool, devices, groups.device_groups, groups.host_group))
+    }
+
+    /// The ordinals of the devices to use, checked against the driver's count.
+    fn ordinals(&self) -> GpuResult<Vec<i32>> {
         let count = detect::detect()?;
         if count == 0 {
             return Err(GpuError::new(
@@ -241,10 +260,17 @@ impl GpuPoolBuilder {
             }
             seen.push(o);
         }
-        self.plan.check_libraries()?;
+        Ok(ordinals)
+    }
+
+    /// Opens each device (its table, with its metrics) and returns them with their facts.
+    fn open_devices(
+        &self,
+        ordinals: &[i32],
+    ) -> GpuResult<(Vec<Arc<DeviceShared>>, Vec<DeviceInfo>)> {
         let mut devices = Vec::new();
         let mut infos = Vec::new();
-        for &o in &ordinals {
+        for &o in ordinals {
             let (dev, info) = detect::open_device(o)?;
             infos.push(info.clone());
             let d = DeviceShared::new(info, dev, self.trace);
@@ -254,8 +280,14 @@ impl GpuPoolBuilder {
             ));
             devices.push(Arc::new(d));
         }
+        Ok((devices, infos))
+    }
+
+    /// The scheduler groups: `groups_per_device` per device (their workers' cores and stream
+    /// priority), then the host group if any.
+    fn plan_groups(&self, devices: &[Arc<DeviceShared>], infos: &[DeviceInfo]) -> GroupPlan {
         let process = process_cores();
-        let plans = plan_cores(&infos, self.workers_per_device, &process);
+        let plans = plan_cores(infos, self.workers_per_device, &process);
         let mut specs = Vec::new();
         let mut group_device = Vec::new();
         let mut group_priority = Vec::new();
@@ -322,15 +354,25 @@ impl GpuPoolBuilder {
         if self.groups_per_device > 1 {
             domain_device.extend(0..devices.len());
         }
-        let shared = Arc::new(PoolShared {
+        GroupPlan {
+            specs,
             group_device,
-            domain_device,
-            devices: devices.clone(),
-            stream_handoff: self.stream_handoff,
-            plan: self.plan.clone(),
             group_priority,
-            first_start_failure: std::sync::Mutex::new(None),
-        });
+            device_groups,
+            domain_device,
+            host_group,
+        }
+    }
+
+    /// Starts the scheduler pool: each device worker's start hook binds its device and sets
+    /// it up; a failed start names the first device worker that failed.
+    fn start(
+        &self,
+        shared: Arc<PoolShared>,
+        specs: Vec<GroupSpec>,
+        devices: &[Arc<DeviceShared>],
+        device_groups: &[Vec<GroupId>],
+    ) -> GpuResult<Pool<GpuWorker>> {
         let sh_start = shared.clone();
         let sh_failed = shared.clone();
         let pool_name = self.name.clone();
@@ -389,6 +431,18 @@ impl GpuPoolBuilder {
                 )
                 .with_source(e)
             })?;
+        Ok(pool)
+    }
+
+    /// The started pool's devices: the trace's recorder, each device's waker for its release
+    /// queue, and its public face.
+    fn finish(
+        &self,
+        pool: Pool<GpuWorker>,
+        devices: Vec<Arc<DeviceShared>>,
+        device_groups: Vec<Vec<GroupId>>,
+        host_group: Option<GroupId>,
+    ) -> GpuPool {
         if let Some(r) = pool.span_recorder() {
             for d in &devices {
                 if let Some(t) = &d.timing {
@@ -424,12 +478,26 @@ impl GpuPoolBuilder {
                 placement,
             })
             .collect();
-        Ok(GpuPool {
+        GpuPool {
             pool,
             devices: gdevices,
             host_group,
-        })
+        }
     }
+}
+
+/// The scheduler groups of a pool, as `GpuPoolBuilder::build` plans them.
+struct GroupPlan {
+    specs: Vec<GroupSpec>,
+    /// Group index -> index into the devices (None: the host group).
+    group_device: Vec<Option<usize>>,
+    /// Group index -> priority of its workers' streams.
+    group_priority: Vec<i32>,
+    /// Each device's groups.
+    device_groups: Vec<Vec<GroupId>>,
+    /// Domain index -> index into the devices (with several groups per device).
+    domain_device: Vec<usize>,
+    host_group: Option<GroupId>,
 }
 
 /// A pool of pinned workers bound to their devices' contexts (plus optional host workers),
