@@ -1,0 +1,341 @@
+//! Capture on a bound worker: a segment's node captures its members' bodies into a CUDA graph
+//! when the instance's segment is stale, instantiates (or updates) its executable, and
+//! launches it.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use boundpool_scheduler::{BoxError, NodeRef};
+use cudarc::driver::CudaStream;
+
+use crate::buffer;
+use crate::capture::Capture;
+use crate::driver::{self, GraphExec, GraphNode, StreamRef};
+use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::node::GpuCtx;
+
+use super::desc::{Out, ReplayCtx, Source};
+use super::instance::{InstanceState, ReplayStats, SegState};
+
+/// Body of a segment's node: capture when the instance's segment is not captured for the
+/// current generation, then launch the executable on the node's stream.
+pub(super) fn run_segment(
+    st: &InstanceState,
+    k: u32,
+    gctx: &GpuCtx<'_, '_>,
+    refs: &[NodeRef<Out>],
+) -> Result<(), BoxError> {
+    let mut seg = st.segs[k as usize]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let generation = st.shared.generation.load(Ordering::Acquire);
+    if seg.generation != Some(generation) {
+        seg.generation = None;
+        match capture_segment(st, k, gctx, refs, &mut seg) {
+            Ok(()) => seg.generation = Some(generation),
+            Err(e) => {
+                st.shared
+                    .stats
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .failed_captures += 1;
+                return Err(Box::new(e));
+            }
+        }
+    }
+    let exec = seg.slot.exec.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(e) = exec.as_ref() {
+        driver::graph_launch(gctx.b.ctx, e, gctx.stream)
+            .map_err(|e| Box::new(gctx.fail_call("cuGraphLaunch", e)) as BoxError)?;
+        gctx.b.device.metrics().replays.increment(1);
+    }
+    Ok(())
+}
+
+/// Ends a capture however the capturing code leaves (error or panic): the stream stops
+/// capturing, the partial graph and the stream are destroyed, the thread's flag is cleared.
+struct CaptureGuard {
+    ctx: driver::Ctx,
+    /// Dropped (destroyed, unless a body kept a clone) when the capture ends.
+    stream: Option<Arc<CudaStream>>,
+}
+
+impl CaptureGuard {
+    fn finish(mut self) -> driver::DResult<Option<driver::CudaGraph>> {
+        let s = self.stream.take().expect("finished once");
+        buffer::watch_frees(false);
+        driver::stream_end_capture(self.ctx, StreamRef::of(&s))
+    }
+}
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        if let Some(s) = self.stream.take() {
+            buffer::watch_frees(false);
+            if let Ok(Some(g)) = driver::stream_end_capture(self.ctx, StreamRef::of(&s)) {
+                let _ = g.destroy(self.ctx);
+            }
+        }
+    }
+}
+
+fn capture_error(st: &InstanceState, node: Option<u32>, why: String) -> GpuError {
+    let at = match node {
+        Some(i) => format!(" at node '{}'", st.desc.names[i as usize]),
+        None => String::new(),
+    };
+    GpuError::new(
+        GpuErrorKind::Capture,
+        format!(
+            "replay capture of graph '{}' failed{at}: {why} (the graph still runs eagerly: Replayable::run_eager)",
+            st.desc.name
+        ),
+    )
+}
+
+fn capture_segment(
+    st: &InstanceState,
+    k: u32,
+    gctx: &GpuCtx<'_, '_>,
+    refs: &[NodeRef<Out>],
+    seg: &mut SegState,
+) -> GpuResult<()> {
+    let b = gctx.b;
+    let ctx = b.ctx;
+    let desc = &*st.desc;
+    if !driver::has_capture_v3() {
+        return Err(capture_error(
+            st,
+            None,
+            format!(
+                "replay needs a CUDA 12.3 driver or newer (this one reports {})",
+                driver::driver_version().unwrap_or(0)
+            ),
+        ));
+    }
+    let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
+    let t0 = Instant::now();
+    let owned = b.cuda.new_stream().map_err(|e| drv("cuStreamCreate", e))?;
+    // The capturing stream: a view of `owned`, which the guard drops when the capture ends
+    // (`finish` consumes the guard, after the last use of `cs` below).
+    let cs = StreamRef::of(&owned);
+    driver::stream_begin_capture(ctx, cs).map_err(|e| drv("cuStreamBeginCapture", e))?;
+    let guard = CaptureGuard {
+        ctx,
+        stream: Some(owned.clone()),
+    };
+    buffer::watch_frees(true);
+    let cap = Capture::new(b.stream, owned);
+    let local: RefCell<Vec<Option<Out>>> = RefCell::new(vec![None; desc.names.len()]);
+    let mut tails: Vec<Vec<GraphNode>> = vec![Vec::new(); desc.names.len()];
+    // The capture's current dependency set (empty at the start; None: not read back).
+    let mut current: Option<Vec<GraphNode>> = Some(Vec::new());
+    // Members some later member of this segment depends on (lane edges included): only their
+    // tails are read back (one driver call less per node for the others, e.g. independent
+    // nodes; the replay bench's `captured_graph` baseline shows the graph is the same).
+    let mut needed = vec![false; desc.names.len()];
+    for &m in &desc.segments[k as usize] {
+        for &p in desc.preds[m as usize].iter().chain(&desc.after[m as usize]) {
+            if desc.seg_of[p as usize] == Some(k) {
+                needed[p as usize] = true;
+            }
+        }
+    }
+    let mut empty_root: Option<GraphNode> = None;
+    for &m in &desc.segments[k as usize] {
+        let mut deps: Vec<GraphNode> = Vec::new();
+        for &p in desc.preds[m as usize].iter().chain(&desc.after[m as usize]) {
+            if desc.seg_of[p as usize] == Some(k) {
+                for d in &tails[p as usize] {
+                    if !deps.contains(d) {
+                        deps.push(*d);
+                    }
+                }
+            }
+        }
+        // The capture's tail is the last member's: a chain needs no update at all.
+        if let (true, Some(root)) = (deps.is_empty(), empty_root) {
+            // The driver refused an empty set before: don't ask again.
+            deps.push(root);
+        }
+        if current.as_ref() != Some(&deps) {
+            let set = driver::capture_set_dependencies(ctx, cs, &deps);
+            match set {
+                Ok(()) => {}
+                // A driver that refuses an empty dependency set: the roots depend on one empty
+                // node instead (made once per capture).
+                Err(_) if deps.is_empty() => {
+                    let root = match empty_root {
+                        Some(r) => r,
+                        None => {
+                            let r = driver::capture_add_root(ctx, cs)
+                                .map_err(|e| drv("cuGraphAddEmptyNode", e))?;
+                            empty_root = Some(r);
+                            r
+                        }
+                    };
+                    driver::capture_set_dependencies(ctx, cs, &[root])
+                        .map_err(|e| drv("cuStreamUpdateCaptureDependencies", e))?;
+                }
+                Err(e) => return Err(drv("cuStreamUpdateCaptureDependencies", e)),
+            }
+        }
+        let mctx = GpuCtx {
+            node: gctx.node(),
+            b,
+            stream: cs,
+            capture: Some(&cap),
+            name: Some(&desc.names[m as usize]),
+            cuda_stream: std::cell::OnceCell::new(),
+        };
+        let rctx = ReplayCtx {
+            gpu: Some(&mctx),
+            node: gctx.node(),
+            me: m,
+            desc,
+            src: Source::Replay {
+                refs,
+                outputs: &st.outputs,
+                capture: Some((k, &local)),
+            },
+        };
+        let r = (desc.bodies[m as usize])(&rctx);
+        if let Some(why) = cap.take_refused() {
+            return Err(capture_error(st, Some(m), why));
+        }
+        match r {
+            Ok(v) => local.borrow_mut()[m as usize] = Some(v),
+            // The body's own error first: it names the call that failed (a free noted below
+            // may only be its clean-up).
+            Err(e) => {
+                return Err(capture_error(st, Some(m), format!("its body failed: {e}")));
+            }
+        }
+        if buffer::take_freed() {
+            return Err(capture_error(
+                st,
+                Some(m),
+                "a free (a DeviceBuffer dropped during the body) cannot be captured: the graph would replay on freed memory (return the buffer as an output instead)".into(),
+            ));
+        }
+        match driver::stream_capture_status(ctx, cs) {
+            Ok(Some(true)) => {}
+            Ok(_) => {
+                return Err(capture_error(
+                    st,
+                    Some(m),
+                    "the driver invalidated the capture during this body (an operation a CUDA graph cannot capture: a synchronise, an event query, a host copy or allocation on the capturing stream)".into(),
+                ))
+            }
+            Err(e) => return Err(drv("cuStreamIsCapturing", e)),
+        }
+        if needed[m as usize] {
+            tails[m as usize] = driver::capture_dependencies(ctx, cs)
+                .map_err(|e| drv("cuStreamGetCaptureInfo", e))?;
+            current = Some(tails[m as usize].clone());
+        } else {
+            current = None;
+        }
+    }
+    let mut graph = guard
+        .finish()
+        .map_err(|e| drv("cuStreamEndCapture", e))?
+        .ok_or_else(|| capture_error(st, None, "cuStreamEndCapture returned no graph".into()))?;
+    // The empty root stood in for an empty dependency set only during the capture: without it
+    // the roots are roots again, and the executable has the DAG's topology exactly (a fan-out
+    // from one node instantiated several times slower per node than the same roots).
+    if let Some(root) = empty_root {
+        if let Err(e) = driver::graph_remove_node(ctx, &mut graph, root) {
+            let _ = graph.destroy(ctx);
+            return Err(drv("cuGraphDestroyNode", e));
+        }
+    }
+    let capture_time = t0.elapsed();
+    let counted = driver::graph_node_count(ctx, &graph);
+    let nodes = match counted {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = graph.destroy(ctx);
+            return Err(drv("cuGraphGetNodes", e));
+        }
+    };
+    let edges = match driver::graph_edge_count(ctx, &graph) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = graph.destroy(ctx);
+            return Err(drv("cuGraphGetEdges", e));
+        }
+    };
+    let mut stats = ReplayStats::default();
+    let device = &seg.slot.device;
+    let old = seg.slot.take();
+    let made: GpuResult<Option<GraphExec>> = if nodes == 0 {
+        if let Some(e) = old {
+            device.destroy_exec(ctx, e);
+        }
+        Ok(None)
+    } else {
+        let updated = match old {
+            Some(mut e) => {
+                let t = Instant::now();
+                let r = driver::graph_exec_update(ctx, &mut e, &graph);
+                stats.update_time = t.elapsed();
+                match r {
+                    Ok(true) => {
+                        stats.updates = 1;
+                        Some(e)
+                    }
+                    Ok(false) | Err(_) => {
+                        stats.update_fallbacks = 1;
+                        device.destroy_exec(ctx, e);
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        match updated {
+            Some(e) => Ok(Some(e)),
+            None => {
+                let t = Instant::now();
+                let r = driver::graph_instantiate(ctx, &graph);
+                stats.instantiate_time = t.elapsed();
+                stats.instantiations = 1;
+                r.map(|e| {
+                    device.exec_created();
+                    Some(e)
+                })
+                .map_err(|e| drv("cuGraphInstantiateWithFlags", e))
+            }
+        }
+    };
+    let _ = graph.destroy(ctx);
+    let exec = made?;
+    if let Some(e) = exec {
+        *seg.slot.exec.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+        st.shared.execs.fetch_add(1, Ordering::Relaxed);
+    }
+    // The new outputs replace the old ones (whose buffers go to the release queue, freed after
+    // the work already enqueued on the device).
+    st.outputs
+        .replace(&desc.segments[k as usize], local.into_inner());
+    seg._staged = cap.into_staged();
+    let m = b.device.metrics();
+    m.captures.increment(1);
+    m.exec_instantiations.increment(stats.instantiations);
+    m.exec_updates.increment(stats.updates);
+    let mut s = st.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+    s.captures += 1;
+    s.capture_time += capture_time;
+    s.instantiations += stats.instantiations;
+    s.instantiate_time += stats.instantiate_time;
+    s.updates += stats.updates;
+    s.update_fallbacks += stats.update_fallbacks;
+    s.update_time += stats.update_time;
+    s.captured_nodes += nodes as u64;
+    s.captured_edges += edges as u64;
+    s.stand_in_roots += u64::from(empty_root.is_some());
+    Ok(())
+}
