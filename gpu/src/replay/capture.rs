@@ -95,6 +95,8 @@ fn capture_error(st: &InstanceState, node: Option<u32>, why: String) -> GpuError
     )
 }
 
+/// Captures segment `k` of instance `st` on this worker into a CUDA graph, makes or updates
+/// its executable, and keeps the members' outputs and the capture's buffers with the instance.
 fn capture_segment(
     st: &InstanceState,
     k: u32,
@@ -103,7 +105,6 @@ fn capture_segment(
     seg: &mut SegState,
 ) -> GpuResult<()> {
     let b = gctx.b;
-    let ctx = b.ctx;
     let desc = &*st.desc;
     if !driver::has_capture_v3() {
         return Err(capture_error(
@@ -115,11 +116,47 @@ fn capture_segment(
             ),
         ));
     }
-    let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
     let t0 = Instant::now();
+    let (guard, cap) = begin_capture(st, gctx)?;
+    let local: RefCell<Vec<Option<Out>>> = RefCell::new(vec![None; desc.names.len()]);
+    let empty_root = capture_members(st, k, gctx, refs, &cap, &local)?;
+    let graph = end_capture(st, gctx, guard, empty_root)?;
+    let capture_time = t0.elapsed();
+    let (graph, nodes, edges) = graph_size(st, gctx, graph)?;
+    let mut stats = ReplayStats::default();
+    install_exec(st, gctx, seg, graph, nodes, &mut stats)?;
+    // The new outputs replace the old ones (whose buffers go to the release queue, freed after
+    // the work already enqueued on the device).
+    st.outputs
+        .replace(&desc.segments[k as usize], local.into_inner());
+    seg._staged = cap.into_staged();
+    let m = b.device.metrics();
+    m.captures.increment(1);
+    m.exec_instantiations.increment(stats.instantiations);
+    m.exec_updates.increment(stats.updates);
+    let mut s = st.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+    s.captures += 1;
+    s.capture_time += capture_time;
+    s.instantiations += stats.instantiations;
+    s.instantiate_time += stats.instantiate_time;
+    s.updates += stats.updates;
+    s.update_fallbacks += stats.update_fallbacks;
+    s.update_time += stats.update_time;
+    s.captured_nodes += nodes as u64;
+    s.captured_edges += edges as u64;
+    s.stand_in_roots += u64::from(empty_root.is_some());
+    Ok(())
+}
+
+/// Begins a capture, in thread-local mode, on a new stream of the worker's context; the guard
+/// ends it however the capturing code leaves.
+fn begin_capture(st: &InstanceState, gctx: &GpuCtx<'_, '_>) -> GpuResult<(CaptureGuard, Capture)> {
+    let b = gctx.b;
+    let ctx = b.ctx;
+    let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
     let owned = b.cuda.new_stream().map_err(|e| drv("cuStreamCreate", e))?;
     // The capturing stream: a view of `owned`, which the guard drops when the capture ends
-    // (`finish` consumes the guard, after the last use of `cs` below).
+    // (`finish` consumes the guard, after the last use of a view of it in `capture_members`).
     let cs = StreamRef::of(&owned);
     driver::stream_begin_capture(ctx, cs).map_err(|e| drv("cuStreamBeginCapture", e))?;
     let guard = CaptureGuard {
@@ -128,7 +165,25 @@ fn capture_segment(
     };
     buffer::watch_frees(true);
     let cap = Capture::new(b.stream, owned);
-    let local: RefCell<Vec<Option<Out>>> = RefCell::new(vec![None; desc.names.len()]);
+    Ok((guard, cap))
+}
+
+/// Calls the segment's members' bodies under the capture, in their order, each with its own
+/// dependencies set on the capture (the union of its segment predecessors' last captured
+/// nodes), their outputs into `local`. Returns the empty node that stood in for an empty
+/// dependency set, if the driver refused one.
+fn capture_members(
+    st: &InstanceState,
+    k: u32,
+    gctx: &GpuCtx<'_, '_>,
+    refs: &[NodeRef<Out>],
+    cap: &Capture,
+    local: &RefCell<Vec<Option<Out>>>,
+) -> GpuResult<Option<GraphNode>> {
+    let ctx = gctx.b.ctx;
+    let desc = &*st.desc;
+    let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
+    let cs = StreamRef::of(cap.stream());
     let mut tails: Vec<Vec<GraphNode>> = vec![Vec::new(); desc.names.len()];
     // The capture's current dependency set (empty at the start; None: not read back).
     let mut current: Option<Vec<GraphNode>> = Some(Vec::new());
@@ -182,55 +237,7 @@ fn capture_segment(
                 Err(e) => return Err(drv("cuStreamUpdateCaptureDependencies", e)),
             }
         }
-        let mctx = GpuCtx {
-            node: gctx.node(),
-            b,
-            stream: cs,
-            capture: Some(&cap),
-            name: Some(&desc.names[m as usize]),
-            cuda_stream: std::cell::OnceCell::new(),
-        };
-        let rctx = ReplayCtx {
-            gpu: Some(&mctx),
-            node: gctx.node(),
-            me: m,
-            desc,
-            src: Source::Replay {
-                refs,
-                outputs: &st.outputs,
-                capture: Some((k, &local)),
-            },
-        };
-        let r = (desc.bodies[m as usize])(&rctx);
-        if let Some(why) = cap.take_refused() {
-            return Err(capture_error(st, Some(m), why));
-        }
-        match r {
-            Ok(v) => local.borrow_mut()[m as usize] = Some(v),
-            // The body's own error first: it names the call that failed (a free noted below
-            // may only be its clean-up).
-            Err(e) => {
-                return Err(capture_error(st, Some(m), format!("its body failed: {e}")));
-            }
-        }
-        if buffer::take_freed() {
-            return Err(capture_error(
-                st,
-                Some(m),
-                "a free (a DeviceBuffer dropped during the body) cannot be captured: the graph would replay on freed memory (return the buffer as an output instead)".into(),
-            ));
-        }
-        match driver::stream_capture_status(ctx, cs) {
-            Ok(Some(true)) => {}
-            Ok(_) => {
-                return Err(capture_error(
-                    st,
-                    Some(m),
-                    "the driver invalidated the capture during this body (an operation a CUDA graph cannot capture: a synchronise, an event query, a host copy or allocation on the capturing stream)".into(),
-                ))
-            }
-            Err(e) => return Err(drv("cuStreamIsCapturing", e)),
-        }
+        call_member(st, k, m, gctx, refs, cap, local)?;
         if needed[m as usize] {
             tails[m as usize] = driver::capture_dependencies(ctx, cs)
                 .map_err(|e| drv("cuStreamGetCaptureInfo", e))?;
@@ -239,6 +246,86 @@ fn capture_segment(
             current = None;
         }
     }
+    Ok(empty_root)
+}
+
+/// Calls member `m`'s body under the capture (its dependencies set), then checks that the
+/// capture may go on: nothing refused, the body succeeded, no buffer freed, the capture valid.
+fn call_member(
+    st: &InstanceState,
+    k: u32,
+    m: u32,
+    gctx: &GpuCtx<'_, '_>,
+    refs: &[NodeRef<Out>],
+    cap: &Capture,
+    local: &RefCell<Vec<Option<Out>>>,
+) -> GpuResult<()> {
+    let b = gctx.b;
+    let ctx = b.ctx;
+    let desc = &*st.desc;
+    let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
+    let cs = StreamRef::of(cap.stream());
+    let mctx = GpuCtx {
+        node: gctx.node(),
+        b,
+        stream: cs,
+        capture: Some(cap),
+        name: Some(&desc.names[m as usize]),
+        cuda_stream: std::cell::OnceCell::new(),
+    };
+    let rctx = ReplayCtx {
+        gpu: Some(&mctx),
+        node: gctx.node(),
+        me: m,
+        desc,
+        src: Source::Replay {
+            refs,
+            outputs: &st.outputs,
+            capture: Some((k, local)),
+        },
+    };
+    let r = (desc.bodies[m as usize])(&rctx);
+    if let Some(why) = cap.take_refused() {
+        return Err(capture_error(st, Some(m), why));
+    }
+    match r {
+        Ok(v) => local.borrow_mut()[m as usize] = Some(v),
+        // The body's own error first: it names the call that failed (a free noted below
+        // may only be its clean-up).
+        Err(e) => {
+            return Err(capture_error(st, Some(m), format!("its body failed: {e}")));
+        }
+    }
+    if buffer::take_freed() {
+        return Err(capture_error(
+            st,
+            Some(m),
+            "a free (a DeviceBuffer dropped during the body) cannot be captured: the graph would replay on freed memory (return the buffer as an output instead)".into(),
+        ));
+    }
+    match driver::stream_capture_status(ctx, cs) {
+        Ok(Some(true)) => {}
+        Ok(_) => {
+            return Err(capture_error(
+                st,
+                Some(m),
+                "the driver invalidated the capture during this body (an operation a CUDA graph cannot capture: a synchronise, an event query, a host copy or allocation on the capturing stream)".into(),
+            ))
+        }
+        Err(e) => return Err(drv("cuStreamIsCapturing", e)),
+    }
+    Ok(())
+}
+
+/// Ends the capture and returns its graph, without the empty root if one stood in.
+fn end_capture(
+    st: &InstanceState,
+    gctx: &GpuCtx<'_, '_>,
+    guard: CaptureGuard,
+    empty_root: Option<GraphNode>,
+) -> GpuResult<driver::CudaGraph> {
+    let ctx = gctx.b.ctx;
+    let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
     let mut graph = guard
         .finish()
         .map_err(|e| drv("cuStreamEndCapture", e))?
@@ -252,7 +339,17 @@ fn capture_segment(
             return Err(drv("cuGraphDestroyNode", e));
         }
     }
-    let capture_time = t0.elapsed();
+    Ok(graph)
+}
+
+/// The graph's numbers of nodes and edges (the graph is destroyed on an error).
+fn graph_size(
+    st: &InstanceState,
+    gctx: &GpuCtx<'_, '_>,
+    graph: driver::CudaGraph,
+) -> GpuResult<(driver::CudaGraph, usize, usize)> {
+    let ctx = gctx.b.ctx;
+    let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
     let counted = driver::graph_node_count(ctx, &graph);
     let nodes = match counted {
         Ok(n) => n,
@@ -268,7 +365,21 @@ fn capture_segment(
             return Err(drv("cuGraphGetEdges", e));
         }
     };
-    let mut stats = ReplayStats::default();
+    Ok((graph, nodes, edges))
+}
+
+/// Updates the segment's executable in place from `graph` (re-instantiated where the driver
+/// refuses), or instantiates one (none for an empty graph); destroys the graph.
+fn install_exec(
+    st: &InstanceState,
+    gctx: &GpuCtx<'_, '_>,
+    seg: &mut SegState,
+    graph: driver::CudaGraph,
+    nodes: usize,
+    stats: &mut ReplayStats,
+) -> GpuResult<()> {
+    let ctx = gctx.b.ctx;
+    let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
     let device = &seg.slot.device;
     let old = seg.slot.take();
     let made: GpuResult<Option<GraphExec>> = if nodes == 0 {
@@ -317,25 +428,5 @@ fn capture_segment(
         *seg.slot.exec.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
         st.shared.execs.fetch_add(1, Ordering::Relaxed);
     }
-    // The new outputs replace the old ones (whose buffers go to the release queue, freed after
-    // the work already enqueued on the device).
-    st.outputs
-        .replace(&desc.segments[k as usize], local.into_inner());
-    seg._staged = cap.into_staged();
-    let m = b.device.metrics();
-    m.captures.increment(1);
-    m.exec_instantiations.increment(stats.instantiations);
-    m.exec_updates.increment(stats.updates);
-    let mut s = st.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
-    s.captures += 1;
-    s.capture_time += capture_time;
-    s.instantiations += stats.instantiations;
-    s.instantiate_time += stats.instantiate_time;
-    s.updates += stats.updates;
-    s.update_fallbacks += stats.update_fallbacks;
-    s.update_time += stats.update_time;
-    s.captured_nodes += nodes as u64;
-    s.captured_edges += edges as u64;
-    s.stand_in_roots += u64::from(empty_root.is_some());
     Ok(())
 }
