@@ -28,7 +28,7 @@ pub(crate) enum Release {
     /// The memory of a dropped [`DeviceBuffer`](crate::DeviceBuffer): a `CudaSlice` of this
     /// device, taken apart and freed on the worker.
     Slice(Box<dyn LeakSlice>),
-    /// A replay executable (`replay.rs`) whose last owner dropped it.
+    /// A replay executable (`replay/`) whose last owner dropped it.
     Exec(GraphExec),
 }
 
@@ -68,7 +68,7 @@ impl<T: 'static> LeakSlice for CudaSlice<T> {
     }
 }
 
-/// A replay executable of this device, owned by a segment of a replay instance (`replay.rs`).
+/// A replay executable of this device, owned by a segment of a replay instance (`replay/`).
 /// Dropped anywhere: the executable goes to its device's release queue; the device's teardown
 /// destroys those still held.
 pub(crate) struct ExecSlot {
@@ -152,7 +152,7 @@ pub(crate) struct DeviceShared {
     /// GPU stream tracks of the trace (only when the pool records one).
     pub(crate) timing: Option<DeviceTiming>,
     /// Replay executables' slots, so that teardown destroys those still owned
-    /// (`replay.rs`).
+    /// (`replay/`).
     exec_slots: Mutex<Vec<Weak<ExecSlot>>>,
     /// Replay executables instantiated and not yet destroyed.
     execs_live: AtomicUsize,

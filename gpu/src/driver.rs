@@ -695,7 +695,7 @@ pub(crate) fn is_sticky(e: DriverError) -> bool {
 }
 
 // ----------------------------------------------------------------------------------------------
-// CUDA graphs (replay, `replay.rs`).
+// CUDA graphs (replay, `replay/`).
 //
 // Unlike the handles above, a graph and an executable are *owned*: neither is `Copy` or
 // `Clone`, and each is destroyed by a function that consumes it, so that destroying one twice

@@ -107,7 +107,7 @@
 //!   device's last worker, after every node that could hold a view, and holds the device's
 //!   context and workers' streams (cudarc's `Arc`s, dropped there); events move by value between
 //!   a worker's spares, markers and that table; capture streams (cudarc's) and graphs are owned
-//!   by `replay.rs`'s capture, executables by their replay slot. `StreamRef::raw_ptr` is
+//!   by the replay's capture (`replay/capture.rs`), executables by their replay slot. `StreamRef::raw_ptr` is
 //!   the one way a raw handle leaves the file (to cuBLAS / cuSOLVER, and
 //!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (which packs the arguments, one
 //!   8-byte slot each, as the pointers the driver reads), the copies and the memset, which take

@@ -250,7 +250,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         self.b.device.driver_error(call, &self.what(), e)
     }
 
-    /// A driver error of `call` made for this node (`replay.rs`).
+    /// A driver error of `call` made for this node (`replay/`).
     pub(crate) fn fail_call(&self, call: &str, e: driver::DriverError) -> GpuError {
         self.fail(call, e)
     }
