@@ -22,6 +22,7 @@ pub struct WorkerSetup<'a> {
 }
 
 impl<'a> WorkerSetup<'a> {
+    /// What `worker`, a worker of `device` bound to `context`, gives its state factories.
     pub(crate) fn new(
         worker: &'a WorkerInfo,
         device: &'a DeviceInfo,
@@ -33,7 +34,9 @@ impl<'a> WorkerSetup<'a> {
             context,
         }
     }
+}
 
+impl WorkerSetup<'_> {
     /// The worker (name, index, group).
     pub fn worker(&self) -> &WorkerInfo {
         self.worker

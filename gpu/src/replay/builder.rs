@@ -22,7 +22,7 @@ use super::replayable::{sched_error, InstancePool, Replayable};
 
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
 
-/// Builds a [`Replayable`] graph (see the module docs).
+/// Builds a [`Replayable`] graph (see the `replay` module docs).
 pub struct ReplayBuilder {
     uid: u64,
     name: String,

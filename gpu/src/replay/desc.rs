@@ -20,7 +20,7 @@ use crate::worker::GpuWorker;
 pub(super) type Out = Arc<dyn Any + Send + Sync>;
 pub(super) type Body = Arc<dyn Fn(&ReplayCtx<'_, '_>) -> Result<Out, BoxError> + Send + Sync>;
 
-/// A node of a [`ReplayBuilder`] whose output is a `T`.
+/// A node of a [`ReplayBuilder`](super::ReplayBuilder) whose output is a `T`.
 pub struct RNode<T> {
     pub(super) idx: u32,
     pub(super) graph: u64,
@@ -64,7 +64,7 @@ pub(super) struct Desc {
     pub(super) seg_of: Vec<Option<u32>>,
     /// Each segment's members, in a topological order.
     pub(super) segments: Vec<Vec<u32>>,
-    /// With [`ReplayBuilder::max_width`]: the member of its segment each captured node is
+    /// With [`ReplayBuilder::max_width`](super::ReplayBuilder::max_width): the member of its segment each captured node is
     /// also made to follow (the previous node of its lane), where its own predecessors do not
     /// already order it.
     pub(super) after: Vec<Option<u32>>,
@@ -190,7 +190,7 @@ impl<'c, 'n> ReplayCtx<'c, 'n> {
     /// Enqueues a copy of `src` into `dst` (same length, this node's device), a buffer held by
     /// reference: typically a captured node's output written by an eager GPU node every run
     /// (new inputs into a replay's static input buffer). Under a capture the data is staged
-    /// (see the module docs). An error for a host node.
+    /// (see the `replay` module docs). An error for a host node.
     pub fn copy_into<T: DeviceCopy>(&self, src: &[T], dst: &DeviceBuffer<T>) -> GpuResult<()> {
         self.gpu()?.copy_into(src, dst)
     }

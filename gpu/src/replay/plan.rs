@@ -40,7 +40,7 @@ pub(super) fn plan_segments(
     (seg_of, segments)
 }
 
-/// [`ReplayBuilder::max_width`]: spreads each segment's members (in their topological order)
+/// [`ReplayBuilder::max_width`](super::ReplayBuilder::max_width): spreads each segment's members (in their topological order)
 /// over `w` lanes and returns, for each node, the member it must also follow (its lane's
 /// previous node) where none of its own predecessors is that node. Every lane is a chain, so
 /// at most `w` members of a segment are ever unordered with each other.

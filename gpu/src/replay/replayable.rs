@@ -35,7 +35,7 @@ pub(super) struct InstancePool {
     made: usize,
 }
 
-/// A graph whose GPU work is captured once per instance and replayed (see the module docs).
+/// A graph whose GPU work is captured once per instance and replayed (see the `replay` module docs).
 pub struct Replayable {
     pub(super) desc: Arc<Desc>,
     pub(super) eager: GpuGraph,
@@ -107,7 +107,7 @@ impl Replayable {
             .map(|s| s as usize)
     }
 
-    /// Instances made so far (at most [`ReplayBuilder::instances`]).
+    /// Instances made so far (at most [`ReplayBuilder::instances`](super::ReplayBuilder::instances)).
     pub fn instances(&self) -> usize {
         self.pool.lock().unwrap_or_else(|e| e.into_inner()).made
     }
