@@ -25,9 +25,9 @@
 //!   they live as long as the node outputs holding them); host-to-device copies are staged
 //!   into a device buffer the segment keeps and captured as device-to-device copies; a
 //!   download, a dropped buffer (a free) or anything that invalidates the capture fails it with
-//!   [`GpuErrorKind::Capture`](crate::GpuErrorKind::Capture) naming the node and the reason. Then the graph is instantiated
-//!   (or, after an update, the executable updated in place with `cuGraphExecUpdate`,
-//!   re-instantiated only when the driver refuses) and launched.
+//!   [`GpuErrorKind::Capture`](crate::error::GpuErrorKind::Capture) naming the node and the
+//!   reason. Then the graph is instantiated (or, after an update, the executable updated in
+//!   place with `cuGraphExecUpdate`, re-instantiated only when the driver refuses) and launched.
 //! * **Replay**: the segment's node launches the executable on its stream. GPU bodies are not
 //!   called; GPU nodes' outputs are the values their bodies returned at the capture (the same
 //!   buffers every run, new contents).
