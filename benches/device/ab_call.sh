@@ -28,7 +28,7 @@ for f in $LOGS/gpu_*.log; do
 done
 echo "-- replay (shape vs-raw):"
 for f in $LOGS/replay_*.log; do echo "$(basename $f .log): $(tr '\r' '\n' < $f | grep -E '^(independent|chain|wavefront) ' | awk '{print $1 $2 "=" $(NF-5)}' | tr '\n' ' ')"; done
-step soak 90 $B/boundpool soak --gpu --seconds ${SOAK_S:-60} --json; tail -c 600 $LOGS/soak.log; echo; finish
+step soak $((${SOAK_S:-60}+30)) $B/boundpool soak --gpu --seconds ${SOAK_S:-60} --json; tail -c 600 $LOGS/soak.log; echo; finish
 for t in ${MEMCHECK:-t_gpu_cudarc}; do
   BOUNDPOOL_WATCHDOG_SCALE=20 step mc_$t 120 $CS --tool memcheck $B/$t --test-threads=1
 done
