@@ -81,13 +81,13 @@
 //! under a capture. candle cannot take an external stream yet (its CUDA device is built by a
 //! private constructor), so candle code does not run on the pool's streams.
 //!
-//! What stays hand-written, and why: the node path's launches, events and copies go through
-//! `driver.rs` (its own [`Launch`] and [`Module`]/[`Kernel`]), because cudarc's safe calls
-//! first bind the context (a `cuCtxGetCurrent`) and, on a launch, record events per buffer
-//! argument: the eager path at raw launch speed is measured on that layer
-//! (docs/benchmarks.md); the owners destroyed by consuming them, the release queue and the
-//! context check are boundpool's invariants, which cudarc's `Drop`s (a driver call on whichever
-//! thread drops) do not give.
+//! What stays hand-written, and why: the owners destroyed by consuming them (events, modules,
+//! graphs), the release queue and the context check are boundpool's invariants, which cudarc's
+//! `Drop`s (a driver call on whichever thread drops) do not give. The node path's own
+//! [`Launch`] and [`Module`]/[`Kernel`] still go through `driver.rs`; with event tracking off,
+//! the GPU bench measures nodes launching through cudarc's `launch_builder` at the speed of
+//! that layer (docs/benchmarks.md), so they are to move onto cudarc's `CudaModule` and launch
+//! next.
 //!
 //! # Where the driver and the unsafe code are
 //!
