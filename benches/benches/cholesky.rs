@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use boundpool_bench::cholesky::{spd_matrix, spot_check_on_device, CholeskyPlan};
+use boundpool_bench::replay::median;
 use boundpool_gpu::{
     DeviceBuffer, Devices, Diag, GpuDevice, GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool,
     GpuPoolBuilder, ShutdownMode, Side, Trans, Uplo,
@@ -37,16 +38,6 @@ fn list(name: &str, default: &[usize]) -> Vec<usize> {
     arg_str(name)
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| default.to_vec())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// A pool, its device, and the matrix (original and work copy) on it.

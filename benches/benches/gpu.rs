@@ -13,22 +13,13 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use boundpool_bench::baselines;
+use boundpool_bench::replay::median;
 use boundpool_gpu::cudarc::driver::{CudaFunction, LaunchConfig as CuLaunch};
 use boundpool_gpu::cudarc::nvrtc::Ptx;
 use boundpool_gpu::{
     builtin, Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder,
     GroupId, Kernel, LaunchConfig, Module,
 };
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
 
 fn arg_str(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();

@@ -282,18 +282,12 @@ impl UpdateRow {
     }
 }
 
-/// The median of `v` (0 when empty).
+/// The median of `v` (0 when empty), by value: [`crate::workloads::median`].
 pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    crate::workloads::median(&mut v)
 }
 
 fn us(d: Duration) -> f64 {
