@@ -99,6 +99,15 @@ fn every_shape_runs_verified_with_a_fixed_thread_count() {
             3,
             "{shape}: {v}"
         );
+        // The runs after the first, cold one, and the check timed apart from every run.
+        assert!(
+            v["warm_ns_per_node"].as_f64().unwrap() > 0.0,
+            "{shape}: {v}"
+        );
+        assert!(
+            v["verify_ns_per_node"].as_f64().unwrap() > 0.0,
+            "{shape}: {v}"
+        );
         assert!(v["steals"].is_u64(), "{shape}: {v}");
         if cfg!(target_os = "linux") {
             // main thread + 2 workers, and nothing else, whatever the shape.
