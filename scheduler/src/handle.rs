@@ -44,6 +44,30 @@ impl GraphHandle {
         &self.graph
     }
 
+    /// Runs `f` once the graph has finished, successfully or not, before its result is handed
+    /// to the waiter (so a `wait` that returns sees what `f` did); at once, on this thread, if
+    /// it already has. Otherwise `f` runs on the thread that finishes the graph, usually a
+    /// worker: keep it short and never block in it. Dropping the handle keeps `f`.
+    ///
+    /// ```
+    /// # use boundpool_scheduler::{Cores, GraphBuilder, PoolBuilder};
+    /// # use std::sync::atomic::{AtomicBool, Ordering};
+    /// # use std::sync::Arc;
+    /// # let pool = PoolBuilder::new().workers(1).cores(Cores::Unpinned).build()?;
+    /// let mut g = GraphBuilder::new("g");
+    /// g.node("a", |_| Ok(()));
+    /// let handle = pool.submit(&g.build()?)?;
+    /// let released = Arc::new(AtomicBool::new(false));
+    /// let r = released.clone();
+    /// handle.on_done(move || r.store(true, Ordering::Release));
+    /// handle.wait()?;
+    /// assert!(released.load(Ordering::Acquire));
+    /// # Ok::<(), boundpool_scheduler::Error>(())
+    /// ```
+    pub fn on_done(&self, f: impl FnOnce() + Send + 'static) {
+        self.completion.on_done(Box::new(f));
+    }
+
     /// Blocks until the graph has finished and returns its outputs, or the error of the node that
     /// failed it (its [`cancelled_nodes`](Error::cancelled_nodes) says how many nodes never ran).
     /// When this returns, no node of the run is still executing.

@@ -735,6 +735,35 @@ fn completion_vs_waker() {
     });
 }
 
+/// A done hook registered while the run finishes (`GraphHandle::on_done` against `complete`):
+/// it runs exactly once, either on the finisher before the result is published or at once on
+/// the registering thread; never lost, never twice.
+#[test]
+fn done_hook_vs_completion() {
+    loom::model(|| {
+        let c = Arc::new(Completion::new());
+        let ran = Arc::new(AtomicUsize::new(0));
+        let finisher = {
+            let c = c.clone();
+            thread::spawn(move || c.complete(Err(Error::new(ErrorKind::Cancelled, "done"))))
+        };
+        let r = ran.clone();
+        let c2 = c.clone();
+        let registrar = thread::current().id();
+        c.on_done(Box::new(move || {
+            // On the finisher it runs before the result is published (on the registering
+            // thread, the finisher may be publishing it meanwhile).
+            if thread::current().id() != registrar {
+                assert!(!c2.is_done(), "a hook runs before the result is published");
+            }
+            r.fetch_add(1, Ordering::SeqCst);
+        }));
+        finisher.join().unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "the hook runs exactly once");
+        assert!(c.take_result().is_some());
+    });
+}
+
 /// The release queue's hand-off: a foreign thread queues a handle and asks for the idle hook
 /// (`request_hook`); the worker takes the request, runs its hook (drains the queue), and parks
 /// when nothing is left. The queue is invisible to the worker's re-check of its task queues,

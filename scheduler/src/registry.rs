@@ -72,6 +72,7 @@ pub(crate) struct Settings {
     pub(crate) trace: Option<usize>,
     pub(crate) export_metrics: bool,
     pub(crate) max_graphs_in_flight: Option<usize>,
+    pub(crate) wait_spin: std::time::Duration,
 }
 
 const RUNNING: u8 = 0;
@@ -106,6 +107,8 @@ pub(crate) struct Registry<S> {
     pub(crate) prioritized: AtomicBool,
     /// The limit on graphs in flight (`PoolBuilder::max_graphs_in_flight`).
     pub(crate) admission: Option<Admission>,
+    /// `PoolBuilder::wait_spin`, given to every run's completion.
+    pub(crate) wait_spin: std::time::Duration,
 }
 
 impl<S: Send + 'static> Registry<S> {
@@ -121,6 +124,7 @@ impl<S: Send + 'static> Registry<S> {
             trace,
             export_metrics,
             max_graphs_in_flight,
+            wait_spin,
         } = settings;
         let Topology {
             groups: group_names,
@@ -169,6 +173,7 @@ impl<S: Send + 'static> Registry<S> {
             low,
             prioritized: AtomicBool::new(false),
             admission: max_graphs_in_flight.map(Admission::new),
+            wait_spin,
             trace,
             export_metrics,
             name: Arc::from(name.as_str()),
@@ -408,6 +413,7 @@ impl<S: Send + 'static> Registry<S> {
         let plan: &Arc<Plan<S>> = &graph.plan;
         let id = this.next_run.fetch_add(1, Ordering::Relaxed);
         let run = Arc::new(Run::new(id, plan.clone()));
+        run.completion.set_spin(this.wait_spin);
         let handle = GraphHandle {
             completion: run.completion.clone(),
             graph: plan.name.clone(),

@@ -347,3 +347,84 @@ fn nested_wait_timeout_times_out_and_keeps_working_meanwhile() {
         assert_eq!(out.get(x), Some(&(true, 7)));
     });
 }
+
+/// `on_done` runs once per run whether it succeeds or fails, before `wait` returns, also when
+/// the handle is dropped unwaited or the hook is registered after the run has finished.
+#[test]
+fn on_done_runs_once_before_wait_returns_and_for_dropped_handles() {
+    common::with_deadline(60, "on_done", || {
+        let pool = pool("on_done", 2);
+        let gate = Arc::new(AtomicBool::new(false));
+        let (graph, n) = gated(&gate);
+        let hooks = Arc::new(AtomicUsize::new(0));
+        // Registered while the run is held at its gate: runs before `wait` returns.
+        let h = pool.submit(&graph).unwrap();
+        let k = hooks.clone();
+        h.on_done(move || {
+            k.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(hooks.load(Ordering::SeqCst), 0, "the run is still held");
+        gate.store(true, Ordering::SeqCst);
+        assert_eq!(h.wait().unwrap().get(n), Some(&7));
+        assert_eq!(hooks.load(Ordering::SeqCst), 1);
+        // Registered after the run finished: runs at once, on this thread.
+        let h = pool.submit(&graph).unwrap();
+        while !h.is_done() {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let me = std::thread::current().id();
+        let (tx, rx) = mpsc::channel();
+        h.on_done(move || tx.send(std::thread::current().id()).unwrap());
+        assert_eq!(rx.try_recv().ok(), Some(me));
+        // A failing run, its handle dropped unwaited.
+        let mut g = GraphBuilder::<()>::new("fails");
+        g.node("bad", |_| Err::<(), BoxError>("injected".into()));
+        let failing = g.build().unwrap();
+        let (tx, rx) = mpsc::channel();
+        for _ in 0..20 {
+            let h = pool.submit(&failing).unwrap();
+            let tx = tx.clone();
+            h.on_done(move || tx.send(()).unwrap());
+            drop(h);
+        }
+        for i in 0..20 {
+            rx.recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("hook {i} of 20 never ran"));
+        }
+        assert!(rx.try_recv().is_err(), "each hook runs once");
+    });
+}
+
+/// A waiter that watches before parking (`wait_spin`) still gets every result, and a timed wait
+/// still ends at its deadline when the spin is longer.
+#[test]
+fn wait_spin_waits_for_results_and_keeps_deadlines() {
+    common::with_deadline(60, "wait_spin", || {
+        let pool = PoolBuilder::new()
+            .name("spin")
+            .workers(2)
+            .cores(Cores::Unpinned)
+            .wait_spin(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (graph, sink) = slow_chain(4, &ran);
+        for _ in 0..20 {
+            assert_eq!(pool.submit(&graph).unwrap().wait().unwrap().get(sink), Some(&4));
+        }
+        let gate = Arc::new(AtomicBool::new(false));
+        let (held, n) = gated(&gate);
+        let h = pool.submit(&held).unwrap();
+        let t = Instant::now();
+        let h = h
+            .wait_timeout(Duration::from_millis(5))
+            .expect_err("the gated graph is still running");
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "the 5 ms deadline, not the 2 s spin, ended the wait: {:?}",
+            t.elapsed()
+        );
+        gate.store(true, Ordering::SeqCst);
+        assert_eq!(h.wait().unwrap().get(n), Some(&7));
+    });
+}

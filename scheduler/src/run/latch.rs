@@ -14,11 +14,23 @@ enum Waiter {
     Task(Waker),
 }
 
+/// A callback for the end of the run ([`GraphHandle::on_done`](crate::GraphHandle::on_done)).
+pub(crate) type DoneHook = Box<dyn FnOnce() + Send>;
+
+enum DoneHooks {
+    Open(Vec<DoneHook>),
+    /// The run has finished: a hook registered now runs at once.
+    Closed,
+}
+
 /// The hand-off between the thread that finishes a run and the one waiting for it.
 pub(crate) struct Completion {
     done: AtomicBool,
     result: Mutex<Option<Result<GraphOutput, Error>>>,
     waiter: Mutex<Waiter>,
+    hooks: Mutex<DoneHooks>,
+    /// How long a blocking waiter watches before it parks (`PoolBuilder::wait_spin`), in ns.
+    spin_ns: std::sync::atomic::AtomicU64,
 }
 
 impl Completion {
@@ -27,6 +39,8 @@ impl Completion {
             done: AtomicBool::new(false),
             result: Mutex::new(None),
             waiter: Mutex::new(Waiter::None),
+            hooks: Mutex::new(DoneHooks::Open(Vec::new())),
+            spin_ns: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -35,8 +49,15 @@ impl Completion {
         self.done.load(Ordering::Acquire)
     }
 
-    /// Publishes the result, then wakes whoever waits. Called once.
+    /// Runs the done hooks, publishes the result, then wakes whoever waits. Called once.
     pub(crate) fn complete(&self, result: Result<GraphOutput, Error>) {
+        // Hooks run before the result is published: a waiter that returns sees their effects.
+        let hooks = std::mem::replace(&mut *sync::lock(&self.hooks), DoneHooks::Closed);
+        if let DoneHooks::Open(hooks) = hooks {
+            for hook in hooks {
+                hook();
+            }
+        }
         *sync::lock(&self.result) = Some(result);
         self.done.store(true, Ordering::Release);
         // Taking the waiter after `done` is set: a waiter registers before checking `done`,
@@ -54,6 +75,24 @@ impl Completion {
         *sync::lock(&self.waiter) = Waiter::Thread(current_thread());
     }
 
+    /// Set once, before the run's handle is handed out.
+    pub(crate) fn set_spin(&self, spin: std::time::Duration) {
+        let ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
+        self.spin_ns.store(ns, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Runs `hook` when the run finishes, or now if it has.
+    pub(crate) fn on_done(&self, hook: DoneHook) {
+        let mut hooks = sync::lock(&self.hooks);
+        match &mut *hooks {
+            DoneHooks::Open(v) => v.push(hook),
+            DoneHooks::Closed => {
+                drop(hooks);
+                hook();
+            }
+        }
+    }
+
     pub(crate) fn register_waker(&self, waker: &Waker) {
         let mut w = sync::lock(&self.waiter);
         match &*w {
@@ -66,6 +105,31 @@ impl Completion {
         sync::lock(&self.result).take()
     }
 
+    /// Watches for completion for the run's spin time (not past `deadline`), yielding the core
+    /// between looks; whether it completed. (Not under loom: a model parks at once.)
+    fn watch(&self, deadline: Option<Instant>) -> bool {
+        #[cfg(not(loom))]
+        {
+            let ns = self.spin_ns.load(std::sync::atomic::Ordering::Relaxed);
+            if ns > 0 {
+                let start = Instant::now();
+                let mut until = start + std::time::Duration::from_nanos(ns);
+                if let Some(d) = deadline {
+                    until = until.min(d);
+                }
+                while !self.is_done() {
+                    if Instant::now() >= until {
+                        return false;
+                    }
+                    std::thread::yield_now();
+                }
+                return true;
+            }
+        }
+        let _ = deadline;
+        false
+    }
+
     /// Blocks the current (non-worker) thread until completion.
     #[cfg_attr(not(all(test, loom)), allow(dead_code))]
     pub(crate) fn block(&self) {
@@ -75,6 +139,9 @@ impl Completion {
     /// Blocks the current (non-worker) thread until completion or `deadline`; returns whether
     /// the run completed.
     pub(crate) fn block_until(&self, deadline: Option<Instant>) -> bool {
+        if self.watch(deadline) {
+            return true;
+        }
         self.register_thread();
         while !self.is_done() {
             match deadline {
