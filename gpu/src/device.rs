@@ -16,7 +16,8 @@ use boundpool_scheduler::{GroupId, Placement};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 use crate::driver::{
-    self, Ctx, DResult, Dev, DeviceAlloc, Event, Func, GraphExec, Module as RawModule, StreamRef,
+    self, Ctx, DResult, Dev, DeviceAlloc, Event, Func, GraphExec, HostAlloc, Module as RawModule,
+    StreamRef,
 };
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::metrics::DeviceMetrics;
@@ -30,6 +31,9 @@ pub(crate) enum Release {
     Slice(Box<dyn LeakSlice>),
     /// A replay executable (`replay/`) whose last owner dropped it.
     Exec(GraphExec),
+    /// The page-locked host memory of a dropped [`PinnedBuffer`](crate::PinnedBuffer), with the
+    /// context it was allocated in (kept alive for a free after the device's teardown).
+    Pinned(HostAlloc, Arc<CudaContext>),
 }
 
 impl fmt::Debug for Release {
@@ -37,6 +41,7 @@ impl fmt::Debug for Release {
         match self {
             Release::Slice(s) => write!(f, "Slice({} bytes)", s.bytes()),
             Release::Exec(e) => write!(f, "Exec({e:?})"),
+            Release::Pinned(a, _) => write!(f, "Pinned({} bytes)", a.bytes()),
         }
     }
 }
@@ -410,11 +415,21 @@ impl DeviceShared {
     pub(crate) fn release(&self, r: Release) {
         if self.closed.load(Ordering::Acquire) {
             // The device's workers are gone (teardown freed what was queued).
-            if let Release::Slice(s) = r {
-                // No bound worker is left: cudarc frees it here (its slice keeps the context).
-                let bytes = s.bytes();
-                s.drop_here();
-                self.buffer_freed(bytes);
+            match r {
+                Release::Slice(s) => {
+                    // No bound worker is left: cudarc frees it here (its slice keeps the
+                    // context).
+                    let bytes = s.bytes();
+                    s.drop_here();
+                    self.buffer_freed(bytes);
+                }
+                Release::Pinned(a, cuda) => {
+                    // As cudarc does for its slices: bind the context it keeps, free here.
+                    if cuda.bind_to_thread().is_ok() {
+                        let _ = a.free(Ctx::of(&cuda));
+                    }
+                }
+                Release::Exec(_) => {}
             }
             return;
         }
@@ -478,6 +493,7 @@ impl DeviceShared {
             }
         }
         let n = batch.len();
+        let mut pinned = Vec::new();
         for r in batch {
             match r {
                 Release::Slice(s) => {
@@ -494,6 +510,20 @@ impl DeviceShared {
                 }
                 // An in-flight launch finishes first (the driver defers the free).
                 Release::Exec(e) => self.destroy_exec(ctx, e),
+                Release::Pinned(a, _) => pinned.push(a),
+            }
+        }
+        if !pinned.is_empty() {
+            // Host memory is freed at once, not in stream order: wait (fenced) for the copies
+            // that may still use it. Rare: pinned buffers live as long as replay instances.
+            let done = fenced && driver::stream_synchronize(ctx, own).is_ok();
+            let _ = if done {
+                Ok(())
+            } else {
+                driver::ctx_synchronize(ctx)
+            };
+            for a in pinned {
+                let _ = a.free(ctx);
             }
         }
         self.metrics().releases_done.increment(n as u64);
@@ -633,6 +663,10 @@ impl DeviceShared {
         for r in queued {
             match r {
                 Release::Exec(e) => self.destroy_exec(ctx, e),
+                // After the context's synchronise above (or a failed device): nothing runs.
+                Release::Pinned(a, _) => {
+                    let _ = a.free(ctx);
+                }
                 Release::Slice(s) => {
                     let bytes = s.bytes();
                     // SAFETY: as in `drain_releases`: this device's allocation, freed once.

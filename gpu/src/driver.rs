@@ -19,6 +19,7 @@
 //! made from an unbound thread or one bound to the wrong device.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::fmt;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -610,6 +611,49 @@ pub(crate) unsafe fn memcpy_dtoh_async(
     check(expect, "cuMemcpyDtoHAsync");
     // SAFETY: forwarded from the caller's contract.
     unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, s.0).result() }
+}
+
+/// Page-locked host memory (`cuMemHostAlloc`): an owner, freed by consuming it.
+pub(crate) struct HostAlloc {
+    ptr: *mut c_void,
+    bytes: usize,
+}
+
+// SAFETY: an address of host memory no one else frees; access is ordered by its users.
+unsafe impl Send for HostAlloc {}
+// SAFETY: as for `Send`: the owner only hands out the address.
+unsafe impl Sync for HostAlloc {}
+
+impl fmt::Debug for HostAlloc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HostAlloc({:p}, {} bytes)", self.ptr, self.bytes)
+    }
+}
+
+impl HostAlloc {
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr as *mut u8
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Frees it. No copy into or out of it may still be in flight.
+    pub(crate) fn free(self, expect: Ctx) -> DResult<()> {
+        check(expect, "cuMemFreeHost");
+        // SAFETY: allocated by `mem_host_alloc`, freed once (consumed).
+        unsafe { sys::cuMemFreeHost(self.ptr).result() }
+    }
+}
+
+/// `bytes` (at least 1) of page-locked host memory, contents undefined.
+pub(crate) fn mem_host_alloc(expect: Ctx, bytes: usize) -> DResult<HostAlloc> {
+    check(expect, "cuMemHostAlloc");
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    // SAFETY: an out-pointer for the address; flags 0 (cached, this context's only).
+    unsafe { sys::cuMemHostAlloc(&mut ptr, bytes.max(1), 0).result()? };
+    Ok(HostAlloc { ptr, bytes })
 }
 
 /// Device-to-device copy ordered on `s`.

@@ -148,6 +148,7 @@ mod module;
 mod node;
 #[cfg(feature = "nvtx")]
 mod nvtx;
+mod pinned;
 mod pool;
 mod replay;
 mod state;
@@ -165,8 +166,11 @@ pub use module::{builtin, Kernel, Module};
 pub use node::{
     GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,
 };
+pub use pinned::PinnedBuffer;
 pub use pool::{Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
-pub use replay::{RNode, ReplayBuilder, ReplayCtx, ReplayOutput, ReplayStats, Replayable};
+pub use replay::{
+    RNode, ReplayBuilder, ReplayCtx, ReplayHandle, ReplayOutput, ReplayStats, Replayable, RunInputs,
+};
 pub use state::WorkerSetup;
 pub use worker::GpuWorker;
 

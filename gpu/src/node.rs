@@ -68,6 +68,9 @@ pub struct GpuCtx<'a, 'n> {
     pub(crate) name: Option<&'a str>,
     /// `stream` as cudarc's type, looked up at the body's first [`GpuCtx::stream`] call.
     pub(crate) cuda_stream: std::cell::OnceCell<Arc<CudaStream>>,
+    /// Set by a body that enqueued nothing (a replay segment whose capture recorded no work):
+    /// the node then completes as a host node would, when nothing GPU precedes it.
+    pub(crate) no_work: std::cell::Cell<bool>,
 }
 
 /// A context's range of CUDA stream priorities (lower numbers are more urgent).
@@ -779,6 +782,7 @@ where
         capture: None,
         name: None,
         cuda_stream: std::cell::OnceCell::new(),
+        no_work: std::cell::Cell::new(false),
     };
     // Order after GPU predecessors on other streams: one wait per other stream of this device
     // suffices (an event recorded on it now follows everything its predecessors enqueued).
@@ -832,6 +836,14 @@ where
             .map_err(|e| Box::new(ctx.fail("cuEventRecord", e)) as BoxError)?;
     }
     let out = out?;
+    // Nothing enqueued and no GPU predecessor: no event for successors, no wait for the device.
+    if ctx.no_work.get()
+        && !node
+            .predecessor_markers()
+            .any(|(_, m)| m.downcast_ref::<GpuMarker>().is_some())
+    {
+        return Ok(out);
+    }
     // Completion on the worker's own stream of the level is tracked by sequence number (one
     // event per burst of nodes); on a handed-over stream, by an event of its own.
     let own = stream == lane.stream;

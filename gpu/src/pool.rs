@@ -52,6 +52,7 @@ pub struct GpuPoolBuilder {
     plan: crate::state::WorkerPlan,
     /// (group index within a device, stream priority)
     stream_priorities: Vec<(usize, i32)>,
+    wait_spin: std::time::Duration,
 }
 
 impl Default for GpuPoolBuilder {
@@ -77,6 +78,7 @@ impl GpuPoolBuilder {
             stream_handoff: true,
             plan: Default::default(),
             stream_priorities: Vec::new(),
+            wait_spin: std::time::Duration::ZERO,
         }
     }
 
@@ -146,6 +148,15 @@ impl GpuPoolBuilder {
     /// time, measured with timing events. Off by default; when off no timing event exists.
     pub fn trace(mut self, on: bool) -> Self {
         self.trace = on;
+        self
+    }
+
+    /// How long a thread off the pool waiting for a graph or a replayed run watches for its
+    /// end before it parks ([`PoolBuilder::wait_spin`](boundpool_scheduler::PoolBuilder::wait_spin);
+    /// default zero). A serving client whose requests take tens of microseconds saves the
+    /// wake-up of a park with a few tens of microseconds here.
+    pub fn wait_spin(mut self, spin: std::time::Duration) -> Self {
+        self.wait_spin = spin;
         self
     }
 
@@ -411,6 +422,7 @@ impl GpuPoolBuilder {
             .stop_hook(|_, w: GpuWorker| w.stop())
             .idle_hook(|_, w: &GpuWorker| w.idle())
             .trace(self.trace)
+            .wait_spin(self.wait_spin)
             .build()
             .map_err(|e| {
                 let first = sh_failed

@@ -1,24 +1,21 @@
-//! Describing a replay graph: [`ReplayBuilder`] adds captured, eager and host nodes and
-//! edges; [`ReplayBuilder::build`] checks it, plans its segments and builds its eager graph.
+//! Describing a replay graph: [`ReplayBuilder`] adds captured, eager, host and input nodes
+//! and edges; [`ReplayBuilder::build`] checks it and plans its segments.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::Arc;
 
-use boundpool_scheduler::{BoxError, GraphBuilder, NodeCtx, NodeRef};
+use boundpool_scheduler::{BoxError, Priority};
 
 use crate::device::GpuDevice;
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
-use crate::node::{GpuCtx, GpuGraphExt};
-use crate::pool::GpuGraph;
-use crate::worker::GpuWorker;
 
-use super::desc::{Body, Desc, Kind, Out, RNode, Refs, ReplayCtx, Source};
+use super::desc::{Body, Desc, Kind, Out, RNode, ReplayCtx};
 use super::instance::Shared;
 use super::plan::{plan_lanes, plan_segments};
-use super::replayable::{sched_error, InstancePool, Replayable};
+use super::replayable::Replayable;
 
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
 
@@ -33,6 +30,8 @@ pub struct ReplayBuilder {
     bad: Option<String>,
     instances: usize,
     max_width: Option<usize>,
+    inputs: Vec<u32>,
+    priority: Priority,
 }
 
 impl fmt::Debug for ReplayBuilder {
@@ -66,12 +65,16 @@ impl ReplayBuilder {
             bad: None,
             instances: 1,
             max_width: None,
+            inputs: Vec::new(),
+            priority: Priority::Normal,
         }
     }
 
     /// The most instances (each with its own executables and outputs, captured at its first
-    /// run) that concurrent runs may use; a run that finds all of them busy waits. Default 1:
-    /// runs of the graph queue, and GPU outputs are the same buffers for every run.
+    /// run) that concurrent replayed runs may use; a run that finds all of them busy waits for
+    /// one, in submission order. Default 1: replayed runs of the graph queue, and captured
+    /// nodes' outputs are the same buffers for every run. (Eager runs make instances of their
+    /// own as needed.)
     pub fn instances(&mut self, n: usize) -> &mut Self {
         self.instances = n.max(1);
         self
@@ -92,6 +95,15 @@ impl ReplayBuilder {
     /// first.
     pub fn max_width(&mut self, w: usize) -> &mut Self {
         self.max_width = Some(w.max(1));
+        self
+    }
+
+    /// The priority level of every run's nodes (default [`Priority::Normal`]): replayed and
+    /// eager runs of the graph are scheduled, and their GPU work enqueued, at this level like
+    /// any graph of it. A latency-critical client serves from a graph built at
+    /// [`Priority::High`] beside batch clients' graphs.
+    pub fn priority(&mut self, priority: Priority) -> &mut Self {
+        self.priority = priority;
         self
     }
 
@@ -144,6 +156,25 @@ impl ReplayBuilder {
         self.rnode(i)
     }
 
+    /// An input node: a host node whose value each run brings ([`RunInputs::set`](super::RunInputs::set)),
+    /// so that concurrent runs never share a feed. Its successors read it with
+    /// [`ReplayCtx::input`] like any predecessor's output; an eager GPU node typically copies
+    /// it into a captured node's static buffer ([`ReplayCtx::copy_into`]). A run without a
+    /// value for every input node is refused before it starts.
+    pub fn input<T: Send + Sync + 'static>(&mut self, name: &str) -> RNode<T> {
+        let ordinal = self.inputs.len() as u32;
+        let body: Body = Arc::new(|c: &ReplayCtx<'_, '_>| {
+            Err(format!(
+                "input node '{}' has no body: its value comes with the run",
+                c.node_name()
+            )
+            .into())
+        });
+        let i = self.push(name, Kind::Input(ordinal), body);
+        self.inputs.push(i);
+        self.rnode(i)
+    }
+
     /// `to` runs after `from` and may read its output.
     pub fn edge<A, B>(&mut self, from: RNode<A>, to: RNode<B>) -> &mut Self {
         if from.graph != self.uid || to.graph != self.uid {
@@ -155,8 +186,8 @@ impl ReplayBuilder {
         self
     }
 
-    /// Checks the graph (no cycle, no foreign node), splits it into segments and builds the
-    /// eager graph. Nothing is captured yet: each instance captures at its first run.
+    /// Checks the graph (no cycle, no foreign node) and splits it into segments. Nothing is
+    /// captured yet: each instance captures at its first run.
     pub fn build(self) -> GpuResult<Replayable> {
         let invalid = |m: String| GpuError::new(GpuErrorKind::InvalidArgument, m);
         if let Some(b) = self.bad {
@@ -209,6 +240,7 @@ impl ReplayBuilder {
             None => vec![None; n],
         };
         let desc = Arc::new(Desc {
+            uid: self.uid,
             name: self.name,
             names: self.names,
             kinds: self.kinds,
@@ -217,65 +249,13 @@ impl ReplayBuilder {
             seg_of,
             segments,
             after,
+            inputs: self.inputs,
+            priority: self.priority,
         });
-        let (eager, eager_refs) = build_eager(&desc)?;
-        Ok(Replayable {
+        Ok(Replayable::new(
             desc,
-            eager,
-            eager_refs,
-            shared: Arc::new(Shared::default()),
-            max: self.instances,
-            pool: Mutex::new(InstancePool::default()),
-            freed: Condvar::new(),
-        })
+            Arc::new(Shared::default()),
+            self.instances,
+        ))
     }
-}
-
-/// The eager graph: every node a scheduler node, GPU bodies run every time.
-fn build_eager(desc: &Arc<Desc>) -> GpuResult<(GpuGraph, Arc<[NodeRef<Out>]>)> {
-    let refs: Refs = Arc::new(OnceLock::new());
-    let mut g: GraphBuilder<GpuWorker> = GraphBuilder::new(format!("{} (eager)", desc.name));
-    let mut out = Vec::with_capacity(desc.names.len());
-    for i in 0..desc.names.len() {
-        let (d2, r2) = (desc.clone(), refs.clone());
-        let me = i as u32;
-        let r = match &desc.kinds[i] {
-            Kind::Captured(dev) | Kind::Eager(dev) => {
-                g.gpu_node(dev, &desc.names[i], move |gctx: &GpuCtx<'_, '_>| {
-                    let refs = r2.get().map(Vec::as_slice).unwrap_or(&[]);
-                    let c = ReplayCtx {
-                        gpu: Some(gctx),
-                        node: gctx.node(),
-                        me,
-                        desc: &d2,
-                        src: Source::Eager(refs),
-                    };
-                    (d2.bodies[me as usize])(&c)
-                })
-            }
-            Kind::Host => g.node(
-                desc.names[i].clone(),
-                move |node: &NodeCtx<'_, GpuWorker>| {
-                    let refs = r2.get().map(Vec::as_slice).unwrap_or(&[]);
-                    let c = ReplayCtx {
-                        gpu: None,
-                        node,
-                        me,
-                        desc: &d2,
-                        src: Source::Eager(refs),
-                    };
-                    (d2.bodies[me as usize])(&c)
-                },
-            ),
-        };
-        out.push(r);
-    }
-    for (v, ps) in desc.preds.iter().enumerate() {
-        for &p in ps {
-            g.edge(out[p as usize], out[v]);
-        }
-    }
-    let _ = refs.set(out.clone());
-    let graph = g.build().map_err(sched_error)?;
-    Ok((graph, out.into()))
 }

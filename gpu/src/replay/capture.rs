@@ -46,10 +46,14 @@ pub(super) fn run_segment(
         }
     }
     let exec = seg.slot.exec.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(e) = exec.as_ref() {
-        driver::graph_launch(gctx.b.ctx, e, gctx.stream)
-            .map_err(|e| Box::new(gctx.fail_call("cuGraphLaunch", e)) as BoxError)?;
-        gctx.b.device.metrics().replays.increment(1);
+    match exec.as_ref() {
+        Some(e) => {
+            driver::graph_launch(gctx.b.ctx, e, gctx.stream)
+                .map_err(|e| Box::new(gctx.fail_call("cuGraphLaunch", e)) as BoxError)?;
+            gctx.b.device.metrics().replays.increment(1);
+        }
+        // The capture recorded no work (hoisted allocations were waited for): none to order.
+        None => gctx.no_work.set(true),
     }
     Ok(())
 }
@@ -272,6 +276,7 @@ fn call_member(
         capture: Some(cap),
         name: Some(&desc.names[m as usize]),
         cuda_stream: std::cell::OnceCell::new(),
+        no_work: std::cell::Cell::new(false),
     };
     let rctx = ReplayCtx {
         gpu: Some(&mctx),

@@ -8,7 +8,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use boundpool_scheduler::{BoxError, NodeCtx, NodeRef};
+use boundpool_scheduler::{BoxError, NodeCtx, NodeRef, Priority};
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::device::GpuDevice;
@@ -51,10 +51,14 @@ pub(super) enum Kind {
     Captured(GpuDevice),
     Eager(GpuDevice),
     Host,
+    /// A host node whose value each run brings (its ordinal among the input nodes).
+    Input(u32),
 }
 
 /// The graph's description, shared by the eager graph and every instance.
 pub(super) struct Desc {
+    /// The builder's id, that [`RNode`]s and run inputs carry.
+    pub(super) uid: u64,
     pub(super) name: String,
     pub(super) names: Vec<String>,
     pub(super) kinds: Vec<Kind>,
@@ -68,6 +72,10 @@ pub(super) struct Desc {
     /// also made to follow (the previous node of its lane), where its own predecessors do not
     /// already order it.
     pub(super) after: Vec<Option<u32>>,
+    /// The input nodes, by ordinal.
+    pub(super) inputs: Vec<u32>,
+    /// The level of every run's nodes.
+    pub(super) priority: Priority,
 }
 
 impl Desc {

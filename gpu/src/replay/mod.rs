@@ -31,10 +31,17 @@
 //! * **Replay**: the segment's node launches the executable on its stream. GPU bodies are not
 //!   called; GPU nodes' outputs are the values their bodies returned at the capture (the same
 //!   buffers every run, new contents).
-//! * **Instances.** CUDA runs one launch of an executable at a time, and outputs are shared, so
-//!   a run holds one *instance* (its executables and outputs) from submission to completion.
-//!   [`ReplayBuilder::instances`] (default 1) instances at most are made, each captured at its
-//!   first run; a run that finds them all busy waits for one.
+//! * **Runs and instances.** A run brings a value for each *input node*
+//!   ([`ReplayBuilder::input`], [`RunInputs`]) and gets its own outputs ([`ReplayOutput`]),
+//!   so runs never share a feed. CUDA runs one launch of an executable at a time, and captured
+//!   outputs are shared, so a run holds one *instance* (a scheduler graph of its own with its
+//!   executables, captured outputs and input slots) from the start of its graph to its end, and
+//!   gives it back from a done hook (`GraphHandle::on_done`) before its waiter wakes.
+//!   [`ReplayBuilder::instances`] (default 1) replayed instances at most are made, each
+//!   captured at its first run; a run that finds them all busy waits for one, first come first
+//!   served ([`Replayable::submit`] returns at once with a [`ReplayHandle`] to wait or await;
+//!   dropping it while it waits withdraws the run). Eager runs make eager instances as needed.
+//!   A run's priority level is its graph's ([`ReplayBuilder::priority`]).
 //! * **Lifetimes.** Executables are owned by `ExecSlot`s (`device.rs`); dropping the last owner anywhere
 //!   queues the executable on its device's release queue, destroyed by a bound worker; the
 //!   device's teardown destroys what is left. Capture templates are destroyed on the capturing
@@ -46,8 +53,10 @@ mod desc;
 mod instance;
 mod plan;
 mod replayable;
+mod run;
 
 pub use builder::ReplayBuilder;
 pub use desc::{RNode, ReplayCtx};
 pub use instance::ReplayStats;
-pub use replayable::{ReplayOutput, Replayable};
+pub use replayable::Replayable;
+pub use run::{ReplayHandle, ReplayOutput, RunInputs};

@@ -1,13 +1,14 @@
-//! A built replay graph: [`Replayable`] runs it eagerly or on one of its instances (made on
-//! demand, each a scheduler graph of one node per segment plus the host and eager nodes), and
-//! [`ReplayOutput`], one run's outputs.
+//! A built replay graph: [`Replayable`] runs it replayed or eagerly, each run on an
+//! *instance*: a scheduler graph of the replay's nodes (one node per segment where replayed)
+//! with its own input [`Feeds`]; a replayed instance also holds its executables and captured
+//! outputs.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use boundpool_scheduler::{GraphBuilder, GraphOutput, NodeCtx, NodeRef};
+use boundpool_scheduler::{GraphBuilder, NodeCtx, NodeRef};
 
 use crate::device::ExecSlot;
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
@@ -17,33 +18,28 @@ use crate::worker::GpuWorker;
 
 use super::capture::run_segment;
 use super::desc::{Desc, Kind, Out, Outputs, RNode, Refs, ReplayCtx, Source};
-use super::instance::{InstanceState, ReplayStats, SegState, Shared};
+use super::instance::{Feeds, InstanceState, ReplayStats, SegState, Shared};
+use super::run::{Lease, Mode, ReplayHandle, ReplayOutput, RunInputs};
 
 pub(super) fn sched_error(e: boundpool_scheduler::Error) -> GpuError {
     GpuError::new(GpuErrorKind::Scheduler, e.to_string()).with_source(e)
 }
 
+/// One instance: its scheduler graph and what the graph's nodes share.
 pub(super) struct Instance {
-    state: Arc<InstanceState>,
-    graph: GpuGraph,
-    refs: Arc<[NodeRef<Out>]>,
+    /// A replayed instance's executables and captured outputs (None: an eager instance).
+    pub(super) state: Option<Arc<InstanceState>>,
+    pub(super) feeds: Arc<Feeds>,
+    pub(super) graph: GpuGraph,
+    pub(super) refs: Arc<[NodeRef<Out>]>,
 }
 
-#[derive(Default)]
-pub(super) struct InstancePool {
-    free: Vec<Instance>,
-    made: usize,
-}
-
-/// A graph whose GPU work is captured once per instance and replayed (see the `replay` module docs).
+/// A graph whose GPU work is captured once per instance and replayed (see the `replay` module
+/// docs).
 pub struct Replayable {
     pub(super) desc: Arc<Desc>,
-    pub(super) eager: GpuGraph,
-    pub(super) eager_refs: Arc<[NodeRef<Out>]>,
     pub(super) shared: Arc<Shared>,
-    pub(super) max: usize,
-    pub(super) pool: Mutex<InstancePool>,
-    pub(super) freed: Condvar,
+    pub(super) lease: Arc<Lease>,
 }
 
 impl fmt::Debug for Replayable {
@@ -57,36 +53,15 @@ impl fmt::Debug for Replayable {
     }
 }
 
-/// The outputs of one run: host and eager nodes' values of this run, captured nodes' values
-/// from their capture (shared with later runs of the same instance: same buffers).
-pub struct ReplayOutput {
-    out: GraphOutput,
-    refs: Arc<[NodeRef<Out>]>,
-    state: Option<Arc<InstanceState>>,
-    desc: Arc<Desc>,
-}
-
-impl fmt::Debug for ReplayOutput {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReplayOutput")
-            .field("graph", &self.desc.name)
-            .field("replayed", &self.state.is_some())
-            .finish()
-    }
-}
-
-impl ReplayOutput {
-    /// The output of node `r`.
-    pub fn get<T: Send + Sync + 'static>(&self, r: RNode<T>) -> Option<Arc<T>> {
-        let v: Out = match &self.state {
-            Some(s) if self.desc.captured(r.idx) => s.outputs.get(r.idx)?,
-            _ => self.out.get(*self.refs.get(r.idx as usize)?)?.clone(),
-        };
-        v.downcast::<T>().ok()
-    }
-}
-
 impl Replayable {
+    pub(super) fn new(desc: Arc<Desc>, shared: Arc<Shared>, max_instances: usize) -> Self {
+        Self {
+            desc,
+            shared,
+            lease: Arc::new(Lease::new(max_instances)),
+        }
+    }
+
     /// The graph's name.
     pub fn name(&self) -> &str {
         &self.desc.name
@@ -97,7 +72,7 @@ impl Replayable {
         self.desc.segments.len()
     }
 
-    /// The segment of captured node `r` (None for host and eager nodes).
+    /// The segment of captured node `r` (None for host, input and eager nodes).
     pub fn segment_of<T>(&self, r: RNode<T>) -> Option<usize> {
         self.desc
             .seg_of
@@ -107,9 +82,10 @@ impl Replayable {
             .map(|s| s as usize)
     }
 
-    /// Instances made so far (at most [`ReplayBuilder::instances`](super::ReplayBuilder::instances)).
+    /// Replayed instances made so far (at most
+    /// [`ReplayBuilder::instances`](super::ReplayBuilder::instances)).
     pub fn instances(&self) -> usize {
-        self.pool.lock().unwrap_or_else(|e| e.into_inner()).made
+        self.lease.made()
     }
 
     /// Executables this graph holds now (at most one per segment and instance; none for a
@@ -131,63 +107,57 @@ impl Replayable {
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Runs the graph with every body called, as an ordinary graph (no capture).
-    pub fn run_eager(&self, pool: &GpuPool) -> GpuResult<ReplayOutput> {
-        let out = pool.submit(&self.eager)?.wait().map_err(sched_error)?;
-        Ok(ReplayOutput {
-            out,
-            refs: self.eager_refs.clone(),
-            state: None,
-            desc: self.desc.clone(),
-        })
+    /// Submits a replayed run with `inputs` (a value for each input node) and returns at once.
+    /// The run takes a free instance, or makes one (captured at this first run), or, when
+    /// [`ReplayBuilder::instances`](super::ReplayBuilder::instances) are all busy, waits for
+    /// one in submission order: the handle's [`wait`](ReplayHandle::wait) or `.await` waits.
+    /// An instance is held from the start of its run's graph to its end, never longer. Its
+    /// graph is submitted as [`GpuPool::submit`] does (waiting for admission there when the
+    /// pool limits graphs in flight). A run missing an input, or naming a node that is not one
+    /// of this graph's input nodes, is refused here.
+    pub fn submit<'p>(
+        &'p self,
+        pool: &'p GpuPool,
+        inputs: RunInputs,
+    ) -> GpuResult<ReplayHandle<'p>> {
+        ReplayHandle::submit(self, pool, inputs, Mode::Replay)
     }
 
-    /// Runs the graph on an instance: captures at the instance's first run (and after
-    /// [`update`](Self::update)), replays otherwise. Blocks until an instance is free and the
-    /// run has completed. A failed capture fails the run with [`GpuErrorKind::Capture`] (the
-    /// segment is captured again at the next run); [`run_eager`](Self::run_eager) still works.
+    /// [`submit`](Self::submit) of an eager run: every body is called, no capture, on an
+    /// eager instance of its own (made when none is free; eager runs never wait for one).
+    pub fn submit_eager<'p>(
+        &'p self,
+        pool: &'p GpuPool,
+        inputs: RunInputs,
+    ) -> GpuResult<ReplayHandle<'p>> {
+        ReplayHandle::submit(self, pool, inputs, Mode::Eager)
+    }
+
+    /// A replayed run with `inputs`, waited for: captures at the instance's first run (and
+    /// after [`update`](Self::update)), replays otherwise. A failed capture fails the run with
+    /// [`GpuErrorKind::Capture`] (the segment is captured again at the next run);
+    /// [`run_eager`](Self::run_eager) still works.
+    pub fn run_with(&self, pool: &GpuPool, inputs: RunInputs) -> GpuResult<ReplayOutput> {
+        self.submit(pool, inputs)?.wait()
+    }
+
+    /// [`run_with`](Self::run_with) for a graph without input nodes.
     pub fn run(&self, pool: &GpuPool) -> GpuResult<ReplayOutput> {
-        let inst = self.acquire()?;
-        let r = pool
-            .submit(&inst.graph)
-            .and_then(|h| h.wait().map_err(sched_error));
-        let out = r.map(|out| ReplayOutput {
-            out,
-            refs: inst.refs.clone(),
-            state: Some(inst.state.clone()),
-            desc: self.desc.clone(),
-        });
-        let mut p = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        p.free.push(inst);
-        drop(p);
-        self.freed.notify_one();
-        out
+        self.run_with(pool, RunInputs::new())
     }
 
-    fn acquire(&self) -> GpuResult<Instance> {
-        let mut p = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(i) = p.free.pop() {
-                return Ok(i);
-            }
-            if p.made < self.max {
-                p.made += 1;
-                drop(p);
-                let made = self.make_instance();
-                if made.is_err() {
-                    self.pool.lock().unwrap_or_else(|e| e.into_inner()).made -= 1;
-                    // A waiter may make it instead.
-                    self.freed.notify_all();
-                }
-                return made;
-            }
-            p = self.freed.wait(p).unwrap_or_else(|e| e.into_inner());
-        }
+    /// An eager run with `inputs`, waited for (every body called, as an ordinary graph).
+    pub fn run_eager_with(&self, pool: &GpuPool, inputs: RunInputs) -> GpuResult<ReplayOutput> {
+        self.submit_eager(pool, inputs)?.wait()
     }
 
-    /// An instance's scheduler graph: one GPU node per segment, host and eager nodes as they
-    /// are, edges between them.
-    fn make_instance(&self) -> GpuResult<Instance> {
+    /// [`run_eager_with`](Self::run_eager_with) for a graph without input nodes.
+    pub fn run_eager(&self, pool: &GpuPool) -> GpuResult<ReplayOutput> {
+        self.run_eager_with(pool, RunInputs::new())
+    }
+
+    /// A replayed instance's segment states: one executable slot per segment.
+    fn instance_state(&self) -> Arc<InstanceState> {
         let desc = &self.desc;
         let segs = desc
             .segments
@@ -205,67 +175,66 @@ impl Replayable {
                 })
             })
             .collect();
-        let state = Arc::new(InstanceState {
+        Arc::new(InstanceState {
             desc: desc.clone(),
             shared: self.shared.clone(),
             outputs: Outputs::new(desc.names.len()),
             segs,
-        });
+        })
+    }
+
+    /// An instance's scheduler graph. Replayed: one GPU node per segment, the host, input and
+    /// eager nodes as they are, edges between them. Eager: every node a scheduler node.
+    pub(super) fn make_instance(&self, mode: Mode) -> GpuResult<Instance> {
+        let desc = &self.desc;
+        let state = (mode == Mode::Replay).then(|| self.instance_state());
+        let feeds = Arc::new(Feeds::new(desc.inputs.len()));
         let refs: Refs = Arc::new(OnceLock::new());
-        let mut g: GraphBuilder<GpuWorker> = GraphBuilder::new(desc.name.clone());
-        let mut seg_nodes = Vec::with_capacity(desc.segments.len());
-        for (k, members) in desc.segments.iter().enumerate() {
-            let Kind::Captured(dev) = &desc.kinds[members[0] as usize] else {
-                unreachable!("segments hold captured nodes only")
-            };
-            let (st, r2) = (state.clone(), refs.clone());
-            let name = format!("{} segment {k}", desc.name);
-            seg_nodes.push(g.gpu_node(dev, &name, move |gctx: &GpuCtx<'_, '_>| {
-                let refs = r2.get().map(Vec::as_slice).unwrap_or(&[]);
-                run_segment(&st, k as u32, gctx, refs).map(|()| Arc::new(()) as Out)
-            }));
+        let name = match mode {
+            Mode::Replay => desc.name.clone(),
+            Mode::Eager => format!("{} (eager)", desc.name),
+        };
+        let mut g: GraphBuilder<GpuWorker> = GraphBuilder::new(name);
+        g.priority(desc.priority);
+        let mut seg_nodes = Vec::new();
+        if let Some(st) = &state {
+            for (k, members) in desc.segments.iter().enumerate() {
+                let Kind::Captured(dev) = &desc.kinds[members[0] as usize] else {
+                    unreachable!("segments hold captured nodes only")
+                };
+                let (st, r2) = (st.clone(), refs.clone());
+                let name = format!("{} segment {k}", desc.name);
+                seg_nodes.push(g.gpu_node(dev, &name, move |gctx: &GpuCtx<'_, '_>| {
+                    let refs = r2.get().map(Vec::as_slice).unwrap_or(&[]);
+                    run_segment(&st, k as u32, gctx, refs).map(|()| Arc::new(()) as Out)
+                }));
+            }
         }
         let mut node_ref: Vec<NodeRef<Out>> = Vec::with_capacity(desc.names.len());
         for i in 0..desc.names.len() {
-            let me = i as u32;
-            let (st, r2) = (state.clone(), refs.clone());
             let r = match &desc.kinds[i] {
-                Kind::Captured(_) => seg_nodes[desc.seg_of[i].expect("captured") as usize],
-                Kind::Eager(dev) => {
-                    g.gpu_node(dev, &desc.names[i], move |gctx: &GpuCtx<'_, '_>| {
-                        let refs = r2.get().map(Vec::as_slice).unwrap_or(&[]);
-                        let c = ReplayCtx {
-                            gpu: Some(gctx),
-                            node: gctx.node(),
-                            me,
-                            desc: &st.desc,
-                            src: Source::Replay {
-                                refs,
-                                outputs: &st.outputs,
-                                capture: None,
-                            },
-                        };
-                        (st.desc.bodies[i])(&c)
+                Kind::Captured(_) if state.is_some() => {
+                    seg_nodes[desc.seg_of[i].expect("captured") as usize]
+                }
+                Kind::Input(ordinal) => {
+                    let (f, ordinal) = (feeds.clone(), *ordinal);
+                    g.node(desc.names[i].clone(), move |_: &NodeCtx<'_, GpuWorker>| {
+                        f.get(ordinal)
                     })
                 }
-                Kind::Host => g.node(
-                    desc.names[i].clone(),
-                    move |node: &NodeCtx<'_, GpuWorker>| {
-                        let refs = r2.get().map(Vec::as_slice).unwrap_or(&[]);
-                        let c = ReplayCtx {
-                            gpu: None,
-                            node,
-                            me,
-                            desc: &st.desc,
-                            src: Source::Replay {
-                                refs,
-                                outputs: &st.outputs,
-                                capture: None,
-                            },
-                        };
-                        (st.desc.bodies[i])(&c)
-                    },
-                ),
+                Kind::Captured(dev) | Kind::Eager(dev) => {
+                    let body = NodeBody::new(desc, &state, &refs, i);
+                    g.gpu_node(dev, &desc.names[i], move |gctx: &GpuCtx<'_, '_>| {
+                        body.call(Some(gctx), gctx.node())
+                    })
+                }
+                Kind::Host => {
+                    let body = NodeBody::new(desc, &state, &refs, i);
+                    g.node(
+                        desc.names[i].clone(),
+                        move |node: &NodeCtx<'_, GpuWorker>| body.call(None, node),
+                    )
+                }
             };
             node_ref.push(r);
         }
@@ -282,8 +251,53 @@ impl Replayable {
         let graph = g.build().map_err(sched_error)?;
         Ok(Instance {
             state,
+            feeds,
             graph,
             refs: node_ref.into(),
         })
+    }
+}
+
+/// A user body as an instance's scheduler node calls it: with the instance's captured outputs
+/// (replayed) or the scheduler's only (eager).
+struct NodeBody {
+    desc: Arc<Desc>,
+    state: Option<Arc<InstanceState>>,
+    refs: Refs,
+    me: u32,
+}
+
+impl NodeBody {
+    fn new(desc: &Arc<Desc>, state: &Option<Arc<InstanceState>>, refs: &Refs, i: usize) -> Self {
+        Self {
+            desc: desc.clone(),
+            state: state.clone(),
+            refs: refs.clone(),
+            me: i as u32,
+        }
+    }
+
+    fn call(
+        &self,
+        gpu: Option<&GpuCtx<'_, '_>>,
+        node: &NodeCtx<'_, GpuWorker>,
+    ) -> Result<Out, boundpool_scheduler::BoxError> {
+        let refs = self.refs.get().map(Vec::as_slice).unwrap_or(&[]);
+        let src = match &self.state {
+            Some(st) => Source::Replay {
+                refs,
+                outputs: &st.outputs,
+                capture: None,
+            },
+            None => Source::Eager(refs),
+        };
+        let c = ReplayCtx {
+            gpu,
+            node,
+            me: self.me,
+            desc: &self.desc,
+            src,
+        };
+        (self.desc.bodies[self.me as usize])(&c)
     }
 }
