@@ -21,7 +21,7 @@ exes=$(mktemp)
 {
   cargo test --workspace --release --no-run --message-format=json
   cargo bench -p boundpool-bench --no-run --message-format=json
-  cargo build --release -p boundpool-cli -p boundpool --examples --bins --message-format=json
+  cargo build --release -p boundpool-cli -p boundpool --features boundpool/prometheus --examples --bins --message-format=json
 } 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -35,8 +35,8 @@ while read -r kind name path; do
     test:gpu_*|test:prometheus_gpu) cp "$path" "$out/b/t_$name" ;;
     lib:boundpool_gpu) cp "$path" "$out/b/t_boundpool_gpu" ;;
     lib:boundpool_bench) cp "$path" "$out/b/t_boundpool_bench" ;;
-    bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe) cp "$path" "$out/b/bench_$name" ;;
-    bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes) cp "$path" "$out/b/$name" ;;
+    bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe|bench:serve) cp "$path" "$out/b/bench_$name" ;;
+    bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes|example:serve) cp "$path" "$out/b/$name" ;;
   esac
 done < "$exes"
 rm -f "$exes"

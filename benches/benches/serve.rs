@@ -1,0 +1,372 @@
+//! Serving bench: the model of `examples/serve` (4 linear layers, 1024 x 1024, bias, GELU,
+//! batch 8) served to client threads, each request a run with its own input (upload, forward
+//! pass, download, its output checked against the host reference), replayed and eager, bf16
+//! and f32, at 1, 8 and 32 clients; then a latency-critical client (a graph at
+//! `Priority::High`, one request every 200 us) alone and beside 8 batch clients. The same
+//! requests through PyTorch (`benches/serve/torch_serve.py`, run as a subprocess in this
+//! process's device call) when `python3` has torch; the table prints ratios.
+//!
+//! `cargo bench -p boundpool-bench --bench serve [-- --seconds S --clients 1,8,32 --workers W
+//! --spin-us U --no-torch --json]` (`--spin-us`: the pool's `wait_spin`, default 50 us); from a packed binary, run it from the repository root (the script's
+//! path). Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
+
+#[path = "../../examples/serve/model.rs"]
+mod model;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use boundpool::gpu::cudarc::cublas::{CudaBlas, Gemm};
+use boundpool::gpu::half::bf16;
+use boundpool::gpu::{gpu_unavailable_reason, Devices, GpuPool, GpuPoolBuilder, Priority};
+use model::{check, Elem, ServedModel, Shape, Weights};
+use serde_json::{json, Value};
+
+const SHAPE: Shape = Shape {
+    batch: 8,
+    dim: 1024,
+};
+const INPUTS: u64 = 8;
+
+struct Args {
+    seconds: f64,
+    clients: Vec<usize>,
+    workers: usize,
+    spin_us: u64,
+    torch: bool,
+    json: bool,
+}
+
+fn args() -> Args {
+    let a: Vec<String> = std::env::args().collect();
+    let val = |n: &str| {
+        a.iter()
+            .position(|x| x == n)
+            .and_then(|i| a.get(i + 1))
+            .cloned()
+    };
+    Args {
+        seconds: val("--seconds").and_then(|v| v.parse().ok()).unwrap_or(2.0),
+        clients: val("--clients")
+            .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect())
+            .unwrap_or_else(|| vec![1, 8, 32]),
+        workers: val("--workers").and_then(|v| v.parse().ok()).unwrap_or(8),
+        spin_us: val("--spin-us").and_then(|v| v.parse().ok()).unwrap_or(50),
+        torch: !a.iter().any(|x| x == "--no-torch"),
+        json: a.iter().any(|x| x == "--json"),
+    }
+}
+
+/// Latencies of one configuration.
+struct Run {
+    lat: Vec<Duration>,
+    secs: f64,
+}
+
+impl Run {
+    fn pct(&self, q: f64) -> f64 {
+        let mut l = self.lat.clone();
+        l.sort();
+        if l.is_empty() {
+            return f64::NAN;
+        }
+        let i = (q * (l.len() - 1) as f64).round() as usize;
+        l[i].as_secs_f64() * 1e6
+    }
+    fn rps(&self) -> f64 {
+        self.lat.len() as f64 / self.secs
+    }
+}
+
+/// The model in `T` with its inputs and their references.
+struct Bench<T: Elem> {
+    normal: ServedModel<T>,
+    high: ServedModel<T>,
+    inputs: Vec<Vec<T>>,
+    want: Vec<Vec<T>>,
+}
+
+impl<T: Elem> Bench<T>
+where
+    CudaBlas: Gemm<T>,
+{
+    fn new(pool: &GpuPool, instances: usize) -> Self {
+        let host = Weights::<T>::new(SHAPE, 1);
+        let device = pool.device(0).expect("device 0").clone();
+        let w = model::upload_weights(pool, &device, &host).expect("weights upload");
+        let inputs: Vec<Vec<T>> = (0..INPUTS).map(|k| host.request(k)).collect();
+        let want = inputs.iter().map(|x| host.reference(x)).collect();
+        Self {
+            normal: ServedModel::new(&device, SHAPE, w.clone(), instances, Priority::Normal)
+                .expect("model"),
+            high: ServedModel::new(&device, SHAPE, w, 1, Priority::High).expect("model"),
+            inputs,
+            want,
+        }
+    }
+
+    /// One client's loop: requests back to back (or `gap` apart) until `stop`.
+    fn client(
+        &self,
+        pool: &GpuPool,
+        m: &ServedModel<T>,
+        c: usize,
+        eager: bool,
+        gap: Option<Duration>,
+        stop: &AtomicBool,
+    ) -> Vec<Duration> {
+        let mut lat = Vec::with_capacity(1 << 16);
+        let mut r = 0usize;
+        while !stop.load(Ordering::Relaxed) {
+            let k = (c * 7 + r) % INPUTS as usize;
+            let t = Instant::now();
+            let y = m
+                .serve(pool, self.inputs[k].clone(), eager)
+                .unwrap_or_else(|e| panic!("client {c} request {r}: {e}"));
+            lat.push(t.elapsed());
+            if let Err(e) = check(&y, &self.want[k]) {
+                panic!("{} client {c} request {r}: {e}", T::NAME);
+            }
+            r += 1;
+            if let Some(g) = gap {
+                std::thread::sleep(g);
+            }
+        }
+        lat
+    }
+
+    /// `clients` clients for `secs` after a warm-up (every instance captured): all requests'
+    /// latencies, and with `high`, the high client's apart.
+    fn serve(
+        &self,
+        pool: &GpuPool,
+        clients: usize,
+        eager: bool,
+        high: bool,
+        secs: f64,
+    ) -> (Run, Option<Run>) {
+        let stop = AtomicBool::new(false);
+        let n = clients + usize::from(high);
+        let start = Barrier::new(n + 1);
+        std::thread::scope(|s| {
+            let batch: Vec<_> = (0..clients)
+                .map(|c| {
+                    let (stop, start) = (&stop, &start);
+                    s.spawn(move || {
+                        for w in 0..20 {
+                            let k = (c + w) % INPUTS as usize;
+                            let _ = self
+                                .normal
+                                .serve(pool, self.inputs[k].clone(), eager)
+                                .expect("warm-up");
+                        }
+                        start.wait();
+                        self.client(pool, &self.normal, c, eager, None, stop)
+                    })
+                })
+                .collect();
+            let hi = high.then(|| {
+                let (stop, start) = (&stop, &start);
+                s.spawn(move || {
+                    for w in 0..20 {
+                        let _ = self
+                            .high
+                            .serve(pool, self.inputs[w % 8].clone(), eager)
+                            .expect("warm-up");
+                    }
+                    start.wait();
+                    self.client(
+                        pool,
+                        &self.high,
+                        99,
+                        eager,
+                        Some(Duration::from_micros(200)),
+                        stop,
+                    )
+                })
+            });
+            start.wait();
+            let t0 = Instant::now();
+            std::thread::sleep(Duration::from_secs_f64(secs));
+            stop.store(true, Ordering::Relaxed);
+            let lat: Vec<Duration> = batch
+                .into_iter()
+                .flat_map(|h| h.join().expect("client"))
+                .collect();
+            let secs = t0.elapsed().as_secs_f64();
+            let hi = hi.map(|h| Run {
+                lat: h.join().expect("high client"),
+                secs,
+            });
+            (Run { lat, secs }, hi)
+        })
+    }
+}
+
+fn line(v: &Value, json: bool) {
+    if json {
+        println!("{v}");
+    }
+}
+
+fn run_dtype<T: Elem>(pool: &GpuPool, a: &Args, out: &mut Vec<Value>)
+where
+    CudaBlas: Gemm<T>,
+{
+    let b = Bench::<T>::new(pool, a.clients.iter().copied().max().unwrap_or(8));
+    for &eager in &[false, true] {
+        for &c in &a.clients {
+            let (r, _) = b.serve(pool, c, eager, false, a.seconds);
+            let v = json!({"impl": "boundpool", "dtype": T::NAME, "mode": if eager {"eager"} else {"graph"},
+                "clients": c, "spin_us": a.spin_us, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
+                "p50_us": r.pct(0.5), "p99_us": r.pct(0.99)});
+            line(&v, a.json);
+            out.push(v);
+        }
+    }
+    // The latency-critical client alone, then beside 8 batch clients; the batch alone.
+    let (_, alone) = b.serve(pool, 0, false, true, a.seconds);
+    let (batch_alone, _) = b.serve(pool, 8, false, false, a.seconds);
+    let (batch, loaded) = b.serve(pool, 8, false, true, a.seconds);
+    let (alone, loaded) = (alone.expect("high"), loaded.expect("high"));
+    let v = json!({"impl": "boundpool", "scenario": "priority", "dtype": T::NAME, "mode": "graph",
+        "batch_clients": 8, "high_alone_p50_us": alone.pct(0.5), "high_alone_p99_us": alone.pct(0.99),
+        "high_loaded_p50_us": loaded.pct(0.5), "high_loaded_p99_us": loaded.pct(0.99),
+        "batch_rps": batch.rps(), "batch_alone_rps": batch_alone.rps()});
+    line(&v, a.json);
+    out.push(v);
+}
+
+/// PyTorch's figures for the same configurations, from the script beside this bench.
+fn torch(a: &Args) -> Vec<Value> {
+    let script = ["benches/serve/torch_serve.py", "serve/torch_serve.py"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    let Some(script) = script else {
+        eprintln!(
+            "PyTorch peer not run: benches/serve/torch_serve.py not found from this directory"
+        );
+        return Vec::new();
+    };
+    let clients: Vec<String> = a.clients.iter().map(|c| c.to_string()).collect();
+    let secs = a.seconds.to_string();
+    let mut out = Vec::new();
+    for extra in [
+        vec!["--clients"],
+        vec!["--high", "--mode", "graph", "--clients"],
+    ] {
+        let mut cmd = std::process::Command::new("python3");
+        cmd.arg(script).args(["--seconds", &secs]).args(&extra);
+        if extra.len() > 1 {
+            cmd.arg("8");
+        } else {
+            cmd.args(&clients);
+        }
+        match cmd.output() {
+            Ok(o) => {
+                for l in String::from_utf8_lossy(&o.stdout).lines() {
+                    if let Ok(v) = serde_json::from_str::<Value>(l) {
+                        line(&v, a.json);
+                        out.push(v);
+                    }
+                }
+                if !o.status.success() {
+                    eprintln!(
+                        "PyTorch peer failed: {}",
+                        String::from_utf8_lossy(&o.stderr)
+                    );
+                }
+            }
+            Err(e) => eprintln!("PyTorch peer not run: python3: {e}"),
+        }
+    }
+    out
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN)
+}
+
+fn find<'a>(
+    vs: &'a [Value],
+    imp: &str,
+    dtype: &str,
+    mode: &str,
+    clients: u64,
+) -> Option<&'a Value> {
+    vs.iter().find(|v| {
+        v["impl"] == imp && v["dtype"] == dtype && v["mode"] == mode && v["clients"] == clients
+    })
+}
+
+fn table(ours: &[Value], theirs: &[Value], a: &Args) {
+    println!("| dtype | mode | clients | boundpool req/s | p50 us | p99 us | PyTorch req/s | p50 us | p99 us | req/s ratio | p50 ratio |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for dtype in ["bf16", "f32"] {
+        for mode in ["graph", "eager"] {
+            for &c in &a.clients {
+                let Some(o) = find(ours, "boundpool", dtype, mode, c as u64) else {
+                    continue;
+                };
+                let t = find(theirs, "pytorch", dtype, mode, c as u64);
+                let tf = |k| t.map_or(f64::NAN, |t| f(t, k));
+                println!(
+                    "| {dtype} | {mode} | {c} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |",
+                    f(o, "rps"), f(o, "p50_us"), f(o, "p99_us"), tf("rps"), tf("p50_us"), tf("p99_us"),
+                    f(o, "rps") / tf("rps"), f(o, "p50_us") / tf("p50_us")
+                );
+            }
+        }
+        let best = theirs
+            .iter()
+            .filter(|v| v["dtype"] == dtype && v.get("rps").is_some())
+            .map(|v| f(v, "rps"))
+            .fold(f64::NAN, f64::max);
+        if let Some(o) = find(ours, "boundpool", dtype, "graph", 8) {
+            println!(
+                "{dtype}: replayed boundpool at 8 clients {:.0} req/s = {:.2}x PyTorch's best ({best:.0} req/s); p99 {:.0} us",
+                f(o, "rps"), f(o, "rps") / best, f(o, "p99_us")
+            );
+        }
+        let pr = |imp: &str| {
+            ours.iter()
+                .chain(theirs)
+                .find(|v| v["impl"] == imp && v["scenario"] == "priority" && v["dtype"] == dtype)
+        };
+        for imp in ["boundpool", "pytorch"] {
+            if let Some(p) = pr(imp) {
+                println!(
+                    "{dtype} {imp}: high-priority client p99 alone {:.0} us, beside 8 batch clients {:.0} us ({:.2}x); batch {:.0} req/s ({:.2}x of alone)",
+                    f(p, "high_alone_p99_us"), f(p, "high_loaded_p99_us"),
+                    f(p, "high_loaded_p99_us") / f(p, "high_alone_p99_us"),
+                    f(p, "batch_rps"), f(p, "batch_rps") / f(p, "batch_alone_rps")
+                );
+            }
+        }
+    }
+}
+
+fn main() {
+    if let Some(why) = gpu_unavailable_reason() {
+        eprintln!("SKIPPED serve bench: no GPU: {why}");
+        if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            std::process::exit(1);
+        }
+        return;
+    }
+    let a = args();
+    let pool = GpuPoolBuilder::new()
+        .name("serve")
+        .devices(Devices::List(vec![0]))
+        .workers_per_device(a.workers)
+        .wait_spin(Duration::from_micros(a.spin_us))
+        .build()
+        .expect("GPU pool");
+    let mut ours = Vec::new();
+    run_dtype::<bf16>(&pool, &a, &mut ours);
+    run_dtype::<f32>(&pool, &a, &mut ours);
+    drop(pool);
+    let theirs = if a.torch { torch(&a) } else { Vec::new() };
+    table(&ours, &theirs, &a);
+}

@@ -1,0 +1,441 @@
+//! The served model of `examples/serve` (also used by the serving bench, `bench_serve`): 4
+//! linear layers (`dim` x `dim`, bias, GELU) at batch `batch`, in bf16 or f32, its weights
+//! uploaded once, served from a replay graph whose runs each bring their input and take their
+//! output through pinned buffers of their instance; and the same model on the host, the
+//! reference every served output is checked against.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use boundpool::gpu::cudarc::cublas::sys::cublasOperation_t;
+use boundpool::gpu::cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use boundpool::gpu::half::bf16;
+use boundpool::gpu::{
+    BoxError, DeviceBuffer, DeviceCopy, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
+    GpuResult, Kernel, LaunchConfig, Module, PinnedBuffer, Priority, RNode, ReplayBuilder,
+    ReplayCtx, Replayable, RunInputs,
+};
+
+/// Linear layers in the model.
+pub const LAYERS: usize = 4;
+
+/// The bias + GELU kernels (erf form, as `torch.nn.functional.gelu`), in place over a
+/// row-major `rows` x `cols` activation; bf16 converted by hand (no headers under NVRTC).
+const KERNELS: &str = r#"
+__device__ float bf2f(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+__device__ unsigned short f2bf(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+__device__ float gelu(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
+extern "C" __global__ void bias_gelu_f32(float* y, const float* bias, unsigned rows, unsigned cols) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows * cols) y[i] = gelu(y[i] + bias[i % cols]);
+}
+extern "C" __global__ void bias_gelu_bf16(unsigned short* y, const unsigned short* bias,
+                                          unsigned rows, unsigned cols) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows * cols) y[i] = f2bf(gelu(bf2f(y[i]) + bf2f(bias[i % cols])));
+}
+"#;
+
+/// An element type the model runs in.
+pub trait Elem: DeviceCopy + Copy + PartialEq + Send + Sync + std::fmt::Debug + 'static {
+    /// "bf16" or "f32".
+    const NAME: &'static str;
+    /// The bias + GELU kernel's entry point.
+    const KERNEL: &'static str;
+    /// Tolerance of a served output against the host reference: |got - want| <= tol (1 + |want|).
+    const TOL: f32;
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl Elem for f32 {
+    const NAME: &'static str = "f32";
+    const KERNEL: &'static str = "bias_gelu_f32";
+    const TOL: f32 = 1e-4;
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for bf16 {
+    const NAME: &'static str = "bf16";
+    const KERNEL: &'static str = "bias_gelu_bf16";
+    // One bf16 rounding (2^-8) of a different accumulation order may flip per layer.
+    const TOL: f32 = 3e-2;
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+/// The model's shape.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub batch: usize,
+    pub dim: usize,
+}
+
+/// Weights and biases, row-major `[out][in]` as `torch.nn.Linear` keeps them, already rounded
+/// to `T`; seeded, so every process makes the same model.
+pub struct Weights<T> {
+    pub shape: Shape,
+    pub w: Vec<Vec<T>>,
+    pub b: Vec<Vec<T>>,
+}
+
+/// A small seeded generator (no dependency): uniform in [-1, 1).
+pub struct Lcg(u64);
+
+impl Lcg {
+    pub fn new(seed: u64) -> Self {
+        Lcg(seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407))
+    }
+    pub fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+impl<T: Elem> Weights<T> {
+    pub fn new(shape: Shape, seed: u64) -> Self {
+        let mut r = Lcg::new(seed);
+        let scale = 1.0 / (shape.dim as f32).sqrt();
+        let (mut w, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..LAYERS {
+            w.push(
+                (0..shape.dim * shape.dim)
+                    .map(|_| T::from_f32(r.next() * scale))
+                    .collect(),
+            );
+            b.push(
+                (0..shape.dim)
+                    .map(|_| T::from_f32(r.next() * 0.1))
+                    .collect(),
+            );
+        }
+        Self { shape, w, b }
+    }
+
+    /// A request's input: `batch` x `dim`, seeded by `k`.
+    pub fn request(&self, k: u64) -> Vec<T> {
+        let mut r = Lcg::new(k ^ 0x5eed);
+        (0..self.shape.batch * self.shape.dim)
+            .map(|_| T::from_f32(r.next()))
+            .collect()
+    }
+
+    /// One layer on the host as the device computes it: the GEMM rounded to `T`, then bias and
+    /// GELU in f32, rounded to `T`. Rows `rows` of the output only (the host-worker model splits
+    /// a layer by rows).
+    pub fn layer(&self, l: usize, x: &[T], rows: std::ops::Range<usize>) -> Vec<T> {
+        let d = self.shape.dim;
+        let mut y = Vec::with_capacity(rows.len() * d);
+        for bi in rows {
+            let xr = &x[bi * d..(bi + 1) * d];
+            for n in 0..d {
+                let wr = &self.w[l][n * d..(n + 1) * d];
+                let acc: f64 = xr
+                    .iter()
+                    .zip(wr)
+                    .map(|(a, b)| a.to_f32() as f64 * b.to_f32() as f64)
+                    .sum();
+                let v = T::from_f32(acc as f32).to_f32() + self.b[l][n].to_f32();
+                y.push(T::from_f32(gelu(v)));
+            }
+        }
+        y
+    }
+
+    /// The whole forward pass on the host.
+    pub fn reference(&self, x: &[T]) -> Vec<T> {
+        let mut h = x.to_vec();
+        for l in 0..LAYERS {
+            h = self.layer(l, &h, 0..self.shape.batch);
+        }
+        h
+    }
+}
+
+/// GELU, erf form, with an erf good to ~1e-7 (Abramowitz and Stegun 7.1.26 is not enough for
+/// the f32 tolerance; this is W. J. Cody's rational form via erfc for |x| >= 0.5).
+pub fn gelu(v: f32) -> f32 {
+    let x = v as f64 * std::f64::consts::FRAC_1_SQRT_2;
+    (0.5 * v as f64 * (1.0 + erf(x))) as f32
+}
+
+fn erf(x: f64) -> f64 {
+    // Numerical Recipes' erfc (Chebyshev fit, fractional error < 1.2e-7).
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.26551223
+            + t * (1.00002368
+                + t * (0.37409196
+                    + t * (0.09678418
+                        + t * (-0.18628806
+                            + t * (0.27886807
+                                + t * (-1.13520398
+                                    + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))))
+            .exp();
+    if x >= 0.0 {
+        1.0 - r
+    } else {
+        r - 1.0
+    }
+}
+
+/// Whether `got` is `want` within `T`'s tolerance; else the first element off.
+pub fn check<T: Elem>(got: &[T], want: &[T]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{} values, want {}", got.len(), want.len()));
+    }
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let (g, w) = (g.to_f32(), w.to_f32());
+        // A NaN fails too.
+        let within = (g - w).abs() <= T::TOL * (1.0 + w.abs());
+        if !within {
+            return Err(format!("element {i}: {g}, want {w} (tolerance {})", T::TOL));
+        }
+    }
+    Ok(())
+}
+
+/// The model on a device: weights uploaded once, and a replay graph whose runs take an input
+/// and give the output.
+pub struct ServedModel<T: DeviceCopy> {
+    pub replay: Replayable,
+    pub x: RNode<Vec<T>>,
+    pub y: RNode<Vec<T>>,
+}
+
+/// Each layer's weight and bias on the device, shared by every instance.
+pub type DeviceWeights<T> = Arc<Vec<(DeviceBuffer<T>, DeviceBuffer<T>)>>;
+
+/// Uploads the weights to `device` once (a one-node graph), shared by every instance.
+pub fn upload_weights<T: Elem>(
+    pool: &GpuPool,
+    device: &GpuDevice,
+    weights: &Weights<T>,
+) -> Result<DeviceWeights<T>, BoxError> {
+    let (w, b) = (weights.w.clone(), weights.b.clone());
+    let mut g = GpuGraphBuilder::new("upload weights");
+    let up = g.gpu_node(device, "upload weights", move |gpu| {
+        let mut out = Vec::new();
+        for (w, b) in w.iter().zip(&b) {
+            out.push((gpu.upload(w)?, gpu.upload(b)?));
+        }
+        Ok(out)
+    });
+    let mut out = pool.submit(&g.build()?)?.wait()?;
+    Ok(Arc::new(out.take(up).expect("the upload node's output")))
+}
+
+/// A request's way in and out: the input staged in pinned memory and copied to the device, the
+/// output copied back into pinned memory, both copies inside the replayed CUDA graph.
+pub struct Io<T: DeviceCopy> {
+    pin_in: PinnedBuffer<T>,
+    dev_in: DeviceBuffer<T>,
+    pin_out: PinnedBuffer<T>,
+}
+
+type IoPool<T> = Arc<Mutex<Vec<Io<T>>>>;
+
+/// An [`Io`] lent to a replay instance (for its life) or an eager run (for the run): back to
+/// the model's pool when dropped, if the last run that used it read its output (so no copy
+/// of it can be in flight); else freed.
+pub struct Lent<T: DeviceCopy> {
+    io: Option<Io<T>>,
+    pool: IoPool<T>,
+    idle: AtomicBool,
+}
+
+impl<T: DeviceCopy> Drop for Lent<T> {
+    fn drop(&mut self) {
+        if let Some(io) = self.io.take() {
+            if self.idle.load(Ordering::Acquire) {
+                self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(io);
+            }
+        }
+    }
+}
+
+impl<T: DeviceCopy> Lent<T> {
+    fn io(&self) -> &Io<T> {
+        self.io.as_ref().expect("lent I/O buffers")
+    }
+}
+
+impl<T: Elem> ServedModel<T>
+where
+    CudaBlas: Gemm<T>,
+{
+    /// The forward pass as a replay graph: input `x` written by a host node into the pinned
+    /// buffer of the run's instance; the copy to the device, the 4 layers (cuBLAS GEMM, then
+    /// bias + GELU) and the copy back captured in one segment; the output read by a host node
+    /// once the segment is done. A replayed request makes one driver call: the graph launch.
+    pub fn new(
+        device: &GpuDevice,
+        shape: Shape,
+        weights: DeviceWeights<T>,
+        instances: usize,
+        priority: Priority,
+    ) -> GpuResult<Self> {
+        let kernel = Module::from_cuda_source("serve", KERNELS)?.kernel(T::KERNEL)?;
+        let n = shape.batch * shape.dim;
+        let pool: IoPool<T> = Arc::default();
+        let mut g = ReplayBuilder::new(&format!("serve {}", T::NAME));
+        g.instances(instances).priority(priority);
+        let x = g.input::<Vec<T>>("x");
+        let io = g.gpu_node(device, "io buffers", move |c: &ReplayCtx<'_, '_>| {
+            let free = pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let io = match free {
+                Some(io) => io,
+                None => {
+                    let gpu = c.gpu()?;
+                    Io {
+                        pin_in: gpu.alloc_pinned::<T>(n)?,
+                        dev_in: gpu.alloc::<T>(n)?,
+                        pin_out: gpu.alloc_pinned::<T>(n)?,
+                    }
+                }
+            };
+            Ok(Lent {
+                io: Some(io),
+                pool: pool.clone(),
+                idle: AtomicBool::new(true),
+            })
+        });
+        let stage = g.host_node("stage input", move |c: &ReplayCtx<'_, '_>| {
+            let lent = c.input(io)?;
+            lent.idle.store(false, Ordering::Release);
+            // SAFETY: the run holds the instance (or, eager, the lent buffers) alone, and the
+            // previous run's copies finished before its "read output" node ran.
+            unsafe { lent.io().pin_in.write(&c.input(x)?)? };
+            Ok(())
+        });
+        g.edge(x, stage).edge(io, stage);
+        let mut prev: Option<RNode<DeviceBuffer<T>>> = None;
+        for l in 0..LAYERS {
+            let (w, k) = (weights.clone(), kernel.clone());
+            let node = g.gpu_node(
+                device,
+                &format!("layer {l}"),
+                move |c: &ReplayCtx<'_, '_>| {
+                    let gpu = c.gpu()?;
+                    let lent = c.input(io)?;
+                    let io = lent.io();
+                    let y = match prev {
+                        Some(p) => layer(c, &w[l], &*c.input(p)?, &k, shape)?,
+                        None => {
+                            gpu.copy_from_pinned(&io.pin_in, &io.dev_in)?;
+                            layer(c, &w[l], &io.dev_in, &k, shape)?
+                        }
+                    };
+                    if l == LAYERS - 1 {
+                        gpu.copy_to_pinned(&y, &io.pin_out)?;
+                    }
+                    Ok(y)
+                },
+            );
+            g.edge(io, node);
+            match prev {
+                Some(p) => g.edge(p, node),
+                None => g.edge(stage, node),
+            };
+            prev = Some(node);
+        }
+        let last = prev.expect("layers");
+        let y = g.host_node("read output", move |c: &ReplayCtx<'_, '_>| {
+            let lent = c.input(io)?;
+            // SAFETY: a host node after the last layer runs once its GPU work (the copy into
+            // `pin_out` included) is done.
+            let y = unsafe { lent.io().pin_out.to_vec() };
+            lent.idle.store(true, Ordering::Release);
+            Ok(y)
+        });
+        g.edge(last, y).edge(io, y);
+        Ok(Self {
+            replay: g.build()?,
+            x,
+            y,
+        })
+    }
+
+    /// One request, replayed (or eager): its output.
+    pub fn serve(&self, pool: &GpuPool, x: Vec<T>, eager: bool) -> GpuResult<Arc<Vec<T>>> {
+        let inputs = RunInputs::new().set(self.x, x);
+        let out = if eager {
+            self.replay.run_eager_with(pool, inputs)?
+        } else {
+            self.replay.run_with(pool, inputs)?
+        };
+        Ok(out.get(self.y).expect("the read output node's output"))
+    }
+}
+
+/// `y = GELU(x W^T + b)` for a row-major `batch` x `dim` `x`: cuBLAS sees the column-major
+/// `dim` x `batch` `y^T = W x^T` (`W` transposed from its row-major `[out][in]`).
+fn layer<T: Elem>(
+    c: &ReplayCtx<'_, '_>,
+    (w, b): &(DeviceBuffer<T>, DeviceBuffer<T>),
+    x: &DeviceBuffer<T>,
+    kernel: &Kernel,
+    shape: Shape,
+) -> Result<DeviceBuffer<T>, BoxError>
+where
+    CudaBlas: Gemm<T>,
+{
+    let gpu = c.gpu()?;
+    let (bt, d) = (shape.batch, shape.dim);
+    let mut y = gpu.alloc::<T>(bt * d)?;
+    let cfg = GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_T,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m: d as i32,
+        n: bt as i32,
+        k: d as i32,
+        alpha: T::from_f32(1.0),
+        lda: d as i32,
+        ldb: d as i32,
+        beta: T::from_f32(0.0),
+        ldc: d as i32,
+    };
+    let blas = gpu.cublas()?;
+    // SAFETY: `w` is d x d, `x` and `y` batch x d, as the configuration says.
+    unsafe {
+        blas.gemm(
+            cfg,
+            w.as_cuda_slice(),
+            x.as_cuda_slice(),
+            y.as_cuda_slice_mut(),
+        )?
+    };
+    drop(blas);
+    // SAFETY: `(T* y, const T* bias, u32 rows, u32 cols)` over `y`'s batch x d elements and
+    // `b`'s d; both outlive the launch (node outputs and the shared weights).
+    unsafe {
+        gpu.launch(kernel, LaunchConfig::for_elements(bt * d))
+            .arg(&mut y)
+            .arg(b)
+            .arg(bt as u32)
+            .arg(d as u32)
+            .launch()?;
+    }
+    Ok(y)
+}
