@@ -13,11 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use boundpool_scheduler::{GroupId, Placement};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 
-use crate::driver::{
-    self, Ctx, DResult, Dev, DeviceAlloc, Event, Func, GraphExec, Module as RawModule, StreamRef,
-};
+use crate::driver::{self, Ctx, DResult, Dev, DeviceAlloc, Event, GraphExec, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::metrics::DeviceMetrics;
 use crate::module::Kernel;
@@ -140,9 +138,13 @@ pub(crate) struct DeviceShared {
     /// views), dropped by the device's last worker (destroyed then, unless a user's clone or a
     /// buffer allocated on it still holds it).
     streams: RwLock<Vec<Arc<CudaStream>>>,
-    /// Loaded modules, owned here; the functions (views) are valid until teardown unloads them.
-    modules: Mutex<HashMap<u64, RawModule>>,
-    functions: Mutex<HashMap<u64, Func>>,
+    /// Loaded modules (cudarc's), by [`Module`](crate::Module) id. Each function holds its
+    /// module too, so a module is unloaded when its last function and this table's `Arc` are
+    /// gone: workers drop their functions as they stop, and the device's last worker drops the
+    /// functions here and then these `Arc`s (the last ones), context bound.
+    modules: Mutex<HashMap<u64, Arc<CudaModule>>>,
+    /// Functions looked up so far, by [`Kernel`] id (each worker caches a clone).
+    functions: Mutex<HashMap<u64, CudaFunction>>,
     failed: OnceLock<String>,
     closed: AtomicBool,
     live_workers: AtomicUsize,
@@ -544,23 +546,24 @@ impl DeviceShared {
 
     // ---------------------------------------------------------------- modules
 
-    /// The function handle of `k` on this device, loading its module on first use.
-    pub(crate) fn function(&self, k: &Kernel) -> GpuResult<Func> {
+    /// The function of `k` on this device, loading its module on first use (`cuda` is this
+    /// device's context, bound to the calling worker).
+    pub(crate) fn function(&self, cuda: &Arc<CudaContext>, k: &Kernel) -> GpuResult<CudaFunction> {
         if let Some(f) = self
             .functions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&k.inner.id)
         {
-            return Ok(*f);
+            return Ok(f.clone());
         }
         let ctx = self.ctx();
         let m = &k.inner.module.inner;
         let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        let raw = match mods.entry(m.id) {
+        let module = match mods.entry(m.id) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                let r = driver::module_load(ctx, &m.ptx).map_err(|e| {
+                let r = driver::module_load(ctx, cuda, m.ptx.clone()).map_err(|e| {
                     GpuError::driver(
                         "cuModuleLoadData",
                         &format!("device {}: module '{}'", self.info.ordinal, m.name),
@@ -570,10 +573,10 @@ impl DeviceShared {
                 v.insert(r)
             }
         };
-        let f = driver::module_function(ctx, raw, &k.inner.name);
+        let f = driver::module_function(ctx, module, &k.inner.name);
         drop(mods);
         let f = f.map_err(|e| {
-            let mut err = GpuError::driver(
+            let err = GpuError::driver(
                 "cuModuleGetFunction",
                 &format!(
                     "device {}: kernel '{}' of module '{}'",
@@ -583,13 +586,12 @@ impl DeviceShared {
                 ),
                 e,
             );
-            err = GpuError::new(GpuErrorKind::Compile, err.message().to_owned()).with_source(e);
-            err
+            GpuError::new(GpuErrorKind::Compile, err.message().to_owned()).with_source(e)
         })?;
         self.functions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(k.inner.id, f);
+            .insert(k.inner.id, f.clone());
         Ok(f)
     }
 
@@ -660,12 +662,13 @@ impl DeviceShared {
         if let Some(t) = &self.timing {
             t.destroy(ctx);
         }
-        self.functions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        // Every worker dropped its functions as it stopped: with the table's functions gone,
+        // the table's module `Arc`s are the last ones, and cudarc unloads each here.
+        drop(std::mem::take(
+            &mut *self.functions.lock().unwrap_or_else(|e| e.into_inner()),
+        ));
         for (_, m) in std::mem::take(&mut *self.modules.lock().unwrap_or_else(|e| e.into_inner())) {
-            let _ = m.unload(ctx);
+            driver::module_release(ctx, m);
         }
         if !failed {
             let _ = driver::ctx_synchronize(ctx);

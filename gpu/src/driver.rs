@@ -1,29 +1,35 @@
 //! The only module that touches raw CUDA driver handles.
 //!
-//! Everything here is a thin wrapper over `cudarc::driver::sys`. A handle that must be destroyed
-//! is an *owner* ([`PrimaryCtx`], [`Event`], [`Module`], [`DeviceAlloc`],
+//! Everything here is a thin wrapper over `cudarc::driver::sys`, or over cudarc's own layers
+//! where they do the call (modules, functions and the kernel launch: cudarc's `CudaModule`,
+//! `CudaFunction` and `result::launch_kernel`, behind the context check). A handle that must be
+//! destroyed is an *owner* ([`PrimaryCtx`], [`Event`], [`DeviceAlloc`],
 //! [`CudaGraph`], [`GraphExec`]): not `Copy` nor `Clone`, its raw field private to this file,
 //! destroyed by a method that consumes it, so destroy-once is the compiler's business. What
 //! others need to name a handle they do not own is a `Copy` *view* ([`Ctx`], [`StreamRef`],
-//! [`Func`], [`GraphNode`]), made only here from its owner and unable to destroy anything; the
+//! [`GraphNode`]), made only here from its owner and unable to destroy anything; the
 //! crate keeps the owners views point to in its device tables until the device's last worker
 //! stops. The device's context and its streams are cudarc's (`Arc<CudaContext>`,
 //! `Arc<CudaStream>`, held by the device's table, its workers and the buffers allocated on
 //! them) so that node bodies can use cudarc; [`Ctx::of`] and [`StreamRef::of`] make views of
-//! them, valid while those `Arc`s live. Functions that take handles are therefore safe to call from crate code; those that
-//! take raw pointers to memory (launch arguments, copies) are `unsafe`.
+//! them, valid while those `Arc`s live. So are its modules (`Arc<CudaModule>`, in the device's
+//! table) and their functions (`CudaFunction`, in the device's and its workers' tables, each
+//! holding its module), whose last `Arc` the device's last worker drops ([`module_release`]).
+//! Functions that take handles are therefore safe to call from crate code; those that take
+//! raw pointers to memory (launch arguments, copies) are `unsafe`.
 //!
 //! Every function that needs a current context takes the context the caller *expects* to be
 //! current. When context checking is on ([`crate::context_check`]), each such call first reads
 //! `cuCtxGetCurrent` and counts a mismatch; that is how the tests prove that no framework call is
 //! made from an unbound thread or one bound to the wrong device.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys;
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::Ptx;
 
 pub(crate) use cudarc::driver::result::DriverError;
 
@@ -89,13 +95,13 @@ fn current_raw() -> DResult<usize> {
 // ----------------------------------------------------------------------------------------------
 // Handles.
 //
-// Two kinds. *Owners* ([`Event`], [`Module`], [`PrimaryCtx`], [`DeviceAlloc`], and
+// Two kinds. *Owners* ([`Event`], [`PrimaryCtx`], [`DeviceAlloc`], and
 // below [`CudaGraph`], [`GraphExec`]) are neither `Copy` nor `Clone`, keep their raw field
 // private to this file, and are destroyed by a method that consumes them, so that destroying
 // one twice, or using one after destroying it, does not compile. *Views* ([`Ctx`],
-// [`StreamRef`], [`Func`], [`GraphNode`]) are `Copy`, own nothing and have no destroy: a view is
-// made only here, from its owner (or, for `Ctx` and `Func`, by the call that retained the
-// context or looked the function up in its module), and is valid while that owner lives. The
+// [`StreamRef`], [`GraphNode`]) are `Copy`, own nothing and have no destroy: a view is
+// made only here, from its owner (or, for `Ctx`, by the call that retained the
+// context), and is valid while that owner lives. The
 // crate keeps the owners of what views point to in its device tables until the device's last
 // worker stops (see `device.rs`), after every node that can hold a view.
 //
@@ -140,21 +146,12 @@ pub(crate) struct StreamRef(sys::CUstream);
 #[derive(Debug)]
 pub(crate) struct Event(sys::CUevent);
 
-/// A loaded module, owned. Unload with [`Module::unload`].
-#[derive(Debug)]
-pub(crate) struct Module(sys::CUmodule);
-
-/// A kernel function of a loaded module: a view, valid while the module is loaded (the crate
-/// unloads modules only at its device's teardown). Nothing to destroy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Func(sys::CUfunction);
-
 /// Device memory from `cuMemAllocAsync`, owned. Freed once by [`DeviceAlloc::free_async`] or
 /// [`DeviceAlloc::free`]; [`DeviceAlloc::addr`] is the plain address kernels and copies take.
 #[derive(Debug)]
 pub(crate) struct DeviceAlloc(sys::CUdeviceptr);
 
-send_sync!(Ctx, PrimaryCtx, StreamRef, Event, Module, Func);
+send_sync!(Ctx, PrimaryCtx, StreamRef, Event);
 
 impl Ctx {
     /// The view of the context a cudarc `CudaContext` holds (each device's is retained by the
@@ -199,16 +196,6 @@ impl Event {
         check(expect, "cuEventDestroy");
         // SAFETY: `self` is a live event, consumed here: destroyed once.
         unsafe { sys::cuEventDestroy_v2(self.0).result() }
-    }
-}
-
-impl Module {
-    /// `cuModuleUnload`. Its [`Func`]s must not be used after.
-    pub(crate) fn unload(self, expect: Ctx) -> DResult<()> {
-        check(expect, "cuModuleUnload");
-        // SAFETY: `self` is a live module, consumed here: unloaded once. Its functions' views
-        // are dropped with the device's tables first (`device.rs` teardown).
-        unsafe { sys::cuModuleUnload(self.0).result() }
     }
 }
 
@@ -477,78 +464,65 @@ pub(crate) fn event_query(expect: Ctx, e: &Event) -> DResult<bool> {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Modules and launches.
+// Modules and launches: cudarc's `CudaModule`, `CudaFunction` and `result::launch_kernel`,
+// behind the context check.
 
-pub(crate) fn module_load(expect: Ctx, image: &CStr) -> DResult<Module> {
+/// Loads `ptx` into `cuda`'s context (`cuModuleLoadData`, through cudarc's `load_module`, which
+/// finds the context already bound). The module is unloaded when its last `Arc` drops (cudarc's
+/// drop, on the dropping thread): the crate keeps every `Arc` in its device's and workers'
+/// tables and drops the last one with [`module_release`] on the device's last worker.
+pub(crate) fn module_load(
+    expect: Ctx,
+    cuda: &Arc<CudaContext>,
+    ptx: Ptx,
+) -> DResult<Arc<CudaModule>> {
     check(expect, "cuModuleLoadData");
-    let mut m = MaybeUninit::<sys::CUmodule>::uninit();
-    // SAFETY: `image` is a NUL-terminated PTX text that outlives the call.
-    unsafe {
-        sys::cuModuleLoadData(m.as_mut_ptr(), image.as_ptr() as *const c_void).result()?;
-        Ok(Module(m.assume_init()))
-    }
+    cuda.load_module(ptx)
 }
 
-pub(crate) fn module_function(expect: Ctx, m: &Module, name: &CStr) -> DResult<Func> {
+/// The function `name` (no NUL byte: cudarc panics on one) of `m` (`cuModuleGetFunction`).
+pub(crate) fn module_function(
+    expect: Ctx,
+    m: &Arc<CudaModule>,
+    name: &str,
+) -> DResult<CudaFunction> {
     check(expect, "cuModuleGetFunction");
-    let mut f = MaybeUninit::<sys::CUfunction>::uninit();
-    // SAFETY: `m` is live; `name` is NUL-terminated.
-    unsafe {
-        sys::cuModuleGetFunction(f.as_mut_ptr(), m.0, name.as_ptr()).result()?;
-        Ok(Func(f.assume_init()))
-    }
+    m.load_function(name)
 }
 
-/// Most kernel arguments [`launch`] takes.
-pub(crate) const MAX_LAUNCH_ARGS: usize = 16;
+/// Drops the device table's `Arc` of a module, the last one once every worker has dropped its
+/// functions (which hold one each): cudarc's drop then unloads it (`cuModuleUnload`) here, on a
+/// bound worker of its device.
+pub(crate) fn module_release(expect: Ctx, m: Arc<CudaModule>) {
+    if Arc::strong_count(&m) == 1 {
+        check(expect, "cuModuleUnload");
+    }
+    drop(m);
+}
 
-/// Launches `f` on `s` with `args`, one 8-byte slot per kernel parameter holding its
-/// little-endian bytes (the driver reads the parameter's size from the slot it is pointed at).
+/// Launches `f` on `s` (`cuLaunchKernel` through cudarc's `result::launch_kernel`, without the
+/// launch builder's per-launch `Vec` and context bind: the worker's context is bound for life,
+/// and checked here when checking is on). `params` holds one pointer per kernel parameter, to a
+/// value of the parameter's type; the driver copies the values at the call.
 ///
 /// # Safety
-/// `args` must hold one slot per kernel parameter, in order, each holding a value of the
-/// parameter's type (at most 8 bytes); device pointers among them must stay valid until the
-/// kernel ends. At most [`MAX_LAUNCH_ARGS`] (more is an `InvalidValue` error, not a launch).
-pub(crate) unsafe fn launch(
+/// `params` must hold one pointer per kernel parameter, in order, each valid for reads of the
+/// parameter's size for the call; device memory the kernel accesses must stay valid until it
+/// ends.
+pub(crate) unsafe fn launch_kernel(
     expect: Ctx,
-    f: Func,
+    f: &CudaFunction,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
     shared_mem: u32,
     s: StreamRef,
-    args: &mut [u64],
+    params: &mut [*mut c_void],
 ) -> DResult<()> {
     check(expect, "cuLaunchKernel");
-    if args.len() > MAX_LAUNCH_ARGS {
-        return Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
-    }
-    let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_LAUNCH_ARGS];
-    for (p, a) in ptrs.iter_mut().zip(args.iter_mut()) {
-        *p = a as *mut u64 as *mut c_void;
-    }
-    let p = if args.is_empty() {
-        std::ptr::null_mut()
-    } else {
-        ptrs.as_mut_ptr()
-    };
-    // SAFETY: each pointer points to an 8-byte slot of `args`, alive for the call (the driver
-    // copies the parameters at launch); the rest is forwarded from the caller's contract; `f`
-    // and `s` are live (crate invariant).
+    // SAFETY: forwarded from the caller's contract; `f` is a loaded function (its module lives
+    // while `f` does) and `s` a live stream of the same context (crate invariant).
     unsafe {
-        sys::cuLaunchKernel(
-            f.0,
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            shared_mem,
-            s.0,
-            p,
-            std::ptr::null_mut(),
-        )
-        .result()
+        cudarc::driver::result::launch_kernel(f.cu_function(), grid, block, shared_mem, s.0, params)
     }
 }
 
@@ -986,7 +960,7 @@ mod tests {
     /// to build.
     #[test]
     fn owners_are_not_copy_or_clone() {
-        assert_not_copy_or_clone!(PrimaryCtx, Event, Module, DeviceAlloc, CudaGraph, GraphExec);
+        assert_not_copy_or_clone!(PrimaryCtx, Event, DeviceAlloc, CudaGraph, GraphExec);
     }
 
     /// Views are `Copy` and carry no destroy; they are only made here, from an owner.
@@ -995,7 +969,6 @@ mod tests {
         fn copy<T: Copy>() {}
         copy::<Ctx>();
         copy::<StreamRef>();
-        copy::<Func>();
         copy::<GraphNode>();
     }
 }

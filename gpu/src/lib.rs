@@ -81,37 +81,38 @@
 //! under a capture. candle cannot take an external stream yet (its CUDA device is built by a
 //! private constructor), so candle code does not run on the pool's streams.
 //!
-//! What stays hand-written, and why: the owners destroyed by consuming them (events, modules,
-//! graphs), the release queue and the context check are boundpool's invariants, which cudarc's
-//! `Drop`s (a driver call on whichever thread drops) do not give. The node path's own
-//! [`Launch`] and [`Module`]/[`Kernel`] still go through `driver.rs`; with event tracking off,
-//! the GPU bench measures nodes launching through cudarc's `launch_builder` at the speed of
-//! that layer (docs/benchmarks.md), so they are to move onto cudarc's `CudaModule` and launch
-//! next.
+//! What stays hand-written, and why: the owners destroyed by consuming them (events,
+//! graphs), the release queue and the context check are boundpool's invariants, which
+//! cudarc's `Drop`s (a driver call on whichever thread drops) do not give. A [`Module`] is
+//! loaded as cudarc's `CudaModule` and a [`Kernel`] launched through cudarc's `CudaFunction`
+//! and `result::launch_kernel` (see below).
 //!
 //! # Where the driver and the unsafe code are
 //!
 //! The one list (the README points here). Every block has a `// SAFETY:` comment and every
 //! unsafe fn or trait a `# Safety` section.
 //!
-//! * `driver.rs`: the only file that calls the CUDA driver (`cudarc::driver::sys`) and the
-//!   only one with raw driver handles. Its wrappers check (when on) that the expected context is
-//!   current. A handle that must be destroyed comes out of it as an *owner* (`PrimaryCtx`,
-//!   `Event`, `Module`, `DeviceAlloc`, `CudaGraph`, `GraphExec`): not `Copy` nor
+//! * `driver.rs`: the only file that calls the CUDA driver (`cudarc::driver::sys`, and
+//!   cudarc's module load, function lookup and `result::launch_kernel`, each behind the context
+//!   check) and the only one with raw driver handles. Its wrappers check (when on) that the
+//!   expected context is current. A handle that must be destroyed comes out of it as an
+//!   *owner* (`PrimaryCtx`, `Event`, `DeviceAlloc`, `CudaGraph`, `GraphExec`): not `Copy` nor
 //!   `Clone`, its raw field private, destroyed by a method that consumes it (`destroy(self)`,
-//!   `unload(self)`, `release(self)`, `free(self)`), so destroying one twice does not compile
+//!   `release(self)`, `free(self)`), so destroying one twice does not compile
 //!   (its unit test `owners_are_not_copy_or_clone` asserts it at compile time). Whoever needs to
 //!   name a handle it does not own gets a `Copy` *view* made from the owner (`Ctx`, `StreamRef`,
-//!   `Func`, `GraphNode`), which destroys nothing. The owners live where their lifetime is
-//!   decided: a device's table (`device.rs`) owns its spare events and modules, destroyed by the
+//!   `GraphNode`), which destroys nothing. The owners live where their lifetime is
+//!   decided: a device's table (`device.rs`) owns its spare events, destroyed by the
 //!   device's last worker, after every node that could hold a view, and holds the device's
-//!   context and workers' streams (cudarc's `Arc`s, dropped there); events move by value between
+//!   context, workers' streams and modules (cudarc's `Arc`s, dropped there: the last `Arc` of
+//!   a module, once every worker has dropped its `CudaFunction`s, unloads it on that bound
+//!   worker); events move by value between
 //!   a worker's spares, markers and that table; capture streams (cudarc's) and graphs are owned
 //!   by the replay's capture (`replay/capture.rs`), executables by their replay slot. `StreamRef::raw_ptr` is
 //!   the one way a raw handle leaves the file (to cuBLAS / cuSOLVER, and
-//!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (which packs the arguments, one
-//!   8-byte slot each, as the pointers the driver reads), the copies and the memset, which take
-//!   raw pointers.
+//!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (cudarc's `result::launch_kernel`
+//!   given one pointer per kernel parameter), the copies and the memset, which take raw
+//!   pointers.
 //! * `libs.rs` and `blas.rs`: the only files with cuBLAS and cuSOLVER handles and calls
 //!   (`cudarc::cublas`, `cudarc::cusolver::sys`; library handles, not driver handles, kept
 //!   there by design: the cuBLAS one is cudarc's `CudaBlas`, the cuSOLVER one owned like the
@@ -121,7 +122,8 @@
 //!   (`CudaBlas::set_stream`, unsafe in cudarc) and workspace, and the routines, unsafe fns on
 //!   device addresses.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
-//!   contract), the host copies and memset it passes to `driver.rs`, a captured host-to-device
+//!   contract; it points one pointer at each argument's 8-byte slot for the launch in
+//!   `driver.rs`), the host copies and memset it passes to `driver.rs`, a captured host-to-device
 //!   copy's staging (a copy into a hoisted device buffer, then a captured device-to-device
 //!   copy), and handing a new allocation to a `CudaSlice` (`upgrade_device_ptr`).
 //! * `device.rs`: turning cudarc's event tracking off on the pool's context
