@@ -28,7 +28,7 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 
 pub(crate) use cudarc::driver::result::DriverError;
@@ -143,6 +143,12 @@ pub(crate) struct StreamRef(sys::CUstream);
 /// An event, owned (created with timing disabled, except the trace's timing events). Moved
 /// between a worker's spares, the markers that carry it and the device's table; destroyed
 /// once by [`Event::destroy`].
+///
+/// Not cudarc's `CudaEvent`: its drop binds the context and destroys the event on whichever
+/// thread drops it (a marker is dropped on any thread: this event goes back to its worker
+/// instead), its `record` and `CudaStream::wait` bind the context on every call (one more
+/// driver call per GPU edge), and both take a `&CudaStream` where the node path names a
+/// handed-over stream by its view. The calls themselves are cudarc's `result::event` ones.
 #[derive(Debug)]
 pub(crate) struct Event(sys::CUevent);
 
@@ -191,11 +197,11 @@ impl StreamRef {
 }
 
 impl Event {
-    /// `cuEventDestroy`.
+    /// `cuEventDestroy` (cudarc's `result::event::destroy`).
     pub(crate) fn destroy(self, expect: Ctx) -> DResult<()> {
         check(expect, "cuEventDestroy");
         // SAFETY: `self` is a live event, consumed here: destroyed once.
-        unsafe { sys::cuEventDestroy_v2(self.0).result() }
+        unsafe { result::event::destroy(self.0) }
     }
 }
 
@@ -398,68 +404,55 @@ pub(crate) fn stream_query(expect: Ctx, s: StreamRef) -> DResult<bool> {
     }
 }
 
+// Events: boundpool's own owner ([`Event`], see the crate docs for why not cudarc's
+// `CudaEvent`), over cudarc's `result::event` calls.
+
 pub(crate) fn stream_wait_event(expect: Ctx, s: StreamRef, e: &Event) -> DResult<()> {
     check(expect, "cuStreamWaitEvent");
     // SAFETY: crate invariant: both handles are live.
-    unsafe { sys::cuStreamWaitEvent(s.0, e.0, 0).result() }
+    unsafe { result::stream::wait_event(s.0, e.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
 }
 
 pub(crate) fn event_create(expect: Ctx) -> DResult<Event> {
     check(expect, "cuEventCreate");
-    let mut e = MaybeUninit::<sys::CUevent>::uninit();
-    // SAFETY: writes one event handle.
-    unsafe {
-        sys::cuEventCreate(
-            e.as_mut_ptr(),
-            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-        )
-        .result()?;
-        Ok(Event(e.assume_init()))
-    }
+    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map(Event)
 }
 
 pub(crate) fn event_record(expect: Ctx, e: &Event, s: StreamRef) -> DResult<()> {
     check(expect, "cuEventRecord");
     // SAFETY: crate invariant: both handles are live and of the same context.
-    unsafe { sys::cuEventRecord(e.0, s.0).result() }
+    unsafe { result::event::record(e.0, s.0) }
 }
 
 /// An event that records a timestamp (for the trace's GPU stream tracks only: timing events
 /// cost more to record than the crate's usual ones).
 pub(crate) fn event_create_timed(expect: Ctx) -> DResult<Event> {
     check(expect, "cuEventCreate");
-    let mut e = MaybeUninit::<sys::CUevent>::uninit();
-    // SAFETY: writes one event handle.
-    unsafe {
-        sys::cuEventCreate(e.as_mut_ptr(), sys::CUevent_flags::CU_EVENT_DEFAULT as u32).result()?;
-        Ok(Event(e.assume_init()))
-    }
+    result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map(Event)
 }
 
 /// Milliseconds from `start` to `end`, two completed timing events of the same context.
 pub(crate) fn event_elapsed_ms(expect: Ctx, start: &Event, end: &Event) -> DResult<f32> {
     check(expect, "cuEventElapsedTime");
-    let mut ms: f32 = 0.0;
-    // SAFETY: writes one float; both handles are live (crate invariant).
-    unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.0, end.0).result()? };
-    Ok(ms)
+    // SAFETY: both are live timing events of this context (crate invariant).
+    unsafe { result::event::elapsed(start.0, end.0) }
 }
 
 /// Blocks until the event's work is complete.
 pub(crate) fn event_synchronize(expect: Ctx, e: &Event) -> DResult<()> {
     check(expect, "cuEventSynchronize");
     // SAFETY: crate invariant: `e` is live.
-    unsafe { sys::cuEventSynchronize(e.0).result() }
+    unsafe { result::event::synchronize(e.0) }
 }
 
 /// `Ok(true)` when the event's work is complete, `Ok(false)` when not yet.
 pub(crate) fn event_query(expect: Ctx, e: &Event) -> DResult<bool> {
     check(expect, "cuEventQuery");
     // SAFETY: crate invariant: `e` is live.
-    match unsafe { sys::cuEventQuery(e.0) } {
-        sys::CUresult::CUDA_SUCCESS => Ok(true),
-        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-        other => Err(DriverError(other)),
+    match unsafe { result::event::query(e.0) } {
+        Ok(()) => Ok(true),
+        Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+        Err(other) => Err(other),
     }
 }
 
@@ -521,9 +514,7 @@ pub(crate) unsafe fn launch_kernel(
     check(expect, "cuLaunchKernel");
     // SAFETY: forwarded from the caller's contract; `f` is a loaded function (its module lives
     // while `f` does) and `s` a live stream of the same context (crate invariant).
-    unsafe {
-        cudarc::driver::result::launch_kernel(f.cu_function(), grid, block, shared_mem, s.0, params)
-    }
+    unsafe { result::launch_kernel(f.cu_function(), grid, block, shared_mem, s.0, params) }
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -81,11 +81,32 @@
 //! under a capture. candle cannot take an external stream yet (its CUDA device is built by a
 //! private constructor), so candle code does not run on the pool's streams.
 //!
-//! What stays hand-written, and why: the owners destroyed by consuming them (events,
-//! graphs), the release queue and the context check are boundpool's invariants, which
-//! cudarc's `Drop`s (a driver call on whichever thread drops) do not give. A [`Module`] is
-//! loaded as cudarc's `CudaModule` and a [`Kernel`] launched through cudarc's `CudaFunction`
-//! and `result::launch_kernel` (see below).
+//! # What stays hand-written, and why
+//!
+//! cudarc does the device's context and streams (with priorities), buffers (`CudaSlice`),
+//! modules and functions (`CudaModule`, `CudaFunction`), kernel launches (its
+//! `result::launch_kernel`: the `launch_builder` would add a `Vec` and a context bind to each
+//! launch, on a thread bound for life), the event calls (`result::event`) and the cuBLAS
+//! handle (`CudaBlas`). What remains is boundpool's own:
+//!
+//! * **Events** (`driver::Event`, over cudarc's `result::event` calls). A GPU edge's event
+//!   travels in a marker that may be dropped on any thread; the drop hands the event back to
+//!   the worker that recorded it, and only a bound worker destroys one, by consuming it.
+//!   cudarc's `CudaEvent` destroys itself in its `Drop`, on the dropping thread (a driver call
+//!   off a bound worker), binds the context again at each `record` and `CudaStream::wait`
+//!   (one more driver call on every edge: the chain edge would grow), and takes a
+//!   `&CudaStream` where the node path names a handed-over stream by its view. The trace's
+//!   timing events share the owner, the recycling and the teardown.
+//! * **Owners destroyed by consuming them** (events, allocations, CUDA graphs and executables,
+//!   the primary context's retain for `MemoryProbe`): destroying one twice does not compile,
+//!   and their owners decide on which bound worker that happens.
+//! * **The release queue**: a [`DeviceBuffer`] or a replay executable dropped anywhere is
+//!   freed by a bound worker of its device, ordered after the work already enqueued; cudarc
+//!   frees on the dropping thread.
+//! * **The context check** ([`context_check`]): each driver call of boundpool's own code
+//!   (through `driver.rs`, the module loads, lookups and launches it hands to cudarc included)
+//!   is first checked against the context it expects, so the tests can prove that none is
+//!   made off a bound worker of the right device.
 //!
 //! # Where the driver and the unsafe code are
 //!
