@@ -86,8 +86,8 @@
 //! cudarc does the device's context and streams (with priorities), buffers (`CudaSlice`),
 //! modules and functions (`CudaModule`, `CudaFunction`), kernel launches (its
 //! `result::launch_kernel`: the `launch_builder` would add a `Vec` and a context bind to each
-//! launch, on a thread bound for life), the event calls (`result::event`) and the cuBLAS
-//! handle (`CudaBlas`). What remains is boundpool's own:
+//! launch, on a thread bound for life), the event calls (`result::event`) and the cuBLAS and
+//! cuSOLVER handles (`CudaBlas`, `DnHandle`). What remains is boundpool's own:
 //!
 //! * **Events** (`driver::Event`, over cudarc's `result::event` calls). A GPU edge's event
 //!   travels in a marker that may be dropped on any thread; the drop hands the event back to
@@ -135,13 +135,12 @@
 //!   given one pointer per kernel parameter), the copies and the memset, which take raw
 //!   pointers.
 //! * `libs.rs` and `blas.rs`: the only files with cuBLAS and cuSOLVER handles and calls
-//!   (`cudarc::cublas`, `cudarc::cusolver::sys`; library handles, not driver handles, kept
-//!   there by design: the cuBLAS one is cudarc's `CudaBlas`, the cuSOLVER one owned like the
-//!   driver's, destroyed by consuming it on its worker). `libs.rs`, each worker's handles and
-//!   workspaces: the cuSOLVER handle's creation, destruction and stream, and the
-//!   library-presence checks; `blas.rs`, what nodes call: setting the cuBLAS handle's stream
-//!   (`CudaBlas::set_stream`, unsafe in cudarc) and workspace, and the routines, unsafe fns on
-//!   device addresses.
+//!   (`cudarc::cublas`, `cudarc::cusolver`; library handles, not driver handles, kept there by
+//!   design: cudarc's `CudaBlas` and `DnHandle`, made and dropped on their worker).
+//!   `libs.rs`, each worker's handles and workspaces: setting the cuSOLVER handle's stream
+//!   (`DnHandle::set_stream`, unsafe in cudarc) and the library-presence checks; `blas.rs`,
+//!   what nodes call: setting the cuBLAS handle's stream (`CudaBlas::set_stream`, unsafe in
+//!   cudarc) and workspace, and the routines, unsafe fns on device addresses.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
 //!   contract; it points one pointer at each argument's 8-byte slot for the launch in
 //!   `driver.rs`), the host copies and memset it passes to `driver.rs`, a captured host-to-device

@@ -248,7 +248,7 @@ impl GpuWorker {
                 b.libs.ensure_blas(b.normal_stream(), &what)?;
             }
             if plan.solver {
-                b.libs.ensure_solver(&what)?;
+                b.libs.ensure_solver(b.normal_stream(), &what)?;
             }
             let setup = WorkerSetup::new(info, &b.device.info, &b.cuda);
             b.states.make(&plan.states, &setup, &what)
