@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
-use boundpool_scheduler::{GroupId, Placement};
+use boundpool_scheduler::{BoxError, GroupId, Placement};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 
 use crate::driver::{self, Ctx, DResult, Dev, DeviceAlloc, Event, GraphExec, StreamRef};
@@ -339,6 +339,33 @@ impl DeviceShared {
             .with_source(e);
         }
         err
+    }
+
+    /// A node body's error. When it is, or wraps, a sticky driver error (a cudarc call in the
+    /// body that hit an illegal address, say), the device is marked failed as
+    /// [`Self::driver_error`] marks it and the node fails with a `DeviceFailed` error naming
+    /// `what` (the node); any other error is returned as it is.
+    pub(crate) fn body_error(&self, what: &str, e: BoxError) -> BoxError {
+        let gpu = e.downcast_ref::<GpuError>();
+        if gpu.is_some_and(|g| g.kind() == GpuErrorKind::DeviceFailed) {
+            // One of boundpool's own calls for this node: already marked.
+            return e;
+        }
+        let Some(d) = driver::sticky_in(&*e) else {
+            return e;
+        };
+        let why = match gpu {
+            Some(g) => g.message().to_owned(),
+            None if e.is::<driver::DriverError>() => {
+                GpuError::driver("a driver call in its body", what, d)
+                    .message()
+                    .to_owned()
+            }
+            None => format!("{what}: {e} ({} underneath)", driver::error_name(d)),
+        };
+        self.mark_failed(why.clone());
+        let msg = format!("{why} (device {} is now marked failed)", self.info.ordinal);
+        Box::new(GpuError::new(GpuErrorKind::DeviceFailed, msg).with_source(e))
     }
 
     // ---------------------------------------------------------------- events
@@ -768,5 +795,72 @@ impl GpuDevice {
             .timing
             .as_ref()
             .map_or(0, |t| t.events_created())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult;
+
+    fn device() -> DeviceShared {
+        let info = DeviceInfo {
+            ordinal: 3,
+            name: "test".into(),
+            pci_bus_id: String::new(),
+            total_memory: 0,
+            local_cores: Vec::new(),
+        };
+        DeviceShared::new(info, Dev::for_test(), false)
+    }
+
+    /// A cudarc `DriverError` from a node's body that is sticky marks the device failed, as
+    /// boundpool's own calls do, and fails the node with a `DeviceFailed` error naming it; a
+    /// sticky one inside a `GpuError` too. No driver call (runs without a GPU).
+    #[test]
+    fn sticky_body_errors_mark_the_device_failed() {
+        let d = device();
+        let what = "node 'k' of graph 'g' on device 3";
+        let e = d.body_error(
+            what,
+            Box::new(driver::DriverError(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS)),
+        );
+        let g = e.downcast_ref::<GpuError>().expect("a GpuError");
+        assert_eq!(g.kind(), GpuErrorKind::DeviceFailed);
+        assert!(g.message().starts_with(what), "{}", g.message());
+        assert!(g.message().contains("ILLEGAL_ADDRESS"), "{}", g.message());
+        assert!(g.message().ends_with("(device 3 is now marked failed)"));
+        let why = d.failed().expect("marked failed");
+        assert!(
+            why.contains("ILLEGAL_ADDRESS") && why.starts_with(what),
+            "{why}"
+        );
+        assert!(d.check_usable().is_err());
+
+        let d = device();
+        let inner = GpuError::driver(
+            "cuMemcpyDtoHAsync",
+            what,
+            driver::DriverError(CUresult::CUDA_ERROR_LAUNCH_FAILED),
+        );
+        let e = d.body_error(what, Box::new(inner));
+        let g = e.downcast_ref::<GpuError>().expect("a GpuError");
+        assert_eq!(g.kind(), GpuErrorKind::DeviceFailed);
+        assert!(d.failed().is_some_and(|w| w.contains("LAUNCH_FAILED")));
+    }
+
+    /// Other body errors (not sticky, or not the driver's) leave the device usable and come
+    /// back unchanged.
+    #[test]
+    fn other_body_errors_leave_the_device_usable() {
+        let d = device();
+        let e = d.body_error(
+            "n",
+            Box::new(driver::DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY)),
+        );
+        assert!(e.is::<driver::DriverError>());
+        let e = d.body_error("n", "a host error".into());
+        assert_eq!(e.to_string(), "a host error");
+        assert!(d.failed().is_none());
     }
 }

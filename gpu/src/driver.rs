@@ -246,6 +246,14 @@ impl DeviceAlloc {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Dev(sys::CUdevice);
 
+impl Dev {
+    /// A device that no driver resolved, for unit tests of tables that make no driver call.
+    #[cfg(test)]
+    pub(crate) fn for_test() -> Self {
+        Dev(0)
+    }
+}
+
 // ----------------------------------------------------------------------------------------------
 // Library, devices, contexts.
 
@@ -612,15 +620,22 @@ pub(crate) unsafe fn memset_d8_async(
 // ----------------------------------------------------------------------------------------------
 // Errors.
 
-/// `CUDA_ERROR_...` name of a driver error.
+/// `CUDA_ERROR_...` name of a driver error (the enum's name where there is no driver to ask:
+/// cudarc would panic).
 pub(crate) fn error_name(e: DriverError) -> String {
+    if !library_present() {
+        return format!("{:?}", e.0);
+    }
     e.error_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|_| format!("CUresult {}", e.0 as i32))
 }
 
-/// The driver's description of an error.
+/// The driver's description of an error (empty where there is no driver to ask).
 pub(crate) fn error_string(e: DriverError) -> String {
+    if !library_present() {
+        return String::new();
+    }
     e.error_string()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
@@ -657,6 +672,18 @@ pub(crate) fn is_sticky(e: DriverError) -> bool {
             | CUDA_ERROR_CONTEXT_IS_DESTROYED
             | CUDA_ERROR_LAUNCH_TIMEOUT
     )
+}
+
+/// The first sticky driver error in `e`'s source chain, `e` itself first: what a node body
+/// returns when a cudarc call in it hit one (a `DriverError`, bare or wrapped: in a
+/// [`GpuError`](crate::GpuError), or in any error whose `source()` leads to it).
+pub(crate) fn sticky_in(e: &(dyn std::error::Error + 'static)) -> Option<DriverError> {
+    // Bounded: a chain is short, and a cyclic one must not hang a worker.
+    std::iter::successors(Some(e), |x| x.source())
+        .take(32)
+        .filter_map(|x| x.downcast_ref::<DriverError>())
+        .copied()
+        .find(|d| is_sticky(*d))
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -952,6 +979,37 @@ mod tests {
     #[test]
     fn owners_are_not_copy_or_clone() {
         assert_not_copy_or_clone!(PrimaryCtx, Event, DeviceAlloc, CudaGraph, GraphExec);
+    }
+
+    /// A sticky error is found bare, inside a `GpuError`, or deeper in a source chain; others
+    /// are not sticky (no driver needed: nothing here calls it).
+    #[test]
+    fn sticky_errors_are_found_in_source_chains() {
+        use sys::CUresult::*;
+        #[derive(Debug)]
+        struct Wrap(Box<dyn std::error::Error + Send + Sync>);
+        impl std::fmt::Display for Wrap {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("wrapped")
+            }
+        }
+        impl std::error::Error for Wrap {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&*self.0)
+            }
+        }
+        let illegal = DriverError(CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert_eq!(sticky_in(&illegal), Some(illegal));
+        let launch = crate::GpuError::driver("x", "y", DriverError(CUDA_ERROR_LAUNCH_FAILED));
+        assert_eq!(
+            sticky_in(&launch),
+            Some(DriverError(CUDA_ERROR_LAUNCH_FAILED))
+        );
+        let deep = Wrap(Box::new(Wrap(Box::new(illegal))));
+        assert_eq!(sticky_in(&deep), Some(illegal));
+        let oom = Wrap(Box::new(DriverError(CUDA_ERROR_OUT_OF_MEMORY)));
+        assert_eq!(sticky_in(&oom), None);
+        assert_eq!(sticky_in(&std::fmt::Error), None);
     }
 
     /// Views are `Copy` and carry no destroy; they are only made here, from an owner.

@@ -32,7 +32,8 @@
 //!   thread, as cudarc does: no bound worker is left).
 //! * **Errors.** A failed launch or copy fails the graph naming the node and the driver error;
 //!   a sticky error (illegal address) marks the device failed and later submissions to it say
-//!   why; out of memory fails the node only.
+//!   why, whether boundpool's own call or a cudarc call in the node's body hit it (a body's
+//!   error that is, or wraps, a sticky `DriverError`); out of memory fails the node only.
 //! * **Libraries.** [`GpuCtx::blas`] and [`GpuCtx::solver`] give a node its worker's cuBLAS
 //!   and cuSOLVER handles, set to the node's stream, with the worker's workspaces; per-worker
 //!   user state comes from [`GpuPoolBuilder::worker_state`]. (`boundpool-bench`'s `cholesky`

@@ -847,7 +847,9 @@ where
         t.end(b.ctx, stream, s, out.is_ok(), who)
             .map_err(|e| Box::new(ctx.fail("cuEventRecord", e)) as BoxError)?;
     }
-    let out = out?;
+    // A sticky driver error from the body (a cudarc call in it) marks the device failed, as
+    // boundpool's own calls' do.
+    let out = out.map_err(|e| b.device.body_error(&ctx.what(), e))?;
     // Completion on the worker's own stream of the level is tracked by sequence number (one
     // event per burst of nodes); on a handed-over stream, by an event of its own.
     let own = stream == lane.stream;
