@@ -98,6 +98,13 @@
 //!   (one more driver call on every edge: the chain edge would grow), and takes a
 //!   `&CudaStream` where the node path names a handed-over stream by its view. The trace's
 //!   timing events share the owner, the recycling and the teardown.
+//! * **`Module`, `Kernel` and the launch's argument slots.** A [`Module`] stays a plain value
+//!   (PTX, or NVRTC's output), not a loaded `CudaModule`, so that one value serves every
+//!   device: each loads it at its first launch, on a bound worker, and unloads it at teardown
+//!   on its last one. [`Launch::arg`] keeps each argument by value in an 8-byte slot
+//!   ([`KernelArg`]) and the launch points one pointer at each: cudarc's `PushKernelArg`
+//!   borrows every argument for the builder's lifetime, which a by-value builder cannot give,
+//!   and the public API stays as it was.
 //! * **Owners destroyed by consuming them** (events, allocations, CUDA graphs and executables,
 //!   the primary context's retain for `MemoryProbe`): destroying one twice does not compile,
 //!   and their owners decide on which bound worker that happens.
@@ -114,9 +121,11 @@
 //! The one list (the README points here). Every block has a `// SAFETY:` comment and every
 //! unsafe fn or trait a `# Safety` section.
 //!
-//! * `driver.rs`: the only file that calls the CUDA driver (`cudarc::driver::sys`, and
-//!   cudarc's module load, function lookup and `result::launch_kernel`, each behind the context
-//!   check) and the only one with raw driver handles. Its wrappers check (when on) that the
+//! * `driver.rs`: the only file that calls the CUDA driver's API itself
+//!   (`cudarc::driver::sys` and `result`, and cudarc's module load and function lookup, each
+//!   behind the context check; elsewhere the driver is reached only through cudarc's safe
+//!   types: the context, streams, slices and library handles) and the only one with raw driver
+//!   handles. Its wrappers check (when on) that the
 //!   expected context is current. A handle that must be destroyed comes out of it as an
 //!   *owner* (`PrimaryCtx`, `Event`, `DeviceAlloc`, `CudaGraph`, `GraphExec`): not `Copy` nor
 //!   `Clone`, its raw field private, destroyed by a method that consumes it (`destroy(self)`,
