@@ -14,12 +14,13 @@
 //! Each block has a `// SAFETY:` comment and each unsafe fn a `# Safety` section.
 //!
 //! * `raw.rs`: the only file with raw driver handles and calls (`cudarc::driver::result` and
-//!   `sys`): owners destroyed by consuming them, `Copy` views, the launch (which packs the
-//!   arguments, one 8-byte slot each) and the copies and memset, unsafe fns on device addresses.
+//!   `sys`): owners destroyed by consuming them, `Copy` views, the launch (cudarc's
+//!   `result::launch_kernel`, given one pointer per kernel parameter) and the copies and memset,
+//!   unsafe fns on device addresses.
 //! * `baselines.rs`: launches of the empty kernel through `raw::launch`, and through
 //!   `boundpool_gpu::Launch::launch` inside a pool node (to read back the worker's function).
-//! * `probe.rs`: launches of the built-in kernels and its poke kernel, and copies, through
-//!   `raw.rs`.
+//! * `probe.rs`: launches of the built-in kernels and its poke kernel (their arguments, one
+//!   8-byte slot each, given as one pointer per slot), and copies, through `raw.rs`.
 //! * `cholesky.rs`: the tiled factorization's node bodies calling cuBLAS / cuSOLVER routines
 //!   (`boundpool_gpu::Blas`, `Solver`: unsafe fns on device addresses) on its tiles.
 //! * `replay.rs`: its GPU node bodies launch the built-in kernels through

@@ -6,7 +6,7 @@
 //! (`BOUNDPOOL_REQUIRE_GPU=1 cargo test -p boundpool-gpu`); this probe makes no call through it
 //! beyond detection.
 
-use std::ffi::CString;
+use std::ffi::{c_void, CString};
 use std::time::Instant;
 
 use boundpool_gpu::builtin;
@@ -174,12 +174,15 @@ impl Drop for Loaded {
     }
 }
 
-fn launch(f: Func, st: StreamRef, grid: u32, block: u32, params: &mut [u64]) -> Result<()> {
+fn launch(f: Func, st: StreamRef, grid: u32, block: u32, args: &mut [u64]) -> Result<()> {
+    // One pointer per argument, to its slot: the driver reads the parameter's size from there
+    // (a slot holds the value's little-endian bytes in its low bytes).
+    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| (a as *mut u64).cast()).collect();
     // SAFETY: callers pass one 8-byte slot per kernel parameter (device addresses and the
-    // probe kernels' 64-bit counts), and device buffers that outlive the launch (they
-    // synchronise before freeing).
+    // probe kernels' 64-bit counts, or smaller values in the low bytes), alive for the call,
+    // and device buffers that outlive the launch (they synchronise before freeing).
     drv("cuLaunchKernel", unsafe {
-        raw::launch(f, (grid, 1, 1), (block, 1, 1), 0, st, params)
+        raw::launch(f, (grid, 1, 1), (block, 1, 1), 0, st, &mut params)
     })
 }
 

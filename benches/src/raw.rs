@@ -1,7 +1,8 @@
 //! The driver calls the raw-driver baselines ([`crate::baselines`]) and the probe
 //! ([`crate::probe`]) make themselves, on cudarc's own layers: `cudarc::driver::result` where it
-//! has the call, `cudarc::driver::sys` where it does not (graphs built node by node, capture
-//! dependencies, kernel launches with the argument packing the library uses). cudarc's safe
+//! has the call (kernel launches included: `result::launch_kernel`, as `boundpool-gpu`'s),
+//! `cudarc::driver::sys` where it does not (graphs built node by node, capture
+//! dependencies). cudarc's safe
 //! types (`CudaContext`, `CudaStream`) do not fit here: each of their calls binds the context
 //! first and tracks events, and a baseline measures the bare driver call.
 //!
@@ -368,63 +369,28 @@ pub fn module_load(ptx: &str) -> DResult<Module> {
 
 /// The function `name` of `m`.
 pub fn module_function(m: &Module, name: &CStr) -> DResult<Func> {
-    let mut f = MaybeUninit::<sys::CUfunction>::uninit();
-    // SAFETY: `m` is live; `name` is NUL-terminated; writes one function handle.
-    unsafe {
-        sys::cuModuleGetFunction(f.as_mut_ptr(), m.0, name.as_ptr()).result()?;
-        Ok(Func(f.assume_init()))
-    }
+    // SAFETY: `m` is live; the function is a view valid while `m` is loaded.
+    unsafe { result::module::get_function(m.0, name.to_owned()).map(Func) }
 }
 
-/// Most kernel arguments [`launch`] takes.
-pub const MAX_LAUNCH_ARGS: usize = 16;
-
-/// Launches `f` on `s` with `args`, one 8-byte slot per kernel parameter holding its
-/// little-endian bytes (packed as `boundpool-gpu` packs them: no arguments, a null array).
+/// Launches `f` on `s` through cudarc's `result::launch_kernel` (the call `boundpool-gpu`'s
+/// launches make, without its context check): `params` holds one pointer per kernel parameter,
+/// to a value of the parameter's type.
 ///
 /// # Safety
-/// `args` must hold one slot per kernel parameter, in order, each holding a value of the
-/// parameter's type (at most 8 bytes); device pointers among them must stay valid until the
-/// kernel ends. At most [`MAX_LAUNCH_ARGS`] (more is an `InvalidValue` error, not a launch).
+/// `params` must hold one pointer per kernel parameter, in order, each valid for reads of the
+/// parameter's size for the call; device pointers the kernel uses must stay valid until it
+/// ends.
 pub unsafe fn launch(
     f: Func,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
     shared_mem: u32,
     s: StreamRef,
-    args: &mut [u64],
+    params: &mut [*mut c_void],
 ) -> DResult<()> {
-    if args.len() > MAX_LAUNCH_ARGS {
-        return Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
-    }
-    let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_LAUNCH_ARGS];
-    for (p, a) in ptrs.iter_mut().zip(args.iter_mut()) {
-        *p = a as *mut u64 as *mut c_void;
-    }
-    let p = if args.is_empty() {
-        std::ptr::null_mut()
-    } else {
-        ptrs.as_mut_ptr()
-    };
-    // SAFETY: each pointer points to an 8-byte slot of `args`, alive for the call (the driver
-    // copies the parameters at launch); the rest is forwarded from the caller's contract; `f`
-    // and `s` are live views.
-    unsafe {
-        sys::cuLaunchKernel(
-            f.0,
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            shared_mem,
-            s.0,
-            p,
-            std::ptr::null_mut(),
-        )
-        .result()
-    }
+    // SAFETY: forwarded from the caller's contract; `f` and `s` are live views.
+    unsafe { result::launch_kernel(f.0, grid, block, shared_mem, s.0, params) }
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -220,7 +220,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
             return Err(c.refuse(self, "cuSOLVER under a replay capture is not supported (its workspace is grown stream-ordered; not examined)"));
         }
         let what = || self.what();
-        let (raw, stream_sets) = self.b.libs.solver_on(self.stream, &what)?;
+        let (raw, stream_sets) = self.b.libs.solver_on(self.stream(), &what)?;
         Ok(Solver {
             ctx: self,
             raw,

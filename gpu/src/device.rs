@@ -12,13 +12,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
-use boundpool_scheduler::{GroupId, Placement};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use boundpool_scheduler::{BoxError, GroupId, Placement};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 
-use crate::driver::{
-    self, Ctx, DResult, Dev, DeviceAlloc, Event, Func, GraphExec, HostAlloc, Module as RawModule,
-    StreamRef,
-};
+use crate::driver::{self, Ctx, DResult, Dev, DeviceAlloc, Event, GraphExec, HostAlloc, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::metrics::DeviceMetrics;
 use crate::module::Kernel;
@@ -145,9 +142,13 @@ pub(crate) struct DeviceShared {
     /// views), dropped by the device's last worker (destroyed then, unless a user's clone or a
     /// buffer allocated on it still holds it).
     streams: RwLock<Vec<Arc<CudaStream>>>,
-    /// Loaded modules, owned here; the functions (views) are valid until teardown unloads them.
-    modules: Mutex<HashMap<u64, RawModule>>,
-    functions: Mutex<HashMap<u64, Func>>,
+    /// Loaded modules (cudarc's), by [`Module`](crate::Module) id. Each function holds its
+    /// module too, so a module is unloaded when its last function and this table's `Arc` are
+    /// gone: workers drop their functions as they stop, and the device's last worker drops the
+    /// functions here and then these `Arc`s (the last ones), context bound.
+    modules: Mutex<HashMap<u64, Arc<CudaModule>>>,
+    /// Functions looked up so far, by [`Kernel`] id (each worker caches a clone).
+    functions: Mutex<HashMap<u64, CudaFunction>>,
     failed: OnceLock<String>,
     closed: AtomicBool,
     live_workers: AtomicUsize,
@@ -342,6 +343,33 @@ impl DeviceShared {
             .with_source(e);
         }
         err
+    }
+
+    /// A node body's error. When it is, or wraps, a sticky driver error (a cudarc call in the
+    /// body that hit an illegal address, say), the device is marked failed as
+    /// [`Self::driver_error`] marks it and the node fails with a `DeviceFailed` error naming
+    /// `what` (the node); any other error is returned as it is.
+    pub(crate) fn body_error(&self, what: &str, e: BoxError) -> BoxError {
+        let gpu = e.downcast_ref::<GpuError>();
+        if gpu.is_some_and(|g| g.kind() == GpuErrorKind::DeviceFailed) {
+            // One of boundpool's own calls for this node: already marked.
+            return e;
+        }
+        let Some(d) = driver::sticky_in(&*e) else {
+            return e;
+        };
+        let why = match gpu {
+            Some(g) => g.message().to_owned(),
+            None if e.is::<driver::DriverError>() => {
+                GpuError::driver("a driver call in its body", what, d)
+                    .message()
+                    .to_owned()
+            }
+            None => format!("{what}: {e} ({} underneath)", driver::error_name(d)),
+        };
+        self.mark_failed(why.clone());
+        let msg = format!("{why} (device {} is now marked failed)", self.info.ordinal);
+        Box::new(GpuError::new(GpuErrorKind::DeviceFailed, msg).with_source(e))
     }
 
     // ---------------------------------------------------------------- events
@@ -574,23 +602,24 @@ impl DeviceShared {
 
     // ---------------------------------------------------------------- modules
 
-    /// The function handle of `k` on this device, loading its module on first use.
-    pub(crate) fn function(&self, k: &Kernel) -> GpuResult<Func> {
+    /// The function of `k` on this device, loading its module on first use (`cuda` is this
+    /// device's context, bound to the calling worker).
+    pub(crate) fn function(&self, cuda: &Arc<CudaContext>, k: &Kernel) -> GpuResult<CudaFunction> {
         if let Some(f) = self
             .functions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&k.inner.id)
         {
-            return Ok(*f);
+            return Ok(f.clone());
         }
         let ctx = self.ctx();
         let m = &k.inner.module.inner;
         let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        let raw = match mods.entry(m.id) {
+        let module = match mods.entry(m.id) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                let r = driver::module_load(ctx, &m.ptx).map_err(|e| {
+                let r = driver::module_load(ctx, cuda, m.ptx.clone()).map_err(|e| {
                     GpuError::driver(
                         "cuModuleLoadData",
                         &format!("device {}: module '{}'", self.info.ordinal, m.name),
@@ -600,10 +629,10 @@ impl DeviceShared {
                 v.insert(r)
             }
         };
-        let f = driver::module_function(ctx, raw, &k.inner.name);
+        let f = driver::module_function(ctx, module, &k.inner.name);
         drop(mods);
         let f = f.map_err(|e| {
-            let mut err = GpuError::driver(
+            let err = GpuError::driver(
                 "cuModuleGetFunction",
                 &format!(
                     "device {}: kernel '{}' of module '{}'",
@@ -613,13 +642,12 @@ impl DeviceShared {
                 ),
                 e,
             );
-            err = GpuError::new(GpuErrorKind::Compile, err.message().to_owned()).with_source(e);
-            err
+            GpuError::new(GpuErrorKind::Compile, err.message().to_owned()).with_source(e)
         })?;
         self.functions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(k.inner.id, f);
+            .insert(k.inner.id, f.clone());
         Ok(f)
     }
 
@@ -694,12 +722,13 @@ impl DeviceShared {
         if let Some(t) = &self.timing {
             t.destroy(ctx);
         }
-        self.functions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        // Every worker dropped its functions as it stopped: with the table's functions gone,
+        // the table's module `Arc`s are the last ones, and cudarc unloads each here.
+        drop(std::mem::take(
+            &mut *self.functions.lock().unwrap_or_else(|e| e.into_inner()),
+        ));
         for (_, m) in std::mem::take(&mut *self.modules.lock().unwrap_or_else(|e| e.into_inner())) {
-            let _ = m.unload(ctx);
+            driver::module_release(ctx, m);
         }
         if !failed {
             let _ = driver::ctx_synchronize(ctx);
@@ -799,5 +828,72 @@ impl GpuDevice {
             .timing
             .as_ref()
             .map_or(0, |t| t.events_created())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult;
+
+    fn device() -> DeviceShared {
+        let info = DeviceInfo {
+            ordinal: 3,
+            name: "test".into(),
+            pci_bus_id: String::new(),
+            total_memory: 0,
+            local_cores: Vec::new(),
+        };
+        DeviceShared::new(info, Dev::for_test(), false)
+    }
+
+    /// A cudarc `DriverError` from a node's body that is sticky marks the device failed, as
+    /// boundpool's own calls do, and fails the node with a `DeviceFailed` error naming it; a
+    /// sticky one inside a `GpuError` too. No driver call (runs without a GPU).
+    #[test]
+    fn sticky_body_errors_mark_the_device_failed() {
+        let d = device();
+        let what = "node 'k' of graph 'g' on device 3";
+        let e = d.body_error(
+            what,
+            Box::new(driver::DriverError(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS)),
+        );
+        let g = e.downcast_ref::<GpuError>().expect("a GpuError");
+        assert_eq!(g.kind(), GpuErrorKind::DeviceFailed);
+        assert!(g.message().starts_with(what), "{}", g.message());
+        assert!(g.message().contains("ILLEGAL_ADDRESS"), "{}", g.message());
+        assert!(g.message().ends_with("(device 3 is now marked failed)"));
+        let why = d.failed().expect("marked failed");
+        assert!(
+            why.contains("ILLEGAL_ADDRESS") && why.starts_with(what),
+            "{why}"
+        );
+        assert!(d.check_usable().is_err());
+
+        let d = device();
+        let inner = GpuError::driver(
+            "cuMemcpyDtoHAsync",
+            what,
+            driver::DriverError(CUresult::CUDA_ERROR_LAUNCH_FAILED),
+        );
+        let e = d.body_error(what, Box::new(inner));
+        let g = e.downcast_ref::<GpuError>().expect("a GpuError");
+        assert_eq!(g.kind(), GpuErrorKind::DeviceFailed);
+        assert!(d.failed().is_some_and(|w| w.contains("LAUNCH_FAILED")));
+    }
+
+    /// Other body errors (not sticky, or not the driver's) leave the device usable and come
+    /// back unchanged.
+    #[test]
+    fn other_body_errors_leave_the_device_usable() {
+        let d = device();
+        let e = d.body_error(
+            "n",
+            Box::new(driver::DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY)),
+        );
+        assert!(e.is::<driver::DriverError>());
+        let e = d.body_error("n", "a host error".into());
+        assert_eq!(e.to_string(), "a host error");
+        assert!(d.failed().is_none());
     }
 }

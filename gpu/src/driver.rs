@@ -1,30 +1,36 @@
 //! The only module that touches raw CUDA driver handles.
 //!
-//! Everything here is a thin wrapper over `cudarc::driver::sys`. A handle that must be destroyed
-//! is an *owner* ([`PrimaryCtx`], [`Event`], [`Module`], [`DeviceAlloc`],
+//! Everything here is a thin wrapper over `cudarc::driver::sys`, or over cudarc's own layers
+//! where they do the call (modules, functions and the kernel launch: cudarc's `CudaModule`,
+//! `CudaFunction` and `result::launch_kernel`, behind the context check). A handle that must be
+//! destroyed is an *owner* ([`PrimaryCtx`], [`Event`], [`DeviceAlloc`],
 //! [`CudaGraph`], [`GraphExec`]): not `Copy` nor `Clone`, its raw field private to this file,
 //! destroyed by a method that consumes it, so destroy-once is the compiler's business. What
 //! others need to name a handle they do not own is a `Copy` *view* ([`Ctx`], [`StreamRef`],
-//! [`Func`], [`GraphNode`]), made only here from its owner and unable to destroy anything; the
+//! [`GraphNode`]), made only here from its owner and unable to destroy anything; the
 //! crate keeps the owners views point to in its device tables until the device's last worker
 //! stops. The device's context and its streams are cudarc's (`Arc<CudaContext>`,
 //! `Arc<CudaStream>`, held by the device's table, its workers and the buffers allocated on
 //! them) so that node bodies can use cudarc; [`Ctx::of`] and [`StreamRef::of`] make views of
-//! them, valid while those `Arc`s live. Functions that take handles are therefore safe to call from crate code; those that
-//! take raw pointers to memory (launch arguments, copies) are `unsafe`.
+//! them, valid while those `Arc`s live. So are its modules (`Arc<CudaModule>`, in the device's
+//! table) and their functions (`CudaFunction`, in the device's and its workers' tables, each
+//! holding its module), whose last `Arc` the device's last worker drops ([`module_release`]).
+//! Functions that take handles are therefore safe to call from crate code; those that take
+//! raw pointers to memory (launch arguments, copies) are `unsafe`.
 //!
 //! Every function that needs a current context takes the context the caller *expects* to be
 //! current. When context checking is on ([`crate::context_check`]), each such call first reads
 //! `cuCtxGetCurrent` and counts a mismatch; that is how the tests prove that no framework call is
 //! made from an unbound thread or one bound to the wrong device.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys;
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::Ptx;
 
 pub(crate) use cudarc::driver::result::DriverError;
 
@@ -90,13 +96,13 @@ fn current_raw() -> DResult<usize> {
 // ----------------------------------------------------------------------------------------------
 // Handles.
 //
-// Two kinds. *Owners* ([`Event`], [`Module`], [`PrimaryCtx`], [`DeviceAlloc`], and
+// Two kinds. *Owners* ([`Event`], [`PrimaryCtx`], [`DeviceAlloc`], and
 // below [`CudaGraph`], [`GraphExec`]) are neither `Copy` nor `Clone`, keep their raw field
 // private to this file, and are destroyed by a method that consumes them, so that destroying
 // one twice, or using one after destroying it, does not compile. *Views* ([`Ctx`],
-// [`StreamRef`], [`Func`], [`GraphNode`]) are `Copy`, own nothing and have no destroy: a view is
-// made only here, from its owner (or, for `Ctx` and `Func`, by the call that retained the
-// context or looked the function up in its module), and is valid while that owner lives. The
+// [`StreamRef`], [`GraphNode`]) are `Copy`, own nothing and have no destroy: a view is
+// made only here, from its owner (or, for `Ctx`, by the call that retained the
+// context), and is valid while that owner lives. The
 // crate keeps the owners of what views point to in its device tables until the device's last
 // worker stops (see `device.rs`), after every node that can hold a view.
 //
@@ -138,24 +144,21 @@ pub(crate) struct StreamRef(sys::CUstream);
 /// An event, owned (created with timing disabled, except the trace's timing events). Moved
 /// between a worker's spares, the markers that carry it and the device's table; destroyed
 /// once by [`Event::destroy`].
+///
+/// Not cudarc's `CudaEvent`: its drop binds the context and destroys the event on whichever
+/// thread drops it (a marker is dropped on any thread: this event goes back to its worker
+/// instead), its `record` and `CudaStream::wait` bind the context on every call (one more
+/// driver call per GPU edge), and both take a `&CudaStream` where the node path names a
+/// handed-over stream by its view. The calls themselves are cudarc's `result::event` ones.
 #[derive(Debug)]
 pub(crate) struct Event(sys::CUevent);
-
-/// A loaded module, owned. Unload with [`Module::unload`].
-#[derive(Debug)]
-pub(crate) struct Module(sys::CUmodule);
-
-/// A kernel function of a loaded module: a view, valid while the module is loaded (the crate
-/// unloads modules only at its device's teardown). Nothing to destroy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Func(sys::CUfunction);
 
 /// Device memory from `cuMemAllocAsync`, owned. Freed once by [`DeviceAlloc::free_async`] or
 /// [`DeviceAlloc::free`]; [`DeviceAlloc::addr`] is the plain address kernels and copies take.
 #[derive(Debug)]
 pub(crate) struct DeviceAlloc(sys::CUdeviceptr);
 
-send_sync!(Ctx, PrimaryCtx, StreamRef, Event, Module, Func);
+send_sync!(Ctx, PrimaryCtx, StreamRef, Event);
 
 impl Ctx {
     /// The view of the context a cudarc `CudaContext` holds (each device's is retained by the
@@ -195,21 +198,11 @@ impl StreamRef {
 }
 
 impl Event {
-    /// `cuEventDestroy`.
+    /// `cuEventDestroy` (cudarc's `result::event::destroy`).
     pub(crate) fn destroy(self, expect: Ctx) -> DResult<()> {
         check(expect, "cuEventDestroy");
         // SAFETY: `self` is a live event, consumed here: destroyed once.
-        unsafe { sys::cuEventDestroy_v2(self.0).result() }
-    }
-}
-
-impl Module {
-    /// `cuModuleUnload`. Its [`Func`]s must not be used after.
-    pub(crate) fn unload(self, expect: Ctx) -> DResult<()> {
-        check(expect, "cuModuleUnload");
-        // SAFETY: `self` is a live module, consumed here: unloaded once. Its functions' views
-        // are dropped with the device's tables first (`device.rs` teardown).
-        unsafe { sys::cuModuleUnload(self.0).result() }
+        unsafe { result::event::destroy(self.0) }
     }
 }
 
@@ -253,6 +246,14 @@ impl DeviceAlloc {
 /// A device ordinal resolved by the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Dev(sys::CUdevice);
+
+impl Dev {
+    /// A device that no driver resolved, for unit tests of tables that make no driver call.
+    #[cfg(test)]
+    pub(crate) fn for_test() -> Self {
+        Dev(0)
+    }
+}
 
 // ----------------------------------------------------------------------------------------------
 // Library, devices, contexts.
@@ -412,145 +413,117 @@ pub(crate) fn stream_query(expect: Ctx, s: StreamRef) -> DResult<bool> {
     }
 }
 
+// Events: boundpool's own owner ([`Event`], see the crate docs for why not cudarc's
+// `CudaEvent`), over cudarc's `result::event` calls.
+
 pub(crate) fn stream_wait_event(expect: Ctx, s: StreamRef, e: &Event) -> DResult<()> {
     check(expect, "cuStreamWaitEvent");
     // SAFETY: crate invariant: both handles are live.
-    unsafe { sys::cuStreamWaitEvent(s.0, e.0, 0).result() }
+    unsafe { result::stream::wait_event(s.0, e.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
 }
 
 pub(crate) fn event_create(expect: Ctx) -> DResult<Event> {
     check(expect, "cuEventCreate");
-    let mut e = MaybeUninit::<sys::CUevent>::uninit();
-    // SAFETY: writes one event handle.
-    unsafe {
-        sys::cuEventCreate(
-            e.as_mut_ptr(),
-            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-        )
-        .result()?;
-        Ok(Event(e.assume_init()))
-    }
+    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map(Event)
 }
 
 pub(crate) fn event_record(expect: Ctx, e: &Event, s: StreamRef) -> DResult<()> {
     check(expect, "cuEventRecord");
     // SAFETY: crate invariant: both handles are live and of the same context.
-    unsafe { sys::cuEventRecord(e.0, s.0).result() }
+    unsafe { result::event::record(e.0, s.0) }
 }
 
 /// An event that records a timestamp (for the trace's GPU stream tracks only: timing events
 /// cost more to record than the crate's usual ones).
 pub(crate) fn event_create_timed(expect: Ctx) -> DResult<Event> {
     check(expect, "cuEventCreate");
-    let mut e = MaybeUninit::<sys::CUevent>::uninit();
-    // SAFETY: writes one event handle.
-    unsafe {
-        sys::cuEventCreate(e.as_mut_ptr(), sys::CUevent_flags::CU_EVENT_DEFAULT as u32).result()?;
-        Ok(Event(e.assume_init()))
-    }
+    result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map(Event)
 }
 
 /// Milliseconds from `start` to `end`, two completed timing events of the same context.
 pub(crate) fn event_elapsed_ms(expect: Ctx, start: &Event, end: &Event) -> DResult<f32> {
     check(expect, "cuEventElapsedTime");
-    let mut ms: f32 = 0.0;
-    // SAFETY: writes one float; both handles are live (crate invariant).
-    unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.0, end.0).result()? };
-    Ok(ms)
+    // SAFETY: both are live timing events of this context (crate invariant).
+    unsafe { result::event::elapsed(start.0, end.0) }
 }
 
 /// Blocks until the event's work is complete.
 pub(crate) fn event_synchronize(expect: Ctx, e: &Event) -> DResult<()> {
     check(expect, "cuEventSynchronize");
     // SAFETY: crate invariant: `e` is live.
-    unsafe { sys::cuEventSynchronize(e.0).result() }
+    unsafe { result::event::synchronize(e.0) }
 }
 
 /// `Ok(true)` when the event's work is complete, `Ok(false)` when not yet.
 pub(crate) fn event_query(expect: Ctx, e: &Event) -> DResult<bool> {
     check(expect, "cuEventQuery");
     // SAFETY: crate invariant: `e` is live.
-    match unsafe { sys::cuEventQuery(e.0) } {
-        sys::CUresult::CUDA_SUCCESS => Ok(true),
-        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-        other => Err(DriverError(other)),
+    match unsafe { result::event::query(e.0) } {
+        Ok(()) => Ok(true),
+        Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+        Err(other) => Err(other),
     }
 }
 
 // ----------------------------------------------------------------------------------------------
-// Modules and launches.
+// Modules and launches: cudarc's `CudaModule`, `CudaFunction` and `result::launch_kernel`,
+// behind the context check.
 
-pub(crate) fn module_load(expect: Ctx, image: &CStr) -> DResult<Module> {
+/// Loads `ptx` into `cuda`'s context (`cuModuleLoadData`, through cudarc's `load_module`, which
+/// finds the context already bound). The module is unloaded when its last `Arc` drops (cudarc's
+/// drop, on the dropping thread): the crate keeps every `Arc` in its device's and workers'
+/// tables and drops the last one with [`module_release`] on the device's last worker.
+pub(crate) fn module_load(
+    expect: Ctx,
+    cuda: &Arc<CudaContext>,
+    ptx: Ptx,
+) -> DResult<Arc<CudaModule>> {
     check(expect, "cuModuleLoadData");
-    let mut m = MaybeUninit::<sys::CUmodule>::uninit();
-    // SAFETY: `image` is a NUL-terminated PTX text that outlives the call.
-    unsafe {
-        sys::cuModuleLoadData(m.as_mut_ptr(), image.as_ptr() as *const c_void).result()?;
-        Ok(Module(m.assume_init()))
-    }
+    cuda.load_module(ptx)
 }
 
-pub(crate) fn module_function(expect: Ctx, m: &Module, name: &CStr) -> DResult<Func> {
+/// The function `name` (no NUL byte: cudarc panics on one) of `m` (`cuModuleGetFunction`).
+pub(crate) fn module_function(
+    expect: Ctx,
+    m: &Arc<CudaModule>,
+    name: &str,
+) -> DResult<CudaFunction> {
     check(expect, "cuModuleGetFunction");
-    let mut f = MaybeUninit::<sys::CUfunction>::uninit();
-    // SAFETY: `m` is live; `name` is NUL-terminated.
-    unsafe {
-        sys::cuModuleGetFunction(f.as_mut_ptr(), m.0, name.as_ptr()).result()?;
-        Ok(Func(f.assume_init()))
-    }
+    m.load_function(name)
 }
 
-/// Most kernel arguments [`launch`] takes.
-pub(crate) const MAX_LAUNCH_ARGS: usize = 16;
+/// Drops the device table's `Arc` of a module, the last one once every worker has dropped its
+/// functions (which hold one each): cudarc's drop then unloads it (`cuModuleUnload`) here, on a
+/// bound worker of its device.
+pub(crate) fn module_release(expect: Ctx, m: Arc<CudaModule>) {
+    if Arc::strong_count(&m) == 1 {
+        check(expect, "cuModuleUnload");
+    }
+    drop(m);
+}
 
-/// Launches `f` on `s` with `args`, one 8-byte slot per kernel parameter holding its
-/// little-endian bytes (the driver reads the parameter's size from the slot it is pointed at).
+/// Launches `f` on `s` (`cuLaunchKernel` through cudarc's `result::launch_kernel`, without the
+/// launch builder's per-launch `Vec` and context bind: the worker's context is bound for life,
+/// and checked here when checking is on). `params` holds one pointer per kernel parameter, to a
+/// value of the parameter's type; the driver copies the values at the call.
 ///
 /// # Safety
-/// `args` must hold one slot per kernel parameter, in order, each holding a value of the
-/// parameter's type (at most 8 bytes); device pointers among them must stay valid until the
-/// kernel ends. At most [`MAX_LAUNCH_ARGS`] (more is an `InvalidValue` error, not a launch).
-pub(crate) unsafe fn launch(
+/// `params` must hold one pointer per kernel parameter, in order, each valid for reads of the
+/// parameter's size for the call; device memory the kernel accesses must stay valid until it
+/// ends.
+pub(crate) unsafe fn launch_kernel(
     expect: Ctx,
-    f: Func,
+    f: &CudaFunction,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
     shared_mem: u32,
     s: StreamRef,
-    args: &mut [u64],
+    params: &mut [*mut c_void],
 ) -> DResult<()> {
     check(expect, "cuLaunchKernel");
-    if args.len() > MAX_LAUNCH_ARGS {
-        return Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
-    }
-    let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_LAUNCH_ARGS];
-    for (p, a) in ptrs.iter_mut().zip(args.iter_mut()) {
-        *p = a as *mut u64 as *mut c_void;
-    }
-    let p = if args.is_empty() {
-        std::ptr::null_mut()
-    } else {
-        ptrs.as_mut_ptr()
-    };
-    // SAFETY: each pointer points to an 8-byte slot of `args`, alive for the call (the driver
-    // copies the parameters at launch); the rest is forwarded from the caller's contract; `f`
-    // and `s` are live (crate invariant).
-    unsafe {
-        sys::cuLaunchKernel(
-            f.0,
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            shared_mem,
-            s.0,
-            p,
-            std::ptr::null_mut(),
-        )
-        .result()
-    }
+    // SAFETY: forwarded from the caller's contract; `f` is a loaded function (its module lives
+    // while `f` does) and `s` a live stream of the same context (crate invariant).
+    unsafe { result::launch_kernel(f.cu_function(), grid, block, shared_mem, s.0, params) }
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -691,15 +664,22 @@ pub(crate) unsafe fn memset_d8_async(
 // ----------------------------------------------------------------------------------------------
 // Errors.
 
-/// `CUDA_ERROR_...` name of a driver error.
+/// `CUDA_ERROR_...` name of a driver error (the enum's name where there is no driver to ask:
+/// cudarc would panic).
 pub(crate) fn error_name(e: DriverError) -> String {
+    if !library_present() {
+        return format!("{:?}", e.0);
+    }
     e.error_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|_| format!("CUresult {}", e.0 as i32))
 }
 
-/// The driver's description of an error.
+/// The driver's description of an error (empty where there is no driver to ask).
 pub(crate) fn error_string(e: DriverError) -> String {
+    if !library_present() {
+        return String::new();
+    }
     e.error_string()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
@@ -736,6 +716,18 @@ pub(crate) fn is_sticky(e: DriverError) -> bool {
             | CUDA_ERROR_CONTEXT_IS_DESTROYED
             | CUDA_ERROR_LAUNCH_TIMEOUT
     )
+}
+
+/// The first sticky driver error in `e`'s source chain, `e` itself first: what a node body
+/// returns when a cudarc call in it hit one (a `DriverError`, bare or wrapped: in a
+/// [`GpuError`](crate::GpuError), or in any error whose `source()` leads to it).
+pub(crate) fn sticky_in(e: &(dyn std::error::Error + 'static)) -> Option<DriverError> {
+    // Bounded: a chain is short, and a cyclic one must not hang a worker.
+    std::iter::successors(Some(e), |x| x.source())
+        .take(32)
+        .filter_map(|x| x.downcast_ref::<DriverError>())
+        .copied()
+        .find(|d| is_sticky(*d))
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1030,7 +1022,38 @@ mod tests {
     /// to build.
     #[test]
     fn owners_are_not_copy_or_clone() {
-        assert_not_copy_or_clone!(PrimaryCtx, Event, Module, DeviceAlloc, CudaGraph, GraphExec);
+        assert_not_copy_or_clone!(PrimaryCtx, Event, DeviceAlloc, CudaGraph, GraphExec);
+    }
+
+    /// A sticky error is found bare, inside a `GpuError`, or deeper in a source chain; others
+    /// are not sticky (no driver needed: nothing here calls it).
+    #[test]
+    fn sticky_errors_are_found_in_source_chains() {
+        use sys::CUresult::*;
+        #[derive(Debug)]
+        struct Wrap(Box<dyn std::error::Error + Send + Sync>);
+        impl std::fmt::Display for Wrap {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("wrapped")
+            }
+        }
+        impl std::error::Error for Wrap {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&*self.0)
+            }
+        }
+        let illegal = DriverError(CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert_eq!(sticky_in(&illegal), Some(illegal));
+        let launch = crate::GpuError::driver("x", "y", DriverError(CUDA_ERROR_LAUNCH_FAILED));
+        assert_eq!(
+            sticky_in(&launch),
+            Some(DriverError(CUDA_ERROR_LAUNCH_FAILED))
+        );
+        let deep = Wrap(Box::new(Wrap(Box::new(illegal))));
+        assert_eq!(sticky_in(&deep), Some(illegal));
+        let oom = Wrap(Box::new(DriverError(CUDA_ERROR_OUT_OF_MEMORY)));
+        assert_eq!(sticky_in(&oom), None);
+        assert_eq!(sticky_in(&std::fmt::Error), None);
     }
 
     /// Views are `Copy` and carry no destroy; they are only made here, from an owner.
@@ -1039,7 +1062,6 @@ mod tests {
         fn copy<T: Copy>() {}
         copy::<Ctx>();
         copy::<StreamRef>();
-        copy::<Func>();
         copy::<GraphNode>();
     }
 }

@@ -32,7 +32,8 @@
 //!   thread, as cudarc does: no bound worker is left).
 //! * **Errors.** A failed launch or copy fails the graph naming the node and the driver error;
 //!   a sticky error (illegal address) marks the device failed and later submissions to it say
-//!   why; out of memory fails the node only.
+//!   why, whether boundpool's own call or a cudarc call in the node's body hit it (a body's
+//!   error that is, or wraps, a sticky `DriverError`); out of memory fails the node only.
 //! * **Libraries.** [`GpuCtx::blas`] and [`GpuCtx::solver`] give a node its worker's cuBLAS
 //!   and cuSOLVER handles, set to the node's stream, with the worker's workspaces; per-worker
 //!   user state comes from [`GpuPoolBuilder::worker_state`]. (`boundpool-bench`'s `cholesky`
@@ -81,47 +82,78 @@
 //! under a capture. candle cannot take an external stream yet (its CUDA device is built by a
 //! private constructor), so candle code does not run on the pool's streams.
 //!
-//! What stays hand-written, and why: the owners destroyed by consuming them (events, modules,
-//! graphs), the release queue and the context check are boundpool's invariants, which cudarc's
-//! `Drop`s (a driver call on whichever thread drops) do not give. The node path's own
-//! [`Launch`] and [`Module`]/[`Kernel`] still go through `driver.rs`; with event tracking off,
-//! the GPU bench measures nodes launching through cudarc's `launch_builder` at the speed of
-//! that layer (docs/benchmarks.md), so they are to move onto cudarc's `CudaModule` and launch
-//! next.
+//! # What stays hand-written, and why
+//!
+//! cudarc does the device's context and streams (with priorities), buffers (`CudaSlice`),
+//! modules and functions (`CudaModule`, `CudaFunction`), kernel launches (its
+//! `result::launch_kernel`: the `launch_builder` would add a `Vec` and a context bind to each
+//! launch, on a thread bound for life), the event calls (`result::event`) and the cuBLAS and
+//! cuSOLVER handles (`CudaBlas`, `DnHandle`). What remains is boundpool's own:
+//!
+//! * **Events** (`driver::Event`, over cudarc's `result::event` calls). A GPU edge's event
+//!   travels in a marker that may be dropped on any thread; the drop hands the event back to
+//!   the worker that recorded it, and only a bound worker destroys one, by consuming it.
+//!   cudarc's `CudaEvent` destroys itself in its `Drop`, on the dropping thread (a driver call
+//!   off a bound worker), binds the context again at each `record` and `CudaStream::wait`
+//!   (one more driver call on every edge: the chain edge would grow), and takes a
+//!   `&CudaStream` where the node path names a handed-over stream by its view. The trace's
+//!   timing events share the owner, the recycling and the teardown.
+//! * **`Module`, `Kernel` and the launch's argument slots.** A [`Module`] stays a plain value
+//!   (PTX, or NVRTC's output), not a loaded `CudaModule`, so that one value serves every
+//!   device: each loads it at its first launch, on a bound worker, and unloads it at teardown
+//!   on its last one. [`Launch::arg`] keeps each argument by value in an 8-byte slot
+//!   ([`KernelArg`]) and the launch points one pointer at each: cudarc's `PushKernelArg`
+//!   borrows every argument for the builder's lifetime, which a by-value builder cannot give,
+//!   and the public API stays as it was.
+//! * **Owners destroyed by consuming them** (events, allocations, CUDA graphs and executables,
+//!   the primary context's retain for `MemoryProbe`): destroying one twice does not compile,
+//!   and their owners decide on which bound worker that happens.
+//! * **The release queue**: a [`DeviceBuffer`] or a replay executable dropped anywhere is
+//!   freed by a bound worker of its device, ordered after the work already enqueued; cudarc
+//!   frees on the dropping thread.
+//! * **The context check** ([`context_check`]): each driver call of boundpool's own code
+//!   (through `driver.rs`, the module loads, lookups and launches it hands to cudarc included)
+//!   is first checked against the context it expects, so the tests can prove that none is
+//!   made off a bound worker of the right device.
 //!
 //! # Where the driver and the unsafe code are
 //!
 //! The one list (the README points here). Every block has a `// SAFETY:` comment and every
 //! unsafe fn or trait a `# Safety` section.
 //!
-//! * `driver.rs`: the only file that calls the CUDA driver (`cudarc::driver::sys`) and the
-//!   only one with raw driver handles. Its wrappers check (when on) that the expected context is
-//!   current. A handle that must be destroyed comes out of it as an *owner* (`PrimaryCtx`,
-//!   `Event`, `Module`, `DeviceAlloc`, `CudaGraph`, `GraphExec`): not `Copy` nor
+//! * `driver.rs`: the only file that calls the CUDA driver's API itself
+//!   (`cudarc::driver::sys` and `result`, and cudarc's module load and function lookup, each
+//!   behind the context check; elsewhere the driver is reached only through cudarc's safe
+//!   types: the context, streams, slices and library handles) and the only one with raw driver
+//!   handles. Its wrappers check (when on) that the
+//!   expected context is current. A handle that must be destroyed comes out of it as an
+//!   *owner* (`PrimaryCtx`, `Event`, `DeviceAlloc`, `CudaGraph`, `GraphExec`): not `Copy` nor
 //!   `Clone`, its raw field private, destroyed by a method that consumes it (`destroy(self)`,
-//!   `unload(self)`, `release(self)`, `free(self)`), so destroying one twice does not compile
+//!   `release(self)`, `free(self)`), so destroying one twice does not compile
 //!   (its unit test `owners_are_not_copy_or_clone` asserts it at compile time). Whoever needs to
 //!   name a handle it does not own gets a `Copy` *view* made from the owner (`Ctx`, `StreamRef`,
-//!   `Func`, `GraphNode`), which destroys nothing. The owners live where their lifetime is
-//!   decided: a device's table (`device.rs`) owns its spare events and modules, destroyed by the
+//!   `GraphNode`), which destroys nothing. The owners live where their lifetime is
+//!   decided: a device's table (`device.rs`) owns its spare events, destroyed by the
 //!   device's last worker, after every node that could hold a view, and holds the device's
-//!   context and workers' streams (cudarc's `Arc`s, dropped there); events move by value between
+//!   context, workers' streams and modules (cudarc's `Arc`s, dropped there: the last `Arc` of
+//!   a module, once every worker has dropped its `CudaFunction`s, unloads it on that bound
+//!   worker); events move by value between
 //!   a worker's spares, markers and that table; capture streams (cudarc's) and graphs are owned
 //!   by the replay's capture (`replay/capture.rs`), executables by their replay slot. `StreamRef::raw_ptr` is
 //!   the one way a raw handle leaves the file (to cuBLAS / cuSOLVER, and
-//!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (which packs the arguments, one
-//!   8-byte slot each, as the pointers the driver reads), the copies and the memset, which take
-//!   raw pointers.
+//!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (cudarc's `result::launch_kernel`
+//!   given one pointer per kernel parameter), the copies and the memset, which take raw
+//!   pointers.
 //! * `libs.rs` and `blas.rs`: the only files with cuBLAS and cuSOLVER handles and calls
-//!   (`cudarc::cublas`, `cudarc::cusolver::sys`; library handles, not driver handles, kept
-//!   there by design: the cuBLAS one is cudarc's `CudaBlas`, the cuSOLVER one owned like the
-//!   driver's, destroyed by consuming it on its worker). `libs.rs`, each worker's handles and
-//!   workspaces: the cuSOLVER handle's creation, destruction and stream, and the
-//!   library-presence checks; `blas.rs`, what nodes call: setting the cuBLAS handle's stream
-//!   (`CudaBlas::set_stream`, unsafe in cudarc) and workspace, and the routines, unsafe fns on
-//!   device addresses.
+//!   (`cudarc::cublas`, `cudarc::cusolver`; library handles, not driver handles, kept there by
+//!   design: cudarc's `CudaBlas` and `DnHandle`, made and dropped on their worker).
+//!   `libs.rs`, each worker's handles and workspaces: setting the cuSOLVER handle's stream
+//!   (`DnHandle::set_stream`, unsafe in cudarc) and the library-presence checks; `blas.rs`,
+//!   what nodes call: setting the cuBLAS handle's stream (`CudaBlas::set_stream`, unsafe in
+//!   cudarc) and workspace, and the routines, unsafe fns on device addresses.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
-//!   contract), the host copies and memset it passes to `driver.rs`, a captured host-to-device
+//!   contract; it points one pointer at each argument's 8-byte slot for the launch in
+//!   `driver.rs`), the host copies and memset it passes to `driver.rs`, a captured host-to-device
 //!   copy's staging (a copy into a hoisted device buffer, then a captured device-to-device
 //!   copy), and handing a new allocation to a `CudaSlice` (`upgrade_device_ptr`).
 //! * `device.rs`: turning cudarc's event tracking off on the pool's context

@@ -1,7 +1,7 @@
 //! The library handles and workspaces of each bound worker (cuBLAS, cuSOLVER dense).
 //!
-//! The only file with raw library handles. Each bound worker owns at most one cuBLAS and one
-//! cuSOLVER handle, created on the worker (at start when the pool asks for it, else at first
+//! The only file that makes library handles. Each bound worker owns at most one cuBLAS and one
+//! cuSOLVER handle (cudarc's `CudaBlas` and `DnHandle`), created on the worker (at start when the pool asks for it, else at first
 //! use) and destroyed there when it stops, before its context is released. Library workspaces
 //! are the worker's, one per stream it used, so a workspace is only ever used in the order of
 //! one stream, whichever other stream the handle moves to meanwhile (a worker running high,
@@ -15,6 +15,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::cublas::sys as cb;
 use cudarc::cublas::CudaBlas;
 use cudarc::cusolver::sys as cs;
+use cudarc::cusolver::DnHandle;
 use cudarc::driver::CudaStream;
 
 use crate::driver::{self, Ctx, DeviceAlloc, StreamRef};
@@ -154,33 +155,33 @@ impl BlasHandle {
     }
 }
 
+/// A worker's cuSOLVER (dense) handle: cudarc's `DnHandle`, and the stream it was last set to
+/// by a node (`None`: set at the next use).
 struct SolverHandle {
-    raw: cs::cusolverDnHandle_t,
+    dn: DnHandle,
     stream: Option<StreamRef>,
     stream_sets: u64,
 }
 
-// SAFETY: as for `BlasHandle`: cuSOLVER handles may be used from any host thread, one at a
-// time; this one stays on its worker.
-unsafe impl Send for SolverHandle {}
-
 impl SolverHandle {
-    fn create(what: &dyn Fn() -> String) -> GpuResult<Self> {
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: the library is present (checked by the caller) and the worker's context is
-        // current; the call writes one handle.
-        let s = unsafe { cs::cusolverDnCreate(&mut raw) };
-        solver_check("cusolverDnCreate", s, what)?;
+    /// Creates the handle on its worker (cudarc sets it to `stream`; the first node sets it to
+    /// its own).
+    fn create(stream: &Arc<CudaStream>, what: &dyn Fn() -> String) -> GpuResult<Self> {
+        let dn = DnHandle::new(stream.clone())
+            .map_err(|e| status_error("cusolverDnCreate", format!("{:?}", e.0), &what()))?;
         Ok(Self {
-            raw,
+            dn,
             stream: None,
             stream_sets: 0,
         })
     }
 
-    fn destroy(self) {
-        // SAFETY: created by `create` on this thread, destroyed once (consumed here).
-        let _ = unsafe { cs::cusolverDnDestroy(self.raw) };
+    /// Destroys the handle (cudarc's drop) on its worker. After a sticky error the library may
+    /// fail to destroy it, and cudarc's drop panics then: the handle is leaked instead.
+    fn destroy(self, device_failed: bool) {
+        if device_failed {
+            std::mem::forget(self.dn);
+        }
     }
 }
 
@@ -233,12 +234,17 @@ impl WorkerLibs {
         Ok(())
     }
 
-    pub(crate) fn ensure_solver(&self, what: &dyn Fn() -> String) -> GpuResult<()> {
+    /// Creates the cuSOLVER handle (on `stream`) unless it exists.
+    pub(crate) fn ensure_solver(
+        &self,
+        stream: &Arc<CudaStream>,
+        what: &dyn Fn() -> String,
+    ) -> GpuResult<()> {
         if self.solver.borrow().is_none() {
             if !Library::Solver.present() {
                 return Err(Library::Solver.missing_error(&what()));
             }
-            *self.solver.borrow_mut() = Some(SolverHandle::create(what)?);
+            *self.solver.borrow_mut() = Some(SolverHandle::create(stream, what)?);
         }
         Ok(())
     }
@@ -262,23 +268,26 @@ impl WorkerLibs {
         })
     }
 
-    /// The cuSOLVER handle, set to `stream`.
+    /// The cuSOLVER handle, set to `stream` (a stream of this worker's context).
     pub(crate) fn solver_on(
         &self,
-        stream: StreamRef,
+        stream: &Arc<CudaStream>,
         what: &dyn Fn() -> String,
     ) -> GpuResult<(cs::cusolverDnHandle_t, u64)> {
-        self.ensure_solver(what)?;
+        self.ensure_solver(stream, what)?;
         let mut h = self.solver.borrow_mut();
         let h = h.as_mut().expect("created above");
-        if h.stream != Some(stream) {
-            // SAFETY: a live handle of this worker and a live stream of its context.
-            let s = unsafe { cs::cusolverDnSetStream(h.raw, stream.raw_ptr() as cs::cudaStream_t) };
-            solver_check("cusolverDnSetStream", s, what)?;
-            h.stream = Some(stream);
+        let view = StreamRef::of(stream);
+        if h.stream != Some(view) {
+            // SAFETY: `set_stream` is unsafe because work on two streams may race on memory:
+            // this handle's work goes where the node's own work goes, ordered by its edges, and
+            // its workspace is the worker's for this stream.
+            unsafe { h.dn.set_stream(stream.clone()) }
+                .map_err(|e| status_error("cusolverDnSetStream", format!("{:?}", e.0), &what()))?;
+            h.stream = Some(view);
             h.stream_sets += 1;
         }
-        Ok((h.raw, h.stream_sets))
+        Ok((h.dn.cu(), h.stream_sets))
     }
 
     /// This worker's cuSOLVER workspace for `stream`, of at least `bytes` (grown
@@ -319,7 +328,7 @@ impl WorkerLibs {
             h.destroy(device_failed);
         }
         if let Some(h) = self.solver.into_inner() {
-            h.destroy();
+            h.destroy(device_failed);
         }
     }
 }

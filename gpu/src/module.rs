@@ -1,12 +1,13 @@
 //! Kernel sources and handles: a [`Module`] is PTX text (given, or compiled with NVRTC); a
 //! [`Kernel`] names one of its entry points. Both are plain values with no driver handle: each
-//! device loads a module once, on first use, and each worker caches the function handle, so a
-//! launch costs one hash lookup.
+//! device loads a module once, on first use, as cudarc's `CudaModule` (`device.rs`), and each
+//! worker caches the kernel's `CudaFunction` (`worker.rs`), so a launch costs one hash lookup.
 
-use std::ffi::CString;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use cudarc::nvrtc::Ptx;
 
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 
@@ -15,7 +16,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct ModuleInner {
     pub(crate) id: u64,
     pub(crate) name: String,
-    pub(crate) ptx: CString,
+    /// The PTX as cudarc loads it (`CudaContext::load_module`): text without a NUL byte, or
+    /// NVRTC's image.
+    pub(crate) ptx: Ptx,
 }
 
 /// A module's PTX, loaded lazily (once per device) by the workers that first launch one of its
@@ -37,19 +40,24 @@ impl fmt::Debug for Module {
 impl Module {
     /// A module from PTX text.
     pub fn from_ptx(name: &str, ptx: &str) -> GpuResult<Self> {
-        let ptx = CString::new(ptx).map_err(|_| {
-            GpuError::new(
+        // cudarc's load makes a C string of it and panics on a NUL byte: refused here.
+        if ptx.contains('\0') {
+            return Err(GpuError::new(
                 GpuErrorKind::InvalidArgument,
                 format!("module '{name}': PTX contains a NUL byte"),
-            )
-        })?;
-        Ok(Self {
+            ));
+        }
+        Ok(Self::new(name, Ptx::from_src(ptx)))
+    }
+
+    fn new(name: &str, ptx: Ptx) -> Self {
+        Self {
             inner: Arc::new(ModuleInner {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 name: name.to_owned(),
                 ptx,
             }),
-        })
+        }
     }
 
     /// Compiles CUDA C++ source with NVRTC (needs libnvrtc on the machine) into a module.
@@ -72,7 +80,7 @@ impl Module {
                 format!("module '{name}': NVRTC compile failed: {e:?}"),
             )
         })?;
-        Self::from_ptx(name, &ptx.to_src())
+        Ok(Self::new(name, ptx))
     }
 
     /// The built-in kernels of this crate (see [`builtin`](crate::builtin)).
@@ -86,17 +94,18 @@ impl Module {
 
     /// A kernel (entry point) of this module. The name is checked when a device loads it.
     pub fn kernel(&self, entry: &str) -> GpuResult<Kernel> {
-        let name = CString::new(entry).map_err(|_| {
-            GpuError::new(
+        // cudarc's lookup makes a C string of it and panics on a NUL byte: refused here.
+        if entry.contains('\0') {
+            return Err(GpuError::new(
                 GpuErrorKind::InvalidArgument,
                 format!("kernel name {entry:?} contains a NUL byte"),
-            )
-        })?;
+            ));
+        }
         Ok(Kernel {
             inner: Arc::new(KernelInner {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 module: self.clone(),
-                name,
+                name: entry.to_owned(),
             }),
         })
     }
@@ -115,7 +124,8 @@ fn nvrtc_present() -> bool {
 pub(crate) struct KernelInner {
     pub(crate) id: u64,
     pub(crate) module: Module,
-    pub(crate) name: CString,
+    /// The entry point's name (no NUL byte).
+    pub(crate) name: String,
 }
 
 /// One kernel of a [`Module`]. Cheap to clone; launch it with
@@ -137,7 +147,7 @@ impl fmt::Debug for Kernel {
 impl Kernel {
     /// The entry point's name.
     pub fn name(&self) -> &str {
-        self.inner.name.to_str().unwrap_or("?")
+        &self.inner.name
     }
 }
 

@@ -2,6 +2,7 @@
 //! publishes its own position for its successors, and defers its completion until the device
 //! has done its work when a host node (or the submitter) depends on it.
 
+use std::cell::Ref;
 use std::fmt;
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use crate::driver::{self, Event, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
 use crate::worker::{Bound, EventReturn, GpuWorker, PendingEvent};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
 
 /// What a GPU node leaves for its GPU successors (through the scheduler's node markers): the
 /// stream its work went to, and either
@@ -156,7 +157,7 @@ impl<T: DeviceCopy> KernelArg for &mut DeviceBuffer<T> {
 }
 
 /// Most kernel arguments a [`Launch`] takes.
-pub const MAX_KERNEL_ARGS: usize = driver::MAX_LAUNCH_ARGS;
+pub const MAX_KERNEL_ARGS: usize = 16;
 
 /// A kernel launch being assembled: add arguments in order with [`arg`](Self::arg), then
 /// [`launch`](Self::launch).
@@ -179,7 +180,7 @@ impl fmt::Debug for Launch<'_, '_, '_> {
     }
 }
 
-impl Launch<'_, '_, '_> {
+impl<'a> Launch<'_, 'a, '_> {
     /// Appends one argument.
     pub fn arg(mut self, a: impl KernelArg) -> Self {
         if self.n < MAX_KERNEL_ARGS {
@@ -209,33 +210,48 @@ impl Launch<'_, '_, '_> {
             ));
         }
         let b = self.ctx.b;
-        let f = match (self.ctx.capture, b.cached_function(self.kernel)) {
-            (_, Some(f)) => Ok(f),
-            // A kernel's first use loads its module: outside the capture's view (relaxed mode).
-            (Some(c), None) => {
-                let mode = c.relax(self.ctx)?;
-                let f = b.function(self.kernel);
-                c.unrelax(self.ctx, mode, false)?;
-                f
-            }
-            (None, None) => b.function(self.kernel),
+        let f = match b.cached_function(self.kernel) {
+            Some(f) => f,
+            None => self.load_function()?,
+        };
+        // One pointer per argument, to its slot: the driver reads the parameter's size from
+        // there (a slot holds the value's little-endian bytes in its low bytes, `KernelArg`).
+        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_KERNEL_ARGS];
+        for (p, a) in params.iter_mut().zip(self.args[..self.n].iter_mut()) {
+            *p = (a as *mut u64).cast();
         }
-        .map_err(|e| e.prefixed(&self.ctx.what()))?;
-        // SAFETY: one slot per argument, each holding its little-endian bytes (`KernelArg`);
-        // that they match the kernel's parameters, and the validity of its accesses, is the
-        // caller's contract.
+        // SAFETY: one pointer per argument, each to its 8-byte slot, alive for the call (the
+        // driver copies the values at the launch); that they match the kernel's parameters, and
+        // the validity of its accesses, is the caller's contract.
         let r = unsafe {
-            driver::launch(
+            driver::launch_kernel(
                 b.ctx,
-                f,
+                &f,
                 self.cfg.grid,
                 self.cfg.block,
                 self.cfg.shared_mem_bytes,
                 self.ctx.stream,
-                &mut self.args[..self.n],
+                &mut params[..self.n],
             )
         };
         r.map_err(|e| self.ctx.fail("cuLaunchKernel", e))
+    }
+
+    /// A kernel's first launch on this worker: looks its function up (loading the module on
+    /// the device's first use), outside the capture's view (relaxed mode) under a capture.
+    #[cold]
+    fn load_function(&self) -> GpuResult<Ref<'a, CudaFunction>> {
+        let b = self.ctx.b;
+        match self.ctx.capture {
+            Some(c) => {
+                let mode = c.relax(self.ctx)?;
+                let r = b.load_function(self.kernel);
+                c.unrelax(self.ctx, mode, false)?;
+                r
+            }
+            None => b.load_function(self.kernel),
+        }
+        .map_err(|e| e.prefixed(&self.ctx.what()))
     }
 }
 
@@ -835,7 +851,9 @@ where
         t.end(b.ctx, stream, s, out.is_ok(), who)
             .map_err(|e| Box::new(ctx.fail("cuEventRecord", e)) as BoxError)?;
     }
-    let out = out?;
+    // A sticky driver error from the body (a cudarc call in it) marks the device failed, as
+    // boundpool's own calls' do.
+    let out = out.map_err(|e| b.device.body_error(&ctx.what(), e))?;
     // Nothing enqueued and no GPU predecessor: no event for successors, no wait for the device.
     if ctx.no_work.get()
         && !node

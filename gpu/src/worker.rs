@@ -2,7 +2,7 @@
 //! priority level: the normal one made at start, the high and low ones at the first node of
 //! their level), its function cache and its completion trackers.
 
-use std::cell::{Cell, OnceCell, RefCell};
+use std::cell::{Cell, OnceCell, Ref, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -10,10 +10,10 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use boundpool_scheduler::{BoxError, GroupId, Placement, Priority, WorkerInfo};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 
 use crate::device::DeviceShared;
-use crate::driver::{self, Ctx, DriverError, Event, Func, StreamRef};
+use crate::driver::{self, Ctx, DriverError, Event, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::libs::WorkerLibs;
 use crate::module::Kernel;
@@ -130,7 +130,9 @@ pub(crate) struct Bound {
     /// The low level's lane: a stream of the device's least priority, made at this worker's
     /// first low node.
     low: OnceCell<Lane>,
-    funcs: RefCell<HashMap<u64, Func>>,
+    /// The functions this worker launched, by [`Kernel`] id (cudarc's, each holding its
+    /// module: dropped in [`GpuWorker::stop`] on this worker, before the device's teardown).
+    funcs: RefCell<HashMap<u64, CudaFunction>>,
     /// Events ready for reuse, this worker's own.
     events: RefCell<Vec<Event>>,
     /// Where this worker's events come back from markers.
@@ -246,7 +248,7 @@ impl GpuWorker {
                 b.libs.ensure_blas(b.normal_stream(), &what)?;
             }
             if plan.solver {
-                b.libs.ensure_solver(&what)?;
+                b.libs.ensure_solver(b.normal_stream(), &what)?;
             }
             let setup = WorkerSetup::new(info, &b.device.info, &b.cuda);
             b.states.make(&plan.states, &setup, &what)
@@ -270,6 +272,9 @@ impl GpuWorker {
             // User states and library handles go first, on this worker, context still bound.
             b.states.drop_all();
             b.libs.shutdown(b.ctx, b.device.failed().is_some());
+            // The functions hold their modules: dropped here, context bound, so that the device's
+            // last worker drops the last `Arc` of each module (cudarc unloads it then).
+            drop(b.funcs);
             let lanes = [Some(b.normal), b.high.into_inner(), b.low.into_inner()];
             for lane in lanes.into_iter().flatten() {
                 if lane.stream != b.stream && b.device.failed().is_none() {
@@ -418,18 +423,20 @@ impl Bound {
         Ok(e)
     }
 
-    /// `k`'s function if this worker has looked it up before (no driver call).
-    pub(crate) fn cached_function(&self, k: &Kernel) -> Option<Func> {
-        self.funcs.borrow().get(&k.inner.id).copied()
+    /// `k`'s function if this worker has looked it up before (no driver call, no reference
+    /// count touched), borrowed from the worker's cache.
+    pub(crate) fn cached_function(&self, k: &Kernel) -> Option<Ref<'_, CudaFunction>> {
+        Ref::filter_map(self.funcs.borrow(), |m| m.get(&k.inner.id)).ok()
     }
 
-    pub(crate) fn function(&self, k: &Kernel) -> GpuResult<Func> {
-        if let Some(f) = self.funcs.borrow().get(&k.inner.id) {
-            return Ok(*f);
+    /// `k`'s function, looked up on the device (which loads its module on first use) and
+    /// cached on this worker when not yet. No borrow of the cache may be held.
+    pub(crate) fn load_function(&self, k: &Kernel) -> GpuResult<Ref<'_, CudaFunction>> {
+        if !self.funcs.borrow().contains_key(&k.inner.id) {
+            let f = self.device.function(&self.cuda, k)?;
+            self.funcs.borrow_mut().insert(k.inner.id, f);
         }
-        let f = self.device.function(k)?;
-        self.funcs.borrow_mut().insert(k.inner.id, f);
-        Ok(f)
+        Ok(Ref::map(self.funcs.borrow(), |m| &m[&k.inner.id]))
     }
 
     /// Polls whether the work before `pending`'s event (recorded on a stream another worker's

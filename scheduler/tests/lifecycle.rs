@@ -410,7 +410,10 @@ fn wait_spin_waits_for_results_and_keeps_deadlines() {
         let ran = Arc::new(AtomicUsize::new(0));
         let (graph, sink) = slow_chain(4, &ran);
         for _ in 0..20 {
-            assert_eq!(pool.submit(&graph).unwrap().wait().unwrap().get(sink), Some(&4));
+            assert_eq!(
+                pool.submit(&graph).unwrap().wait().unwrap().get(sink),
+                Some(&4)
+            );
         }
         let gate = Arc::new(AtomicBool::new(false));
         let (held, n) = gated(&gate);

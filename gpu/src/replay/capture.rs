@@ -298,6 +298,8 @@ fn call_member(
         // The body's own error first: it names the call that failed (a free noted below
         // may only be its clean-up).
         Err(e) => {
+            // A sticky driver error from a cudarc call in the body marks the device failed.
+            let e = gctx.b.device.body_error(&gctx.what(), e);
             return Err(capture_error(st, Some(m), format!("its body failed: {e}")));
         }
     }
