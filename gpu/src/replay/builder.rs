@@ -156,11 +156,12 @@ impl ReplayBuilder {
         self.rnode(i)
     }
 
-    /// An input node: a host node whose value each run brings ([`RunInputs::set`](super::RunInputs::set)),
+    /// An input node: a value each run brings ([`RunInputs::set`](super::RunInputs::set)),
     /// so that concurrent runs never share a feed. Its successors read it with
     /// [`ReplayCtx::input`] like any predecessor's output; an eager GPU node typically copies
-    /// it into a captured node's static buffer ([`ReplayCtx::copy_into`]). A run without a
-    /// value for every input node is refused before it starts.
+    /// it into a captured node's static buffer ([`ReplayCtx::copy_into`]). It has no scheduler
+    /// node of its own (it costs a run nothing); it cuts segments like a host node. A run
+    /// without a value for every input node is refused before it starts.
     pub fn input<T: Send + Sync + 'static>(&mut self, name: &str) -> RNode<T> {
         let ordinal = self.inputs.len() as u32;
         let body: Body = Arc::new(|c: &ReplayCtx<'_, '_>| {

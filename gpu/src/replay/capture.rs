@@ -25,7 +25,7 @@ pub(super) fn run_segment(
     st: &InstanceState,
     k: u32,
     gctx: &GpuCtx<'_, '_>,
-    refs: &[NodeRef<Out>],
+    refs: &[Option<NodeRef<Out>>],
 ) -> Result<(), BoxError> {
     let mut seg = st.segs[k as usize]
         .lock()
@@ -105,7 +105,7 @@ fn capture_segment(
     st: &InstanceState,
     k: u32,
     gctx: &GpuCtx<'_, '_>,
-    refs: &[NodeRef<Out>],
+    refs: &[Option<NodeRef<Out>>],
     seg: &mut SegState,
 ) -> GpuResult<()> {
     let b = gctx.b;
@@ -180,7 +180,7 @@ fn capture_members(
     st: &InstanceState,
     k: u32,
     gctx: &GpuCtx<'_, '_>,
-    refs: &[NodeRef<Out>],
+    refs: &[Option<NodeRef<Out>>],
     cap: &Capture,
     local: &RefCell<Vec<Option<Out>>>,
 ) -> GpuResult<Option<GraphNode>> {
@@ -260,7 +260,7 @@ fn call_member(
     k: u32,
     m: u32,
     gctx: &GpuCtx<'_, '_>,
-    refs: &[NodeRef<Out>],
+    refs: &[Option<NodeRef<Out>>],
     cap: &Capture,
     local: &RefCell<Vec<Option<Out>>>,
 ) -> GpuResult<()> {
@@ -288,6 +288,7 @@ fn call_member(
             outputs: &st.outputs,
             capture: Some((k, local)),
         },
+        feeds: &st.feeds,
     };
     let r = (desc.bodies[m as usize])(&rctx);
     if let Some(why) = cap.take_refused() {

@@ -16,6 +16,8 @@ use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::GpuCtx;
 use crate::worker::GpuWorker;
 
+use super::instance::Feeds;
+
 /// A node's output, type-erased (every node of a replay graph returns one).
 pub(super) type Out = Arc<dyn Any + Send + Sync>;
 pub(super) type Body = Arc<dyn Fn(&ReplayCtx<'_, '_>) -> Result<Out, BoxError> + Send + Sync>;
@@ -84,16 +86,18 @@ impl Desc {
     }
 }
 
-pub(super) type Refs = Arc<OnceLock<Vec<NodeRef<Out>>>>;
+/// Each node's scheduler node in an instance's graph (None: an input node, which has none: its
+/// successors read the run's feeds).
+pub(super) type Refs = Arc<OnceLock<Vec<Option<NodeRef<Out>>>>>;
 
 /// Where a body's inputs come from.
 pub(super) enum Source<'c> {
-    /// The eager graph: every node is a scheduler node.
-    Eager(&'c [NodeRef<Out>]),
+    /// An eager instance: every node but the input nodes is a scheduler node.
+    Eager(&'c [Option<NodeRef<Out>>]),
     /// An instance's graph: host and eager nodes are scheduler nodes (`refs`); captured
     /// nodes' outputs are the instance's, or, while segment `seg` captures, `local`'s.
     Replay {
-        refs: &'c [NodeRef<Out>],
+        refs: &'c [Option<NodeRef<Out>>],
         outputs: &'c Outputs,
         capture: Option<(u32, &'c RefCell<Vec<Option<Out>>>)>,
     },
@@ -107,6 +111,8 @@ pub struct ReplayCtx<'c, 'n> {
     pub(super) me: u32,
     pub(super) desc: &'c Desc,
     pub(super) src: Source<'c>,
+    /// The run's input values.
+    pub(super) feeds: &'c Feeds,
 }
 
 impl fmt::Debug for ReplayCtx<'_, '_> {
@@ -161,14 +167,17 @@ impl<'c, 'n> ReplayCtx<'c, 'n> {
         if !self.desc.preds[self.me as usize].contains(&from.idx) {
             return Err(bad("not a direct predecessor"));
         }
-        let sched = |refs: &[NodeRef<Out>]| -> GpuResult<Out> {
+        if let Kind::Input(ordinal) = self.desc.kinds[from.idx as usize] {
+            let v = self.feeds.get(ordinal).map_err(|e| bad(&e.to_string()))?;
+            return v.downcast::<T>().map_err(|_| bad("of another type"));
+        }
+        let sched = |refs: &[Option<NodeRef<Out>>]| -> GpuResult<Out> {
             let r = refs
                 .get(from.idx as usize)
+                .copied()
+                .flatten()
                 .ok_or_else(|| bad("unknown node"))?;
-            self.node
-                .input(*r)
-                .cloned()
-                .map_err(|e| bad(&e.to_string()))
+            self.node.input(r).cloned().map_err(|e| bad(&e.to_string()))
         };
         let out: Out = match &self.src {
             Source::Eager(refs) => sched(refs)?,

@@ -27,6 +27,11 @@ impl Feeds {
         *f = values.into_iter().map(Some).collect();
     }
 
+    /// The current values (for the run's output).
+    pub(super) fn values(&self) -> Vec<Option<Out>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     pub(super) fn clear(&self) {
         let mut f = self.0.lock().unwrap_or_else(|e| e.into_inner());
         f.iter_mut().for_each(|v| *v = None);
@@ -54,6 +59,8 @@ pub(super) struct InstanceState {
     pub(super) desc: Arc<Desc>,
     pub(super) shared: Arc<Shared>,
     pub(super) outputs: Outputs,
+    /// The input values of the run holding the instance (shared with its `Instance`).
+    pub(super) feeds: Arc<Feeds>,
     pub(super) segs: Vec<Mutex<SegState>>,
 }
 

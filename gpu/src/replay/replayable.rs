@@ -31,7 +31,7 @@ pub(super) struct Instance {
     pub(super) state: Option<Arc<InstanceState>>,
     pub(super) feeds: Arc<Feeds>,
     pub(super) graph: GpuGraph,
-    pub(super) refs: Arc<[NodeRef<Out>]>,
+    pub(super) refs: Arc<[Option<NodeRef<Out>>]>,
 }
 
 /// A graph whose GPU work is captured once per instance and replayed (see the `replay` module
@@ -157,7 +157,7 @@ impl Replayable {
     }
 
     /// A replayed instance's segment states: one executable slot per segment.
-    fn instance_state(&self) -> Arc<InstanceState> {
+    fn instance_state(&self, feeds: &Arc<Feeds>) -> Arc<InstanceState> {
         let desc = &self.desc;
         let segs = desc
             .segments
@@ -179,6 +179,7 @@ impl Replayable {
             desc: desc.clone(),
             shared: self.shared.clone(),
             outputs: Outputs::new(desc.names.len()),
+            feeds: feeds.clone(),
             segs,
         })
     }
@@ -187,8 +188,8 @@ impl Replayable {
     /// eager nodes as they are, edges between them. Eager: every node a scheduler node.
     pub(super) fn make_instance(&self, mode: Mode) -> GpuResult<Instance> {
         let desc = &self.desc;
-        let state = (mode == Mode::Replay).then(|| self.instance_state());
         let feeds = Arc::new(Feeds::new(desc.inputs.len()));
+        let state = (mode == Mode::Replay).then(|| self.instance_state(&feeds));
         let refs: Refs = Arc::new(OnceLock::new());
         let name = match mode {
             Mode::Replay => desc.name.clone(),
@@ -210,38 +211,39 @@ impl Replayable {
                 }));
             }
         }
-        let mut node_ref: Vec<NodeRef<Out>> = Vec::with_capacity(desc.names.len());
+        // Input nodes have no scheduler node: their successors read the run's feeds.
+        let mut node_ref: Vec<Option<NodeRef<Out>>> = Vec::with_capacity(desc.names.len());
         for i in 0..desc.names.len() {
             let r = match &desc.kinds[i] {
                 Kind::Captured(_) if state.is_some() => {
                     seg_nodes[desc.seg_of[i].expect("captured") as usize]
                 }
-                Kind::Input(ordinal) => {
-                    let (f, ordinal) = (feeds.clone(), *ordinal);
-                    g.node(desc.names[i].clone(), move |_: &NodeCtx<'_, GpuWorker>| {
-                        f.get(ordinal)
-                    })
+                Kind::Input(_) => {
+                    node_ref.push(None);
+                    continue;
                 }
                 Kind::Captured(dev) | Kind::Eager(dev) => {
-                    let body = NodeBody::new(desc, &state, &refs, i);
+                    let body = NodeBody::new(desc, &state, &feeds, &refs, i);
                     g.gpu_node(dev, &desc.names[i], move |gctx: &GpuCtx<'_, '_>| {
                         body.call(Some(gctx), gctx.node())
                     })
                 }
                 Kind::Host => {
-                    let body = NodeBody::new(desc, &state, &refs, i);
+                    let body = NodeBody::new(desc, &state, &feeds, &refs, i);
                     g.node(
                         desc.names[i].clone(),
                         move |node: &NodeCtx<'_, GpuWorker>| body.call(None, node),
                     )
                 }
             };
-            node_ref.push(r);
+            node_ref.push(Some(r));
         }
         let mut edges = HashSet::new();
         for (v, ps) in desc.preds.iter().enumerate() {
             for &p in ps {
-                let (a, b) = (node_ref[p as usize], node_ref[v]);
+                let (Some(a), Some(b)) = (node_ref[p as usize], node_ref[v]) else {
+                    continue;
+                };
                 if a.id() != b.id() && edges.insert((a.id().index(), b.id().index())) {
                     g.edge(a, b);
                 }
@@ -263,15 +265,23 @@ impl Replayable {
 struct NodeBody {
     desc: Arc<Desc>,
     state: Option<Arc<InstanceState>>,
+    feeds: Arc<Feeds>,
     refs: Refs,
     me: u32,
 }
 
 impl NodeBody {
-    fn new(desc: &Arc<Desc>, state: &Option<Arc<InstanceState>>, refs: &Refs, i: usize) -> Self {
+    fn new(
+        desc: &Arc<Desc>,
+        state: &Option<Arc<InstanceState>>,
+        feeds: &Arc<Feeds>,
+        refs: &Refs,
+        i: usize,
+    ) -> Self {
         Self {
             desc: desc.clone(),
             state: state.clone(),
+            feeds: feeds.clone(),
             refs: refs.clone(),
             me: i as u32,
         }
@@ -297,6 +307,7 @@ impl NodeBody {
             me: self.me,
             desc: &self.desc,
             src,
+            feeds: &self.feeds,
         };
         (self.desc.bodies[self.me as usize])(&c)
     }

@@ -240,8 +240,9 @@ enum State {
     },
     Running {
         graph: GraphHandle,
-        refs: Arc<[NodeRef<Out>]>,
+        refs: Arc<[Option<NodeRef<Out>>]>,
         state: Option<Arc<InstanceState>>,
+        inputs: Vec<Option<Out>>,
     },
     Done,
 }
@@ -298,12 +299,17 @@ impl<'p> ReplayHandle<'p> {
         feeds: Vec<Out>,
     ) -> GpuResult<State> {
         inst.feeds.set(feeds);
-        let (refs, state) = (inst.refs.clone(), inst.state.clone());
+        let (refs, state, inputs) = (inst.refs.clone(), inst.state.clone(), inst.feeds.values());
         match pool.submit(&inst.graph) {
             Ok(graph) => {
                 let lease = replay.lease.clone();
                 graph.on_done(move || lease.release(inst));
-                Ok(State::Running { graph, refs, state })
+                Ok(State::Running {
+                    graph,
+                    refs,
+                    state,
+                    inputs,
+                })
             }
             Err(e) => {
                 replay.lease.release(inst);
@@ -338,9 +344,14 @@ impl<'p> ReplayHandle<'p> {
             self.begin(inst)?;
         }
         match std::mem::replace(&mut self.state, State::Done) {
-            State::Running { graph, refs, state } => {
+            State::Running {
+                graph,
+                refs,
+                state,
+                inputs,
+            } => {
                 let out = graph.wait().map_err(sched_error)?;
-                Ok(self.output(out, refs, state))
+                Ok(self.output(out, refs, state, inputs))
             }
             _ => unreachable!("a started run is running"),
         }
@@ -358,13 +369,15 @@ impl<'p> ReplayHandle<'p> {
     fn output(
         &self,
         out: GraphOutput,
-        refs: Arc<[NodeRef<Out>]>,
+        refs: Arc<[Option<NodeRef<Out>>]>,
         state: Option<Arc<InstanceState>>,
+        inputs: Vec<Option<Out>>,
     ) -> ReplayOutput {
         ReplayOutput {
             out,
             refs,
             state,
+            inputs,
             desc: self.replay.desc.clone(),
         }
     }
@@ -397,11 +410,16 @@ impl Future for ReplayHandle<'_> {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(r) => r.map_err(sched_error),
         };
-        let State::Running { refs, state, .. } = std::mem::replace(&mut this.state, State::Done)
+        let State::Running {
+            refs,
+            state,
+            inputs,
+            ..
+        } = std::mem::replace(&mut this.state, State::Done)
         else {
             unreachable!("checked above")
         };
-        Poll::Ready(out.map(|out| this.output(out, refs, state)))
+        Poll::Ready(out.map(|out| this.output(out, refs, state, inputs)))
     }
 }
 
@@ -418,8 +436,10 @@ impl Drop for ReplayHandle<'_> {
 /// the next run of the instance overwrites on the device).
 pub struct ReplayOutput {
     out: GraphOutput,
-    refs: Arc<[NodeRef<Out>]>,
+    refs: Arc<[Option<NodeRef<Out>>]>,
     state: Option<Arc<InstanceState>>,
+    /// The run's input values, by input ordinal.
+    inputs: Vec<Option<Out>>,
     desc: Arc<Desc>,
 }
 
@@ -435,9 +455,10 @@ impl fmt::Debug for ReplayOutput {
 impl ReplayOutput {
     /// The output of node `r`.
     pub fn get<T: Send + Sync + 'static>(&self, r: RNode<T>) -> Option<Arc<T>> {
-        let v: Out = match &self.state {
-            Some(s) if self.desc.captured(r.idx) => s.outputs.get(r.idx)?,
-            _ => self.out.get(*self.refs.get(r.idx as usize)?)?.clone(),
+        let v: Out = match (&self.state, self.desc.kinds.get(r.idx as usize)?) {
+            (_, Kind::Input(o)) => self.inputs.get(*o as usize)?.clone()?,
+            (Some(s), _) if self.desc.captured(r.idx) => s.outputs.get(r.idx)?,
+            _ => self.out.get((*self.refs.get(r.idx as usize)?)?)?.clone(),
         };
         v.downcast::<T>().ok()
     }
