@@ -42,7 +42,10 @@
 //!   work is captured at the first run into CUDA graphs (one per *segment*: the captured nodes
 //!   between host nodes, per device) on a bound worker, in thread-local capture mode, and
 //!   replayed by later runs without calling the GPU bodies; host nodes run every time, in DAG
-//!   order. [`Replayable::update`] re-captures and updates the executables in place
+//!   order. Each run brings its own inputs ([`RunInputs`]) and is submitted without blocking
+//!   ([`Replayable::submit`] gives a [`ReplayHandle`] to wait or await), on one of the graph's
+//!   instances; [`PinnedBuffer`]s carry a served request in and out inside the CUDA graph.
+//!   [`Replayable::update`] re-captures and updates the executables in place
 //!   (`cuGraphExecUpdate`). Operations a graph cannot hold (a download, a free) fail the
 //!   capture naming the node ([`GpuErrorKind::Capture`]); the graph still runs eagerly.
 //! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context.
@@ -127,7 +130,7 @@
 //!   types: the context, streams, slices and library handles) and the only one with raw driver
 //!   handles. Its wrappers check (when on) that the
 //!   expected context is current. A handle that must be destroyed comes out of it as an
-//!   *owner* (`PrimaryCtx`, `Event`, `DeviceAlloc`, `CudaGraph`, `GraphExec`): not `Copy` nor
+//!   *owner* (`PrimaryCtx`, `Event`, `DeviceAlloc`, `HostAlloc`, `CudaGraph`, `GraphExec`): not `Copy` nor
 //!   `Clone`, its raw field private, destroyed by a method that consumes it (`destroy(self)`,
 //!   `release(self)`, `free(self)`), so destroying one twice does not compile
 //!   (its unit test `owners_are_not_copy_or_clone` asserts it at compile time). Whoever needs to
@@ -159,6 +162,9 @@
 //! * `device.rs`: turning cudarc's event tracking off on the pool's context
 //!   (`disable_event_tracking`), and freeing a dropped buffer's allocation, taken out of its
 //!   `CudaSlice` (`DeviceAlloc::adopt`).
+//! * `pinned.rs`: [`PinnedBuffer`]'s host access (`write`, `to_vec`: unsafe fns, the graph's
+//!   order is the caller's contract) and the copies between it and device buffers it passes
+//!   to `driver.rs`.
 //! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`); `nvtx.rs`
 //!   (feature `nvtx`), whether libnvToolsExt is.
 //!
