@@ -7,7 +7,8 @@
 //! process's device call) when `python3` has torch; the table prints ratios.
 //!
 //! `cargo bench -p boundpool-bench --bench serve [-- --seconds S --clients 1,8,32 --workers W
-//! --spin-us U --no-torch --json]` (`--spin-us`: the pool's `wait_spin`, default 50 us); from a packed binary, run it from the repository root (the script's
+//! --spin-us U --idle-spin-us U --no-torch --json]` (`--spin-us`: the pool's `wait_spin`,
+//! default 50 us; `--idle-spin-us`: its `idle_spin`, default the pool's 20 us); from a packed binary, run it from the repository root (the script's
 //! path). Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
 
 #[path = "../../examples/serve/model.rs"]
@@ -34,6 +35,7 @@ struct Args {
     clients: Vec<usize>,
     workers: usize,
     spin_us: u64,
+    idle_spin_us: Option<u64>,
     torch: bool,
     json: bool,
 }
@@ -53,6 +55,7 @@ fn args() -> Args {
             .unwrap_or_else(|| vec![1, 8, 32]),
         workers: val("--workers").and_then(|v| v.parse().ok()).unwrap_or(8),
         spin_us: val("--spin-us").and_then(|v| v.parse().ok()).unwrap_or(50),
+        idle_spin_us: val("--idle-spin-us").and_then(|v| v.parse().ok()),
         torch: !a.iter().any(|x| x == "--no-torch"),
         json: a.iter().any(|x| x == "--json"),
     }
@@ -219,7 +222,7 @@ where
         for &c in &a.clients {
             let (r, _) = b.serve(pool, c, eager, false, a.seconds);
             let v = json!({"impl": "boundpool", "dtype": T::NAME, "mode": if eager {"eager"} else {"graph"},
-                "clients": c, "spin_us": a.spin_us, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
+                "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
                 "p50_us": r.pct(0.5), "p99_us": r.pct(0.99)});
             line(&v, a.json);
             out.push(v);
@@ -356,13 +359,15 @@ fn main() {
         return;
     }
     let a = args();
-    let pool = GpuPoolBuilder::new()
+    let mut pool = GpuPoolBuilder::new()
         .name("serve")
         .devices(Devices::List(vec![0]))
         .workers_per_device(a.workers)
-        .wait_spin(Duration::from_micros(a.spin_us))
-        .build()
-        .expect("GPU pool");
+        .wait_spin(Duration::from_micros(a.spin_us));
+    if let Some(us) = a.idle_spin_us {
+        pool = pool.idle_spin(Duration::from_micros(us));
+    }
+    let pool = pool.build().expect("GPU pool");
     let mut ours = Vec::new();
     run_dtype::<bf16>(&pool, &a, &mut ours);
     run_dtype::<f32>(&pool, &a, &mut ours);

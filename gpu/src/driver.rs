@@ -1022,7 +1022,14 @@ mod tests {
     /// to build.
     #[test]
     fn owners_are_not_copy_or_clone() {
-        assert_not_copy_or_clone!(PrimaryCtx, Event, DeviceAlloc, HostAlloc, CudaGraph, GraphExec);
+        assert_not_copy_or_clone!(
+            PrimaryCtx,
+            Event,
+            DeviceAlloc,
+            HostAlloc,
+            CudaGraph,
+            GraphExec
+        );
     }
 
     /// A sticky error is found bare, inside a `GpuError`, or deeper in a source chain; others

@@ -53,6 +53,7 @@ pub struct GpuPoolBuilder {
     /// (group index within a device, stream priority)
     stream_priorities: Vec<(usize, i32)>,
     wait_spin: std::time::Duration,
+    idle_spin: Option<std::time::Duration>,
 }
 
 impl Default for GpuPoolBuilder {
@@ -79,6 +80,7 @@ impl GpuPoolBuilder {
             plan: Default::default(),
             stream_priorities: Vec::new(),
             wait_spin: std::time::Duration::ZERO,
+            idle_spin: None,
         }
     }
 
@@ -157,6 +159,13 @@ impl GpuPoolBuilder {
     /// wake-up of a park with a few tens of microseconds here.
     pub fn wait_spin(mut self, spin: std::time::Duration) -> Self {
         self.wait_spin = spin;
+        self
+    }
+
+    /// How long a worker that ran out of work watches before it parks
+    /// ([`PoolBuilder::idle_spin`](boundpool_scheduler::PoolBuilder::idle_spin); default 20 µs).
+    pub fn idle_spin(mut self, spin: std::time::Duration) -> Self {
+        self.idle_spin = Some(spin);
         self
     }
 
@@ -388,6 +397,9 @@ impl GpuPoolBuilder {
         let sh_failed = shared.clone();
         let pool_name = self.name.clone();
         let mut builder = PoolBuilder::new().name(&self.name).groups(specs);
+        if let Some(spin) = self.idle_spin {
+            builder = builder.idle_spin(spin);
+        }
         if self.groups_per_device > 1 {
             for (i, d) in devices.iter().enumerate() {
                 builder = builder.domain(format!("gpu{}", d.ordinal()), device_groups[i].clone());

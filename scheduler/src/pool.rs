@@ -52,6 +52,7 @@ pub struct PoolBuilder<S = ()> {
     metrics: bool,
     max_graphs_in_flight: Option<usize>,
     wait_spin: Duration,
+    idle_spin: Duration,
 }
 
 impl<S> fmt::Debug for PoolBuilder<S> {
@@ -92,6 +93,7 @@ impl PoolBuilder<()> {
             metrics: true,
             max_graphs_in_flight: None,
             wait_spin: Duration::ZERO,
+            idle_spin: crate::worker::SPIN_BEFORE_PARK,
         }
     }
 }
@@ -209,6 +211,15 @@ impl<S: Send + 'static> PoolBuilder<S> {
         self
     }
 
+    /// How long a worker that ran out of work watches the queues before it parks (default
+    /// 20 µs). Work that comes within it starts without a wake-up; an idle pool parks after
+    /// it. A server that wants its first node started at once after a pause between requests
+    /// longer than that sets more, and pays that much CPU per worker per pause.
+    pub fn idle_spin(mut self, spin: Duration) -> Self {
+        self.idle_spin = spin;
+        self
+    }
+
     /// Runs on each worker, after it pinned itself and before it takes any node; its result is
     /// that worker's state, which its nodes see through [`NodeCtx::worker_state`](crate::NodeCtx::worker_state).
     /// An error (or panic) fails [`build`](Self::build), naming the worker.
@@ -235,6 +246,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             metrics: self.metrics,
             max_graphs_in_flight: self.max_graphs_in_flight,
             wait_spin: self.wait_spin,
+            idle_spin: self.idle_spin,
         }
     }
 
@@ -306,6 +318,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
                 export_metrics: self.metrics,
                 max_graphs_in_flight: self.max_graphs_in_flight,
                 wait_spin: self.wait_spin,
+                idle_spin: self.idle_spin,
             },
         );
         let threads = start_workers(&registry, deques, self.stack_size)?;

@@ -73,6 +73,7 @@ pub(crate) struct Settings {
     pub(crate) export_metrics: bool,
     pub(crate) max_graphs_in_flight: Option<usize>,
     pub(crate) wait_spin: std::time::Duration,
+    pub(crate) idle_spin: std::time::Duration,
 }
 
 const RUNNING: u8 = 0;
@@ -109,6 +110,8 @@ pub(crate) struct Registry<S> {
     pub(crate) admission: Option<Admission>,
     /// `PoolBuilder::wait_spin`, given to every run's completion.
     pub(crate) wait_spin: std::time::Duration,
+    /// `PoolBuilder::idle_spin`: how long a worker that ran dry watches before it parks.
+    pub(crate) idle_spin: std::time::Duration,
 }
 
 impl<S: Send + 'static> Registry<S> {
@@ -125,6 +128,7 @@ impl<S: Send + 'static> Registry<S> {
             export_metrics,
             max_graphs_in_flight,
             wait_spin,
+            idle_spin,
         } = settings;
         let Topology {
             groups: group_names,
@@ -174,6 +178,7 @@ impl<S: Send + 'static> Registry<S> {
             prioritized: AtomicBool::new(false),
             admission: max_graphs_in_flight.map(Admission::new),
             wait_spin,
+            idle_spin,
             trace,
             export_metrics,
             name: Arc::from(name.as_str()),

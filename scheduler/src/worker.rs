@@ -42,11 +42,11 @@ const NO_NODE: u32 = u32::MAX;
 const DEFERRED_SPIN: Duration = Duration::from_millis(2);
 /// The timed park of a worker that waits for deferred completions and has nothing else to do.
 const DEFERRED_PARK: Duration = Duration::from_micros(50);
-/// How long a worker that just ran dry watches the queues before it parks. Work often follows
-/// within microseconds (a chain of GPU nodes hopping between workers, a burst of submissions),
-/// and a futex wake-up costs several; an idle pool still parks after this, so it burns nothing.
-#[cfg_attr(loom, allow(dead_code))]
-const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
+/// How long a worker that just ran dry watches the queues before it parks, by default
+/// (`PoolBuilder::idle_spin`). Work often follows within microseconds (a chain of GPU nodes
+/// hopping between workers, a burst of submissions), and a futex wake-up costs several; an
+/// idle pool still parks after this, so it burns nothing.
+pub(crate) const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
 
 /// Start-up rendezvous: every worker reports its start hook's outcome, then waits for the
 /// builder's verdict (run, or exit because another worker failed).
@@ -1149,13 +1149,15 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// Watches the queues (and `condition`) for up to [`SPIN_BEFORE_PARK`]; returns whether
+    /// Watches the queues (and `condition`) for up to the pool's idle spin
+    /// ([`SPIN_BEFORE_PARK`] by default); returns whether
     /// something turned up. Under loom, never: the models check the parking protocol itself.
     #[cfg(not(loom))]
     fn spin(&self, condition: &dyn Fn() -> bool) -> bool {
         // Look often (a hand-off between two workers waits for exactly this look), read the
         // clock seldom.
         let start = Instant::now();
+        let limit = self.registry.idle_spin;
         let mut looks = 0u32;
         loop {
             std::hint::spin_loop();
@@ -1163,7 +1165,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 return true;
             }
             looks = looks.wrapping_add(1);
-            if looks % 64 == 0 && start.elapsed() >= SPIN_BEFORE_PARK {
+            if looks % 64 == 0 && start.elapsed() >= limit {
                 return false;
             }
         }
