@@ -189,8 +189,9 @@ impl StreamRef {
         StreamRef(s.cu_stream())
     }
 
-    /// The raw stream as an untyped pointer: for cuBLAS and cuSOLVER's `*SetStream` (which
-    /// take the runtime API's `cudaStream_t`, the same handle) and their stream checks. The one
+    /// The raw stream as an untyped pointer: for cuBLAS and cuSOLVER's `*SetStream` and
+    /// cuBLASLt's matmul (which take the runtime API's `cudaStream_t`, the same handle) and
+    /// their stream checks. The one
     /// way a raw driver handle leaves this file.
     pub(crate) fn raw_ptr(self) -> *mut c_void {
         self.0.cast()

@@ -35,7 +35,8 @@
 //!   why, whether boundpool's own call or a cudarc call in the node's body hit it (a body's
 //!   error that is, or wraps, a sticky `DriverError`); out of memory fails the node only.
 //! * **Libraries.** [`GpuCtx::blas`] and [`GpuCtx::solver`] give a node its worker's cuBLAS
-//!   and cuSOLVER handles, set to the node's stream, with the worker's workspaces; per-worker
+//!   and cuSOLVER handles, set to the node's stream, with the worker's workspaces
+//!   ([`GpuCtx::cublaslt`] its cuBLASLt handle, with a workspace for the node's stream); per-worker
 //!   user state comes from [`GpuPoolBuilder::worker_state`]. (`boundpool-bench`'s `cholesky`
 //!   builds a tiled Cholesky factorization from them.)
 //! * **Replay.** A graph made with a [`ReplayBuilder`] is a [`Replayable`]: its GPU nodes'
@@ -64,26 +65,30 @@
 //! expects one `cuda-*` feature): name `boundpool::gpu::cudarc` instead of a dependency of your
 //! own where you can.
 //!
-//! A node's body gets the stream it enqueues on as `&Arc<CudaStream>` ([`GpuCtx::stream`]:
-//! its worker's stream of its level, one handed over, or the capturing stream under a replay
-//! capture) and the device's context as `&Arc<CudaContext>` ([`GpuCtx::context`]); cudarc
-//! code given them (`launch_builder`, `alloc_zeros`, copies, `CudaBlas`, cuRAND) runs on a
-//! bound worker of the node's device, ordered by the node's edges. The pool's context has
-//! cudarc's per-buffer event tracking off: boundpool orders streams, so one node's work stays
-//! on its stream. [`GpuCtx::cublas`] is the worker's cuBLAS handle as cudarc's `CudaBlas`, set
-//! to the node's stream with the worker's workspace for it (typed GEMMs in f16, bf16, f32,
-//! f64, strided-batched), also under a replay capture (a workspace of the capture's own, made
+//! A node's body gets the stream it enqueues on as `&Arc<CudaStream>` ([`GpuCtx::stream`]: its
+//! worker's stream of its level, one handed over, or the capturing stream under a replay
+//! capture) and the device's context as `&Arc<CudaContext>` ([`GpuCtx::context`]); cudarc code
+//! given them (`launch_builder`, `alloc_zeros`, copies, `CudaBlas`, cuRAND) runs on a bound
+//! worker of the node's device, ordered by the node's edges. The pool's context has cudarc's
+//! per-buffer event tracking off: boundpool orders streams, so one node's work stays on its
+//! stream. [`GpuCtx::cublas`] is the worker's cuBLAS handle as cudarc's `CudaBlas`, set to the
+//! node's stream with the worker's workspace for it (typed GEMMs in f16, bf16, f32, f64,
+//! strided-batched), also under a replay capture (a workspace of the capture's own, made
 //! outside the graph and kept with it). [`WorkerSetup::context`] lets a worker load cudarc
-//! modules once, into its state. A [`DeviceBuffer<T>`] is a `CudaSlice<T>` (it dereferences
-//! to one) whose drop is routed to a bound worker; [`GpuCtx::adopt`] and
+//! modules once, into its state. A [`DeviceBuffer<T>`] is a `CudaSlice<T>` (it dereferences to
+//! one) whose drop is routed to a bound worker; [`GpuCtx::adopt`] and
 //! [`DeviceBuffer::into_cuda_slice`] move memory between the two without a copy. A plain
 //! `CudaSlice` keeps cudarc's rule (freed on the dropping thread): adopt one that leaves its
 //! node. A cudarc handle kept past the pool's shutdown (a stream, the context, a slice) keeps
 //! what it needs alive through cudarc's reference counts; work enqueued on it then is the
-//! caller's to order. cuBLASLt (`CudaBlasLT`) allocates its workspace on the stream it is made
-//! with and has no way to change stream: make one per stream inside a node if needed, not
-//! under a capture. candle cannot take an external stream yet (its CUDA device is built by a
-//! private constructor), so candle code does not run on the pool's streams.
+//! caller's to order. [`GpuCtx::cublaslt`] is the worker's cuBLASLt handle with a workspace for
+//! the node's stream: [`CublasLt::matmul`] takes cudarc's `MatmulConfig` and `Activation` and
+//! does what cudarc's `Matmul::matmul` does (f32, f16, bf16 as [`LtElement`]s; bias, ReLU and
+//! GELU epilogues; strided batches) on the node's stream, also under a replay capture (a
+//! workspace per call, made outside the graph and kept with it). cudarc's own `CudaBlasLT`
+//! still works eagerly inside a node (one per stream, made there), not under a capture. candle
+//! cannot take an external stream yet (its CUDA device is built by a private constructor), so
+//! candle code does not run on the pool's streams.
 //!
 //! # What stays hand-written, and why
 //!
@@ -114,6 +119,14 @@
 //! * **The release queue**: a [`DeviceBuffer`] or a replay executable dropped anywhere is
 //!   freed by a bound worker of its device, ordered after the work already enqueued; cudarc
 //!   frees on the dropping thread.
+//! * **The cuBLASLt matmul** ([`CublasLt::matmul`], `blaslt.rs`), on cudarc's
+//!   `cublaslt::result` calls with a guard per descriptor. cudarc's `CudaBlasLT` fixes its
+//!   stream when made (the matmul always goes there), and allocates its workspace then, on that
+//!   stream, as a `CudaSlice` inside a private field: it cannot be freed through the release
+//!   queue (by a bound worker, after a fence) nor hoisted out of a capture and kept with the
+//!   segment (a `CudaBlasLT` made per node would allocate and free 32 MiB on Hopper each time).
+//!   A cuBLASLt handle itself has no stream: boundpool keeps one per worker (`libs.rs`) and
+//!   passes the node's stream and a workspace of its choosing to each matmul.
 //! * **The context check** ([`context_check`]): each driver call of boundpool's own code
 //!   (through `driver.rs`, the module loads, lookups and launches it hands to cudarc included)
 //!   is first checked against the context it expects, so the tests can prove that none is
@@ -143,17 +156,21 @@
 //!   worker); events move by value between
 //!   a worker's spares, markers and that table; capture streams (cudarc's) and graphs are owned
 //!   by the replay's capture (`replay/capture.rs`), executables by their replay slot. `StreamRef::raw_ptr` is
-//!   the one way a raw handle leaves the file (to cuBLAS / cuSOLVER, and
+//!   the one way a raw handle leaves the file (to cuBLAS / cuSOLVER / cuBLASLt, and
 //!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (cudarc's `result::launch_kernel`
 //!   given one pointer per kernel parameter), the copies and the memset, which take raw
 //!   pointers.
-//! * `libs.rs` and `blas.rs`: the only files with cuBLAS and cuSOLVER handles and calls
-//!   (`cudarc::cublas`, `cudarc::cusolver`; library handles, not driver handles, kept there by
-//!   design: cudarc's `CudaBlas` and `DnHandle`, made and dropped on their worker).
-//!   `libs.rs`, each worker's handles and workspaces: setting the cuSOLVER handle's stream
-//!   (`DnHandle::set_stream`, unsafe in cudarc) and the library-presence checks; `blas.rs`,
-//!   what nodes call: setting the cuBLAS handle's stream (`CudaBlas::set_stream`, unsafe in
-//!   cudarc) and workspace, and the routines, unsafe fns on device addresses.
+//! * `libs.rs`, `blas.rs` and `blaslt.rs`: the only files with cuBLAS, cuBLASLt and cuSOLVER
+//!   handles and calls (`cudarc::cublas`, `cudarc::cublaslt`, `cudarc::cusolver`; library
+//!   handles, not driver handles, kept there by design: cudarc's `CudaBlas` and `DnHandle` and
+//!   a raw `cublasLtHandle_t`, made and dropped on their worker). `libs.rs`, each worker's
+//!   handles and workspaces: setting the cuSOLVER handle's stream (`DnHandle::set_stream`,
+//!   unsafe in cudarc), destroying the cuBLASLt handle (and its `Send`: it never leaves its
+//!   worker) and the library-presence checks; `blas.rs`, what nodes call: setting the cuBLAS
+//!   handle's stream (`CudaBlas::set_stream`, unsafe in cudarc) and workspace, and the
+//!   routines, unsafe fns on device addresses; `blaslt.rs`, the cuBLASLt matmul (an unsafe fn):
+//!   setting descriptor attributes from typed values, the heuristic query, `cublasLtMatmul`,
+//!   and the descriptors' destroys.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
 //!   contract; it points one pointer at each argument's 8-byte slot for the launch in
 //!   `driver.rs`), the host copies and memset it passes to `driver.rs`, a captured host-to-device
@@ -173,6 +190,7 @@
 //! [cudarc]: https://docs.rs/cudarc
 
 mod blas;
+mod blaslt;
 mod buffer;
 mod capture;
 mod detect;
@@ -194,11 +212,13 @@ mod timing;
 mod worker;
 
 pub use blas::{potrf_info_error, Blas, CublasRef, Diag, Side, Solver, Trans, Uplo};
+pub use blaslt::{CublasLt, LtElement};
 pub use buffer::{DeviceBuffer, DeviceCopy};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
 pub use device::{DeviceInfo, GpuDevice};
 pub use diag::{context_check, MemoryProbe};
 pub use error::{GpuError, GpuErrorKind, GpuResult};
+pub use libs::LT_WORKSPACE_BYTES;
 pub use metrics::GPU_METRICS;
 pub use module::{builtin, Kernel, Module};
 pub use node::{

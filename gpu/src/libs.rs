@@ -1,12 +1,15 @@
-//! The library handles and workspaces of each bound worker (cuBLAS, cuSOLVER dense).
+//! The library handles and workspaces of each bound worker (cuBLAS, cuBLASLt, cuSOLVER dense).
 //!
-//! The only file that makes library handles. Each bound worker owns at most one cuBLAS and one
-//! cuSOLVER handle (cudarc's `CudaBlas` and `DnHandle`), created on the worker (at start when the pool asks for it, else at first
-//! use) and destroyed there when it stops, before its context is released. Library workspaces
-//! are the worker's, one per stream it used, so a workspace is only ever used in the order of
-//! one stream, whichever other stream the handle moves to meanwhile (a worker running high,
-//! normal and low nodes moves its handle between three streams of its own, with three
-//! workspaces). `blas.rs` sets them to a node's stream and calls the routines.
+//! The only file that makes library handles. Each bound worker owns at most one cuBLAS, one
+//! cuBLASLt and one cuSOLVER handle (cudarc's `CudaBlas` and `DnHandle`; the cuBLASLt handle
+//! raw, from cudarc's `cublaslt::result`), created on the worker (at start when the pool asks
+//! for it, else at first use) and destroyed there when it stops, before its context is
+//! released. Library workspaces are the worker's, one per stream it used, so a workspace is
+//! only ever used in the order of one stream, whichever other stream the handle moves to
+//! meanwhile (a worker running high, normal and low nodes moves its handle between three
+//! streams of its own, with three workspaces). `blas.rs` sets them to a node's stream and calls
+//! the routines; `blaslt.rs` passes the cuBLASLt handle, the stream and the workspace to each
+//! matmul (a cuBLASLt handle has no stream of its own).
 
 use std::cell::RefCell;
 use std::fmt;
@@ -14,6 +17,8 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::cublas::sys as cb;
 use cudarc::cublas::CudaBlas;
+use cudarc::cublaslt::result::{self as lt, CublasError as LtError};
+use cudarc::cublaslt::sys as lts;
 use cudarc::cusolver::sys as cs;
 use cudarc::cusolver::DnHandle;
 use cudarc::driver::CudaStream;
@@ -24,10 +29,15 @@ use crate::error::{GpuError, GpuErrorKind, GpuResult};
 /// cuBLAS workspace per (worker, stream): the size NVIDIA recommends for Hopper.
 pub(crate) const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
+/// cuBLASLt workspace per (worker, stream), and per call under a capture: 4 MiB, the size
+/// NVIDIA recommends before Hopper and ample for the heuristic's GEMMs with epilogues.
+pub const LT_WORKSPACE_BYTES: usize = 4 << 20;
+
 /// A library this crate loads at run time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Library {
     Blas,
+    BlasLt,
     Solver,
 }
 
@@ -35,6 +45,7 @@ impl Library {
     fn name(self) -> &'static str {
         match self {
             Library::Blas => "cuBLAS (libcublas)",
+            Library::BlasLt => "cuBLASLt (libcublasLt)",
             Library::Solver => "cuSOLVER (libcusolver)",
         }
     }
@@ -43,10 +54,13 @@ impl Library {
     /// call into it: cudarc's bindings panic when the library is missing.
     pub(crate) fn present(self) -> bool {
         static BLAS: OnceLock<bool> = OnceLock::new();
+        static BLAS_LT: OnceLock<bool> = OnceLock::new();
         static SOLVER: OnceLock<bool> = OnceLock::new();
         match self {
             // SAFETY: only tries to dlopen the library by its usual names.
             Library::Blas => *BLAS.get_or_init(|| unsafe { cb::is_culib_present() }),
+            // SAFETY: only tries to dlopen the library by its usual names.
+            Library::BlasLt => *BLAS_LT.get_or_init(|| unsafe { lts::is_culib_present() }),
             // cuSOLVER needs cuBLAS too.
             Library::Solver => *SOLVER.get_or_init(|| {
                 // SAFETY: only tries to dlopen the libraries by their usual names.
@@ -107,6 +121,16 @@ pub(crate) fn blas_check(
     }
 }
 
+/// A cuBLASLt call's result (cudarc's `cublaslt::result` functions return its status as the
+/// error): an error naming `call`, the node (`what`) and the status.
+pub(crate) fn lt_check<T>(
+    call: &'static str,
+    r: Result<T, LtError>,
+    what: &dyn Fn() -> String,
+) -> GpuResult<T> {
+    r.map_err(|e| status_error(call, format!("{:?}", e.0), &what()))
+}
+
 pub(crate) fn solver_check(
     call: &'static str,
     s: cs::cusolverStatus_t,
@@ -155,6 +179,40 @@ impl BlasHandle {
     }
 }
 
+/// A worker's cuBLASLt handle (cudarc's `CudaBlasLT` cannot serve: it fixes its stream when
+/// made and allocates a workspace this crate cannot free through its release queue nor hoist
+/// out of a capture). A cuBLASLt handle holds no stream: each matmul names its stream and
+/// workspace (`blaslt.rs`).
+pub(crate) struct LtHandle {
+    raw: lts::cublasLtHandle_t,
+}
+
+// SAFETY: the handle is a pointer to the library's state, made, used and destroyed on its
+// worker's thread only; `Send` because the worker's scheduler state must be (`Pool<S: Send>`),
+// not because it moves.
+unsafe impl Send for LtHandle {}
+
+impl LtHandle {
+    fn create(what: &dyn Fn() -> String) -> GpuResult<Self> {
+        let raw = lt_check("cublasLtCreate", lt::create_handle(), what)?;
+        Ok(Self { raw })
+    }
+
+    pub(crate) fn raw(&self) -> lts::cublasLtHandle_t {
+        self.raw
+    }
+
+    /// Destroys the handle on its worker. After a sticky error the library may fail to destroy
+    /// it: the handle is leaked then, as the other handles are.
+    fn destroy(self, device_failed: bool) {
+        if !device_failed {
+            // SAFETY: made by `cublasLtCreate` and destroyed once: `self` is consumed. A
+            // failure leaves nothing to do at shutdown.
+            let _ = unsafe { lt::destroy_handle(self.raw) };
+        }
+    }
+}
+
 /// A worker's cuSOLVER (dense) handle: cudarc's `DnHandle`, and the stream it was last set to
 /// by a node (`None`: set at the next use).
 struct SolverHandle {
@@ -189,6 +247,7 @@ impl SolverHandle {
 struct StreamSpace {
     stream: StreamRef,
     blas: Option<DeviceAlloc>,
+    lt: Option<DeviceAlloc>,
     solver: Option<DeviceAlloc>,
     solver_bytes: usize,
 }
@@ -197,6 +256,7 @@ struct StreamSpace {
 #[derive(Default)]
 pub(crate) struct WorkerLibs {
     pub(crate) blas: RefCell<Option<BlasHandle>>,
+    lt: RefCell<Option<LtHandle>>,
     solver: RefCell<Option<SolverHandle>>,
     spaces: RefCell<Vec<StreamSpace>>,
 }
@@ -210,6 +270,7 @@ impl WorkerLibs {
                 spaces.push(StreamSpace {
                     stream,
                     blas: None,
+                    lt: None,
                     solver: None,
                     solver_bytes: 0,
                 });
@@ -232,6 +293,62 @@ impl WorkerLibs {
             *self.blas.borrow_mut() = Some(BlasHandle::create(stream, what)?);
         }
         Ok(())
+    }
+
+    /// Whether this worker's cuBLASLt handle exists (`held`: the error when its cell is
+    /// borrowed, which a nested node could only meet through a bug).
+    pub(crate) fn has_lt(&self, held: &dyn Fn() -> GpuError) -> GpuResult<bool> {
+        Ok(self.lt.try_borrow().map_err(|_| held())?.is_some())
+    }
+
+    /// Creates the cuBLASLt handle unless it exists (a missing libcublasLt is an error naming
+    /// `what`, never a panic).
+    pub(crate) fn ensure_lt(
+        &self,
+        what: &dyn Fn() -> String,
+        held: &dyn Fn() -> GpuError,
+    ) -> GpuResult<()> {
+        let mut h = self.lt.try_borrow_mut().map_err(|_| held())?;
+        if h.is_none() {
+            if !Library::BlasLt.present() {
+                return Err(Library::BlasLt.missing_error(&what()));
+            }
+            *h = Some(LtHandle::create(what)?);
+        }
+        Ok(())
+    }
+
+    /// The raw cuBLASLt handle (made by [`ensure_lt`](Self::ensure_lt)).
+    pub(crate) fn lt_raw(
+        &self,
+        held: &dyn Fn() -> GpuError,
+    ) -> GpuResult<Option<lts::cublasLtHandle_t>> {
+        Ok(self
+            .lt
+            .try_borrow()
+            .map_err(|_| held())?
+            .as_ref()
+            .map(LtHandle::raw))
+    }
+
+    /// This worker's cuBLASLt workspace for `stream` ([`LT_WORKSPACE_BYTES`], made at the
+    /// stream's first use, in its order).
+    pub(crate) fn lt_workspace(
+        &self,
+        ctx: Ctx,
+        stream: StreamRef,
+        what: &dyn Fn() -> String,
+    ) -> GpuResult<u64> {
+        self.space(stream, |sp| {
+            let ws = match &sp.lt {
+                Some(a) => a,
+                None => sp.lt.insert(
+                    driver::mem_alloc_async(ctx, LT_WORKSPACE_BYTES, stream)
+                        .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?,
+                ),
+            };
+            Ok::<u64, GpuError>(ws.addr())
+        })
     }
 
     /// Creates the cuSOLVER handle (on `stream`) unless it exists.
@@ -320,11 +437,14 @@ impl WorkerLibs {
     /// worker, its context still current.
     pub(crate) fn shutdown(self, ctx: Ctx, device_failed: bool) {
         for sp in self.spaces.into_inner() {
-            for a in [sp.blas, sp.solver].into_iter().flatten() {
+            for a in [sp.blas, sp.lt, sp.solver].into_iter().flatten() {
                 let _ = a.free_async(ctx, sp.stream);
             }
         }
         if let Some(h) = self.blas.into_inner() {
+            h.destroy(device_failed);
+        }
+        if let Some(h) = self.lt.into_inner() {
             h.destroy(device_failed);
         }
         if let Some(h) = self.solver.into_inner() {
@@ -343,6 +463,9 @@ mod tests {
         assert_eq!(e.kind(), GpuErrorKind::LibraryMissing);
         assert!(e.message().starts_with("node 'potrf(0)'"), "{e}");
         assert!(e.message().contains("cuSOLVER (libcusolver)"), "{e}");
+        let e = Library::BlasLt.missing_error("node 'lt' of graph 'g' on device 0");
+        assert_eq!(e.kind(), GpuErrorKind::LibraryMissing);
+        assert!(e.message().contains("cuBLASLt (libcublasLt)"), "{e}");
         let e = Library::Blas.missing_error("");
         assert!(
             e.message()

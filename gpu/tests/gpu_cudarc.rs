@@ -1,7 +1,9 @@
 //! cudarc inside nodes: a node's stream and context as cudarc's types, cudarc kernels through
 //! `launch_builder`, typed cuBLAS GEMMs in every precision (`GpuCtx::cublas`), buffers moving
-//! between `DeviceBuffer` and `CudaSlice` without a copy and dropped on foreign threads, and a
-//! replayed chain of GEMMs and cudarc kernels against its eager run with changing inputs.
+//! between `DeviceBuffer` and `CudaSlice` without a copy and dropped on foreign threads, a
+//! replayed chain of GEMMs and cudarc kernels against its eager run with changing inputs, and
+//! the worker's cuBLASLt (`GpuCtx::cublaslt`): matmuls with bias / ReLU / GELU epilogues in
+//! every precision, eager (also in a nested node on another level's stream) and replayed.
 
 mod common;
 
@@ -10,13 +12,14 @@ use std::time::{Duration, Instant};
 
 use boundpool_gpu::cudarc::cublas::sys::cublasOperation_t;
 use boundpool_gpu::cudarc::cublas::{Gemm, GemmConfig, StridedBatchedConfig};
+use boundpool_gpu::cudarc::cublaslt::{Activation, MatmulConfig};
 use boundpool_gpu::cudarc::driver::{
     CudaFunction, CudaSlice, LaunchConfig as CuLaunch, PushKernelArg,
 };
 use boundpool_gpu::half::{bf16, f16};
 use boundpool_gpu::{
-    DeviceBuffer, Devices, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, ReplayBuilder,
-    ReplayCtx,
+    DeviceBuffer, DeviceCopy, Devices, GpuCtx, GpuGraphBuilder, GpuGraphExt, GpuPool,
+    GpuPoolBuilder, LtElement, Priority, ReplayBuilder, ReplayCtx,
 };
 use common::{chain, GpuTest};
 
@@ -623,4 +626,467 @@ fn cublaslt_matmul_with_a_bias_and_relu_epilogue_on_the_nodes_stream() {
         "cuBLASLt bf16 matmul + bias + ReLU: relative error {e}"
     );
     wait_for_no_buffers(&p);
+}
+
+/// A plain (unbatched) column-major `m`×`n` cuBLASLt matmul with inner dimension `k`.
+fn lt_cfg(m: usize, n: usize, k: usize) -> MatmulConfig {
+    MatmulConfig {
+        transa: false,
+        transb: false,
+        transc: false,
+        m: m as u64,
+        n: n as u64,
+        k: k as u64,
+        alpha: 1.0,
+        lda: m as i64,
+        ldb: k as i64,
+        beta: 0.0,
+        ldc: m as i64,
+        stride_a: None,
+        stride_b: None,
+        stride_c: None,
+        stride_bias: None,
+        batch_size: None,
+    }
+}
+
+/// GELU as cuBLASLt's epilogue computes it (the tanh approximation).
+fn gelu(x: f64) -> f64 {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// The host's `act(A B + bias)` (column-major, `bias` per row), in f64.
+fn host_lt(
+    a: &[f32],
+    b: &[f32],
+    bias: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    act: Option<fn(f64) -> f64>,
+) -> Vec<f64> {
+    let mut c = host_gemm(a, b, m, n, k);
+    for j in 0..n {
+        for i in 0..m {
+            let v = &mut c[i + j * m];
+            *v += bias[i] as f64;
+            if let Some(f) = act {
+                *v = f(*v);
+            }
+        }
+    }
+    c
+}
+
+/// `act(A B + bias)` through `GpuCtx::cublaslt` on this node's stream, from host data.
+fn lt_on<T: LtElement + DeviceCopy + Default>(
+    ctx: &GpuCtx<'_, '_>,
+    a: &[T],
+    b: &[T],
+    bias: &[T],
+    relu: bool,
+) -> Result<Vec<T>, boundpool_gpu::BoxError> {
+    let (ad, bd, biasd) = (ctx.upload(a)?, ctx.upload(b)?, ctx.upload(bias)?);
+    let mut c = ctx.alloc_zeros::<T>(M * N)?;
+    let act = relu.then_some(Activation::Relu);
+    // SAFETY: M×K times K×N into M×N, a bias of M, column-major; the buffers live until the
+    // download below has waited for the node's work.
+    unsafe {
+        ctx.cublaslt()?.matmul(
+            lt_cfg(M, N, K),
+            &*ad,
+            &*bd,
+            &mut *c,
+            Some(&*biasd),
+            act.as_ref(),
+        )?
+    };
+    Ok(ctx.download(&c)?)
+}
+
+/// One cuBLASLt matmul + bias (+ ReLU) through `GpuCtx::cublaslt` against the host.
+fn check_lt<T>(
+    p: &GpuPool,
+    seed: u64,
+    of: fn(f32) -> T,
+    to: fn(&T) -> f64,
+    tol: f64,
+    relu: bool,
+    what: &str,
+) where
+    T: LtElement + DeviceCopy + Default + Send + Sync,
+{
+    let (a, b, bias) = (
+        values(M * K, seed),
+        values(K * N, seed + 1),
+        values(M, seed + 2),
+    );
+    let r = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| to(&of(x)) as f32).collect() };
+    let act: Option<fn(f64) -> f64> = relu.then_some(|v: f64| v.max(0.0));
+    let want = host_lt(&r(&a), &r(&b), &r(&bias), M, N, K, act);
+    let d = p.devices()[0].clone();
+    let got = p
+        .call(&d, move |ctx| {
+            let t = |v: &[f32]| v.iter().map(|&x| of(x)).collect::<Vec<T>>();
+            lt_on(ctx, &t(&a), &t(&b), &t(&bias), relu)
+        })
+        .unwrap_or_else(|e| panic!("{what}: {}", chain(&e)));
+    let got: Vec<f64> = got.iter().map(to).collect();
+    let e = rel_err(&got, &want);
+    eprintln!("cuBLASLt {what}: relative error {e:.2e}");
+    assert!(
+        e < tol,
+        "cuBLASLt {what}: relative error {e} (tolerance {tol})"
+    );
+}
+
+#[test]
+fn cublaslt_matmul_in_every_precision_with_bias_and_relu_matches_the_host() {
+    let name = "cublaslt_matmul_in_every_precision_with_bias_and_relu_matches_the_host";
+    let Some(_t) = GpuTest::start(name, 120) else {
+        return;
+    };
+    let p = pool(2, 1);
+    // f32 computes in TF32 (cudarc's compute type for f32): about 1e-3 relative.
+    for (relu, seed) in [(false, 200), (true, 210)] {
+        let tag = |t: &str| format!("{t} + bias{}", if relu { " + ReLU" } else { "" });
+        check_lt(&p, seed, |v| v, |v| *v as f64, 5e-3, relu, &tag("f32"));
+        check_lt(
+            &p,
+            seed + 3,
+            f16::from_f32,
+            |v| v.to_f64(),
+            5e-3,
+            relu,
+            &tag("f16"),
+        );
+        check_lt(
+            &p,
+            seed + 6,
+            bf16::from_f32,
+            |v| v.to_f64(),
+            2e-2,
+            relu,
+            &tag("bf16"),
+        );
+    }
+    // Strided-batched f32 with a bias per batch: three products in one call.
+    let batch = 3;
+    let (a, b, bias) = (
+        values(M * K * batch, 230),
+        values(K * N * batch, 231),
+        values(M * batch, 232),
+    );
+    let d = p.devices()[0].clone();
+    let (ha, hb, hbias) = (a.clone(), b.clone(), bias.clone());
+    let got = p
+        .call(&d, move |ctx| {
+            let (ad, bd, biasd) = (ctx.upload(&ha)?, ctx.upload(&hb)?, ctx.upload(&hbias)?);
+            let mut c = ctx.alloc_zeros::<f32>(M * N * batch)?;
+            let cfg = MatmulConfig {
+                stride_a: Some((M * K) as i64),
+                stride_b: Some((K * N) as i64),
+                stride_c: Some((M * N) as i64),
+                stride_bias: Some(M as i64),
+                batch_size: Some(batch as i32),
+                ..lt_cfg(M, N, K)
+            };
+            // SAFETY: `batch` packed column-major products and biases of the shapes above.
+            unsafe {
+                ctx.cublaslt()?
+                    .matmul(cfg, &*ad, &*bd, &mut *c, Some(&*biasd), None)?
+            };
+            Ok(ctx.download(&c)?)
+        })
+        .unwrap_or_else(|e| panic!("batched: {}", chain(&e)));
+    for i in 0..batch {
+        let want = host_lt(
+            &a[i * M * K..(i + 1) * M * K],
+            &b[i * K * N..(i + 1) * K * N],
+            &bias[i * M..(i + 1) * M],
+            M,
+            N,
+            K,
+            None,
+        );
+        let got: Vec<f64> = got[i * M * N..(i + 1) * M * N]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let e = rel_err(&got, &want);
+        assert!(e < 5e-3, "batched product {i}: relative error {e}");
+    }
+    // A config the buffers are too short for is refused before any library call.
+    let err = p
+        .call(&d, move |ctx| {
+            let (ad, bd) = (
+                ctx.alloc_zeros::<f32>(M * K - 1)?,
+                ctx.alloc_zeros::<f32>(K * N)?,
+            );
+            let mut c = ctx.alloc_zeros::<f32>(M * N)?;
+            // SAFETY: the call is refused: A is one element short.
+            unsafe {
+                ctx.cublaslt()?.matmul(
+                    lt_cfg(M, N, K),
+                    &*ad,
+                    &*bd,
+                    &mut *c,
+                    None::<&CudaSlice<f32>>,
+                    None,
+                )?
+            };
+            Ok(())
+        })
+        .unwrap_err();
+    let msg = chain(&err);
+    assert!(
+        msg.contains("cublasLtMatmul: A holds 6143 elements, the config needs 6144"),
+        "{msg}"
+    );
+    wait_for_no_buffers(&p);
+    drop(p);
+}
+
+#[test]
+fn cublaslt_in_a_node_nested_on_another_levels_stream_of_the_same_worker() {
+    let name = "cublaslt_in_a_node_nested_on_another_levels_stream_of_the_same_worker";
+    let Some(_t) = GpuTest::start(name, 120) else {
+        return;
+    };
+    // One worker: the nested node runs on it while the outer body waits.
+    let p = pool(1, 1);
+    let d = p.devices()[0].clone();
+    let (a, b, bias) = (values(M * K, 300), values(K * N, 301), values(M, 302));
+    let want = host_lt(&a, &b, &bias, M, N, K, Some(|v: f64| v.max(0.0)));
+    let (ha, hb, hbias, dn) = (a.clone(), b.clone(), bias.clone(), d.clone());
+    let r = p
+        .call(&d, move |ctx| {
+            // The outer node's handle stays in use across the nested graph.
+            let lt = ctx.cublaslt()?;
+            let (ad, bd, biasd) = (ctx.upload(&ha)?, ctx.upload(&hb)?, ctx.upload(&hbias)?);
+            let mut c1 = ctx.alloc_zeros::<f32>(M * N)?;
+            let mut c2 = ctx.alloc_zeros::<f32>(M * N)?;
+            let relu = Some(&Activation::Relu);
+            // SAFETY: M×K times K×N into M×N, a bias of M; alive until the downloads.
+            unsafe { lt.matmul(lt_cfg(M, N, K), &*ad, &*bd, &mut *c1, Some(&*biasd), relu)? };
+            let mut g = GpuGraphBuilder::new("nested lt");
+            let (na, nb, nbias) = (ha.clone(), hb.clone(), hbias.clone());
+            let inner = g.gpu_node(&dn, "inner lt", move |ictx| {
+                let out = lt_on(ictx, &na, &nb, &nbias, true)?;
+                let who = ictx.node().worker_info().name.clone();
+                Ok((out, ictx.raw_stream(), who))
+            });
+            g.node_priority(inner, Priority::High);
+            let graph = g.build()?;
+            let mut out = ctx.node().submit(&graph)?.wait()?;
+            let (inner_c, inner_stream, inner_worker) = out.take(inner).expect("inner output");
+            // The outer handle and its workspace are still good after the nested node.
+            // SAFETY: as above.
+            unsafe { lt.matmul(lt_cfg(M, N, K), &*ad, &*bd, &mut *c2, Some(&*biasd), relu)? };
+            let outer_worker = ctx.node().worker_info().name.clone();
+            Ok((
+                ctx.download(&c1)?,
+                ctx.download(&c2)?,
+                inner_c,
+                (ctx.raw_stream(), inner_stream),
+                (outer_worker, inner_worker),
+            ))
+        })
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let (c1, c2, inner, (outer_s, inner_s), (outer_w, inner_w)) = r;
+    assert_eq!(outer_w, inner_w, "the nested node ran on another worker");
+    assert_ne!(outer_s, inner_s, "a high node on the normal stream");
+    for (what, got) in [("outer", &c1), ("outer again", &c2), ("nested", &inner)] {
+        let got: Vec<f64> = got.iter().map(|&v| v as f64).collect();
+        let e = rel_err(&got, &want);
+        assert!(e < 5e-3, "{what}: relative error {e}");
+    }
+    assert_eq!(c1, inner, "the same matmul on two streams differs");
+    wait_for_no_buffers(&p);
+    drop(p);
+}
+
+#[test]
+fn a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_inputs() {
+    let name = "a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_inputs";
+    let Some(_t) = GpuTest::start(name, 180) else {
+        return;
+    };
+    let p = pool(4, 1);
+    let d = p.devices()[0].clone();
+    let tr = |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(truncate_bf16).collect() };
+    let (w1, b1) = (values(K * K, 401), values(M, 402));
+    let (w2, b2) = (values(K * N, 403), values(M, 404));
+    let (wb, bb) = (tr(values(K * N, 405)), tr(values(M, 406)));
+    let to16 = |v: &[f32]| -> Vec<bf16> { v.iter().map(|&x| bf16::from_f32(x)).collect() };
+    let (hw1, hb1, hw2, hb2, hwb, hbb) = (
+        w1.clone(),
+        b1.clone(),
+        w2.clone(),
+        b2.clone(),
+        to16(&wb),
+        to16(&bb),
+    );
+    // Static buffers: the run's input (written by an eager node every run) and the weights.
+    let (x, weights) = p
+        .call(&d, move |ctx| {
+            Ok((
+                ctx.alloc_zeros::<f32>(M * K)?,
+                (
+                    ctx.upload(&hw1)?,
+                    ctx.upload(&hb1)?,
+                    ctx.upload(&hw2)?,
+                    ctx.upload(&hb2)?,
+                    ctx.upload(&hwb)?,
+                    ctx.upload(&hbb)?,
+                ),
+            ))
+        })
+        .unwrap();
+    let x = Arc::new(x);
+    let ws = Arc::new(weights);
+    let input: Arc<Mutex<Vec<f32>>> = Arc::new(Mutex::new(values(M * K, 100)));
+
+    let mut b = ReplayBuilder::new("lt chain");
+    let (xi, inp) = (x.clone(), input.clone());
+    let load = b.eager_gpu_node(&d, "load input", move |c: &ReplayCtx<'_, '_>| {
+        let host = inp.lock().unwrap().clone();
+        c.copy_into(&host, &xi)?;
+        Ok(())
+    });
+    let (xi, w) = (x.clone(), ws.clone());
+    // H = 0.5 (X W1 + b1) + 0.25: an f32 cuBLASLt matmul with a bias epilogue, then a cudarc
+    // kernel, in one node.
+    let h = b.gpu_node(&d, "lt f32 + bias, affine", move |c: &ReplayCtx<'_, '_>| {
+        let g = c.gpu()?;
+        let mut h = g.alloc::<f32>(M * K)?;
+        // SAFETY: M×K times K×K into M×K plus a bias of M, column-major.
+        unsafe {
+            g.cublaslt()?
+                .matmul(lt_cfg(M, K, K), &**xi, &*w.0, &mut *h, Some(&*w.1), None)?
+        };
+        let k = g.state::<Kernels>()?;
+        let n = (M * K) as u32;
+        // SAFETY: affine(float, float, float*, unsigned) over `n` elements of `h`.
+        unsafe {
+            g.stream()
+                .launch_builder(&k.affine)
+                .arg(&0.5f32)
+                .arg(&0.25f32)
+                .arg(h.as_cuda_slice_mut())
+                .arg(&n)
+                .launch(CuLaunch::for_num_elems(n))?;
+        }
+        Ok(h)
+    });
+    let w = ws.clone();
+    // Y = ReLU(H W2 + b2) in f32, beside the bf16 branch.
+    let y = b.gpu_node(&d, "lt f32 + bias + relu", move |c: &ReplayCtx<'_, '_>| {
+        let g = c.gpu()?;
+        let hv = c.input(h)?;
+        let mut y = g.alloc::<f32>(M * N)?;
+        // SAFETY: M×K times K×N into M×N plus a bias of M.
+        unsafe {
+            g.cublaslt()?.matmul(
+                lt_cfg(M, N, K),
+                &**hv,
+                &*w.2,
+                &mut *y,
+                Some(&*w.3),
+                Some(&Activation::Relu),
+            )?
+        };
+        Ok(y)
+    });
+    let w = ws.clone();
+    // Z = GELU(bf16(H) Wb + bb) in bf16.
+    let z = b.gpu_node(&d, "lt bf16 + bias + gelu", move |c: &ReplayCtx<'_, '_>| {
+        let g = c.gpu()?;
+        let hv = c.input(h)?;
+        let k = g.state::<Kernels>()?;
+        let mut h16 = g.alloc::<u16>(M * K)?;
+        let n = (M * K) as u32;
+        // SAFETY: to_bf16(const float*, unsigned short*, unsigned) over `n` elements.
+        unsafe {
+            g.stream()
+                .launch_builder(&k.to_bf16)
+                .arg(hv.as_cuda_slice())
+                .arg(h16.as_cuda_slice_mut())
+                .arg(&n)
+                .launch(CuLaunch::for_num_elems(n))?;
+        }
+        // SAFETY: u16 and bf16 have the same size and every bit pattern is a bf16; the
+        // buffer's memory is reinterpreted, not freed.
+        let h16b = unsafe { h16.transmute::<bf16>(M * K) }.expect("same size");
+        let mut z = g.alloc::<bf16>(M * N)?;
+        // SAFETY: M×K times K×N into M×N plus a bias of M.
+        unsafe {
+            g.cublaslt()?.matmul(
+                lt_cfg(M, N, K),
+                &h16b,
+                &*w.4,
+                &mut *z,
+                Some(&*w.5),
+                Some(&Activation::Gelu),
+            )?
+        };
+        Ok((z, h16))
+    });
+    let read = b.eager_gpu_node(&d, "read", move |c: &ReplayCtx<'_, '_>| {
+        let g = c.gpu()?;
+        let yv = g.download(&*c.input(y)?)?;
+        let zv: Vec<bf16> = g.download(&c.input(z)?.0)?;
+        Ok((yv, zv.iter().map(|v| v.to_f32()).collect::<Vec<f32>>()))
+    });
+    b.edge(load, h)
+        .edge(h, y)
+        .edge(h, z)
+        .edge(y, read)
+        .edge(z, read);
+    let r = b.build().unwrap();
+    for run in 0..30u64 {
+        let xs = values(M * K, 2000 + run);
+        *input.lock().unwrap() = xs.clone();
+        let out = r
+            .run(&p)
+            .unwrap_or_else(|e| panic!("replay run {run}: {}", chain(&e)));
+        let (ry, rz) = (*out.get(read).unwrap()).clone();
+        let eager = r
+            .run_eager(&p)
+            .unwrap_or_else(|e| panic!("eager run {run}: {}", chain(&e)));
+        let (ey, ez) = (*eager.get(read).unwrap()).clone();
+        assert_eq!(
+            ry, ey,
+            "run {run}: replayed f32 matmul differs from its eager run"
+        );
+        assert_eq!(
+            rz, ez,
+            "run {run}: replayed bf16 matmul differs from its eager run"
+        );
+        // And both against the host (f32 is TF32 in cuBLASLt).
+        let hh: Vec<f32> = host_lt(&xs, &w1, &b1, M, K, K, None)
+            .iter()
+            .map(|&v| 0.5 * v as f32 + 0.25)
+            .collect();
+        let wy = host_lt(&hh, &w2, &b2, M, N, K, Some(|v: f64| v.max(0.0)));
+        let ey64: Vec<f64> = ey.iter().map(|&v| v as f64).collect();
+        let e = rel_err(&ey64, &wy);
+        assert!(e < 5e-3, "run {run}: f32 chain vs host: {e}");
+        let hb: Vec<f32> = hh.iter().map(|&v| truncate_bf16(v)).collect();
+        let wz = host_lt(&hb, &wb, &bb, M, N, K, Some(gelu));
+        let ez64: Vec<f64> = ez.iter().map(|&v| v as f64).collect();
+        let e = rel_err(&ez64, &wz);
+        assert!(e < 3e-2, "run {run}: bf16 matmul + GELU vs host: {e}");
+    }
+    let s = r.stats();
+    assert_eq!(
+        s.captures, 1,
+        "one segment, captured once, replayed after: {s:?}"
+    );
+    assert_eq!(s.failed_captures, 0, "{s:?}");
+    drop(r);
+    drop((x, ws));
+    wait_for_no_buffers(&p);
+    drop(p);
 }
