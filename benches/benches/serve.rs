@@ -8,7 +8,9 @@
 //!
 //! `cargo bench -p boundpool-bench --bench serve [-- --seconds S --clients 1,8,32 --workers W
 //! --spin-us U --idle-spin-us U --no-torch --json]` (`--spin-us`: the pool's `wait_spin`,
-//! default 50 us; `--idle-spin-us`: its `idle_spin`, default the pool's 20 us); from a packed binary, run it from the repository root (the script's
+//! default 50 us; `--idle-spin-us`: its `idle_spin`, default the pool's 20 us; `--gemm
+//! cublas`: cuBLAS GEMMs and a bias + GELU kernel instead of cuBLASLt with the bias in its
+//! epilogue and a GELU kernel); from a packed binary, run it from the repository root (the script's
 //! path). Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
 
 #[path = "../../examples/serve/model.rs"]
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant};
 use boundpool::gpu::cudarc::cublas::{CudaBlas, Gemm};
 use boundpool::gpu::half::bf16;
 use boundpool::gpu::{gpu_unavailable_reason, Devices, GpuPool, GpuPoolBuilder, Priority};
-use model::{check, Elem, ServedModel, Shape, Weights};
+use model::{check, Elem, GemmPath, ServedModel, Shape, Weights};
 use serde_json::{json, Value};
 
 const SHAPE: Shape = Shape {
@@ -36,6 +38,7 @@ struct Args {
     workers: usize,
     spin_us: u64,
     idle_spin_us: Option<u64>,
+    gemm: GemmPath,
     torch: bool,
     json: bool,
 }
@@ -56,6 +59,10 @@ fn args() -> Args {
         workers: val("--workers").and_then(|v| v.parse().ok()).unwrap_or(8),
         spin_us: val("--spin-us").and_then(|v| v.parse().ok()).unwrap_or(50),
         idle_spin_us: val("--idle-spin-us").and_then(|v| v.parse().ok()),
+        gemm: match val("--gemm").as_deref() {
+            Some("cublas") => GemmPath::Cublas,
+            _ => GemmPath::Lt,
+        },
         torch: !a.iter().any(|x| x == "--no-torch"),
         json: a.iter().any(|x| x == "--json"),
     }
@@ -94,16 +101,16 @@ impl<T: Elem> Bench<T>
 where
     CudaBlas: Gemm<T>,
 {
-    fn new(pool: &GpuPool, instances: usize) -> Self {
+    fn new(pool: &GpuPool, instances: usize, gemm: GemmPath) -> Self {
         let host = Weights::<T>::new(SHAPE, 1);
         let device = pool.device(0).expect("device 0").clone();
         let w = model::upload_weights(pool, &device, &host).expect("weights upload");
         let inputs: Vec<Vec<T>> = (0..INPUTS).map(|k| host.request(k)).collect();
         let want = inputs.iter().map(|x| host.reference(x)).collect();
         Self {
-            normal: ServedModel::new(&device, SHAPE, w.clone(), instances, Priority::Normal)
+            normal: ServedModel::new(&device, SHAPE, w.clone(), instances, Priority::Normal, gemm)
                 .expect("model"),
-            high: ServedModel::new(&device, SHAPE, w, 1, Priority::High).expect("model"),
+            high: ServedModel::new(&device, SHAPE, w, 1, Priority::High, gemm).expect("model"),
             inputs,
             want,
         }
@@ -217,12 +224,12 @@ fn run_dtype<T: Elem>(pool: &GpuPool, a: &Args, out: &mut Vec<Value>)
 where
     CudaBlas: Gemm<T>,
 {
-    let b = Bench::<T>::new(pool, a.clients.iter().copied().max().unwrap_or(8));
+    let b = Bench::<T>::new(pool, a.clients.iter().copied().max().unwrap_or(8), a.gemm);
     for &eager in &[false, true] {
         for &c in &a.clients {
             let (r, _) = b.serve(pool, c, eager, false, a.seconds);
             let v = json!({"impl": "boundpool", "dtype": T::NAME, "mode": if eager {"eager"} else {"graph"},
-                "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
+                "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "gemm": format!("{:?}", a.gemm), "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
                 "p50_us": r.pct(0.5), "p99_us": r.pct(0.99)});
             line(&v, a.json);
             out.push(v);

@@ -27,7 +27,7 @@ use boundpool::gpu::{
 };
 use boundpool::observe::install_prometheus;
 use boundpool::{Cores, GraphBuilder, PoolBuilder};
-use model::{check, Elem, ServedModel, Shape, Weights, LAYERS};
+use model::{check, Elem, GemmPath, ServedModel, Shape, Weights, LAYERS};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -97,6 +97,7 @@ where
         weights,
         THREAD_CLIENTS + TASK_CLIENTS,
         Priority::Normal,
+        GemmPath::Lt,
     )?);
     let inputs: Vec<Vec<T>> = (0..INPUTS).map(|k| host.request(k)).collect();
     let want: Arc<Vec<Vec<T>>> = Arc::new(inputs.iter().map(|x| host.reference(x)).collect());

@@ -10,11 +10,12 @@ use std::sync::{Arc, Mutex};
 
 use boundpool::gpu::cudarc::cublas::sys::cublasOperation_t;
 use boundpool::gpu::cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use boundpool::gpu::cudarc::cublaslt::MatmulConfig;
 use boundpool::gpu::half::bf16;
 use boundpool::gpu::{
     BoxError, DeviceBuffer, DeviceCopy, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
-    GpuResult, Kernel, LaunchConfig, Module, PinnedBuffer, Priority, RNode, ReplayBuilder,
-    ReplayCtx, Replayable, RunInputs,
+    GpuResult, Kernel, LaunchConfig, LtElement, Module, PinnedBuffer, Priority, RNode,
+    ReplayBuilder, ReplayCtx, Replayable, RunInputs,
 };
 
 /// Linear layers in the model.
@@ -40,14 +41,35 @@ extern "C" __global__ void bias_gelu_bf16(unsigned short* y, const unsigned shor
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < rows * cols) y[i] = f2bf(gelu(bf2f(y[i]) + bf2f(bias[i % cols])));
 }
+extern "C" __global__ void gelu_f32(float* y, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = gelu(y[i]);
+}
+extern "C" __global__ void gelu_bf16(unsigned short* y, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f2bf(gelu(bf2f(y[i])));
+}
 "#;
 
+/// How a layer's GEMM runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmPath {
+    /// cuBLASLt with the bias in its epilogue (as PyTorch's `Linear`), then a GELU kernel.
+    Lt,
+    /// cuBLAS (`cublasGemmEx` / `cublasSgemm`), then a bias + GELU kernel.
+    Cublas,
+}
+
 /// An element type the model runs in.
-pub trait Elem: DeviceCopy + Copy + PartialEq + Send + Sync + std::fmt::Debug + 'static {
+pub trait Elem:
+    DeviceCopy + LtElement + Copy + PartialEq + Send + Sync + std::fmt::Debug + 'static
+{
     /// "bf16" or "f32".
     const NAME: &'static str;
     /// The bias + GELU kernel's entry point.
     const KERNEL: &'static str;
+    /// The GELU kernel's entry point (after a cuBLASLt GEMM with the bias in its epilogue).
+    const GELU: &'static str;
     /// Tolerance of a served output against the host reference: |got - want| <= tol (1 + |want|).
     const TOL: f32;
     fn from_f32(v: f32) -> Self;
@@ -57,6 +79,7 @@ pub trait Elem: DeviceCopy + Copy + PartialEq + Send + Sync + std::fmt::Debug + 
 impl Elem for f32 {
     const NAME: &'static str = "f32";
     const KERNEL: &'static str = "bias_gelu_f32";
+    const GELU: &'static str = "gelu_f32";
     const TOL: f32 = 1e-4;
     fn from_f32(v: f32) -> Self {
         v
@@ -69,6 +92,7 @@ impl Elem for f32 {
 impl Elem for bf16 {
     const NAME: &'static str = "bf16";
     const KERNEL: &'static str = "bias_gelu_bf16";
+    const GELU: &'static str = "gelu_bf16";
     // One bf16 rounding (2^-8) of a different accumulation order may flip per layer.
     const TOL: f32 = 3e-2;
     fn from_f32(v: f32) -> Self {
@@ -295,8 +319,13 @@ where
         weights: DeviceWeights<T>,
         instances: usize,
         priority: Priority,
+        gemm: GemmPath,
     ) -> GpuResult<Self> {
-        let kernel = Module::from_cuda_source("serve", KERNELS)?.kernel(T::KERNEL)?;
+        let module = Module::from_cuda_source("serve", KERNELS)?;
+        let kernel = module.kernel(match gemm {
+            GemmPath::Lt => T::GELU,
+            GemmPath::Cublas => T::KERNEL,
+        })?;
         let n = shape.batch * shape.dim;
         let pool: IoPool<T> = Arc::default();
         let mut g = ReplayBuilder::new(&format!("serve {}", T::NAME));
@@ -341,10 +370,10 @@ where
                     let lent = c.input(io)?;
                     let io = lent.io();
                     let y = match prev {
-                        Some(p) => layer(c, &w[l], &*c.input(p)?, &k, shape)?,
+                        Some(p) => layer(c, &w[l], &*c.input(p)?, &k, shape, gemm)?,
                         None => {
                             gpu.copy_from_pinned(&io.pin_in, &io.dev_in)?;
-                            layer(c, &w[l], &io.dev_in, &k, shape)?
+                            layer(c, &w[l], &io.dev_in, &k, shape, gemm)?
                         }
                     };
                     if l == LAYERS - 1 {
@@ -389,7 +418,7 @@ where
     }
 }
 
-/// `y = GELU(x W^T + b)` for a row-major `batch` x `dim` `x`: cuBLAS sees the column-major
+/// `y = GELU(x W^T + b)` for a row-major `batch` x `dim` `x`: the BLAS sees the column-major
 /// `dim` x `batch` `y^T = W x^T` (`W` transposed from its row-major `[out][in]`).
 fn layer<T: Elem>(
     c: &ReplayCtx<'_, '_>,
@@ -397,6 +426,7 @@ fn layer<T: Elem>(
     x: &DeviceBuffer<T>,
     kernel: &Kernel,
     shape: Shape,
+    gemm: GemmPath,
 ) -> Result<DeviceBuffer<T>, BoxError>
 where
     CudaBlas: Gemm<T>,
@@ -404,38 +434,81 @@ where
     let gpu = c.gpu()?;
     let (bt, d) = (shape.batch, shape.dim);
     let mut y = gpu.alloc::<T>(bt * d)?;
-    let cfg = GemmConfig {
-        transa: cublasOperation_t::CUBLAS_OP_T,
-        transb: cublasOperation_t::CUBLAS_OP_N,
-        m: d as i32,
-        n: bt as i32,
-        k: d as i32,
-        alpha: T::from_f32(1.0),
-        lda: d as i32,
-        ldb: d as i32,
-        beta: T::from_f32(0.0),
-        ldc: d as i32,
-    };
-    let blas = gpu.cublas()?;
-    // SAFETY: `w` is d x d, `x` and `y` batch x d, as the configuration says.
-    unsafe {
-        blas.gemm(
-            cfg,
-            w.as_cuda_slice(),
-            x.as_cuda_slice(),
-            y.as_cuda_slice_mut(),
-        )?
-    };
-    drop(blas);
-    // SAFETY: `(T* y, const T* bias, u32 rows, u32 cols)` over `y`'s batch x d elements and
-    // `b`'s d; both outlive the launch (node outputs and the shared weights).
-    unsafe {
-        gpu.launch(kernel, LaunchConfig::for_elements(bt * d))
-            .arg(&mut y)
-            .arg(b)
-            .arg(bt as u32)
-            .arg(d as u32)
-            .launch()?;
+    match gemm {
+        GemmPath::Lt => {
+            let cfg = MatmulConfig {
+                transa: true,
+                transb: false,
+                transc: false,
+                m: d as u64,
+                n: bt as u64,
+                k: d as u64,
+                alpha: 1.0,
+                lda: d as i64,
+                ldb: d as i64,
+                beta: 0.0,
+                ldc: d as i64,
+                stride_a: None,
+                stride_b: None,
+                stride_c: None,
+                stride_bias: None,
+                batch_size: None,
+            };
+            // SAFETY: `w` is d x d, `x` and `y` batch x d, `b` d (one per output row of the
+            // column-major product), as the configuration says.
+            unsafe {
+                gpu.cublaslt()?.matmul(
+                    cfg,
+                    w.as_cuda_slice(),
+                    x.as_cuda_slice(),
+                    y.as_cuda_slice_mut(),
+                    Some(b.as_cuda_slice()),
+                    None,
+                )?
+            };
+            // SAFETY: `(T* y, u32 n)` over `y`'s batch x d elements, a node output.
+            unsafe {
+                gpu.launch(kernel, LaunchConfig::for_elements(bt * d))
+                    .arg(&mut y)
+                    .arg((bt * d) as u32)
+                    .launch()?;
+            }
+        }
+        GemmPath::Cublas => {
+            let cfg = GemmConfig {
+                transa: cublasOperation_t::CUBLAS_OP_T,
+                transb: cublasOperation_t::CUBLAS_OP_N,
+                m: d as i32,
+                n: bt as i32,
+                k: d as i32,
+                alpha: T::from_f32(1.0),
+                lda: d as i32,
+                ldb: d as i32,
+                beta: T::from_f32(0.0),
+                ldc: d as i32,
+            };
+            let blas = gpu.cublas()?;
+            // SAFETY: `w` is d x d, `x` and `y` batch x d, as the configuration says.
+            unsafe {
+                blas.gemm(
+                    cfg,
+                    w.as_cuda_slice(),
+                    x.as_cuda_slice(),
+                    y.as_cuda_slice_mut(),
+                )?
+            };
+            drop(blas);
+            // SAFETY: `(T* y, const T* bias, u32 rows, u32 cols)` over `y`'s batch x d
+            // elements and `b`'s d; both outlive the launch (node outputs and the weights).
+            unsafe {
+                gpu.launch(kernel, LaunchConfig::for_elements(bt * d))
+                    .arg(&mut y)
+                    .arg(b)
+                    .arg(bt as u32)
+                    .arg(d as u32)
+                    .launch()?;
+            }
+        }
     }
     Ok(y)
 }

@@ -30,9 +30,9 @@ mod sealed {
 }
 
 /// An element type [`CublasLt::matmul`] takes: `f32`, [`half::f16`], [`half::bf16`] (sealed).
-/// The types and compute types are cudarc's (`Matmul<T> for CudaBlasLT`): `f32` computes in
-/// `CUBLAS_COMPUTE_32F_FAST_TF32` (TF32 tensor cores), `f16` and `bf16` in
-/// `CUBLAS_COMPUTE_32F`; the scale type (`alpha`, `beta`) is `f32` for all three.
+/// All three compute in `CUBLAS_COMPUTE_32F` with an `f32` scale type (`alpha`, `beta`): `f32`
+/// is IEEE single precision, as `cublasSgemm` and PyTorch's default (cudarc's `CudaBlasLT`
+/// computes `f32` in TF32, a tenth of the precision; a user who wants that has cudarc's).
 pub trait LtElement: sealed::Sealed + Copy + 'static {
     /// The CUDA data type of the matrices.
     #[doc(hidden)]
@@ -44,8 +44,7 @@ pub trait LtElement: sealed::Sealed + Copy + 'static {
 
 impl LtElement for f32 {
     const DATA_TYPE: sys::cudaDataType = sys::cudaDataType_t::CUDA_R_32F;
-    const COMPUTE_TYPE: sys::cublasComputeType_t =
-        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32;
+    const COMPUTE_TYPE: sys::cublasComputeType_t = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
 }
 
 impl LtElement for half::f16 {
@@ -493,11 +492,11 @@ mod tests {
     }
 
     #[test]
-    fn element_types_are_cudarcs() {
+    fn element_types_compute_in_f32() {
         assert_eq!(f32::DATA_TYPE, sys::cudaDataType_t::CUDA_R_32F);
         assert_eq!(
             f32::COMPUTE_TYPE,
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
         );
         assert_eq!(half::f16::DATA_TYPE, sys::cudaDataType_t::CUDA_R_16F);
         assert_eq!(half::bf16::DATA_TYPE, sys::cudaDataType_t::CUDA_R_16BF);

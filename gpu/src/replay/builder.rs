@@ -134,7 +134,7 @@ impl ReplayBuilder {
     }
 
     /// An eager GPU node on `device`: run every time (not captured), like a host node, with a
-    /// full [`GpuCtx`] (uploads of per-run inputs into buffers captured nodes made, downloads
+    /// full [`GpuCtx`](crate::GpuCtx) (uploads of per-run inputs into buffers captured nodes made, downloads
     /// of results). It splits segments like a host node.
     pub fn eager_gpu_node<T, F>(&mut self, device: &GpuDevice, name: &str, body: F) -> RNode<T>
     where
