@@ -8,9 +8,11 @@
 //!
 //! `cargo bench -p boundpool-bench --bench serve [-- --seconds S --clients 1,8,32 --workers W
 //! --spin-us U --idle-spin-us U --no-torch --json]` (`--spin-us`: the pool's `wait_spin`,
-//! default 50 us; `--idle-spin-us`: its `idle_spin`, default the pool's 20 us; `--gemm
+//! default 200 us, about a request; `--idle-spin-us`: its `idle_spin`, default 200 us, a pool
+//! tuned for latency: `--spin-us 0 --idle-spin-us 20` is a default pool; `--gemm
 //! cublas`: cuBLAS GEMMs and a bias + GELU kernel instead of cuBLASLt with the bias in its
-//! epilogue and a GELU kernel); from a packed binary, run it from the repository root (the script's
+//! epilogue and a GELU kernel). `-- --breakdown`: instead, one client's requests on a traced
+//! pool, cut into phases from the timeline (median µs each). from a packed binary, run it from the repository root (the script's
 //! path). Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
 
 #[path = "../../examples/serve/model.rs"]
@@ -39,6 +41,7 @@ struct Args {
     spin_us: u64,
     idle_spin_us: Option<u64>,
     gemm: GemmPath,
+    breakdown: bool,
     torch: bool,
     json: bool,
 }
@@ -57,12 +60,17 @@ fn args() -> Args {
             .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect())
             .unwrap_or_else(|| vec![1, 8, 32]),
         workers: val("--workers").and_then(|v| v.parse().ok()).unwrap_or(8),
-        spin_us: val("--spin-us").and_then(|v| v.parse().ok()).unwrap_or(50),
-        idle_spin_us: val("--idle-spin-us").and_then(|v| v.parse().ok()),
+        spin_us: val("--spin-us").and_then(|v| v.parse().ok()).unwrap_or(200),
+        idle_spin_us: Some(
+            val("--idle-spin-us")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(200),
+        ),
         gemm: match val("--gemm").as_deref() {
             Some("cublas") => GemmPath::Cublas,
             _ => GemmPath::Lt,
         },
+        breakdown: a.iter().any(|x| x == "--breakdown"),
         torch: !a.iter().any(|x| x == "--no-torch"),
         json: a.iter().any(|x| x == "--json"),
     }
@@ -357,6 +365,107 @@ fn table(ours: &[Value], theirs: &[Value], a: &Args) {
     }
 }
 
+/// One client's requests on a traced pool, each cut into phases from the timeline: submit to
+/// the first node's start, the staging node, the segment node on its worker (the graph launch),
+/// launch to the device's start of the segment, the segment on the device, device end to the
+/// output node's start (completion seen), output node, its end to the client's return.
+fn breakdown<T: Elem>(pool: &GpuPool, a: &Args)
+where
+    CudaBlas: Gemm<T>,
+{
+    let b = Bench::<T>::new(pool, 1, a.gemm);
+    let m = &b.normal;
+    for k in 0..50 {
+        m.serve(pool, b.inputs[k % 8].clone(), false)
+            .expect("warm-up");
+    }
+    let _ = pool.take_trace();
+    let epoch_probe = pool.take_trace().epoch;
+    let mut windows = Vec::new();
+    for k in 0..300 {
+        let t0 = epoch_probe.elapsed().as_nanos() as u64;
+        let y = m
+            .serve(pool, b.inputs[k % 8].clone(), false)
+            .expect("request");
+        let t1 = epoch_probe.elapsed().as_nanos() as u64;
+        check(&y, &b.want[k % 8]).expect("checked");
+        windows.push((t0, t1));
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    let tr = pool.take_trace();
+    let find = |w: (u64, u64), pred: &dyn Fn(&boundpool::TraceSlice, &str) -> bool| {
+        tr.slices
+            .iter()
+            .find(|s| s.start_ns >= w.0 && s.start_ns <= w.1 && pred(s, &tr.tracks[s.track].name))
+            .map(|s| (s.start_ns, s.end_ns))
+    };
+    let names = [
+        "submit -> first node",
+        "stage input node",
+        "stage end -> segment node start",
+        "segment node (launch)",
+        "launch end -> device start",
+        "segment on the device",
+        "device end -> read node start",
+        "read output node",
+        "read end -> client returns",
+        "total (client)",
+    ];
+    let mut phases: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    let mut cut = 0;
+    for &w in &windows {
+        let node = |n: &str| find(w, &|s, t| s.name == n && !t.starts_with("GPU"));
+        let seg = find(w, &|s, t| {
+            s.name.ends_with("segment 1") && !t.starts_with("GPU")
+        });
+        let dev = find(w, &|s, t| {
+            s.name.ends_with("segment 1") && t.starts_with("GPU")
+        });
+        let first = tr
+            .slices
+            .iter()
+            .filter(|s| {
+                s.start_ns >= w.0
+                    && s.start_ns <= w.1
+                    && matches!(s.kind, boundpool::SliceKind::Node { .. })
+            })
+            .map(|s| s.start_ns)
+            .min();
+        let (Some(st), Some(sg), Some(dv), Some(rd), Some(f)) =
+            (node("stage input"), seg, dev, node("read output"), first)
+        else {
+            cut += 1;
+            continue;
+        };
+        let us = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e3;
+        let v = [
+            us(w.0, f),
+            us(st.0, st.1),
+            us(st.1, sg.0),
+            us(sg.0, sg.1),
+            us(sg.1, dv.0),
+            us(dv.0, dv.1),
+            us(dv.1, rd.0),
+            us(rd.0, rd.1),
+            us(rd.1, w.1),
+            us(w.0, w.1),
+        ];
+        for (p, x) in phases.iter_mut().zip(v) {
+            p.push(x);
+        }
+    }
+    println!(
+        "{} 1 client, {} requests traced ({cut} not matched): median us per phase",
+        T::NAME,
+        phases[0].len()
+    );
+    for (n, p) in names.iter().zip(&mut phases) {
+        p.sort_by(f64::total_cmp);
+        let med = p.get(p.len() / 2).copied().unwrap_or(f64::NAN);
+        println!("| {n} | {med:.1} |");
+    }
+}
+
 fn main() {
     if let Some(why) = gpu_unavailable_reason() {
         eprintln!("SKIPPED serve bench: no GPU: {why}");
@@ -373,6 +482,12 @@ fn main() {
         .wait_spin(Duration::from_micros(a.spin_us));
     if let Some(us) = a.idle_spin_us {
         pool = pool.idle_spin(Duration::from_micros(us));
+    }
+    if a.breakdown {
+        let pool = pool.trace(true).build().expect("GPU pool");
+        breakdown::<bf16>(&pool, &a);
+        breakdown::<f32>(&pool, &a);
+        return;
     }
     let pool = pool.build().expect("GPU pool");
     let mut ours = Vec::new();
