@@ -11,7 +11,8 @@
 //! default 200 us, about a request; `--idle-spin-us`: its `idle_spin`, default 200 us, a pool
 //! tuned for latency: `--spin-us 0 --idle-spin-us 20` is a default pool; `--gemm
 //! cublas`: cuBLAS GEMMs and a bias + GELU kernel instead of cuBLASLt with the bias in its
-//! epilogue and a GELU kernel). `-- --breakdown`: instead, one client's requests on a traced
+//! epilogue and a GELU kernel; `--eager-copies`: the copies in and out as eager nodes around a
+//! copy-free graph). `-- --breakdown`: instead, one client's requests on a traced
 //! pool, cut into phases from the timeline (median µs each). from a packed binary, run it from the repository root (the script's
 //! path). Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
 
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 use boundpool::gpu::cudarc::cublas::{CudaBlas, Gemm};
 use boundpool::gpu::half::bf16;
 use boundpool::gpu::{gpu_unavailable_reason, Devices, GpuPool, GpuPoolBuilder, Priority};
-use model::{check, Elem, GemmPath, ServedModel, Shape, Weights};
+use model::{check, Elem, GemmPath, ServeOptions, ServedModel, Shape, Weights};
 use serde_json::{json, Value};
 
 const SHAPE: Shape = Shape {
@@ -41,6 +42,7 @@ struct Args {
     spin_us: u64,
     idle_spin_us: Option<u64>,
     gemm: GemmPath,
+    copies_in_graph: bool,
     breakdown: bool,
     torch: bool,
     json: bool,
@@ -70,6 +72,7 @@ fn args() -> Args {
             Some("cublas") => GemmPath::Cublas,
             _ => GemmPath::Lt,
         },
+        copies_in_graph: !a.iter().any(|x| x == "--eager-copies"),
         breakdown: a.iter().any(|x| x == "--breakdown"),
         torch: !a.iter().any(|x| x == "--no-torch"),
         json: a.iter().any(|x| x == "--json"),
@@ -109,16 +112,22 @@ impl<T: Elem> Bench<T>
 where
     CudaBlas: Gemm<T>,
 {
-    fn new(pool: &GpuPool, instances: usize, gemm: GemmPath) -> Self {
+    fn new(pool: &GpuPool, instances: usize, a: &Args) -> Self {
         let host = Weights::<T>::new(SHAPE, 1);
         let device = pool.device(0).expect("device 0").clone();
         let w = model::upload_weights(pool, &device, &host).expect("weights upload");
         let inputs: Vec<Vec<T>> = (0..INPUTS).map(|k| host.request(k)).collect();
         let want = inputs.iter().map(|x| host.reference(x)).collect();
+        let opts = |instances, priority| ServeOptions {
+            instances,
+            priority,
+            gemm: a.gemm,
+            copies_in_graph: a.copies_in_graph,
+        };
         Self {
-            normal: ServedModel::new(&device, SHAPE, w.clone(), instances, Priority::Normal, gemm)
+            normal: ServedModel::new(&device, SHAPE, w.clone(), opts(instances, Priority::Normal))
                 .expect("model"),
-            high: ServedModel::new(&device, SHAPE, w, 1, Priority::High, gemm).expect("model"),
+            high: ServedModel::new(&device, SHAPE, w, opts(1, Priority::High)).expect("model"),
             inputs,
             want,
         }
@@ -232,12 +241,12 @@ fn run_dtype<T: Elem>(pool: &GpuPool, a: &Args, out: &mut Vec<Value>)
 where
     CudaBlas: Gemm<T>,
 {
-    let b = Bench::<T>::new(pool, a.clients.iter().copied().max().unwrap_or(8), a.gemm);
+    let b = Bench::<T>::new(pool, a.clients.iter().copied().max().unwrap_or(8), a);
     for &eager in &[false, true] {
         for &c in &a.clients {
             let (r, _) = b.serve(pool, c, eager, false, a.seconds);
             let v = json!({"impl": "boundpool", "dtype": T::NAME, "mode": if eager {"eager"} else {"graph"},
-                "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "gemm": format!("{:?}", a.gemm), "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
+                "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "gemm": format!("{:?}", a.gemm), "copies_in_graph": a.copies_in_graph, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
                 "p50_us": r.pct(0.5), "p99_us": r.pct(0.99)});
             line(&v, a.json);
             out.push(v);
@@ -373,7 +382,7 @@ fn breakdown<T: Elem>(pool: &GpuPool, a: &Args)
 where
     CudaBlas: Gemm<T>,
 {
-    let b = Bench::<T>::new(pool, 1, a.gemm);
+    let b = Bench::<T>::new(pool, 1, a);
     let m = &b.normal;
     for k in 0..50 {
         m.serve(pool, b.inputs[k % 8].clone(), false)

@@ -22,12 +22,10 @@ use std::time::Instant;
 
 use boundpool::gpu::cudarc::cublas::{CudaBlas, Gemm};
 use boundpool::gpu::half::bf16;
-use boundpool::gpu::{
-    gpu_unavailable_reason, Devices, GpuPool, GpuPoolBuilder, Priority, RunInputs,
-};
+use boundpool::gpu::{gpu_unavailable_reason, Devices, GpuPool, GpuPoolBuilder, RunInputs};
 use boundpool::observe::install_prometheus;
 use boundpool::{Cores, GraphBuilder, PoolBuilder};
-use model::{check, Elem, GemmPath, ServedModel, Shape, Weights, LAYERS};
+use model::{check, Elem, ServeOptions, ServedModel, Shape, Weights, LAYERS};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -93,14 +91,11 @@ where
     let host = Weights::<T>::new(shape, 1);
     let device = pool.device(0).expect("device 0").clone();
     let weights = model::upload_weights(pool, &device, &host)?;
-    let served = Arc::new(ServedModel::new(
-        &device,
-        shape,
-        weights,
-        THREAD_CLIENTS + TASK_CLIENTS,
-        Priority::Normal,
-        GemmPath::Lt,
-    )?);
+    let opts = ServeOptions {
+        instances: THREAD_CLIENTS + TASK_CLIENTS,
+        ..ServeOptions::default()
+    };
+    let served = Arc::new(ServedModel::new(&device, shape, weights, opts)?);
     let inputs: Vec<Vec<T>> = (0..INPUTS).map(|k| host.request(k)).collect();
     let want: Arc<Vec<Vec<T>>> = Arc::new(inputs.iter().map(|x| host.reference(x)).collect());
     let inputs = Arc::new(inputs);

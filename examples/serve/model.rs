@@ -51,6 +51,31 @@ extern "C" __global__ void gelu_bf16(unsigned short* y, unsigned n) {
 }
 "#;
 
+/// The options of a served model's graph.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeOptions {
+    /// Replayed instances (concurrent runs).
+    pub instances: usize,
+    /// Every run's level.
+    pub priority: Priority,
+    /// How the GEMMs run.
+    pub gemm: GemmPath,
+    /// Whether the copies in and out are in the CUDA graph (one launch per request) or eager
+    /// nodes around it (a copy-free graph, as PyTorch's).
+    pub copies_in_graph: bool,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            instances: 8,
+            priority: Priority::Normal,
+            gemm: GemmPath::Lt,
+            copies_in_graph: true,
+        }
+    }
+}
+
 /// How a layer's GEMM runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmPath {
@@ -310,17 +335,22 @@ where
     CudaBlas: Gemm<T>,
 {
     /// The forward pass as a replay graph: input `x` written by a host node into the pinned
-    /// buffer of the run's instance; the copy to the device, the 4 layers (cuBLAS GEMM, then
-    /// bias + GELU) and the copy back captured in one segment; the output read by a host node
-    /// once the segment is done. A replayed request makes one driver call: the graph launch.
+    /// buffer of the run's instance; the copy to the device, the 4 layers (GEMM with bias, then
+    /// GELU) and the copy back captured in one segment; the output read by a host node once the
+    /// segment is done. A replayed request makes one driver call: the graph launch. (With
+    /// `copies_in_graph` off, eager GPU nodes make the two copies around a copy-free graph.)
     pub fn new(
         device: &GpuDevice,
         shape: Shape,
         weights: DeviceWeights<T>,
-        instances: usize,
-        priority: Priority,
-        gemm: GemmPath,
+        opts: ServeOptions,
     ) -> GpuResult<Self> {
+        let ServeOptions {
+            instances,
+            priority,
+            gemm,
+            copies_in_graph,
+        } = opts;
         let module = Module::from_cuda_source("serve", KERNELS)?;
         let kernel = module.kernel(match gemm {
             GemmPath::Lt => T::GELU,
@@ -350,14 +380,23 @@ where
                 idle: AtomicBool::new(true),
             })
         });
-        let stage = g.host_node("stage input", move |c: &ReplayCtx<'_, '_>| {
+        let stage_body = move |c: &ReplayCtx<'_, '_>| -> Result<(), BoxError> {
             let lent = c.input(io)?;
             lent.idle.store(false, Ordering::Release);
             // SAFETY: the run holds the instance (or, eager, the lent buffers) alone, and the
             // previous run's copies finished before its "read output" node ran.
             unsafe { lent.io().pin_in.write(&c.input(x)?)? };
+            if !copies_in_graph {
+                let io = lent.io();
+                c.gpu()?.copy_from_pinned(&io.pin_in, &io.dev_in)?;
+            }
             Ok(())
-        });
+        };
+        let stage = if copies_in_graph {
+            g.host_node("stage input", stage_body)
+        } else {
+            g.eager_gpu_node(device, "stage input", stage_body)
+        };
         g.edge(x, stage).edge(io, stage);
         let mut prev: Option<RNode<DeviceBuffer<T>>> = None;
         for l in 0..LAYERS {
@@ -372,11 +411,13 @@ where
                     let y = match prev {
                         Some(p) => layer(c, &w[l], &*c.input(p)?, &k, shape, gemm)?,
                         None => {
-                            gpu.copy_from_pinned(&io.pin_in, &io.dev_in)?;
+                            if copies_in_graph {
+                                gpu.copy_from_pinned(&io.pin_in, &io.dev_in)?;
+                            }
                             layer(c, &w[l], &io.dev_in, &k, shape, gemm)?
                         }
                     };
-                    if l == LAYERS - 1 {
+                    if l == LAYERS - 1 && copies_in_graph {
                         gpu.copy_to_pinned(&y, &io.pin_out)?;
                     }
                     Ok(y)
@@ -390,15 +431,28 @@ where
             prev = Some(node);
         }
         let last = prev.expect("layers");
+        let copy_out = (!copies_in_graph).then(|| {
+            let out = g.eager_gpu_node(device, "copy out", move |c: &ReplayCtx<'_, '_>| {
+                c.gpu()?
+                    .copy_to_pinned(&*c.input(last)?, &c.input(io)?.io().pin_out)?;
+                Ok(())
+            });
+            g.edge(last, out).edge(io, out);
+            out
+        });
         let y = g.host_node("read output", move |c: &ReplayCtx<'_, '_>| {
             let lent = c.input(io)?;
-            // SAFETY: a host node after the last layer runs once its GPU work (the copy into
-            // `pin_out` included) is done.
+            // SAFETY: a host node after the node that copies into `pin_out` (the last layer,
+            // or "copy out") runs once that GPU work is done.
             let y = unsafe { lent.io().pin_out.to_vec() };
             lent.idle.store(true, Ordering::Release);
             Ok(y)
         });
-        g.edge(last, y).edge(io, y);
+        match copy_out {
+            Some(out) => g.edge(out, y),
+            None => g.edge(last, y),
+        };
+        g.edge(io, y);
         Ok(Self {
             replay: g.build()?,
             x,
