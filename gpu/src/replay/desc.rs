@@ -1,6 +1,6 @@
-//! A replay graph as its bodies see it: the description shared by the eager graph and every
-//! instance ([`Desc`]), node handles ([`RNode`]), and [`ReplayCtx`], what a body gets (its
-//! inputs come from the scheduler, or from an instance's captured [`Outputs`]).
+//! A replay graph as its bodies see it: the description shared by every instance ([`Desc`]),
+//! node handles ([`RNode`]), and [`ReplayCtx`], what a body gets (its inputs come from the
+//! scheduler, from an instance's captured [`Outputs`], or from the run's [`Feeds`]).
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -15,8 +15,6 @@ use crate::device::GpuDevice;
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::GpuCtx;
 use crate::worker::GpuWorker;
-
-use super::instance::Feeds;
 
 /// A node's output, type-erased (every node of a replay graph returns one).
 pub(super) type Out = Arc<dyn Any + Send + Sync>;
@@ -240,5 +238,39 @@ impl Outputs {
         for &m in members {
             outs[m as usize] = local[m as usize].take();
         }
+    }
+}
+
+/// The input nodes' values of the run an instance is serving (by input ordinal), set before
+/// its graph is submitted and cleared when the run ends.
+pub(super) struct Feeds(Mutex<Vec<Option<Out>>>);
+
+impl Feeds {
+    pub(super) fn new(n: usize) -> Self {
+        Self(Mutex::new(vec![None; n]))
+    }
+
+    pub(super) fn set(&self, values: Vec<Out>) {
+        let mut f = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *f = values.into_iter().map(Some).collect();
+    }
+
+    /// The current values (for the run's output).
+    pub(super) fn values(&self) -> Vec<Option<Out>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(super) fn clear(&self) {
+        let mut f = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f.iter_mut().for_each(|v| *v = None);
+    }
+
+    /// Input `ordinal`'s value for this run.
+    pub(super) fn get(&self, ordinal: u32) -> Result<Out, BoxError> {
+        let f = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f.get(ordinal as usize)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| "the run brought no value for this input node".into())
     }
 }

@@ -1,5 +1,5 @@
 //! What an instance of a replay graph holds between runs: each segment's executable slot and
-//! capture generation, its captured outputs, the current run's [`Feeds`]; and what the graph's
+//! capture generation, its captured outputs, the current run's feeds; and what the graph's
 //! instances share (the current generation, the executables' count, [`ReplayStats`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
@@ -9,43 +9,7 @@ use std::time::Duration;
 use crate::buffer::DeviceBuffer;
 use crate::device::ExecSlot;
 
-use boundpool_scheduler::BoxError;
-
-use super::desc::{Desc, Out, Outputs};
-
-/// The input nodes' values of the run an instance is serving (by input ordinal), set before
-/// its graph is submitted and cleared when the run ends.
-pub(super) struct Feeds(Mutex<Vec<Option<Out>>>);
-
-impl Feeds {
-    pub(super) fn new(n: usize) -> Self {
-        Self(Mutex::new(vec![None; n]))
-    }
-
-    pub(super) fn set(&self, values: Vec<Out>) {
-        let mut f = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *f = values.into_iter().map(Some).collect();
-    }
-
-    /// The current values (for the run's output).
-    pub(super) fn values(&self) -> Vec<Option<Out>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    pub(super) fn clear(&self) {
-        let mut f = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        f.iter_mut().for_each(|v| *v = None);
-    }
-
-    /// Input `ordinal`'s value for this run.
-    pub(super) fn get(&self, ordinal: u32) -> Result<Out, BoxError> {
-        let f = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        f.get(ordinal as usize)
-            .cloned()
-            .flatten()
-            .ok_or_else(|| "the run brought no value for this input node".into())
-    }
-}
+use super::desc::{Desc, Feeds, Outputs};
 
 pub(super) struct SegState {
     pub(super) slot: Arc<ExecSlot>,

@@ -50,6 +50,7 @@
 mod builder;
 mod capture;
 mod desc;
+mod graph;
 mod instance;
 mod plan;
 mod replayable;

@@ -15,15 +15,8 @@ use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::pool::GpuPool;
 
 use super::desc::{Desc, Kind, Out, RNode};
-use super::instance::InstanceState;
-use super::replayable::{sched_error, Instance, Replayable};
-
-/// Whether a run replays its instance's executables or calls every body.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Mode {
-    Replay,
-    Eager,
-}
+use super::graph::{make_instance, sched_error, Instance, Mode};
+use super::instance::{InstanceState, Shared};
 
 /// The values a run brings for its graph's input nodes
 /// ([`ReplayBuilder::input`](super::ReplayBuilder::input)).
@@ -158,12 +151,17 @@ impl Lease {
     }
 
     /// A free instance, a new one, or (replayed, all busy) a ticket to wait on.
-    fn take(&self, replay: &Replayable, mode: Mode) -> GpuResult<Result<Instance, Arc<Ticket>>> {
+    fn take(
+        &self,
+        desc: &Arc<Desc>,
+        shared: &Arc<Shared>,
+        mode: Mode,
+    ) -> GpuResult<Result<Instance, Arc<Ticket>>> {
         if mode == Mode::Eager {
             let free = self.eager.lock().unwrap_or_else(|e| e.into_inner()).pop();
             return match free {
                 Some(i) => Ok(Ok(i)),
-                None => replay.make_instance(Mode::Eager).map(Ok),
+                None => make_instance(desc, shared, Mode::Eager).map(Ok),
             };
         }
         let mut r = self.replayed();
@@ -180,10 +178,12 @@ impl Lease {
         }
         r.made += 1;
         drop(r);
-        replay.make_instance(Mode::Replay).map(Ok).inspect_err(|_| {
-            // Not made after all: a waiter may need the place.
-            self.replayed().made -= 1;
-        })
+        make_instance(desc, shared, Mode::Replay)
+            .map(Ok)
+            .inspect_err(|_| {
+                // Not made after all: a waiter may need the place.
+                self.replayed().made -= 1;
+            })
     }
 
     /// The end of a run: its instance goes to the first run waiting for one, or back to the
@@ -247,13 +247,14 @@ enum State {
     Done,
 }
 
-/// A submitted run of a [`Replayable`] ([`Replayable::submit`]): [`wait`](Self::wait) blocks
+/// A submitted run of a [`Replayable`](crate::Replayable) ([`Replayable::submit`](crate::Replayable::submit)): [`wait`](Self::wait) blocks
 /// for its outputs, `.await` waits without blocking (no particular runtime needed). Dropping it
 /// while it waits for an instance withdraws the run; once started, the run goes on and its
 /// instance is given back when it ends.
 #[must_use = "a replay handle does nothing unless waited on or awaited"]
 pub struct ReplayHandle<'p> {
-    replay: &'p Replayable,
+    desc: &'p Arc<Desc>,
+    lease: &'p Arc<Lease>,
     pool: &'p GpuPool,
     state: State,
 }
@@ -266,26 +267,30 @@ impl fmt::Debug for ReplayHandle<'_> {
             State::Done => "done",
         };
         f.debug_struct("ReplayHandle")
-            .field("graph", &self.replay.desc.name)
+            .field("graph", &self.desc.name)
             .field("state", &state)
             .finish()
     }
 }
 
 impl<'p> ReplayHandle<'p> {
+    /// A run of the graph `desc` (its instances' `shared` state and `lease`) on `pool`.
     pub(super) fn submit(
-        replay: &'p Replayable,
+        desc: &'p Arc<Desc>,
+        shared: &Arc<Shared>,
+        lease: &'p Arc<Lease>,
         pool: &'p GpuPool,
         inputs: RunInputs,
         mode: Mode,
     ) -> GpuResult<Self> {
-        let feeds = inputs.into_feeds(&replay.desc)?;
-        let state = match replay.lease.take(replay, mode)? {
-            Ok(inst) => Self::start(replay, pool, inst, feeds)?,
+        let feeds = inputs.into_feeds(desc)?;
+        let state = match lease.take(desc, shared, mode)? {
+            Ok(inst) => Self::start(lease, pool, inst, feeds)?,
             Err(ticket) => State::Waiting { ticket, feeds },
         };
         Ok(Self {
-            replay,
+            desc,
+            lease,
             pool,
             state,
         })
@@ -293,7 +298,7 @@ impl<'p> ReplayHandle<'p> {
 
     /// Submits `inst`'s graph with `feeds`; the instance is given back when the run ends.
     fn start(
-        replay: &Replayable,
+        lease: &Arc<Lease>,
         pool: &GpuPool,
         inst: Instance,
         feeds: Vec<Out>,
@@ -302,7 +307,7 @@ impl<'p> ReplayHandle<'p> {
         let (refs, state, inputs) = (inst.refs.clone(), inst.state.clone(), inst.feeds.values());
         match pool.submit(&inst.graph) {
             Ok(graph) => {
-                let lease = replay.lease.clone();
+                let lease = lease.clone();
                 graph.on_done(move || lease.release(inst));
                 Ok(State::Running {
                     graph,
@@ -312,7 +317,7 @@ impl<'p> ReplayHandle<'p> {
                 })
             }
             Err(e) => {
-                replay.lease.release(inst);
+                lease.release(inst);
                 Err(e)
             }
         }
@@ -362,7 +367,7 @@ impl<'p> ReplayHandle<'p> {
         let State::Waiting { feeds, .. } = std::mem::replace(&mut self.state, State::Done) else {
             unreachable!("only a waiting run begins")
         };
-        self.state = Self::start(self.replay, self.pool, inst, feeds)?;
+        self.state = Self::start(self.lease, self.pool, inst, feeds)?;
         Ok(())
     }
 
@@ -378,7 +383,7 @@ impl<'p> ReplayHandle<'p> {
             refs,
             state,
             inputs,
-            desc: self.replay.desc.clone(),
+            desc: self.desc.clone(),
         }
     }
 }
@@ -426,7 +431,7 @@ impl Future for ReplayHandle<'_> {
 impl Drop for ReplayHandle<'_> {
     fn drop(&mut self) {
         if let State::Waiting { ticket, .. } = &self.state {
-            self.replay.lease.withdraw(ticket);
+            self.lease.withdraw(ticket);
         }
     }
 }
