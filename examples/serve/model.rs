@@ -362,23 +362,7 @@ where
         g.instances(instances).priority(priority);
         let x = g.input::<Vec<T>>("x");
         let io = g.gpu_node(device, "io buffers", move |c: &ReplayCtx<'_, '_>| {
-            let free = pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            let io = match free {
-                Some(io) => io,
-                None => {
-                    let gpu = c.gpu()?;
-                    Io {
-                        pin_in: gpu.alloc_pinned::<T>(n)?,
-                        dev_in: gpu.alloc::<T>(n)?,
-                        pin_out: gpu.alloc_pinned::<T>(n)?,
-                    }
-                }
-            };
-            Ok(Lent {
-                io: Some(io),
-                pool: pool.clone(),
-                idle: AtomicBool::new(true),
-            })
+            lend_io(c, &pool, n)
         });
         let stage_body = move |c: &ReplayCtx<'_, '_>| -> Result<(), BoxError> {
             let lent = c.input(io)?;
@@ -398,39 +382,15 @@ where
             g.eager_gpu_node(device, "stage input", stage_body)
         };
         g.edge(x, stage).edge(io, stage);
-        let mut prev: Option<RNode<DeviceBuffer<T>>> = None;
-        for l in 0..LAYERS {
-            let (w, k) = (weights.clone(), kernel.clone());
-            let node = g.gpu_node(
-                device,
-                &format!("layer {l}"),
-                move |c: &ReplayCtx<'_, '_>| {
-                    let gpu = c.gpu()?;
-                    let lent = c.input(io)?;
-                    let io = lent.io();
-                    let y = match prev {
-                        Some(p) => layer(c, &w[l], &*c.input(p)?, &k, shape, gemm)?,
-                        None => {
-                            if copies_in_graph {
-                                gpu.copy_from_pinned(&io.pin_in, &io.dev_in)?;
-                            }
-                            layer(c, &w[l], &io.dev_in, &k, shape, gemm)?
-                        }
-                    };
-                    if l == LAYERS - 1 && copies_in_graph {
-                        gpu.copy_to_pinned(&y, &io.pin_out)?;
-                    }
-                    Ok(y)
-                },
-            );
-            g.edge(io, node);
-            match prev {
-                Some(p) => g.edge(p, node),
-                None => g.edge(stage, node),
-            };
-            prev = Some(node);
-        }
-        let last = prev.expect("layers");
+        let layers = LayerNodes {
+            device,
+            weights: &weights,
+            kernel: &kernel,
+            shape,
+            gemm,
+            copies_in_graph,
+        };
+        let last = layers.add(&mut g, io, stage);
         let copy_out = (!copies_in_graph).then(|| {
             let out = g.eager_gpu_node(device, "copy out", move |c: &ReplayCtx<'_, '_>| {
                 c.gpu()?
@@ -565,4 +525,88 @@ where
         }
     }
     Ok(y)
+}
+
+/// The "io buffers" node's body: a set from the model's pool, or a new one.
+fn lend_io<T: Elem>(
+    c: &ReplayCtx<'_, '_>,
+    pool: &IoPool<T>,
+    n: usize,
+) -> Result<Lent<T>, BoxError> {
+    let free = pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    let io = match free {
+        Some(io) => io,
+        None => {
+            let gpu = c.gpu()?;
+            Io {
+                pin_in: gpu.alloc_pinned::<T>(n)?,
+                dev_in: gpu.alloc::<T>(n)?,
+                pin_out: gpu.alloc_pinned::<T>(n)?,
+            }
+        }
+    };
+    Ok(Lent {
+        io: Some(io),
+        pool: pool.clone(),
+        idle: AtomicBool::new(true),
+    })
+}
+
+/// What the layer nodes share.
+struct LayerNodes<'m, T: DeviceCopy> {
+    device: &'m GpuDevice,
+    weights: &'m DeviceWeights<T>,
+    kernel: &'m Kernel,
+    shape: Shape,
+    gemm: GemmPath,
+    copies_in_graph: bool,
+}
+
+impl<T: Elem> LayerNodes<'_, T>
+where
+    CudaBlas: Gemm<T>,
+{
+    /// The 4 captured layers after `stage`, the first copying the input in and the last the
+    /// output out when the copies are in the graph; returns the last.
+    fn add(
+        &self,
+        g: &mut ReplayBuilder,
+        io: RNode<Lent<T>>,
+        stage: RNode<()>,
+    ) -> RNode<DeviceBuffer<T>> {
+        let mut prev: Option<RNode<DeviceBuffer<T>>> = None;
+        for l in 0..LAYERS {
+            let (w, k) = (self.weights.clone(), self.kernel.clone());
+            let (shape, gemm, copies_in_graph) = (self.shape, self.gemm, self.copies_in_graph);
+            let node = g.gpu_node(
+                self.device,
+                &format!("layer {l}"),
+                move |c: &ReplayCtx<'_, '_>| {
+                    let gpu = c.gpu()?;
+                    let lent = c.input(io)?;
+                    let io = lent.io();
+                    let y = match prev {
+                        Some(p) => layer(c, &w[l], &*c.input(p)?, &k, shape, gemm)?,
+                        None => {
+                            if copies_in_graph {
+                                gpu.copy_from_pinned(&io.pin_in, &io.dev_in)?;
+                            }
+                            layer(c, &w[l], &io.dev_in, &k, shape, gemm)?
+                        }
+                    };
+                    if l == LAYERS - 1 && copies_in_graph {
+                        gpu.copy_to_pinned(&y, &io.pin_out)?;
+                    }
+                    Ok(y)
+                },
+            );
+            g.edge(io, node);
+            match prev {
+                Some(p) => g.edge(p, node),
+                None => g.edge(stage, node),
+            };
+            prev = Some(node);
+        }
+        prev.expect("layers")
+    }
 }
