@@ -468,3 +468,121 @@ impl ReplayOutput {
         v.downcast::<T>().ok()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The run side without a GPU: a graph of host and input nodes only has no segment, so its
+    //! instances are plain scheduler graphs (built, never submitted here).
+
+    use super::*;
+    use crate::replay::builder::ReplayBuilder;
+    use crate::replay::desc::ReplayCtx;
+    use crate::replay::replayable::Replayable;
+
+    fn host_graph(max: usize) -> (Replayable, RNode<u32>, RNode<String>, RNode<u32>) {
+        let mut b = ReplayBuilder::new("host");
+        b.instances(max);
+        let a = b.input::<u32>("a");
+        let s = b.input::<String>("s");
+        let h = b.host_node("h", move |c: &ReplayCtx<'_, '_>| {
+            Ok(*c.input(a)? + c.input(s)?.len() as u32)
+        });
+        b.edge(a, h).edge(s, h);
+        (b.build().expect("a host graph builds"), a, s, h)
+    }
+
+    #[test]
+    fn run_inputs_are_ordered_by_input_and_checked() {
+        let (r, a, s, h) = host_graph(1);
+        let feeds = RunInputs::new()
+            .set(s, "xy".to_string())
+            .set(a, 1)
+            .set(a, 7)
+            .into_feeds(&r.desc)
+            .expect("every input given");
+        assert_eq!(feeds.len(), 2);
+        assert_eq!(feeds[0].clone().downcast::<u32>().ok().as_deref(), Some(&7));
+        assert_eq!(
+            feeds[1].clone().downcast::<String>().ok().as_deref(),
+            Some(&"xy".to_string())
+        );
+        let e = RunInputs::new().set(a, 1).into_feeds(&r.desc).unwrap_err();
+        assert_eq!(e.kind(), GpuErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("input node 's'"), "{e}");
+        let e = RunInputs::new()
+            .set(a, 1)
+            .set(s, String::new())
+            .set(h, 3)
+            .into_feeds(&r.desc)
+            .unwrap_err();
+        assert!(e.to_string().contains("'h' is given a run input"), "{e}");
+        let (other, oa, ..) = host_graph(1);
+        let e = RunInputs::new()
+            .set(oa, 1)
+            .set(s, String::new())
+            .into_feeds(&r.desc)
+            .unwrap_err();
+        assert!(e.to_string().contains("another replay graph"), "{e}");
+        drop(other);
+    }
+
+    fn take(r: &Replayable, mode: Mode) -> Result<Instance, Arc<Ticket>> {
+        r.lease
+            .take(&r.desc, &r.shared, mode)
+            .expect("an instance of a host graph builds")
+    }
+
+    fn handed(t: &Arc<Ticket>) -> Option<Instance> {
+        t.lock().instance.take()
+    }
+
+    #[test]
+    fn instances_go_to_waiting_runs_in_order_and_withdrawn_runs_pass_theirs_on() {
+        let (r, ..) = host_graph(2);
+        let i1 = take(&r, Mode::Replay).ok().expect("first instance made");
+        let i2 = take(&r, Mode::Replay).ok().expect("second instance made");
+        assert_eq!(r.instances(), 2);
+        let t1 = take(&r, Mode::Replay).err().expect("both busy: a ticket");
+        let t2 = take(&r, Mode::Replay).err().expect("both busy: a ticket");
+        let t3 = take(&r, Mode::Replay).err().expect("both busy: a ticket");
+        assert_eq!(r.instances(), 2, "no third instance");
+        // The first waiter gets the first instance given back.
+        r.lease.release(i1);
+        let got1 = handed(&t1).expect("the first waiter is served first");
+        assert!(handed(&t2).is_none() && handed(&t3).is_none());
+        // A waiter handed an instance, then withdrawn, passes it to the next one.
+        r.lease.release(i2);
+        assert!(t2.lock().instance.is_some());
+        r.lease.withdraw(&t2);
+        assert!(
+            t2.lock().instance.is_none(),
+            "withdrawn: its instance moved on"
+        );
+        let got3 = handed(&t3).expect("the next waiter got it");
+        // With nobody waiting, a given-back instance is free for the next take.
+        r.lease.withdraw(&t1);
+        r.lease.release(got1);
+        r.lease.release(got3);
+        assert!(take(&r, Mode::Replay).is_ok());
+        assert!(take(&r, Mode::Replay).is_ok());
+        assert!(take(&r, Mode::Replay).is_err());
+        assert_eq!(r.instances(), 2);
+    }
+
+    #[test]
+    fn eager_runs_never_wait_and_reuse_their_instances() {
+        let (r, ..) = host_graph(1);
+        let e1 = take(&r, Mode::Eager).ok().expect("eager instance");
+        let e2 = take(&r, Mode::Eager).ok().expect("another, never a ticket");
+        assert_eq!(r.instances(), 0, "eager instances are not replayed ones");
+        let f1 = e1.feeds.clone();
+        r.lease.release(e1);
+        r.lease.release(e2);
+        let again = take(&r, Mode::Eager).ok().expect("a free one");
+        let again2 = take(&r, Mode::Eager).ok().expect("the other free one");
+        assert!(
+            Arc::ptr_eq(&again.feeds, &f1) || Arc::ptr_eq(&again2.feeds, &f1),
+            "a given-back eager instance is reused"
+        );
+    }
+}
