@@ -47,7 +47,8 @@ impl GraphHandle {
     /// Runs `f` once the graph has finished, successfully or not, before its result is handed
     /// to the waiter (so a `wait` that returns sees what `f` did); at once, on this thread, if
     /// it already has. Otherwise `f` runs on the thread that finishes the graph, usually a
-    /// worker: keep it short and never block in it. Dropping the handle keeps `f`.
+    /// worker: keep it short and never block in it. Dropping the handle keeps `f`. A panic in
+    /// `f` is caught and dropped (the graph's result is still handed over).
     ///
     /// ```
     /// # use boundpool_scheduler::{Cores, GraphBuilder, PoolBuilder};

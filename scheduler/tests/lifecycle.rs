@@ -431,3 +431,21 @@ fn wait_spin_waits_for_results_and_keeps_deadlines() {
         assert_eq!(h.wait().unwrap().get(n), Some(&7));
     });
 }
+
+/// A done hook that panics neither loses the run's result nor takes a worker down.
+#[test]
+fn a_panicking_done_hook_loses_nothing() {
+    common::with_deadline(60, "on_done_panic", || {
+        let pool = pool("hook_panic", 1);
+        let gate = Arc::new(AtomicBool::new(false));
+        let (graph, n) = gated(&gate);
+        for _ in 0..5 {
+            let h = pool.submit(&graph).unwrap();
+            h.on_done(|| panic!("a hook that panics"));
+            gate.store(true, Ordering::SeqCst);
+            assert_eq!(h.wait().unwrap().get(n), Some(&7));
+            gate.store(false, Ordering::SeqCst);
+        }
+        assert_eq!(pool.stats().graphs_completed, 5);
+    });
+}

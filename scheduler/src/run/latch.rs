@@ -14,6 +14,12 @@ enum Waiter {
     Task(Waker),
 }
 
+/// Runs a done hook; a panic in it is caught and dropped, so that the run's result is still
+/// published and the finishing worker goes on.
+fn run_hook(hook: DoneHook) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook));
+}
+
 /// A callback for the end of the run ([`GraphHandle::on_done`](crate::GraphHandle::on_done)).
 pub(crate) type DoneHook = Box<dyn FnOnce() + Send>;
 
@@ -55,7 +61,7 @@ impl Completion {
         let hooks = std::mem::replace(&mut *sync::lock(&self.hooks), DoneHooks::Closed);
         if let DoneHooks::Open(hooks) = hooks {
             for hook in hooks {
-                hook();
+                run_hook(hook);
             }
         }
         *sync::lock(&self.result) = Some(result);
@@ -88,7 +94,7 @@ impl Completion {
             DoneHooks::Open(v) => v.push(hook),
             DoneHooks::Closed => {
                 drop(hooks);
-                hook();
+                run_hook(hook);
             }
         }
     }
