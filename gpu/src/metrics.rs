@@ -32,7 +32,7 @@ pub const GPU_METRICS: &[(&str, &str, &str, &str, &str)] = &[
         "counter",
         "count",
         "pool, device",
-        "buffers and replay executables dropped and queued for a bound worker of the device",
+        "device and pinned buffers and replay executables dropped and queued for a bound worker of the device",
     ),
     (
         "boundpool_gpu_releases_done_total",
