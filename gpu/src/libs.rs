@@ -339,16 +339,7 @@ impl WorkerLibs {
         stream: StreamRef,
         what: &dyn Fn() -> String,
     ) -> GpuResult<u64> {
-        self.space(stream, |sp| {
-            let ws = match &sp.lt {
-                Some(a) => a,
-                None => sp.lt.insert(
-                    driver::mem_alloc_async(ctx, LT_WORKSPACE_BYTES, stream)
-                        .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?,
-                ),
-            };
-            Ok::<u64, GpuError>(ws.addr())
-        })
+        self.workspace(ctx, stream, LT_WORKSPACE_BYTES, |sp| &mut sp.lt, what)
     }
 
     /// Creates the cuSOLVER handle (on `stream`) unless it exists.
@@ -366,6 +357,28 @@ impl WorkerLibs {
         Ok(())
     }
 
+    /// The workspace of `stream` in the slot `slot` picks (`bytes`, made at the stream's first
+    /// use, in its order); its address.
+    fn workspace(
+        &self,
+        ctx: Ctx,
+        stream: StreamRef,
+        bytes: usize,
+        slot: fn(&mut StreamSpace) -> &mut Option<DeviceAlloc>,
+        what: &dyn Fn() -> String,
+    ) -> GpuResult<u64> {
+        self.space(stream, |sp| {
+            let ws = match slot(sp) {
+                Some(a) => a,
+                s @ None => s.insert(
+                    driver::mem_alloc_async(ctx, bytes, stream)
+                        .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?,
+                ),
+            };
+            Ok::<u64, GpuError>(ws.addr())
+        })
+    }
+
     /// This worker's workspace for `stream` (made at the stream's first use, in its order).
     pub(crate) fn blas_workspace(
         &self,
@@ -373,16 +386,7 @@ impl WorkerLibs {
         stream: StreamRef,
         what: &dyn Fn() -> String,
     ) -> GpuResult<u64> {
-        self.space(stream, |sp| {
-            let ws = match &sp.blas {
-                Some(a) => a,
-                None => sp.blas.insert(
-                    driver::mem_alloc_async(ctx, BLAS_WORKSPACE_BYTES, stream)
-                        .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?,
-                ),
-            };
-            Ok::<u64, GpuError>(ws.addr())
-        })
+        self.workspace(ctx, stream, BLAS_WORKSPACE_BYTES, |sp| &mut sp.blas, what)
     }
 
     /// The cuSOLVER handle, set to `stream` (a stream of this worker's context).

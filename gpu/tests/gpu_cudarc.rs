@@ -18,8 +18,8 @@ use boundpool_gpu::cudarc::driver::{
 };
 use boundpool_gpu::half::{bf16, f16};
 use boundpool_gpu::{
-    DeviceBuffer, DeviceCopy, Devices, GpuCtx, GpuGraphBuilder, GpuGraphExt, GpuPool,
-    GpuPoolBuilder, LtElement, Priority, ReplayBuilder, ReplayCtx,
+    DeviceBuffer, DeviceCopy, Devices, GpuCtx, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
+    GpuPoolBuilder, LtElement, Priority, RNode, ReplayBuilder, ReplayCtx, Replayable,
 };
 use common::{chain, GpuTest};
 
@@ -422,18 +422,7 @@ fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inpu
             g.cublas()?
                 .gemm(gemm_cfg(M, K, K, 1.0f32, 0.0), &**xg, &*ws.0, &mut *h)?
         };
-        let k = g.state::<Kernels>()?;
-        let n = (M * K) as u32;
-        // SAFETY: affine(float, float, float*, unsigned) over `n` elements of `h`.
-        unsafe {
-            g.stream()
-                .launch_builder(&k.affine)
-                .arg(&0.5f32)
-                .arg(&0.25f32)
-                .arg(h.as_cuda_slice_mut())
-                .arg(&n)
-                .launch(CuLaunch::for_num_elems(n))?;
-        }
+        half_plus_quarter(g, &mut h)?;
         Ok(h)
     });
     let ws2 = weights.clone();
@@ -454,18 +443,7 @@ fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inpu
     let z = b.gpu_node(&d, "bf16 gemm", move |c: &ReplayCtx<'_, '_>| {
         let g = c.gpu()?;
         let hv = c.input(h)?;
-        let k = g.state::<Kernels>()?;
-        let mut h16 = g.alloc::<u16>(M * K)?;
-        let n = (M * K) as u32;
-        // SAFETY: to_bf16(const float*, unsigned short*, unsigned) over `n` elements.
-        unsafe {
-            g.stream()
-                .launch_builder(&k.to_bf16)
-                .arg(hv.as_cuda_slice())
-                .arg(h16.as_cuda_slice_mut())
-                .arg(&n)
-                .launch(CuLaunch::for_num_elems(n))?;
-        }
+        let h16 = to_bf16_bits(g, &hv)?;
         // SAFETY: u16 and bf16 have the same size and every bit pattern is a bf16; the
         // buffer's memory is reinterpreted, not freed.
         let h16b = unsafe { h16.transmute::<bf16>(M * K) }.expect("same size");
@@ -475,39 +453,12 @@ fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inpu
         unsafe { g.cublas()?.gemm(cfg, &h16b, &*ws3.2, &mut *z)? };
         Ok((z, h16))
     });
-    let read = b.eager_gpu_node(&d, "read", move |c: &ReplayCtx<'_, '_>| {
-        let g = c.gpu()?;
-        let yv = g.download(&*c.input(y)?)?;
-        let zv: Vec<bf16> = g.download(&c.input(z)?.0)?;
-        Ok((yv, zv.iter().map(|v| v.to_f32()).collect::<Vec<f32>>()))
-    });
-    b.edge(load, h)
-        .edge(h, y)
-        .edge(h, z)
-        .edge(y, read)
-        .edge(z, read);
+    let read = read_back(&mut b, &d, y, z);
+    b.edge(load, h).edge(h, y).edge(h, z);
     let r = b.build().unwrap();
-    for run in 0..30u64 {
-        let xs = values(M * K, 1000 + run);
-        *input.lock().unwrap() = xs.clone();
-        let out = r
-            .run(&p)
-            .unwrap_or_else(|e| panic!("replay run {run}: {}", chain(&e)));
-        let (ry, rz) = (*out.get(read).unwrap()).clone();
-        let eager = r
-            .run_eager(&p)
-            .unwrap_or_else(|e| panic!("eager run {run}: {}", chain(&e)));
-        let (ey, ez) = (*eager.get(read).unwrap()).clone();
-        assert_eq!(
-            ry, ey,
-            "run {run}: replayed f32 chain differs from its eager run"
-        );
-        assert_eq!(
-            rz, ez,
-            "run {run}: replayed bf16 GEMM differs from its eager run"
-        );
+    replayed_equals_eager(&r, &p, &input, read, 1000, |run, xs, ey, ez| {
         // And both against the host.
-        let hh: Vec<f32> = host_gemm(&xs, &w1, M, K, K)
+        let hh: Vec<f32> = host_gemm(xs, &w1, M, K, K)
             .iter()
             .map(|&v| 0.5 * v as f32 + 0.25)
             .collect();
@@ -519,7 +470,7 @@ fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inpu
         let wz = host_gemm(&hb, &wbr, M, N, K);
         let ez64: Vec<f64> = ez.iter().map(|&v| v as f64).collect();
         assert!(rel_err(&ez64, &wz) < 2e-2, "run {run}: bf16 GEMM vs host");
-    }
+    });
     let s = r.stats();
     assert_eq!(s.captures, 1, "captured once, replayed after: {s:?}");
     assert_eq!(s.failed_captures, 0, "{s:?}");
@@ -966,18 +917,7 @@ fn a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_input
             g.cublaslt()?
                 .matmul(lt_cfg(M, K, K), &**xi, &*w.0, &mut *h, Some(&*w.1), None)?
         };
-        let k = g.state::<Kernels>()?;
-        let n = (M * K) as u32;
-        // SAFETY: affine(float, float, float*, unsigned) over `n` elements of `h`.
-        unsafe {
-            g.stream()
-                .launch_builder(&k.affine)
-                .arg(&0.5f32)
-                .arg(&0.25f32)
-                .arg(h.as_cuda_slice_mut())
-                .arg(&n)
-                .launch(CuLaunch::for_num_elems(n))?;
-        }
+        half_plus_quarter(g, &mut h)?;
         Ok(h)
     });
     let w = ws.clone();
@@ -1004,18 +944,7 @@ fn a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_input
     let z = b.gpu_node(&d, "lt bf16 + bias + gelu", move |c: &ReplayCtx<'_, '_>| {
         let g = c.gpu()?;
         let hv = c.input(h)?;
-        let k = g.state::<Kernels>()?;
-        let mut h16 = g.alloc::<u16>(M * K)?;
-        let n = (M * K) as u32;
-        // SAFETY: to_bf16(const float*, unsigned short*, unsigned) over `n` elements.
-        unsafe {
-            g.stream()
-                .launch_builder(&k.to_bf16)
-                .arg(hv.as_cuda_slice())
-                .arg(h16.as_cuda_slice_mut())
-                .arg(&n)
-                .launch(CuLaunch::for_num_elems(n))?;
-        }
+        let h16 = to_bf16_bits(g, &hv)?;
         // SAFETY: u16 and bf16 have the same size and every bit pattern is a bf16; the
         // buffer's memory is reinterpreted, not freed.
         let h16b = unsafe { h16.transmute::<bf16>(M * K) }.expect("same size");
@@ -1033,39 +962,12 @@ fn a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_input
         };
         Ok((z, h16))
     });
-    let read = b.eager_gpu_node(&d, "read", move |c: &ReplayCtx<'_, '_>| {
-        let g = c.gpu()?;
-        let yv = g.download(&*c.input(y)?)?;
-        let zv: Vec<bf16> = g.download(&c.input(z)?.0)?;
-        Ok((yv, zv.iter().map(|v| v.to_f32()).collect::<Vec<f32>>()))
-    });
-    b.edge(load, h)
-        .edge(h, y)
-        .edge(h, z)
-        .edge(y, read)
-        .edge(z, read);
+    let read = read_back(&mut b, &d, y, z);
+    b.edge(load, h).edge(h, y).edge(h, z);
     let r = b.build().unwrap();
-    for run in 0..30u64 {
-        let xs = values(M * K, 2000 + run);
-        *input.lock().unwrap() = xs.clone();
-        let out = r
-            .run(&p)
-            .unwrap_or_else(|e| panic!("replay run {run}: {}", chain(&e)));
-        let (ry, rz) = (*out.get(read).unwrap()).clone();
-        let eager = r
-            .run_eager(&p)
-            .unwrap_or_else(|e| panic!("eager run {run}: {}", chain(&e)));
-        let (ey, ez) = (*eager.get(read).unwrap()).clone();
-        assert_eq!(
-            ry, ey,
-            "run {run}: replayed f32 matmul differs from its eager run"
-        );
-        assert_eq!(
-            rz, ez,
-            "run {run}: replayed bf16 matmul differs from its eager run"
-        );
+    replayed_equals_eager(&r, &p, &input, read, 2000, |run, xs, ey, ez| {
         // And both against the host.
-        let hh: Vec<f32> = host_lt(&xs, &w1, &b1, M, K, K, None)
+        let hh: Vec<f32> = host_lt(xs, &w1, &b1, M, K, K, None)
             .iter()
             .map(|&v| 0.5 * v as f32 + 0.25)
             .collect();
@@ -1078,7 +980,7 @@ fn a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_input
         let ez64: Vec<f64> = ez.iter().map(|&v| v as f64).collect();
         let e = rel_err(&ez64, &wz);
         assert!(e < 3e-2, "run {run}: bf16 matmul + GELU vs host: {e}");
-    }
+    });
     let s = r.stats();
     assert_eq!(
         s.captures, 1,
@@ -1089,4 +991,97 @@ fn a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_input
     drop((x, ws));
     wait_for_no_buffers(&p);
     drop(p);
+}
+
+/// The eager node that reads a replayed chain's f32 output `y` and bf16 output `z` (with
+/// whatever its node kept beside it) back to the host, as f32.
+fn read_back<H: Send + Sync + 'static>(
+    b: &mut ReplayBuilder,
+    d: &GpuDevice,
+    y: RNode<DeviceBuffer<f32>>,
+    z: RNode<(DeviceBuffer<bf16>, H)>,
+) -> RNode<(Vec<f32>, Vec<f32>)> {
+    let read = b.eager_gpu_node(d, "read", move |c: &ReplayCtx<'_, '_>| {
+        let g = c.gpu()?;
+        let yv = g.download(&*c.input(y)?)?;
+        let zv: Vec<bf16> = g.download(&c.input(z)?.0)?;
+        Ok((yv, zv.iter().map(|v| v.to_f32()).collect::<Vec<f32>>()))
+    });
+    b.edge(y, read).edge(z, read);
+    read
+}
+
+/// Runs `r` 30 times replayed and eagerly, each time with new inputs (seeded `seed + run`)
+/// in `input`; asserts that both give the same outputs, and hands the run's inputs and eager
+/// outputs to `host_check`.
+fn replayed_equals_eager(
+    r: &Replayable,
+    p: &GpuPool,
+    input: &Mutex<Vec<f32>>,
+    read: RNode<(Vec<f32>, Vec<f32>)>,
+    seed: u64,
+    host_check: impl Fn(u64, &[f32], &[f32], &[f32]),
+) {
+    for run in 0..30u64 {
+        let xs = values(M * K, seed + run);
+        *input.lock().unwrap() = xs.clone();
+        let out = r
+            .run(p)
+            .unwrap_or_else(|e| panic!("replay run {run}: {}", chain(&e)));
+        let (ry, rz) = (*out.get(read).unwrap()).clone();
+        let eager = r
+            .run_eager(p)
+            .unwrap_or_else(|e| panic!("eager run {run}: {}", chain(&e)));
+        let (ey, ez) = (*eager.get(read).unwrap()).clone();
+        assert_eq!(
+            ry, ey,
+            "run {run}: replayed f32 output differs from its eager run"
+        );
+        assert_eq!(
+            rz, ez,
+            "run {run}: replayed bf16 output differs from its eager run"
+        );
+        host_check(run, &xs, &ey, &ez);
+    }
+}
+
+/// `h` (M×K) rounded to bf16 by the worker's cudarc kernel, as bits (`u16`): a node keeps the
+/// buffer in its output (a free under a capture fails it) and reads it as bf16.
+fn to_bf16_bits(
+    g: &GpuCtx<'_, '_>,
+    h: &DeviceBuffer<f32>,
+) -> Result<DeviceBuffer<u16>, boundpool_gpu::BoxError> {
+    let k = g.state::<Kernels>()?;
+    let mut h16 = g.alloc::<u16>(M * K)?;
+    let n = (M * K) as u32;
+    // SAFETY: to_bf16(const float*, unsigned short*, unsigned) over `n` elements.
+    unsafe {
+        g.stream()
+            .launch_builder(&k.to_bf16)
+            .arg(h.as_cuda_slice())
+            .arg(h16.as_cuda_slice_mut())
+            .arg(&n)
+            .launch(CuLaunch::for_num_elems(n))?;
+    }
+    Ok(h16)
+}
+
+/// `h = 0.5 h + 0.25` over M×K elements, by the worker's cudarc kernel.
+fn half_plus_quarter(
+    g: &GpuCtx<'_, '_>,
+    h: &mut DeviceBuffer<f32>,
+) -> Result<(), boundpool_gpu::BoxError> {
+    let k = g.state::<Kernels>()?;
+    let n = (M * K) as u32;
+    // SAFETY: affine(float, float, float*, unsigned) over `n` elements of `h`.
+    unsafe {
+        g.stream()
+            .launch_builder(&k.affine)
+            .arg(&0.5f32)
+            .arg(&0.25f32)
+            .arg(h.as_cuda_slice_mut())
+            .arg(&n)
+            .launch(CuLaunch::for_num_elems(n))?;
+    }
+    Ok(())
 }

@@ -8,20 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use boundpool_gpu::{
-    builtin, BoxError, DeviceBuffer, Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, GpuPool,
-    GpuPoolBuilder, Kernel, LaunchConfig, Module, RNode, ReplayBuilder, ReplayCtx, Replayable,
+    builtin, BoxError, DeviceBuffer, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, GpuPool, Kernel,
+    LaunchConfig, Module, RNode, ReplayBuilder, ReplayCtx, Replayable,
 };
-use common::{chain, GpuTest};
-
-fn pool(workers: usize) -> GpuPool {
-    GpuPoolBuilder::new()
-        .name("replay")
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(workers)
-        .host_workers(1, boundpool_scheduler::Cores::Unpinned)
-        .build()
-        .expect("GPU pool")
-}
+use common::{chain, replay_pool as pool, GpuTest};
 
 #[derive(Clone)]
 struct Kernels {

@@ -12,22 +12,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use boundpool_gpu::{
-    builtin, BoxError, DeviceBuffer, Devices, GpuErrorKind, GpuPool, GpuPoolBuilder, LaunchConfig,
-    Module, Priority, RNode, ReplayBuilder, ReplayCtx, Replayable, RunInputs,
+    builtin, BoxError, DeviceBuffer, GpuErrorKind, GpuPool, LaunchConfig, Module, Priority, RNode,
+    ReplayBuilder, ReplayCtx, Replayable, RunInputs,
 };
-use common::{chain, GpuTest};
+use common::{chain, replay_pool as pool, GpuTest};
 
 const N: usize = 1024;
-
-fn pool(workers: usize) -> GpuPool {
-    GpuPoolBuilder::new()
-        .name("replay-runs")
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(workers)
-        .host_workers(1, boundpool_scheduler::Cores::Unpinned)
-        .build()
-        .expect("GPU pool")
-}
 
 /// `x` (an input) uploaded into a captured static buffer, scaled by 2 in a captured kernel,
 /// downloaded: the output is `2 * x`. A NaN first element fails the upload node.

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use boundpool_gpu::{builtin, BoxError, DeviceBuffer, GpuCtx, Kernel, LaunchConfig, Module};
+use boundpool_gpu::{
+    builtin, BoxError, DeviceBuffer, Devices, GpuCtx, GpuPool, GpuPoolBuilder, Kernel,
+    LaunchConfig, Module,
+};
 
 /// One GPU test's checks, its name given once. [`GpuTest::start`] at the top of a test:
 ///
@@ -194,4 +197,15 @@ where
         }
     }
     Ok(out)
+}
+
+/// The replay tests' pool: `workers` workers on device 0 and one host worker.
+pub fn replay_pool(workers: usize) -> GpuPool {
+    GpuPoolBuilder::new()
+        .name("replay")
+        .devices(Devices::List(vec![0]))
+        .workers_per_device(workers)
+        .host_workers(1, boundpool_scheduler::Cores::Unpinned)
+        .build()
+        .expect("GPU pool")
 }
