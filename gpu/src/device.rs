@@ -19,6 +19,7 @@ use crate::driver::{self, Ctx, DResult, Dev, DeviceAlloc, Event, GraphExec, Host
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::metrics::DeviceMetrics;
 use crate::module::Kernel;
+use crate::partition::{DevicePartitions, PartitionInfo};
 use crate::timing::DeviceTiming;
 
 /// A handle whose release waits for a bound worker.
@@ -164,6 +165,8 @@ pub(crate) struct DeviceShared {
     execs_live: AtomicUsize,
     /// The device's metric handles (set at the pool's build; none for the probe's device).
     metrics: OnceLock<DeviceMetrics>,
+    /// Its SM partitions (none unless `GpuPoolBuilder::sm_partitions` asked).
+    pub(crate) partitions: DevicePartitions,
 }
 
 impl fmt::Debug for DeviceShared {
@@ -199,7 +202,14 @@ impl DeviceShared {
             exec_slots: Mutex::new(Vec::new()),
             execs_live: AtomicUsize::new(0),
             metrics: OnceLock::new(),
+            partitions: DevicePartitions::default(),
         }
+    }
+
+    /// The device with its SM partitions, split at build (`partition.rs`).
+    pub(crate) fn with_partitions(mut self, partitions: DevicePartitions) -> Self {
+        self.partitions = partitions;
+        self
     }
 
     pub(crate) fn set_metrics(&self, m: DeviceMetrics) {
@@ -281,6 +291,7 @@ impl DeviceShared {
         };
         let ctx = self.ctx();
         driver::ctx_set_current(ctx).map_err(|e| GpuError::driver("cuCtxSetCurrent", &what, e))?;
+        self.partitions.make_contexts(ctx, self.dev, &what)?;
         match driver::ctx_current() {
             Ok(Some(c)) if c == ctx => {}
             Ok(other) => {
@@ -716,6 +727,8 @@ impl DeviceShared {
         drop(std::mem::take(
             &mut *self.streams.write().unwrap_or_else(|e| e.into_inner()),
         ));
+        // The partitions' streams (those no clone holds) and green contexts.
+        self.partitions.teardown(ctx, failed);
         for e in std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner())) {
             let _ = e.destroy(ctx);
         }
@@ -751,6 +764,7 @@ pub struct GpuDevice {
     pub(crate) shared: Arc<DeviceShared>,
     pub(crate) groups: Vec<GroupId>,
     pub(crate) placement: Placement,
+    pub(crate) partitions: Vec<PartitionInfo>,
 }
 
 impl fmt::Debug for GpuDevice {
@@ -759,6 +773,7 @@ impl fmt::Debug for GpuDevice {
             .field("ordinal", &self.shared.ordinal())
             .field("groups", &self.groups)
             .field("placement", &self.placement)
+            .field("partitions", &self.partitions)
             .field("failed", &self.shared.failed())
             .finish()
     }
@@ -791,6 +806,35 @@ impl GpuDevice {
     /// [`GpuPoolBuilder::groups_per_device`](crate::GpuPoolBuilder::groups_per_device)).
     pub fn groups(&self) -> &[GroupId] {
         &self.groups
+    }
+    /// The device's SM partitions, in the order asked
+    /// ([`GpuPoolBuilder::sm_partitions`](crate::GpuPoolBuilder::sm_partitions)), each with
+    /// the SMs the driver gave it and its worker group; empty when not partitioned.
+    pub fn partitions(&self) -> &[PartitionInfo] {
+        &self.partitions
+    }
+    /// The SM partition named `name`.
+    pub fn partition(&self, name: &str) -> Option<&PartitionInfo> {
+        self.partitions.iter().find(|p| p.name == name)
+    }
+    /// This device as seen from its SM partition `name`: nodes made with the returned
+    /// `GpuDevice` ([`GpuGraphExt::gpu_node`](crate::GpuGraphExt::gpu_node),
+    /// [`ReplayBuilder::gpu_node`](crate::ReplayBuilder::gpu_node), [`GpuPool::call`](crate::GpuPool::call))
+    /// run on the partition's workers, their work on its SMs. `None` when there is no such
+    /// partition.
+    pub fn on_partition(&self, name: &str) -> Option<GpuDevice> {
+        let p = self.partition(name)?;
+        Some(GpuDevice {
+            shared: self.shared.clone(),
+            groups: vec![p.group],
+            placement: p.placement(),
+            partitions: self.partitions.clone(),
+        })
+    }
+    /// SMs that no partition got (partitions were asked for without a
+    /// [`rest`](crate::SmPartition::rest) one): no worker's stream runs on them.
+    pub fn unused_sms(&self) -> u32 {
+        self.shared.partitions.unused_sms
     }
     /// Whether a node placed on `p` runs on this device's workers.
     pub(crate) fn serves(&self, p: Placement) -> bool {

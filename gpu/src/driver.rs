@@ -32,6 +32,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 
+pub(crate) mod green;
+
 pub(crate) use cudarc::driver::result::DriverError;
 
 /// Result of a driver call.
@@ -522,6 +524,7 @@ pub(crate) unsafe fn launch_kernel(
     params: &mut [*mut c_void],
 ) -> DResult<()> {
     check(expect, "cuLaunchKernel");
+    green::check_partition(s, "cuLaunchKernel");
     // SAFETY: forwarded from the caller's contract; `f` is a loaded function (its module lives
     // while `f` does) and `s` a live stream of the same context (crate invariant).
     unsafe { result::launch_kernel(f.cu_function(), grid, block, shared_mem, s.0, params) }
@@ -533,6 +536,7 @@ pub(crate) unsafe fn launch_kernel(
 /// Allocates `bytes` (at least 1) stream-ordered on `s`.
 pub(crate) fn mem_alloc_async(expect: Ctx, bytes: usize, s: StreamRef) -> DResult<DeviceAlloc> {
     check(expect, "cuMemAllocAsync");
+    green::check_partition(s, "cuMemAllocAsync");
     let mut p = MaybeUninit::<sys::CUdeviceptr>::uninit();
     // SAFETY: writes one device pointer; `s` is live.
     unsafe {
@@ -566,6 +570,7 @@ pub(crate) unsafe fn memcpy_htod_async(
     s: StreamRef,
 ) -> DResult<()> {
     check(expect, "cuMemcpyHtoDAsync");
+    green::check_partition(s, "cuMemcpyHtoDAsync");
     // SAFETY: forwarded from the caller's contract.
     unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, s.0).result() }
 }
@@ -583,6 +588,7 @@ pub(crate) unsafe fn memcpy_dtoh_async(
     s: StreamRef,
 ) -> DResult<()> {
     check(expect, "cuMemcpyDtoHAsync");
+    green::check_partition(s, "cuMemcpyDtoHAsync");
     // SAFETY: forwarded from the caller's contract.
     unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, s.0).result() }
 }
@@ -642,6 +648,7 @@ pub(crate) unsafe fn memcpy_dtod_async(
     s: StreamRef,
 ) -> DResult<()> {
     check(expect, "cuMemcpyDtoDAsync");
+    green::check_partition(s, "cuMemcpyDtoDAsync");
     // SAFETY: forwarded from the caller's contract.
     unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, s.0).result() }
 }
@@ -658,6 +665,7 @@ pub(crate) unsafe fn memset_d8_async(
     s: StreamRef,
 ) -> DResult<()> {
     check(expect, "cuMemsetD8Async");
+    green::check_partition(s, "cuMemsetD8Async");
     // SAFETY: forwarded from the caller's contract.
     unsafe { sys::cuMemsetD8Async(dst, value, bytes, s.0).result() }
 }
@@ -772,6 +780,7 @@ pub(crate) fn has_capture_v3() -> bool {
 /// synchronise) invalidate it; other threads keep using the device freely.
 pub(crate) fn stream_begin_capture(expect: Ctx, s: StreamRef) -> DResult<()> {
     check(expect, "cuStreamBeginCapture");
+    green::check_partition(s, "cuStreamBeginCapture");
     // SAFETY: crate invariant: `s` is live.
     unsafe {
         sys::cuStreamBeginCapture_v2(
@@ -975,6 +984,7 @@ pub(crate) fn graph_exec_update(expect: Ctx, exec: &mut GraphExec, g: &CudaGraph
 /// Launches `exec` on `s` (ordered after earlier launches of `exec` by the driver).
 pub(crate) fn graph_launch(expect: Ctx, exec: &GraphExec, s: StreamRef) -> DResult<()> {
     check(expect, "cuGraphLaunch");
+    green::check_partition(s, "cuGraphLaunch");
     // SAFETY: both handles are live.
     unsafe { sys::cuGraphLaunch(exec.0, s.0).result() }
 }

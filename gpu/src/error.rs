@@ -37,6 +37,10 @@ pub enum GpuErrorKind {
     /// capture (the message names the node and the operation), or the driver invalidated the
     /// capture. The graph still runs eagerly.
     Capture,
+    /// SM partitions could not be made as asked (`GpuPoolBuilder::sm_partitions`): a size the
+    /// device cannot give exactly, more SMs than it has, a bad name, or a driver or card
+    /// without green contexts (the message names the partition, the device and the limit).
+    Partition,
 }
 
 /// The error type of `boundpool-gpu`: a kind, a message that names what failed (node, device,

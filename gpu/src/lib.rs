@@ -202,6 +202,7 @@ mod libs;
 mod metrics;
 mod module;
 mod node;
+mod partition;
 #[cfg(feature = "nvtx")]
 mod nvtx;
 mod pinned;
@@ -221,6 +222,7 @@ pub use error::{GpuError, GpuErrorKind, GpuResult};
 pub use libs::LT_WORKSPACE_BYTES;
 pub use metrics::GPU_METRICS;
 pub use module::{builtin, Kernel, Module};
+pub use partition::{PartitionInfo, SmPartition};
 pub use node::{
     GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,
 };

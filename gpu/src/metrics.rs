@@ -90,6 +90,13 @@ pub const GPU_METRICS: &[(&str, &str, &str, &str, &str)] = &[
         "pool, device",
         "devices marked failed by a sticky CUDA error (1 at most per device and pool)",
     ),
+    (
+        "boundpool_gpu_partition_sms",
+        "gauge",
+        "count",
+        "pool, device, partition",
+        "the SMs of each SM partition of the device, as the driver gave them (`GpuPoolBuilder::sm_partitions`; `unused` for SMs no partition got)",
+    ),
 ];
 
 /// GPU nodes between two pushes of a busy worker's edge counts.
@@ -171,6 +178,17 @@ impl DeviceMetrics {
             exec_instantiations: l("boundpool_gpu_exec_instantiations_total"),
             sticky_failures: l("boundpool_gpu_sticky_failures_total"),
         }
+    }
+}
+
+/// Sets the SM count of each of device `device`'s partitions (name, SMs), and of its unused SMs
+/// if any, once at the pool's build.
+pub(crate) fn register_partitions(pool: &str, device: i32, parts: &[(&str, u32)], unused: u32) {
+    describe();
+    let unused = (unused > 0).then_some(("unused", unused));
+    for &(name, sms) in parts.iter().chain(unused.as_ref()) {
+        gauge!("boundpool_gpu_partition_sms", "pool" => pool.to_owned(), "device" => device.to_string(), "partition" => name.to_owned())
+            .set(f64::from(sms));
     }
 }
 

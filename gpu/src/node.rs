@@ -885,6 +885,10 @@ where
     let mut eager = false;
     let mut other_level = false;
     let mut host_succ = false;
+    // On a device split into SM partitions, a stream is handed over only to a successor placed
+    // on this worker's own group (its partition): any other worker may be of another one.
+    let mut other_partition = false;
+    let partitioned = b.device.partitions.is_partitioned();
     let my_group = node.worker_info().group;
     for s in node.successors() {
         let placed = node.placement_of(s);
@@ -900,6 +904,7 @@ where
                 };
                 let same_level = node.priority_of(s) == level;
                 other_level |= !same_level;
+                other_partition |= partitioned && placed != Placement::Group(my_group);
                 if d != b.device_index || !may_run_here || !same_level {
                     eager = true;
                 }
@@ -909,8 +914,11 @@ where
     }
     let sink = gpu_succ == 0 && !host_succ;
     if gpu_succ > 0 {
-        let handoff =
-            w.shared.stream_handoff && gpu_succ == 1 && gpu_succ_here == 1 && !other_level;
+        let handoff = w.shared.stream_handoff
+            && gpu_succ == 1
+            && gpu_succ_here == 1
+            && !other_level
+            && !other_partition;
         let event = if eager && !handoff {
             Some(record(&ctx, stream)?)
         } else {

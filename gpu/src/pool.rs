@@ -14,6 +14,7 @@ use crate::detect::{self, plan_cores, process_cores};
 use crate::device::{DeviceInfo, DeviceShared, GpuDevice};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::{GpuCtx, GpuGraphExt};
+use crate::partition::{DevicePartitions, PartitionInfo, SmPartition};
 use crate::worker::{GpuWorker, PoolShared};
 
 /// Which devices a pool uses.
@@ -54,6 +55,7 @@ pub struct GpuPoolBuilder {
     stream_priorities: Vec<(usize, i32)>,
     wait_spin: std::time::Duration,
     idle_spin: Option<std::time::Duration>,
+    partitions: Vec<SmPartition>,
 }
 
 impl Default for GpuPoolBuilder {
@@ -81,6 +83,7 @@ impl GpuPoolBuilder {
             stream_priorities: Vec::new(),
             wait_spin: std::time::Duration::ZERO,
             idle_spin: None,
+            partitions: Vec::new(),
         }
     }
 
@@ -212,6 +215,73 @@ impl GpuPoolBuilder {
         self
     }
 
+    /// Splits each device's SMs into disjoint partitions, each a worker group
+    /// (`gpu<ordinal>.<name>`) whose workers make all their streams in the partition's green
+    /// context: their work runs on its SMs only, so a latency-critical path placed there
+    /// ([`GpuDevice::partition`]) never waits for SMs behind bulk work elsewhere. Sizes are
+    /// exact: a count the device cannot give (under its smallest partition, between two of its
+    /// steps, more than it has) fails `build` naming the partition; [`SmPartition::rest`] takes
+    /// what the others leave, and without one those SMs stay unused
+    /// ([`GpuDevice::unused_sms`]). The partitions' workers are the device's workers
+    /// (`workers_per_device` and `groups_per_device` do not apply; [`stream_priority`]
+    /// (Self::stream_priority) takes a partition's index). Nodes placed on the device run on
+    /// any partition's workers. Needs a CUDA 12.5 driver or newer. Empty (the default): no
+    /// partitions, the device as a whole.
+    ///
+    /// ```no_run
+    /// use boundpool_gpu::{GpuPoolBuilder, SmPartition};
+    /// let pool = GpuPoolBuilder::new()
+    ///     .sm_partitions(vec![SmPartition::new("latency", 8), SmPartition::rest("bulk").workers(3)])
+    ///     .build()?;
+    /// let latency = pool.devices()[0].partition("latency").unwrap().placement();
+    /// # let _ = latency;
+    /// # Ok::<(), boundpool_gpu::GpuError>(())
+    /// ```
+    pub fn sm_partitions(mut self, partitions: Vec<SmPartition>) -> Self {
+        self.partitions = partitions;
+        self
+    }
+
+    /// The workers of each device: the partitions' when there are any.
+    fn device_workers(&self) -> usize {
+        if self.partitions.is_empty() {
+            self.workers_per_device
+        } else {
+            self.partitions.iter().map(SmPartition::worker_count).sum()
+        }
+    }
+
+    /// Device `ordinal`'s groups: (name, first worker, end, SM partition) of each, a group per
+    /// partition, else the device's workers split as evenly as possible.
+    fn device_groups(&self, ordinal: i32) -> Vec<(String, usize, usize, Option<usize>)> {
+        if self.partitions.is_empty() {
+            let g = self.groups_per_device;
+            return (0..g)
+                .map(|k| {
+                    let lo = k * self.workers_per_device / g;
+                    let hi = (k + 1) * self.workers_per_device / g;
+                    let name = if g == 1 {
+                        format!("gpu{ordinal}")
+                    } else {
+                        format!("gpu{ordinal}.{k}")
+                    };
+                    (name, lo, hi, None)
+                })
+                .collect();
+        }
+        let mut lo = 0;
+        self.partitions
+            .iter()
+            .enumerate()
+            .map(|(k, p)| {
+                let hi = lo + p.worker_count();
+                let group = (format!("gpu{ordinal}.{}", p.name()), lo, hi, Some(k));
+                lo = hi;
+                group
+            })
+            .collect()
+    }
+
     /// Detects the devices (an error, not a panic, when there is no driver or no such device),
     /// then starts the workers: each pins itself, binds its device's primary context (retained
     /// once per device), checks it with `cuCtxGetCurrent` and creates its stream.
@@ -227,6 +297,7 @@ impl GpuPoolBuilder {
             stream_handoff: self.stream_handoff,
             plan: self.plan.clone(),
             group_priority: groups.group_priority,
+            group_partition: groups.group_partition,
             first_start_failure: std::sync::Mutex::new(None),
         });
         let pool = self.start(shared, groups.specs, &devices, &groups.device_groups)?;
@@ -258,6 +329,13 @@ impl GpuPoolBuilder {
                 "workers_per_device and groups_per_device must be at least 1",
             ));
         }
+        if !self.partitions.is_empty() && self.groups_per_device > 1 {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                "groups_per_device and sm_partitions cannot be combined: each SM partition is a group",
+            ));
+        }
+        crate::partition::check_specs(&self.partitions)?;
         if self.groups_per_device > self.workers_per_device {
             return Err(GpuError::new(
                 GpuErrorKind::InvalidArgument,
@@ -293,7 +371,16 @@ impl GpuPoolBuilder {
         for &o in ordinals {
             let (dev, info) = detect::open_device(o)?;
             infos.push(info.clone());
-            let d = DeviceShared::new(info, dev, self.trace);
+            let mut d = DeviceShared::new(info, dev, self.trace);
+            if !self.partitions.is_empty() {
+                let what = format!("device {o} ({})", d.info.name);
+                let (planned, unused) =
+                    crate::partition::split_device(dev, &what, &self.partitions)?;
+                let sizes: Vec<(&str, u32)> =
+                    planned.iter().map(|p| (p.name.as_str(), p.sms)).collect();
+                crate::metrics::register_partitions(&self.name, o, &sizes, unused);
+                d = d.with_partitions(DevicePartitions::new(planned, unused));
+            }
             d.set_metrics(crate::metrics::DeviceMetrics::register(
                 &self.name,
                 d.ordinal(),
@@ -307,10 +394,11 @@ impl GpuPoolBuilder {
     /// priority), then the host group if any.
     fn plan_groups(&self, devices: &[Arc<DeviceShared>], infos: &[DeviceInfo]) -> GroupPlan {
         let process = process_cores();
-        let plans = plan_cores(infos, self.workers_per_device, &process);
+        let plans = plan_cores(infos, self.device_workers(), &process);
         let mut specs = Vec::new();
         let mut group_device = Vec::new();
         let mut group_priority = Vec::new();
+        let mut group_partition = Vec::new();
         let mut device_groups: Vec<Vec<GroupId>> = vec![Vec::new(); devices.len()];
         // With one group per device the group is the device's placement; with more, a domain
         // over them (domain k is device k's).
@@ -322,16 +410,8 @@ impl GpuPoolBuilder {
                 .find(|(o, _)| *o == d.ordinal())
                 .map(|(_, c)| c.clone())
                 .unwrap_or_else(|| plans[i].clone());
-            let g = self.groups_per_device;
-            for k in 0..g {
-                // Split the device's workers as evenly as possible.
-                let lo = k * self.workers_per_device / g;
-                let hi = (k + 1) * self.workers_per_device / g;
-                let name = if g == 1 {
-                    format!("gpu{}", d.ordinal())
-                } else {
-                    format!("gpu{}.{k}", d.ordinal())
-                };
+            let split = self.device_groups(d.ordinal());
+            for (k, (name, lo, hi, partition)) in split.into_iter().enumerate() {
                 let cores = if !self.pin {
                     Cores::Unpinned
                 } else if cores.is_empty() {
@@ -341,6 +421,7 @@ impl GpuPoolBuilder {
                 };
                 device_groups[i].push(GroupId::from_index(specs.len()));
                 group_device.push(Some(i));
+                group_partition.push(partition);
                 group_priority.push(
                     self.stream_priorities
                         .iter()
@@ -357,6 +438,7 @@ impl GpuPoolBuilder {
         let host_group = if self.host_workers > 0 {
             let id = GroupId::from_index(specs.len());
             group_device.push(None);
+            group_partition.push(None);
             group_priority.push(0);
             specs.push(GroupSpec {
                 name: "host".into(),
@@ -371,13 +453,14 @@ impl GpuPoolBuilder {
         } else {
             None
         };
-        if self.groups_per_device > 1 {
+        if self.groups_per_device > 1 || self.partitions.len() > 1 {
             domain_device.extend(0..devices.len());
         }
         GroupPlan {
             specs,
             group_device,
             group_priority,
+            group_partition,
             device_groups,
             domain_device,
             host_group,
@@ -400,7 +483,7 @@ impl GpuPoolBuilder {
         if let Some(spin) = self.idle_spin {
             builder = builder.idle_spin(spin);
         }
-        if self.groups_per_device > 1 {
+        if self.groups_per_device > 1 || self.partitions.len() > 1 {
             for (i, d) in devices.iter().enumerate() {
                 builder = builder.domain(format!("gpu{}", d.ordinal()), device_groups[i].clone());
             }
@@ -413,7 +496,8 @@ impl GpuPoolBuilder {
                 match sh_start.device_of_group(info.group) {
                     Some(d) => {
                         let priority = sh_start.group_priority[info.group.index()];
-                        GpuWorker::start_device(sh_start.clone(), d, priority)
+                        let partition = sh_start.partition_of_group(info.group);
+                        GpuWorker::start_device(sh_start.clone(), d, priority, partition)
                             .and_then(|w| w.set_up(info))
                             .map_err(|e| {
                                 if e.kind() != GpuErrorKind::Closed {
@@ -476,7 +560,7 @@ impl GpuPoolBuilder {
         }
         let placements: Vec<Placement> = (0..devices.len())
             .map(|i| {
-                if self.groups_per_device > 1 {
+                if device_groups[i].len() > 1 {
                     Placement::Domain(DomainId::from_index(i))
                 } else {
                     Placement::Group(device_groups[i][0])
@@ -496,10 +580,26 @@ impl GpuPoolBuilder {
             .into_iter()
             .zip(device_groups)
             .zip(placements)
-            .map(|((shared, groups), placement)| GpuDevice {
-                shared,
-                groups,
-                placement,
+            .map(|((shared, groups), placement)| {
+                let partitions = shared
+                    .partitions
+                    .planned
+                    .iter()
+                    .zip(&groups)
+                    .zip(&self.partitions)
+                    .map(|((p, &group), spec)| PartitionInfo {
+                        name: p.name.clone(),
+                        sms: p.sms,
+                        group,
+                        workers: spec.worker_count(),
+                    })
+                    .collect();
+                GpuDevice {
+                    shared,
+                    groups,
+                    placement,
+                    partitions,
+                }
             })
             .collect();
         GpuPool {
@@ -517,6 +617,8 @@ struct GroupPlan {
     group_device: Vec<Option<usize>>,
     /// Group index -> priority of its workers' streams.
     group_priority: Vec<i32>,
+    /// Group index -> the SM partition of its device it is.
+    group_partition: Vec<Option<usize>>,
     /// Each device's groups.
     device_groups: Vec<Vec<GroupId>>,
     /// Domain index -> index into the devices (with several groups per device).

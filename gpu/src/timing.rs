@@ -117,13 +117,21 @@ impl DeviceTiming {
     /// A worker's stream joins: gets its track (`GPU <ordinal> (<name>) stream <i>`) and, for the
     /// device's first stream, the reference is calibrated on it (the stream is idle). Returns the
     /// stream's index in this table.
-    pub(crate) fn add_stream(&self, ctx: Ctx, stream: StreamRef) -> DResult<usize> {
+    pub(crate) fn add_stream(
+        &self,
+        ctx: Ctx,
+        stream: StreamRef,
+        partition: Option<&str>,
+    ) -> DResult<usize> {
         let mut st = self.lock();
         if st.reference.is_none() {
             st.reference = Some(calibrate(ctx, stream, &mut st.free, &self.created)?);
         }
         let i = st.streams.len();
-        let track = format!("{} stream {i}", self.device_label);
+        let track = match partition {
+            Some(p) => format!("{} partition {p} stream {i}", self.device_label),
+            None => format!("{} stream {i}", self.device_label),
+        };
         st.streams.push(StreamTrack {
             stream,
             track,

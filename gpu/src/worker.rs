@@ -33,6 +33,8 @@ pub(crate) struct PoolShared {
     pub(crate) plan: WorkerPlan,
     /// Group index -> priority of its workers' streams (`GpuPoolBuilder::stream_priority`).
     pub(crate) group_priority: Vec<i32>,
+    /// Group index -> the SM partition of its device it is (`GpuPoolBuilder::sm_partitions`).
+    pub(crate) group_partition: Vec<Option<usize>>,
     /// The first device worker whose start failed, and why (`GpuPool::build` reports it: the
     /// scheduler names the lowest-numbered failing worker, which may have failed only because
     /// this one's failure had the device released before it bound).
@@ -42,6 +44,11 @@ pub(crate) struct PoolShared {
 impl PoolShared {
     pub(crate) fn device_of_group(&self, g: GroupId) -> Option<usize> {
         self.group_device.get(g.index()).copied().flatten()
+    }
+
+    /// The SM partition group `g` is (None: not a partition).
+    pub(crate) fn partition_of_group(&self, g: GroupId) -> Option<usize> {
+        self.group_partition.get(g.index()).copied().flatten()
     }
 
     /// The device whose workers run a node placed on `p` (None: host or any worker).
@@ -116,6 +123,8 @@ impl Lane {
 pub(crate) struct Bound {
     pub(crate) device: Arc<DeviceShared>,
     pub(crate) device_index: usize,
+    /// The device's SM partition whose streams this worker makes (None: the whole device's).
+    pub(crate) partition: Option<usize>,
     pub(crate) ctx: Ctx,
     /// The device's context as cudarc's type ([`GpuCtx::context`](crate::GpuCtx::context)).
     pub(crate) cuda: Arc<CudaContext>,
@@ -182,15 +191,18 @@ impl GpuWorker {
         }
     }
 
-    /// Start hook of a device worker: bind the primary context, check it, create the stream.
+    /// Start hook of a device worker: bind the primary context, check it, create the stream
+    /// (in its SM partition's green context, for a partition's worker).
     pub(crate) fn start_device(
         shared: Arc<PoolShared>,
         device_index: usize,
         priority: i32,
+        partition: Option<usize>,
     ) -> GpuResult<Self> {
         let device = shared.devices[device_index].clone();
         let (ctx, cuda) = device.bind_worker()?;
-        let stream = match new_stream(&cuda, ctx, priority) {
+        driver::green::expect_partition(device.partitions.expected(partition));
+        let stream = match new_stream(&device, &cuda, ctx, partition, priority) {
             Ok(s) => s,
             Err(e) => {
                 // Undo the bind so the context's reference count stays right.
@@ -204,7 +216,8 @@ impl GpuWorker {
         let cuda_stream = stream.clone();
         let stream = device.register_stream(stream);
         if let Some(t) = &device.timing {
-            if let Err(e) = t.add_stream(ctx, stream) {
+            let part = partition.map(|p| device.partitions.planned[p].name.as_str());
+            if let Err(e) = t.add_stream(ctx, stream, part) {
                 let err = GpuError::driver(
                     "cuEventRecord",
                     &format!("device {}: trace reference event", device.ordinal()),
@@ -218,6 +231,7 @@ impl GpuWorker {
             bound: Some(Bound {
                 device,
                 device_index,
+                partition,
                 ctx,
                 cuda,
                 stream,
@@ -315,18 +329,27 @@ impl GpuWorker {
 }
 
 /// A non-blocking stream of the context, of `priority` clamped to the context's range (lower
-/// numbers are more urgent; 0, the default, makes a plain stream), owned by cudarc so that node
-/// bodies can take it as cudarc's type.
+/// numbers are more urgent; 0, the default, makes a plain stream), as cudarc's type so that
+/// node bodies can take it: owned by cudarc, or, in SM partition `partition`, made in its
+/// green context (owned by the device's partitions, borrowed by cudarc).
 fn new_stream(
+    device: &DeviceShared,
     cuda: &Arc<CudaContext>,
     ctx: Ctx,
+    partition: Option<usize>,
     priority: i32,
 ) -> driver::DResult<Arc<CudaStream>> {
-    if priority == 0 {
-        return cuda.new_stream();
+    let priority = if priority == 0 {
+        0
+    } else {
+        let (least, greatest) = driver::stream_priority_range(ctx)?;
+        priority.clamp(greatest, least)
+    };
+    match partition {
+        Some(p) => device.partitions.stream(ctx, cuda, p, priority),
+        None if priority == 0 => cuda.new_stream(),
+        None => cuda.new_stream_with_priority(priority),
     }
-    let (least, greatest) = driver::stream_priority_range(ctx)?;
-    cuda.new_stream_with_priority(priority.clamp(greatest, least))
 }
 
 impl Bound {
@@ -348,6 +371,18 @@ impl Bound {
         }
         let lane = Lane::new(self.level_stream(p)?);
         Ok(cell.get_or_init(|| lane))
+    }
+
+    /// A stream for a replay's capture, in this worker's SM partition if it has one (so that
+    /// the captured graph keeps the partition wherever it is launched). A partition's is
+    /// retired at once: destroyed once the capture's clones of it are gone (cudarc's own goes
+    /// with its last `Arc`).
+    pub(crate) fn capture_stream(&self) -> driver::DResult<Arc<CudaStream>> {
+        let s = new_stream(&self.device, &self.cuda, self.ctx, self.partition, 0)?;
+        if self.partition.is_some() {
+            self.device.partitions.retire(&s);
+        }
+        Ok(s)
     }
 
     /// The worker's normal-level stream (hoisted allocations of a capture go there).
@@ -373,14 +408,17 @@ impl Bound {
                 .driver_error("cuCtxGetStreamPriorityRange", &what, e)
         })?;
         let prio = if p == Priority::High { greatest } else { least };
-        let stream = new_stream(&self.cuda, self.ctx, prio).map_err(|e| {
+        let stream = new_stream(&self.device, &self.cuda, self.ctx, self.partition, prio).map_err(|e| {
             self.device
                 .driver_error("cuStreamCreateWithPriority", &what, e)
         })?;
         // Registered at once, so the last worker drops it whatever happens next.
         let view = self.device.register_stream(stream.clone());
         if let Some(t) = &self.device.timing {
-            t.add_stream(self.ctx, view)
+            let part = self
+                .partition
+                .map(|p| self.device.partitions.planned[p].name.as_str());
+            t.add_stream(self.ctx, view, part)
                 .map_err(|e| self.device.driver_error("cuEventRecord", &what, e))?;
         }
         Ok(stream)

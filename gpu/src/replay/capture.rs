@@ -152,13 +152,13 @@ fn capture_segment(
     Ok(())
 }
 
-/// Begins a capture, in thread-local mode, on a new stream of the worker's context; the guard
-/// ends it however the capturing code leaves.
+/// Begins a capture, in thread-local mode, on a new stream of the worker's context (of its SM
+/// partition, if it has one); the guard ends it however the capturing code leaves.
 fn begin_capture(st: &InstanceState, gctx: &GpuCtx<'_, '_>) -> GpuResult<(CaptureGuard, Capture)> {
     let b = gctx.b;
     let ctx = b.ctx;
     let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
-    let owned = b.cuda.new_stream().map_err(|e| drv("cuStreamCreate", e))?;
+    let owned = b.capture_stream().map_err(|e| drv("cuStreamCreate", e))?;
     // The capturing stream: a view of `owned`, which the guard drops when the capture ends
     // (`finish` consumes the guard, after the last use of a view of it in `capture_members`).
     let cs = StreamRef::of(&owned);

@@ -1,0 +1,384 @@
+//! SM-partition bench (issue "SM partitions"): a latency-critical client of the served model
+//! of `examples/serve` (bf16, replayed, `Priority::High`, one request every `--gap-us`) alone,
+//! then beside a background of large bf16 GEMMs (cuBLAS, `--bg-n` square, `--bg-inflight`
+//! graphs in flight) that fills the GPU. First on a pool without partitions (stream priority
+//! only), then with a partition of S SMs reserved for the client (S in `--sms`) and the
+//! background on the rest. Each row: the client's p50/p99 alone and loaded, loaded p99 over
+//! alone, and the background's TFLOP/s loaded against what its share of the SMs predicts
+//! (the full device's background alone times rest/all). PyTorch's same experiment
+//! (`benches/partition/torch_partition.py`) runs as a subprocess in the same device call when
+//! `python3` has torch (`--no-torch` skips it).
+//!
+//! `cargo bench -p boundpool-bench --bench partition [-- --seconds S --gap-us U --sms 8,16,32
+//! --bg-n N --bg-inflight K --json --no-torch]`; from a packed binary, run it from the
+//! repository root (the script's path). Without a GPU it says why and exits (status 1 with
+//! `BOUNDPOOL_REQUIRE_GPU=1`).
+
+#[path = "../../examples/serve/model.rs"]
+mod model;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use boundpool::gpu::cudarc::cublas::sys::cublasOperation_t;
+use boundpool::gpu::cudarc::cublas::{Gemm, GemmConfig};
+use boundpool::gpu::half::bf16;
+use boundpool::gpu::{
+    gpu_unavailable_reason, DeviceBuffer, Devices, GpuDevice, GpuGraphBuilder, GpuGraphExt,
+    GpuPool, GpuPoolBuilder, Priority, SmPartition,
+};
+use model::{check, GemmPath, ServeOptions, ServedModel, Shape, Weights};
+use serde_json::{json, Value};
+
+const SHAPE: Shape = Shape {
+    batch: 8,
+    dim: 1024,
+};
+
+struct Args {
+    seconds: f64,
+    gap_us: u64,
+    sms: Vec<u32>,
+    bg_n: usize,
+    bg_inflight: usize,
+    torch: bool,
+    json: bool,
+}
+
+fn args() -> Args {
+    let a: Vec<String> = std::env::args().collect();
+    let val = |n: &str| {
+        a.iter()
+            .position(|x| x == n)
+            .and_then(|i| a.get(i + 1))
+            .cloned()
+    };
+    Args {
+        seconds: val("--seconds").and_then(|v| v.parse().ok()).unwrap_or(2.0),
+        gap_us: val("--gap-us").and_then(|v| v.parse().ok()).unwrap_or(200),
+        sms: val("--sms")
+            .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect())
+            .unwrap_or_else(|| vec![8, 16, 32]),
+        bg_n: val("--bg-n").and_then(|v| v.parse().ok()).unwrap_or(8192),
+        bg_inflight: val("--bg-inflight")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2),
+        torch: !a.iter().any(|x| x == "--no-torch"),
+        json: a.iter().any(|x| x == "--json"),
+    }
+}
+
+fn pct(lat: &[Duration], q: f64) -> f64 {
+    let mut l = lat.to_vec();
+    l.sort();
+    if l.is_empty() {
+        return f64::NAN;
+    }
+    l[(q * (l.len() - 1) as f64).round() as usize].as_secs_f64() * 1e6
+}
+
+/// The latency-critical client: the served model on `device` at `Priority::High`.
+struct Client {
+    model: ServedModel<bf16>,
+    input: Vec<bf16>,
+    want: Vec<bf16>,
+}
+
+impl Client {
+    fn new(pool: &GpuPool, device: &GpuDevice) -> Self {
+        let host = Weights::<bf16>::new(SHAPE, 1);
+        let w = model::upload_weights(pool, device, &host).expect("weights upload");
+        let opts = ServeOptions {
+            instances: 1,
+            priority: Priority::High,
+            gemm: GemmPath::Lt,
+            copies_in_graph: true,
+        };
+        let model = ServedModel::new(device, SHAPE, w, opts).expect("model");
+        let input = host.request(0);
+        let want = host.reference(&input);
+        let c = Self { model, input, want };
+        // Capture, and check the output once.
+        let y = c.model.serve(pool, c.input.clone(), false).expect("request");
+        check(&y, &c.want).expect("the served output");
+        c
+    }
+
+    /// Requests one at a time, `gap` apart, for `secs`: their latencies.
+    fn run(&self, pool: &GpuPool, gap: Duration, secs: f64) -> Vec<Duration> {
+        let mut lat = Vec::new();
+        let end = Instant::now() + Duration::from_secs_f64(secs);
+        let mut next = Instant::now();
+        while Instant::now() < end {
+            while Instant::now() < next {
+                std::hint::spin_loop();
+            }
+            let t0 = Instant::now();
+            let y = self.model.serve(pool, self.input.clone(), false).expect("request");
+            lat.push(t0.elapsed());
+            debug_assert_eq!(y.len(), self.want.len());
+            next = t0 + lat.last().copied().unwrap_or_default() + gap;
+        }
+        lat
+    }
+}
+
+/// The background: graphs of one node doing `GEMMS` bf16 GEMMs of `n`, `inflight` at a time.
+struct Background {
+    graphs: Vec<boundpool::gpu::GpuGraph>,
+    n: usize,
+}
+
+const GEMMS: usize = 4;
+
+/// A slot's matrices: A and B, and its output (one graph of a slot in flight at a time: the
+/// lock is never contended).
+type Mats = Arc<(DeviceBuffer<bf16>, DeviceBuffer<bf16>, Mutex<DeviceBuffer<bf16>>)>;
+
+impl Background {
+    fn new(pool: &GpuPool, device: &GpuDevice, n: usize, inflight: usize) -> Self {
+        let graphs = (0..inflight)
+            .map(|slot| {
+                let mats: Mats = Arc::new(
+                    pool.call(device, move |c| {
+                        let a = c.upload(&vec![bf16::from_f32(0.01); n * n])?;
+                        Ok((a, c.alloc_zeros(n * n)?, c.alloc_zeros(n * n)?))
+                    })
+                    .map(|(a, b, out)| (a, b, Mutex::new(out)))
+                    .expect("background matrices"),
+                );
+                let mut g = GpuGraphBuilder::new("background");
+                g.gpu_node(device, "gemms", move |c| {
+                    let (a, b, out) = &*mats;
+                    let cfg = GemmConfig {
+                        transa: cublasOperation_t::CUBLAS_OP_N,
+                        transb: cublasOperation_t::CUBLAS_OP_N,
+                        m: n as i32,
+                        n: n as i32,
+                        k: n as i32,
+                        alpha: bf16::from_f32(1.0),
+                        lda: n as i32,
+                        ldb: n as i32,
+                        beta: bf16::from_f32(0.0),
+                        ldc: n as i32,
+                    };
+                    let blas = c.cublas()?;
+                    let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+                    for _ in 0..GEMMS {
+                        // SAFETY: three n×n column-major matrices.
+                        unsafe {
+                            blas.gemm(
+                                cfg,
+                                a.as_cuda_slice(),
+                                b.as_cuda_slice(),
+                                out.as_cuda_slice_mut(),
+                            )?
+                        };
+                    }
+                    Ok(())
+                });
+                g.build().expect("background graph")
+            })
+            .collect();
+        Self { graphs, n }
+    }
+
+    /// Runs until `stop`; returns the GEMMs completed and the seconds.
+    fn run(&self, pool: &GpuPool, stop: &AtomicBool, done: &AtomicU64) -> f64 {
+        let t0 = Instant::now();
+        let mut inflight = VecDeque::new();
+        let mut slot = 0;
+        while !stop.load(Ordering::Relaxed) {
+            if inflight.len() == self.graphs.len() {
+                let (h, _): (boundpool::gpu::GraphHandle, usize) = inflight.pop_front().unwrap();
+                h.wait().expect("background graph");
+                done.fetch_add(GEMMS as u64, Ordering::Relaxed);
+            }
+            let h = pool.submit(&self.graphs[slot]).expect("background submit");
+            inflight.push_back((h, slot));
+            slot = (slot + 1) % self.graphs.len();
+        }
+        for (h, _) in inflight {
+            h.wait().expect("background graph");
+            done.fetch_add(GEMMS as u64, Ordering::Relaxed);
+        }
+        t0.elapsed().as_secs_f64()
+    }
+
+    fn tflops(&self, gemms: u64, secs: f64) -> f64 {
+        2.0 * (self.n as f64).powi(3) * gemms as f64 / secs / 1e12
+    }
+}
+
+/// One configuration's figures.
+struct Row {
+    name: String,
+    lat_sms: Option<u32>,
+    bg_sms: u32,
+    alone: Vec<Duration>,
+    loaded: Vec<Duration>,
+    bg_alone: f64,
+    bg_loaded: f64,
+}
+
+fn measure(pool: &GpuPool, lat_dev: &GpuDevice, bg_dev: &GpuDevice, a: &Args) -> Row {
+    let client = Client::new(pool, lat_dev);
+    let bg = Background::new(pool, bg_dev, a.bg_n, a.bg_inflight);
+    let gap = Duration::from_micros(a.gap_us);
+    let alone = client.run(pool, gap, a.seconds);
+    let run_bg = |with_client: bool| {
+        let stop = AtomicBool::new(false);
+        let done = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            let h = s.spawn(|| bg.run(pool, &stop, &done));
+            // Let the background fill the GPU first.
+            std::thread::sleep(Duration::from_millis(100));
+            let lat = if with_client {
+                client.run(pool, gap, a.seconds)
+            } else {
+                std::thread::sleep(Duration::from_secs_f64(a.seconds));
+                Vec::new()
+            };
+            stop.store(true, Ordering::Relaxed);
+            let secs = h.join().expect("background thread");
+            (lat, bg.tflops(done.load(Ordering::Relaxed), secs))
+        })
+    };
+    let (_, bg_alone) = run_bg(false);
+    let (loaded, bg_loaded) = run_bg(true);
+    Row {
+        name: String::new(),
+        lat_sms: None,
+        bg_sms: 0,
+        alone,
+        loaded,
+        bg_alone,
+        bg_loaded,
+    }
+}
+
+fn pool(parts: Option<u32>) -> GpuPool {
+    let b = GpuPoolBuilder::new()
+        .name("partition-bench")
+        .devices(Devices::List(vec![0]))
+        .wait_spin(Duration::from_micros(200))
+        .idle_spin(Duration::from_micros(200));
+    match parts {
+        None => b.workers_per_device(4),
+        Some(s) => b.sm_partitions(vec![
+            SmPartition::new("latency", s).workers(2),
+            SmPartition::rest("bulk").workers(2),
+        ]),
+    }
+    .build()
+    .expect("GPU pool")
+}
+
+fn main() {
+    let a = args();
+    if let Some(why) = gpu_unavailable_reason() {
+        println!("no GPU: {why}");
+        if std::env::var("BOUNDPOOL_REQUIRE_GPU").as_deref() == Ok("1") {
+            std::process::exit(1);
+        }
+        return;
+    }
+    let mut rows = Vec::new();
+    let total = {
+        let p = pool(None);
+        let d = p.devices()[0].clone();
+        let total = p
+            .call(&d, |c| {
+                Ok(c.context().attribute(
+                    boundpool::gpu::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                )? as u32)
+            })
+            .expect("SM count");
+        let mut r = measure(&p, &d, &d, &a);
+        r.name = "stream priority only".into();
+        r.bg_sms = total;
+        rows.push(r);
+        total
+    };
+    for &s in &a.sms {
+        let p = pool(Some(s));
+        let d = p.devices()[0].clone();
+        let (lat, bulk) = (
+            d.on_partition("latency").unwrap(),
+            d.on_partition("bulk").unwrap(),
+        );
+        let mut r = measure(&p, &lat, &bulk, &a);
+        r.name = format!("partition of {s} SMs");
+        r.lat_sms = Some(d.partition("latency").unwrap().sms);
+        r.bg_sms = d.partition("bulk").unwrap().sms;
+        rows.push(r);
+    }
+    let full_bg = rows[0].bg_alone;
+    println!(
+        "\nSM partitions, bf16 served model (1 client, one request every {} us) beside {}x{} bf16 GEMMs ({} graphs in flight), {} s each\n",
+        a.gap_us, a.bg_n, a.bg_n, a.bg_inflight, a.seconds
+    );
+    println!("| configuration | client SMs | p50 alone | p99 alone | p50 loaded | p99 loaded | p99 loaded / alone | background TFLOP/s alone | loaded | loaded / its SM share |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in &rows {
+        let share = full_bg * f64::from(r.bg_sms) / f64::from(total);
+        let v = json!({"impl": "boundpool", "config": r.name, "client_sms": r.lat_sms, "bg_sms": r.bg_sms,
+            "p50_alone_us": pct(&r.alone, 0.5), "p99_alone_us": pct(&r.alone, 0.99),
+            "p50_loaded_us": pct(&r.loaded, 0.5), "p99_loaded_us": pct(&r.loaded, 0.99),
+            "bg_alone_tflops": r.bg_alone, "bg_loaded_tflops": r.bg_loaded, "bg_share_tflops": share});
+        if a.json {
+            println!("{v}");
+        }
+        println!(
+            "| {} | {} | {:.0} us | {:.0} us | {:.0} us | {:.0} us | {:.2}x | {:.0} | {:.0} | {:.2} |",
+            r.name,
+            r.lat_sms.map_or("all".into(), |s| s.to_string()),
+            pct(&r.alone, 0.5),
+            pct(&r.alone, 0.99),
+            pct(&r.loaded, 0.5),
+            pct(&r.loaded, 0.99),
+            pct(&r.loaded, 0.99) / pct(&r.alone, 0.99),
+            r.bg_alone,
+            r.bg_loaded,
+            r.bg_loaded / share,
+        );
+    }
+    if a.torch {
+        torch(&a);
+    }
+}
+
+/// PyTorch's same experiment, from the script beside this bench: its JSON lines, printed.
+fn torch(a: &Args) {
+    let script = ["benches/partition/torch_partition.py", "partition/torch_partition.py"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    let Some(script) = script else {
+        eprintln!("PyTorch peer not run: benches/partition/torch_partition.py not found from this directory");
+        return;
+    };
+    let sms: Vec<String> = a.sms.iter().map(|s| s.to_string()).collect();
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(script)
+        .args(["--seconds", &a.seconds.to_string()])
+        .args(["--gap-us", &a.gap_us.to_string()])
+        .args(["--bg-n", &a.bg_n.to_string()])
+        .arg("--sms")
+        .args(&sms);
+    println!("\nPyTorch, same call:\n");
+    match cmd.output() {
+        Ok(o) => {
+            for l in String::from_utf8_lossy(&o.stdout).lines() {
+                if let Ok(v) = serde_json::from_str::<Value>(l) {
+                    println!("{v}");
+                }
+            }
+            if !o.status.success() {
+                eprintln!("PyTorch peer failed: {}", String::from_utf8_lossy(&o.stderr));
+            }
+        }
+        Err(e) => eprintln!("PyTorch peer not run: python3: {e}"),
+    }
+}

@@ -1,0 +1,285 @@
+//! SM partitions: a device split into green-context partitions, each a worker group whose work
+//! runs on its SMs only. Which SMs ran a kernel is read from the blocks themselves (`%smid`),
+//! for nodes, for cudarc code in a node, for a cuBLAS call's neighbours and for a replayed
+//! graph (captured on the partition's stream, its executable keeps the partition). The guard's
+//! context check also counts work enqueued on another partition's stream as wrong. Run on a
+//! GPU machine with `BOUNDPOOL_REQUIRE_GPU=1`.
+
+mod common;
+
+use std::sync::Arc;
+
+use boundpool_gpu::cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
+use boundpool_gpu::cudarc::driver::{sys, LaunchConfig as CudarcLaunch, PushKernelArg};
+use boundpool_gpu::{
+    BoxError, DeviceBuffer, Devices, GpuCtx, GpuDevice, GpuErrorKind, GpuGraphBuilder,
+    GpuGraphExt, GpuPool, GpuPoolBuilder, Kernel, LaunchConfig, Module, ReplayBuilder,
+    SmPartition,
+};
+use common::GpuTest;
+
+/// Each block's first thread marks its SM; every thread then spins `spin` cycles, so that a
+/// grid of many blocks spreads over every SM it may use.
+const SMID_SRC: &str = r#"
+extern "C" __global__ void bp_smid(unsigned int* seen, long long spin) {
+    unsigned int id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    if (threadIdx.x == 0 && id < 1024) seen[id] = 1;
+    long long t0 = clock64();
+    while (clock64() - t0 < spin) {}
+}
+"#;
+
+/// Marks for up to 1024 SMs.
+const MARKS: usize = 1024;
+
+/// Blocks of a launch: several per SM of the largest device.
+const BLOCKS: u32 = 1056;
+
+fn smid_kernel() -> Kernel {
+    Module::from_cuda_source("smid", SMID_SRC)
+        .unwrap()
+        .kernel("bp_smid")
+        .unwrap()
+}
+
+/// 8 SMs for `lat` (one worker), the rest for `bulk` (two workers).
+fn partitioned_pool() -> GpuPool {
+    GpuPoolBuilder::new()
+        .name("parts")
+        .devices(Devices::List(vec![0]))
+        .sm_partitions(vec![
+            SmPartition::new("lat", 8),
+            SmPartition::rest("bulk").workers(2),
+        ])
+        .build()
+        .expect("partitioned GPU pool")
+}
+
+/// Launches the SM-id kernel over `BLOCKS` blocks into a new zeroed buffer of marks.
+fn mark_sms(ctx: &GpuCtx<'_, '_>, k: &Kernel) -> Result<DeviceBuffer<u32>, BoxError> {
+    let mut seen = ctx.alloc_zeros::<u32>(MARKS)?;
+    let cfg = LaunchConfig {
+        grid: (BLOCKS, 1, 1),
+        block: (64, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `bp_smid` takes (unsigned int*, long long); `seen` has MARKS elements.
+    unsafe { ctx.launch(k, cfg).arg(&mut seen).arg(20_000i64).launch()? };
+    Ok(seen)
+}
+
+fn count(marks: &[u32]) -> u32 {
+    marks.iter().filter(|&&m| m != 0).count() as u32
+}
+
+/// The device's SM count, read in a node.
+fn device_sms(pool: &GpuPool, d: &GpuDevice) -> u32 {
+    pool.call(d, |ctx| {
+        Ok(ctx.context().attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as u32)
+    })
+    .unwrap()
+}
+
+#[test]
+fn partitions_report_the_sizes_the_driver_gave_and_their_groups() {
+    let Some(_t) = GpuTest::start(
+        "partitions_report_the_sizes_the_driver_gave_and_their_groups",
+        120,
+    ) else {
+        return;
+    };
+    let pool = partitioned_pool();
+    let d = pool.devices()[0].clone();
+    let total = device_sms(&pool, &d);
+    let parts = d.partitions();
+    assert_eq!(parts.len(), 2);
+    assert_eq!((parts[0].name.as_str(), parts[0].sms), ("lat", 8));
+    assert_eq!(parts[1].name, "bulk");
+    assert_eq!(parts[1].sms, total - 8, "the rest is every SM the first left");
+    assert_eq!(d.unused_sms(), 0);
+    assert_eq!((parts[0].workers, parts[1].workers), (1, 2));
+    assert_ne!(parts[0].group, parts[1].group);
+    assert_eq!(d.groups(), &[parts[0].group, parts[1].group]);
+    let lat = d.on_partition("lat").unwrap();
+    assert_eq!(lat.placement(), parts[0].placement());
+    assert!(d.on_partition("nope").is_none());
+    // Without a rest partition, the SMs left are reported unused.
+    drop(pool);
+    let pool = GpuPoolBuilder::new()
+        .name("parts-unused")
+        .devices(Devices::List(vec![0]))
+        .sm_partitions(vec![SmPartition::new("a", 16), SmPartition::new("b", 8)])
+        .build()
+        .unwrap();
+    let d = &pool.devices()[0];
+    assert_eq!(d.unused_sms(), total - 24);
+    assert_eq!(
+        d.partitions().iter().map(|p| p.sms).collect::<Vec<_>>(),
+        [16, 8]
+    );
+}
+
+#[test]
+fn a_partition_runs_its_nodes_own_and_cudarc_work_on_its_sms_only() {
+    let Some(_t) = GpuTest::start(
+        "a_partition_runs_its_nodes_own_and_cudarc_work_on_its_sms_only",
+        120,
+    ) else {
+        return;
+    };
+    let pool = partitioned_pool();
+    let d = pool.devices()[0].clone();
+    let (lat, bulk) = (d.on_partition("lat").unwrap(), d.on_partition("bulk").unwrap());
+    let bulk_sms = d.partition("bulk").unwrap().sms;
+    let k = Arc::new(smid_kernel());
+    let mut g = GpuGraphBuilder::new("where");
+    let k1 = k.clone();
+    let on_lat = g.gpu_node(&lat, "on_lat", move |c| mark_sms(c, &k1));
+    let k2 = k.clone();
+    let on_bulk = g.gpu_node(&bulk, "on_bulk", move |c| mark_sms(c, &k2));
+    // cudarc code in a node: its own module, launched through cudarc's builder on the
+    // node's stream.
+    let via_cudarc = g.gpu_node(&lat, "via_cudarc", move |c| {
+        let ptx = boundpool_gpu::cudarc::nvrtc::compile_ptx(SMID_SRC)?;
+        let m = c.context().load_module(ptx)?;
+        let f = m.load_function("bp_smid")?;
+        let stream = c.stream();
+        let mut seen = stream.alloc_zeros::<u32>(MARKS)?;
+        let spin = 20_000i64;
+        let cfg = CudarcLaunch {
+            grid_dim: (BLOCKS, 1, 1),
+            block_dim: (64, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&mut seen).arg(&spin);
+        // SAFETY: `bp_smid` takes (unsigned int*, long long).
+        unsafe { launch.launch(cfg)? };
+        Ok(c.adopt(seen)?)
+    });
+    // An edge between partitions (an event wait), and a download on the bulk side.
+    let read = g.gpu_node(&bulk, "read", move |c| {
+        Ok([
+            c.download(&*c.input(on_lat)?)?,
+            c.download(&*c.input(on_bulk)?)?,
+            c.download(&*c.input(via_cudarc)?)?,
+        ])
+    });
+    g.edge(on_lat, read);
+    g.edge(on_bulk, read);
+    g.edge(via_cudarc, read);
+    let out = pool.submit(&g.build().unwrap()).unwrap().wait().unwrap();
+    let [lat_marks, bulk_marks, cudarc_marks] = &*out.get(read).unwrap();
+    assert_eq!(count(lat_marks), 8, "a node on 'lat' ran on exactly its 8 SMs");
+    assert_eq!(count(cudarc_marks), 8, "cudarc's launch on the node's stream too");
+    let b = count(bulk_marks);
+    assert!(
+        b > 8 && b <= bulk_sms,
+        "a node on 'bulk' ran on {b} SMs (of its {bulk_sms})"
+    );
+    let disjoint = lat_marks
+        .iter()
+        .zip(bulk_marks)
+        .all(|(a, b)| !(*a != 0 && *b != 0));
+    assert!(disjoint, "no SM ran both partitions' kernels");
+    drop(out);
+    pool.shutdown(boundpool_gpu::ShutdownMode::Finish);
+    assert_eq!(d.live_allocations(), 0, "every buffer released at shutdown");
+}
+
+#[test]
+fn a_replayed_graph_keeps_its_partition_and_library_calls_run_there() {
+    let Some(_t) = GpuTest::start(
+        "a_replayed_graph_keeps_its_partition_and_library_calls_run_there",
+        120,
+    ) else {
+        return;
+    };
+    let pool = partitioned_pool();
+    let d = pool.devices()[0].clone();
+    let lat = d.on_partition("lat").unwrap();
+    let k = Arc::new(smid_kernel());
+    let mut b = ReplayBuilder::new("replayed-on-lat");
+    let k1 = k.clone();
+    let marks = b.gpu_node(&lat, "marks", move |c| mark_sms(c.gpu()?, &k1));
+    // A cuBLAS GEMM in the captured graph, on the partition's stream.
+    let gemm = b.gpu_node(&lat, "gemm", move |c| {
+        let g = c.gpu()?;
+        let n = 64usize;
+        let a = g.upload(&vec![1.0f32; n * n])?;
+        let mut y = g.alloc_zeros::<f32>(n * n)?;
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_N,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: n as i32,
+            n: n as i32,
+            k: n as i32,
+            alpha: 1.0f32,
+            lda: n as i32,
+            ldb: n as i32,
+            beta: 0.0,
+            ldc: n as i32,
+        };
+        // SAFETY: three n×n column-major matrices.
+        unsafe {
+            g.cublas()?
+                .gemm(cfg, a.as_cuda_slice(), a.as_cuda_slice(), y.as_cuda_slice_mut())?
+        };
+        Ok((a, y))
+    });
+    let read = b.eager_gpu_node(&lat, "read", move |c| {
+        let g = c.gpu()?;
+        Ok((g.download(&*c.input(marks)?)?, g.download(&c.input(gemm)?.1)?))
+    });
+    b.edge(marks, read);
+    b.edge(gemm, read);
+    let graph = b.build().unwrap();
+    for run in 0..5 {
+        let out = graph.run(&pool).unwrap();
+        let (m, y) = &*out.get(read).unwrap();
+        assert_eq!(count(m), 8, "run {run}: the replayed kernel ran on the 8 SMs of 'lat'");
+        assert!(y.iter().all(|&v| v == 64.0), "run {run}: the GEMM's result");
+    }
+    let stats = graph.stats();
+    assert_eq!(stats.captures, 1, "captured once, replayed after: {stats:?}");
+}
+
+#[test]
+fn sizes_the_device_cannot_give_fail_the_build_naming_the_partition() {
+    let Some(_t) = GpuTest::start_without_context_check(
+        "sizes_the_device_cannot_give_fail_the_build_naming_the_partition",
+        60,
+    ) else {
+        return;
+    };
+    let build = |parts: Vec<SmPartition>| {
+        GpuPoolBuilder::new()
+            .name("bad-parts")
+            .devices(Devices::List(vec![0]))
+            .sm_partitions(parts)
+            .build()
+            .map(|_| ())
+            .unwrap_err()
+    };
+    let e = build(vec![SmPartition::new("tiny", 4)]);
+    assert_eq!(e.kind(), GpuErrorKind::Partition);
+    assert!(
+        e.to_string().contains("'tiny' asks for 4 SMs") && e.to_string().contains("at least"),
+        "{e}"
+    );
+    let e = build(vec![SmPartition::new("huge", 4096)]);
+    assert!(e.to_string().contains("ask for 4096 SMs"), "{e}");
+    let e = build(vec![SmPartition::new("x", 8), SmPartition::new("x", 8)]);
+    assert!(e.to_string().contains("'x' is named twice"), "{e}");
+    let e = GpuPoolBuilder::new()
+        .devices(Devices::List(vec![0]))
+        .groups_per_device(2)
+        .sm_partitions(vec![SmPartition::new("a", 8)])
+        .build()
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(e.kind(), GpuErrorKind::InvalidArgument, "{e}");
+}
