@@ -88,19 +88,26 @@ def make_model(dtype):
     return model.to(dtype).eval().requires_grad_(False)
 
 
+def reference(model, host_in):
+    """The model's output for `host_in` computed in float64 on the CPU from the same weights."""
+    ref = host_in.double()
+    for layer in model.layers:
+        ref = F.gelu(ref @ layer.weight.double().cpu().t() + layer.bias.double().cpu())
+    return ref
+
+
 def max_abs_err(model, client):
     """Serve one request, compare its output with a float64 CPU run of the same weights."""
     client.request()
-    ref = client.host_in.double()
-    for layer in model.layers:
-        ref = F.gelu(ref @ layer.weight.double().cpu().t() + layer.bias.double().cpu())
+    ref = reference(model, client.host_in)
     return float((client.host_out.double() - ref).abs().max().item())
 
 
 class Client:
-    """One client's stream, pinned host buffers, device input and (graph mode) CUDA graph."""
+    """One client's stream, pinned host buffers, device input and (graph mode) CUDA graph,
+    captured on `capture_stream` (None: PyTorch's own side stream, as this script does)."""
 
-    def __init__(self, model, dtype, mode, seed, stream):
+    def __init__(self, model, dtype, mode, seed, stream, capture_stream=None):
         self.model, self.stream = model, stream
         gen = torch.Generator().manual_seed(seed)
         self.host_in = torch.randn(BATCH, HIDDEN, generator=gen).to(dtype).pin_memory()
@@ -116,7 +123,8 @@ class Client:
                     model(self.dev_in)
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):  # H2D-free: static dev_in -> static dev_out
+            # H2D-free: static dev_in -> static dev_out
+            with torch.cuda.graph(self.graph, stream=capture_stream):
                 self.dev_out = model(self.dev_in)
             torch.cuda.synchronize()
 
