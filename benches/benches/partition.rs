@@ -1,7 +1,9 @@
 //! SM-partition bench (issue "SM partitions"): a latency-critical client of the served model
 //! of `examples/serve` (bf16, replayed, `Priority::High`, one request every `--gap-us`) alone,
-//! then beside a background of large bf16 GEMMs (cuBLAS, `--bg-n` square, `--bg-inflight`
-//! graphs in flight) that fills the GPU. First on a pool without partitions (stream priority
+//! then beside a background that fills the GPU (`--bg gemm,wave`): large bf16 GEMMs (cuBLAS,
+//! `--bg-n` square) or one wave of long blocks (two 1024-thread blocks per SM, each spinning
+//! `--wave-us`: every SM held by a running block, which no stream priority pre-empts), with
+//! `--bg-inflight` graphs in flight. First on a pool without partitions (stream priority
 //! only), then with a partition of S SMs reserved for the client (S in `--sms`) and the
 //! background on the rest. Each row: the client's p50/p99 alone and loaded, loaded p99 over
 //! alone, and the background's TFLOP/s loaded against what its share of the SMs predicts
@@ -10,7 +12,7 @@
 //! `python3` has torch (`--no-torch` skips it).
 //!
 //! `cargo bench -p boundpool-bench --bench partition [-- --seconds S --gap-us U --sms 8,16,32
-//! --bg-n N --bg-inflight K --json --no-torch]`; from a packed binary, run it from the
+//! --bg gemm,wave --bg-n N --wave-us U --bg-inflight K --json --no-torch]`; from a packed binary, run it from the
 //! repository root (the script's path). Without a GPU it says why and exits (status 1 with
 //! `BOUNDPOOL_REQUIRE_GPU=1`).
 
@@ -18,7 +20,7 @@
 mod model;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,8 +28,9 @@ use boundpool::gpu::cudarc::cublas::sys::cublasOperation_t;
 use boundpool::gpu::cudarc::cublas::{Gemm, GemmConfig};
 use boundpool::gpu::half::bf16;
 use boundpool::gpu::{
-    gpu_unavailable_reason, DeviceBuffer, Devices, GpuDevice, GpuGraphBuilder, GpuGraphExt,
-    GpuPool, GpuPoolBuilder, Priority, SmPartition,
+    builtin, gpu_unavailable_reason, BoxError, DeviceBuffer, Devices, GpuCtx, GpuDevice,
+    GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, LaunchConfig, Module, Priority,
+    SmPartition,
 };
 use model::{check, GemmPath, ServeOptions, ServedModel, Shape, Weights};
 use serde_json::{json, Value};
@@ -43,6 +46,8 @@ struct Args {
     sms: Vec<u32>,
     bg_n: usize,
     bg_inflight: usize,
+    bg: Vec<BgKind>,
+    wave_us: u64,
     torch: bool,
     json: bool,
 }
@@ -65,6 +70,20 @@ fn args() -> Args {
         bg_inflight: val("--bg-inflight")
             .and_then(|v| v.parse().ok())
             .unwrap_or(2),
+        bg: val("--bg")
+            .map(|v| {
+                v.split(',')
+                    .filter_map(|k| match k {
+                        "gemm" => Some(BgKind::Gemm),
+                        "wave" => Some(BgKind::Wave),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_else(|| vec![BgKind::Gemm, BgKind::Wave]),
+        wave_us: val("--wave-us")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000),
         torch: !a.iter().any(|x| x == "--no-torch"),
         json: a.iter().any(|x| x == "--json"),
     }
@@ -101,7 +120,10 @@ impl Client {
         let want = host.reference(&input);
         let c = Self { model, input, want };
         // Capture, and check the output once.
-        let y = c.model.serve(pool, c.input.clone(), false).expect("request");
+        let y = c
+            .model
+            .serve(pool, c.input.clone(), false)
+            .expect("request");
         check(&y, &c.want).expect("the served output");
         c
     }
@@ -116,7 +138,10 @@ impl Client {
                 std::hint::spin_loop();
             }
             let t0 = Instant::now();
-            let y = self.model.serve(pool, self.input.clone(), false).expect("request");
+            let y = self
+                .model
+                .serve(pool, self.input.clone(), false)
+                .expect("request");
             lat.push(t0.elapsed());
             debug_assert_eq!(y.len(), self.want.len());
             next = t0 + lat.last().copied().unwrap_or_default() + gap;
@@ -125,96 +150,155 @@ impl Client {
     }
 }
 
-/// The background: graphs of one node doing `GEMMS` bf16 GEMMs of `n`, `inflight` at a time.
+/// What fills the GPU beside the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BgKind {
+    /// bf16 GEMMs (cuBLAS) of `--bg-n`, `GEMMS` a graph.
+    Gemm,
+    /// One wave of long blocks: two 1024-thread blocks per SM of the background's device or
+    /// partition, each spinning `--wave-us`, a kernel a graph (the case no stream priority
+    /// helps: every SM is held by a running block).
+    Wave,
+}
+
+impl BgKind {
+    fn name(self) -> &'static str {
+        match self {
+            BgKind::Gemm => "GEMMs",
+            BgKind::Wave => "wave of long blocks",
+        }
+    }
+    fn unit(self) -> &'static str {
+        match self {
+            BgKind::Gemm => "TFLOP/s",
+            BgKind::Wave => "busy SMs",
+        }
+    }
+}
+
+/// The background: `inflight` graphs kept in flight, each one node of GPU work.
 struct Background {
     graphs: Vec<boundpool::gpu::GpuGraph>,
-    n: usize,
+    /// Work units a graph does (FLOPs, or SM-seconds of blocks).
+    per_graph: f64,
 }
 
 const GEMMS: usize = 4;
 
 /// A slot's matrices: A and B, and its output (one graph of a slot in flight at a time: the
 /// lock is never contended).
-type Mats = Arc<(DeviceBuffer<bf16>, DeviceBuffer<bf16>, Mutex<DeviceBuffer<bf16>>)>;
+type Mats = Arc<(
+    DeviceBuffer<bf16>,
+    DeviceBuffer<bf16>,
+    Mutex<DeviceBuffer<bf16>>,
+)>;
 
 impl Background {
-    fn new(pool: &GpuPool, device: &GpuDevice, n: usize, inflight: usize) -> Self {
-        let graphs = (0..inflight)
-            .map(|slot| {
-                let mats: Mats = Arc::new(
-                    pool.call(device, move |c| {
-                        let a = c.upload(&vec![bf16::from_f32(0.01); n * n])?;
-                        Ok((a, c.alloc_zeros(n * n)?, c.alloc_zeros(n * n)?))
-                    })
-                    .map(|(a, b, out)| (a, b, Mutex::new(out)))
-                    .expect("background matrices"),
-                );
+    fn new(pool: &GpuPool, device: &GpuDevice, sms: u32, kind: BgKind, a: &Args) -> Self {
+        let (n, wave_us) = (a.bg_n, a.wave_us);
+        let graphs = (0..a.bg_inflight)
+            .map(|_| {
                 let mut g = GpuGraphBuilder::new("background");
-                g.gpu_node(device, "gemms", move |c| {
-                    let (a, b, out) = &*mats;
-                    let cfg = GemmConfig {
-                        transa: cublasOperation_t::CUBLAS_OP_N,
-                        transb: cublasOperation_t::CUBLAS_OP_N,
-                        m: n as i32,
-                        n: n as i32,
-                        k: n as i32,
-                        alpha: bf16::from_f32(1.0),
-                        lda: n as i32,
-                        ldb: n as i32,
-                        beta: bf16::from_f32(0.0),
-                        ldc: n as i32,
-                    };
-                    let blas = c.cublas()?;
-                    let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
-                    for _ in 0..GEMMS {
-                        // SAFETY: three n×n column-major matrices.
-                        unsafe {
-                            blas.gemm(
-                                cfg,
-                                a.as_cuda_slice(),
-                                b.as_cuda_slice(),
-                                out.as_cuda_slice_mut(),
-                            )?
-                        };
+                match kind {
+                    BgKind::Gemm => {
+                        let mats = gemm_mats(pool, device, n);
+                        g.gpu_node(device, "gemms", move |c| gemms(c, &mats, n));
                     }
-                    Ok(())
-                });
+                    BgKind::Wave => {
+                        let spin = Module::builtin().kernel(builtin::SPIN).expect("bp_spin");
+                        // Cycles at the H100's 1.98 GHz boost clock.
+                        let cycles = (wave_us as f64 * 1980.0) as i64;
+                        g.gpu_node(device, "wave", move |c| {
+                            let cfg = LaunchConfig {
+                                grid: (2 * sms, 1, 1),
+                                block: (1024, 1, 1),
+                                shared_mem_bytes: 0,
+                            };
+                            // SAFETY: `bp_spin` takes one i64.
+                            unsafe { c.launch(&spin, cfg).arg(cycles).launch()? };
+                            Ok(())
+                        });
+                    }
+                }
                 g.build().expect("background graph")
             })
             .collect();
-        Self { graphs, n }
+        let per_graph = match kind {
+            BgKind::Gemm => 2.0 * (n as f64).powi(3) * GEMMS as f64 / 1e12,
+            // Two blocks per SM, each `wave_us`: `sms` SMs busy for `wave_us`.
+            BgKind::Wave => f64::from(sms) * wave_us as f64 * 1e-6,
+        };
+        Self { graphs, per_graph }
     }
 
-    /// Runs until `stop`; returns the GEMMs completed and the seconds.
-    fn run(&self, pool: &GpuPool, stop: &AtomicBool, done: &AtomicU64) -> f64 {
+    /// Runs until `stop`; returns its throughput (TFLOP/s, or SMs kept busy).
+    fn run(&self, pool: &GpuPool, stop: &AtomicBool) -> f64 {
         let t0 = Instant::now();
         let mut inflight = VecDeque::new();
+        let mut done = 0u64;
         let mut slot = 0;
         while !stop.load(Ordering::Relaxed) {
             if inflight.len() == self.graphs.len() {
-                let (h, _): (boundpool::gpu::GraphHandle, usize) = inflight.pop_front().unwrap();
+                let h: boundpool::gpu::GraphHandle = inflight.pop_front().expect("in flight");
                 h.wait().expect("background graph");
-                done.fetch_add(GEMMS as u64, Ordering::Relaxed);
+                done += 1;
             }
-            let h = pool.submit(&self.graphs[slot]).expect("background submit");
-            inflight.push_back((h, slot));
+            inflight.push_back(pool.submit(&self.graphs[slot]).expect("background submit"));
             slot = (slot + 1) % self.graphs.len();
         }
-        for (h, _) in inflight {
+        for h in inflight {
             h.wait().expect("background graph");
-            done.fetch_add(GEMMS as u64, Ordering::Relaxed);
+            done += 1;
         }
-        t0.elapsed().as_secs_f64()
-    }
-
-    fn tflops(&self, gemms: u64, secs: f64) -> f64 {
-        2.0 * (self.n as f64).powi(3) * gemms as f64 / secs / 1e12
+        done as f64 * self.per_graph / t0.elapsed().as_secs_f64()
     }
 }
 
-/// One configuration's figures.
+fn gemm_mats(pool: &GpuPool, device: &GpuDevice, n: usize) -> Mats {
+    Arc::new(
+        pool.call(device, move |c| {
+            let a = c.upload(&vec![bf16::from_f32(0.01); n * n])?;
+            Ok((a, c.alloc_zeros(n * n)?, c.alloc_zeros(n * n)?))
+        })
+        .map(|(a, b, out)| (a, b, Mutex::new(out)))
+        .expect("background matrices"),
+    )
+}
+
+fn gemms(c: &GpuCtx<'_, '_>, mats: &Mats, n: usize) -> Result<(), BoxError> {
+    let (a, b, out) = &**mats;
+    let cfg = GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_N,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m: n as i32,
+        n: n as i32,
+        k: n as i32,
+        alpha: bf16::from_f32(1.0),
+        lda: n as i32,
+        ldb: n as i32,
+        beta: bf16::from_f32(0.0),
+        ldc: n as i32,
+    };
+    let blas = c.cublas()?;
+    let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..GEMMS {
+        // SAFETY: three n×n column-major matrices.
+        unsafe {
+            blas.gemm(
+                cfg,
+                a.as_cuda_slice(),
+                b.as_cuda_slice(),
+                out.as_cuda_slice_mut(),
+            )?
+        };
+    }
+    Ok(())
+}
+
+/// One configuration's figures beside one background.
 struct Row {
     name: String,
+    kind: BgKind,
     lat_sms: Option<u32>,
     bg_sms: u32,
     alone: Vec<Duration>,
@@ -223,40 +307,50 @@ struct Row {
     bg_loaded: f64,
 }
 
-fn measure(pool: &GpuPool, lat_dev: &GpuDevice, bg_dev: &GpuDevice, a: &Args) -> Row {
+/// The client alone, then for each background kind: the background alone and both together.
+fn measure(
+    pool: &GpuPool,
+    (lat_dev, lat_sms): (&GpuDevice, Option<u32>),
+    (bg_dev, bg_sms): (&GpuDevice, u32),
+    name: &str,
+    a: &Args,
+) -> Vec<Row> {
     let client = Client::new(pool, lat_dev);
-    let bg = Background::new(pool, bg_dev, a.bg_n, a.bg_inflight);
     let gap = Duration::from_micros(a.gap_us);
     let alone = client.run(pool, gap, a.seconds);
-    let run_bg = |with_client: bool| {
-        let stop = AtomicBool::new(false);
-        let done = AtomicU64::new(0);
-        std::thread::scope(|s| {
-            let h = s.spawn(|| bg.run(pool, &stop, &done));
-            // Let the background fill the GPU first.
-            std::thread::sleep(Duration::from_millis(100));
-            let lat = if with_client {
-                client.run(pool, gap, a.seconds)
-            } else {
-                std::thread::sleep(Duration::from_secs_f64(a.seconds));
-                Vec::new()
-            };
-            stop.store(true, Ordering::Relaxed);
-            let secs = h.join().expect("background thread");
-            (lat, bg.tflops(done.load(Ordering::Relaxed), secs))
-        })
-    };
-    let (_, bg_alone) = run_bg(false);
-    let (loaded, bg_loaded) = run_bg(true);
-    Row {
-        name: String::new(),
-        lat_sms: None,
-        bg_sms: 0,
-        alone,
-        loaded,
-        bg_alone,
-        bg_loaded,
+    let mut rows = Vec::new();
+    for &kind in &a.bg {
+        let bg = Background::new(pool, bg_dev, bg_sms, kind, a);
+        let run_bg = |with_client: bool| {
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                let h = s.spawn(|| bg.run(pool, &stop));
+                // Let the background fill the GPU first.
+                std::thread::sleep(Duration::from_millis(100));
+                let lat = if with_client {
+                    client.run(pool, gap, a.seconds)
+                } else {
+                    std::thread::sleep(Duration::from_secs_f64(a.seconds));
+                    Vec::new()
+                };
+                stop.store(true, Ordering::Relaxed);
+                (lat, h.join().expect("background thread"))
+            })
+        };
+        let (_, bg_alone) = run_bg(false);
+        let (loaded, bg_loaded) = run_bg(true);
+        rows.push(Row {
+            name: name.to_owned(),
+            kind,
+            lat_sms,
+            bg_sms,
+            alone: alone.clone(),
+            loaded,
+            bg_alone,
+            bg_loaded,
+        });
     }
+    rows
 }
 
 fn pool(parts: Option<u32>) -> GpuPool {
@@ -289,50 +383,59 @@ fn main() {
     let total = {
         let p = pool(None);
         let d = p.devices()[0].clone();
-        let total = p
-            .call(&d, |c| {
-                Ok(c.context().attribute(
-                    boundpool::gpu::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                )? as u32)
-            })
-            .expect("SM count");
-        let mut r = measure(&p, &d, &d, &a);
-        r.name = "stream priority only".into();
-        r.bg_sms = total;
-        rows.push(r);
+        let total = d.info().sms;
+        rows.extend(measure(
+            &p,
+            (&d, None),
+            (&d, total),
+            "stream priority only",
+            &a,
+        ));
         total
     };
     for &s in &a.sms {
         let p = pool(Some(s));
         let d = p.devices()[0].clone();
         let (lat, bulk) = (
-            d.on_partition("latency").unwrap(),
-            d.on_partition("bulk").unwrap(),
+            d.on_partition("latency").expect("latency partition"),
+            d.on_partition("bulk").expect("bulk partition"),
         );
-        let mut r = measure(&p, &lat, &bulk, &a);
-        r.name = format!("partition of {s} SMs");
-        r.lat_sms = Some(d.partition("latency").unwrap().sms);
-        r.bg_sms = d.partition("bulk").unwrap().sms;
-        rows.push(r);
+        let (lat_sms, bg_sms) = (
+            d.partition("latency").expect("latency").sms,
+            d.partition("bulk").expect("bulk").sms,
+        );
+        let name = format!("partition of {s} SMs");
+        rows.extend(measure(
+            &p,
+            (&lat, Some(lat_sms)),
+            (&bulk, bg_sms),
+            &name,
+            &a,
+        ));
     }
-    let full_bg = rows[0].bg_alone;
     println!(
-        "\nSM partitions, bf16 served model (1 client, one request every {} us) beside {}x{} bf16 GEMMs ({} graphs in flight), {} s each\n",
-        a.gap_us, a.bg_n, a.bg_n, a.bg_inflight, a.seconds
+        "\nSM partitions: a bf16 served model (1 client, one request every {} us) beside a background ({} in flight), {} s each; background alone and loaded in its units, and loaded over its share of the full device's alone\n",
+        a.gap_us, a.bg_inflight, a.seconds
     );
-    println!("| configuration | client SMs | p50 alone | p99 alone | p50 loaded | p99 loaded | p99 loaded / alone | background TFLOP/s alone | loaded | loaded / its SM share |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| background | configuration | client SMs | p50 alone | p99 alone | p50 loaded | p99 loaded | p99 loaded / alone | background alone | loaded | loaded / its SM share |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in &rows {
-        let share = full_bg * f64::from(r.bg_sms) / f64::from(total);
-        let v = json!({"impl": "boundpool", "config": r.name, "client_sms": r.lat_sms, "bg_sms": r.bg_sms,
+        let full = rows
+            .iter()
+            .find(|f| f.kind == r.kind && f.lat_sms.is_none())
+            .map_or(f64::NAN, |f| f.bg_alone);
+        let share = full * f64::from(r.bg_sms) / f64::from(total);
+        let v = json!({"impl": "boundpool", "background": r.kind.name(), "config": r.name,
+            "client_sms": r.lat_sms, "bg_sms": r.bg_sms,
             "p50_alone_us": pct(&r.alone, 0.5), "p99_alone_us": pct(&r.alone, 0.99),
             "p50_loaded_us": pct(&r.loaded, 0.5), "p99_loaded_us": pct(&r.loaded, 0.99),
-            "bg_alone_tflops": r.bg_alone, "bg_loaded_tflops": r.bg_loaded, "bg_share_tflops": share});
+            "bg_unit": r.kind.unit(), "bg_alone": r.bg_alone, "bg_loaded": r.bg_loaded, "bg_share": share});
         if a.json {
             println!("{v}");
         }
         println!(
-            "| {} | {} | {:.0} us | {:.0} us | {:.0} us | {:.0} us | {:.2}x | {:.0} | {:.0} | {:.2} |",
+            "| {} | {} | {} | {:.0} us | {:.0} us | {:.0} us | {:.0} us | {:.2}x | {:.0} {} | {:.0} | {:.2} |",
+            r.kind.name(),
             r.name,
             r.lat_sms.map_or("all".into(), |s| s.to_string()),
             pct(&r.alone, 0.5),
@@ -341,6 +444,7 @@ fn main() {
             pct(&r.loaded, 0.99),
             pct(&r.loaded, 0.99) / pct(&r.alone, 0.99),
             r.bg_alone,
+            r.kind.unit(),
             r.bg_loaded,
             r.bg_loaded / share,
         );
@@ -352,9 +456,12 @@ fn main() {
 
 /// PyTorch's same experiment, from the script beside this bench: its JSON lines, printed.
 fn torch(a: &Args) {
-    let script = ["benches/partition/torch_partition.py", "partition/torch_partition.py"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists());
+    let script = [
+        "benches/partition/torch_partition.py",
+        "partition/torch_partition.py",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists());
     let Some(script) = script else {
         eprintln!("PyTorch peer not run: benches/partition/torch_partition.py not found from this directory");
         return;
@@ -376,7 +483,10 @@ fn torch(a: &Args) {
                 }
             }
             if !o.status.success() {
-                eprintln!("PyTorch peer failed: {}", String::from_utf8_lossy(&o.stderr));
+                eprintln!(
+                    "PyTorch peer failed: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
             }
         }
         Err(e) => eprintln!("PyTorch peer not run: python3: {e}"),

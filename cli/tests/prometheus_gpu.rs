@@ -55,13 +55,21 @@ fn gpu_metrics_are_exported_per_device() {
         .build()
         .unwrap();
     let d = pool.devices()[0].clone();
-    // Every series is there at zero before any work.
+    // Every series is there before any work: at zero, but the device's SM count (one
+    // partition, `all`, without SM partitions).
     let text = scrape(addr);
+    let sms = d.info().sms;
+    assert!(sms > 0);
     for &(name, ..) in GPU_METRICS {
+        let want = if name == "boundpool_gpu_partition_sms" {
+            f64::from(sms)
+        } else {
+            0.0
+        };
         assert_eq!(
             sample(&text, name, "gpu-metrics"),
-            Some(0.0),
-            "{name} not exported at zero"
+            Some(want),
+            "{name} not exported at {want}"
         );
     }
     let set = Module::builtin().kernel(builtin::SET_I64).unwrap();

@@ -59,6 +59,8 @@ pub(crate) fn open_device(ordinal: i32) -> GpuResult<(Dev, DeviceInfo)> {
         .map_err(|e| GpuError::driver("cuDeviceGetPCIBusId", &what, e))?;
     let total_memory = driver::device_total_mem(dev)
         .map_err(|e| GpuError::driver("cuDeviceTotalMem", &what, e))?;
+    let sms = driver::device_sm_count(dev)
+        .map_err(|e| GpuError::driver("cuDeviceGetAttribute", &what, e))?;
     let local_cores = local_cpulist(&pci_bus_id);
     Ok((
         dev,
@@ -67,6 +69,7 @@ pub(crate) fn open_device(ordinal: i32) -> GpuResult<(Dev, DeviceInfo)> {
             name,
             pci_bus_id,
             total_memory,
+            sms,
             local_cores,
         },
     ))
@@ -195,6 +198,7 @@ mod tests {
             name: String::new(),
             pci_bus_id: String::new(),
             total_memory: 0,
+            sms: 0,
             local_cores: local,
         }
     }

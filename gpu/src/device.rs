@@ -121,6 +121,8 @@ pub struct DeviceInfo {
     pub pci_bus_id: String,
     /// Total device memory in bytes.
     pub total_memory: usize,
+    /// Streaming multiprocessors (SMs).
+    pub sms: u32,
     /// Cores the system reports as local to the device (empty when unknown).
     pub local_cores: Vec<usize>,
 }
@@ -886,6 +888,7 @@ mod tests {
             name: "test".into(),
             pci_bus_id: String::new(),
             total_memory: 0,
+            sms: 0,
             local_cores: Vec::new(),
         };
         DeviceShared::new(info, Dev::for_test(), false)

@@ -330,6 +330,21 @@ pub(crate) fn device_total_mem(dev: Dev) -> DResult<usize> {
     Ok(b)
 }
 
+/// The device's multiprocessor count (needs only `cuInit`).
+pub(crate) fn device_sm_count(dev: Dev) -> DResult<u32> {
+    let mut n: c_int = 0;
+    // SAFETY: writes one int.
+    unsafe {
+        sys::cuDeviceGetAttribute(
+            &mut n,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            dev.0,
+        )
+        .result()?
+    };
+    Ok(n.max(0) as u32)
+}
+
 /// Retains `dev`'s primary context; the retain is released by [`PrimaryCtx::release`].
 pub(crate) fn primary_ctx_retain(dev: Dev) -> DResult<PrimaryCtx> {
     let mut c = MaybeUninit::<sys::CUcontext>::uninit();

@@ -202,9 +202,9 @@ mod libs;
 mod metrics;
 mod module;
 mod node;
-mod partition;
 #[cfg(feature = "nvtx")]
 mod nvtx;
+mod partition;
 mod pinned;
 mod pool;
 mod replay;
@@ -222,10 +222,10 @@ pub use error::{GpuError, GpuErrorKind, GpuResult};
 pub use libs::LT_WORKSPACE_BYTES;
 pub use metrics::GPU_METRICS;
 pub use module::{builtin, Kernel, Module};
-pub use partition::{PartitionInfo, SmPartition};
 pub use node::{
     GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,
 };
+pub use partition::{PartitionInfo, SmPartition};
 pub use pinned::PinnedBuffer;
 pub use pool::{Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 pub use replay::{

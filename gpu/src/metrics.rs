@@ -95,7 +95,7 @@ pub const GPU_METRICS: &[(&str, &str, &str, &str, &str)] = &[
         "gauge",
         "count",
         "pool, device, partition",
-        "the SMs of each SM partition of the device, as the driver gave them (`GpuPoolBuilder::sm_partitions`; `unused` for SMs no partition got)",
+        "the SMs of each SM partition of the device, as the driver gave them (`GpuPoolBuilder::sm_partitions`; `unused` for SMs no partition got; `all`, the device's SMs, without partitions)",
     ),
 ];
 

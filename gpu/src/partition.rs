@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use boundpool_scheduler::{GroupId, Placement};
 use cudarc::driver::{CudaContext, CudaStream};
 
-use crate::driver::green::{self, GreenCtx, GreenStream, SmLimits, SmSet};
+use crate::driver::green::{self, GreenCtx, GreenStream, SmDesc, SmLimits, SmSet};
 use crate::driver::{self, Ctx, DResult, Dev, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 
@@ -161,24 +161,33 @@ pub(crate) fn check_sizes(specs: &[SmPartition], limits: SmLimits, device: &str)
     }
 }
 
-/// A device's partitions as split at build, before any worker starts: each one's SMs, in the
-/// order asked.
+/// A device's partition as split at build, before any worker starts: its name, the
+/// descriptor its green context is made from, and its SMs.
 pub(crate) struct PlannedPartition {
     pub(crate) name: String,
-    pub(crate) set: SmSet,
+    pub(crate) desc: SmDesc,
     pub(crate) sms: u32,
 }
 
-/// Splits device `dev`'s SMs as `specs` ask (each sized partition in turn off what the previous
-/// ones left, so they are disjoint; the rest partition, if any, gets what remains). Returns
-/// the partitions in the order of `specs` and the SMs left unused.
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Splits device `dev`'s SMs as `specs` ask, in one split call (so the partitions are
+/// disjoint): the device into groups of the sizes' greatest common divisor, each sized
+/// partition a run of consecutive groups, the rest partition (if any) the groups left and the
+/// split's remainder. Returns the partitions in the order of `specs` and the SMs left unused.
 pub(crate) fn split_device(
     dev: Dev,
     device: &str,
     specs: &[SmPartition],
 ) -> GpuResult<(Vec<PlannedPartition>, u32)> {
-    let version = driver::driver_version()
-        .map_err(|e| GpuError::driver("cuDriverGetVersion", device, e))?;
+    let version =
+        driver::driver_version().map_err(|e| GpuError::driver("cuDriverGetVersion", device, e))?;
     if version < green::GREEN_MIN_DRIVER {
         return Err(GpuError::new(
             GpuErrorKind::Partition,
@@ -201,47 +210,87 @@ pub(crate) fn split_device(
         )
         .with_source(e)
     })?;
-    let unused = check_sizes(specs, limits, device)?;
-    let mut left = all;
-    let mut sized = Vec::new();
+    check_sizes(specs, limits, device)?;
+    let drv = |call: &str, e| GpuError::driver(call, &format!("{device}: SM partitions"), e);
+    let unit = specs.iter().filter_map(|p| p.sms).fold(0, gcd);
+    let (groups, remainder) = if unit == 0 {
+        // Only a rest partition: the whole device.
+        (Vec::new(), all)
+    } else {
+        green::split(&all, unit, limits.count / unit)
+            .map_err(|e| drv("cuDevSmResourceSplitByCount", e))?
+    };
+    if let Some(g) = groups.iter().find(|g| g.count() != unit) {
+        return Err(GpuError::new(
+            GpuErrorKind::Partition,
+            format!(
+                "{device} split its SMs into groups of {} where {unit} were asked",
+                g.count()
+            ),
+        ));
+    }
+    let mut next = 0;
+    let mut out = Vec::new();
+    let mut rest_at = None;
     for p in specs {
-        let Some(n) = p.sms else { continue };
-        let (set, rest) = green::split_off(&left, n).map_err(|e| {
-            GpuError::driver(
-                "cuDevSmResourceSplitByCount",
-                &format!("{device}: SM partition '{}'", p.name),
-                e,
-            )
-        })?;
-        if set.count() != n {
+        let Some(n) = p.sms else {
+            rest_at = Some(out.len());
+            out.push(None);
+            continue;
+        };
+        let k = (n / unit) as usize;
+        let Some(pieces) = groups.get(next..next + k) else {
             return Err(GpuError::new(
                 GpuErrorKind::Partition,
                 format!(
-                    "SM partition '{}': {device} gave {} SMs for the {n} asked",
+                    "SM partition '{}': {device} gave {} groups of {unit} SMs, fewer than the partitions need",
                     p.name,
-                    set.count()
+                    groups.len()
                 ),
             ));
-        }
-        sized.push((p.name.clone(), set));
-        left = rest;
-    }
-    let mut out = Vec::new();
-    for p in specs {
-        let set = match p.sms {
-            Some(_) => {
-                let i = sized.iter().position(|(n, _)| *n == p.name).expect("split above");
-                sized[i].1
-            }
-            None => left,
         };
-        out.push(PlannedPartition {
-            name: p.name.clone(),
-            sms: set.count(),
-            set,
-        });
+        next += k;
+        let desc = SmDesc::of(pieces).map_err(|e| drv("cuDevResourceGenerateDesc", e))?;
+        out.push(Some(planned(&p.name, desc)));
     }
-    Ok((out, unused))
+    let mut left: Vec<SmSet> = groups[next..].to_vec();
+    if remainder.count() > 0 {
+        left.push(remainder);
+    }
+    let left_sms: u32 = left.iter().map(SmSet::count).sum();
+    let unused = match rest_at {
+        None => left_sms,
+        Some(i) => {
+            // The remainder joins the rest where the driver allows it (a descriptor takes
+            // pieces of one split of the same alignment), else it stays unused.
+            let (desc, unused) = match SmDesc::of(&left) {
+                Ok(d) => (d, 0),
+                Err(_) if left.len() > 1 && remainder.count() > 0 => {
+                    let d = SmDesc::of(&left[..left.len() - 1])
+                        .map_err(|e| drv("cuDevResourceGenerateDesc", e))?;
+                    (d, remainder.count())
+                }
+                Err(e) => return Err(drv("cuDevResourceGenerateDesc", e)),
+            };
+            let name = &specs.iter().find(|p| p.sms.is_none()).expect("a rest").name;
+            out[i] = Some(planned(name, desc));
+            unused
+        }
+    };
+    Ok((
+        out.into_iter()
+            .map(|p| p.expect("every partition planned"))
+            .collect(),
+        unused,
+    ))
+}
+
+fn planned(name: &str, desc: SmDesc) -> PlannedPartition {
+    PlannedPartition {
+        name: name.to_owned(),
+        sms: desc.sms(),
+        desc,
+    }
 }
 
 /// A device's partitions at run time: planned at build, their green contexts made by the
@@ -280,7 +329,7 @@ impl DevicePartitions {
             return Ok(());
         }
         for p in &self.planned {
-            let g = GreenCtx::create(ctx, dev, &p.set).map_err(|e| {
+            let g = GreenCtx::create(ctx, dev, &p.desc).map_err(|e| {
                 GpuError::driver(
                     "cuGreenCtxCreate",
                     &format!("{device}: SM partition '{}'", p.name),
@@ -321,7 +370,9 @@ impl DevicePartitions {
         priority: i32,
     ) -> DResult<Arc<CudaStream>> {
         let green = lock(&self.green);
-        let g = green.get(part).expect("partition streams are made after the contexts");
+        let g = green
+            .get(part)
+            .expect("partition streams are made after the contexts");
         let owner = g.stream(ctx, priority)?;
         drop(green);
         let stream = owner.borrowed(cuda);
@@ -394,11 +445,20 @@ mod tests {
             .to_string()
             .contains("'a' is named twice"));
         let idle = [SmPartition::new("a", 8).workers(0)];
-        assert!(check_specs(&idle).unwrap_err().to_string().contains("no worker"));
+        assert!(check_specs(&idle)
+            .unwrap_err()
+            .to_string()
+            .contains("no worker"));
         let rests = [SmPartition::rest("a"), SmPartition::rest("b")];
-        assert!(check_specs(&rests).unwrap_err().to_string().contains("more than one"));
+        assert!(check_specs(&rests)
+            .unwrap_err()
+            .to_string()
+            .contains("more than one"));
         let dotted = [SmPartition::new("a.b", 8)];
-        assert!(check_specs(&dotted).unwrap_err().to_string().contains("\"a.b\""));
+        assert!(check_specs(&dotted)
+            .unwrap_err()
+            .to_string()
+            .contains("\"a.b\""));
         let empty = [SmPartition::new("a", 0)];
         assert_eq!(
             check_specs(&empty).unwrap_err().kind(),
@@ -415,15 +475,24 @@ mod tests {
         assert_eq!(check_sizes(&unused, H100, d).unwrap(), 132 - 48);
         let small = [SmPartition::new("lat", 4)];
         let e = check_sizes(&small, H100, d).unwrap_err().to_string();
-        assert!(e.contains("'lat' asks for 4 SMs") && e.contains("at least 8"), "{e}");
+        assert!(
+            e.contains("'lat' asks for 4 SMs") && e.contains("at least 8"),
+            "{e}"
+        );
         let between = [SmPartition::new("lat", 12)];
         let e = check_sizes(&between, H100, d).unwrap_err().to_string();
         assert!(e.contains("in steps of 8") && e.contains(d), "{e}");
         let over = [SmPartition::new("a", 128), SmPartition::new("b", 8)];
         let e = check_sizes(&over, H100, d).unwrap_err().to_string();
-        assert!(e.contains("ask for 136 SMs") && e.contains("has 132"), "{e}");
+        assert!(
+            e.contains("ask for 136 SMs") && e.contains("has 132"),
+            "{e}"
+        );
         let no_rest = [SmPartition::new("a", 128), SmPartition::rest("b")];
         let e = check_sizes(&no_rest, H100, d).unwrap_err().to_string();
-        assert!(e.contains("'b' takes the rest") && e.contains("leave 4 SMs"), "{e}");
+        assert!(
+            e.contains("'b' takes the rest") && e.contains("leave 4 SMs"),
+            "{e}"
+        );
     }
 }

@@ -380,6 +380,8 @@ impl GpuPoolBuilder {
                     planned.iter().map(|p| (p.name.as_str(), p.sms)).collect();
                 crate::metrics::register_partitions(&self.name, o, &sizes, unused);
                 d = d.with_partitions(DevicePartitions::new(planned, unused));
+            } else {
+                crate::metrics::register_partitions(&self.name, o, &[("all", d.info.sms)], 0);
             }
             d.set_metrics(crate::metrics::DeviceMetrics::register(
                 &self.name,

@@ -408,10 +408,11 @@ impl Bound {
                 .driver_error("cuCtxGetStreamPriorityRange", &what, e)
         })?;
         let prio = if p == Priority::High { greatest } else { least };
-        let stream = new_stream(&self.device, &self.cuda, self.ctx, self.partition, prio).map_err(|e| {
-            self.device
-                .driver_error("cuStreamCreateWithPriority", &what, e)
-        })?;
+        let stream =
+            new_stream(&self.device, &self.cuda, self.ctx, self.partition, prio).map_err(|e| {
+                self.device
+                    .driver_error("cuStreamCreateWithPriority", &what, e)
+            })?;
         // Registered at once, so the last worker drops it whatever happens next.
         let view = self.device.register_stream(stream.clone());
         if let Some(t) = &self.device.timing {

@@ -30,8 +30,7 @@ pub(crate) struct SmLimits {
     pub(crate) alignment: u32,
 }
 
-/// A set of SMs as the driver describes it (a resource of type SM). Plain data: no driver state
-/// until a green context is made from it.
+/// A set of SMs as the driver describes it (a resource of type SM): plain data, no driver state.
 #[derive(Clone, Copy)]
 pub(crate) struct SmSet(sys::CUdevResource);
 
@@ -74,25 +73,66 @@ pub(crate) fn device_sms(dev: Dev) -> DResult<(SmSet, SmLimits)> {
     ))
 }
 
-/// Splits `count` SMs off `input` (`cuDevSmResourceSplitByCount`, one group): the group and
-/// what remains. The driver rounds a count it cannot give up to one it can: callers compare.
-pub(crate) fn split_off(input: &SmSet, count: u32) -> DResult<(SmSet, SmSet)> {
-    let mut group = MaybeUninit::<sys::CUdevResource>::zeroed();
+/// Splits `all` into up to `groups` groups of `unit` SMs and what remains, in one
+/// `cuDevSmResourceSplitByCount` (the pieces of one split can be joined into one partition;
+/// a remainder cannot be split again). The driver may make fewer groups, or rounder ones:
+/// callers compare.
+pub(crate) fn split(all: &SmSet, unit: u32, groups: u32) -> DResult<(Vec<SmSet>, SmSet)> {
+    let mut out = vec![all.0; groups.max(1) as usize];
     let mut rest = MaybeUninit::<sys::CUdevResource>::zeroed();
-    let mut groups: std::ffi::c_uint = 1;
-    // SAFETY: writes at most `groups` (1) resources into `group` and one into `rest`; `input`
-    // is a resource of type SM.
+    let mut n: std::ffi::c_uint = groups.max(1);
+    // SAFETY: `out` has room for `n` resources, the call writes at most `n` (and sets `n` to
+    // how many) and one into `rest`; `all` is a resource of type SM.
     unsafe {
         sys::cuDevSmResourceSplitByCount(
-            group.as_mut_ptr(),
-            &mut groups,
-            &input.0,
+            out.as_mut_ptr(),
+            &mut n,
+            &all.0,
             rest.as_mut_ptr(),
             0,
-            count,
+            unit,
         )
         .result()?;
-        Ok((SmSet(group.assume_init()), SmSet(rest.assume_init())))
+        out.truncate(n as usize);
+        Ok((
+            out.into_iter().map(SmSet).collect(),
+            SmSet(rest.assume_init()),
+        ))
+    }
+}
+
+/// A descriptor of some pieces of one split (`cuDevResourceGenerateDesc`), valid for the
+/// process's life, with their SM count: what a green context is made from.
+pub(crate) struct SmDesc {
+    desc: sys::CUdevResourceDesc,
+    sms: u32,
+}
+
+// SAFETY: a descriptor is an opaque handle the driver keeps for the process's life and only
+// reads; any thread may pass it to `cuGreenCtxCreate`.
+unsafe impl Send for SmDesc {}
+// SAFETY: as above.
+unsafe impl Sync for SmDesc {}
+
+impl SmDesc {
+    /// The descriptor of `pieces` (outputs of one [`split`]).
+    pub(crate) fn of(pieces: &[SmSet]) -> DResult<SmDesc> {
+        let mut raw: Vec<sys::CUdevResource> = pieces.iter().map(|p| p.0).collect();
+        let mut desc = MaybeUninit::<sys::CUdevResourceDesc>::uninit();
+        // SAFETY: reads `raw.len()` resources and writes one descriptor.
+        let desc = unsafe {
+            sys::cuDevResourceGenerateDesc(desc.as_mut_ptr(), raw.as_mut_ptr(), raw.len() as u32)
+                .result()?;
+            desc.assume_init()
+        };
+        Ok(SmDesc {
+            desc,
+            sms: pieces.iter().map(SmSet::count).sum(),
+        })
+    }
+
+    pub(crate) fn sms(&self) -> u32 {
+        self.sms
     }
 }
 
@@ -118,20 +158,16 @@ unsafe impl Send for GreenStream {}
 unsafe impl Sync for GreenStream {}
 
 impl GreenCtx {
-    /// A green context over `sms` (`cuDevResourceGenerateDesc`, `cuGreenCtxCreate`; it retains
-    /// the primary context until destroyed). Called with the primary context current.
-    pub(crate) fn create(expect: Ctx, dev: Dev, sms: &SmSet) -> DResult<GreenCtx> {
+    /// A green context over `sms` (`cuGreenCtxCreate`; it retains the primary context until
+    /// destroyed). Called with the primary context current.
+    pub(crate) fn create(expect: Ctx, dev: Dev, sms: &SmDesc) -> DResult<GreenCtx> {
         check(expect, "cuGreenCtxCreate");
-        let mut r = sms.0;
-        let mut desc = MaybeUninit::<sys::CUdevResourceDesc>::uninit();
         let mut g = MaybeUninit::<sys::CUgreenCtx>::uninit();
-        // SAFETY: the descriptor call reads one resource and writes one descriptor, which the
-        // create call reads; each writes its handle only on success.
+        // SAFETY: writes one handle on success; the descriptor is live for the process.
         unsafe {
-            sys::cuDevResourceGenerateDesc(desc.as_mut_ptr(), &mut r, 1).result()?;
             sys::cuGreenCtxCreate(
                 g.as_mut_ptr(),
-                desc.assume_init(),
+                sms.desc,
                 dev.0,
                 sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
             )
