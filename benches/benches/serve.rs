@@ -14,7 +14,8 @@
 //! epilogue and a GELU kernel; `--eager-copies`: the copies in and out as eager nodes around a
 //! copy-free graph). `-- --breakdown`: instead, one client's requests on a traced
 //! pool, cut into phases from the timeline (median µs each). from a packed binary, run it from the repository root (the script's
-//! path). Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
+//! path). `--high-partition S`: the priority scenario once more on a pool whose device is split,
+//! S SMs (2 workers) for the latency-critical client and the rest for the batch clients. Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
 
 #[path = "../../examples/serve/model.rs"]
 mod model;
@@ -25,7 +26,9 @@ use std::time::{Duration, Instant};
 
 use boundpool::gpu::cudarc::cublas::{CudaBlas, Gemm};
 use boundpool::gpu::half::bf16;
-use boundpool::gpu::{gpu_unavailable_reason, Devices, GpuPool, GpuPoolBuilder, Priority};
+use boundpool::gpu::{
+    gpu_unavailable_reason, Devices, GpuDevice, GpuPool, GpuPoolBuilder, Priority, SmPartition,
+};
 use model::{check, Elem, GemmPath, ServeOptions, ServedModel, Shape, Weights};
 use serde_json::{json, Value};
 
@@ -44,6 +47,7 @@ struct Args {
     gemm: GemmPath,
     copies_in_graph: bool,
     breakdown: bool,
+    high_partition: Option<u32>,
     torch: bool,
     json: bool,
 }
@@ -74,6 +78,7 @@ fn args() -> Args {
         },
         copies_in_graph: !a.iter().any(|x| x == "--eager-copies"),
         breakdown: a.iter().any(|x| x == "--breakdown"),
+        high_partition: val("--high-partition").and_then(|v| v.parse().ok()),
         torch: !a.iter().any(|x| x == "--no-torch"),
         json: a.iter().any(|x| x == "--json"),
     }
@@ -112,10 +117,16 @@ impl<T: Elem> Bench<T>
 where
     CudaBlas: Gemm<T>,
 {
-    fn new(pool: &GpuPool, instances: usize, a: &Args) -> Self {
+    /// The batch clients' model on `device`, the latency-critical client's on `high_device`
+    /// (both device 0 of `pool`, or two of its SM partitions).
+    fn new(
+        pool: &GpuPool,
+        (device, high_device): (&GpuDevice, &GpuDevice),
+        instances: usize,
+        a: &Args,
+    ) -> Self {
         let host = Weights::<T>::new(SHAPE, 1);
-        let device = pool.device(0).expect("device 0").clone();
-        let w = model::upload_weights(pool, &device, &host).expect("weights upload");
+        let w = model::upload_weights(pool, device, &host).expect("weights upload");
         let inputs: Vec<Vec<T>> = (0..INPUTS).map(|k| host.request(k)).collect();
         let want = inputs.iter().map(|x| host.reference(x)).collect();
         let opts = |instances, priority| ServeOptions {
@@ -125,9 +136,9 @@ where
             copies_in_graph: a.copies_in_graph,
         };
         Self {
-            normal: ServedModel::new(&device, SHAPE, w.clone(), opts(instances, Priority::Normal))
+            normal: ServedModel::new(device, SHAPE, w.clone(), opts(instances, Priority::Normal))
                 .expect("model"),
-            high: ServedModel::new(&device, SHAPE, w, opts(1, Priority::High)).expect("model"),
+            high: ServedModel::new(high_device, SHAPE, w, opts(1, Priority::High)).expect("model"),
             inputs,
             want,
         }
@@ -241,7 +252,13 @@ fn run_dtype<T: Elem>(pool: &GpuPool, a: &Args, out: &mut Vec<Value>)
 where
     CudaBlas: Gemm<T>,
 {
-    let b = Bench::<T>::new(pool, a.clients.iter().copied().max().unwrap_or(8), a);
+    let d = pool.device(0).expect("device 0").clone();
+    let b = Bench::<T>::new(
+        pool,
+        (&d, &d),
+        a.clients.iter().copied().max().unwrap_or(8),
+        a,
+    );
     for &eager in &[false, true] {
         for &c in &a.clients {
             let (r, _) = b.serve(pool, c, eager, false, a.seconds);
@@ -252,7 +269,21 @@ where
             out.push(v);
         }
     }
-    // The latency-critical client alone, then beside 8 batch clients; the batch alone.
+    out.push(priority_scenario(pool, &b, a, None));
+}
+
+/// The latency-critical client alone, then beside 8 batch clients; the batch alone. With
+/// `partition`, the client's model is on an SM partition of that many SMs and the batch's on
+/// the rest.
+fn priority_scenario<T: Elem>(
+    pool: &GpuPool,
+    b: &Bench<T>,
+    a: &Args,
+    partition: Option<u32>,
+) -> Value
+where
+    CudaBlas: Gemm<T>,
+{
     let (_, alone) = b.serve(pool, 0, false, true, a.seconds);
     let (batch_alone, _) = b.serve(pool, 8, false, false, a.seconds);
     let (batch, loaded) = b.serve(pool, 8, false, true, a.seconds);
@@ -260,9 +291,35 @@ where
     let v = json!({"impl": "boundpool", "scenario": "priority", "dtype": T::NAME, "mode": "graph",
         "batch_clients": 8, "high_alone_p50_us": alone.pct(0.5), "high_alone_p99_us": alone.pct(0.99),
         "high_loaded_p50_us": loaded.pct(0.5), "high_loaded_p99_us": loaded.pct(0.99),
-        "batch_rps": batch.rps(), "batch_alone_rps": batch_alone.rps()});
+        "batch_rps": batch.rps(), "batch_alone_rps": batch_alone.rps(), "partition_sms": partition});
     line(&v, a.json);
-    out.push(v);
+    v
+}
+
+/// The priority scenario on a pool whose device 0 is split: `sms` SMs (2 workers) for the
+/// latency-critical client, the rest (the other workers) for the batch clients.
+fn partitioned_priority<T: Elem>(a: &Args, sms: u32, out: &mut Vec<Value>)
+where
+    CudaBlas: Gemm<T>,
+{
+    let pool = GpuPoolBuilder::new()
+        .name("serve-partitioned")
+        .devices(Devices::List(vec![0]))
+        .wait_spin(Duration::from_micros(a.spin_us))
+        .idle_spin(Duration::from_micros(a.idle_spin_us.unwrap_or(20)))
+        .sm_partitions(vec![
+            SmPartition::new("latency", sms).workers(2),
+            SmPartition::rest("batch").workers(a.workers.saturating_sub(2).max(1)),
+        ])
+        .build()
+        .expect("partitioned GPU pool");
+    let d = pool.device(0).expect("device 0");
+    let (lat, batch) = (
+        d.on_partition("latency").expect("latency partition"),
+        d.on_partition("batch").expect("batch partition"),
+    );
+    let b = Bench::<T>::new(&pool, (&batch, &lat), 8, a);
+    out.push(priority_scenario(&pool, &b, a, Some(sms)));
 }
 
 /// PyTorch's figures for the same configurations, from the script beside this bench.
@@ -356,20 +413,22 @@ fn table(ours: &[Value], theirs: &[Value], a: &Args) {
                 f(o, "rps"), f(o, "rps") / best, f(o, "p99_us")
             );
         }
-        let pr = |imp: &str| {
-            ours.iter()
-                .chain(theirs)
-                .find(|v| v["impl"] == imp && v["scenario"] == "priority" && v["dtype"] == dtype)
-        };
-        for imp in ["boundpool", "pytorch"] {
-            if let Some(p) = pr(imp) {
-                println!(
-                    "{dtype} {imp}: high-priority client p99 alone {:.0} us, beside 8 batch clients {:.0} us ({:.2}x); batch {:.0} req/s ({:.2}x of alone)",
-                    f(p, "high_alone_p99_us"), f(p, "high_loaded_p99_us"),
-                    f(p, "high_loaded_p99_us") / f(p, "high_alone_p99_us"),
-                    f(p, "batch_rps"), f(p, "batch_rps") / f(p, "batch_alone_rps")
-                );
-            }
+        let priority = ours
+            .iter()
+            .chain(theirs)
+            .filter(|v| v["scenario"] == "priority" && v["dtype"] == dtype);
+        for p in priority {
+            let imp = p["impl"].as_str().unwrap_or("?");
+            let on = match p.get("partition_sms").and_then(Value::as_u64) {
+                Some(s) => format!(" (on a partition of {s} SMs, the batch on the rest)"),
+                None => String::new(),
+            };
+            println!(
+                "{dtype} {imp}{on}: high-priority client p99 alone {:.0} us, beside 8 batch clients {:.0} us ({:.2}x); batch {:.0} req/s ({:.2}x of alone)",
+                f(p, "high_alone_p99_us"), f(p, "high_loaded_p99_us"),
+                f(p, "high_loaded_p99_us") / f(p, "high_alone_p99_us"),
+                f(p, "batch_rps"), f(p, "batch_rps") / f(p, "batch_alone_rps")
+            );
         }
     }
 }
@@ -382,7 +441,8 @@ fn breakdown<T: Elem>(pool: &GpuPool, a: &Args)
 where
     CudaBlas: Gemm<T>,
 {
-    let b = Bench::<T>::new(pool, 1, a);
+    let d = pool.device(0).expect("device 0").clone();
+    let b = Bench::<T>::new(pool, (&d, &d), 1, a);
     let m = &b.normal;
     for k in 0..50 {
         m.serve(pool, b.inputs[k % 8].clone(), false)
@@ -503,6 +563,10 @@ fn main() {
     run_dtype::<bf16>(&pool, &a, &mut ours);
     run_dtype::<f32>(&pool, &a, &mut ours);
     drop(pool);
+    if let Some(sms) = a.high_partition {
+        partitioned_priority::<bf16>(&a, sms, &mut ours);
+        partitioned_priority::<f32>(&a, sms, &mut ours);
+    }
     let theirs = if a.torch { torch(&a) } else { Vec::new() };
     table(&ours, &theirs, &a);
 }

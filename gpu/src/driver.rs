@@ -18,6 +18,9 @@
 //! Functions that take handles are therefore safe to call from crate code; those that take
 //! raw pointers to memory (launch arguments, copies) are `unsafe`.
 //!
+//! The calls of SM partitions (green contexts, their streams, the partition check) are in the
+//! child module `green`, under the same rules.
+//!
 //! Every function that needs a current context takes the context the caller *expects* to be
 //! current. When context checking is on ([`crate::context_check`]), each such call first reads
 //! `cuCtxGetCurrent` and counts a mismatch; that is how the tests prove that no framework call is

@@ -49,7 +49,15 @@
 //!   [`Replayable::update`] re-captures and updates the executables in place
 //!   (`cuGraphExecUpdate`). Operations a graph cannot hold (a download, a free) fail the
 //!   capture naming the node ([`GpuErrorKind::Capture`]); the graph still runs eagerly.
-//! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context.
+//! * **SM partitions.** [`GpuPoolBuilder::sm_partitions`] splits each device's SMs into
+//!   disjoint partitions ([`SmPartition`]), each a worker group whose streams are made in the
+//!   partition's green context, so its work runs on its SMs only: a latency-critical graph
+//!   placed there ([`GpuDevice::on_partition`]) never waits for SMs behind bulk work. Sizes are
+//!   exact (a count the device cannot give fails the build, [`GpuErrorKind::Partition`]);
+//!   [`GpuDevice::partitions`] reports what the driver gave. Workers keep the primary context
+//!   bound; only their streams are the partition's (`driver/green.rs` says why).
+//! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context,
+//!   and, on a partitioned device, work enqueued on a stream of another partition.
 //! * **Metrics.** Per device, through the `metrics` facade ([`GPU_METRICS`] lists them): live
 //!   buffers and bytes, releases queued and done, event edges and stream hand-offs, captures,
 //!   replays, executable updates and instantiations, sticky failures. The `nvtx` feature puts
@@ -137,7 +145,7 @@
 //! The one list (the README points here). Every block has a `// SAFETY:` comment and every
 //! unsafe fn or trait a `# Safety` section.
 //!
-//! * `driver.rs`: the only file that calls the CUDA driver's API itself
+//! * `driver.rs` (with `driver/green.rs`): the only file that calls the CUDA driver's API itself
 //!   (`cudarc::driver::sys` and `result`, and cudarc's module load and function lookup, each
 //!   behind the context check; elsewhere the driver is reached only through cudarc's safe
 //!   types: the context, streams, slices and library handles) and the only one with raw driver
@@ -160,6 +168,11 @@
 //!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (cudarc's `result::launch_kernel`
 //!   given one pointer per kernel parameter), the copies and the memset, which take raw
 //!   pointers.
+//! * `driver/green.rs` (a part of `driver.rs`): the green-context calls of SM partitions (the
+//!   device's SM resource and its split, descriptors, green contexts and their streams, owned
+//!   as `GreenCtx` and `GreenStream` and destroyed by consuming them, handed to node bodies as
+//!   cudarc streams that borrow them, `wrap_borrowed_stream`), and the partition check
+//!   (`cuStreamGetGreenCtx`).
 //! * `libs.rs`, `blas.rs` and `blaslt.rs`: the only files with cuBLAS, cuBLASLt and cuSOLVER
 //!   handles and calls (`cudarc::cublas`, `cudarc::cublaslt`, `cudarc::cusolver`; library
 //!   handles, not driver handles, kept there by design: cudarc's `CudaBlas` and `DnHandle` and

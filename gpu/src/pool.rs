@@ -223,8 +223,8 @@ impl GpuPoolBuilder {
     /// steps, more than it has) fails `build` naming the partition; [`SmPartition::rest`] takes
     /// what the others leave, and without one those SMs stay unused
     /// ([`GpuDevice::unused_sms`]). The partitions' workers are the device's workers
-    /// (`workers_per_device` and `groups_per_device` do not apply; [`stream_priority`]
-    /// (Self::stream_priority) takes a partition's index). Nodes placed on the device run on
+    /// (`workers_per_device` and `groups_per_device` do not apply;
+    /// [`stream_priority`](Self::stream_priority) takes a partition's index). Nodes placed on the device run on
     /// any partition's workers. Needs a CUDA 12.5 driver or newer. Empty (the default): no
     /// partitions, the device as a whole.
     ///

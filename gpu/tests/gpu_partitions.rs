@@ -174,16 +174,16 @@ fn a_partition_runs_its_nodes_own_and_cudarc_work_on_its_sms_only() {
     // An edge between partitions (an event wait), and a download on the bulk side.
     let read = g.gpu_node(&bulk, "read", move |c| {
         Ok([
-            c.download(&*c.input(on_lat)?)?,
-            c.download(&*c.input(on_bulk)?)?,
-            c.download(&*c.input(via_cudarc)?)?,
+            c.download(c.input(on_lat)?)?,
+            c.download(c.input(on_bulk)?)?,
+            c.download(c.input(via_cudarc)?)?,
         ])
     });
     g.edge(on_lat, read);
     g.edge(on_bulk, read);
     g.edge(via_cudarc, read);
     let out = pool.submit(&g.build().unwrap()).unwrap().wait().unwrap();
-    let [lat_marks, bulk_marks, cudarc_marks] = &*out.get(read).unwrap();
+    let [lat_marks, bulk_marks, cudarc_marks] = out.get(read).unwrap();
     assert_eq!(
         count(lat_marks),
         8,
