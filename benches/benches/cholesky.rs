@@ -8,7 +8,18 @@
 //! read-back of the POTRF infos). The matrix is reloaded from a device copy before every run
 //! (not timed), and every configuration's last result is spot-checked on the device.
 //!
-//! `cargo bench -p boundpool-bench --bench cholesky [-- --n 4096,8192 --tiles 512,1024 --runs 3 --workers 8 --merge]`
+//! `--partition-sms S1,S2,..` (issue "SM partitions") adds, after each N's rows, a sweep of SM
+//! partitions: for each S, a pool whose panel group is an SM partition of S SMs
+//! (`SmPartition::new("panel", S)`, W/2 workers, stream priority -5, as the first DAG column's
+//! panel group) and whose update group is the rest (`SmPartition::rest("updates")`, W - W/2
+//! workers), runs the same DAGs (same N, tiles, plan flags and runs, the same spot check) and
+//! prints a row per S and tile beside the first DAG column, with both ratios to the cuSOLVER
+//! call of the rows above. Each S a multiple of 8 (the Hopper step); a bare `--partition-sms`
+//! sweeps 16,32,48,64,96. A size the device or driver cannot give (green contexts need a CUDA
+//! 12.5 driver) prints a `skipped` row and the sweep goes on. Without the flag the output is
+//! the same as before it existed.
+//!
+//! `cargo bench -p boundpool-bench --bench cholesky [-- --n 4096,8192 --tiles 512,1024 --runs 3 --workers 8 --merge --partition-sms 16,32,48,64,96]`
 //! (`--merge`: every DAG with `CholeskyPlan::merge_columns`, one TRSM and one GEMM per column;
 //! `--no-critical`: the critical path's nodes at normal priority (`CholeskyPlan::critical_high`);
 //! `--probe`: GEMM, TRSM, TRMM and SYRK calls of the tile shapes, each alone on the GPU).
@@ -20,8 +31,8 @@ use std::time::Instant;
 use boundpool_bench::cholesky::{spd_matrix, spot_check_on_device, CholeskyPlan};
 use boundpool_bench::replay::median;
 use boundpool_gpu::{
-    DeviceBuffer, Devices, Diag, GpuDevice, GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool,
-    GpuPoolBuilder, ShutdownMode, Side, Trans, Uplo,
+    DeviceBuffer, Devices, Diag, GpuDevice, GpuErrorKind, GpuGraph, GpuGraphBuilder, GpuGraphExt,
+    GpuPool, GpuPoolBuilder, ShutdownMode, Side, SmPartition, Trans, Uplo,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -38,6 +49,53 @@ fn list(name: &str, default: &[usize]) -> Vec<usize> {
     arg_str(name)
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| default.to_vec())
+}
+
+/// The SMs of the panel's partition that a bare `--partition-sms` sweeps: from a partition
+/// about the critical path's size (16 of 132 SMs) to one near the panel group's share of the
+/// flops with few tiles (the panel group does about 26% of them with 16 tiles a side, 47% with
+/// 8, 77% with 4).
+const DEFAULT_PARTITION_SMS: [u32; 5] = [16, 32, 48, 64, 96];
+
+/// `--partition-sms`: `None` without the flag, else the sizes listed after it (the default
+/// sweep when no list follows it), each a positive multiple of 8.
+fn partition_sms() -> Res<Option<Vec<u32>>> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--partition-sms") else {
+        return Ok(None);
+    };
+    let sms = match args.get(i + 1).filter(|v| !v.starts_with("--")) {
+        None => DEFAULT_PARTITION_SMS.to_vec(),
+        Some(v) => v
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("--partition-sms {v}: {x:?} is not a number of SMs"))
+            })
+            .collect::<Result<Vec<u32>, String>>()?,
+    };
+    if let Some(bad) = sms.iter().find(|&&s| s == 0 || s % 8 != 0) {
+        return Err(format!("--partition-sms: {bad} SMs is not a positive multiple of 8").into());
+    }
+    Ok(Some(sms))
+}
+
+/// A pool of `workers` workers on device 0 whose panel group is an SM partition of `sms` SMs
+/// (`workers / 2` workers, stream priority -5) and whose update group is the rest of the SMs
+/// (the other workers): the first DAG column's pool with the two groups on disjoint SMs.
+fn partitioned_pool(sms: u32, workers: usize) -> boundpool_gpu::GpuResult<GpuPool> {
+    GpuPoolBuilder::new()
+        .devices(Devices::List(vec![0]))
+        .sm_partitions(vec![
+            SmPartition::new("panel", sms).workers(workers / 2),
+            SmPartition::rest("updates").workers(workers - workers / 2),
+        ])
+        .stream_priority(0, -5)
+        .stream_handoff(false)
+        .blas(true)
+        .solver(true)
+        .build()
 }
 
 /// A pool, its device, and the matrix (original and work copy) on it.
@@ -235,6 +293,8 @@ fn probe(n: usize, tiles: &[usize]) -> Res<()> {
 }
 
 fn main() -> Res<()> {
+    // Checked first, so that a bad list is found without a GPU too.
+    let sweep = partition_sms()?.unwrap_or_default();
     if let Some(why) = boundpool_gpu::gpu_unavailable_reason() {
         println!("cholesky bench skipped: no GPU: {why}");
         return Ok(());
@@ -271,6 +331,17 @@ fn main() -> Res<()> {
             "normal (--no-critical)"
         }
     );
+    if !sweep.is_empty() {
+        let list: Vec<String> = sweep.iter().map(u32::to_string).collect();
+        println!(
+            "SM partition sweep (--partition-sms {}): after each N, the same DAGs with the panel \
+             group on a partition of S SMs ({} workers, stream priority -5) and the updates on \
+             the rest ({} workers)",
+            list.join(","),
+            workers / 2,
+            workers - workers / 2,
+        );
+    }
     println!(
         "{:>6} {:>5} {:>7} | {:>10} {:>10} {:>10} {:>10} | {:>8} {:>8}",
         "N", "tile", "nodes", "DAG", "DAG 1grp", "1 worker", "cuSOLVER", "DAG/cuS", "DAG/1w"
@@ -310,11 +381,19 @@ fn main() -> Res<()> {
             &host,
             n,
         )?;
-        drop(host);
+        // Kept for the sweep's pools, made after these go.
+        let host = if sweep.is_empty() {
+            drop(host);
+            None
+        } else {
+            Some(host)
+        };
         let flops = (n as f64).powi(3) / 3.0;
         let cus = cusolver_graph(&multi, n)?;
         let t_cus = multi.time(&cus, runs)?;
         multi.check(n, "cuSOLVER")?;
+        // The first DAG column's GFLOP/s of each tile, for the sweep's rows.
+        let mut dag_rates: Vec<(usize, f64)> = Vec::new();
         for &b in &tiles {
             if b >= n {
                 continue;
@@ -341,6 +420,7 @@ fn main() -> Res<()> {
                 rates.push(flops / t / 1e9);
             }
             let cus_rate = flops / t_cus / 1e9;
+            dag_rates.push((b, rates[0]));
             println!(
                 "{n:>6} {b:>5} {nodes:>7} | {:>10.0} {:>10.0} {:>10.0} {:>10.0} | {:>7.2}x {:>7.2}x",
                 rates[0],
@@ -353,7 +433,92 @@ fn main() -> Res<()> {
         }
         // The pools (and their buffers) go before the next N's allocations.
         drop((multi, flat, one));
+        if let Some(host) = host {
+            let cus_rate = flops / t_cus / 1e9;
+            let opts = SweepOptions {
+                workers,
+                runs,
+                merge_columns,
+                critical_high,
+            };
+            partition_sweep(n, &host, &sweep, &dag_rates, cus_rate, &opts)?;
+        }
     }
     println!("(GFLOP/s; DAG/cuS and DAG/1w are ratios of the first DAG column)");
+    if !sweep.is_empty() {
+        println!(
+            "(partition rows: SMs = the panel's partition + the updates' as the driver gave them; \
+             DAG and cuSOLVER from the rows above; part/DAG = DAG part / DAG)"
+        );
+    }
+    Ok(())
+}
+
+/// What the sweep's DAGs share with the rows above them.
+struct SweepOptions {
+    workers: usize,
+    runs: usize,
+    merge_columns: bool,
+    critical_high: bool,
+}
+
+/// `--partition-sms`: for each size in `sweep`, a [`partitioned_pool`] (one at a time, so
+/// that no more than one extra copy of the matrix is on the device), the DAG of each tile of
+/// `dag_rates` (the first DAG column's GFLOP/s at that tile) timed and checked as above, a row
+/// each beside that column and the cuSOLVER call's `cus_rate`.
+fn partition_sweep(
+    n: usize,
+    host: &Arc<Vec<f64>>,
+    sweep: &[u32],
+    dag_rates: &[(usize, f64)],
+    cus_rate: f64,
+    o: &SweepOptions,
+) -> Res<()> {
+    println!(
+        "{:>6} {:>5} {:>7} | {:>10} {:>10} {:>10} | {:>8} {:>8} {:>8}",
+        "N", "tile", "SMs", "DAG part", "DAG", "cuSOLVER", "part/cuS", "DAG/cuS", "part/DAG"
+    );
+    let flops = (n as f64).powi(3) / 3.0;
+    for &sms in sweep {
+        let pool = match partitioned_pool(sms, o.workers) {
+            Ok(p) => p,
+            Err(e) if e.kind() == GpuErrorKind::Partition => {
+                println!("{n:>6} {:>5} {sms:>7} | skipped: {e}", "-");
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let s = Setup::new(pool, host, n)?;
+        let (panel, update) = match (s.dev.partition("panel"), s.dev.partition("updates")) {
+            (Some(p), Some(u)) => (p.clone(), u.clone()),
+            _ => return Err("the partitioned pool has no 'panel' or 'updates' partition".into()),
+        };
+        let split = format!("{}+{}", panel.sms, update.sms);
+        for &(b, dag) in dag_rates {
+            let plan = CholeskyPlan {
+                n,
+                tile: b,
+                panel: panel.group,
+                update: update.group,
+                merge_columns: o.merge_columns,
+                critical_high: o.critical_high,
+            };
+            let info = Arc::new(s.pool.call(&s.dev, move |ctx| {
+                Ok(ctx.alloc_zeros::<i32>(n.div_ceil(b))?)
+            })?);
+            let chol = plan.build("cholesky", &s.a, &info)?;
+            let t = s.time(&chol.graph, o.runs)?;
+            s.check(n, &format!("DAG N={n} tile={b} panel on {sms} SMs"))?;
+            let rate = flops / t / 1e9;
+            println!(
+                "{n:>6} {b:>5} {split:>7} | {rate:>10.0} {dag:>10.0} {cus_rate:>10.0} | {:>7.2}x {:>7.2}x {:>7.2}x",
+                rate / cus_rate,
+                dag / cus_rate,
+                rate / dag
+            );
+        }
+        // Its buffers go before the next size's pool.
+        drop(s);
+    }
     Ok(())
 }

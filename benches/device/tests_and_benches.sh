@@ -21,4 +21,11 @@ step latency 60 $B/boundpool bench --latency --gpu --json --threads 8 --seconds 
 step latency_host 30 $B/boundpool bench --latency --json --seconds 2; tail -c 700 $LOGS/latency_host.log; echo
 step scaling 110 $B/boundpool bench --scaling --scale 0.3 --runs 3; tail -n 21 $LOGS/scaling.log | cut -c1-140
 step cholex 25 $B/cholesky --n 8192 --tile 1024 --trace $LOGS/chol_trace.json; tail -n 4 $LOGS/cholex.log
+# The tiled Cholesky's SM-partition sweep (issue "SM partitions"): the DAG's panel group on a
+# partition of S SMs, its updates on the rest, a row per S and tile beside the DAG column and the
+# cuSOLVER call (targets: N = 16384 >= 1.0x, 8192 >= 0.9x, 32768 no slower than the DAG). Last,
+# so that it takes only the time the steps above leave; a cut-off run keeps the rows it printed.
+# CHOL_PART_SMS picks the sizes (multiples of 8).
+step chol_part 200 $B/bench_cholesky --n 8192,16384,32768 --tiles 1024,2048,4096 --runs ${CHOL_RUNS:-2} --partition-sms ${CHOL_PART_SMS:-16,32,48,64,96}
+grep -E "^ *[0-9]+ +[0-9-]+ +[0-9]+(\+[0-9]+)? \|" $LOGS/chol_part.log | grep -E "\+|skipped" | cut -c1-110
 finish
