@@ -114,6 +114,7 @@ impl Client {
             priority: Priority::High,
             gemm: GemmPath::Lt,
             copies_in_graph: true,
+            zero_copy: true,
         };
         let model = ServedModel::new(device, SHAPE, w, opts).expect("model");
         let input = host.request(0);

@@ -12,7 +12,8 @@
 //! tuned for latency: `--spin-us 0 --idle-spin-us 20` is a default pool; `--gemm
 //! cublas`: cuBLAS GEMMs and a bias + GELU kernel instead of cuBLASLt with the bias in its
 //! epilogue and a GELU kernel; `--eager-copies`: the copies in and out as eager nodes around a
-//! copy-free graph). `-- --breakdown`: instead, one client's requests on a traced
+//! copy-free graph; `--copy-nodes`: in the graph, copy nodes instead of the default copy kernels
+//! reading and writing the mapped pinned buffers). `-- --breakdown`: instead, one client's requests on a traced
 //! pool, cut into phases from the timeline (median µs each). from a packed binary, run it from the repository root (the script's
 //! path). `--high-partition S`: the priority scenario once more on a pool whose device is split,
 //! S SMs (2 workers) for the latency-critical client and the rest for the batch clients. Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
@@ -46,6 +47,7 @@ struct Args {
     idle_spin_us: Option<u64>,
     gemm: GemmPath,
     copies_in_graph: bool,
+    zero_copy: bool,
     breakdown: bool,
     high_partition: Option<u32>,
     torch: bool,
@@ -77,6 +79,7 @@ fn args() -> Args {
             _ => GemmPath::Lt,
         },
         copies_in_graph: !a.iter().any(|x| x == "--eager-copies"),
+        zero_copy: !a.iter().any(|x| x == "--copy-nodes"),
         breakdown: a.iter().any(|x| x == "--breakdown"),
         high_partition: val("--high-partition").and_then(|v| v.parse().ok()),
         torch: !a.iter().any(|x| x == "--no-torch"),
@@ -134,6 +137,7 @@ where
             priority,
             gemm: a.gemm,
             copies_in_graph: a.copies_in_graph,
+            zero_copy: a.zero_copy,
         };
         Self {
             normal: ServedModel::new(device, SHAPE, w.clone(), opts(instances, Priority::Normal))
@@ -263,7 +267,7 @@ where
         for &c in &a.clients {
             let (r, _) = b.serve(pool, c, eager, false, a.seconds);
             let v = json!({"impl": "boundpool", "dtype": T::NAME, "mode": if eager {"eager"} else {"graph"},
-                "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "gemm": format!("{:?}", a.gemm), "copies_in_graph": a.copies_in_graph, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
+                "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "gemm": format!("{:?}", a.gemm), "copies_in_graph": a.copies_in_graph, "zero_copy": a.zero_copy, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
                 "p50_us": r.pct(0.5), "p99_us": r.pct(0.99)});
             line(&v, a.json);
             out.push(v);

@@ -13,7 +13,7 @@ use boundpool::gpu::cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use boundpool::gpu::cudarc::cublaslt::MatmulConfig;
 use boundpool::gpu::half::bf16;
 use boundpool::gpu::{
-    BoxError, DeviceBuffer, DeviceCopy, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
+    BoxError, DeviceBuffer, DeviceCopy, GpuCtx, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
     GpuResult, Kernel, LaunchConfig, LtElement, Module, PinnedBuffer, Priority, RNode,
     ReplayBuilder, ReplayCtx, Replayable, RunInputs,
 };
@@ -49,6 +49,10 @@ extern "C" __global__ void gelu_bf16(unsigned short* y, unsigned n) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2bf(gelu(bf2f(y[i])));
 }
+extern "C" __global__ void copy_words(unsigned* dst, const unsigned* src, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
+}
 "#;
 
 /// The options of a served model's graph.
@@ -63,6 +67,10 @@ pub struct ServeOptions {
     /// Whether the copies in and out are in the CUDA graph (one launch per request) or eager
     /// nodes around it (a copy-free graph, as PyTorch's).
     pub copies_in_graph: bool,
+    /// In the graph, whether a kernel reads the input from and writes the output to the
+    /// pinned buffers directly (`PinnedBuffer::device_ptr`: zero-copy, the graph all kernels)
+    /// rather than copy nodes.
+    pub zero_copy: bool,
 }
 
 impl Default for ServeOptions {
@@ -72,6 +80,7 @@ impl Default for ServeOptions {
             priority: Priority::Normal,
             gemm: GemmPath::Lt,
             copies_in_graph: true,
+            zero_copy: true,
         }
     }
 }
@@ -350,12 +359,16 @@ where
             priority,
             gemm,
             copies_in_graph,
+            zero_copy,
         } = opts;
         let module = Module::from_cuda_source("serve", KERNELS)?;
         let kernel = module.kernel(match gemm {
             GemmPath::Lt => T::GELU,
             GemmPath::Cublas => T::KERNEL,
         })?;
+        let copy = (copies_in_graph && zero_copy)
+            .then(|| module.kernel("copy_words"))
+            .transpose()?;
         let n = shape.batch * shape.dim;
         let pool: IoPool<T> = Arc::default();
         let mut g = ReplayBuilder::new(&format!("serve {}", T::NAME));
@@ -389,6 +402,7 @@ where
             shape,
             gemm,
             copies_in_graph,
+            copy: copy.as_ref(),
         };
         let last = layers.add(&mut g, io, stage);
         let copy_out = (!copies_in_graph).then(|| {
@@ -552,6 +566,28 @@ fn lend_io<T: Elem>(
     })
 }
 
+/// Copies `len` elements of `T` from `src` to `dst` (device addresses, one of them a mapped
+/// pinned buffer's) with the copy kernel, 4 bytes a thread.
+fn copy_words<T: Elem>(
+    gpu: &GpuCtx<'_, '_>,
+    copy: &Kernel,
+    dst: u64,
+    src: u64,
+    len: usize,
+) -> Result<(), BoxError> {
+    let words = len * std::mem::size_of::<T>() / 4;
+    // SAFETY: `copy_words(unsigned* dst, const unsigned* src, unsigned n)`: both ranges hold
+    // `words` 4-byte words (the model's sizes are multiples of 4 bytes), live for the graph.
+    unsafe {
+        gpu.launch(copy, LaunchConfig::for_elements(words))
+            .arg(dst)
+            .arg(src)
+            .arg(words as u32)
+            .launch()?
+    };
+    Ok(())
+}
+
 /// What the layer nodes share.
 struct LayerNodes<'m, T: DeviceCopy> {
     device: &'m GpuDevice,
@@ -560,6 +596,8 @@ struct LayerNodes<'m, T: DeviceCopy> {
     shape: Shape,
     gemm: GemmPath,
     copies_in_graph: bool,
+    /// The copy kernel of zero-copy I/O (None: copy nodes).
+    copy: Option<&'m Kernel>,
 }
 
 impl<T: Elem> LayerNodes<'_, T>
@@ -578,6 +616,7 @@ where
         for l in 0..LAYERS {
             let (w, k) = (self.weights.clone(), self.kernel.clone());
             let (shape, gemm, copies_in_graph) = (self.shape, self.gemm, self.copies_in_graph);
+            let copy = self.copy.cloned();
             let node = g.gpu_node(
                 self.device,
                 &format!("layer {l}"),
@@ -588,14 +627,34 @@ where
                     let y = match prev {
                         Some(p) => layer(c, &w[l], &*c.input(p)?, &k, shape, gemm)?,
                         None => {
-                            if copies_in_graph {
-                                gpu.copy_from_pinned(&io.pin_in, &io.dev_in)?;
+                            match &copy {
+                                Some(cp) => copy_words::<T>(
+                                    gpu,
+                                    cp,
+                                    io.dev_in.device_ptr(),
+                                    io.pin_in.device_ptr(),
+                                    io.dev_in.len(),
+                                )?,
+                                None if copies_in_graph => {
+                                    gpu.copy_from_pinned(&io.pin_in, &io.dev_in)?
+                                }
+                                None => {}
                             }
                             layer(c, &w[l], &io.dev_in, &k, shape, gemm)?
                         }
                     };
-                    if l == LAYERS - 1 && copies_in_graph {
-                        gpu.copy_to_pinned(&y, &io.pin_out)?;
+                    if l == LAYERS - 1 {
+                        match &copy {
+                            Some(cp) => copy_words::<T>(
+                                gpu,
+                                cp,
+                                io.pin_out.device_ptr(),
+                                y.device_ptr(),
+                                y.len(),
+                            )?,
+                            None if copies_in_graph => gpu.copy_to_pinned(&y, &io.pin_out)?,
+                            None => {}
+                        }
                     }
                     Ok(y)
                 },

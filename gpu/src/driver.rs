@@ -615,6 +615,8 @@ pub(crate) unsafe fn memcpy_dtoh_async(
 pub(crate) struct HostAlloc {
     ptr: *mut c_void,
     bytes: usize,
+    /// Its address for kernels (mapped into the device's address space).
+    device_ptr: u64,
 }
 
 // SAFETY: an address of host memory no one else frees; access is ordered by its users.
@@ -637,6 +639,11 @@ impl HostAlloc {
         self.bytes
     }
 
+    /// The address a kernel reads and writes it through (zero-copy, over the bus).
+    pub(crate) fn device_ptr(&self) -> u64 {
+        self.device_ptr
+    }
+
     /// Frees it. No copy into or out of it may still be in flight.
     pub(crate) fn free(self, expect: Ctx) -> DResult<()> {
         check(expect, "cuMemFreeHost");
@@ -649,9 +656,25 @@ impl HostAlloc {
 pub(crate) fn mem_host_alloc(expect: Ctx, bytes: usize) -> DResult<HostAlloc> {
     check(expect, "cuMemHostAlloc");
     let mut ptr: *mut c_void = std::ptr::null_mut();
-    // SAFETY: an out-pointer for the address; flags 0 (cached, this context's only).
-    unsafe { sys::cuMemHostAlloc(&mut ptr, bytes.max(1), 0).result()? };
-    Ok(HostAlloc { ptr, bytes })
+    // Portable: page-locked for every context of the device (the green contexts of SM
+    // partitions too, whose copies would otherwise stage it as pageable memory); mapped: a
+    // kernel can read and write it directly.
+    let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+    // SAFETY: an out-pointer for the address; cached memory (no write-combining).
+    unsafe { sys::cuMemHostAlloc(&mut ptr, bytes.max(1), flags).result()? };
+    let mut device_ptr: sys::CUdeviceptr = 0;
+    // SAFETY: `ptr` was just allocated mapped; writes one device address.
+    let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, ptr, 0).result() };
+    if let Err(e) = mapped {
+        // SAFETY: allocated above, freed once here.
+        let _ = unsafe { sys::cuMemFreeHost(ptr).result() };
+        return Err(e);
+    }
+    Ok(HostAlloc {
+        ptr,
+        bytes,
+        device_ptr,
+    })
 }
 
 /// Device-to-device copy ordered on `s`.

@@ -1,6 +1,7 @@
 //! Page-locked host buffers: [`PinnedBuffer`], and the GPU node's copies between them and
 //! device buffers ([`GpuCtx::alloc_pinned`], [`GpuCtx::copy_from_pinned`],
-//! [`GpuCtx::copy_to_pinned`]). Copies from and to pinned memory are truly asynchronous (no
+//! [`GpuCtx::copy_to_pinned`]); the memory is mapped too, for kernels that read or write it
+//! directly ([`PinnedBuffer::device_ptr`]). Copies from and to pinned memory are truly asynchronous (no
 //! staging, no host wait) and a CUDA graph can hold them, so a replayed segment can take its
 //! input from, and leave its output in, host memory of its instance.
 //!
@@ -18,7 +19,7 @@ use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::device::{DeviceShared, Release};
 use crate::driver::{self, HostAlloc};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
-use crate::node::GpuCtx;
+use crate::node::{GpuCtx, KernelArg};
 
 /// Page-locked host memory for `len` elements of `T`, allocated by a GPU node
 /// ([`GpuCtx::alloc_pinned`]) and freed by a bound worker of its device when dropped anywhere.
@@ -53,6 +54,17 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
     /// Whether it holds no element.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The buffer's address in the device's address space: a kernel given it (it is a
+    /// [`KernelArg`](crate::KernelArg) too) reads or writes the host memory directly over the
+    /// bus, no copy engine involved ("zero-copy"; worth it for small transfers, which a CUDA
+    /// graph then holds as a kernel like any other). Ordered like a copy: by the graph's edges.
+    pub fn device_ptr(&self) -> u64 {
+        self.alloc
+            .as_ref()
+            .expect("a live pinned buffer has its memory")
+            .device_ptr()
     }
 
     fn ptr(&self) -> *mut T {
@@ -104,6 +116,12 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
                 self.device.ordinal()
             ),
         ))
+    }
+}
+
+impl<T: DeviceCopy> KernelArg for &PinnedBuffer<T> {
+    fn to_bits(&self) -> u64 {
+        self.device_ptr()
     }
 }
 

@@ -373,3 +373,74 @@ fn pinned_buffers_carry_each_run_in_and_out_of_a_replayed_segment() {
     // Dropping the graph drops every instance's pinned buffers: freed by bound workers.
     drop(r);
 }
+
+/// Zero-copy I/O: a replayed segment's kernels read the run's input from, and write its output
+/// to, the instance's pinned buffers through their device addresses
+/// (`PinnedBuffer::device_ptr`), no copy node; every run from four threads sees its own value.
+#[test]
+fn kernels_read_and_write_pinned_buffers_directly_in_a_replayed_segment() {
+    let Some(_t) = GpuTest::start("replay_runs_zero_copy", 240) else {
+        return;
+    };
+    let p = pool(4);
+    let dev = p.device(0).unwrap().clone();
+    let m = Module::builtin();
+    let (set, add) = (
+        m.kernel(builtin::SET_I64).unwrap(),
+        m.kernel(builtin::ADD_I64).unwrap(),
+    );
+    let mut b = ReplayBuilder::new("zero-copy");
+    b.instances(2);
+    let x = b.input::<i64>("x");
+    let io = b.gpu_node(&dev, "io", |c: &ReplayCtx<'_, '_>| {
+        let g = c.gpu()?;
+        Ok((
+            g.alloc_pinned::<i64>(1)?,
+            g.alloc::<i64>(1)?,
+            g.alloc_pinned::<i64>(1)?,
+        ))
+    });
+    let stage = b.host_node("stage", move |c: &ReplayCtx<'_, '_>| {
+        // SAFETY: one run holds the instance; the last run's kernels ended before its read.
+        unsafe { c.input(io)?.0.write(&[*c.input(x)?])? };
+        Ok(())
+    });
+    let k = b.gpu_node(&dev, "double", move |c: &ReplayCtx<'_, '_>| {
+        let g = c.gpu()?;
+        let io = c.input(io)?;
+        let (pin_in, d, pin_out) = &*io;
+        let one = LaunchConfig::single();
+        // SAFETY: `bp_set_i64(i64*, i64)` and `bp_add_i64(i64*, const i64*)` on one element
+        // each: the device buffer, or a pinned buffer through its mapped address.
+        unsafe {
+            g.launch(&set, one).arg(d).arg(0i64).launch()?;
+            g.launch(&add, one).arg(d).arg(pin_in).launch()?;
+            g.launch(&add, one).arg(d).arg(pin_in).launch()?;
+            g.launch(&set, one).arg(pin_out).arg(0i64).launch()?;
+            g.launch(&add, one).arg(pin_out).arg(d).launch()?;
+        }
+        Ok(())
+    });
+    let read = b.host_node("read", move |c: &ReplayCtx<'_, '_>| {
+        // SAFETY: a host node after `double` runs once its kernels are done.
+        Ok(unsafe { c.input(io)?.2.to_vec() }[0])
+    });
+    b.edge(x, stage).edge(io, stage).edge(stage, k).edge(io, k);
+    b.edge(k, read).edge(io, read);
+    let r = b.build().unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4i64 {
+            let (r, p) = (&r, &p);
+            s.spawn(move || {
+                for i in 0..50i64 {
+                    let v = t * 1_000_003 + i * 7 - 100;
+                    let out = r
+                        .run_with(p, RunInputs::new().set(x, v))
+                        .unwrap_or_else(|e| panic!("run {t}/{i}: {}", chain(&e)));
+                    assert_eq!(*out.get(read).unwrap(), 2 * v, "run {t}/{i}");
+                }
+            });
+        }
+    });
+    assert_eq!(r.stats().captures as usize, r.instances() * 2);
+}
