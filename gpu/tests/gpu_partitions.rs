@@ -316,3 +316,42 @@ fn sizes_the_device_cannot_give_fail_the_build_naming_the_partition() {
         .unwrap_err();
     assert_eq!(e.kind(), GpuErrorKind::InvalidArgument, "{e}");
 }
+
+#[test]
+fn the_timeline_names_each_partition_s_workers_and_streams() {
+    let Some(_t) = GpuTest::start(
+        "the_timeline_names_each_partition_s_workers_and_streams",
+        60,
+    ) else {
+        return;
+    };
+    let pool = GpuPoolBuilder::new()
+        .name("parts-trace")
+        .devices(Devices::List(vec![0]))
+        .sm_partitions(vec![SmPartition::new("lat", 8), SmPartition::rest("bulk")])
+        .trace(true)
+        .build()
+        .unwrap();
+    let d = pool.devices()[0].clone();
+    let k = Arc::new(smid_kernel());
+    let mut g = GpuGraphBuilder::new("traced");
+    for part in ["lat", "bulk"] {
+        let (dev, k) = (d.on_partition(part).unwrap(), k.clone());
+        g.gpu_node(&dev, part, move |c| mark_sms(c, &k));
+    }
+    pool.submit(&g.build().unwrap()).unwrap().wait().unwrap();
+    let trace = pool.take_trace();
+    let names: Vec<&str> = trace.tracks.iter().map(|t| t.name.as_str()).collect();
+    for part in ["lat", "bulk"] {
+        assert!(
+            names.iter().any(|n| n.contains(&format!("gpu0.{part}"))),
+            "a worker track of partition {part}: {names:?}"
+        );
+        assert!(
+            names
+                .iter()
+                .any(|n| n.contains(&format!("partition {part} stream"))),
+            "a stream track of partition {part}: {names:?}"
+        );
+    }
+}
