@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use boundpool_gpu::{
     builtin, BoxError, DeviceBuffer, Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuGraphExt,
     GpuPool, GpuPoolBuilder, GpuResult, Kernel, LaunchConfig, Module, RNode, ReplayBuilder,
-    ReplayCtx, Replayable,
+    ReplayCtx, Replayable, SmPartition,
 };
 
 use crate::baselines;
@@ -58,12 +58,24 @@ impl GpuShape {
 /// Starts the bench's GPU pool on device 0: `workers` bound workers, unpinned. Fails (with the
 /// reason) where there is no GPU.
 pub fn gpu_pool(workers: usize) -> GpuResult<GpuPool> {
-    GpuPoolBuilder::new()
+    gpu_pool_with(workers, Vec::new())
+}
+
+/// As [`gpu_pool`], with device 0's SMs split into `partitions`
+/// ([`GpuPoolBuilder::sm_partitions`]) when there are any: the workers are then the
+/// partitions' (`workers` is not used). A size the device cannot give fails
+/// ([`GpuErrorKind::Partition`](boundpool_gpu::GpuErrorKind::Partition)).
+pub fn gpu_pool_with(workers: usize, partitions: Vec<SmPartition>) -> GpuResult<GpuPool> {
+    let b = GpuPoolBuilder::new()
         .name("replay-bench")
         .devices(Devices::List(vec![0]))
         .workers_per_device(workers)
-        .unpinned()
-        .build()
+        .unpinned();
+    if partitions.is_empty() {
+        b.build()
+    } else {
+        b.sm_partitions(partitions).build()
+    }
 }
 
 fn empty_kernel() -> GpuResult<Kernel> {
@@ -142,7 +154,7 @@ pub struct ReplayBenchConfig {
     pub rounds: usize,
     /// Timed runs per implementation and round.
     pub per_round: usize,
-    /// Bound workers of the pool.
+    /// Bound workers of the pool ([`bench()`]'s; [`bench_on`] runs on the pool it is given).
     pub workers: usize,
     /// The shapes.
     pub shapes: Vec<(GpuShape, usize)>,
@@ -299,9 +311,23 @@ fn us(d: Duration) -> f64 {
 /// after each round.
 pub fn bench(
     cfg: &ReplayBenchConfig,
-    mut progress: impl FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
 ) -> Result<(Vec<ReplayRow>, UpdateRow), BoxError> {
     let pool = gpu_pool(cfg.workers)?;
+    let r = bench_on(&pool, cfg, progress)?;
+    pool.shutdown(boundpool_gpu::ShutdownMode::Finish);
+    Ok(r)
+}
+
+/// As [`bench()`], on `pool` (its device 0; `cfg.workers` is not used), which is left running:
+/// for a pool built otherwise, such as one of SM partitions ([`gpu_pool_with`]). Its nodes are
+/// placed on the device, so any of its workers runs them; the raw-graph baselines use the
+/// whole device.
+pub fn bench_on(
+    pool: &GpuPool,
+    cfg: &ReplayBenchConfig,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<(Vec<ReplayRow>, UpdateRow), BoxError> {
     let dev = pool.devices()[0].clone();
     let total = cfg.shapes.len() * cfg.rounds + cfg.rounds;
     let mut done = 0;
@@ -340,7 +366,7 @@ pub fn bench(
                 .collect(),
         };
         // The first run captures and instantiates.
-        replay.run(&pool)?;
+        replay.run(pool)?;
         let s = replay.stats();
         let (mut e_t, mut r_t, mut raw_t, mut raw_inst) = (vec![], vec![], vec![], vec![]);
         let (mut c_t, mut cp_t, mut c_inst, mut notes) = (vec![], vec![], vec![], vec![]);
@@ -364,13 +390,13 @@ pub fn bench(
                 &replay
             } else {
                 fresh = replay_graph_with(&dev, shape, &preds, width)?;
-                fresh.run(&pool)?;
+                fresh.run(pool)?;
                 &fresh
             };
             let mut this_round = Vec::with_capacity(cfg.per_round);
             for _ in 0..cfg.per_round {
                 let t = Instant::now();
-                this.run(&pool)?;
+                this.run(pool)?;
                 this_round.push(us(t.elapsed()));
             }
             per_round_replay.push(median(this_round.clone()));
@@ -424,7 +450,7 @@ pub fn bench(
                 // baseline's and then the worker's function handle of the empty kernel.
                 for worker_function in [false, true] {
                     let w = baselines::captured_graph_on_worker(
-                        &pool,
+                        pool,
                         &dev,
                         &raw_preds,
                         cfg.per_round,
@@ -471,11 +497,10 @@ pub fn bench(
             captured_notes: notes,
         });
     }
-    let upd = update_row(&pool, &dev, cfg.nodes, cfg.rounds, |_| {
+    let upd = update_row(pool, &dev, cfg.nodes, cfg.rounds, |_| {
         done += 1;
         progress(done, total);
     })?;
-    pool.shutdown(boundpool_gpu::ShutdownMode::Finish);
     Ok((rows, upd))
 }
 

@@ -850,3 +850,61 @@ fn soak_without_a_gpu_says_so_with_exit_2() {
     let o = run(&["soak", "--seconds", "1", "--submitters", "0"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// `--partitions` is parsed with the arguments, before any GPU is looked for: a malformed spec
+/// exits 2 naming what is wrong and the expected form, GPU or not, and runs nothing.
+#[test]
+fn a_malformed_partition_spec_exits_2_saying_what_is_wrong() {
+    let commands: [&[&str]; 6] = [
+        &["run", "--gpu"],
+        &["run", "--gpu", "--replay", "--json"],
+        &["bench", "--gpu"],
+        &["bench", "--gpu", "--json"],
+        &["bench", "--latency", "--gpu"],
+        &["soak", "--gpu"],
+    ];
+    for cmd in commands {
+        let mut args = cmd.to_vec();
+        args.extend(["--partitions", "latency:x:1,bulk:rest:3"]);
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(
+            e.contains("partition 1 (`latency:x:1`): the SMs `x` are neither a number nor `rest`"),
+            "{args:?}: {e}"
+        );
+        assert!(e.contains("NAME:SMS[:WORKERS]"), "{args:?}: {e}");
+        assert_eq!(stdout(&o), "", "{args:?}");
+    }
+    for (spec, msg) in [
+        (":8", "the name is empty"),
+        ("a:rest,b:rest:2", "`rest` given twice"),
+        ("a:8:0", "0 workers"),
+        ("a:8,", "partition 2 is empty"),
+    ] {
+        let o = run(&["run", "--gpu", "--partitions", spec]);
+        assert_eq!(o.status.code(), Some(2), "{spec}: {}", stderr(&o));
+        assert!(stderr(&o).contains(msg), "{spec}: {}", stderr(&o));
+    }
+    // Only with --gpu, and not with --threads (the workers are the partitions').
+    let o = run(&[
+        "run",
+        "--shape",
+        "chain",
+        "--size",
+        "10",
+        "--partitions",
+        "a:8",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--gpu"), "{}", stderr(&o));
+    let o = run(&["run", "--gpu", "--threads", "2", "--partitions", "a:8"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
+    // A good spec without a GPU: the GPU check answers, exit 2.
+    if boundpool::gpu::gpu_unavailable_reason().is_some() {
+        let o = run(&["run", "--gpu", "--partitions", "latency:8:1,bulk:rest:3"]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("no GPU"), "{}", stderr(&o));
+    }
+}

@@ -1,5 +1,5 @@
-//! `boundpool run --gpu [--replay]` and `boundpool bench --gpu`: exit 2 without a GPU; with one
-//! (`BOUNDPOOL_REQUIRE_GPU=1` on the GPU machine), every figure is there.
+//! `boundpool run --gpu [--replay] [--partitions SPEC]` and `boundpool bench --gpu`: exit 2
+//! without a GPU; with one (`BOUNDPOOL_REQUIRE_GPU=1` on the GPU machine), every figure is there.
 
 use std::process::{Command, Output};
 
@@ -148,4 +148,77 @@ fn bench_gpu_json_has_every_row() {
             }
         }
     }
+}
+
+/// `run --gpu --partitions`: the pool's split printed before the run (one line per device)
+/// and in the JSON; a size the device cannot give exits 2 with the pool's message.
+#[test]
+fn run_gpu_on_sm_partitions_reports_them() {
+    if !gpu_here("run_gpu_on_sm_partitions_reports_them") {
+        return;
+    }
+    let spec = "latency:8:1,bulk:rest:2";
+    for replay in [false, true] {
+        let mut args = vec![
+            "run",
+            "--gpu",
+            "--shape",
+            "wavefront",
+            "--size",
+            "300",
+            "--repeat",
+            "2",
+            "--partitions",
+            spec,
+            "--json",
+        ];
+        if replay {
+            args.push("--replay");
+        }
+        let o = run(&args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", text(&o.stdout)));
+        assert!(v["median_run_us"].as_f64() > Some(0.0), "{v}");
+        let d = &v["partitions"][0];
+        assert_eq!(d["device"], 0, "{v}");
+        let sms = d["sms"].as_u64().expect("the device's SMs");
+        let p = d["partitions"].as_array().expect("the partitions");
+        assert_eq!(p.len(), 2, "{v}");
+        assert_eq!(
+            p[0],
+            serde_json::json!({"name": "latency", "sms": 8, "group": "gpu0.latency", "workers": 1}),
+            "{v}"
+        );
+        assert_eq!(p[1]["name"], "bulk", "{v}");
+        assert_eq!(p[1]["group"], "gpu0.bulk", "{v}");
+        assert_eq!(p[1]["workers"], 2, "{v}");
+        assert_eq!(p[1]["sms"].as_u64(), Some(sms - 8), "{v}");
+        assert_eq!(d["unused_sms"], 0, "{v}");
+    }
+    // Text: the line comes first, before the figures.
+    let o = run(&[
+        "run",
+        "--gpu",
+        "--shape",
+        "chain",
+        "--size",
+        "50",
+        "--partitions",
+        "latency:8",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let first = out.lines().next().unwrap_or("");
+    assert!(first.starts_with("SM partitions of GPU 0 ("), "{out}");
+    assert!(
+        first.contains("latency 8 SMs (group gpu0.latency, 1 worker)"),
+        "{out}"
+    );
+    // No rest partition: the other SMs are reported unused.
+    assert!(!first.ends_with("unused SMs: 0"), "{out}");
+    // More SMs than the device has.
+    let o = run(&["run", "--gpu", "--partitions", "huge:100000"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("100000"), "{}", text(&o.stderr));
 }

@@ -1,16 +1,19 @@
 //! `boundpool run --gpu [--replay]` and `boundpool bench --gpu`: built-in shapes as empty-kernel
-//! GPU nodes on a GPU pool of device 0, eager or replayed as CUDA graphs.
+//! GPU nodes on a GPU pool of device 0, eager or replayed as CUDA graphs; with `--partitions`,
+//! a pool of SM partitions whose workers all serve the nodes (placed on the device).
 
 use std::process::ExitCode;
 use std::time::Instant;
 
-use boundpool::gpu::gpu_unavailable_reason;
+use boundpool::gpu::{gpu_unavailable_reason, GpuPool};
 use boundpool_bench::replay::{
-    bench, eager_graph, gpu_pool, median, replay_graph_with, table, GpuShape, ReplayBenchConfig,
+    bench_on, eager_graph, gpu_pool_with, median, replay_graph_with, table, GpuShape,
+    ReplayBenchConfig,
 };
 use boundpool_bench::workloads::Shape;
 use serde_json::json;
 
+use super::partitions::{self, DeviceSplit};
 use super::progress::Progress;
 use crate::{BenchArgs, RunArgs};
 
@@ -29,7 +32,18 @@ pub(crate) fn run_main(a: &RunArgs, shape: Shape) -> ExitCode {
         eprintln!("boundpool run: --repeat must be at least 1");
         return ExitCode::from(2);
     }
-    match run(a, shape) {
+    let pool = match gpu_pool_with(a.threads.unwrap_or(4).max(1), partitions::of(&a.partitions)) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("boundpool run: {e}");
+            return partitions::build_failure(&e);
+        }
+    };
+    let splits = partitions::splits(&pool);
+    if !a.json {
+        partitions::print_lines(&splits);
+    }
+    match run(a, shape, pool, &splits) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("boundpool run: {e}");
@@ -38,8 +52,12 @@ pub(crate) fn run_main(a: &RunArgs, shape: Shape) -> ExitCode {
     }
 }
 
-fn run(a: &RunArgs, shape: Shape) -> Result<(), boundpool::gpu::BoxError> {
-    let pool = gpu_pool(a.threads.unwrap_or(4).max(1))?;
+fn run(
+    a: &RunArgs,
+    shape: Shape,
+    pool: GpuPool,
+    splits: &[DeviceSplit],
+) -> Result<(), boundpool::gpu::BoxError> {
     let dev = pool.devices()[0].clone();
     let gshape = GpuShape::Builtin(shape);
     let preds = gshape.preds(a.size);
@@ -101,6 +119,9 @@ fn run(a: &RunArgs, shape: Shape) -> Result<(), boundpool::gpu::BoxError> {
     out.insert("ns_per_node".into(), json!(med * 1e3 / nodes.max(1) as f64));
     out.extend(extra);
     if a.json {
+        if !splits.is_empty() {
+            out.insert("partitions".into(), partitions::json_of(splits));
+        }
         println!("{}", serde_json::Value::Object(out));
     } else {
         for (k, v) in out {
@@ -118,16 +139,36 @@ pub(crate) fn bench_main(a: &BenchArgs) -> ExitCode {
         rounds: a.runs.max(1),
         ..ReplayBenchConfig::default()
     };
+    let pool = match gpu_pool_with(cfg.workers, partitions::of(&a.partitions)) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("boundpool bench --gpu: {e}");
+            return partitions::build_failure(&e);
+        }
+    };
+    let splits = partitions::splits(&pool);
+    if !a.json {
+        partitions::print_lines(&splits);
+    }
     let mut progress = Progress::new(1000, "bench --gpu", a.quiet || a.json);
-    let r = bench(&cfg, |done, total| {
+    let r = bench_on(&pool, &cfg, |done, total| {
         progress.set(done as u64 * 1000 / total.max(1) as u64)
     });
     progress.finish();
+    pool.shutdown(boundpool::gpu::ShutdownMode::Finish);
     match r {
         Ok((rows, upd)) => {
             if a.json {
                 let mut items: Vec<String> = rows.iter().map(|r| r.to_json()).collect();
                 items.push(upd.to_json());
+                if !splits.is_empty() {
+                    // One more element, told apart as the update row is, by its `shape`.
+                    let v = serde_json::json!({
+                        "shape": "partitions",
+                        "partitions": partitions::json_of(&splits),
+                    });
+                    items.push(v.to_string());
+                }
                 println!("[{}]", items.join(","));
             } else {
                 print!("{}", table(&rows, &upd));

@@ -35,8 +35,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use boundpool::gpu::{
-    builtin, Devices, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, GpuWorker, Kernel,
-    LaunchConfig, Module,
+    builtin, Devices, GpuError, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, GpuWorker,
+    Kernel, LaunchConfig, Module, SmPartition,
 };
 use boundpool::{default_workers, Graph, GraphBuilder, GraphHandle, Pool, PoolBuilder, Priority};
 
@@ -315,15 +315,18 @@ pub(crate) fn main(a: &BenchArgs) -> ExitCode {
     }
     // One core is left to the submitting threads (the foreground's and the feeder's): with
     // every core taken by a busy worker, their wake-ups would wait for the OS, not the pool.
-    let workers = a
-        .threads
-        .unwrap_or_else(|| default_workers().saturating_sub(1).max(1));
+    // With --partitions (--gpu only), the partitions' workers.
+    let workers = super::partitions::workers(&a.partitions).unwrap_or_else(|| {
+        a.threads
+            .unwrap_or_else(|| default_workers().saturating_sub(1).max(1))
+    });
     if workers == 0 {
         eprintln!("boundpool bench --latency: --threads must be at least 1");
         return ExitCode::from(2);
     }
     // Enough background nodes per graph that every worker has several queued.
     let width = (workers * 8).max(16);
+    let mut splits = Vec::new();
     let side: Box<dyn Side> = if a.gpu {
         // Read by the driver when it makes the context, so before any GPU call; this thread is
         // still the process's only one.
@@ -334,7 +337,18 @@ pub(crate) fn main(a: &BenchArgs) -> ExitCode {
             eprintln!("boundpool bench --latency --gpu: no GPU: {why}");
             return ExitCode::from(2);
         }
-        match gpu_side(workers, width) {
+        let pool = match gpu_pool(workers, super::partitions::of(&a.partitions)) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("boundpool bench --latency --gpu: the GPU pool did not start: {e}");
+                return super::partitions::build_failure(&e);
+            }
+        };
+        splits = super::partitions::splits(&pool);
+        if !a.json {
+            super::partitions::print_lines(&splits);
+        }
+        match gpu_side(pool, width) {
             Ok(s) => Box::new(s),
             Err(e) => {
                 eprintln!("boundpool bench --latency --gpu: {e}");
@@ -358,7 +372,10 @@ pub(crate) fn main(a: &BenchArgs) -> ExitCode {
     };
     match measure(&*side, a.gpu, Duration::from_secs_f64(a.seconds)) {
         Ok(r) => {
-            let json = report(&r, a.gpu, workers);
+            let mut json = report(&r, a.gpu, workers);
+            if !splits.is_empty() {
+                json["partitions"] = super::partitions::json_of(&splits);
+            }
             if a.json {
                 println!("{json}");
             } else {
@@ -373,13 +390,21 @@ pub(crate) fn main(a: &BenchArgs) -> ExitCode {
     }
 }
 
-fn gpu_side(workers: usize, width: usize) -> Result<GpuSide, String> {
-    let pool = GpuPoolBuilder::new()
+/// The bench's GPU pool on device 0: `workers` workers, or the `partitions`' when there are
+/// any (every node is still placed on the device: any partition's worker runs it).
+fn gpu_pool(workers: usize, partitions: Vec<SmPartition>) -> Result<GpuPool, GpuError> {
+    let b = GpuPoolBuilder::new()
         .name("latency-gpu")
         .devices(Devices::List(vec![0]))
-        .workers_per_device(workers)
-        .build()
-        .map_err(|e| format!("the GPU pool did not start: {e}"))?;
+        .workers_per_device(workers);
+    if partitions.is_empty() {
+        b.build()
+    } else {
+        b.sm_partitions(partitions).build()
+    }
+}
+
+fn gpu_side(pool: GpuPool, width: usize) -> Result<GpuSide, String> {
     let m = Module::builtin();
     let spin_k = Arc::new(m.kernel(builtin::SPIN).map_err(|e| e.to_string())?);
     Ok(GpuSide {

@@ -5,6 +5,7 @@ pub(crate) mod gpu_replay;
 pub(crate) mod graph_file;
 pub(crate) mod latency;
 pub(crate) mod observe;
+pub(crate) mod partitions;
 pub(crate) mod progress;
 pub(crate) mod run;
 pub(crate) mod soak;

@@ -760,12 +760,13 @@ pub(crate) fn main(a: SoakArgs) -> ExitCode {
         eprintln!("boundpool soak: --threads must be at least 1");
         return ExitCode::from(2);
     }
+    let mut splits = Vec::new();
     let gpu = if a.gpu {
         if let Some(why) = boundpool::gpu::gpu_unavailable_reason() {
             eprintln!("boundpool soak: --gpu, but no GPU: {why}");
             return ExitCode::from(2);
         }
-        let pool = match GpuPoolBuilder::new()
+        let b = GpuPoolBuilder::new()
             .name("soak-gpu")
             .devices(Devices::List(vec![0]))
             .workers_per_device(threads)
@@ -776,15 +777,23 @@ pub(crate) fn main(a: SoakArgs) -> ExitCode {
                     add: m.load_function(builtin::ADD_I64)?,
                     spin: m.load_function(builtin::SPIN)?,
                 })
-            })
-            .build()
-        {
+            });
+        // With --partitions, the partitions' workers; the nodes are still placed on the device.
+        let b = match &a.partitions {
+            Some(p) => b.sm_partitions(p.0.clone()),
+            None => b,
+        };
+        let pool = match b.build() {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("boundpool soak: the GPU pool did not start: {e}");
-                return ExitCode::from(1);
+                return super::partitions::build_failure(&e);
             }
         };
+        splits = super::partitions::splits(&pool);
+        if !a.json {
+            super::partitions::print_lines(&splits);
+        }
         let device = pool.devices()[0].clone();
         let m = Module::builtin();
         let kernels = match (|| {
@@ -826,10 +835,15 @@ pub(crate) fn main(a: SoakArgs) -> ExitCode {
             }
         },
     };
-    soak(a, host_pool, gpu)
+    soak(a, host_pool, gpu, &splits)
 }
 
-fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode {
+fn soak(
+    a: SoakArgs,
+    host_pool: Option<Pool>,
+    gpu: Option<GpuSide>,
+    splits: &[super::partitions::DeviceSplit],
+) -> ExitCode {
     let tally = Tally::default();
     let extra = Arc::new(ExtraThreads::default());
     let stop = AtomicBool::new(false);
@@ -1079,6 +1093,9 @@ fn soak(a: SoakArgs, host_pool: Option<Pool>, gpu: Option<GpuSide>) -> ExitCode 
             "violations": violations,
             "violation_messages": messages,
         });
+        if !splits.is_empty() {
+            v["partitions"] = super::partitions::json_of(splits);
+        }
         if let (Some(s), Some(w), Some(e)) = (dev_start, dev_warm, dev_end) {
             v["device"] = json!({
                 "free_mib": {"start": mib(s.0.map(|x| x as u64)), "warm": mib(w.0.map(|x| x as u64)), "end": mib(e.0.map(|x| x as u64))},
