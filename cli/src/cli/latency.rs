@@ -35,8 +35,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use boundpool::gpu::{
-    builtin, Devices, GpuError, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, GpuWorker,
-    Kernel, LaunchConfig, Module, SmPartition,
+    builtin, Devices, GpuDevice, GpuError, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder,
+    GpuWorker, Kernel, LaunchConfig, Module, SmPartition,
 };
 use boundpool::{default_workers, Graph, GraphBuilder, GraphHandle, Pool, PoolBuilder, Priority};
 
@@ -158,8 +158,28 @@ struct GpuSide {
     width: usize,
 }
 
+/// Device 0 as the foreground sees it: with SM partitions, the first one (the latency-critical
+/// path's reservation); else the whole device.
+fn fg_device(pool: &GpuPool) -> GpuDevice {
+    let d = &pool.devices()[0];
+    d.partitions()
+        .first()
+        .and_then(|p| d.on_partition(&p.name))
+        .unwrap_or_else(|| d.clone())
+}
+
+/// Device 0 as the background sees it: with two SM partitions or more, the last one; else the
+/// whole device.
+fn bg_device(pool: &GpuPool) -> GpuDevice {
+    let d = &pool.devices()[0];
+    match d.partitions() {
+        [_, .., last] => d.on_partition(&last.name).unwrap_or_else(|| d.clone()),
+        _ => d.clone(),
+    }
+}
+
 fn gpu_chain(pool: &GpuPool, empty: &Arc<Kernel>, p: Priority) -> Result<Graph<GpuWorker>, String> {
-    let device = pool.devices()[0].clone();
+    let device = fg_device(pool);
     let mut g = GpuGraphBuilder::new("foreground");
     let mut prev = None;
     for i in 0..CHAIN {
@@ -184,7 +204,7 @@ fn gpu_wide(
     width: usize,
     (waves, cycles): (u32, i64),
 ) -> Result<Graph<GpuWorker>, String> {
-    let device = pool.devices()[0].clone();
+    let device = bg_device(pool);
     let mut g = GpuGraphBuilder::new("background");
     let src = g.gpu_node(&device, "src", |_| Ok(()));
     let sink = g.gpu_node(&device, "sink", |_| Ok(()));
