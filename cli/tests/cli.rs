@@ -581,7 +581,7 @@ fn trace_has_every_node_once_per_run_no_overlaps_and_respects_edges() {
 }
 
 #[test]
-fn metrics_table_lists_every_metric_and_the_readme_is_current() {
+fn metrics_table_lists_every_metric_and_the_docs_copy_is_current() {
     let o = run(&["metrics"]);
     assert!(o.status.success());
     let table = stdout(&o);
@@ -592,12 +592,12 @@ fn metrics_table_lists_every_metric_and_the_readme_is_current() {
             .unwrap_or_else(|| panic!("{name} missing"));
         assert!(line.contains(&format!("| {kind} | {unit} |")), "{line}");
     }
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md"))
             .unwrap();
     assert!(
-        readme.contains(&table),
-        "README.md's metric table differs from `boundpool metrics`; paste its output"
+        docs.contains(&table),
+        "docs/metrics.md's metric table differs from `boundpool metrics`; paste its output"
     );
 }
 

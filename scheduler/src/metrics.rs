@@ -134,8 +134,8 @@ impl PoolStats {
     }
 }
 
-/// Every metric this crate emits: (name, kind, unit, labels, meaning). The README's table is
-/// generated from the same list by the `boundpool metrics` command.
+/// Every metric this crate emits: (name, kind, unit, labels, meaning). The table of
+/// `docs/metrics.md` is generated from the same list by the `boundpool metrics` command.
 pub const METRICS: &[(&str, &str, &str, &str, &str)] = &[
     (
         "boundpool_nodes_run_total",
