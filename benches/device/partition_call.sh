@@ -4,7 +4,8 @@
 # then, with carry [".devbin"], from the repository root:
 #   bash .devbin/partition_call.sh          every GPU test, memcheck over the partition and
 #                                           replay-run tests, the CLI with --partitions, and
-#                                           bench_partition with its PyTorch peer (about 5 min)
+#                                           bench_partition with its PyTorch peer (about 5 min;
+#                                           PART_ARGS replaces its arguments)
 #   PART=2 bash .devbin/partition_call.sh   the Cholesky partition sweep and a 60 s GPU soak
 # Logs: $OUT/logs.tgz.
 source "$(dirname "$0")/lib.sh"
@@ -18,7 +19,7 @@ if [ "${PART:-1}" = 1 ]; then
   head -n 4 $LOGS/cli_run.log
   step cli_latency 90 $B/boundpool bench --latency --gpu --seconds 1 --partitions latency:16:2,bulk:rest:4
   tail -n 16 $LOGS/cli_latency.log; finish
-  (cd .. && step bench_partition 240 $B/bench_partition --seconds 3 --json)
+  (cd .. && step bench_partition 240 $B/bench_partition ${PART_ARGS:---seconds 3 --json})
   grep -vE '^\{' $LOGS/bench_partition.log | tail -n 14; grep -E '"scenario"' $LOGS/bench_partition.log; finish
 else
   (cd .. && step chol_part ${CHOL_S:-200} $B/bench_cholesky --n 8192,16384 --tiles 1024,2048 --runs 2 --partition-sms ${CHOL_PART_SMS:-16,32,64})
