@@ -94,6 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         update,
         merge_columns: args.iter().any(|a| a == "--merge"),
         critical_high: !args.iter().any(|a| a == "--no-critical"),
+        critical_only_panel: false,
     };
     let chol = plan.build("cholesky", &a, &info)?;
     let [p, t, s, g] = chol.counts;

@@ -409,6 +409,7 @@ fn main() -> Res<()> {
                     update: *g.last().unwrap(),
                     merge_columns,
                     critical_high,
+                    critical_only_panel: false,
                 };
                 let info = Arc::new(s.pool.call(&s.dev, move |ctx| {
                     Ok(ctx.alloc_zeros::<i32>(n.div_ceil(b))?)
@@ -447,8 +448,9 @@ fn main() -> Res<()> {
     println!("(GFLOP/s; DAG/cuS and DAG/1w are ratios of the first DAG column)");
     if !sweep.is_empty() {
         println!(
-            "(partition rows: SMs = the panel's partition + the updates' as the driver gave them; \
-             DAG and cuSOLVER from the rows above; part/DAG = DAG part / DAG)"
+            "(partition rows: SMs = the panel's partition + the updates' as the driver gave them, \
+             `c`: only the critical path on the panel's partition; DAG and cuSOLVER from the rows \
+             above; part/DAG = DAG part / DAG)"
         );
     }
     Ok(())
@@ -475,7 +477,7 @@ fn partition_sweep(
     o: &SweepOptions,
 ) -> Res<()> {
     println!(
-        "{:>6} {:>5} {:>7} | {:>10} {:>10} {:>10} | {:>8} {:>8} {:>8}",
+        "{:>6} {:>5} {:>8} | {:>10} {:>10} {:>10} | {:>8} {:>8} {:>8}",
         "N", "tile", "SMs", "DAG part", "DAG", "cuSOLVER", "part/cuS", "DAG/cuS", "part/DAG"
     );
     let flops = (n as f64).powi(3) / 3.0;
@@ -493,8 +495,15 @@ fn partition_sweep(
             (Some(p), Some(u)) => (p.clone(), u.clone()),
             _ => return Err("the partitioned pool has no 'panel' or 'updates' partition".into()),
         };
-        let split = format!("{}+{}", panel.sms, update.sms);
-        for &(b, dag) in dag_rates {
+        for (&(b, dag), critical_only) in dag_rates.iter().flat_map(|r| [(r, false), (r, true)]) {
+            // `c`: only the critical path on the partition, the rest of the panel work with
+            // the updates.
+            let split = format!(
+                "{}+{}{}",
+                panel.sms,
+                update.sms,
+                if critical_only { "c" } else { "" }
+            );
             let plan = CholeskyPlan {
                 n,
                 tile: b,
@@ -502,6 +511,7 @@ fn partition_sweep(
                 update: update.group,
                 merge_columns: o.merge_columns,
                 critical_high: o.critical_high,
+                critical_only_panel: critical_only,
             };
             let info = Arc::new(s.pool.call(&s.dev, move |ctx| {
                 Ok(ctx.alloc_zeros::<i32>(n.div_ceil(b))?)
@@ -511,7 +521,7 @@ fn partition_sweep(
             s.check(n, &format!("DAG N={n} tile={b} panel on {sms} SMs"))?;
             let rate = flops / t / 1e9;
             println!(
-                "{n:>6} {b:>5} {split:>7} | {rate:>10.0} {dag:>10.0} {cus_rate:>10.0} | {:>7.2}x {:>7.2}x {:>7.2}x",
+                "{n:>6} {b:>5} {split:>8} | {rate:>10.0} {dag:>10.0} {cus_rate:>10.0} | {:>7.2}x {:>7.2}x {:>7.2}x",
                 rate / cus_rate,
                 dag / cus_rate,
                 rate / dag

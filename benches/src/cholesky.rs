@@ -44,6 +44,11 @@ pub struct CholeskyPlan {
     /// they do not queue behind other panel work (the TRSMs of a column's farther tiles, say)
     /// already enqueued on the group's streams. `true` by default ([`new`](Self::new)).
     pub critical_high: bool,
+    /// Only the critical path's tasks ([`TileTask::critical`]) to `panel`; the rest of the
+    /// panel work (the farther TRSMs, the next column's other updates) to `update`. For a
+    /// panel group that is a small SM partition, which the whole panel work would starve.
+    /// `false` by default ([`new`](Self::new)).
+    pub critical_only_panel: bool,
 }
 
 /// Why [`CholeskyPlan::build`] could not make the graph (kind `InvalidArgument`: a bad size;
@@ -120,6 +125,7 @@ impl CholeskyPlan {
             update: group,
             merge_columns: false,
             critical_high: true,
+            critical_only_panel: false,
         }
     }
 
@@ -294,7 +300,12 @@ impl CholeskyPlan {
         let mut ids = Vec::with_capacity(tasks.len());
         let mut counts = [0usize; 4];
         for task in &tasks {
-            let group = if task.panel { self.panel } else { self.update };
+            let on_panel = if self.critical_only_panel {
+                task.critical()
+            } else {
+                task.panel
+            };
+            let group = if on_panel { self.panel } else { self.update };
             // The closures keep the matrix (and infos) alive as long as the graph.
             let keep = (a.clone(), info.clone());
             let node = match task.op {

@@ -87,6 +87,7 @@ fn small_tiled_cholesky_verifies() {
             update: *dev.groups().last().unwrap(),
             merge_columns,
             critical_high,
+            critical_only_panel: false,
         };
         let chol = plan.build("small", &a, &info).unwrap();
         let counts = if merge_columns {
