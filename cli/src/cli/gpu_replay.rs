@@ -32,17 +32,11 @@ pub(crate) fn run_main(a: &RunArgs, shape: Shape) -> ExitCode {
         eprintln!("boundpool run: --repeat must be at least 1");
         return ExitCode::from(2);
     }
-    let pool = match gpu_pool_with(a.threads.unwrap_or(4).max(1), partitions::of(&a.partitions)) {
+    let workers = a.threads.unwrap_or(4).max(1);
+    let (pool, splits) = match open_pool("run", workers, &a.partitions, a.json) {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("boundpool run: {e}");
-            return partitions::build_failure(&e);
-        }
+        Err(code) => return code,
     };
-    let splits = partitions::splits(&pool);
-    if !a.json {
-        partitions::print_lines(&splits);
-    }
     match run(a, shape, pool, &splits) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -139,17 +133,10 @@ pub(crate) fn bench_main(a: &BenchArgs) -> ExitCode {
         rounds: a.runs.max(1),
         ..ReplayBenchConfig::default()
     };
-    let pool = match gpu_pool_with(cfg.workers, partitions::of(&a.partitions)) {
+    let (pool, splits) = match open_pool("bench --gpu", cfg.workers, &a.partitions, a.json) {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("boundpool bench --gpu: {e}");
-            return partitions::build_failure(&e);
-        }
+        Err(code) => return code,
     };
-    let splits = partitions::splits(&pool);
-    if !a.json {
-        partitions::print_lines(&splits);
-    }
     let mut progress = Progress::new(1000, "bench --gpu", a.quiet || a.json);
     let r = bench_on(&pool, &cfg, |done, total| {
         progress.set(done as u64 * 1000 / total.max(1) as u64)
@@ -180,4 +167,24 @@ pub(crate) fn bench_main(a: &BenchArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The command's GPU pool (`workers` workers, or the partitions' of `spec`) and what each
+/// partition got, printed unless `json`; a pool that cannot be built is reported as `cmd`'s
+/// error and its exit status.
+fn open_pool(
+    cmd: &str,
+    workers: usize,
+    spec: &Option<partitions::PartitionSpec>,
+    json: bool,
+) -> Result<(GpuPool, Vec<DeviceSplit>), ExitCode> {
+    let pool = gpu_pool_with(workers, partitions::of(spec)).map_err(|e| {
+        eprintln!("boundpool {cmd}: {e}");
+        partitions::build_failure(&e)
+    })?;
+    let splits = partitions::splits(&pool);
+    if !json {
+        partitions::print_lines(&splits);
+    }
+    Ok((pool, splits))
 }
