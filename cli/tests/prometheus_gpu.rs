@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use boundpool::gpu::{
     builtin, DeviceBuffer, Devices, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, LaunchConfig,
-    Module, ReplayBuilder, ReplayCtx, GPU_METRICS,
+    Module, ReplayBuilder, ReplayCtx, SmPartition, GPU_METRICS,
 };
 
 fn scrape(addr: SocketAddr) -> String {
@@ -56,15 +56,16 @@ fn gpu_metrics_are_exported_per_device() {
         .unwrap();
     let d = pool.devices()[0].clone();
     // Every series is there before any work: at zero, but the device's SM count (one
-    // partition, `all`, without SM partitions).
+    // partition, `all`, without SM partitions) and each worker's partition (1, `all`).
     let text = scrape(addr);
     let sms = d.info().sms;
     assert!(sms > 0);
     for &(name, ..) in GPU_METRICS {
-        let want = if name == "boundpool_gpu_partition_sms" {
-            f64::from(sms)
-        } else {
-            0.0
+        let want = match name {
+            "boundpool_gpu_partition_sms" => f64::from(sms),
+            // An info gauge: 1 for each worker, naming its partition.
+            "boundpool_gpu_worker_partition" => 1.0,
+            _ => 0.0,
         };
         assert_eq!(
             sample(&text, name, "gpu-metrics"),
@@ -165,4 +166,30 @@ fn gpu_metrics_are_exported_per_device() {
         sample(&text, "boundpool_gpu_sticky_failures_total", "gpu-metrics"),
         Some(0.0)
     );
+    drop(pool);
+    // A pool of SM partitions exports what each got and each worker's partition.
+    let parts = GpuPoolBuilder::new()
+        .name("gpu-metrics-parts")
+        .devices(Devices::List(vec![0]))
+        .sm_partitions(vec![
+            SmPartition::new("lat", 8),
+            SmPartition::rest("bulk").workers(2),
+        ])
+        .build()
+        .unwrap();
+    let d = parts.devices()[0].clone();
+    let text = scrape(addr);
+    let series = |name: &str, partition: &str| -> Vec<f64> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .filter(|l| l.contains("pool=\"gpu-metrics-parts\""))
+            .filter(|l| l.contains(&format!("partition=\"{partition}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect()
+    };
+    assert_eq!(series("boundpool_gpu_partition_sms", "lat"), [8.0]);
+    let bulk = f64::from(d.partition("bulk").unwrap().sms);
+    assert_eq!(series("boundpool_gpu_partition_sms", "bulk"), [bulk]);
+    assert_eq!(series("boundpool_gpu_worker_partition", "lat"), [1.0]);
+    assert_eq!(series("boundpool_gpu_worker_partition", "bulk"), [1.0, 1.0]);
 }

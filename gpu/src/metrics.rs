@@ -97,6 +97,13 @@ pub const GPU_METRICS: &[(&str, &str, &str, &str, &str)] = &[
         "pool, device, partition",
         "the SMs of each SM partition of the device, as the driver gave them (`GpuPoolBuilder::sm_partitions`; `unused` for SMs no partition got; `all`, the device's SMs, without partitions)",
     ),
+    (
+        "boundpool_gpu_worker_partition",
+        "gauge",
+        "count",
+        "pool, device, worker, partition",
+        "1 for each device worker, naming its SM partition (`all` without partitions): the `worker` label of the scheduler's metrics",
+    ),
 ];
 
 /// GPU nodes between two pushes of a busy worker's edge counts.
@@ -189,6 +196,16 @@ pub(crate) fn register_partitions(pool: &str, device: i32, parts: &[(&str, u32)]
     for &(name, sms) in parts.iter().chain(unused.as_ref()) {
         gauge!("boundpool_gpu_partition_sms", "pool" => pool.to_owned(), "device" => device.to_string(), "partition" => name.to_owned())
             .set(f64::from(sms));
+    }
+}
+
+/// Names the SM partition (`all` without partitions) of each device worker, by its index in
+/// the pool (the scheduler's `worker` label), once at the pool's build.
+pub(crate) fn register_workers(pool: &str, workers: &[(i32, usize, &str)]) {
+    describe();
+    for &(device, worker, partition) in workers {
+        gauge!("boundpool_gpu_worker_partition", "pool" => pool.to_owned(), "device" => device.to_string(), "worker" => worker.to_string(), "partition" => partition.to_owned())
+            .set(1.0);
     }
 }
 

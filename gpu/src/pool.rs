@@ -578,6 +578,20 @@ impl GpuPoolBuilder {
             };
             d.set_waker(Box::new(move || waker.wake()));
         }
+        let named: Vec<(i32, usize, &str)> = pool
+            .workers()
+            .iter()
+            .filter_map(|w| {
+                let d = device_index_of(&device_groups, w.group)?;
+                let part = devices[d]
+                    .partitions
+                    .planned
+                    .get(device_groups[d].iter().position(|g| *g == w.group)?)
+                    .map_or("all", |p| p.name.as_str());
+                Some((devices[d].ordinal(), w.index, part))
+            })
+            .collect();
+        crate::metrics::register_workers(&self.name, &named);
         let gdevices = devices
             .into_iter()
             .zip(device_groups)
@@ -610,6 +624,11 @@ impl GpuPoolBuilder {
             host_group,
         }
     }
+}
+
+/// The device (index into the pool's devices) whose groups include `g`.
+fn device_index_of(device_groups: &[Vec<GroupId>], g: GroupId) -> Option<usize> {
+    device_groups.iter().position(|gs| gs.contains(&g))
 }
 
 /// The scheduler groups of a pool, as `GpuPoolBuilder::build` plans them.
