@@ -13,7 +13,7 @@ use boundpool_gpu::cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use boundpool_gpu::cudarc::driver::{sys, LaunchConfig as CudarcLaunch, PushKernelArg};
 use boundpool_gpu::{
     BoxError, DeviceBuffer, Devices, GpuCtx, GpuDevice, GpuErrorKind, GpuGraphBuilder, GpuGraphExt,
-    GpuPool, GpuPoolBuilder, Kernel, LaunchConfig, Module, ReplayBuilder, SmPartition,
+    GpuPool, GpuPoolBuilder, Kernel, LaunchConfig, Module, Priority, ReplayBuilder, SmPartition,
 };
 use common::GpuTest;
 
@@ -352,6 +352,39 @@ fn the_timeline_names_each_partition_s_workers_and_streams() {
                 .iter()
                 .any(|n| n.contains(&format!("partition {part} stream"))),
             "a stream track of partition {part}: {names:?}"
+        );
+    }
+}
+
+#[test]
+fn every_priority_level_of_a_partition_s_workers_runs_on_its_sms() {
+    let Some(_t) = GpuTest::start(
+        "every_priority_level_of_a_partition_s_workers_runs_on_its_sms",
+        60,
+    ) else {
+        return;
+    };
+    let pool = partitioned_pool();
+    let d = pool.devices()[0].clone();
+    let lat = d.on_partition("lat").unwrap();
+    let k = Arc::new(smid_kernel());
+    let mut g = GpuGraphBuilder::new("levels");
+    let mut nodes = Vec::new();
+    for level in [Priority::High, Priority::Normal, Priority::Low] {
+        let k = k.clone();
+        let n = g.gpu_node(&lat, &format!("{level:?}"), move |c| {
+            Ok((c.node().priority(), c.download(&mark_sms(c, &k)?)?))
+        });
+        g.node_priority(n, level);
+        nodes.push(n);
+    }
+    let out = pool.submit(&g.build().unwrap()).unwrap().wait().unwrap();
+    for n in nodes {
+        let (level, marks) = out.get(n).unwrap();
+        assert_eq!(
+            count(marks),
+            8,
+            "a {level:?} node on 'lat' ran on its 8 SMs"
         );
     }
 }
