@@ -328,28 +328,38 @@ impl DevicePartitions {
         if !green.is_empty() || self.planned.is_empty() {
             return Ok(());
         }
-        for p in &self.planned {
-            let g = GreenCtx::create(ctx, dev, &p.desc).map_err(|e| {
-                GpuError::driver(
-                    "cuGreenCtxCreate",
-                    &format!("{device}: SM partition '{}'", p.name),
-                    e,
-                )
-            })?;
+        let made = self.planned.iter().try_fold(Vec::new(), |mut made, p| {
+            let g = match GreenCtx::create(ctx, dev, &p.desc) {
+                Ok(g) => g,
+                Err(e) => {
+                    let what = format!("{device}: SM partition '{}'", p.name);
+                    return Err((made, GpuError::driver("cuGreenCtxCreate", &what, e)));
+                }
+            };
             let got = g.sm_count().unwrap_or(p.sms);
+            made.push(g);
             if got != p.sms {
-                let _ = g.destroy(ctx);
-                return Err(GpuError::new(
-                    GpuErrorKind::Partition,
-                    format!(
-                        "{device}: SM partition '{}' was split with {} SMs but its green context has {got}",
-                        p.name, p.sms
-                    ),
-                ));
+                let why = format!(
+                    "{device}: SM partition '{}' was split with {} SMs but its green context has {got}",
+                    p.name, p.sms
+                );
+                return Err((made, GpuError::new(GpuErrorKind::Partition, why)));
             }
-            green.push(g);
+            Ok(made)
+        });
+        match made {
+            Ok(made) => {
+                *green = made;
+                Ok(())
+            }
+            Err((made, e)) => {
+                // All or none: a later worker's bind tries again (and fails the same way).
+                for g in made {
+                    let _ = g.destroy(ctx);
+                }
+                Err(e)
+            }
         }
-        Ok(())
     }
 
     /// What the partition check expects of a worker of partition `part` (`None`: outside the
