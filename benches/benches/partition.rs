@@ -32,6 +32,7 @@ use boundpool::gpu::{
     GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, LaunchConfig, Module, Priority,
     SmPartition,
 };
+use boundpool_bench::flags::Flags;
 use model::{check, GemmPath, ServeOptions, ServedModel, Shape, Weights};
 use serde_json::{json, Value};
 
@@ -53,27 +54,18 @@ struct Args {
 }
 
 fn args() -> Args {
-    let a: Vec<String> = std::env::args().collect();
-    let val = |n: &str| {
-        a.iter()
-            .position(|x| x == n)
-            .and_then(|i| a.get(i + 1))
-            .cloned()
-    };
+    let f = Flags::from_env();
     Args {
-        seconds: val("--seconds").and_then(|v| v.parse().ok()).unwrap_or(2.0),
-        gap_us: val("--gap-us").and_then(|v| v.parse().ok()).unwrap_or(200),
-        sms: val("--sms")
-            .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect())
-            .unwrap_or_else(|| vec![8, 16, 32]),
-        bg_n: val("--bg-n").and_then(|v| v.parse().ok()).unwrap_or(8192),
-        bg_inflight: val("--bg-inflight")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2),
-        bg: val("--bg")
+        seconds: f.value("--seconds").unwrap_or(2.0),
+        gap_us: f.value("--gap-us").unwrap_or(200),
+        sms: f.list("--sms").unwrap_or_else(|| vec![8, 16, 32]),
+        bg_n: f.value("--bg-n").unwrap_or(8192),
+        bg_inflight: f.value("--bg-inflight").unwrap_or(2),
+        bg: f
+            .list::<String>("--bg")
             .map(|v| {
-                v.split(',')
-                    .filter_map(|k| match k {
+                v.iter()
+                    .filter_map(|k| match k.as_str() {
                         "gemm" => Some(BgKind::Gemm),
                         "wave" => Some(BgKind::Wave),
                         _ => None,
@@ -81,11 +73,9 @@ fn args() -> Args {
                     .collect()
             })
             .unwrap_or_else(|| vec![BgKind::Gemm, BgKind::Wave]),
-        wave_us: val("--wave-us")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1000),
-        torch: !a.iter().any(|x| x == "--no-torch"),
-        json: a.iter().any(|x| x == "--json"),
+        wave_us: f.value("--wave-us").unwrap_or(1000),
+        torch: !f.has("--no-torch"),
+        json: f.has("--json"),
     }
 }
 

@@ -30,6 +30,7 @@ use boundpool::gpu::half::bf16;
 use boundpool::gpu::{
     gpu_unavailable_reason, Devices, GpuDevice, GpuPool, GpuPoolBuilder, Priority, SmPartition,
 };
+use boundpool_bench::flags::Flags;
 use model::{check, Elem, GemmPath, ServeOptions, ServedModel, Shape, Weights};
 use serde_json::{json, Value};
 
@@ -55,35 +56,23 @@ struct Args {
 }
 
 fn args() -> Args {
-    let a: Vec<String> = std::env::args().collect();
-    let val = |n: &str| {
-        a.iter()
-            .position(|x| x == n)
-            .and_then(|i| a.get(i + 1))
-            .cloned()
-    };
+    let f = Flags::from_env();
     Args {
-        seconds: val("--seconds").and_then(|v| v.parse().ok()).unwrap_or(2.0),
-        clients: val("--clients")
-            .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect())
-            .unwrap_or_else(|| vec![1, 8, 32]),
-        workers: val("--workers").and_then(|v| v.parse().ok()).unwrap_or(8),
-        spin_us: val("--spin-us").and_then(|v| v.parse().ok()).unwrap_or(200),
-        idle_spin_us: Some(
-            val("--idle-spin-us")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(200),
-        ),
-        gemm: match val("--gemm").as_deref() {
+        seconds: f.value("--seconds").unwrap_or(2.0),
+        clients: f.list("--clients").unwrap_or_else(|| vec![1, 8, 32]),
+        workers: f.value("--workers").unwrap_or(8),
+        spin_us: f.value("--spin-us").unwrap_or(200),
+        idle_spin_us: Some(f.value("--idle-spin-us").unwrap_or(200)),
+        gemm: match f.raw("--gemm") {
             Some("cublas") => GemmPath::Cublas,
             _ => GemmPath::Lt,
         },
-        copies_in_graph: !a.iter().any(|x| x == "--eager-copies"),
-        zero_copy: !a.iter().any(|x| x == "--copy-nodes"),
-        breakdown: a.iter().any(|x| x == "--breakdown"),
-        high_partition: val("--high-partition").and_then(|v| v.parse().ok()),
-        torch: !a.iter().any(|x| x == "--no-torch"),
-        json: a.iter().any(|x| x == "--json"),
+        copies_in_graph: !f.has("--eager-copies"),
+        zero_copy: !f.has("--copy-nodes"),
+        breakdown: f.has("--breakdown"),
+        high_partition: f.value("--high-partition"),
+        torch: !f.has("--no-torch"),
+        json: f.has("--json"),
     }
 }
 

@@ -5,7 +5,7 @@
 //! GPU baselines ([`baselines`], on cudarc's own driver layers through [`raw`]), the driver
 //! self-test behind the `gpu_probe` example ([`probe`]), the tiled Cholesky workload
 //! ([`cholesky`]), the benches (`cargo bench -p boundpool-bench --bench
-//! scheduler|gpu|observe|cholesky|replay`) and the profiling examples (`smoke`, `build_profile`,
+//! scheduler|gpu|observe|cholesky|replay|serve|partition`, their flags read with [`flags`]) and the profiling examples (`smoke`, `build_profile`,
 //! `sweep`, `gpu_probe`). The `boundpool` command line (`boundpool-cli`) runs the same
 //! workloads, so every figure compares like with like.
 //!
@@ -32,6 +32,7 @@
 
 pub mod baselines;
 pub mod cholesky;
+pub mod flags;
 pub mod probe;
 pub mod raw;
 pub mod replay;

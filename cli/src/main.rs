@@ -47,20 +47,17 @@ enum Command {
     Soak(SoakArgs),
 }
 
+/// `--partitions`, shared by the subcommands that build a GPU pool (each has `--gpu` and
+/// `--threads`).
 #[derive(Args, Debug)]
-struct SoakArgs {
-    /// How long to run, in seconds.
-    #[arg(long, default_value_t = 10.0)]
-    seconds: f64,
-    /// Also run GPU graphs, on a GPU pool of device 0 (exit 2 when there is no GPU).
-    #[arg(long)]
-    gpu: bool,
+struct PartitionArg {
     /// With --gpu: split device 0's SMs into partitions (green contexts; CUDA driver 12.5 or
     /// newer), each a worker group of its own. SPEC: comma-separated `NAME:SMS[:WORKERS]`, SMS a
     /// number or `rest` (the SMs the others leave; at most one), WORKERS 1 if left out, e.g.
     /// `latency:8:1,bulk:rest:3`. The GPU pool's workers are then the partitions' (so no
-    /// --threads); every node still runs on any of them. Prints what each partition got before
-    /// running (in the JSON too). A size the device cannot give exits 2.
+    /// --threads); GPU nodes run on any of them (`bench --latency`: the foreground on the first
+    /// partition, the background on the last). Prints what each partition got before running
+    /// (in the JSON too). A size the device cannot give exits 2.
     #[arg(
         long,
         value_name = "SPEC",
@@ -69,6 +66,18 @@ struct SoakArgs {
         conflicts_with = "threads"
     )]
     partitions: Option<cli::partitions::PartitionSpec>,
+}
+
+#[derive(Args, Debug)]
+struct SoakArgs {
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Also run GPU graphs, on a GPU pool of device 0 (exit 2 when there is no GPU).
+    #[arg(long)]
+    gpu: bool,
+    #[command(flatten)]
+    part: PartitionArg,
     /// Submitter threads.
     #[arg(long, default_value_t = 64)]
     submitters: usize,
@@ -159,20 +168,8 @@ struct RunArgs {
     /// `ReplayBuilder::max_width`): launch-bound graphs of short kernels replay faster.
     #[arg(long, requires = "replay", value_parser = clap::value_parser!(u64).range(1..))]
     max_width: Option<u64>,
-    /// With --gpu: split device 0's SMs into partitions (green contexts; CUDA driver 12.5 or
-    /// newer), each a worker group of its own. SPEC: comma-separated `NAME:SMS[:WORKERS]`, SMS a
-    /// number or `rest` (the SMs the others leave; at most one), WORKERS 1 if left out, e.g.
-    /// `latency:8:1,bulk:rest:3`. The device's workers are then the partitions' (so no
-    /// --threads) and the graph's nodes run on any of them. Prints what each partition got
-    /// before running (`partitions` in the JSON). A size the device cannot give exits 2.
-    #[arg(
-        long,
-        value_name = "SPEC",
-        value_parser = cli::partitions::parse,
-        requires = "gpu",
-        conflicts_with = "threads"
-    )]
-    partitions: Option<cli::partitions::PartitionSpec>,
+    #[command(flatten)]
+    part: PartitionArg,
 }
 
 #[derive(Args, Debug)]
@@ -215,21 +212,8 @@ struct BenchArgs {
     /// With --latency: seconds per phase (five phases; seven with --gpu).
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
-    /// With --gpu (alone or with --latency): split device 0's SMs into partitions (green
-    /// contexts; CUDA driver 12.5 or newer), each a worker group of its own. SPEC:
-    /// comma-separated `NAME:SMS[:WORKERS]`, SMS a number or `rest` (the SMs the others leave; at
-    /// most one), WORKERS 1 if left out, e.g. `latency:8:1,bulk:rest:3`. The device's workers
-    /// are then the partitions' (so no --threads); every GPU node still runs on any of them.
-    /// Prints what each partition got before running (in the JSON too). A size the device
-    /// cannot give exits 2.
-    #[arg(
-        long,
-        value_name = "SPEC",
-        value_parser = cli::partitions::parse,
-        requires = "gpu",
-        conflicts_with = "threads"
-    )]
-    partitions: Option<cli::partitions::PartitionSpec>,
+    #[command(flatten)]
+    part: PartitionArg,
 }
 
 #[derive(Args, Debug)]

@@ -33,7 +33,7 @@ pub(crate) fn run_main(a: &RunArgs, shape: Shape) -> ExitCode {
         return ExitCode::from(2);
     }
     let workers = a.threads.unwrap_or(4).max(1);
-    let (pool, splits) = match open_pool("run", workers, &a.partitions, a.json) {
+    let (pool, splits) = match open_pool("run", workers, &a.part.partitions, a.json) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -133,7 +133,7 @@ pub(crate) fn bench_main(a: &BenchArgs) -> ExitCode {
         rounds: a.runs.max(1),
         ..ReplayBenchConfig::default()
     };
-    let (pool, splits) = match open_pool("bench --gpu", cfg.workers, &a.partitions, a.json) {
+    let (pool, splits) = match open_pool("bench --gpu", cfg.workers, &a.part.partitions, a.json) {
         Ok(p) => p,
         Err(code) => return code,
     };

@@ -336,7 +336,7 @@ pub(crate) fn main(a: &BenchArgs) -> ExitCode {
     // One core is left to the submitting threads (the foreground's and the feeder's): with
     // every core taken by a busy worker, their wake-ups would wait for the OS, not the pool.
     // With --partitions (--gpu only), the partitions' workers.
-    let workers = super::partitions::workers(&a.partitions).unwrap_or_else(|| {
+    let workers = super::partitions::workers(&a.part.partitions).unwrap_or_else(|| {
         a.threads
             .unwrap_or_else(|| default_workers().saturating_sub(1).max(1))
     });
@@ -357,7 +357,7 @@ pub(crate) fn main(a: &BenchArgs) -> ExitCode {
             eprintln!("boundpool bench --latency --gpu: no GPU: {why}");
             return ExitCode::from(2);
         }
-        let pool = match gpu_pool(workers, super::partitions::of(&a.partitions)) {
+        let pool = match gpu_pool(workers, super::partitions::of(&a.part.partitions)) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("boundpool bench --latency --gpu: the GPU pool did not start: {e}");

@@ -779,7 +779,7 @@ pub(crate) fn main(a: SoakArgs) -> ExitCode {
                 })
             });
         // With --partitions, the partitions' workers; the nodes are still placed on the device.
-        let b = match &a.partitions {
+        let b = match &a.part.partitions {
             Some(p) => b.sm_partitions(p.0.clone()),
             None => b,
         };
