@@ -91,7 +91,7 @@ fn pct(lat: &[Duration], q: f64) -> f64 {
 /// The latency-critical client: the served model on `device` at `Priority::High`.
 struct Client {
     model: ServedModel<bf16>,
-    input: Vec<bf16>,
+    input: Arc<Vec<bf16>>,
     want: Vec<bf16>,
 }
 
@@ -107,7 +107,7 @@ impl Client {
             zero_copy: true,
         };
         let model = ServedModel::new(device, SHAPE, w, opts).expect("model");
-        let input = host.request(0);
+        let input = Arc::new(host.request(0));
         let want = host.reference(&input);
         let c = Self { model, input, want };
         // Capture, and check the output once.

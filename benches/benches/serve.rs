@@ -11,7 +11,8 @@
 //! default 200 us, about a request; `--idle-spin-us`: its `idle_spin`, default 200 us, a pool
 //! tuned for latency: `--spin-us 0 --idle-spin-us 20` is a default pool; `--gemm
 //! cublas`: cuBLAS GEMMs and a bias + GELU kernel instead of cuBLASLt with the bias in its
-//! epilogue and a GELU kernel; `--eager-copies`: the copies in and out as eager nodes around a
+//! epilogue and a GELU kernel; `--no-tune`: the heuristic's first cuBLASLt algorithm, not the
+//! fastest of its offers timed at start (`CublasLt::tune`); `--eager-copies`: the copies in and out as eager nodes around a
 //! copy-free graph; `--copy-nodes`: in the graph, copy nodes instead of the default copy kernels
 //! reading and writing the mapped pinned buffers). `-- --breakdown`: instead, one client's requests on a traced
 //! pool, cut into phases from the timeline (median µs each). from a packed binary, run it from the repository root (the script's
@@ -22,7 +23,7 @@
 mod model;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use boundpool::gpu::cudarc::cublas::{CudaBlas, Gemm};
@@ -49,6 +50,7 @@ struct Args {
     gemm: GemmPath,
     copies_in_graph: bool,
     zero_copy: bool,
+    tune: bool,
     breakdown: bool,
     high_partition: Option<u32>,
     torch: bool,
@@ -69,6 +71,7 @@ fn args() -> Args {
         },
         copies_in_graph: !f.has("--eager-copies"),
         zero_copy: !f.has("--copy-nodes"),
+        tune: !f.has("--no-tune"),
         breakdown: f.has("--breakdown"),
         high_partition: f.value("--high-partition"),
         torch: !f.has("--no-torch"),
@@ -101,7 +104,7 @@ impl Run {
 struct Bench<T: Elem> {
     normal: ServedModel<T>,
     high: ServedModel<T>,
-    inputs: Vec<Vec<T>>,
+    inputs: Vec<Arc<Vec<T>>>,
     want: Vec<Vec<T>>,
 }
 
@@ -119,7 +122,11 @@ where
     ) -> Self {
         let host = Weights::<T>::new(SHAPE, 1);
         let w = model::upload_weights(pool, device, &host).expect("weights upload");
-        let inputs: Vec<Vec<T>> = (0..INPUTS).map(|k| host.request(k)).collect();
+        if a.tune && a.gemm == GemmPath::Lt {
+            let t = model::tune_layers(pool, device, SHAPE, &w).expect("tuning");
+            println!("{} layers, cuBLASLt tuned: {t}", T::NAME);
+        }
+        let inputs: Vec<Arc<Vec<T>>> = (0..INPUTS).map(|k| Arc::new(host.request(k))).collect();
         let want = inputs.iter().map(|x| host.reference(x)).collect();
         let opts = |instances, priority| ServeOptions {
             instances,
@@ -256,7 +263,7 @@ where
         for &c in &a.clients {
             let (r, _) = b.serve(pool, c, eager, false, a.seconds);
             let v = json!({"impl": "boundpool", "dtype": T::NAME, "mode": if eager {"eager"} else {"graph"},
-                "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "gemm": format!("{:?}", a.gemm), "copies_in_graph": a.copies_in_graph, "zero_copy": a.zero_copy, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
+                "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "gemm": format!("{:?}", a.gemm), "copies_in_graph": a.copies_in_graph, "zero_copy": a.zero_copy, "tuned": a.tune && a.gemm == GemmPath::Lt, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
                 "p50_us": r.pct(0.5), "p99_us": r.pct(0.99)});
             line(&v, a.json);
             out.push(v);

@@ -91,12 +91,14 @@ where
     let host = Weights::<T>::new(shape, 1);
     let device = pool.device(0).expect("device 0").clone();
     let weights = model::upload_weights(pool, &device, &host)?;
+    let tuning = model::tune_layers(pool, &device, shape, &weights)?;
+    println!("{} layers, cuBLASLt tuned: {tuning}", T::NAME);
     let opts = ServeOptions {
         instances: THREAD_CLIENTS + TASK_CLIENTS,
         ..ServeOptions::default()
     };
     let served = Arc::new(ServedModel::new(&device, shape, weights, opts)?);
-    let inputs: Vec<Vec<T>> = (0..INPUTS).map(|k| host.request(k)).collect();
+    let inputs: Vec<Arc<Vec<T>>> = (0..INPUTS).map(|k| Arc::new(host.request(k))).collect();
     let want: Arc<Vec<Vec<T>>> = Arc::new(inputs.iter().map(|x| host.reference(x)).collect());
     let inputs = Arc::new(inputs);
     let t0 = Instant::now();
@@ -122,7 +124,7 @@ where
                 async move {
                     for r in 0..REQUESTS {
                         let k = (c * 3 + r) % INPUTS as usize;
-                        let run = RunInputs::new().set(served.x, inputs[k].clone());
+                        let run = RunInputs::new().set_arc(served.x, inputs[k].clone());
                         let out = served.replay.submit(pool, run)?.await?;
                         let y = out.get(served.y).expect("the download node's output");
                         check(&y, &want[k])

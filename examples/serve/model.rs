@@ -14,7 +14,7 @@ use boundpool::gpu::cudarc::cublaslt::MatmulConfig;
 use boundpool::gpu::half::bf16;
 use boundpool::gpu::{
     BoxError, DeviceBuffer, DeviceCopy, GpuCtx, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
-    GpuResult, Kernel, LaunchConfig, LtElement, Module, PinnedBuffer, Priority, RNode,
+    GpuResult, Kernel, LaunchConfig, LtElement, LtTuning, Module, PinnedBuffer, Priority, RNode,
     ReplayBuilder, ReplayCtx, Replayable, RunInputs,
 };
 
@@ -434,9 +434,10 @@ where
         })
     }
 
-    /// One request, replayed (or eager): its output.
-    pub fn serve(&self, pool: &GpuPool, x: Vec<T>, eager: bool) -> GpuResult<Arc<Vec<T>>> {
-        let inputs = RunInputs::new().set(self.x, x);
+    /// One request, replayed (or eager): its output. The input is shared, not copied, until
+    /// the run's staging node writes it into its instance's pinned buffer.
+    pub fn serve(&self, pool: &GpuPool, x: Arc<Vec<T>>, eager: bool) -> GpuResult<Arc<Vec<T>>> {
+        let inputs = RunInputs::new().set_arc(self.x, x);
         let out = if eager {
             self.replay.run_eager_with(pool, inputs)?
         } else {
@@ -444,6 +445,63 @@ where
         };
         Ok(out.get(self.y).expect("the read output node's output"))
     }
+}
+
+/// A layer's cuBLASLt product: `y^T = W x^T + b` (column-major `dim` x `batch`).
+fn lt_layer(shape: Shape) -> MatmulConfig {
+    let (bt, d) = (shape.batch as u64, shape.dim as u64);
+    MatmulConfig {
+        transa: true,
+        transb: false,
+        transc: false,
+        m: d,
+        n: bt,
+        k: d,
+        alpha: 1.0,
+        lda: d as i64,
+        ldb: d as i64,
+        beta: 0.0,
+        ldc: d as i64,
+        stride_a: None,
+        stride_b: None,
+        stride_c: None,
+        stride_bias: None,
+        batch_size: None,
+    }
+}
+
+/// Times cuBLASLt's candidates for the layers' product (one problem: every layer has the same
+/// shapes) on the device's first layer weights, in a one-node graph, so that the replays
+/// captured after it run the fastest (`CublasLt::tune`).
+pub fn tune_layers<T: Elem>(
+    pool: &GpuPool,
+    device: &GpuDevice,
+    shape: Shape,
+    weights: &DeviceWeights<T>,
+) -> Result<LtTuning, BoxError> {
+    let w = weights.clone();
+    let mut g = GpuGraphBuilder::new("tune layers");
+    let t = g.gpu_node(device, "tune layers", move |gpu| {
+        let n = shape.batch * shape.dim;
+        let x = gpu.upload(&vec![T::from_f32(0.5); n])?;
+        let mut y = gpu.alloc::<T>(n)?;
+        let (w0, b0) = &w[0];
+        // SAFETY: `w0` is dim x dim, `x` and `y` batch x dim, `b0` dim, as `lt_layer` says; the
+        // buffers outlive the node's work (the graph's end waits for it).
+        let t = unsafe {
+            gpu.cublaslt()?.tune(
+                lt_layer(shape),
+                w0.as_cuda_slice(),
+                x.as_cuda_slice(),
+                y.as_cuda_slice_mut(),
+                Some(b0.as_cuda_slice()),
+                None,
+            )?
+        };
+        Ok(t)
+    });
+    let mut out = pool.submit(&g.build()?)?.wait()?;
+    Ok(out.take(t).expect("the tune node's output"))
 }
 
 /// `y = GELU(x W^T + b)` for a row-major `batch` x `dim` `x`: the BLAS sees the column-major
@@ -464,24 +522,7 @@ where
     let mut y = gpu.alloc::<T>(bt * d)?;
     match gemm {
         GemmPath::Lt => {
-            let cfg = MatmulConfig {
-                transa: true,
-                transb: false,
-                transc: false,
-                m: d as u64,
-                n: bt as u64,
-                k: d as u64,
-                alpha: 1.0,
-                lda: d as i64,
-                ldb: d as i64,
-                beta: 0.0,
-                ldc: d as i64,
-                stride_a: None,
-                stride_b: None,
-                stride_c: None,
-                stride_bias: None,
-                batch_size: None,
-            };
+            let cfg = lt_layer(shape);
             // SAFETY: `w` is d x d, `x` and `y` batch x d, `b` d (one per output row of the
             // column-major product), as the configuration says.
             unsafe {

@@ -13,13 +13,16 @@ use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::mem;
 
-use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::result::{self as lt, CublasError as LtError};
 use cudarc::cublaslt::sys;
 use cudarc::cublaslt::{Activation, MatmulConfig};
+use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice};
 
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::libs::{lt_check, LT_WORKSPACE_BYTES};
+use crate::lt_algos::LtProblem;
 use crate::node::GpuCtx;
 
 mod sealed {
@@ -258,6 +261,56 @@ fn span(rows: u64, cols: u64, ld: i64, batch: u64, stride: i64) -> Option<u128> 
     Some(one + step)
 }
 
+/// How many of the heuristic's algorithms [`CublasLt::tune`] asks for and times.
+pub const TUNE_CANDIDATES: usize = 16;
+
+/// One matmul's checked descriptors and its cache key ([`CublasLt::matmul`], [`CublasLt::tune`]).
+struct Prepared {
+    desc: Desc,
+    al: Layout,
+    bl: Layout,
+    cl: Layout,
+    problem: LtProblem,
+}
+
+/// What [`CublasLt::tune`] measured: each candidate's time (the heuristic's order; `None`:
+/// it failed to run) and which it chose.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LtTuning {
+    /// Microseconds per matmul of each candidate, in the heuristic's order.
+    pub micros: Vec<Option<f64>>,
+    /// The index of the fastest, now the device's algorithm for the problem.
+    pub chosen: usize,
+}
+
+impl LtTuning {
+    /// The heuristic's first's time over the chosen one's (1.0: the heuristic was right).
+    pub fn speedup(&self) -> f64 {
+        match (
+            self.micros.first().copied().flatten(),
+            self.micros[self.chosen],
+        ) {
+            (Some(first), Some(best)) if best > 0.0 => first / best,
+            _ => 1.0,
+        }
+    }
+}
+
+impl fmt::Display for LtTuning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let us = |t: Option<f64>| t.map_or("failed".to_owned(), |t| format!("{t:.1} µs"));
+        write!(
+            f,
+            "{} candidates; the heuristic's first {}, chosen #{} {} ({:.2}x)",
+            self.micros.len(),
+            us(self.micros.first().copied().flatten()),
+            self.chosen,
+            us(self.micros[self.chosen]),
+            self.speedup()
+        )
+    }
+}
+
 impl CublasLt<'_> {
     /// The raw `cublasLtHandle_t`, for calls this type does not wrap (the handle has no stream:
     /// pass [`GpuCtx::raw_stream`] and [`workspace`](Self::workspace) to `cublasLtMatmul`).
@@ -275,9 +328,11 @@ impl CublasLt<'_> {
     /// `Matmul::matmul` (the same config, layouts, transposes, batch strides and epilogues:
     /// `bias` alone is `EPILOGUE_BIAS`, with `act` `RELU_BIAS` / `GELU_BIAS`, `act` alone
     /// `RELU` / `GELU`), with this handle's workspace. Column-major: `C` is `m`×`n`; `bias`
-    /// holds `m` elements (per batch, `stride_bias` apart). The algorithm is the heuristic's
-    /// first for a workspace of [`LT_WORKSPACE_BYTES`]. Under a replay capture the matmul is
-    /// captured (the descriptor and heuristic calls are host-only).
+    /// holds `m` elements (per batch, `stride_bias` apart). The algorithm is the device's for
+    /// this problem: the one [`tune`](Self::tune) chose, else the heuristic's first for a
+    /// workspace of [`LT_WORKSPACE_BYTES`] (asked once per problem and device, then kept).
+    /// Under a replay capture the matmul is captured (the descriptor and heuristic calls are
+    /// host-only).
     ///
     /// Checks that every buffer belongs to this node's device and is long enough for the
     /// config; a cuBLASLt status other than success is a [`GpuErrorKind::Library`] error
@@ -296,6 +351,140 @@ impl CublasLt<'_> {
         bias: Option<&impl DevicePtr<T>>,
         act: Option<&Activation>,
     ) -> GpuResult<()> {
+        let call = self.prepare(&cfg, a, b, &*c, bias, act)?;
+        let algos = &self.ctx.b.device.lt_algos;
+        let algo = match algos.get(&call.problem) {
+            Some(algo) => algo,
+            None => {
+                let first = self.heuristic(&call, 1)?[0].algo;
+                algos.keep_heuristic(call.problem, first);
+                first
+            }
+        };
+        // SAFETY: the caller's contract for the buffers, checked by `prepare` to be this
+        // device's and long enough; the algorithm is one the heuristic gave for this problem.
+        let r = unsafe { self.run(&call, &cfg, a, b, c, &algo) };
+        lt_check("cublasLtMatmul", r, &|| self.ctx.what())
+    }
+
+    /// Times the algorithms cuBLASLt's heuristic offers for this matmul (up to
+    /// [`TUNE_CANDIDATES`], in the heuristic's order) on the node's stream, and makes the fastest this device's
+    /// algorithm for the problem: every later [`matmul`](Self::matmul) of the same types,
+    /// shapes, transposes, leading dimensions, strides and epilogue on this device, on any
+    /// worker, eager or captured, runs it. Each candidate runs 3 times untimed, then 10 times
+    /// in a CUDA graph launched 4 times between events (its time: the best launch's mean, the
+    /// first aside), so that small matmuls are timed on the device, not at the host's launch
+    /// rate. Blocks the
+    /// worker until the timing is done. Eager only: under a replay capture it is an error (tune
+    /// in a node before the replay's first run, as PyTorch's TunableOp tunes before capture).
+    ///
+    /// `c` is written by every trial, so with `beta` ≠ 0 its contents afterwards are not
+    /// `alpha op(A) op(B) + beta C`: tune on scratch buffers of the real shapes.
+    ///
+    /// # Safety
+    /// As [`matmul`](Self::matmul).
+    pub unsafe fn tune<T: LtElement>(
+        &self,
+        cfg: MatmulConfig,
+        a: &impl DevicePtr<T>,
+        b: &impl DevicePtr<T>,
+        c: &mut impl DevicePtrMut<T>,
+        bias: Option<&impl DevicePtr<T>>,
+        act: Option<&Activation>,
+    ) -> GpuResult<LtTuning> {
+        let what = || self.ctx.what();
+        if self.ctx.capture.is_some() {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!(
+                    "{}: CublasLt::tune times its candidates, which a replay capture cannot: \
+                     tune in an eager node before the replay's first run",
+                    what()
+                ),
+            ));
+        }
+        let call = self.prepare(&cfg, a, b, &*c, bias, act)?;
+        let offered = self.heuristic(&call, TUNE_CANDIDATES)?;
+        let mut micros = Vec::with_capacity(offered.len());
+        for h in &offered {
+            // SAFETY: as in `matmul`, for each of the heuristic's algorithms for this problem.
+            let mut run = || unsafe { self.run(&call, &cfg, a, b, &mut *c, &h.algo) };
+            micros.push(self.time_matmuls(&mut run)?);
+        }
+        let chosen = micros
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| t.map(|t| (i, t)))
+            .min_by(|x, y| x.1.total_cmp(&y.1))
+            .map(|(i, _)| i)
+            .ok_or_else(|| {
+                GpuError::new(
+                    GpuErrorKind::Library,
+                    format!(
+                        "{}: CublasLt::tune: none of the heuristic's {} algorithms ran",
+                        what(),
+                        offered.len()
+                    ),
+                )
+            })?;
+        self.ctx
+            .b
+            .device
+            .lt_algos
+            .keep_tuned(call.problem, offered[chosen].algo);
+        Ok(LtTuning { micros, chosen })
+    }
+
+    /// One matmul's time in µs (`None`: it failed): after 3 untimed runs, 10 of them captured
+    /// into a CUDA graph on the node's stream (so that the host's launch cost, larger than a
+    /// small matmul's, is not what is measured), the graph launched 4 times between events,
+    /// the best of the last 3 taken.
+    fn time_matmuls(&self, run: &mut dyn FnMut() -> Result<(), LtError>) -> GpuResult<Option<f64>> {
+        const IN_GRAPH: usize = 10;
+        if (0..3).any(|_| run().is_err()) {
+            return Ok(None);
+        }
+        let stream = self.ctx.stream();
+        let fail = |call: &str, e| self.ctx.fail_call(&format!("{call} (CublasLt::tune)"), e);
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| fail("cuStreamBeginCapture", e))?;
+        let ran = (0..IN_GRAPH).all(|_| run().is_ok());
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(|e| fail("cuStreamEndCapture", e))?;
+        let Some(graph) = graph.filter(|_| ran) else {
+            return Ok(None);
+        };
+        let mut best = f64::INFINITY;
+        for round in 0..4 {
+            let start = stream
+                .record_event(Some(CU_EVENT_DEFAULT))
+                .map_err(|e| fail("cuEventRecord", e))?;
+            graph.launch().map_err(|e| fail("cuGraphLaunch", e))?;
+            let end = stream
+                .record_event(Some(CU_EVENT_DEFAULT))
+                .map_err(|e| fail("cuEventRecord", e))?;
+            let ms = start
+                .elapsed_ms(&end)
+                .map_err(|e| fail("cuEventElapsedTime", e))?;
+            if round > 0 {
+                best = best.min(f64::from(ms) * 1e3 / IN_GRAPH as f64);
+            }
+        }
+        Ok(Some(best))
+    }
+
+    /// The checks, descriptors and cache key of one matmul.
+    fn prepare<T: LtElement>(
+        &self,
+        cfg: &MatmulConfig,
+        a: &impl DeviceSlice<T>,
+        b: &impl DeviceSlice<T>,
+        c: &impl DeviceSlice<T>,
+        bias: Option<&impl DevicePtr<T>>,
+        act: Option<&Activation>,
+    ) -> GpuResult<Prepared> {
         let what = || self.ctx.what();
         let what: &Wt = &what;
         let (a_rows, a_cols) = if cfg.transa {
@@ -332,7 +521,7 @@ impl CublasLt<'_> {
         )?;
         self.check(
             "C",
-            &*c,
+            c,
             span(cfg.m, cfg.n, cfg.ldc, batch, stride(cfg.stride_c)),
         )?;
         if let Some(bias) = bias {
@@ -369,11 +558,41 @@ impl CublasLt<'_> {
         let epi = epilogue(bias_ptr.is_some(), act);
         // SAFETY: as above.
         unsafe { desc.set(D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, what)? };
+        let problem = LtProblem {
+            types: (T::DATA_TYPE as i32, T::COMPUTE_TYPE as i32),
+            trans: [cfg.transa, cfg.transb, cfg.transc],
+            mnk: [cfg.m, cfg.n, cfg.k],
+            ld: [cfg.lda, cfg.ldb, cfg.ldc],
+            batch: batch as i64,
+            strides: [
+                stride(cfg.stride_a),
+                stride(cfg.stride_b),
+                stride(cfg.stride_c),
+                bias_stride,
+            ],
+            epilogue: epi as i32,
+        };
+        Ok(Prepared {
+            desc,
+            al,
+            bl,
+            cl,
+            problem,
+        })
+    }
 
+    /// Up to `n` of the heuristic's algorithms for `call`, best first (at least one: none is
+    /// a [`GpuErrorKind::Library`] error), for a workspace of [`LT_WORKSPACE_BYTES`].
+    fn heuristic(
+        &self,
+        call: &Prepared,
+        n: usize,
+    ) -> GpuResult<Vec<sys::cublasLtMatmulHeuristicResult_t>> {
+        let what = || self.ctx.what();
         let pref = Pref(lt_check(
             "cublasLtMatmulPreferenceCreate",
             lt::create_matmul_pref(),
-            what,
+            &what,
         )?);
         let ws_bytes = LT_WORKSPACE_BYTES as u64;
         // SAFETY: a live preference; the attribute is a uint64, read before return.
@@ -385,47 +604,87 @@ impl CublasLt<'_> {
                 mem::size_of::<u64>(),
             )
         };
-        lt_check("cublasLtMatmulPreferenceSetAttribute", r, what)?;
+        lt_check("cublasLtMatmulPreferenceSetAttribute", r, &what)?;
+        let n = c_int::try_from(n).unwrap_or(c_int::MAX);
+        // SAFETY: `cublasLtMatmulHeuristicResult_t` is plain data (an algorithm's bytes, sizes
+        // and a status), for which all zeros is a valid value.
+        let mut found =
+            vec![unsafe { mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>() }; n as usize];
+        let mut count: c_int = 0;
         // SAFETY: the worker's live handle and live descriptors (C is also D, as in cudarc);
-        // host-only, it writes one heuristic result.
-        let heuristic = lt_check(
-            "cublasLtMatmulAlgoGetHeuristic",
-            unsafe {
-                lt::get_matmul_algo_heuristic(self.handle, desc.0, al.0, bl.0, cl.0, cl.0, pref.0)
-            },
-            what,
-        )?;
+        // host-only, it writes at most `n` results into `found` and their count into `count`.
+        let status = unsafe {
+            sys::cublasLtMatmulAlgoGetHeuristic(
+                self.handle,
+                call.desc.0,
+                call.al.0,
+                call.bl.0,
+                call.cl.0,
+                call.cl.0,
+                pref.0,
+                n,
+                found.as_mut_ptr(),
+                &mut count,
+            )
+        };
+        lt_check("cublasLtMatmulAlgoGetHeuristic", status.result(), &what)?;
+        found.truncate(usize::try_from(count).unwrap_or(0).min(n as usize));
+        found.retain(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS);
+        if found.is_empty() {
+            return Err(GpuError::new(
+                GpuErrorKind::Library,
+                format!(
+                    "{}: cublasLtMatmulAlgoGetHeuristic found no algorithm for this matmul",
+                    what()
+                ),
+            ));
+        }
+        Ok(found)
+    }
 
+    /// One `cublasLtMatmul` of a prepared call with `algo`.
+    ///
+    /// # Safety
+    /// As [`matmul`](Self::matmul); `call` was prepared from these buffers and `cfg`.
+    unsafe fn run<T: LtElement>(
+        &self,
+        call: &Prepared,
+        cfg: &MatmulConfig,
+        a: &impl DevicePtr<T>,
+        b: &impl DevicePtr<T>,
+        c: &mut impl DevicePtrMut<T>,
+        algo: &sys::cublasLtMatmulAlgo_t,
+    ) -> Result<(), LtError> {
+        let stream = self.ctx.stream();
         let (ap, _a_sync) = a.device_ptr(stream);
         let (bp, _b_sync) = b.device_ptr(stream);
         let (cp, _c_sync) = c.device_ptr_mut(stream);
-        // SAFETY: the caller's contract for the buffers (checked above to be this device's and
-        // long enough); the descriptors and the algorithm are live; the stream is the node's
+        // SAFETY: the caller's contract for the buffers (checked to be this device's and long
+        // enough); the descriptors and the algorithm are live; the stream is the node's
         // (`GpuCtx::stream`'s raw handle, the capturing stream under a capture); the scalars are f32 (the
         // scale type) read before return; the workspace holds LT_WORKSPACE_BYTES and is used
         // only in this stream's order (eagerly the worker's for this stream, under a capture
         // this call's own).
-        let r = unsafe {
+        unsafe {
             lt::matmul(
                 self.handle,
-                desc.0,
+                call.desc.0,
                 &cfg.alpha as *const f32 as *const c_void,
                 &cfg.beta as *const f32 as *const c_void,
                 ap as *const c_void,
-                al.0,
+                call.al.0,
                 bp as *const c_void,
-                bl.0,
+                call.bl.0,
                 cp as *const c_void,
-                cl.0,
+                call.cl.0,
                 cp as *mut c_void,
-                cl.0,
-                &heuristic.algo,
+                call.cl.0,
+                algo,
                 self.workspace as *mut c_void,
                 LT_WORKSPACE_BYTES,
                 self.ctx.stream.raw_ptr() as sys::cudaStream_t,
             )
-        };
-        lt_check("cublasLtMatmul", r, what)
+        }
     }
 
     /// Checks that `buf` is on this node's device and spans `need` elements.

@@ -17,6 +17,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 
 use crate::driver::{self, Ctx, DResult, Dev, DeviceAlloc, Event, GraphExec, HostAlloc, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::lt_algos::LtAlgoCache;
 use crate::metrics::DeviceMetrics;
 use crate::module::Kernel;
 use crate::partition::{DevicePartitions, PartitionInfo};
@@ -169,6 +170,8 @@ pub(crate) struct DeviceShared {
     metrics: OnceLock<DeviceMetrics>,
     /// Its SM partitions (none unless `GpuPoolBuilder::sm_partitions` asked).
     pub(crate) partitions: DevicePartitions,
+    /// cuBLASLt's algorithm per matmul problem on this device (`blaslt.rs`).
+    pub(crate) lt_algos: LtAlgoCache,
 }
 
 impl fmt::Debug for DeviceShared {
@@ -205,6 +208,7 @@ impl DeviceShared {
             execs_live: AtomicUsize::new(0),
             metrics: OnceLock::new(),
             partitions: DevicePartitions::default(),
+            lt_algos: LtAlgoCache::default(),
         }
     }
 

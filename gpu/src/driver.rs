@@ -434,6 +434,25 @@ pub(crate) fn stream_query(expect: Ctx, s: StreamRef) -> DResult<bool> {
     }
 }
 
+/// Writes `value` to the 4 bytes at device address `addr` once the work enqueued on `s` before
+/// it has completed, after a memory fence (`cuStreamWriteValue32`): with `addr` a mapped host
+/// word, a completion the host sees with a load instead of a driver call.
+///
+/// # Safety
+/// `addr` must be a live, 4-byte aligned allocation the device can write (a mapped
+/// [`HostAlloc`]'s address), alive until the write has happened.
+pub(crate) unsafe fn stream_write_value32(
+    expect: Ctx,
+    s: StreamRef,
+    addr: u64,
+    value: u32,
+) -> DResult<()> {
+    check(expect, "cuStreamWriteValue32");
+    // SAFETY: `s` is live (crate invariant); the address is the caller's contract; flags 0: the
+    // default, a fence before the write.
+    unsafe { sys::cuStreamWriteValue32_v2(s.0, addr, value, 0).result() }
+}
+
 // Events: boundpool's own owner ([`Event`], see the crate docs for why not cudarc's
 // `CudaEvent`), over cudarc's `result::event` calls.
 

@@ -22,8 +22,10 @@
 //!   one of the same group that was stolen by another worker records an event on the
 //!   predecessor's stream itself and waits on it. No host synchronise between GPU nodes.
 //! * **Completion.** A GPU node with a host successor, or none (a sink), completes only when
-//!   the device has done its work: its worker polls one event per burst of nodes
-//!   (`cuEventQuery`) between other nodes, never from a driver callback thread.
+//!   the device has done its work: its worker enqueues one write of a mapped host word per
+//!   burst of nodes (`cuStreamWriteValue32`, after the work) and reads the word between other
+//!   nodes (a load, no driver call; the stream is queried every 50 µs for a failed device),
+//!   never from a driver callback thread.
 //! * **Drops anywhere.** [`DeviceBuffer`] and the event table's events may be dropped on any
 //!   thread: the drop queues the handle for a bound worker of its device (woken for it), which
 //!   frees it after the work already enqueued on the device. Shutdown frees what was queued,
@@ -93,7 +95,10 @@
 //! the node's stream: [`CublasLt::matmul`] takes cudarc's `MatmulConfig` and `Activation` and
 //! does what cudarc's `Matmul::matmul` does (f32, f16, bf16 as [`LtElement`]s; bias, ReLU and
 //! GELU epilogues; strided batches) on the node's stream, also under a replay capture (a
-//! workspace per call, made outside the graph and kept with it). cudarc's own `CudaBlasLT`
+//! workspace per call, made outside the graph and kept with it). Its algorithm is the device's
+//! for the problem: the heuristic's first (asked once per problem, then kept), or the fastest of
+//! the heuristic's offers that [`CublasLt::tune`] timed, eagerly, before a replay captures it
+//! (the served model's f32 layers gain 1.2x so). cudarc's own `CudaBlasLT`
 //! still works eagerly inside a node (one per stream, made there), not under a capture. candle
 //! cannot take an external stream yet (its CUDA device is built by a private constructor), so
 //! candle code does not run on the pool's streams.
@@ -181,9 +186,9 @@
 //!   unsafe in cudarc), destroying the cuBLASLt handle (and its `Send`: it never leaves its
 //!   worker) and the library-presence checks; `blas.rs`, what nodes call: setting the cuBLAS
 //!   handle's stream (`CudaBlas::set_stream`, unsafe in cudarc) and workspace, and the
-//!   routines, unsafe fns on device addresses; `blaslt.rs`, the cuBLASLt matmul (an unsafe fn):
-//!   setting descriptor attributes from typed values, the heuristic query, `cublasLtMatmul`,
-//!   and the descriptors' destroys.
+//!   routines, unsafe fns on device addresses; `blaslt.rs`, the cuBLASLt matmul and its tuning
+//!   (unsafe fns): setting descriptor attributes from typed values, the heuristic query (into
+//!   zeroed result structs), `cublasLtMatmul`, and the descriptors' destroys.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
 //!   contract; it points one pointer at each argument's 8-byte slot for the launch in
 //!   `driver.rs`), the host copies and memset it passes to `driver.rs`, a captured host-to-device
@@ -195,6 +200,8 @@
 //! * `pinned.rs`: [`PinnedBuffer`]'s host access (`write`, `to_vec`: unsafe fns, the graph's
 //!   order is the caller's contract) and the copies between it and device buffers it passes
 //!   to `driver.rs`.
+//! * `worker.rs`: the lanes' completion words (mapped host words the device writes and the
+//!   worker reads with atomic loads; the write enqueued through `driver.rs`).
 //! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`); `nvtx.rs`
 //!   (feature `nvtx`), whether libnvToolsExt is.
 //!
@@ -212,6 +219,7 @@ mod diag;
 mod driver;
 mod error;
 mod libs;
+mod lt_algos;
 mod metrics;
 mod module;
 mod node;
@@ -226,7 +234,7 @@ mod timing;
 mod worker;
 
 pub use blas::{potrf_info_error, Blas, CublasRef, Diag, Side, Solver, Trans, Uplo};
-pub use blaslt::{CublasLt, LtElement};
+pub use blaslt::{CublasLt, LtElement, LtTuning, TUNE_CANDIDATES};
 pub use buffer::{DeviceBuffer, DeviceCopy};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
 pub use device::{DeviceInfo, GpuDevice};

@@ -3,8 +3,9 @@
 //! their level), its function cache and its completion trackers.
 
 use std::cell::{Cell, OnceCell, Ref, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -106,15 +107,18 @@ pub(crate) struct Lane {
     /// GPU nodes enqueued on `stream` so far.
     pub(crate) seq: Cell<u64>,
     completion: RefCell<Completion>,
+    /// Its completion word's index in the worker's [`CompletionWords`].
+    word: usize,
 }
 
 impl Lane {
-    fn new(cuda: Arc<CudaStream>) -> Self {
+    fn new(cuda: Arc<CudaStream>, word: usize) -> Self {
         Self {
             stream: StreamRef::of(&cuda),
             cuda,
             seq: Cell::new(0),
             completion: RefCell::new(Completion::default()),
+            word,
         }
     }
 }
@@ -152,16 +156,26 @@ pub(crate) struct Bound {
     pub(crate) states: WorkerStates,
     /// Edge counts not yet pushed to the device's metrics.
     pub(crate) edges: crate::metrics::EdgeCounts,
+    /// The lanes' completion words.
+    words: CompletionWords,
 }
 
 #[derive(Default)]
 struct Completion {
     /// Highest sequence number of the lane known complete on the device.
     done: u64,
-    /// Events recorded on the lane's stream, with the sequence number each covers, oldest first.
-    recorded: VecDeque<(u64, Event)>,
-    /// When the oldest event was last found not ready.
-    last_not_ready: Option<Instant>,
+    /// Highest sequence number a write of the lane's completion word was enqueued for.
+    written: u64,
+    /// When the stream was last found busy.
+    last_query: Option<Instant>,
+}
+
+impl Completion {
+    /// The sequence number the word's 32 bits stand for: the writes enqueued are all within
+    /// 2^32 below `written`.
+    fn seen(&self, word: u32) -> u64 {
+        self.written - u64::from((self.written as u32).wrapping_sub(word))
+    }
 }
 
 /// The state of one pool worker (the scheduler's `S`): for a device worker, its device's
@@ -182,6 +196,10 @@ impl fmt::Debug for GpuWorker {
 
 /// Poll no faster than this when the oldest event is not ready (a query costs ~1 µs).
 const REQUERY_AFTER: Duration = Duration::from_micros(2);
+
+/// How often a worker waiting on its completion word also asks the driver (which reports a
+/// failed device; the word alone never would).
+const QUERY_EVERY: Duration = Duration::from_micros(50);
 
 impl GpuWorker {
     pub(crate) fn host(shared: Arc<PoolShared>) -> Self {
@@ -227,6 +245,18 @@ impl GpuWorker {
                 return Err(err);
             }
         }
+        let words = match CompletionWords::new(ctx) {
+            Ok(w) => w,
+            Err(e) => {
+                let err = GpuError::driver(
+                    "cuMemHostAlloc",
+                    &format!("device {}: completion words", device.ordinal()),
+                    e,
+                );
+                device.worker_stopped(stream);
+                return Err(err);
+            }
+        };
         Ok(Self {
             bound: Some(Bound {
                 device,
@@ -235,7 +265,7 @@ impl GpuWorker {
                 ctx,
                 cuda,
                 stream,
-                normal: Lane::new(cuda_stream),
+                normal: Lane::new(cuda_stream, 0),
                 high: OnceCell::new(),
                 low: OnceCell::new(),
                 funcs: RefCell::new(HashMap::new()),
@@ -244,6 +274,7 @@ impl GpuWorker {
                 libs: Default::default(),
                 states: Default::default(),
                 edges: Default::default(),
+                words,
             }),
             shared,
         })
@@ -291,13 +322,13 @@ impl GpuWorker {
             drop(b.funcs);
             let lanes = [Some(b.normal), b.high.into_inner(), b.low.into_inner()];
             for lane in lanes.into_iter().flatten() {
-                if lane.stream != b.stream && b.device.failed().is_none() {
+                if b.device.failed().is_none() {
                     let _ = driver::stream_synchronize(b.ctx, lane.stream);
                 }
-                for (_, e) in lane.completion.into_inner().recorded {
-                    b.device.put_event(e);
-                }
             }
+            // Every lane has finished (or its context failed, a sticky error: nothing runs
+            // there any more), so no write of a completion word is left.
+            let _ = b.words.alloc.free(b.ctx);
             for e in b.events.into_inner() {
                 b.device.put_event(e);
             }
@@ -369,7 +400,8 @@ impl Bound {
         if let Some(l) = cell.get() {
             return Ok(l);
         }
-        let lane = Lane::new(self.level_stream(p)?);
+        let word = if p == Priority::High { 1 } else { 2 };
+        let lane = Lane::new(self.level_stream(p)?, word);
         Ok(cell.get_or_init(|| lane))
     }
 
@@ -516,9 +548,10 @@ impl Bound {
     }
 
     /// Polls whether the work up to sequence number `seq` on this worker's stream of level `p`
-    /// has completed. Records one event covering everything enqueued there so far when no
-    /// recorded event covers `seq` yet, so a burst of nodes shares one event, and queries the
-    /// oldest event at most once every few microseconds.
+    /// has completed. The lane's completion word tells (a load, no driver call): when no write
+    /// enqueued so far covers `seq`, one is enqueued for everything on the lane so far, so a
+    /// burst of nodes shares one. The stream is also queried, at most once every
+    /// [`QUERY_EVERY`], for a failed device (whose word never moves).
     pub(crate) fn poll_done(&self, p: Priority, seq: u64) -> Poll<Result<(), BoxError>> {
         let Some(lane) = self.lane_if_made(p) else {
             // Not reached: a node's completion is polled by the worker that enqueued it, on the
@@ -535,49 +568,103 @@ impl Bound {
                 format!("device {} failed: {why}", self.device.ordinal()),
             ))));
         }
-        let throttled = c
-            .last_not_ready
-            .is_some_and(|t| t.elapsed() < REQUERY_AFTER);
-        if !throttled {
-            while let Some((s, e)) = c.recorded.front() {
-                match driver::event_query(self.ctx, e) {
-                    Ok(true) => {
-                        c.done = c.done.max(*s);
-                        if let Some((_, e)) = c.recorded.pop_front() {
-                            self.put_event(e);
-                        }
-                        c.last_not_ready = None;
-                    }
-                    Ok(false) => {
-                        c.last_not_ready = Some(Instant::now());
-                        break;
-                    }
-                    Err(err) => {
-                        let e =
-                            self.device
-                                .driver_error("cuEventQuery", "waiting for GPU work", err);
-                        return Poll::Ready(Err(Box::new(e)));
-                    }
+        c.done = c.done.max(c.seen(self.words.read(lane.word)));
+        if c.done < seq && c.last_query.is_none_or(|t| t.elapsed() >= QUERY_EVERY) {
+            let tail = lane.seq.get();
+            match driver::stream_query(self.ctx, lane.stream) {
+                Ok(true) => c.done = c.done.max(tail),
+                Ok(false) => c.last_query = Some(Instant::now()),
+                Err(err) => {
+                    let e = self
+                        .device
+                        .driver_error("cuStreamQuery", "waiting for GPU work", err);
+                    return Poll::Ready(Err(Box::new(e)));
                 }
             }
         }
         if c.done >= seq {
+            c.last_query = None;
             if let Some(t) = &self.device.timing {
                 t.resolve(self.ctx, false);
             }
             return Poll::Ready(Ok(()));
         }
-        let covered = c.recorded.back().is_some_and(|&(s, _)| s >= seq);
-        if !covered {
+        if c.written < seq {
             let tail = lane.seq.get();
-            match self.record_event(lane.stream) {
-                Ok(e) => c.recorded.push_back((tail, e)),
-                Err((call, err)) => {
-                    let e = self.device.driver_error(call, "waiting for GPU work", err);
-                    return Poll::Ready(Err(Box::new(e)));
-                }
+            // SAFETY: the word is this worker's mapped host memory, freed in `stop` only after
+            // every lane's stream has finished.
+            let w = unsafe {
+                driver::stream_write_value32(
+                    self.ctx,
+                    lane.stream,
+                    self.words.device_addr(lane.word),
+                    tail as u32,
+                )
+            };
+            if let Err(err) = w {
+                let e =
+                    self.device
+                        .driver_error("cuStreamWriteValue32", "waiting for GPU work", err);
+                return Poll::Ready(Err(Box::new(e)));
             }
+            c.written = tail;
         }
         Poll::Pending
+    }
+}
+
+/// One mapped host word per lane (normal, high, low), written by the device once the lane's
+/// work up to a sequence number has completed (`cuStreamWriteValue32`, after a fence) and read
+/// by the worker with a load. Allocated at the worker's start, freed in [`GpuWorker::stop`]
+/// after the lanes' streams have finished.
+struct CompletionWords {
+    alloc: driver::HostAlloc,
+}
+
+impl CompletionWords {
+    const LANES: usize = 3;
+
+    fn new(ctx: Ctx) -> driver::DResult<Self> {
+        let alloc = driver::mem_host_alloc(ctx, 4 * Self::LANES)?;
+        // SAFETY: `alloc` holds 4 * LANES bytes, not yet visible to the device.
+        unsafe { std::ptr::write_bytes(alloc.ptr(), 0, 4 * Self::LANES) };
+        Ok(Self { alloc })
+    }
+
+    /// The last value the device wrote to lane `i`'s word.
+    fn read(&self, i: usize) -> u32 {
+        debug_assert!(i < Self::LANES);
+        // SAFETY: page-locked memory of this worker, 4-byte aligned (a page), alive while the
+        // worker is; the device writes whole words, so an atomic load reads one of them.
+        unsafe { (*(self.alloc.ptr() as *const AtomicU32).add(i)).load(Ordering::Acquire) }
+    }
+
+    /// Lane `i`'s word as the device addresses it.
+    fn device_addr(&self, i: usize) -> u64 {
+        self.alloc.device_ptr() + 4 * i as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Completion;
+
+    #[test]
+    fn a_completion_word_stands_for_the_sequence_number_below_the_last_write() {
+        let mut c = Completion::default();
+        assert_eq!(c.seen(0), 0, "nothing written, nothing seen");
+        c.written = 7;
+        assert_eq!(c.seen(0), 0, "the write not done yet");
+        assert_eq!(c.seen(5), 5, "an earlier write done");
+        assert_eq!(c.seen(7), 7);
+        // Past 2^32 nodes on a lane: the word wraps, the number does not.
+        c.written = (1 << 32) + 3;
+        assert_eq!(c.seen(3), (1 << 32) + 3);
+        assert_eq!(
+            c.seen(u32::MAX),
+            (1 << 32) - 1,
+            "the last write before the wrap"
+        );
+        assert_eq!(c.seen(1), (1 << 32) + 1);
     }
 }

@@ -3,7 +3,8 @@
 //! between `DeviceBuffer` and `CudaSlice` without a copy and dropped on foreign threads, a
 //! replayed chain of GEMMs and cudarc kernels against its eager run with changing inputs, and
 //! the worker's cuBLASLt (`GpuCtx::cublaslt`): matmuls with bias / ReLU / GELU epilogues in
-//! every precision, eager (also in a nested node on another level's stream) and replayed.
+//! every precision, eager (also in a nested node on another level's stream) and replayed, and
+//! its tuning (`CublasLt::tune`).
 
 mod common;
 
@@ -795,6 +796,116 @@ fn cublaslt_matmul_in_every_precision_with_bias_and_relu_matches_the_host() {
         msg.contains("cublasLtMatmul: A holds 6143 elements, the config needs 6144"),
         "{msg}"
     );
+    wait_for_no_buffers(&p);
+    drop(p);
+}
+
+/// `CublasLt::tune` on the node's stream: every candidate timed, the fastest chosen; matmuls of
+/// the same problem afterwards (eager, and captured into a replay) give the host's result; a
+/// tune under a capture is refused with the node named.
+#[test]
+fn cublaslt_tune_chooses_the_fastest_candidate_and_later_matmuls_stay_correct() {
+    let name = "cublaslt_tune_chooses_the_fastest_candidate_and_later_matmuls_stay_correct";
+    let Some(_t) = GpuTest::start(name, 120) else {
+        return;
+    };
+    let p = pool(2, 1);
+    let d = p.devices()[0].clone();
+    let (a, b, bias) = (values(M * K, 240), values(K * N, 241), values(M, 242));
+    let want = host_lt(&a, &b, &bias, M, N, K, None);
+    let (ha, hb, hbias) = (a.clone(), b.clone(), bias.clone());
+    let (tuning, eager, bufs) = p
+        .call(&d, move |ctx| {
+            let (ad, bd, biasd) = (ctx.upload(&ha)?, ctx.upload(&hb)?, ctx.upload(&hbias)?);
+            let mut scratch = ctx.alloc_zeros::<f32>(M * N)?;
+            let mut c = ctx.alloc_zeros::<f32>(M * N)?;
+            let lt = ctx.cublaslt()?;
+            // SAFETY: M×K times K×N into M×N plus a bias of M, column-major; the buffers
+            // outlive the download below, which waits for the node's work.
+            let tuning = unsafe {
+                lt.tune(
+                    lt_cfg(M, N, K),
+                    &*ad,
+                    &*bd,
+                    &mut *scratch,
+                    Some(&*biasd),
+                    None,
+                )?
+            };
+            // SAFETY: as above.
+            unsafe { lt.matmul(lt_cfg(M, N, K), &*ad, &*bd, &mut *c, Some(&*biasd), None)? };
+            Ok((tuning, ctx.download(&c)?, (ad, bd, biasd)))
+        })
+        .unwrap_or_else(|e| panic!("tune: {}", chain(&e)));
+    eprintln!("cuBLASLt tune ({M}x{N}x{K} f32 + bias): {tuning}");
+    let times: Vec<f64> = tuning.micros.iter().flatten().copied().collect();
+    assert!(!times.is_empty(), "at least one candidate ran: {tuning:?}");
+    assert!(
+        times.iter().all(|&t| t > 0.0 && t.is_finite()),
+        "{tuning:?}"
+    );
+    let best = tuning.micros[tuning.chosen].expect("the chosen one ran");
+    assert!(
+        times.iter().all(|&t| best <= t),
+        "the chosen candidate is the fastest: {tuning:?}"
+    );
+    assert!(tuning.speedup() >= 1.0, "{tuning:?}");
+    let got: Vec<f64> = eager.iter().map(|&v| v as f64).collect();
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "eager matmul after tune: relative error {e}");
+
+    // The same problem captured into a replay, after the tune, twice.
+    let bufs = Arc::new(bufs);
+    let mut rb = ReplayBuilder::new("tuned");
+    let w = bufs.clone();
+    let y = rb.gpu_node(&d, "tuned matmul", move |c: &ReplayCtx<'_, '_>| {
+        let g = c.gpu()?;
+        let mut y = g.alloc::<f32>(M * N)?;
+        // SAFETY: as above; `w` outlives the replay.
+        unsafe {
+            g.cublaslt()?
+                .matmul(lt_cfg(M, N, K), &*w.0, &*w.1, &mut *y, Some(&*w.2), None)?
+        };
+        Ok(y)
+    });
+    let out = rb.eager_gpu_node(&d, "read", move |c: &ReplayCtx<'_, '_>| {
+        Ok(c.gpu()?.download(&*c.input(y)?)?)
+    });
+    rb.edge(y, out);
+    let r = rb.build().unwrap();
+    for run in 0..2 {
+        let o = r
+            .run(&p)
+            .unwrap_or_else(|e| panic!("replay {run}: {}", chain(&e)));
+        let got: Vec<f64> = o.get(out).unwrap().iter().map(|&v| v as f64).collect();
+        let e = rel_err(&got, &want);
+        assert!(
+            e < 1e-5,
+            "replayed run {run} after tune: relative error {e}"
+        );
+    }
+
+    // Tuning under a capture is refused, naming the node.
+    let mut rb = ReplayBuilder::new("tune captured");
+    let w = bufs.clone();
+    rb.gpu_node(&d, "tunes in a capture", move |c: &ReplayCtx<'_, '_>| {
+        let g = c.gpu()?;
+        let mut y = g.alloc::<f32>(M * N)?;
+        // SAFETY: as above; the call is refused before any matmul.
+        let t = unsafe {
+            g.cublaslt()?
+                .tune(lt_cfg(M, N, K), &*w.0, &*w.1, &mut *y, Some(&*w.2), None)?
+        };
+        Ok((y, t.chosen))
+    });
+    let bad = rb.build().unwrap();
+    let err = bad.run(&p).unwrap_err();
+    let msg = chain(&err);
+    assert!(
+        msg.contains("tunes in a capture") && msg.contains("CublasLt::tune"),
+        "{msg}"
+    );
+    drop((r, bad, bufs));
     wait_for_no_buffers(&p);
     drop(p);
 }
