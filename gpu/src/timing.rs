@@ -6,11 +6,12 @@
 //!
 //! * **Reference.** The first worker of a device records a timing event on its idle stream and
 //!   synchronises it, a few times, keeping the try with the shortest host round trip; the
-//!   reference's host time is the middle of that round trip. A node's device times are
-//!   `reference + cuEventElapsedTime(reference, event)`. When the reference is more than a
-//!   second old and the device has no traced work in flight, a completed end event (whose host
-//!   time is known) becomes the new reference, so the `f32` milliseconds keep sub-microsecond
-//!   precision in long traces.
+//!   reference's host time is the end of that round trip (when the host saw it done). A
+//!   node's device times are `reference + cuEventElapsedTime(reference, event)`. When the
+//!   reference is more than a second old and the device has no traced work in flight, it is
+//!   calibrated afresh on the device's first stream, so that the `f32` milliseconds keep
+//!   sub-microsecond precision in long traces and the device clock's drift from the host's (a
+//!   few µs a second) does not add up.
 //! * **Per node.** After the node's waits on its predecessors, a start event is recorded on the
 //!   worker's stream; after its body, an end event. The pair waits in the device's pending
 //!   queue until the end event has completed; any bound worker of the device resolves it (at its
@@ -31,7 +32,8 @@ use boundpool_scheduler::backend::SpanRecorder;
 
 use crate::driver::{self, Ctx, DResult, Event, StreamRef};
 
-/// Rebase the reference once it is this old (f32 milliseconds: ~0.06 µs steps at 1 s).
+/// Calibrate the reference afresh once it is this old (f32 milliseconds: ~0.06 µs steps at
+/// 1 s; the device clock drifts from the host's by a few µs a second).
 const REBASE_AFTER_MS: f32 = 1000.0;
 
 /// A node's start event, recorded before its body. Dropped without [`DeviceTiming::end`]
@@ -251,10 +253,19 @@ impl DeviceTiming {
                     r.node_span(&track.track, &p.name, (&p.graph, p.node), start, end);
                 }
                 if b > REBASE_AFTER_MS && st.pending.is_empty() && st.open == 0 {
-                    // Everything recorded from now on follows `p.end` on the device.
-                    st.free.push(reference);
+                    // Nothing traced in flight: a fresh reference. (Chaining `p.end` as the
+                    // next one would carry the device clock's drift from the host's, a few
+                    // microseconds a second, into every later slice.)
                     st.free.push(p.start);
-                    st.reference = Some((p.end, end));
+                    st.free.push(p.end);
+                    let stream = st.streams[0].stream;
+                    match calibrate(ctx, stream, &mut st.free, &self.created) {
+                        Ok(fresh) => {
+                            st.free.push(reference);
+                            st.reference = Some(fresh);
+                        }
+                        Err(_) => st.reference = Some((reference, ref_host)),
+                    }
                     return;
                 }
             }
@@ -301,7 +312,9 @@ fn at(base: Instant, ms: f32) -> Instant {
 }
 
 /// Records a reference event on the idle `stream` a few times and keeps the try with the
-/// shortest host round trip; its host time is the middle of that round trip.
+/// shortest host round trip; its host time is the end of that round trip (the event is
+/// timestamped when the device reaches it, after the record call's trip to the device, and
+/// seen done about a microsecond later: the round trip's middle would be microseconds early).
 fn calibrate(
     ctx: Ctx,
     stream: StreamRef,
@@ -326,7 +339,7 @@ fn calibrate(
         match &best {
             Some((_, _, b)) if *b <= rt => free.push(e),
             _ => {
-                if let Some((old, _, _)) = best.replace((e, t0 + rt / 2, rt)) {
+                if let Some((old, _, _)) = best.replace((e, t1, rt)) {
                     free.push(old);
                 }
             }
