@@ -368,15 +368,15 @@ impl CublasLt<'_> {
     }
 
     /// Times the algorithms cuBLASLt's heuristic offers for this matmul (up to
-    /// [`TUNE_CANDIDATES`], in the heuristic's order) on the node's stream, and makes the fastest this device's
-    /// algorithm for the problem: every later [`matmul`](Self::matmul) of the same types,
-    /// shapes, transposes, leading dimensions, strides and epilogue on this device, on any
-    /// worker, eager or captured, runs it. Each candidate runs 3 times untimed, then 10 times
-    /// in a CUDA graph launched 4 times between events (its time: the best launch's mean, the
-    /// first aside), so that small matmuls are timed on the device, not at the host's launch
-    /// rate. Blocks the
-    /// worker until the timing is done. Eager only: under a replay capture it is an error (tune
-    /// in a node before the replay's first run, as PyTorch's TunableOp tunes before capture).
+    /// [`TUNE_CANDIDATES`], in the heuristic's order) on the node's stream, and makes the
+    /// fastest this device's algorithm for the problem: every later [`matmul`](Self::matmul)
+    /// of the same types, shapes, transposes, leading dimensions, strides and epilogue on this
+    /// device, on any worker, eager or captured, runs it. Each candidate runs 3 times untimed,
+    /// then 10 times in a CUDA graph launched 4 times between events (its time: the best
+    /// launch's mean, the first aside), so that small matmuls are timed on the device, not at
+    /// the host's launch rate. Blocks the worker until the timing is done. Eager only: under a
+    /// replay capture it is an error (tune in a node before the replay's first run, as
+    /// PyTorch's TunableOp tunes before capture).
     ///
     /// `c` is written by every trial, so with `beta` ≠ 0 its contents afterwards are not
     /// `alpha op(A) op(B) + beta C`: tune on scratch buffers of the real shapes.
