@@ -21,14 +21,20 @@
 //!   `boundpool_gpu::Launch::launch` inside a pool node (to read back the worker's function).
 //! * `probe.rs`: launches of the built-in kernels and its poke kernel (their arguments, one
 //!   8-byte slot each, given as one pointer per slot), and copies, through `raw.rs`.
-//! * `cholesky.rs`: the tiled factorization's node bodies calling cuBLAS / cuSOLVER routines
-//!   (`boundpool_gpu::Blas`, `Solver`: unsafe fns on device addresses) on its tiles.
+//! * `cholesky/dense.rs`: the tiled Cholesky's f64 routines (`TileBlas`, `potrf`), unsafe fns:
+//!   cuBLAS and cuSOLVER calls (cudarc's `cublas::result` / `sys`, `cusolver::sys`, and its safe
+//!   `Gemm`) over typed views' pointers, the views checked against their slices; a view is
+//!   shared, so the caller orders what writes through it. `cholesky.rs`: its node bodies and
+//!   checks calling them.
 //! * `replay.rs`: its GPU node bodies launch the built-in kernels through
 //!   `boundpool_gpu::Launch::launch` (an unsafe fn: the kernel's parameters are the caller's
 //!   contract).
 //!
-//! Of the bench targets, `benches/gpu.rs` launches kernels the same way and `benches/cholesky.rs`
-//! calls cuBLAS / cuSOLVER routines on device addresses. No other file has `unsafe`.
+//! Of the bench targets, `benches/gpu.rs` launches kernels the same way, `benches/partition.rs`
+//! too and calls cudarc's `Gemm`, and `benches/cholesky.rs` calls the Cholesky's routines;
+//! `benches/serve.rs` and `benches/partition.rs` include the served model
+//! (`examples/serve/model.rs`: pinned buffers' host access, cuBLASLt matmuls, kernel launches).
+//! No other file of this crate's library and bench targets has `unsafe`.
 
 pub mod baselines;
 pub mod cholesky;
