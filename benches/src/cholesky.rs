@@ -570,9 +570,10 @@ pub fn residual_on_device(
         let mut r = ctx.alloc::<f64>(n * n)?;
         ctx.copy_device(&a0, &mut r)?;
         let blas = TileBlas::new(ctx)?;
-        // SAFETY: `eye`, `ones` and `lower` are this node's own buffers, written only here;
-        // `l` and `a0` are only read (n² doubles each: the views check it); all of them live
-        // until this node's synchronous norms below have returned.
+        // SAFETY: `eye`, `ones`, `lower` and `r` are this node's own buffers, written only here;
+        // `l` and `a0` are only read (n² doubles each: the views check it), and no graph
+        // writes them meanwhile (the caller's factorization has ended); all of them are on
+        // this node's device and live until its synchronous norms below have returned.
         unsafe {
             let diagonal = Vector::new(eye.as_cuda_slice(), 0, n, n + 1)?;
             blas.copy(&Vector::all(&ones), &diagonal)?;
@@ -587,17 +588,18 @@ pub fn residual_on_device(
                 &Mat::square(&eye, n)?,
                 &Mat::square(&lower, n)?,
             )?;
+            // r = a0 - lower lowerᵀ.
+            blas.gemm_into(
+                Trans::No,
+                Trans::T,
+                (n, n, n),
+                -1.0,
+                &lower,
+                &lower,
+                1.0,
+                &mut r,
+            )?;
         }
-        blas.gemm_into(
-            Trans::No,
-            Trans::T,
-            (n, n, n),
-            -1.0,
-            &lower,
-            &lower,
-            1.0,
-            &mut r,
-        )?;
         // SAFETY: as above.
         let (nr, na) = unsafe {
             (

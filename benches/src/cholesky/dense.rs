@@ -402,10 +402,15 @@ impl<'c, 'a, 'n> TileBlas<'c, 'a, 'n> {
         self.check("cublasDgemm", r)
     }
 
-    /// `C = alpha op(A) op(B) + beta C` through cudarc's safe `Gemm`, into a buffer of the
-    /// node's own (`a`, `b`, `c` whole `m`×`k`, `k`×`n`, `m`×`n` matrices as `op` makes them).
+    /// `C = alpha op(A) op(B) + beta C` through cudarc's `Gemm`, into a buffer of the node's
+    /// own (`a`, `b`, `c` whole `m`×`k`, `k`×`n`, `m`×`n` matrices as `op` makes them; their
+    /// lengths checked).
+    ///
+    /// # Safety
+    /// The three buffers must be on the node's device, and no other work may write `a` or `b`
+    /// until this call's work is done.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_into(
+    pub unsafe fn gemm_into(
         &self,
         ta: Trans,
         tb: Trans,
@@ -444,8 +449,9 @@ impl<'c, 'a, 'n> TileBlas<'c, 'a, 'n> {
             ldc: dim(ctx, m, "ldc")?,
         };
         // SAFETY: each buffer holds its matrix (checked above) at the leading dimension given;
-        // `c` is borrowed mutably, so nothing else in this process writes it meanwhile, and the
-        // node's buffers live until its GPU work has finished (they are freed stream-ordered).
+        // `c` is borrowed mutably, so nothing else in this process writes it meanwhile; a
+        // dropped buffer is freed after the device's work enqueued before (the release
+        // queue); the device and `a`'s and `b`'s writers are the caller's contract.
         let r = unsafe {
             self.blas.gemm(
                 cfg,
