@@ -281,17 +281,25 @@ fn status_error(
     CholeskyError::new(kind, format!("{}: {call} returned {name}", what(ctx))).with_source(status)
 }
 
-/// `v` as the libraries' 32-bit int, or an error naming the node and the argument.
-fn dim(ctx: &GpuCtx<'_, '_>, v: usize, name: &str) -> Result<c_int, CholeskyError> {
-    c_int::try_from(v).map_err(|_| {
-        CholeskyError::new(
-            GpuErrorKind::InvalidArgument,
-            format!(
-                "{}: {name} = {v} does not fit the library's 32-bit int",
-                what(ctx)
-            ),
-        )
-    })
+/// The named values as the libraries' 32-bit ints, or an error naming the node and the first
+/// that does not fit.
+fn dims<const N: usize>(
+    ctx: &GpuCtx<'_, '_>,
+    vs: [(&str, usize); N],
+) -> Result<[c_int; N], CholeskyError> {
+    let mut out = [0; N];
+    for (o, (name, v)) in out.iter_mut().zip(vs) {
+        *o = c_int::try_from(v).map_err(|_| {
+            CholeskyError::new(
+                GpuErrorKind::InvalidArgument,
+                format!(
+                    "{}: {name} = {v} does not fit the library's 32-bit int",
+                    what(ctx)
+                ),
+            )
+        })?;
+    }
+    Ok(out)
 }
 
 /// The error for operands whose shapes do not fit the call.
@@ -369,13 +377,17 @@ impl<'c, 'a, 'n> TileBlas<'c, 'a, 'n> {
                 ),
             ));
         }
-        let ctx = self.ctx;
-        let (mi, ni, ki) = (dim(ctx, m, "m")?, dim(ctx, n, "n")?, dim(ctx, k, "k")?);
-        let (lda, ldb, ldc) = (
-            dim(ctx, a.ld, "lda")?,
-            dim(ctx, b.ld, "ldb")?,
-            dim(ctx, c.ld, "ldc")?,
-        );
+        let [mi, ni, ki, lda, ldb, ldc] = dims(
+            self.ctx,
+            [
+                ("m", m),
+                ("n", n),
+                ("k", k),
+                ("lda", a.ld),
+                ("ldb", b.ld),
+                ("ldc", c.ld),
+            ],
+        )?;
         let s = self.stream();
         let ((pa, _ra), (pb, _rb), (pc, _rc)) = (a.ptr(s), b.ptr(s), c.ptr(s));
         // SAFETY: the three views hold the shapes checked above (their extents lie inside
@@ -436,17 +448,28 @@ impl<'c, 'a, 'n> TileBlas<'c, 'a, 'n> {
                 ),
             ));
         }
+        let [mi, ni, ki, lda, ldb, ldc] = dims(
+            ctx,
+            [
+                ("m", m),
+                ("n", n),
+                ("k", k),
+                ("lda", ar),
+                ("ldb", br),
+                ("ldc", m),
+            ],
+        )?;
         let cfg = GemmConfig {
             transa: ta.blas(),
             transb: tb.blas(),
-            m: dim(ctx, m, "m")?,
-            n: dim(ctx, n, "n")?,
-            k: dim(ctx, k, "k")?,
+            m: mi,
+            n: ni,
+            k: ki,
             alpha,
-            lda: dim(ctx, ar, "lda")?,
-            ldb: dim(ctx, br, "ldb")?,
+            lda,
+            ldb,
             beta,
-            ldc: dim(ctx, m, "ldc")?,
+            ldc,
         };
         // SAFETY: each buffer holds its matrix (checked above) at the leading dimension given;
         // `c` is borrowed mutably, so nothing else in this process writes it meanwhile; a
@@ -488,9 +511,8 @@ impl<'c, 'a, 'n> TileBlas<'c, 'a, 'n> {
                 format!("A {}x{} is not {order}x{order}", a.rows, a.cols),
             ));
         }
-        let ctx = self.ctx;
-        let (mi, ni) = (dim(ctx, m, "m")?, dim(ctx, n, "n")?);
-        let (lda, ldb) = (dim(ctx, a.ld, "lda")?, dim(ctx, b.ld, "ldb")?);
+        let [mi, ni, lda, ldb] =
+            dims(self.ctx, [("m", m), ("n", n), ("lda", a.ld), ("ldb", b.ld)])?;
         let s = self.stream();
         let ((pa, _ra), (pb, _rb)) = (a.ptr(s), b.ptr(s));
         // SAFETY: as in `gemm`.
@@ -537,9 +559,8 @@ impl<'c, 'a, 'n> TileBlas<'c, 'a, 'n> {
                 format!("op(A) {an}x{k} does not make C {}x{}", c.rows, c.cols),
             ));
         }
-        let ctx = self.ctx;
-        let (ni, ki) = (dim(ctx, n, "n")?, dim(ctx, k, "k")?);
-        let (lda, ldc) = (dim(ctx, a.ld, "lda")?, dim(ctx, c.ld, "ldc")?);
+        let [ni, ki, lda, ldc] =
+            dims(self.ctx, [("n", n), ("k", k), ("lda", a.ld), ("ldc", c.ld)])?;
         let s = self.stream();
         let ((pa, _ra), (pc, _rc)) = (a.ptr(s), c.ptr(s));
         // SAFETY: as in `gemm`.
@@ -590,13 +611,16 @@ impl<'c, 'a, 'n> TileBlas<'c, 'a, 'n> {
                 ),
             ));
         }
-        let ctx = self.ctx;
-        let (mi, ni) = (dim(ctx, m, "m")?, dim(ctx, n, "n")?);
-        let (lda, ldb, ldc) = (
-            dim(ctx, a.ld, "lda")?,
-            dim(ctx, b.ld, "ldb")?,
-            dim(ctx, c.ld, "ldc")?,
-        );
+        let [mi, ni, lda, ldb, ldc] = dims(
+            self.ctx,
+            [
+                ("m", m),
+                ("n", n),
+                ("lda", a.ld),
+                ("ldb", b.ld),
+                ("ldc", c.ld),
+            ],
+        )?;
         let s = self.stream();
         let ((pa, _ra), (pb, _rb), (pc, _rc)) = (a.ptr(s), b.ptr(s), c.ptr(s));
         // SAFETY: as in `gemm`.
@@ -633,9 +657,7 @@ impl<'c, 'a, 'n> TileBlas<'c, 'a, 'n> {
                 format!("x has {} elements, y {}", x.len, y.len),
             ));
         }
-        let ctx = self.ctx;
-        let n = dim(ctx, x.len, "n")?;
-        let (incx, incy) = (dim(ctx, x.inc, "incx")?, dim(ctx, y.inc, "incy")?);
+        let [n, incx, incy] = dims(self.ctx, [("n", x.len), ("incx", x.inc), ("incy", y.inc)])?;
         let s = self.stream();
         let ((px, _rx), (py, _ry)) = (x.ptr(s), y.ptr(s));
         // SAFETY: as in `gemm`.
@@ -658,8 +680,7 @@ impl<'c, 'a, 'n> TileBlas<'c, 'a, 'n> {
     /// # Safety
     /// No other work may write `x` until the call returns; its memory must live as long.
     pub unsafe fn nrm2(&self, x: &Vector<'_>) -> Result<f64, CholeskyError> {
-        let ctx = self.ctx;
-        let (n, incx) = (dim(ctx, x.len, "n")?, dim(ctx, x.inc, "incx")?);
+        let [n, incx] = dims(self.ctx, [("n", x.len), ("incx", x.inc)])?;
         let (px, _rx) = x.ptr(self.stream());
         let mut r = 0.0f64;
         // SAFETY: the view holds `n` elements `incx` apart; host pointer mode (the default):
@@ -682,9 +703,7 @@ impl<'c, 'a, 'n> TileBlas<'c, 'a, 'n> {
                 format!("x has {} elements, y {}", x.len, y.len),
             ));
         }
-        let ctx = self.ctx;
-        let n = dim(ctx, x.len, "n")?;
-        let (incx, incy) = (dim(ctx, x.inc, "incx")?, dim(ctx, y.inc, "incy")?);
+        let [n, incx, incy] = dims(self.ctx, [("n", x.len), ("incx", x.inc), ("incy", y.inc)])?;
         let s = self.stream();
         let ((px, _rx), (py, _ry)) = (x.ptr(s), y.ptr(s));
         let mut r = 0.0f64;
@@ -732,7 +751,7 @@ pub unsafe fn potrf(
             ),
         ));
     }
-    let (n, lda) = (dim(ctx, a.rows, "n")?, dim(ctx, a.ld, "lda")?);
+    let [n, lda] = dims(ctx, [("n", a.rows), ("lda", a.ld)])?;
     let mut solver = ctx.solver()?;
     let s = ctx.stream();
     let (pa, _ra) = a.ptr(s);
