@@ -21,7 +21,8 @@ use boundpool::backend::FromIndex;
 use boundpool::gpu::{Devices, GpuPoolBuilder};
 use boundpool::{GraphBuilder, PoolBuilder};
 use boundpool_bench::cholesky::{
-    residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyPlan, TileOp,
+    residual_on_device, spd_entry, spd_matrix, spot_check_on_device, CholeskyPlan, TileBlas,
+    TileOp, Vector,
 };
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -105,12 +106,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         pool.submit(&chol.graph)?.wait()?;
         let (a0c, ac) = (a0.clone(), a.clone());
         pool.call(&dev, move |ctx| {
-            // SAFETY: both are live n² allocations of this device; the factorization that
-            // wrote `a` has completed.
-            unsafe {
-                ctx.blas()?
-                    .dcopy(n * n, a0c.device_ptr(), 1, ac.device_ptr(), 1)?;
-            }
+            // SAFETY: both hold n² doubles of this device (the views check it); the
+            // factorization that wrote `a` has completed.
+            unsafe { TileBlas::new(ctx)?.copy(&Vector::all(&a0c), &Vector::all(&ac))? };
             Ok(())
         })?;
         if trace.is_some() {

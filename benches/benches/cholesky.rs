@@ -28,11 +28,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use boundpool_bench::cholesky::{spd_matrix, spot_check_on_device, CholeskyPlan};
+use boundpool_bench::cholesky::{
+    potrf, potrf_info_error, spd_matrix, spot_check_on_device, CholeskyPlan, Diag, Mat, Side,
+    TileBlas, Trans, Uplo, Vector,
+};
 use boundpool_bench::replay::median;
 use boundpool_gpu::{
-    DeviceBuffer, Devices, Diag, GpuDevice, GpuErrorKind, GpuGraph, GpuGraphBuilder, GpuGraphExt,
-    GpuPool, GpuPoolBuilder, ShutdownMode, Side, SmPartition, Trans, Uplo,
+    DeviceBuffer, Devices, GpuDevice, GpuErrorKind, GpuGraph, GpuGraphBuilder, GpuGraphExt,
+    GpuPool, GpuPoolBuilder, ShutdownMode, SmPartition,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -115,11 +118,9 @@ impl Setup {
         let mut g = GpuGraphBuilder::new("reload");
         let (src, dst) = (a0.clone(), a.clone());
         g.gpu_node(&dev, "reload", move |ctx| {
-            // SAFETY: both are live n² allocations of this device.
-            unsafe {
-                ctx.blas()?
-                    .dcopy(n * n, src.device_ptr(), 1, dst.device_ptr(), 1)?;
-            }
+            // SAFETY: both hold n² doubles of this device (the views check it); no factorization
+            // runs meanwhile (`time` waits for each graph before the next reload).
+            unsafe { TileBlas::new(ctx)?.copy(&Vector::all(&src), &Vector::all(&dst))? };
             Ok(())
         });
         let reload = g.build()?;
@@ -157,14 +158,19 @@ fn cusolver_graph(s: &Setup, n: usize) -> Res<GpuGraph> {
     let a = s.a.clone();
     let info = Arc::new(s.pool.call(&s.dev, |ctx| Ok(ctx.alloc_zeros::<i32>(1)?))?);
     g.gpu_node(&s.dev, "potrf", move |ctx| {
-        // SAFETY: `a` holds n² doubles and `info` one i32, both alive in this closure.
+        // SAFETY: `a` holds n² doubles and `info` one i32 (the views check it), both alive in
+        // this closure and used by no other node meanwhile.
         unsafe {
-            ctx.solver()?
-                .dpotrf(Uplo::Lower, n, a.device_ptr(), n, info.device_ptr())?
+            potrf(
+                ctx,
+                Uplo::Lower,
+                &Mat::square(&a, n)?,
+                &info.as_cuda_slice().slice(0..1),
+            )?
         };
         let v = ctx.download(&info)?;
         if v[0] != 0 {
-            return Err(Box::new(boundpool_gpu::potrf_info_error("potrf", v[0])));
+            return Err(Box::new(potrf_info_error("potrf", v[0])));
         }
         Ok(())
     });
@@ -194,77 +200,50 @@ fn probe(n: usize, tiles: &[usize]) -> Res<()> {
     );
     for &b in tiles {
         let m = n - b;
-        let (ap, wp) = (a.device_ptr(), w.device_ptr());
         // Seconds per call: 5 calls in one node.
         let time = |op: u8| -> Res<f64> {
             let mut v = Vec::new();
             for i in 0..4 {
-                let keep = (a.clone(), w.clone());
+                let (a, w) = (a.clone(), w.clone());
                 let t = Instant::now();
                 pool.call(&dev, move |ctx| {
-                    let _alive = &keep;
-                    let blas = ctx.blas()?;
+                    let blas = TileBlas::new(ctx)?;
+                    let (a, w) = (a.as_cuda_slice(), w.as_cuda_slice());
+                    // The diagonal block at the top left of `a`, the rows below it, and the
+                    // `m`×`b` (or `b`×`b`) block at the start of `w` (leading dimension its rows).
+                    let diag = Mat::new(a, 0, b, b, n)?;
+                    let below = Mat::new(a, b, m, b, n)?;
+                    let wm = Mat::new(w, 0, m, b, m)?;
+                    let wb = Mat::new(w, 0, b, b, b)?;
                     for _ in 0..5 {
-                        // SAFETY: every block addressed lies inside `a` (n² doubles: the
-                        // diagonal block at the top left, the rows below it) or `w` (n·bmax
-                        // doubles), alive in this closure.
+                        // SAFETY: every view lies inside `a` (n² doubles) or `w` (n·bmax
+                        // doubles), both alive in this closure; only `w` is written, by this
+                        // node alone.
                         unsafe {
                             match op {
-                                0 => blas.dgemm(
-                                    Trans::No,
-                                    Trans::T,
-                                    m,
-                                    b,
-                                    b,
-                                    -1.0,
-                                    ap + (b * 8) as u64,
-                                    n,
-                                    ap,
-                                    n,
-                                    1.0,
-                                    wp,
-                                    m,
-                                )?,
-                                1 => blas.dtrsm(
+                                0 => {
+                                    blas.gemm(Trans::No, Trans::T, -1.0, &below, &diag, 1.0, &wm)?
+                                }
+                                1 => blas.trsm(
                                     Side::Right,
                                     Uplo::Lower,
                                     Trans::T,
                                     Diag::NonUnit,
-                                    m,
-                                    b,
                                     1.0,
-                                    ap,
-                                    n,
-                                    wp,
-                                    m,
+                                    &diag,
+                                    &wm,
                                 )?,
-                                2 => blas.dtrmm(
+                                2 => blas.trmm(
                                     Side::Right,
                                     Uplo::Lower,
                                     Trans::T,
                                     Diag::NonUnit,
-                                    m,
-                                    b,
                                     1.0,
-                                    ap,
-                                    n,
-                                    wp,
-                                    m,
-                                    wp,
-                                    m,
+                                    &diag,
+                                    &wm,
+                                    &wm,
                                 )?,
-                                _ => blas.dsyrk(
-                                    Uplo::Lower,
-                                    Trans::No,
-                                    b,
-                                    b,
-                                    -1.0,
-                                    ap,
-                                    n,
-                                    1.0,
-                                    wp,
-                                    b,
-                                )?,
+                                _ => blas.syrk(Uplo::Lower, Trans::No, -1.0, &diag, 1.0, &wb)?,
                             }
                         }
                     }

@@ -21,7 +21,7 @@ if [ ! -f b/.unpacked ] || [ b.tar.xz -nt b/.unpacked ]; then
   rm -rf b; tar xJf b.tar.xz && touch b/.unpacked
 fi
 B=$PWD/b
-# The binaries of other revisions (pack.sh's PACK_REVS), as revs/NAME/{boundpool,bench_replay}.
+# The binaries of other revisions (pack.sh's PACK_REVS), as revs/NAME/{boundpool,bench_*,gpu_probe}.
 for f in revs/*/*.xz; do [ -f "$f" ] && xz -dkf "$f" && chmod +x "${f%.xz}"; done
 export BOUNDPOOL_REQUIRE_GPU=1
 CS="compute-sanitizer --error-exitcode 99 --print-limit 20"

@@ -8,8 +8,9 @@
 # pack), replay_ab.sh or first_call.sh (A/B runs against PACK_REVS, below). Every one of them
 # sources lib.sh (`step`, `finish`, `alternate`); so can an ad-hoc command there. This script
 # runs here, not there, and does not.
-# PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI and the replay bench at each
-# git revision (a detached worktree under target/revs/, each with a target directory of its own:
+# PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI, the replay, eager and
+# Cholesky benches and the `gpu_probe` example (whose `--baselines` prints every raw baseline)
+# at each git revision (a detached worktree under target/revs/, each with a target directory of its own:
 # cargo names a workspace crate's artifacts alike in every checkout, so a shared one can link a
 # stale copy) into
 # .devbin/revs/NAME/ (xz-packed; lib.sh unpacks them), for A/B runs in one call: first_call.sh
@@ -22,6 +23,7 @@ exes=$(mktemp)
   cargo test --workspace --release --no-run --message-format=json
   cargo bench -p boundpool-bench --no-run --message-format=json
   cargo build --release -p boundpool-cli -p boundpool --features boundpool/prometheus --examples --bins --message-format=json
+  cargo build --release -p boundpool-bench --example gpu_probe --message-format=json
 } 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -36,7 +38,7 @@ while read -r kind name path; do
     lib:boundpool_gpu) cp "$path" "$out/b/t_boundpool_gpu" ;;
     lib:boundpool_bench) cp "$path" "$out/b/t_boundpool_bench" ;;
     bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe|bench:serve|bench:partition) cp "$path" "$out/b/bench_$name" ;;
-    bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes|example:serve) cp "$path" "$out/b/$name" ;;
+    bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes|example:serve|example:gpu_probe) cp "$path" "$out/b/$name" ;;
   esac
 done < "$exes"
 rm -f "$exes"
@@ -50,19 +52,24 @@ for spec in ${PACK_REVS:-}; do
   ( cd "$src"
     cargo build --release -p boundpool-cli --target-dir ../t-$name -q
     cp ../t-$name/release/boundpool "../../../$out/revs/$name/boundpool"
-    # The replay bench, where that revision has one.
-    r=$(cargo bench -p boundpool-bench --bench replay --no-run --target-dir ../t-$name \
-          --message-format=json 2>/dev/null | python3 -c '
+    # The replay, eager and Cholesky benches and the probe, where that revision has them.
+    for bench in replay gpu cholesky; do
+      r=$(cargo bench -p boundpool-bench --bench $bench --no-run --target-dir ../t-$name \
+            --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable"): print(m["executable"])
 ' | tail -n 1) || true
-    if [ -n "$r" ]; then cp "$r" "../../../$out/revs/$name/bench_replay"; fi )
+      if [ -n "$r" ]; then cp "$r" "../../../$out/revs/$name/bench_$bench"; fi
+    done
+    if cargo build --release -p boundpool-bench --example gpu_probe --target-dir ../t-$name -q; then
+      cp ../t-$name/release/examples/gpu_probe "../../../$out/revs/$name/gpu_probe"
+    fi )
   git rev-parse "$rev" > "$out/revs/$name/REV"
-  strip "$out/revs/$name"/boundpool "$out/revs/$name"/bench_replay 2>/dev/null || true
-  xz -9 "$out/revs/$name"/boundpool "$out/revs/$name"/bench_replay 2>/dev/null || true
+  strip "$out/revs/$name"/* 2>/dev/null || true
+  xz -9 "$out/revs/$name"/boundpool "$out/revs/$name"/bench_* "$out/revs/$name"/gpu_probe 2>/dev/null || true
   git worktree remove --force "$src"
 done
 cp benches/device/*.sh "$out/"

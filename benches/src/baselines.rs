@@ -5,16 +5,18 @@
 //! `<<<1,1>>>` and counts the time until the work has completed on the device.
 //!
 //! These are benchmark baselines, not part of the framework: they bind threads themselves and
-//! make their driver calls through [`crate::raw`], on cudarc's own layers (the one exception,
-//! [`captured_graph_on_worker`], runs inside a node of a `boundpool-gpu` pool through its
-//! public API). They load the built-in kernels' PTX ([`builtin::PTX`]) themselves.
+//! make their driver calls through [`crate::raw`], on cudarc's own layers (its safe types own
+//! the context, streams, events and module; the measured calls are its `result` calls; the one
+//! exception, [`captured_graph_on_worker`], runs inside a node of a `boundpool-gpu` pool through
+//! its public API). They load the built-in kernels' PTX ([`builtin::PTX`]) themselves.
 
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use boundpool_gpu::{builtin, GpuCtx, GpuDevice, GpuPool, Kernel, LaunchConfig, Module};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 
-use crate::raw::{self, Ctx, Error, Func, PrimaryCtx, Result, StreamRef};
+use crate::raw::{self, Error, Func, Result};
 
 /// What a baseline measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -36,13 +38,14 @@ impl Measurement {
     }
 }
 
-/// A retained primary context plus the empty kernel, for the baselines.
+/// A device's primary context plus the empty kernel, for the baselines. Made, and dropped, so
+/// that only bound threads of its own make driver calls (the caller's thread stays unbound).
 struct Raw {
-    ctx: Ctx,
-    /// The retain and the module, owned; taken by the drop, which destroys them.
-    primary: Option<PrimaryCtx>,
-    module: Option<raw::Module>,
-    empty: Func,
+    /// The retain (cudarc's); taken by the drop, which releases it on a thread of its own.
+    ctx: Option<Arc<CudaContext>>,
+    /// The empty kernel (it holds its module); taken by the drop, which unloads the module on
+    /// a bound thread.
+    empty: Option<CudaFunction>,
 }
 
 impl Raw {
@@ -50,60 +53,60 @@ impl Raw {
         // Says why when there is no driver or device (cudarc would panic without libcuda).
         boundpool_gpu::device_count()?;
         let what = format!("baseline device {ordinal}");
-        let primary = raw::primary_ctx_retain(ordinal)
+        let ctx = raw::open_primary(ordinal)
             .map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", &what, e))?;
-        let ctx = primary.ctx();
-        let loaded = on_bound(ctx, || {
-            let module = raw::module_load(builtin::PTX)
+        let loaded = on_bound(&ctx, || {
+            let module = raw::load_ptx(&ctx, builtin::PTX)
                 .map_err(|e| Error::driver("cuModuleLoadData", &what, e))?;
-            let name = std::ffi::CString::new(builtin::EMPTY).expect("no NUL");
-            match raw::module_function(&module, &name) {
-                Ok(f) => Ok::<_, Error>((module, f)),
-                Err(e) => {
-                    let _ = module.unload();
-                    Err(Error::driver("cuModuleGetFunction", &what, e))
-                }
-            }
+            module
+                .load_function(builtin::EMPTY)
+                .map_err(|e| Error::driver("cuModuleGetFunction", &what, e))
         });
-        let (module, empty) = match loaded {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = primary.release();
-                return Err(e);
-            }
+        let mut base = Raw {
+            ctx: Some(ctx),
+            empty: None,
         };
-        Ok(Raw {
-            ctx,
-            primary: Some(primary),
-            module: Some(module),
-            empty,
-        })
+        base.empty = Some(loaded?);
+        Ok(base)
+    }
+
+    fn ctx(&self) -> &Arc<CudaContext> {
+        self.ctx.as_ref().expect("held until dropped")
+    }
+
+    /// The empty kernel's handle, valid while `self` lives.
+    fn empty(&self) -> Func {
+        Func::of(self.empty.as_ref().expect("held until dropped"))
     }
 }
 
 impl Drop for Raw {
     fn drop(&mut self) {
-        let (ctx, m) = (self.ctx, self.module.take());
-        let _ = on_bound(ctx, || {
-            let _ = raw::ctx_synchronize();
-            if let Some(m) = m {
-                let _ = m.unload();
-            }
-            Ok::<_, Error>(())
-        });
-        if let Some(p) = self.primary.take() {
-            let _ = p.release();
+        let (ctx, f) = (self.ctx.take(), self.empty.take());
+        if let Some(ctx) = ctx {
+            let _ = on_bound(&ctx, move || {
+                let _ = raw::ctx_synchronize();
+                drop(f); // the module's last `Arc`: unloaded here
+                Ok::<_, Error>(())
+            });
+            // cudarc's drop binds the dropping thread before the release: one of its own.
+            std::thread::scope(|s| {
+                s.spawn(move || {
+                    drop(ctx);
+                    let _ = raw::unbind();
+                });
+            });
         }
     }
 }
 
 /// Runs `f` on a fresh thread bound to `ctx`.
-fn on_bound<R: Send>(ctx: Ctx, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
+fn on_bound<R: Send>(ctx: &CudaContext, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
     std::thread::scope(|s| {
         s.spawn(move || {
             bind(ctx)?;
             let r = f();
-            let _ = raw::ctx_unbind();
+            let _ = raw::unbind();
             r
         })
         .join()
@@ -111,16 +114,23 @@ fn on_bound<R: Send>(ctx: Ctx, f: impl FnOnce() -> Result<R> + Send) -> Result<R
     })
 }
 
-fn bind(ctx: Ctx) -> Result<()> {
-    raw::ctx_set_current(ctx).map_err(|e| Error::driver("cuCtxSetCurrent", "baseline", e))
+fn bind(ctx: &CudaContext) -> Result<()> {
+    raw::bind(ctx).map_err(|e| Error::driver("cuCtxSetCurrent", "baseline", e))
 }
 
 fn drv<T>(call: &str, r: raw::DResult<T>) -> Result<T> {
     r.map_err(|e| Error::driver(call, "baseline", e))
 }
 
-fn launch_empty(f: Func, s: StreamRef) -> Result<()> {
-    // SAFETY: the empty kernel takes no parameters.
+/// A new stream of `ctx` (cudarc's: non-blocking, destroyed when its last `Arc` drops), made on
+/// the calling thread, which must be bound to `ctx`.
+fn new_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
+    drv("cuStreamCreate", ctx.new_stream())
+}
+
+fn launch_empty(f: Func, s: &CudaStream) -> Result<()> {
+    // SAFETY: the empty kernel takes no parameters; its module is loaded while the baseline's
+    // `Raw` (or the pool's device) lives.
     drv("cuLaunchKernel", unsafe {
         raw::launch(f, (1, 1, 1), (1, 1, 1), 0, s, &mut [])
     })
@@ -130,7 +140,7 @@ fn launch_empty(f: Func, s: StreamRef) -> Result<()> {
 /// `per_thread` times. `ops` = all launches.
 pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> Result<Measurement> {
     let base = Raw::open(ordinal)?;
-    let (ctx, f) = (base.ctx, base.empty);
+    let (ctx, f) = (base.ctx(), base.empty());
     let barrier = Arc::new(Barrier::new(threads));
     let results: Vec<Result<(Instant, Instant)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
@@ -138,21 +148,20 @@ pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> Result<M
                 let barrier = barrier.clone();
                 s.spawn(move || -> Result<(Instant, Instant)> {
                     bind(ctx)?;
-                    let owned = drv("cuStreamCreate", raw::stream_create())?;
-                    let st = owned.view();
+                    let st = new_stream(ctx)?;
                     for _ in 0..64 {
-                        launch_empty(f, st)?;
+                        launch_empty(f, &st)?;
                     }
-                    drv("cuStreamSynchronize", raw::stream_synchronize(st))?;
+                    drv("cuStreamSynchronize", raw::stream_synchronize(&st))?;
                     barrier.wait();
                     let t0 = Instant::now();
                     for _ in 0..per_thread {
-                        launch_empty(f, st)?;
+                        launch_empty(f, &st)?;
                     }
-                    drv("cuStreamSynchronize", raw::stream_synchronize(st))?;
+                    drv("cuStreamSynchronize", raw::stream_synchronize(&st))?;
                     let t1 = Instant::now();
-                    let _ = owned.destroy();
-                    let _ = raw::ctx_unbind();
+                    drop(st);
+                    let _ = raw::unbind();
                     Ok((t0, t1))
                 })
             })
@@ -177,32 +186,35 @@ pub fn raw_launches(ordinal: i32, threads: usize, per_thread: usize) -> Result<M
 /// `tasks` spawned as one burst and joined at the end. `ops` = tasks.
 pub fn thread_per_task(ordinal: i32, tasks: usize) -> Result<Measurement> {
     let base = Raw::open(ordinal)?;
-    let (ctx, f) = (base.ctx, base.empty);
-    let owned = on_bound(ctx, || drv("cuStreamCreate", raw::stream_create()))?;
-    let st = owned.view();
+    let (ctx, f) = (base.ctx(), base.empty());
+    let st = on_bound(ctx, || new_stream(ctx))?;
     let t0 = Instant::now();
-    let hs: Vec<_> = (0..tasks)
-        .map(|_| {
-            std::thread::spawn(move || -> Result<()> {
-                bind(ctx)?;
-                launch_empty(f, st)
+    let first_err = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..tasks)
+            .map(|_| {
+                let st = &st;
+                s.spawn(move || -> Result<()> {
+                    bind(ctx)?;
+                    launch_empty(f, st)
+                })
             })
-        })
-        .collect();
-    let mut first_err = None;
-    for h in hs {
-        if let Err(e) = h
-            .join()
-            .unwrap_or_else(|_| Err(Error::new("task thread panicked")))
-        {
-            first_err.get_or_insert(e);
+            .collect();
+        let mut first_err = None;
+        for h in hs {
+            if let Err(e) = joined(h) {
+                first_err.get_or_insert(e);
+            }
         }
-    }
+        first_err
+    });
     on_bound(ctx, || {
-        drv("cuStreamSynchronize", raw::stream_synchronize(st))
+        drv("cuStreamSynchronize", raw::stream_synchronize(&st))
     })?;
     let elapsed = t0.elapsed();
-    on_bound(ctx, || drv("cuStreamDestroy", owned.destroy()))?;
+    on_bound(ctx, move || {
+        drop(st);
+        Ok(())
+    })?;
     if let Some(e) = first_err {
         return Err(e);
     }
@@ -213,75 +225,76 @@ pub fn thread_per_task(ordinal: i32, tasks: usize) -> Result<Measurement> {
     })
 }
 
-type Job = Box<dyn FnOnce() + Send>;
+type Job<'a> = Box<dyn FnOnce() + Send + 'a>;
 
 /// One bound server thread with one stream, fed closures through a channel by `submitters`
 /// threads; each closure launches the empty kernel. `ops` = launches.
 pub fn server_thread(ordinal: i32, submitters: usize, total: usize) -> Result<Measurement> {
     let base = Raw::open(ordinal)?;
-    let (ctx, f) = (base.ctx, base.empty);
-    let (tx, rx) = mpsc::sync_channel::<Job>(4096);
-    // The server owns its stream; the submitters' jobs get a view, used only on the server
-    // thread before it destroys the stream.
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<StreamRef>>();
-    let server = std::thread::spawn(move || {
-        let st = bind(ctx).and_then(|_| drv("cuStreamCreate", raw::stream_create()));
-        let _ = ready_tx.send(
-            st.as_ref()
-                .map(raw::Stream::view)
-                .map_err(|e| Error::new(e.message().to_owned())),
-        );
-        while let Ok(job) = rx.recv() {
-            job();
-        }
-        if let Ok(st) = st {
-            let _ = raw::stream_synchronize(st.view());
-            let _ = st.destroy();
-        }
-        let _ = raw::ctx_unbind();
-    });
-    let st = ready_rx
-        .recv()
-        .map_err(|_| Error::new("server thread died"))??;
+    let (ctx, f) = (base.ctx(), base.empty());
+    // The server's stream; the submitters' jobs borrow it, used only on the server thread.
+    let st = on_bound(ctx, || new_stream(ctx))?;
     let per = total / submitters.max(1);
-    let (done_tx, done_rx) = mpsc::channel::<Instant>();
-    let barrier = Arc::new(Barrier::new(submitters + 1));
-    let subs: Vec<_> = (0..submitters)
-        .map(|_| {
-            let tx = tx.clone();
-            let barrier = barrier.clone();
-            std::thread::spawn(move || {
-                barrier.wait();
-                for _ in 0..per {
-                    let job: Job = Box::new(move || {
-                        let _ = launch_empty(f, st);
-                    });
-                    if tx.send(job).is_err() {
-                        break;
+    let measured = std::thread::scope(|sc| {
+        let st = &st;
+        let (tx, rx) = mpsc::sync_channel::<Job<'_>>(4096);
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
+        let server = sc.spawn(move || {
+            let _ = ready_tx.send(bind(ctx));
+            while let Ok(job) = rx.recv() {
+                job();
+            }
+            let _ = raw::stream_synchronize(st);
+            let _ = raw::unbind();
+        });
+        ready_rx
+            .recv()
+            .map_err(|_| Error::new("server thread died"))??;
+        let (done_tx, done_rx) = mpsc::channel::<Instant>();
+        let barrier = Arc::new(Barrier::new(submitters + 1));
+        let subs: Vec<_> = (0..submitters)
+            .map(|_| {
+                let tx = tx.clone();
+                let barrier = barrier.clone();
+                sc.spawn(move || {
+                    barrier.wait();
+                    for _ in 0..per {
+                        let job: Job<'_> = Box::new(move || {
+                            let _ = launch_empty(f, st);
+                        });
+                        if tx.send(job).is_err() {
+                            break;
+                        }
                     }
-                }
+                })
             })
-        })
-        .collect();
-    barrier.wait();
-    let t0 = Instant::now();
-    for h in subs {
-        let _ = h.join();
-    }
-    let done = done_tx.clone();
-    let _ = tx.send(Box::new(move || {
-        let _ = raw::stream_synchronize(st);
-        let _ = done.send(Instant::now());
-    }));
-    drop(tx);
-    let t1 = done_rx
-        .recv()
-        .map_err(|_| Error::new("server thread died"))?;
-    let _ = server.join();
+            .collect();
+        barrier.wait();
+        let t0 = Instant::now();
+        for h in subs {
+            let _ = h.join();
+        }
+        let done = done_tx.clone();
+        let _ = tx.send(Box::new(move || {
+            let _ = raw::stream_synchronize(st);
+            let _ = done.send(Instant::now());
+        }));
+        drop(tx);
+        let t1 = done_rx
+            .recv()
+            .map_err(|_| Error::new("server thread died"))?;
+        let _ = server.join();
+        Ok::<_, Error>(t1 - t0)
+    });
+    let _ = on_bound(ctx, move || {
+        drop(st);
+        Ok(())
+    });
+    let elapsed = measured?;
     drop(base);
     Ok(Measurement {
         ops: (per * submitters) as u64,
-        elapsed: t1 - t0,
+        elapsed,
     })
 }
 
@@ -300,19 +313,15 @@ pub fn host_sync_edge_chain(ordinal: i32, edges: usize) -> Result<Measurement> {
 
 fn chain(ordinal: i32, edges: usize, host: bool) -> Result<Measurement> {
     let base = Raw::open(ordinal)?;
-    let (ctx, f) = (base.ctx, base.empty);
+    let (ctx, f) = (base.ctx(), base.empty());
     let m = on_bound(ctx, || {
-        let owned = [
-            drv("cuStreamCreate", raw::stream_create())?,
-            drv("cuStreamCreate", raw::stream_create())?,
-        ];
-        let s = [owned[0].view(), owned[1].view()];
-        let ev = drv("cuEventCreate", raw::event_create())?;
+        let s = [new_stream(ctx)?, new_stream(ctx)?];
+        let ev = drv("cuEventCreate", ctx.new_event(None))?;
         let run = |n: usize| -> Result<Duration> {
             let t0 = Instant::now();
-            launch_empty(f, s[0])?;
+            launch_empty(f, &s[0])?;
             for i in 1..=n {
-                let (a, b) = (s[(i - 1) % 2], s[i % 2]);
+                let (a, b) = (&s[(i - 1) % 2], &s[i % 2]);
                 if host {
                     drv("cuStreamSynchronize", raw::stream_synchronize(a))?;
                 } else {
@@ -321,15 +330,11 @@ fn chain(ordinal: i32, edges: usize, host: bool) -> Result<Measurement> {
                 }
                 launch_empty(f, b)?;
             }
-            drv("cuStreamSynchronize", raw::stream_synchronize(s[n % 2]))?;
+            drv("cuStreamSynchronize", raw::stream_synchronize(&s[n % 2]))?;
             Ok(t0.elapsed())
         };
         run(256)?;
         let el = run(edges)?;
-        let _ = ev.destroy();
-        for s in owned {
-            let _ = s.destroy();
-        }
         Ok(Measurement {
             ops: edges as u64,
             elapsed: el,
@@ -365,29 +370,25 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> Result<Measurem
     use std::sync::atomic::{AtomicUsize, Ordering};
     const RING: usize = 4;
     let base = Raw::open(ordinal)?;
-    let (ctx, f) = (base.ctx, base.empty);
-    let (owned, events) = on_bound(ctx, || {
-        let s = [
-            drv("cuStreamCreate", raw::stream_create())?,
-            drv("cuStreamCreate", raw::stream_create())?,
-        ];
+    let (ctx, f) = (base.ctx(), base.empty());
+    let (streams, events) = on_bound(ctx, || {
+        let s = [new_stream(ctx)?, new_stream(ctx)?];
         let mut ev = Vec::with_capacity(RING);
         for _ in 0..RING {
-            ev.push(drv("cuEventCreate", raw::event_create())?);
+            ev.push(drv("cuEventCreate", ctx.new_event(None))?);
         }
         Ok((s, ev))
     })?;
-    let streams = [owned[0].view(), owned[1].view()];
     let run = |n: usize| -> Result<Duration> {
         let turn = AtomicUsize::new(0);
         let barrier = Barrier::new(2);
         let times: Vec<Result<(Option<Instant>, Option<Instant>)>> = std::thread::scope(|sc| {
             let hs: Vec<_> = (0..2)
                 .map(|t| {
-                    let (turn, barrier, events) = (&turn, &barrier, &events);
+                    let (turn, barrier, events, streams) = (&turn, &barrier, &events, &streams);
                     sc.spawn(move || -> Result<(Option<Instant>, Option<Instant>)> {
                         bind(ctx)?;
-                        let own = if shared { streams[0] } else { streams[t] };
+                        let own = if shared { &streams[0] } else { &streams[t] };
                         barrier.wait();
                         let start = (t == 0).then(Instant::now);
                         let mut end = None;
@@ -426,7 +427,7 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> Result<Measurem
                             // Let the other thread finish.
                             turn.store(usize::MAX, Ordering::Release);
                         }
-                        let _ = raw::ctx_unbind();
+                        let _ = raw::unbind();
                         r.map(|_| (start, end))
                     })
                 })
@@ -448,13 +449,9 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> Result<Measurem
         ops: edges as u64,
         elapsed: el,
     });
-    let _ = on_bound(ctx, || {
-        for e in events {
-            let _ = e.destroy();
-        }
-        for s in owned {
-            let _ = s.destroy();
-        }
+    let _ = on_bound(ctx, move || {
+        drop(events);
+        drop(streams);
         Ok(())
     });
     drop(base);
@@ -465,30 +462,27 @@ fn two_thread_chain(ordinal: i32, edges: usize, shared: bool) -> Result<Measurem
 /// nanoseconds: `(launch, record, query)`. For the probe and for tuning.
 pub fn call_costs(ordinal: i32, n: usize) -> Result<(f64, f64, f64)> {
     let base = Raw::open(ordinal)?;
-    let (ctx, f) = (base.ctx, base.empty);
+    let (ctx, f) = (base.ctx(), base.empty());
     let r = on_bound(ctx, || {
-        let owned = drv("cuStreamCreate", raw::stream_create())?;
-        let s = owned.view();
-        let ev = drv("cuEventCreate", raw::event_create())?;
+        let s = new_stream(ctx)?;
+        let ev = drv("cuEventCreate", ctx.new_event(None))?;
         let t0 = Instant::now();
         for _ in 0..n {
-            launch_empty(f, s)?;
+            launch_empty(f, &s)?;
         }
         let tl = t0.elapsed();
-        drv("cuStreamSynchronize", raw::stream_synchronize(s))?;
+        drv("cuStreamSynchronize", raw::stream_synchronize(&s))?;
         let t0 = Instant::now();
         for _ in 0..n {
-            drv("cuEventRecord", raw::event_record(&ev, s))?;
+            drv("cuEventRecord", raw::event_record(&ev, &s))?;
         }
         let tr = t0.elapsed();
-        drv("cuStreamSynchronize", raw::stream_synchronize(s))?;
+        drv("cuStreamSynchronize", raw::stream_synchronize(&s))?;
         let t0 = Instant::now();
         for _ in 0..n {
             drv("cuEventQuery", raw::event_query(&ev))?;
         }
         let tq = t0.elapsed();
-        let _ = ev.destroy();
-        let _ = owned.destroy();
         let per = |d: Duration| d.as_secs_f64() * 1e9 / n as f64;
         Ok((per(tl), per(tr), per(tq)))
     })?;
@@ -531,47 +525,27 @@ fn check_preds(what: &str, preds: &[Vec<u32>]) -> Result<()> {
 pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> Result<RawGraph> {
     check_preds("raw_graph", preds)?;
     let base = Raw::open(ordinal)?;
-    let (ctx, f) = (base.ctx, base.empty);
+    let (ctx, f) = (base.ctx(), base.empty());
     let r = on_bound(ctx, || {
-        let owned = drv("cuStreamCreate", raw::stream_create())?;
-        let s = owned.view();
+        let s = new_stream(ctx)?;
         let t0 = Instant::now();
-        let built = build_graph(f, preds, StandInRoot::None);
+        let g = build_graph(f, preds, StandInRoot::None)?;
         let build = t0.elapsed();
-        let (exec, instantiate) = match built {
-            Ok(g) => {
-                let t1 = Instant::now();
-                let e = drv("cuGraphInstantiateWithFlags", raw::graph_instantiate(&g));
-                let instantiate = t1.elapsed();
-                let _ = g.destroy();
-                (e, instantiate)
-            }
-            Err(e) => (Err(e), Duration::ZERO),
-        };
-        let exec = match exec {
-            Ok(e) => e,
-            Err(e) => {
-                let _ = owned.destroy();
-                return Err(e);
-            }
-        };
+        let t1 = Instant::now();
+        let exec = drv("cuGraphInstantiateWithFlags", raw::graph_instantiate(&g));
+        let instantiate = t1.elapsed();
+        drop(g);
+        let exec = exec?;
         let mut timed = Vec::with_capacity(runs);
-        let mut res = Ok(());
         for i in 0..runs + 3 {
             let t = Instant::now();
-            let r = drv("cuGraphLaunch", raw::graph_launch(&exec, s))
-                .and_then(|()| drv("cuStreamSynchronize", raw::stream_synchronize(s)));
-            if let Err(e) = r {
-                res = Err(e);
-                break;
-            }
+            drv("cuGraphLaunch", raw::graph_launch(&exec, &s))?;
+            drv("cuStreamSynchronize", raw::stream_synchronize(&s))?;
             if i >= 3 {
                 timed.push(t.elapsed());
             }
         }
-        let _ = exec.destroy();
-        let _ = owned.destroy();
-        res.map(|()| RawGraph {
+        Ok(RawGraph {
             nodes: preds.len(),
             build,
             instantiate,
@@ -597,39 +571,30 @@ enum StandInRoot {
 /// The empty kernel `<<<1,1>>>` once per entry of `preds` (each predecessor below its node,
 /// checked by the caller), added node by node (`cuGraphAddKernelNode`) to a new graph, with or
 /// without an empty root first.
-fn build_graph(f: Func, preds: &[Vec<u32>], root: StandInRoot) -> Result<raw::CudaGraph> {
+fn build_graph(f: Func, preds: &[Vec<u32>], root: StandInRoot) -> Result<raw::Graph> {
     let mut g = drv("cuGraphCreate", raw::graph_create())?;
-    let mut built = || -> Result<()> {
-        let r = match root {
-            StandInRoot::None => None,
-            StandInRoot::Removed | StandInRoot::Kept => Some(drv(
-                "cuGraphAddEmptyNode",
-                raw::graph_add_empty_node(&mut g, &[]),
-            )?),
-        };
-        let mut nodes: Vec<raw::GraphNode> = Vec::with_capacity(preds.len());
-        for ps in preds {
-            let mut deps: Vec<raw::GraphNode> = ps.iter().map(|&p| nodes[p as usize]).collect();
-            if let (true, Some(r)) = (deps.is_empty(), r) {
-                deps.push(r);
-            }
-            nodes.push(drv(
-                "cuGraphAddKernelNode",
-                raw::graph_add_empty_kernel(&mut g, &deps, f),
-            )?);
-        }
-        if let (StandInRoot::Removed, Some(r)) = (root, r) {
-            drv("cuGraphDestroyNode", raw::graph_remove_node(&mut g, r))?;
-        }
-        Ok(())
+    let r = match root {
+        StandInRoot::None => None,
+        StandInRoot::Removed | StandInRoot::Kept => Some(drv(
+            "cuGraphAddEmptyNode",
+            raw::graph_add_empty_node(&mut g, &[]),
+        )?),
     };
-    match built() {
-        Ok(()) => Ok(g),
-        Err(e) => {
-            let _ = g.destroy();
-            Err(e)
+    let mut nodes: Vec<raw::GraphNode> = Vec::with_capacity(preds.len());
+    for ps in preds {
+        let mut deps: Vec<raw::GraphNode> = ps.iter().map(|&p| nodes[p as usize]).collect();
+        if let (true, Some(r)) = (deps.is_empty(), r) {
+            deps.push(r);
         }
+        nodes.push(drv(
+            "cuGraphAddKernelNode",
+            raw::graph_add_empty_kernel(&mut g, &deps, f),
+        )?);
     }
+    if let (StandInRoot::Removed, Some(r)) = (root, r) {
+        drv("cuGraphDestroyNode", raw::graph_remove_node(&mut g, r))?;
+    }
+    Ok(g)
 }
 
 /// What [`captured_graph`] measured, for telling apart what a replayed graph costs from what
@@ -672,9 +637,9 @@ pub fn captured_graph(
 ) -> Result<CapturedGraph> {
     check_preds("captured_graph", preds)?;
     let base = Raw::open(ordinal)?;
-    let (ctx, f) = (base.ctx, base.empty);
+    let (ctx, f) = (base.ctx(), base.empty());
     let r = on_bound(ctx, || {
-        capture_and_time(f, preds, runs, read_back_all, None)
+        capture_and_time(ctx, f, preds, runs, read_back_all, None)
     });
     drop(base);
     r
@@ -694,17 +659,17 @@ pub fn captured_graph_on_worker(
 ) -> Result<CapturedGraph> {
     check_preds("captured_graph_on_worker", preds)?;
     let base = Raw::open(dev.ordinal())?;
-    let f = base.empty;
+    let (ctx, f) = (base.ctx().clone(), base.empty());
     let preds = preds.to_vec();
     let kernel = Module::builtin().kernel(builtin::EMPTY)?;
     let r = pool.call(dev, move |gctx| {
-        let s = StreamRef::from_raw(gctx.raw_stream());
+        let s: &CudaStream = gctx.stream();
         let f = if worker_function {
             worker_function_of(gctx, &kernel, s)?
         } else {
             f
         };
-        Ok(capture_and_time(f, &preds, runs, false, Some(s))?)
+        Ok(capture_and_time(&ctx, f, &preds, runs, false, Some(s))?)
     });
     drop(base);
     Ok(r?)
@@ -714,7 +679,7 @@ pub fn captured_graph_on_worker(
 /// the module), through the pool's public API: one launch on the node's stream `s` (which
 /// loads the module where the device has not yet, outside any capture), then one captured on
 /// `s` (thread-local mode), whose kernel node names the function.
-fn worker_function_of(gctx: &GpuCtx<'_, '_>, kernel: &Kernel, s: StreamRef) -> Result<Func> {
+fn worker_function_of(gctx: &GpuCtx<'_, '_>, kernel: &Kernel, s: &CudaStream) -> Result<Func> {
     // SAFETY: the empty kernel takes no parameters.
     unsafe { gctx.launch(kernel, LaunchConfig::single()).launch()? };
     drv("cuStreamSynchronize", raw::stream_synchronize(s))?;
@@ -723,115 +688,86 @@ fn worker_function_of(gctx: &GpuCtx<'_, '_>, kernel: &Kernel, s: StreamRef) -> R
     let launched = unsafe { gctx.launch(kernel, LaunchConfig::single()).launch() };
     let g = match (raw::stream_end_capture(s), launched) {
         (Ok(Some(g)), Ok(())) => g,
-        (Ok(Some(g)), Err(e)) => {
-            let _ = g.destroy();
-            return Err(e.into());
-        }
         (_, Err(e)) => return Err(e.into()),
         (Ok(None), Ok(())) => return Err(Error::new("capture made no graph")),
         (Err(e), Ok(())) => return Err(Error::driver("cuStreamEndCapture", "baseline", e)),
     };
-    let f = drv("cuGraphGetNodes", raw::graph_nodes(&g)).and_then(|nodes| match nodes[..] {
+    let nodes = drv("cuGraphGetNodes", raw::graph_nodes(&g))?;
+    let f = match nodes[..] {
         [n] => drv(
             "cuGraphKernelNodeGetParams",
             raw::graph_kernel_function(&g, n),
-        ),
-        _ => Ok(None),
-    });
-    let _ = g.destroy();
-    f?.ok_or_else(|| Error::new("the captured launch is not one kernel node"))
+        )?,
+        _ => None,
+    };
+    f.ok_or_else(|| Error::new("the captured launch is not one kernel node"))
 }
 
 /// The body of [`captured_graph`] on a thread bound to `ctx`: launches on `launch` (else a
 /// stream of its own).
 fn capture_and_time(
+    ctx: &Arc<CudaContext>,
     f: Func,
     preds: &[Vec<u32>],
     runs: usize,
     read_back_all: bool,
-    launch: Option<StreamRef>,
+    launch: Option<&CudaStream>,
 ) -> Result<CapturedGraph> {
-    let owned = drv("cuStreamCreate", raw::stream_create())?;
-    let s = launch.unwrap_or_else(|| owned.view());
-    let r = capture_and_time_on(f, preds, runs, read_back_all, s);
-    let _ = owned.destroy();
-    r
+    let owned = match launch {
+        Some(_) => None,
+        None => Some(new_stream(ctx)?),
+    };
+    let s = launch.or(owned.as_deref()).expect("one of the two");
+    capture_and_time_on(ctx, f, preds, runs, read_back_all, s)
 }
 
 /// [`capture_and_time`] launching on `s`.
 fn capture_and_time_on(
+    ctx: &Arc<CudaContext>,
     f: Func,
     preds: &[Vec<u32>],
     runs: usize,
     read_back_all: bool,
-    s: StreamRef,
+    s: &CudaStream,
 ) -> Result<CapturedGraph> {
     // The node-by-node graph, for the description only.
     let rg = build_graph(f, &preds[..preds.len().min(4)], StandInRoot::None)?;
-    let raw_first_nodes = drv("cuGraphGetNodes", raw::graph_describe(&rg, 4));
-    let _ = rg.destroy();
-    let raw_first_nodes = raw_first_nodes?;
+    let raw_first_nodes = drv("cuGraphGetNodes", raw::graph_describe(&rg, 4))?;
+    drop(rg);
 
     let Captured {
         graph: g,
         stand_in_root,
         elapsed: capture,
-    } = capture_graph(f, preds, read_back_all)?;
-    let inspected = drv("cuGraphGetNodes", raw::graph_node_count(&g)).and_then(|n| {
-        let e = drv("cuGraphGetEdges", raw::graph_edge_count(&g))?;
-        let d = drv("cuGraphGetNodes", raw::graph_describe(&g, 4))?;
-        Ok((n, e, d))
-    });
-    let (nodes, edges, first_nodes) = match inspected {
-        Ok(i) => i,
-        Err(e) => {
-            let _ = g.destroy();
-            return Err(e);
-        }
-    };
+    } = capture_graph(ctx, f, preds, read_back_all)?;
+    let nodes = drv("cuGraphGetNodes", raw::graph_node_count(&g))?;
+    let edges = drv("cuGraphGetEdges", raw::graph_edge_count(&g))?;
+    let first_nodes = drv("cuGraphGetNodes", raw::graph_describe(&g, 4))?;
     let t1 = Instant::now();
     let exec = drv("cuGraphInstantiateWithFlags", raw::graph_instantiate(&g));
     let instantiate = t1.elapsed();
-    let _ = g.destroy();
+    drop(g);
     let exec = exec?;
-    let ev = match drv("cuEventCreate", raw::event_create()) {
-        Ok(ev) => ev,
-        Err(e) => {
-            let _ = exec.destroy();
-            return Err(e);
-        }
-    };
+    let ev = drv("cuEventCreate", ctx.new_event(None))?;
     let (mut timed, mut polled) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
-    let mut res = Ok(());
     for i in 0..runs + 3 {
         let t = Instant::now();
-        let r = drv("cuGraphLaunch", raw::graph_launch(&exec, s))
-            .and_then(|()| drv("cuStreamSynchronize", raw::stream_synchronize(s)));
+        drv("cuGraphLaunch", raw::graph_launch(&exec, s))?;
+        drv("cuStreamSynchronize", raw::stream_synchronize(s))?;
         let d = t.elapsed();
         let t = Instant::now();
-        let r = r
-            .and_then(|()| drv("cuGraphLaunch", raw::graph_launch(&exec, s)))
-            .and_then(|()| drv("cuEventRecord", raw::event_record(&ev, s)))
-            .and_then(|()| loop {
-                match raw::event_query(&ev) {
-                    Ok(true) => break Ok(()),
-                    Ok(false) => std::hint::spin_loop(),
-                    Err(e) => break Err(Error::driver("cuEventQuery", "baseline", e)),
-                }
-            });
-        let p = t.elapsed();
-        if let Err(e) = r {
-            res = Err(e);
-            break;
+        drv("cuGraphLaunch", raw::graph_launch(&exec, s))?;
+        drv("cuEventRecord", raw::event_record(&ev, s))?;
+        while !drv("cuEventQuery", raw::event_query(&ev))? {
+            std::hint::spin_loop();
         }
+        let p = t.elapsed();
         if i >= 3 {
             timed.push(d);
             polled.push(p);
         }
     }
-    let _ = ev.destroy();
-    let _ = exec.destroy();
-    res.map(|()| CapturedGraph {
+    Ok(CapturedGraph {
         nodes,
         edges,
         stand_in_root,
@@ -846,7 +782,7 @@ fn capture_and_time_on(
 
 /// A graph captured by [`capture_graph`].
 struct Captured {
-    graph: raw::CudaGraph,
+    graph: raw::Graph,
     /// The driver refused an empty dependency set: a stand-in root was used, and removed.
     stand_in_root: bool,
     /// From the capture's start until its graph was ready (stand-in root removed).
@@ -860,14 +796,42 @@ struct Captured {
 /// `read_back_all`, else only after those a later node depends on, and the set skipped where it
 /// is already the capture's current one); where the driver refuses an empty set, the roots
 /// depend on a stand-in empty root instead, destroyed (`cuGraphDestroyNode`) after the capture.
-fn capture_graph(f: Func, preds: &[Vec<u32>], read_back_all: bool) -> Result<Captured> {
-    let cap_owned = drv("cuStreamCreate", raw::stream_create())?;
-    let cs = cap_owned.view();
+fn capture_graph(
+    ctx: &Arc<CudaContext>,
+    f: Func,
+    preds: &[Vec<u32>],
+    read_back_all: bool,
+) -> Result<Captured> {
+    let cs = new_stream(ctx)?;
     let t0 = Instant::now();
-    if let Err(e) = raw::stream_begin_capture(cs) {
-        let _ = cap_owned.destroy();
-        return Err(Error::driver("cuStreamBeginCapture", "baseline", e));
+    drv("cuStreamBeginCapture", raw::stream_begin_capture(&cs))?;
+    let failed = capture_nodes(&cs, f, preds, read_back_all);
+    let g = raw::stream_end_capture(&cs);
+    drop(cs);
+    let (root, g) = match (g, failed) {
+        (Ok(Some(g)), Ok(root)) => (root, g),
+        (_, Err(e)) => return Err(e),
+        (Ok(None), Ok(_)) => return Err(Error::new("capture made no graph")),
+        (Err(e), Ok(_)) => return Err(Error::driver("cuStreamEndCapture", "baseline", e)),
+    };
+    let mut g = g;
+    if let Some(r) = root {
+        drv("cuGraphDestroyNode", raw::graph_remove_node(&mut g, r))?;
     }
+    Ok(Captured {
+        graph: g,
+        stand_in_root: root.is_some(),
+        elapsed: t0.elapsed(),
+    })
+}
+
+/// [`capture_graph`]'s nodes, captured on `cs`; the stand-in root, if one was needed.
+fn capture_nodes(
+    cs: &CudaStream,
+    f: Func,
+    preds: &[Vec<u32>],
+    read_back_all: bool,
+) -> Result<Option<raw::GraphNode>> {
     let mut tails: Vec<Vec<raw::GraphNode>> = vec![Vec::new(); preds.len()];
     let mut needed = vec![read_back_all; preds.len()];
     for ps in preds {
@@ -877,7 +841,6 @@ fn capture_graph(f: Func, preds: &[Vec<u32>], read_back_all: bool) -> Result<Cap
     }
     let mut current: Option<Vec<raw::GraphNode>> = Some(Vec::new());
     let mut root: Option<raw::GraphNode> = None;
-    let mut failed = None;
     for (i, ps) in preds.iter().enumerate() {
         let mut deps: Vec<raw::GraphNode> = Vec::new();
         for &p in ps {
@@ -890,9 +853,7 @@ fn capture_graph(f: Func, preds: &[Vec<u32>], read_back_all: bool) -> Result<Cap
         if let (true, Some(r)) = (deps.is_empty(), root) {
             deps.push(r);
         }
-        let set = if !read_back_all && current.as_ref() == Some(&deps) {
-            Ok(())
-        } else {
+        if read_back_all || current.as_ref() != Some(&deps) {
             match raw::capture_set_dependencies(cs, &deps) {
                 Err(_) if deps.is_empty() => raw::capture_add_root(cs).and_then(|r| {
                     root = Some(r);
@@ -900,51 +861,21 @@ fn capture_graph(f: Func, preds: &[Vec<u32>], read_back_all: bool) -> Result<Cap
                 }),
                 other => other,
             }
+            .map_err(|e| Error::driver("cuStreamUpdateCaptureDependencies", "baseline", e))?;
+        }
+        launch_empty(f, cs)?;
+        let t = if needed[i] {
+            Some(drv(
+                "cuStreamGetCaptureInfo",
+                raw::capture_dependencies(cs),
+            )?)
+        } else {
+            None
         };
-        let r = set
-            .map_err(|e| Error::driver("cuStreamUpdateCaptureDependencies", "baseline", e))
-            .and_then(|()| launch_empty(f, cs))
-            .and_then(|()| {
-                if needed[i] {
-                    drv("cuStreamGetCaptureInfo", raw::capture_dependencies(cs)).map(Some)
-                } else {
-                    Ok(None)
-                }
-            });
-        match r {
-            Ok(t) => {
-                current = t.clone();
-                tails[i] = t.unwrap_or_default();
-            }
-            Err(e) => {
-                failed = Some(e);
-                break;
-            }
-        }
+        current = t.clone();
+        tails[i] = t.unwrap_or_default();
     }
-    let g = raw::stream_end_capture(cs);
-    let _ = cap_owned.destroy();
-    let mut g = match (g, failed) {
-        (Ok(Some(g)), None) => g,
-        (Ok(Some(g)), Some(e)) => {
-            let _ = g.destroy();
-            return Err(e);
-        }
-        (_, Some(e)) => return Err(e),
-        (Ok(None), None) => return Err(Error::new("capture made no graph")),
-        (Err(e), None) => return Err(Error::driver("cuStreamEndCapture", "baseline", e)),
-    };
-    if let Some(r) = root {
-        if let Err(e) = raw::graph_remove_node(&mut g, r) {
-            let _ = g.destroy();
-            return Err(Error::driver("cuGraphDestroyNode", "baseline", e));
-        }
-    }
-    Ok(Captured {
-        graph: g,
-        stand_in_root: root.is_some(),
-        elapsed: t0.elapsed(),
-    })
+    Ok(root)
 }
 
 /// A new graph with the kernel nodes and edges of `g`, added node by node in a topological
@@ -952,7 +883,7 @@ fn capture_graph(f: Func, preds: &[Vec<u32>], read_back_all: bool) -> Result<Cap
 /// `cuGraphAddKernelNode` per node): the same work and topology as `g` without anything else
 /// the capture recorded (launch attributes, the driver's internal layout). Fails on a node
 /// that is not a kernel node.
-fn rebuild_graph(g: &raw::CudaGraph) -> Result<raw::CudaGraph> {
+fn rebuild_graph(g: &raw::Graph) -> Result<raw::Graph> {
     let nodes = drv("cuGraphGetNodes", raw::graph_nodes(g))?;
     let edges = drv("cuGraphGetEdges", raw::graph_edges(g))?;
     let index: std::collections::HashMap<raw::GraphNode, usize> =
@@ -996,18 +927,16 @@ fn rebuild_graph(g: &raw::CudaGraph) -> Result<raw::CudaGraph> {
         match raw::graph_copy_kernel_node(&mut new, &deps, g, nodes[i]) {
             Ok(Some(n)) => added[i] = Some(n),
             Ok(None) => {
-                let _ = new.destroy();
                 return Err(Error::new(format!(
                     "rebuild: node {i} of the graph is not a kernel node"
-                )));
+                )))
             }
             Err(e) => {
-                let _ = new.destroy();
                 return Err(Error::driver(
                     "cuGraphKernelNodeGetParams/cuGraphAddKernelNode",
                     "baseline",
                     e,
-                ));
+                ))
             }
         }
     }
@@ -1066,15 +995,11 @@ pub struct GraphVariants {
 pub fn graph_variants(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> Result<GraphVariants> {
     check_preds("graph_variants", preds)?;
     let base = Raw::open(ordinal)?;
-    let (ctx, f) = (base.ctx, base.empty);
+    let (ctx, f) = (base.ctx(), base.empty());
     let r = on_bound(ctx, || {
-        let mut templates: Vec<(&'static str, raw::CudaGraph)> = Vec::new();
-        let r = make_variants(f, preds, &mut templates)
-            .and_then(|stand_in_root| time_variants(preds, runs, &templates, stand_in_root));
-        for (_, g) in templates {
-            let _ = g.destroy();
-        }
-        r
+        let mut templates: Vec<(&'static str, raw::Graph)> = Vec::new();
+        make_variants(ctx, f, preds, &mut templates)
+            .and_then(|stand_in_root| time_variants(ctx, preds, runs, &templates, stand_in_root))
     });
     drop(base);
     r
@@ -1083,14 +1008,15 @@ pub fn graph_variants(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> Result<G
 /// Builds the graphs of [`GRAPH_VARIANTS`] into `out` (which owns them even when this fails
 /// halfway); returns whether the capture used a stand-in root.
 fn make_variants(
+    ctx: &Arc<CudaContext>,
     f: Func,
     preds: &[Vec<u32>],
-    out: &mut Vec<(&'static str, raw::CudaGraph)>,
+    out: &mut Vec<(&'static str, raw::Graph)>,
 ) -> Result<bool> {
     out.push(("plain", build_graph(f, preds, StandInRoot::None)?));
     out.push(("root_removed", build_graph(f, preds, StandInRoot::Removed)?));
     out.push(("root_kept", build_graph(f, preds, StandInRoot::Kept)?));
-    let cap = capture_graph(f, preds, false)?;
+    let cap = capture_graph(ctx, f, preds, false)?;
     let c = out.len();
     out.push(("captured", cap.graph));
     let clone = drv("cuGraphClone", raw::graph_clone(&out[c].1))?;
@@ -1103,9 +1029,10 @@ fn make_variants(
 
 /// Checks, describes, instantiates and times the graphs of [`make_variants`].
 fn time_variants(
+    ctx: &Arc<CudaContext>,
     preds: &[Vec<u32>],
     runs: usize,
-    templates: &[(&'static str, raw::CudaGraph)],
+    templates: &[(&'static str, raw::Graph)],
     stand_in_root: bool,
 ) -> Result<GraphVariants> {
     let (n, e) = (preds.len(), preds.iter().map(Vec::len).sum::<usize>());
@@ -1139,31 +1066,15 @@ fn time_variants(
     }
     // Each variant its own executable, instantiated in the order of `GRAPH_VARIANTS`.
     let mut execs = Vec::with_capacity(templates.len());
-    let mut res = Ok(());
     for ((_, g), v) in templates.iter().zip(&mut variants) {
         let t = Instant::now();
-        match raw::graph_instantiate(g) {
-            Ok(x) => {
-                v.instantiate = t.elapsed();
-                execs.push(x);
-            }
-            Err(e) => {
-                res = Err(Error::driver("cuGraphInstantiateWithFlags", "baseline", e));
-                break;
-            }
-        }
+        let x = drv("cuGraphInstantiateWithFlags", raw::graph_instantiate(g))?;
+        v.instantiate = t.elapsed();
+        execs.push(x);
     }
-    if res.is_ok() {
-        res = drv("cuStreamCreate", raw::stream_create()).and_then(|st| {
-            let r = launch_in_turns(st.view(), &execs, &mut variants, runs);
-            let _ = st.destroy();
-            r
-        });
-    }
-    for x in execs {
-        let _ = x.destroy();
-    }
-    res.map(|()| GraphVariants {
+    let st = new_stream(ctx)?;
+    launch_in_turns(&st, &execs, &mut variants, runs)?;
+    Ok(GraphVariants {
         variants,
         stand_in_root,
         described,
@@ -1173,7 +1084,7 @@ fn time_variants(
 /// Launches each of `execs` in turn on `s` and waits for it (stream synchronise), `runs + 3`
 /// turns; from the fourth turn on, each launch's time goes to its variant's runs.
 fn launch_in_turns(
-    s: StreamRef,
+    s: &CudaStream,
     execs: &[raw::GraphExec],
     variants: &mut [GraphVariant],
     runs: usize,

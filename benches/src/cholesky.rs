@@ -1,16 +1,44 @@
 //! A tiled right-looking Cholesky factorization (f64, lower) as a graph of library calls:
 //! POTRF on diagonal tiles (cuSOLVER), TRSM, SYRK and GEMM (cuBLAS), one node per tile
-//! operation, edges from the tiles each one reads and writes. The matrix stays in one
-//! column-major allocation (leading dimension `n`); a tile is an offset into it.
+//! operation, edges from the tiles each one reads and writes.
+//!
+//! `CholeskyPlan { n, tile, panel, update, .. }.build(name, &a, &info)` makes the graph that
+//! factors the column-major `n`×`n` matrix `a` in place, with an edge from the last writer of
+//! every tile a node reads or writes ([`CholeskyPlan::tasks`] lists them; unit tests check that
+//! every two operations touching a tile, one writing, are ordered, and factor a matrix on the
+//! host in that order). The matrix stays in one allocation (leading dimension `n`); a tile is
+//! a [`Mat`] view into it, and a ragged last tile is allowed. Panel work (POTRF, TRSM and the
+//! updates of the next tile column: the look-ahead) goes to group `panel`, the other updates
+//! to `update`: with `stream_priority(0, -5)`, `groups_per_device(2)` and
+//! `stream_handoff(false)`, the panel runs on high-priority streams of its own, ahead of bulk
+//! GEMMs queued on the update streams (with the hand-off, a POTRF would run on the stream of the
+//! update chain that fed it). No host synchronise inside the factorization; the graph's sink
+//! downloads the POTRF infos and fails naming the first POTRF node whose tile was not positive
+//! definite (`node 'potrf(2)': cusolverDnDpotrf: info = 3: ...`). [`residual_on_device`]
+//! computes ‖A − LLᵀ‖_F/‖A‖_F with cuBLAS (TRMM, GEMM, NRM2; about 3n² doubles of scratch) and
+//! [`spot_check_on_device`] checks sampled entries of LLᵀ for larger n.
+//!
+//! The library calls (`cholesky/dense.rs`: [`TileBlas`], [`potrf`]) are made on the handles a
+//! node is lent by `boundpool-gpu` (cudarc's `CudaBlas` and `DnHandle`, set to the node's
+//! stream, with the worker's workspaces) over typed views of the matrix, each checked against
+//! its slice; `cholesky/error.rs` holds [`CholeskyError`]. Tests: `benches/tests/gpu_cholesky.rs`
+//! (a 1000×1000 factorization with ragged tiles in every placement, verified; a non-SPD tile's
+//! named error; the views' and routines' checks) and the unit tests here. Example:
+//! `examples/cholesky.rs`; bench: `benches/benches/cholesky.rs` (figures: docs/benchmarks.md,
+//! "Tiled Cholesky").
 
-use std::fmt;
 use std::sync::Arc;
 
 use boundpool_gpu::{
-    potrf_info_error, DeviceBuffer, Diag, GpuDevice, GpuErrorKind, GpuGraph, GpuGraphExt, GpuPool,
-    GpuResult, Side, Trans, Uplo,
+    DeviceBuffer, GpuCtx, GpuDevice, GpuErrorKind, GpuGraph, GpuGraphExt, GpuPool, GpuResult,
 };
 use boundpool_scheduler::{GraphBuilder, GroupId, NodeRef, Priority};
+
+mod dense;
+mod error;
+
+pub use dense::{potrf, potrf_info_error, Diag, Mat, Side, TileBlas, Trans, Uplo, Vector};
+pub use error::CholeskyError;
 
 /// How to tile and place a factorization of an `n`×`n` matrix.
 ///
@@ -49,59 +77,6 @@ pub struct CholeskyPlan {
     /// panel group that is a small SM partition, which the whole panel work would starve.
     /// `false` by default ([`new`](Self::new)).
     pub critical_only_panel: bool,
-}
-
-/// Why [`CholeskyPlan::build`] could not make the graph (kind `InvalidArgument`: a bad size;
-/// `Scheduler`: the graph did not build), or why its check node failed (kind `Library`: a
-/// POTRF's `info` says its tile was not positive definite). Its kinds and messages are those
-/// of the [`boundpool_gpu::GpuError`] it was while the factorization lived in that crate.
-#[derive(Debug)]
-pub struct CholeskyError {
-    kind: GpuErrorKind,
-    message: String,
-    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
-}
-
-impl CholeskyError {
-    fn new(kind: GpuErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    fn with_source(
-        mut self,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
-    ) -> Self {
-        self.source = Some(source.into());
-        self
-    }
-
-    /// The kind of failure.
-    pub fn kind(&self) -> GpuErrorKind {
-        self.kind
-    }
-
-    /// The full message (same as `Display`).
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl fmt::Display for CholeskyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for CholeskyError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
 }
 
 /// A factorization graph and its last node, which checks every POTRF's `info`.
@@ -291,10 +266,6 @@ impl CholeskyPlan {
                 ),
             ));
         }
-        let size = move |i: usize| b.min(n - i * b);
-        let base = a.device_ptr();
-        let tile_ptr = move |i: usize, j: usize| base + ((j * b * n + i * b) * 8) as u64;
-        let info_base = info.device_ptr();
         let tasks = self.tasks();
         let mut g = GraphBuilder::with_capacity(name.to_owned(), tasks.len() + 1, 3 * tasks.len());
         let mut ids = Vec::with_capacity(tasks.len());
@@ -306,159 +277,12 @@ impl CholeskyPlan {
                 task.panel
             };
             let group = if on_panel { self.panel } else { self.update };
+            counts[task.op.kind()] += 1;
             // The closures keep the matrix (and infos) alive as long as the graph.
-            let keep = (a.clone(), info.clone());
-            let node = match task.op {
-                TileOp::Potrf { k } => {
-                    counts[0] += 1;
-                    let nk = size(k);
-                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
-                        let _alive = &keep;
-                        // SAFETY: tile (k, k) lies inside `a` and info[k] inside `info`
-                        // (sizes checked above), both alive while the graph is.
-                        unsafe {
-                            ctx.solver()?.dpotrf(
-                                Uplo::Lower,
-                                nk,
-                                tile_ptr(k, k),
-                                n,
-                                info_base + 4 * k as u64,
-                            )?
-                        };
-                        Ok(())
-                    })
-                }
-                TileOp::Trsm { i, k } => {
-                    counts[1] += 1;
-                    let (ni, nk) = (size(i), size(k));
-                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
-                        let _alive = &keep;
-                        // SAFETY: tiles (k, k) and (i, k) lie inside `a`, alive (see above).
-                        // A_ik := A_ik L_kk^-T.
-                        unsafe {
-                            ctx.blas()?.dtrsm(
-                                Side::Right,
-                                Uplo::Lower,
-                                Trans::T,
-                                Diag::NonUnit,
-                                ni,
-                                nk,
-                                1.0,
-                                tile_ptr(k, k),
-                                n,
-                                tile_ptr(i, k),
-                                n,
-                            )?
-                        };
-                        Ok(())
-                    })
-                }
-                TileOp::TrsmBelow { k } => {
-                    counts[1] += 1;
-                    let (rows, nk) = (n - (k + 1) * b, size(k));
-                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
-                        let _alive = &keep;
-                        // SAFETY: tile (k, k) and the `rows` × `nk` block below it (rows
-                        // (k + 1) b .. n of tile column k) lie inside `a`, alive (see above).
-                        // A_(k+1..,k) := A_(k+1..,k) L_kk^-T.
-                        unsafe {
-                            ctx.blas()?.dtrsm(
-                                Side::Right,
-                                Uplo::Lower,
-                                Trans::T,
-                                Diag::NonUnit,
-                                rows,
-                                nk,
-                                1.0,
-                                tile_ptr(k, k),
-                                n,
-                                tile_ptr(k + 1, k),
-                                n,
-                            )?
-                        };
-                        Ok(())
-                    })
-                }
-                TileOp::GemmBelow { j, k } => {
-                    counts[3] += 1;
-                    let (rows, nj, nk) = (n - (j + 1) * b, size(j), size(k));
-                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
-                        let _alive = &keep;
-                        // SAFETY: the `rows`-row blocks below tile row j of tile columns k and
-                        // j, and tile (j, k), lie inside `a`, alive (see above).
-                        // A_(j+1..,j) -= A_(j+1..,k) A_jk^T.
-                        unsafe {
-                            ctx.blas()?.dgemm(
-                                Trans::No,
-                                Trans::T,
-                                rows,
-                                nj,
-                                nk,
-                                -1.0,
-                                tile_ptr(j + 1, k),
-                                n,
-                                tile_ptr(j, k),
-                                n,
-                                1.0,
-                                tile_ptr(j + 1, j),
-                                n,
-                            )?
-                        };
-                        Ok(())
-                    })
-                }
-                TileOp::Syrk { j, k } => {
-                    counts[2] += 1;
-                    let (nj, nk) = (size(j), size(k));
-                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
-                        let _alive = &keep;
-                        // SAFETY: tiles (j, k) and (j, j) lie inside `a`, alive (see above).
-                        // A_jj -= A_jk A_jk^T (lower triangle).
-                        unsafe {
-                            ctx.blas()?.dsyrk(
-                                Uplo::Lower,
-                                Trans::No,
-                                nj,
-                                nk,
-                                -1.0,
-                                tile_ptr(j, k),
-                                n,
-                                1.0,
-                                tile_ptr(j, j),
-                                n,
-                            )?
-                        };
-                        Ok(())
-                    })
-                }
-                TileOp::Gemm { i, j, k } => {
-                    counts[3] += 1;
-                    let (ni, nj, nk) = (size(i), size(j), size(k));
-                    g.gpu_node_in(group, &task.op.name(), move |ctx| {
-                        let _alive = &keep;
-                        // SAFETY: tiles (i, k), (j, k) and (i, j) lie inside `a` (see above).
-                        // A_ij -= A_ik A_jk^T.
-                        unsafe {
-                            ctx.blas()?.dgemm(
-                                Trans::No,
-                                Trans::T,
-                                ni,
-                                nj,
-                                nk,
-                                -1.0,
-                                tile_ptr(i, k),
-                                n,
-                                tile_ptr(j, k),
-                                n,
-                                1.0,
-                                tile_ptr(i, j),
-                                n,
-                            )?
-                        };
-                        Ok(())
-                    })
-                }
-            };
+            let (a, info, op) = (a.clone(), info.clone(), task.op);
+            let node = g.gpu_node_in(group, &op.name(), move |ctx| {
+                Ok(run_tile_op(ctx, op, &a, &info, n, b)?)
+            });
             for &d in &task.deps {
                 g.edge(ids[d], node);
             }
@@ -500,6 +324,90 @@ impl CholeskyPlan {
             check,
             counts,
         })
+    }
+}
+
+/// Runs tile operation `op` of the factorization of the column-major `n`×`n` matrix `a` (tiles
+/// of `b`, the last ones ragged) on the node's library handles; a POTRF of tile `k` writes its
+/// `info` to `info[k]`.
+fn run_tile_op(
+    ctx: &GpuCtx<'_, '_>,
+    op: TileOp,
+    a: &DeviceBuffer<f64>,
+    info: &DeviceBuffer<i32>,
+    n: usize,
+    b: usize,
+) -> Result<(), CholeskyError> {
+    let size = |i: usize| b.min(n - i * b);
+    let data = a.as_cuda_slice();
+    // `rows` × `cols` from the top left of tile (i, j).
+    let at = |i: usize, j: usize, rows: usize, cols: usize| {
+        Mat::new(data, j * b * n + i * b, rows, cols, n)
+    };
+    let (lower, t, right, non_unit) = (Uplo::Lower, Trans::T, Side::Right, Diag::NonUnit);
+    // SAFETY: every view lies inside `a` (`Mat::new` checks it) or is `info[k]` (`build`
+    // checked `info`'s length); the graph's edges order every two operations on one tile, one
+    // of them writing it (`CholeskyPlan::tasks`), so no other node's work touches what this one
+    // writes meanwhile; the graph's closures keep `a` and `info` alive as long as the graph.
+    unsafe {
+        match op {
+            TileOp::Potrf { k } => {
+                let info_k = info.as_cuda_slice().slice(k..k + 1);
+                potrf(ctx, lower, &at(k, k, size(k), size(k))?, &info_k)
+            }
+            // A_ik := A_ik L_kk^-T.
+            TileOp::Trsm { i, k } => TileBlas::new(ctx)?.trsm(
+                right,
+                lower,
+                t,
+                non_unit,
+                1.0,
+                &at(k, k, size(k), size(k))?,
+                &at(i, k, size(i), size(k))?,
+            ),
+            // A_(k+1..,k) := A_(k+1..,k) L_kk^-T: rows (k + 1) b .. n of tile column k.
+            TileOp::TrsmBelow { k } => TileBlas::new(ctx)?.trsm(
+                right,
+                lower,
+                t,
+                non_unit,
+                1.0,
+                &at(k, k, size(k), size(k))?,
+                &at(k + 1, k, n - (k + 1) * b, size(k))?,
+            ),
+            // A_(j+1..,j) -= A_(j+1..,k) A_jk^T.
+            TileOp::GemmBelow { j, k } => {
+                let rows = n - (j + 1) * b;
+                TileBlas::new(ctx)?.gemm(
+                    Trans::No,
+                    t,
+                    -1.0,
+                    &at(j + 1, k, rows, size(k))?,
+                    &at(j, k, size(j), size(k))?,
+                    1.0,
+                    &at(j + 1, j, rows, size(j))?,
+                )
+            }
+            // A_jj -= A_jk A_jk^T (lower triangle).
+            TileOp::Syrk { j, k } => TileBlas::new(ctx)?.syrk(
+                lower,
+                Trans::No,
+                -1.0,
+                &at(j, k, size(j), size(k))?,
+                1.0,
+                &at(j, j, size(j), size(j))?,
+            ),
+            // A_ij -= A_ik A_jk^T.
+            TileOp::Gemm { i, j, k } => TileBlas::new(ctx)?.gemm(
+                Trans::No,
+                t,
+                -1.0,
+                &at(i, k, size(i), size(k))?,
+                &at(j, k, size(j), size(k))?,
+                1.0,
+                &at(i, j, size(i), size(j))?,
+            ),
+        }
     }
 }
 
@@ -551,6 +459,17 @@ pub enum TileOp {
 }
 
 impl TileOp {
+    /// Its index in [`CholeskyGraph::counts`]: POTRF 0, TRSM 1, SYRK 2, GEMM 3 (merged ones
+    /// with their kind).
+    fn kind(&self) -> usize {
+        match self {
+            TileOp::Potrf { .. } => 0,
+            TileOp::Trsm { .. } | TileOp::TrsmBelow { .. } => 1,
+            TileOp::Syrk { .. } => 2,
+            TileOp::Gemm { .. } | TileOp::GemmBelow { .. } => 3,
+        }
+    }
+
     /// The node name: `potrf(k)`, `trsm(i,k)`, `syrk(j,k)`, `gemm(i,j,k)`, and for the merged
     /// operations `trsm(k+1..,k)`, `gemm(j+1..,j,k)`.
     pub fn name(&self) -> String {
@@ -645,51 +564,50 @@ pub fn residual_on_device(
 ) -> GpuResult<f64> {
     let (a0, l) = (a0.clone(), l.clone());
     pool.call(device, move |ctx| {
-        let blas = ctx.blas()?;
         let eye = ctx.alloc_zeros::<f64>(n * n)?;
         let ones = ctx.upload(&vec![1.0f64; n])?;
         let lower = ctx.alloc::<f64>(n * n)?;
         let mut r = ctx.alloc::<f64>(n * n)?;
         ctx.copy_device(&a0, &mut r)?;
-        // SAFETY: every address is a live allocation of this device of the size used (n or
-        // n² doubles), kept alive until this node's synchronous norms below have returned.
+        let blas = TileBlas::new(ctx)?;
+        // SAFETY: `eye`, `ones`, `lower` and `r` are this node's own buffers, written only here;
+        // `l` and `a0` are only read (n² doubles each: the views check it), and no graph
+        // writes them meanwhile (the caller's factorization has ended); all of them are on
+        // this node's device and live until its synchronous norms below have returned.
         unsafe {
-            blas.dcopy(n, ones.device_ptr(), 1, eye.device_ptr(), n + 1)?;
+            let diagonal = Vector::new(eye.as_cuda_slice(), 0, n, n + 1)?;
+            blas.copy(&Vector::all(&ones), &diagonal)?;
             // lower = tril(l) · I, the factor with zeros above the diagonal.
-            blas.dtrmm(
+            blas.trmm(
                 Side::Left,
                 Uplo::Lower,
                 Trans::No,
                 Diag::NonUnit,
-                n,
-                n,
                 1.0,
-                l.device_ptr(),
-                n,
-                eye.device_ptr(),
-                n,
-                lower.device_ptr(),
-                n,
+                &Mat::square(&l, n)?,
+                &Mat::square(&eye, n)?,
+                &Mat::square(&lower, n)?,
             )?;
-            blas.dgemm(
+            // r = a0 - lower lowerᵀ.
+            blas.gemm_into(
                 Trans::No,
                 Trans::T,
-                n,
-                n,
-                n,
+                (n, n, n),
                 -1.0,
-                lower.device_ptr(),
-                n,
-                lower.device_ptr(),
-                n,
+                &lower,
+                &lower,
                 1.0,
-                r.device_ptr(),
-                n,
+                &mut r,
             )?;
-            let nr = blas.dnrm2(n * n, r.device_ptr(), 1)?;
-            let na = blas.dnrm2(n * n, a0.device_ptr(), 1)?;
-            Ok(nr / na)
         }
+        // SAFETY: as above.
+        let (nr, na) = unsafe {
+            (
+                blas.nrm2(&Vector::new(r.as_cuda_slice(), 0, n * n, 1)?)?,
+                blas.nrm2(&Vector::new(a0.as_cuda_slice(), 0, n * n, 1)?)?,
+            )
+        };
+        Ok(nr / na)
     })
 }
 
@@ -706,7 +624,8 @@ pub fn spot_check_on_device(
 ) -> GpuResult<f64> {
     let l = l.clone();
     pool.call(device, move |ctx| {
-        let blas = ctx.blas()?;
+        let blas = TileBlas::new(ctx)?;
+        let data = l.as_cuda_slice();
         let mut worst = 0.0f64;
         let mut z = 0x1234_5678_9abc_def1u64;
         for s in 0..=samples {
@@ -720,10 +639,13 @@ pub fn spot_check_on_device(
                 let j = ((z >> 32) % (i as u64 + 1)) as usize;
                 (i, j)
             };
-            let base = l.device_ptr();
-            // SAFETY: rows i and j of L, elements 0..=j (j <= i < n), with stride n, lie
-            // inside `l` (n² doubles), alive for this synchronous call.
-            let dot = unsafe { blas.ddot(j + 1, base + 8 * i as u64, n, base + 8 * j as u64, n)? };
+            // Rows i and j of L, elements 0..=j (j <= i < n), with stride n.
+            let (row_i, row_j) = (
+                Vector::new(data, i, j + 1, n)?,
+                Vector::new(data, j, j + 1, n)?,
+            );
+            // SAFETY: `l` is only read, and lives for this synchronous call.
+            let dot = unsafe { blas.dot(&row_i, &row_j)? };
             let scale = (spd_entry(n, i, i) * spd_entry(n, j, j)).sqrt();
             worst = worst.max((spd_entry(n, i, j) - dot).abs() / scale);
         }

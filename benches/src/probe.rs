@@ -6,12 +6,14 @@
 //! (`BOUNDPOOL_REQUIRE_GPU=1 cargo test -p boundpool-gpu`); this probe makes no call through it
 //! beyond detection.
 
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
+use std::sync::Arc;
 use std::time::Instant;
 
 use boundpool_gpu::builtin;
+use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::raw::{self, Error, Func, Module, Result, StreamRef};
+use crate::raw::{self, Error, Func, Result};
 
 /// The probe's own kernel, `bp_poke(u64 addr)`: `*(u32*)addr = 1` with a raw address (given a
 /// bad one, an illegal address that poisons the context). Not a built-in: the library's
@@ -43,7 +45,7 @@ pub fn probe(ordinal: i32, sticky: bool) -> Result<Vec<String>> {
 }
 
 /// The kernel checks of a probe, on its bound thread, enqueuing on the stream given.
-type KernelChecks = fn(StreamRef, &mut Vec<String>) -> Result<()>;
+type KernelChecks = fn(&Arc<CudaStream>, &mut Vec<String>) -> Result<()>;
 
 /// [`probe`] with its kernel checks given (a test makes them fail).
 fn probe_with(ordinal: i32, sticky: bool, kernels: KernelChecks) -> Result<Vec<String>> {
@@ -59,46 +61,49 @@ fn probe_with(ordinal: i32, sticky: bool, kernels: KernelChecks) -> Result<Vec<S
     let lines = std::thread::scope(|s| {
         s.spawn(move || -> Result<Vec<String>> {
             let mut out = Vec::new();
-            let before = raw::ctx_current().ok().flatten();
+            let before = raw::current().ok().flatten();
             out.push(format!(
                 "fresh thread: current context before binding = {before:?}"
             ));
-            let primary = drv("cuDevicePrimaryCtxRetain", raw::primary_ctx_retain(ordinal))?;
-            let ctx = primary.ctx();
-            let bound =
-                drv("cuCtxSetCurrent", raw::ctx_set_current(ctx)).and_then(|()| {
-                    match drv("cuCtxGetCurrent", raw::ctx_current())? {
-                        Some(c) if c == ctx => Ok(()),
-                        other => Err(Error::new(format!(
-                            "bound {ctx:?} but cuCtxGetCurrent says {other:?}"
-                        ))),
-                    }
-                });
-            let st = bound.and_then(|()| drv("cuStreamCreate", raw::stream_create()));
+            // cudarc's `CudaContext::new`: a retain of the primary context, bound to this thread.
+            let ctx = drv(
+                "cuDevicePrimaryCtxRetain",
+                CudaContext::new(ordinal.max(0) as usize),
+            )?;
+            // SAFETY: the probe synchronises its stream before it reads a result or frees.
+            unsafe { ctx.disable_event_tracking() };
+            let st = match drv("cuCtxGetCurrent", raw::current())? {
+                Some(c) if c == ctx.cu_ctx() => drv("cuStreamCreate", ctx.new_stream()),
+                other => Err(Error::new(format!(
+                    "bound {:?} but cuCtxGetCurrent says {other:?}",
+                    ctx.cu_ctx()
+                ))),
+            };
             let st = match st {
                 Ok(st) => st,
                 Err(e) => {
-                    let _ = raw::ctx_unbind();
-                    let _ = primary.release();
+                    drop(ctx);
+                    let _ = raw::unbind();
                     return Err(e);
                 }
             };
             out.push(format!(
-                "bound primary context {ctx:?}; cuCtxGetCurrent agrees"
+                "bound primary context {:?}; cuCtxGetCurrent agrees",
+                ctx.cu_ctx()
             ));
-            let r = kernels(st.view(), &mut out);
+            let r = kernels(&st, &mut out);
             if let Err(e) = &r {
                 out.push(format!("FAILED: {e}"));
             }
             if sticky && r.is_ok() {
-                probe_sticky(st.view(), &mut out);
+                probe_sticky(&st, &mut out);
             }
-            let _ = st.destroy();
-            let _ = raw::ctx_unbind();
-            let _ = primary.release();
+            drop(st);
+            drop(ctx); // the last `Arc`: the retain released
+            let _ = raw::unbind();
             out.push(format!(
                 "after teardown: current context = {:?}",
-                raw::ctx_current().ok().flatten()
+                raw::current().ok().flatten()
             ));
             r.map(|_| out)
         })
@@ -110,25 +115,21 @@ fn probe_with(ordinal: i32, sticky: bool, kernels: KernelChecks) -> Result<Vec<S
         // Recreate the context on a fresh thread: does the device work again?
         let r = std::thread::scope(|s| {
             s.spawn(move || -> Result<String> {
-                let primary = raw::primary_ctx_retain(ordinal)
+                let ctx = CudaContext::new(ordinal.max(0) as usize)
                     .map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", "re-probe", e))?;
-                let c = primary.ctx();
-                let st = raw::ctx_set_current(c)
-                    .map_err(|e| Error::driver("cuCtxSetCurrent", "re-probe", e))
-                    .and_then(|()| {
-                        raw::stream_create()
-                            .map_err(|e| Error::driver("cuStreamCreate", "re-probe", e))
-                    });
-                let res = match st {
+                let res = match ctx.new_stream() {
                     Ok(st) => {
-                        let _ = st.destroy();
+                        drop(st);
                         "after releasing the failed context, a new retain works (stream created)"
                             .to_string()
                     }
-                    Err(e) => format!("after releasing the failed context: {e}"),
+                    Err(e) => format!(
+                        "after releasing the failed context: {}",
+                        Error::driver("cuStreamCreate", "re-probe", e)
+                    ),
                 };
-                let _ = raw::ctx_unbind();
-                let _ = primary.release();
+                drop(ctx);
+                let _ = raw::unbind();
                 Ok(res)
             })
             .join()
@@ -146,48 +147,54 @@ fn drv<T>(call: &str, r: raw::DResult<T>) -> Result<T> {
     r.map_err(|e| Error::driver(call, "probe", e))
 }
 
-/// A module loaded on the probe's thread, unloaded on drop (after the device finished its work).
-struct Loaded(Option<Module>);
+/// A module loaded on the probe's thread, unloaded (cudarc's drop of its last `Arc`) after the
+/// device finished its work.
+struct Loaded(Arc<CudaModule>);
 
 impl Loaded {
-    fn new(ptx: &str) -> Result<Self> {
-        Ok(Loaded(Some(drv(
+    fn new(st: &Arc<CudaStream>, ptx: &str) -> Result<Self> {
+        Ok(Loaded(drv(
             "cuModuleLoadData",
-            raw::module_load(ptx),
-        )?)))
+            raw::load_ptx(st.context(), ptx),
+        )?))
     }
 
+    /// The function `name`, valid while `self` lives (it holds the module).
     fn function(&self, name: &str) -> Result<Func> {
-        let m = self.0.as_ref().expect("loaded until dropped");
-        let c = CString::new(name).map_err(|_| Error::new(format!("kernel name {name:?}")))?;
-        raw::module_function(m, &c)
-            .map_err(|e| Error::driver("cuModuleGetFunction", &format!("probe: {name}"), e))
+        let f = self
+            .0
+            .load_function(name)
+            .map_err(|e| Error::driver("cuModuleGetFunction", &format!("probe: {name}"), e))?;
+        Ok(Func::of(&f))
     }
 }
 
 impl Drop for Loaded {
     fn drop(&mut self) {
-        if let Some(m) = self.0.take() {
-            let _ = raw::ctx_synchronize();
-            let _ = m.unload();
-        }
+        let _ = raw::ctx_synchronize();
     }
 }
 
-fn launch(f: Func, st: StreamRef, grid: u32, block: u32, args: &mut [u64]) -> Result<()> {
+fn launch(f: Func, st: &CudaStream, grid: u32, block: u32, args: &mut [u64]) -> Result<()> {
     // One pointer per argument, to its slot: the driver reads the parameter's size from there
     // (a slot holds the value's little-endian bytes in its low bytes).
     let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| (a as *mut u64).cast()).collect();
-    // SAFETY: callers pass one 8-byte slot per kernel parameter (device addresses and the
-    // probe kernels' 64-bit counts, or smaller values in the low bytes), alive for the call,
-    // and device buffers that outlive the launch (they synchronise before freeing).
+    // SAFETY: callers pass a function of a module they keep loaded, one 8-byte slot per kernel
+    // parameter (device addresses and the probe kernels' 64-bit counts, or smaller values in
+    // the low bytes), alive for the call, and device buffers that outlive the launch (they
+    // synchronise before freeing).
     drv("cuLaunchKernel", unsafe {
         raw::launch(f, (grid, 1, 1), (block, 1, 1), 0, st, &mut params)
     })
 }
 
-fn probe_kernels(st: StreamRef, out: &mut Vec<String>) -> Result<()> {
-    let m = Loaded::new(builtin::PTX)?;
+/// The device address of `buf` (a kernel argument).
+fn addr<T>(buf: &CudaSlice<T>, st: &CudaStream) -> u64 {
+    buf.device_ptr(st).0
+}
+
+fn probe_kernels(st: &Arc<CudaStream>, out: &mut Vec<String>) -> Result<()> {
+    let m = Loaded::new(st, builtin::PTX)?;
     for name in [
         builtin::EMPTY,
         builtin::COUNT,
@@ -217,41 +224,27 @@ fn probe_kernels(st: StreamRef, out: &mut Vec<String>) -> Result<()> {
         tl.as_secs_f64() * 1e6 / n as f64,
         n as f64 / t0.elapsed().as_secs_f64()
     ));
-    // counting
-    let buf = drv("cuMemAllocAsync", raw::mem_alloc_async(64, st))?;
-    // SAFETY: `buf` holds 64 bytes.
-    drv("cuMemsetD8Async", unsafe {
-        raw::memset_d8_async(buf.addr(), 0, 64, st)
-    })?;
+    // counting (64 zeroed bytes; the count is the low half of the first i64)
+    let buf = drv("cuMemAllocAsync", st.alloc_zeros::<i64>(8))?;
     let count = m.function(builtin::COUNT)?;
     for _ in 0..1000 {
-        launch(count, st, 1, 1, &mut [buf.addr()])?;
+        launch(count, st, 1, 1, &mut [addr(&buf, st)])?;
     }
-    let mut host = [0u32; 1];
-    // SAFETY: 4 bytes from a 64-byte allocation; read after the synchronise below.
-    drv("cuMemcpyDtoHAsync", unsafe {
-        raw::memcpy_dtoh_async(&mut host, buf.addr(), st)
-    })?;
-    drv("cuStreamSynchronize", raw::stream_synchronize(st))?;
+    let host = drv("cuMemcpyDtoHAsync", st.clone_dtoh(&buf.slice(0..1)))?;
     out.push(format!(
         "count kernel x1000 -> {} ({})",
         host[0],
         ok(host[0] == 1000)
     ));
     // set / add
-    let a = buf.addr();
-    let b = buf.addr() + 8;
-    let (pa, pb, v7, v5) = (a, b, 7i64, 5i64);
+    let a = addr(&buf, st);
+    let b = a + 8;
+    let (v7, v5) = (7i64, 5i64);
     let set = m.function(builtin::SET_I64)?;
-    launch(set, st, 1, 1, &mut [pa, v7 as u64])?;
-    launch(set, st, 1, 1, &mut [pb, v5 as u64])?;
-    launch(m.function(builtin::ADD_I64)?, st, 1, 1, &mut [pa, pb])?;
-    let mut hv = [0i64; 1];
-    // SAFETY: 8 bytes from the 64-byte allocation; read after the synchronise below.
-    drv("cuMemcpyDtoHAsync", unsafe {
-        raw::memcpy_dtoh_async(&mut hv, a, st)
-    })?;
-    drv("cuStreamSynchronize", raw::stream_synchronize(st))?;
+    launch(set, st, 1, 1, &mut [a, v7 as u64])?;
+    launch(set, st, 1, 1, &mut [b, v5 as u64])?;
+    launch(m.function(builtin::ADD_I64)?, st, 1, 1, &mut [a, b])?;
+    let hv = drv("cuMemcpyDtoHAsync", st.clone_dtoh(&buf.slice(0..1)))?;
     out.push(format!(
         "set 7, set 5, add -> {} ({})",
         hv[0],
@@ -260,20 +253,9 @@ fn probe_kernels(st: StreamRef, out: &mut Vec<String>) -> Result<()> {
     // scale + sum
     let n = 1000u32;
     let xs: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let x = drv("cuMemAllocAsync", raw::mem_alloc_async(4 * n as usize, st))?;
-    let sum = drv("cuMemAllocAsync", raw::mem_alloc_async(4, st))?;
-    // SAFETY: sizes match the allocations; pageable source is staged before return.
-    unsafe {
-        drv(
-            "cuMemcpyHtoDAsync",
-            raw::memcpy_htod_async(x.addr(), &xs, st),
-        )?;
-        drv(
-            "cuMemsetD8Async",
-            raw::memset_d8_async(sum.addr(), 0, 4, st),
-        )?;
-    }
-    let (px, a2, nn, ps) = (x.addr(), 2.0f32, n, sum.addr());
+    let x = drv("cuMemcpyHtoDAsync", st.clone_htod(&xs))?;
+    let sum = drv("cuMemAllocAsync", st.alloc_zeros::<f32>(1))?;
+    let (px, a2, nn, ps) = (addr(&x, st), 2.0f32, n, addr(&sum, st));
     launch(
         m.function(builtin::SCALE_F32)?,
         st,
@@ -288,12 +270,7 @@ fn probe_kernels(st: StreamRef, out: &mut Vec<String>) -> Result<()> {
         256,
         &mut [px, ps, u64::from(nn)],
     )?;
-    let mut hs = [0f32; 1];
-    // SAFETY: 4 bytes from the 4-byte allocation; read after the synchronise below.
-    drv("cuMemcpyDtoHAsync", unsafe {
-        raw::memcpy_dtoh_async(&mut hs, sum.addr(), st)
-    })?;
-    drv("cuStreamSynchronize", raw::stream_synchronize(st))?;
+    let hs = drv("cuMemcpyDtoHAsync", st.clone_dtoh(&sum))?;
     let expect = 2.0 * (n as f32 - 1.0) * n as f32 / 2.0;
     out.push(format!(
         "scale x2 + sum of 0..1000 -> {} (expect {expect}, {})",
@@ -307,28 +284,27 @@ fn probe_kernels(st: StreamRef, out: &mut Vec<String>) -> Result<()> {
     drv("cuStreamSynchronize", raw::stream_synchronize(st))?;
     out.push(format!("spin 2M cycles took {:?}", t0.elapsed()));
     // events
-    let ev = drv("cuEventCreate", raw::event_create())?;
+    let ev = drv("cuEventCreate", st.context().new_event(None))?;
     drv("cuEventRecord", raw::event_record(&ev, st))?;
     let mut polls = 0;
     while !drv("cuEventQuery", raw::event_query(&ev))? {
         polls += 1;
     }
-    let _ = ev.destroy();
+    drop(ev);
     out.push(format!(
         "event record + query: complete after {polls} not-ready polls"
     ));
-    for p in [buf, x, sum] {
-        drv("cuMemFreeAsync", p.free_async(st))?;
-    }
+    // Freed stream-ordered on `st` (cudarc's drop).
+    drop((buf, x, sum));
     // OOM
-    match raw::mem_alloc_async(1usize << 50, st) {
+    match st.alloc_zeros::<u8>(1usize << 50) {
         Err(e) => out.push(format!(
             "1 PiB allocation -> {} (out of memory: {})",
             raw::error_name(e),
             ok(raw::is_out_of_memory(e))
         )),
         Ok(p) => {
-            let _ = p.free_async(st);
+            drop(p);
             out.push("1 PiB allocation unexpectedly succeeded".into());
         }
     }
@@ -339,12 +315,12 @@ fn probe_kernels(st: StreamRef, out: &mut Vec<String>) -> Result<()> {
     Ok(())
 }
 
-fn probe_sticky(st: StreamRef, out: &mut Vec<String>) {
+fn probe_sticky(st: &Arc<CudaStream>, out: &mut Vec<String>) {
     let r = (|| -> Result<()> {
-        let m = Loaded::new(POKE_PTX)?;
+        let m = Loaded::new(st, POKE_PTX)?;
         let addr = 8u64;
         launch(m.function(POKE)?, st, 1, 1, &mut [addr])?;
-        let ev = drv("cuEventCreate", raw::event_create())?;
+        let ev = drv("cuEventCreate", st.context().new_event(None))?;
         let _ = raw::event_record(&ev, st);
         let t0 = Instant::now();
         loop {
@@ -368,15 +344,14 @@ fn probe_sticky(st: StreamRef, out: &mut Vec<String>) {
                 }
             }
         }
-        let _ = ev.destroy();
-        let again = raw::stream_create();
+        drop(ev);
+        // cudarc keeps a failure of a drop (the event's destroy, just now) for the context's
+        // next call: cleared first, so that what follows is the stream create's own answer.
+        let _ = st.context().check_err();
+        let again = st.context().new_stream();
         out.push(format!(
             "after it: cuStreamCreate -> {:?}",
-            again
-                .map(|s| {
-                    let _ = s.destroy();
-                })
-                .map_err(raw::error_name),
+            again.map(drop).map_err(raw::error_name),
         ));
         Ok(())
     })();
@@ -397,7 +372,7 @@ fn ok(b: bool) -> &'static str {
 mod tests {
     use super::*;
 
-    fn failing_kernels(_: StreamRef, _: &mut Vec<String>) -> Result<()> {
+    fn failing_kernels(_: &Arc<CudaStream>, _: &mut Vec<String>) -> Result<()> {
         Err(Error::new("injected failure"))
     }
 

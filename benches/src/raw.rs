@@ -1,22 +1,25 @@
 //! The driver calls the raw-driver baselines ([`crate::baselines`]) and the probe
-//! ([`crate::probe`]) make themselves, on cudarc's own layers: `cudarc::driver::result` where it
-//! has the call (kernel launches included: `result::launch_kernel`, as `boundpool-gpu`'s),
-//! `cudarc::driver::sys` where it does not (graphs built node by node, capture
-//! dependencies). cudarc's safe
-//! types (`CudaContext`, `CudaStream`) do not fit here: each of their calls binds the context
-//! first and tracks events, and a baseline measures the bare driver call.
+//! ([`crate::probe`]) make themselves, on cudarc's own layers. What must be destroyed is owned
+//! by cudarc's safe types: the device's primary context (`CudaContext`), streams
+//! (`CudaStream`), events (`CudaEvent`), modules and their functions (`CudaModule`,
+//! `CudaFunction`), the probe's buffers (`CudaSlice`). The calls a baseline measures are
+//! cudarc's `result` calls on their handles (`result::launch_kernel`, `result::event::record`,
+//! ...), through the thin wrappers below: cudarc's safe methods would bind the context and
+//! track events at each call, and a baseline measures the bare driver call. Where cudarc has no
+//! call (CUDA graphs built node by node, capture dependencies) they are `sys` calls, with
+//! [`Graph`] and [`GraphExec`] owning what they make and [`GraphNode`] and [`Func`] naming
+//! what others own.
 //!
 //! Every call here runs on a thread the caller has bound to the context it means (a baseline
-//! binds its threads itself). A handle that must be destroyed comes out as an *owner*
-//! ([`PrimaryCtx`], [`Stream`], [`Event`], [`Module`], [`DeviceAlloc`], [`CudaGraph`],
-//! [`GraphExec`]): not `Copy` nor `Clone`, destroyed by a method that consumes it; whoever only
-//! names a handle gets a `Copy` *view* ([`Ctx`], [`StreamRef`], [`Func`], [`GraphNode`]).
+//! binds its threads itself, [`bind`]).
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::c_void;
 use std::fmt;
 use std::mem::MaybeUninit;
+use std::sync::Arc;
 
-use cudarc::driver::{result, sys};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
 
 pub use cudarc::driver::result::DriverError;
 
@@ -131,178 +134,43 @@ pub fn is_sticky(e: DriverError) -> bool {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Handles.
+// Contexts.
 
-/// Implements `Send` and `Sync` for a handle type.
-macro_rules! send_sync {
-    ($($name:ident),*) => { $(
-        // SAFETY: driver handles are plain identifiers that the driver lets any thread use
-        // (with the right context current); an owner is destroyed only by value.
-        unsafe impl Send for $name {}
-        // SAFETY: as above; a shared reference only reads the handle value.
-        unsafe impl Sync for $name {}
-    )* };
-}
-
-/// A device's primary context: a view, owned by the [`PrimaryCtx`] that retained it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ctx(sys::CUcontext);
-
-/// One retain of a device's primary context, released once by [`PrimaryCtx::release`].
-#[derive(Debug)]
-pub struct PrimaryCtx {
-    dev: sys::CUdevice,
-    ctx: Ctx,
-}
-
-/// A stream, owned; [`Stream::view`] is what launches take.
-#[derive(Debug)]
-pub struct Stream(sys::CUstream);
-
-/// A view of a [`Stream`] (or of a stream someone else owns), valid while it lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StreamRef(sys::CUstream);
-
-/// An event (timing disabled), owned.
-#[derive(Debug)]
-pub struct Event(sys::CUevent);
-
-/// A loaded module, owned.
-#[derive(Debug)]
-pub struct Module(sys::CUmodule);
-
-/// A kernel function of a loaded module: a view, valid while the module is loaded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Func(sys::CUfunction);
-
-/// Device memory from `cuMemAllocAsync`, owned.
-#[derive(Debug)]
-pub struct DeviceAlloc(sys::CUdeviceptr);
-
-/// A CUDA graph (a template), owned.
-#[derive(Debug)]
-pub struct CudaGraph(sys::CUgraph);
-
-/// An executable graph, owned.
-#[derive(Debug)]
-pub struct GraphExec(sys::CUgraphExec);
-
-/// A node of a CUDA graph: a view, valid while its graph lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct GraphNode(sys::CUgraphNode);
-
-send_sync!(
-    Ctx, PrimaryCtx, Stream, StreamRef, Event, Module, Func, CudaGraph, GraphExec, GraphNode
-);
-
-impl PrimaryCtx {
-    /// The retained context.
-    pub fn ctx(&self) -> Ctx {
-        self.ctx
-    }
-
-    /// Releases this retain.
-    pub fn release(self) -> DResult<()> {
-        // SAFETY: paired with the one successful retain that made `self`, consumed here.
-        unsafe { result::primary_ctx::release(self.dev) }
-    }
-}
-
-impl Stream {
-    /// A view to enqueue on; valid while `self` lives.
-    pub fn view(&self) -> StreamRef {
-        StreamRef(self.0)
-    }
-
-    /// `cuStreamDestroy` (work already enqueued still completes).
-    pub fn destroy(self) -> DResult<()> {
-        // SAFETY: `self` is a live stream, consumed here: destroyed once.
-        unsafe { result::stream::destroy(self.0) }
-    }
-}
-
-impl StreamRef {
-    /// A view of a stream the caller does not own (a pool node's, from
-    /// `GpuCtx::raw_stream`), valid while its owner keeps it.
-    pub fn from_raw(raw: u64) -> Self {
-        StreamRef(raw as sys::CUstream)
-    }
-}
-
-impl Event {
-    /// `cuEventDestroy`.
-    pub fn destroy(self) -> DResult<()> {
-        // SAFETY: `self` is a live event, consumed here: destroyed once.
-        unsafe { result::event::destroy(self.0) }
-    }
-}
-
-impl Module {
-    /// `cuModuleUnload`; its [`Func`]s must not be used after.
-    pub fn unload(self) -> DResult<()> {
-        // SAFETY: `self` is a live module, consumed here: unloaded once.
-        unsafe { result::module::unload(self.0) }
-    }
-}
-
-impl DeviceAlloc {
-    /// The device address.
-    pub fn addr(&self) -> u64 {
-        self.0
-    }
-
-    /// `cuMemFreeAsync` on `s`.
-    pub fn free_async(self, s: StreamRef) -> DResult<()> {
-        // SAFETY: `self` came from cuMemAllocAsync and is consumed here: freed once; callers
-        // order every use of it before this point on `s`.
-        unsafe { result::free_async(self.0, s.0) }
-    }
-}
-
-impl CudaGraph {
-    /// `cuGraphDestroy`.
-    pub fn destroy(self) -> DResult<()> {
-        // SAFETY: `self` is owned and consumed here: destroyed once.
-        unsafe { result::graph::destroy(self.0) }
-    }
-}
-
-impl GraphExec {
-    /// `cuGraphExecDestroy` (an in-flight launch finishes first).
-    pub fn destroy(self) -> DResult<()> {
-        // SAFETY: `self` is owned and consumed here: destroyed once.
-        unsafe { result::graph::exec_destroy(self.0) }
-    }
-}
-
-// ----------------------------------------------------------------------------------------------
-// Devices and contexts.
-
-/// Retains device `ordinal`'s primary context (after `cuInit`). Call only where
+/// Device `ordinal`'s primary context (cudarc's `CudaContext::new`: a retain), made on a thread
+/// of its own (cudarc binds the thread that makes it), so that the caller's stays unbound; its
+/// event tracking off (every stream here is synchronised explicitly). Call only where
 /// `boundpool_gpu::device_count` succeeded: cudarc panics when libcuda is missing.
-pub fn primary_ctx_retain(ordinal: i32) -> DResult<PrimaryCtx> {
-    result::init()?;
-    let dev = result::device::get(ordinal)?;
-    // SAFETY: `dev` came from cuDeviceGet; the retain is released by `PrimaryCtx::release`.
-    let ctx = unsafe { result::primary_ctx::retain(dev)? };
-    Ok(PrimaryCtx { dev, ctx: Ctx(ctx) })
+pub fn open_primary(ordinal: i32) -> DResult<Arc<CudaContext>> {
+    let made = std::thread::scope(|s| {
+        s.spawn(|| {
+            let ctx = CudaContext::new(ordinal.max(0) as usize);
+            let _ = unbind();
+            ctx
+        })
+        .join()
+    });
+    let ctx = made.unwrap_or(Err(DriverError(sys::CUresult::CUDA_ERROR_UNKNOWN)))?;
+    // SAFETY: nothing here relies on cudarc ordering streams by events: the baselines and the
+    // probe synchronise every stream they use before its results are read or its memory freed.
+    unsafe { ctx.disable_event_tracking() };
+    Ok(ctx)
 }
 
-/// Binds `ctx` to the calling thread.
-pub fn ctx_set_current(ctx: Ctx) -> DResult<()> {
-    // SAFETY: `ctx` is a retained primary context.
-    unsafe { result::ctx::set_current(ctx.0) }
+/// Binds `ctx` to the calling thread (`cuCtxSetCurrent`).
+pub fn bind(ctx: &CudaContext) -> DResult<()> {
+    // SAFETY: `ctx` is a live context (the borrow keeps its retain).
+    unsafe { result::ctx::set_current(ctx.cu_ctx()) }
 }
 
 /// Unbinds the calling thread.
-pub fn ctx_unbind() -> DResult<()> {
+pub fn unbind() -> DResult<()> {
     // SAFETY: binding null unbinds the calling thread.
     unsafe { result::ctx::set_current(std::ptr::null_mut()) }
 }
 
-/// The calling thread's current context.
-pub fn ctx_current() -> DResult<Option<Ctx>> {
-    Ok(result::ctx::get_current()?.map(Ctx))
+/// The calling thread's current context, if any.
+pub fn current() -> DResult<Option<sys::CUcontext>> {
+    result::ctx::get_current()
 }
 
 /// `cuCtxSynchronize`.
@@ -316,40 +184,36 @@ pub fn mem_get_info() -> DResult<(usize, usize)> {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Streams and events.
-
-/// A non-blocking stream.
-pub fn stream_create() -> DResult<Stream> {
-    result::stream::create(result::stream::StreamKind::NonBlocking).map(Stream)
-}
+// Streams and events: cudarc's, made by `CudaContext::new_stream` / `new_event`; the calls.
 
 /// `cuStreamSynchronize`.
-pub fn stream_synchronize(s: StreamRef) -> DResult<()> {
-    // SAFETY: `s` is a view of a live stream (the views' contract).
-    unsafe { result::stream::synchronize(s.0) }
+pub fn stream_synchronize(s: &CudaStream) -> DResult<()> {
+    // SAFETY: `s` is live while borrowed.
+    unsafe { result::stream::synchronize(s.cu_stream()) }
 }
 
 /// Makes `s` wait for `e`'s last record.
-pub fn stream_wait_event(s: StreamRef, e: &Event) -> DResult<()> {
-    // SAFETY: both handles are live.
-    unsafe { result::stream::wait_event(s.0, e.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
-}
-
-/// An event with timing disabled.
-pub fn event_create() -> DResult<Event> {
-    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map(Event)
+pub fn stream_wait_event(s: &CudaStream, e: &CudaEvent) -> DResult<()> {
+    // SAFETY: both are live while borrowed.
+    unsafe {
+        result::stream::wait_event(
+            s.cu_stream(),
+            e.cu_event(),
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+        )
+    }
 }
 
 /// Records `e` on `s`.
-pub fn event_record(e: &Event, s: StreamRef) -> DResult<()> {
-    // SAFETY: both handles are live and of the same context.
-    unsafe { result::event::record(e.0, s.0) }
+pub fn event_record(e: &CudaEvent, s: &CudaStream) -> DResult<()> {
+    // SAFETY: both are live while borrowed, and of one context (the caller's).
+    unsafe { result::event::record(e.cu_event(), s.cu_stream()) }
 }
 
 /// `Ok(true)` when the event's work is complete, `Ok(false)` when not yet.
-pub fn event_query(e: &Event) -> DResult<bool> {
-    // SAFETY: `e` is live.
-    match unsafe { result::event::query(e.0) } {
+pub fn event_query(e: &CudaEvent) -> DResult<bool> {
+    // SAFETY: `e` is live while borrowed.
+    match unsafe { result::event::query(e.cu_event()) } {
         Ok(()) => Ok(true),
         Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
         Err(other) => Err(other),
@@ -359,18 +223,28 @@ pub fn event_query(e: &Event) -> DResult<bool> {
 // ----------------------------------------------------------------------------------------------
 // Modules and launches.
 
-/// Loads the PTX text `ptx`.
-pub fn module_load(ptx: &str) -> DResult<Module> {
-    let image =
-        CString::new(ptx).map_err(|_| DriverError(sys::CUresult::CUDA_ERROR_INVALID_IMAGE))?;
-    // SAFETY: `image` is a NUL-terminated PTX text that outlives the call.
-    unsafe { result::module::load_data(image.as_ptr() as *const c_void).map(Module) }
+/// Loads the PTX text `ptx` into `ctx` (cudarc's `load_module`; unloaded when its last `Arc`,
+/// its functions' included, is dropped: synchronise first).
+pub fn load_ptx(ctx: &Arc<CudaContext>, ptx: &str) -> DResult<Arc<CudaModule>> {
+    ctx.load_module(Ptx::from_src(ptx))
 }
 
-/// The function `name` of `m`.
-pub fn module_function(m: &Module, name: &CStr) -> DResult<Func> {
-    // SAFETY: `m` is live; the function is a view valid while `m` is loaded.
-    unsafe { result::module::get_function(m.0, name.to_owned()).map(Func) }
+/// A kernel function's handle: a view, valid while the module it came from is loaded (a
+/// `CudaFunction`'s, [`Func::of`], or a captured kernel node's, [`graph_kernel_function`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Func(sys::CUfunction);
+
+// SAFETY: a function handle is a plain identifier any thread may use (with its context
+// current); the view destroys nothing.
+unsafe impl Send for Func {}
+// SAFETY: as above; a shared reference only reads the handle value.
+unsafe impl Sync for Func {}
+
+impl Func {
+    /// The handle of `f`, valid while `f`'s module is loaded (while `f` or a clone lives).
+    pub fn of(f: &CudaFunction) -> Self {
+        Func(f.cu_function())
+    }
 }
 
 /// Launches `f` on `s` through cudarc's `result::launch_kernel` (the call `boundpool-gpu`'s
@@ -378,71 +252,68 @@ pub fn module_function(m: &Module, name: &CStr) -> DResult<Func> {
 /// to a value of the parameter's type.
 ///
 /// # Safety
-/// `params` must hold one pointer per kernel parameter, in order, each valid for reads of the
-/// parameter's size for the call; device pointers the kernel uses must stay valid until it
-/// ends.
+/// `f`'s module must be loaded; `params` must hold one pointer per kernel parameter, in order,
+/// each valid for reads of the parameter's size for the call; device pointers the kernel uses
+/// must stay valid until it ends.
 pub unsafe fn launch(
     f: Func,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
     shared_mem: u32,
-    s: StreamRef,
+    s: &CudaStream,
     params: &mut [*mut c_void],
 ) -> DResult<()> {
-    // SAFETY: forwarded from the caller's contract; `f` and `s` are live views.
-    unsafe { result::launch_kernel(f.0, grid, block, shared_mem, s.0, params) }
+    // SAFETY: forwarded from the caller's contract; `s` is live while borrowed.
+    unsafe { result::launch_kernel(f.0, grid, block, shared_mem, s.cu_stream(), params) }
 }
 
 // ----------------------------------------------------------------------------------------------
-// Memory.
+// CUDA graphs (cudarc's safe layer has only captured-and-instantiated ones).
 
-/// Allocates `bytes` (at least 1) stream-ordered on `s`.
-pub fn mem_alloc_async(bytes: usize, s: StreamRef) -> DResult<DeviceAlloc> {
-    // SAFETY: `s` is live; the allocation is owned by the `DeviceAlloc` returned.
-    unsafe { result::malloc_async(s.0, bytes.max(1)).map(DeviceAlloc) }
+/// A CUDA graph (a template), owned: destroyed when dropped.
+#[derive(Debug)]
+pub struct Graph(sys::CUgraph);
+
+/// An executable graph, owned: destroyed when dropped (an in-flight launch finishes first).
+#[derive(Debug)]
+pub struct GraphExec(sys::CUgraphExec);
+
+/// A node of a CUDA graph: a view, valid while its graph lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GraphNode(sys::CUgraphNode);
+
+// SAFETY: graph handles are plain identifiers the driver lets any thread use; an owner is
+// destroyed only by its drop, a view destroys nothing.
+unsafe impl Send for Graph {}
+// SAFETY: as above.
+unsafe impl Send for GraphExec {}
+// SAFETY: as above; a shared reference only reads the handle value.
+unsafe impl Sync for GraphExec {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: owned, destroyed once (here).
+        let _ = unsafe { result::graph::destroy(self.0) };
+    }
 }
 
-/// Copies `src` to device `dst`, ordered on `s` (pageable memory: staged before return).
-///
-/// # Safety
-/// `dst` must be a live allocation of at least `size_of_val(src)` bytes.
-pub unsafe fn memcpy_htod_async<T>(dst: u64, src: &[T], s: StreamRef) -> DResult<()> {
-    // SAFETY: forwarded from the caller's contract; `src` is valid for its length.
-    unsafe { result::memcpy_htod_async(dst, src, s.0) }
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        // SAFETY: owned, destroyed once (here).
+        let _ = unsafe { result::graph::exec_destroy(self.0) };
+    }
 }
-
-/// Copies device `src` into `dst`, ordered on `s`.
-///
-/// # Safety
-/// `src` must be a live allocation of at least `size_of_val(dst)` bytes, and `dst` must not be
-/// read before the copy completes (a stream synchronise).
-pub unsafe fn memcpy_dtoh_async<T>(dst: &mut [T], src: u64, s: StreamRef) -> DResult<()> {
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { result::memcpy_dtoh_async(dst, src, s.0) }
-}
-
-/// Sets `bytes` bytes at `dst` to `value`, ordered on `s`.
-///
-/// # Safety
-/// `dst` must be a live allocation of at least `bytes`.
-pub unsafe fn memset_d8_async(dst: u64, value: u8, bytes: usize, s: StreamRef) -> DResult<()> {
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { result::memset_d8_async(dst, value, bytes, s.0) }
-}
-
-// ----------------------------------------------------------------------------------------------
-// CUDA graphs.
 
 /// An empty graph (for graphs built node by node).
-pub fn graph_create() -> DResult<CudaGraph> {
+pub fn graph_create() -> DResult<Graph> {
     let mut g: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: writes one graph handle.
     unsafe { sys::cuGraphCreate(&mut g, 0).result()? };
-    Ok(CudaGraph(g))
+    Ok(Graph(g))
 }
 
 /// Removes `node`, a node of `g`, with its edges.
-pub fn graph_remove_node(g: &mut CudaGraph, node: GraphNode) -> DResult<()> {
+pub fn graph_remove_node(g: &mut Graph, node: GraphNode) -> DResult<()> {
     let _ = g;
     // SAFETY: `node` is a node of `g` (the caller's contract, checked by the driver too), and
     // `&mut g` says no launch or instantiation of `g` runs meanwhile.
@@ -450,7 +321,7 @@ pub fn graph_remove_node(g: &mut CudaGraph, node: GraphNode) -> DResult<()> {
 }
 
 /// Number of nodes of `g`.
-pub fn graph_node_count(g: &CudaGraph) -> DResult<usize> {
+pub fn graph_node_count(g: &Graph) -> DResult<usize> {
     let mut n: usize = 0;
     // SAFETY: with a null node array the driver only writes the count.
     unsafe { sys::cuGraphGetNodes(g.0, std::ptr::null_mut(), &mut n).result()? };
@@ -458,7 +329,7 @@ pub fn graph_node_count(g: &CudaGraph) -> DResult<usize> {
 }
 
 /// Number of edges of `g`.
-pub fn graph_edge_count(g: &CudaGraph) -> DResult<usize> {
+pub fn graph_edge_count(g: &Graph) -> DResult<usize> {
     let mut n: usize = 0;
     // SAFETY: with null arrays the driver only writes the count.
     unsafe {
@@ -475,11 +346,7 @@ pub fn graph_edge_count(g: &CudaGraph) -> DResult<usize> {
 }
 
 /// Adds a kernel node of `f` (no parameters, `<<<1,1>>>`) after `deps`.
-pub fn graph_add_empty_kernel(
-    g: &mut CudaGraph,
-    deps: &[GraphNode],
-    f: Func,
-) -> DResult<GraphNode> {
+pub fn graph_add_empty_kernel(g: &mut Graph, deps: &[GraphNode], f: Func) -> DResult<GraphNode> {
     let raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
     let params = sys::CUDA_KERNEL_NODE_PARAMS {
         func: f.0,
@@ -505,7 +372,7 @@ pub fn graph_add_empty_kernel(
 }
 
 /// Adds an empty node (no work, only ordering) after `deps`.
-pub fn graph_add_empty_node(g: &mut CudaGraph, deps: &[GraphNode]) -> DResult<GraphNode> {
+pub fn graph_add_empty_node(g: &mut Graph, deps: &[GraphNode]) -> DResult<GraphNode> {
     let raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
     let mut node: sys::CUgraphNode = std::ptr::null_mut();
     // SAFETY: `raw` holds `raw.len()` nodes of `g` (the caller's contract, checked by the
@@ -515,15 +382,15 @@ pub fn graph_add_empty_node(g: &mut CudaGraph, deps: &[GraphNode]) -> DResult<Gr
 }
 
 /// A copy of `g` (`cuGraphClone`), owned separately.
-pub fn graph_clone(g: &CudaGraph) -> DResult<CudaGraph> {
+pub fn graph_clone(g: &Graph) -> DResult<Graph> {
     let mut c: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: `g` is live; writes one graph handle, owned by the `CudaGraph` returned.
+    // SAFETY: `g` is live; writes one graph handle, owned by the `Graph` returned.
     unsafe { sys::cuGraphClone(&mut c, g.0).result()? };
-    Ok(CudaGraph(c))
+    Ok(Graph(c))
 }
 
 /// The nodes of `g`, in the driver's order; views valid while `g` lives.
-pub fn graph_nodes(g: &CudaGraph) -> DResult<Vec<GraphNode>> {
+pub fn graph_nodes(g: &Graph) -> DResult<Vec<GraphNode>> {
     let mut n = graph_node_count(g)?;
     let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
     // SAFETY: `nodes` has room for `n` handles; the driver writes at most `n` and sets `n` to
@@ -535,7 +402,7 @@ pub fn graph_nodes(g: &CudaGraph) -> DResult<Vec<GraphNode>> {
 
 /// The edges of `g` as `(from, to)` pairs; views valid while `g` lives. Fails
 /// (`CUDA_ERROR_LOSSY_QUERY`) if an edge carries non-default edge data, which this drops.
-pub fn graph_edges(g: &CudaGraph) -> DResult<Vec<(GraphNode, GraphNode)>> {
+pub fn graph_edges(g: &Graph) -> DResult<Vec<(GraphNode, GraphNode)>> {
     let mut n = graph_edge_count(g)?;
     let mut from: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
     let mut to: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
@@ -584,7 +451,7 @@ fn node_kernel_params(
 }
 
 /// The function of `node`, a node of `g`, if it is a kernel node.
-pub fn graph_kernel_function(g: &CudaGraph, node: GraphNode) -> DResult<Option<Func>> {
+pub fn graph_kernel_function(g: &Graph, node: GraphNode) -> DResult<Option<Func>> {
     let _ = g;
     Ok(node_kernel_params(node.0)?.1.map(|p| Func(p.func)))
 }
@@ -593,9 +460,9 @@ pub fn graph_kernel_function(g: &CudaGraph, node: GraphNode) -> DResult<Option<F
 /// kernel node of `src_graph`: function, dimensions, shared memory and arguments, but none of
 /// `src`'s launch attributes. `Ok(None)`: `src` is not a kernel node (nothing added).
 pub fn graph_copy_kernel_node(
-    dst: &mut CudaGraph,
+    dst: &mut Graph,
     deps: &[GraphNode],
-    src_graph: &CudaGraph,
+    src_graph: &Graph,
     src: GraphNode,
 ) -> DResult<Option<GraphNode>> {
     let _ = src_graph;
@@ -618,7 +485,7 @@ pub fn graph_copy_kernel_node(
 /// One line for each of the first `max` nodes of `g`: its type and, for a kernel node, its
 /// function, grid, block, shared memory and every launch attribute the driver reports with a
 /// non-zero value (for comparing a captured graph with one built node by node).
-pub fn graph_describe(g: &CudaGraph, max: usize) -> DResult<Vec<String>> {
+pub fn graph_describe(g: &Graph, max: usize) -> DResult<Vec<String>> {
     use sys::CUlaunchAttributeID_enum as A;
     let nodes: Vec<sys::CUgraphNode> = graph_nodes(g)?.into_iter().map(|n| n.0).collect();
     let attrs = [
@@ -681,37 +548,37 @@ pub fn graph_describe(g: &CudaGraph, max: usize) -> DResult<Vec<String>> {
 }
 
 /// Instantiates `g` (which stays the caller's).
-pub fn graph_instantiate(g: &CudaGraph) -> DResult<GraphExec> {
+pub fn graph_instantiate(g: &Graph) -> DResult<GraphExec> {
     // SAFETY: `g` is live; the executable is owned by the `GraphExec` returned.
     unsafe { result::graph::instantiate(g.0, sys::CUgraphInstantiate_flags(0)).map(GraphExec) }
 }
 
 /// Launches `exec` on `s`.
-pub fn graph_launch(exec: &GraphExec, s: StreamRef) -> DResult<()> {
+pub fn graph_launch(exec: &GraphExec, s: &CudaStream) -> DResult<()> {
     // SAFETY: both handles are live.
-    unsafe { result::graph::launch(exec.0, s.0) }
+    unsafe { result::graph::launch(exec.0, s.cu_stream()) }
 }
 
 /// Begins a capture on `s` in thread-local mode.
-pub fn stream_begin_capture(s: StreamRef) -> DResult<()> {
+pub fn stream_begin_capture(s: &CudaStream) -> DResult<()> {
     // SAFETY: `s` is live.
     unsafe {
         result::stream::begin_capture(
-            s.0,
+            s.cu_stream(),
             sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
         )
     }
 }
 
 /// Ends the capture on `s`. `Ok(None)`: the capture ended but made no graph.
-pub fn stream_end_capture(s: StreamRef) -> DResult<Option<CudaGraph>> {
+pub fn stream_end_capture(s: &CudaStream) -> DResult<Option<Graph>> {
     // SAFETY: `s` is live; the graph (null when none was made) is owned by the caller.
-    let g = unsafe { result::stream::end_capture(s.0)? };
-    Ok((!g.is_null()).then_some(CudaGraph(g)))
+    let g = unsafe { result::stream::end_capture(s.cu_stream())? };
+    Ok((!g.is_null()).then_some(Graph(g)))
 }
 
 /// The nodes the next operation captured on `s` would depend on (the capture's current tail).
-pub fn capture_dependencies(s: StreamRef) -> DResult<Vec<GraphNode>> {
+pub fn capture_dependencies(s: &CudaStream) -> DResult<Vec<GraphNode>> {
     let mut status = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
     let mut deps: *const sys::CUgraphNode = std::ptr::null();
     let mut n: usize = 0;
@@ -720,7 +587,7 @@ pub fn capture_dependencies(s: StreamRef) -> DResult<Vec<GraphNode>> {
     // edge-data outputs are optional and passed as null (the edges are all default ones).
     unsafe {
         sys::cuStreamGetCaptureInfo_v3(
-            s.0,
+            s.cu_stream(),
             status.as_mut_ptr(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
@@ -740,7 +607,7 @@ pub fn capture_dependencies(s: StreamRef) -> DResult<Vec<GraphNode>> {
 }
 
 /// Makes the next operation captured on `s` depend on exactly `deps` (none: a root).
-pub fn capture_set_dependencies(s: StreamRef, deps: &[GraphNode]) -> DResult<()> {
+pub fn capture_set_dependencies(s: &CudaStream, deps: &[GraphNode]) -> DResult<()> {
     let mut raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
     let p = if raw.is_empty() {
         std::ptr::null_mut()
@@ -751,7 +618,7 @@ pub fn capture_set_dependencies(s: StreamRef, deps: &[GraphNode]) -> DResult<()>
     // `capture_dependencies` of this capture); null edge data means default edges.
     unsafe {
         sys::cuStreamUpdateCaptureDependencies_v2(
-            s.0,
+            s.cu_stream(),
             p,
             std::ptr::null(),
             raw.len(),
@@ -763,7 +630,7 @@ pub fn capture_set_dependencies(s: StreamRef, deps: &[GraphNode]) -> DResult<()>
 
 /// Adds an empty node with no dependencies to the graph being captured on `s` and returns it:
 /// a root where a driver refuses an empty dependency set in [`capture_set_dependencies`].
-pub fn capture_add_root(s: StreamRef) -> DResult<GraphNode> {
+pub fn capture_add_root(s: &CudaStream) -> DResult<GraphNode> {
     let mut status = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
     let mut g: sys::CUgraph = std::ptr::null_mut();
     let mut node: sys::CUgraphNode = std::ptr::null_mut();
@@ -772,7 +639,7 @@ pub fn capture_add_root(s: StreamRef) -> DResult<GraphNode> {
     // a node with no dependencies to that graph.
     unsafe {
         sys::cuStreamGetCaptureInfo_v3(
-            s.0,
+            s.cu_stream(),
             status.as_mut_ptr(),
             std::ptr::null_mut(),
             &mut g,

@@ -1,26 +1,15 @@
 //! The tiled Cholesky ([`boundpool_bench::cholesky`]) on a GPU pool: the factorization of a
-//! small matrix verified on the device in every placement, and a tile that is not positive
-//! definite named in the error. Run on a GPU machine with `BOUNDPOOL_REQUIRE_GPU=1`; without a
+//! small matrix verified on the device in every placement, a tile that is not positive
+//! definite named in the error, and the tile routines' checks of their views. Run on a GPU machine with `BOUNDPOOL_REQUIRE_GPU=1`; without a
 //! GPU each test says so and passes.
-
-#[path = "../../gpu/tests/common/mod.rs"]
-mod common;
 
 use std::sync::Arc;
 
-use boundpool_bench::cholesky::{residual_on_device, spd_entry, spd_matrix, CholeskyPlan};
-use boundpool_gpu::{Devices, GpuPool, GpuPoolBuilder};
-use common::GpuTest;
-
-fn pool(workers: usize, groups: usize) -> GpuPool {
-    GpuPoolBuilder::new()
-        .name("blas")
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(workers)
-        .groups_per_device(groups)
-        .build()
-        .expect("GPU pool")
-}
+use boundpool_bench::cholesky::{
+    residual_on_device, spd_entry, spd_matrix, CholeskyPlan, Mat, TileBlas, Trans, Vector,
+};
+use boundpool_gpu::{GpuErrorKind, GpuPool};
+use boundpool_test_support::{gpu_pool, gpu_pool_builder, GpuTest};
 
 /// Makes the test matrix on the device (and a work copy).
 fn upload(
@@ -64,10 +53,7 @@ fn small_tiled_cholesky_verifies() {
         (2, false, true, true),
         (2, false, false, false),
     ] {
-        let pool = GpuPoolBuilder::new()
-            .devices(Devices::List(vec![0]))
-            .workers_per_device(4)
-            .groups_per_device(groups)
+        let pool = gpu_pool_builder(4, groups)
             .stream_priority(0, -5)
             .stream_handoff(handoff)
             .blas(true)
@@ -117,7 +103,7 @@ fn non_spd_tile_gives_the_named_error() {
     else {
         return;
     };
-    let pool = pool(4, 1);
+    let pool = gpu_pool("blas", 4, 1);
     let dev = pool.devices()[0].clone();
     let n = 256;
     // Element 130 is the third of tile 2 (rows 128..192).
@@ -139,4 +125,41 @@ fn non_spd_tile_gives_the_named_error() {
     assert!(msg.contains("potrf(2)"), "{msg}");
     assert!(msg.contains("info = 3"), "{msg}");
     assert!(msg.contains("not positive definite"), "{msg}");
+}
+
+/// The tile routines check their views: a matrix or vector past its slice's end is refused when
+/// made, and operands whose shapes do not fit a call are an error naming the node and the call,
+/// before any library call.
+#[test]
+fn tile_routines_refuse_what_does_not_fit() {
+    let Some(_t) = GpuTest::start("tile_routines_refuse_what_does_not_fit", 120) else {
+        return;
+    };
+    let pool = gpu_pool("blas", 1, 1);
+    let dev = pool.devices()[0].clone();
+    let msg = pool
+        .call(&dev, |ctx| {
+            let a = ctx.alloc_zeros::<f64>(16)?;
+            let data = a.as_cuda_slice();
+            // 4×4 at element 1: its last element one past the end.
+            let past = Mat::new(data, 1, 4, 4, 4).expect_err("past the end");
+            assert_eq!(past.kind(), GpuErrorKind::InvalidArgument, "{past}");
+            assert!(
+                Mat::new(data, 0, 4, 4, 3).is_err(),
+                "a leading dimension under the rows"
+            );
+            // The diagonal of a 4×4 matrix fits; one element on, it does not.
+            assert!(Vector::new(data, 0, 4, 5).is_ok());
+            assert!(Vector::new(data, 1, 4, 5).is_err());
+            let (m4, m2) = (Mat::new(data, 0, 4, 4, 4)?, Mat::new(data, 0, 2, 2, 4)?);
+            // SAFETY: refused before any library call (the shapes do not fit).
+            let e =
+                unsafe { TileBlas::new(ctx)?.gemm(Trans::No, Trans::No, 1.0, &m4, &m2, 0.0, &m4) }
+                    .expect_err("a 2x2 B for a 4x4 C");
+            assert_eq!(e.kind(), GpuErrorKind::InvalidArgument, "{e}");
+            Ok(e.to_string())
+        })
+        .unwrap();
+    assert!(msg.starts_with("node 'call' of graph"), "{msg}");
+    assert!(msg.contains("cublasDgemm"), "{msg}");
 }

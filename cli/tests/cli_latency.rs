@@ -3,6 +3,7 @@
 
 use std::process::{Command, Output};
 
+use boundpool_test_support::GpuTest;
 use serde_json::Value;
 
 fn run(args: &[&str]) -> Output {
@@ -61,14 +62,10 @@ fn json_has_every_figure() {
 /// The same on a GPU pool (skipped without a GPU, unless `BOUNDPOOL_REQUIRE_GPU=1`).
 #[test]
 fn gpu_json_has_every_figure() {
-    if let Some(why) = boundpool::gpu::gpu_unavailable_reason() {
-        assert!(
-            !std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1"),
-            "BOUNDPOOL_REQUIRE_GPU=1 but no GPU: {why}"
-        );
-        eprintln!("SKIPPED gpu_json_has_every_figure: no GPU: {why}");
+    // The command runs in a child process: no context check here.
+    let Some(_t) = GpuTest::start_without_context_check("gpu_json_has_every_figure", 600) else {
         return;
-    }
+    };
     let v = json_figures(&["--gpu"], "gpu");
     assert!(v["gpu_background_kernel"]["grid"].as_u64() > Some(1), "{v}");
     assert!(

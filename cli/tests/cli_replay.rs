@@ -3,6 +3,8 @@
 
 use std::process::{Command, Output};
 
+use boundpool_test_support::GpuTest;
+
 fn run(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_boundpool"))
         .args(args)
@@ -12,19 +14,6 @@ fn run(args: &[&str]) -> Output {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-fn gpu_here(test: &str) -> bool {
-    match boundpool::gpu::gpu_unavailable_reason() {
-        None => true,
-        Some(why) => {
-            if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("{test}: BOUNDPOOL_REQUIRE_GPU=1 but no GPU: {why}");
-            }
-            eprintln!("SKIPPED {test} (the GPU part): no GPU: {why}");
-            false
-        }
-    }
 }
 
 #[test]
@@ -79,9 +68,11 @@ fn without_a_gpu_run_and_bench_exit_2() {
 
 #[test]
 fn run_gpu_shapes_eager_and_replayed() {
-    if !gpu_here("run_gpu_shapes_eager_and_replayed") {
+    // The command runs in a child process: no context check here.
+    let Some(_t) = GpuTest::start_without_context_check("run_gpu_shapes_eager_and_replayed", 600)
+    else {
         return;
-    }
+    };
     for shape in ["chain", "tree", "wide", "wavefront", "random"] {
         for replay in [false, true] {
             let mut args = vec![
@@ -120,9 +111,9 @@ fn run_gpu_shapes_eager_and_replayed() {
 
 #[test]
 fn bench_gpu_json_has_every_row() {
-    if !gpu_here("bench_gpu_json_has_every_row") {
+    let Some(_t) = GpuTest::start_without_context_check("bench_gpu_json_has_every_row", 600) else {
         return;
-    }
+    };
     let o = run(&["bench", "--gpu", "--runs", "1", "--json"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout)
@@ -154,9 +145,11 @@ fn bench_gpu_json_has_every_row() {
 /// and in the JSON; a size the device cannot give exits 2 with the pool's message.
 #[test]
 fn run_gpu_on_sm_partitions_reports_them() {
-    if !gpu_here("run_gpu_on_sm_partitions_reports_them") {
+    let Some(_t) =
+        GpuTest::start_without_context_check("run_gpu_on_sm_partitions_reports_them", 600)
+    else {
         return;
-    }
+    };
     let spec = "latency:8:1,bulk:rest:2";
     for replay in [false, true] {
         let mut args = vec![

@@ -1,5 +1,6 @@
 //! The GPU backend's metrics on the Prometheus endpoint (own process: the recorder is global).
-//! Skips visibly without a GPU; fails instead under `BOUNDPOOL_REQUIRE_GPU=1`.
+//! Skips visibly without a GPU; fails instead under `BOUNDPOOL_REQUIRE_GPU=1` (the GPU guard
+//! of `boundpool-test-support`, which also checks the pools' driver calls' contexts).
 
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
@@ -8,6 +9,7 @@ use boundpool::gpu::{
     builtin, DeviceBuffer, Devices, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, LaunchConfig,
     Module, ReplayBuilder, ReplayCtx, SmPartition, GPU_METRICS,
 };
+use boundpool_test_support::{gpu_pool, GpuTest};
 
 fn scrape(addr: SocketAddr) -> String {
     let agent = ureq::AgentBuilder::new()
@@ -31,29 +33,15 @@ fn sample(text: &str, name: &str, pool: &str) -> Option<f64> {
 
 #[test]
 fn gpu_metrics_are_exported_per_device() {
-    if let Some(why) = boundpool::gpu::gpu_unavailable_reason() {
-        if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-            panic!("BOUNDPOOL_REQUIRE_GPU=1 but no GPU: {why}");
-        }
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED gpu_metrics_are_exported_per_device: no GPU: {why}"
-        );
+    let Some(_t) = GpuTest::start("gpu_metrics_are_exported_per_device", 300) else {
         return;
-    }
+    };
     let addr = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
     let _h = boundpool::observe::install_prometheus(addr).expect("the endpoint starts");
-    let pool = GpuPoolBuilder::new()
-        .name("gpu-metrics")
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(2)
-        .groups_per_device(2)
-        .build()
-        .unwrap();
+    let pool = gpu_pool("gpu-metrics", 2, 2);
     let d = pool.devices()[0].clone();
     // Every series is there before any work: at zero, but the device's SM count (one
     // partition, `all`, without SM partitions) and each worker's partition (1, `all`).

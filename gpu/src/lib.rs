@@ -36,11 +36,12 @@
 //!   a sticky error (illegal address) marks the device failed and later submissions to it say
 //!   why, whether boundpool's own call or a cudarc call in the node's body hit it (a body's
 //!   error that is, or wraps, a sticky `DriverError`); out of memory fails the node only.
-//! * **Libraries.** [`GpuCtx::blas`] and [`GpuCtx::solver`] give a node its worker's cuBLAS
-//!   and cuSOLVER handles, set to the node's stream, with the worker's workspaces
-//!   ([`GpuCtx::cublaslt`] its cuBLASLt handle, with a workspace for the node's stream); per-worker
-//!   user state comes from [`GpuPoolBuilder::worker_state`]. (`boundpool-bench`'s `cholesky`
-//!   builds a tiled Cholesky factorization from them.)
+//! * **Libraries.** [`GpuCtx::cublas`] and [`GpuCtx::solver`] lend a node its worker's cuBLAS
+//!   and cuSOLVER handles as cudarc's `CudaBlas` and `DnHandle`, set to the node's stream, with
+//!   the worker's workspaces ([`GpuCtx::cublaslt`] its cuBLASLt handle, with a workspace for the
+//!   node's stream): one library surface, cudarc's. Per-worker user state comes from
+//!   [`GpuPoolBuilder::worker_state`]. (`boundpool-bench`'s `cholesky` builds a tiled Cholesky
+//!   factorization, and its f64 routines, on them.)
 //! * **Replay.** A graph made with a [`ReplayBuilder`] is a [`Replayable`]: its GPU nodes'
 //!   work is captured at the first run into CUDA graphs (one per *segment*: the captured nodes
 //!   between host nodes, per device) on a bound worker, in thread-local capture mode, and
@@ -183,10 +184,11 @@
 //!   handles, not driver handles, kept there by design: cudarc's `CudaBlas` and `DnHandle` and
 //!   a raw `cublasLtHandle_t`, made and dropped on their worker). `libs.rs`, each worker's
 //!   handles and workspaces: setting the cuSOLVER handle's stream (`DnHandle::set_stream`,
-//!   unsafe in cudarc), destroying the cuBLASLt handle (and its `Send`: it never leaves its
+//!   unsafe in cudarc), handing a cuSOLVER workspace's allocation to a `CudaSlice`
+//!   (`upgrade_device_ptr`), destroying the cuBLASLt handle (and its `Send`: it never leaves its
 //!   worker) and the library-presence checks; `blas.rs`, what nodes call: setting the cuBLAS
-//!   handle's stream (`CudaBlas::set_stream`, unsafe in cudarc) and workspace, and the
-//!   routines, unsafe fns on device addresses; `blaslt.rs`, the cuBLASLt matmul and its tuning
+//!   handle's stream (`CudaBlas::set_stream`, unsafe in cudarc) and workspace;
+//!   `blaslt.rs`, the cuBLASLt matmul and its tuning
 //!   (unsafe fns): setting descriptor attributes from typed values, the heuristic query (into
 //!   zeroed result structs), `cublasLtMatmul`, and the descriptors' destroys.
 //! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
@@ -233,7 +235,7 @@ mod state;
 mod timing;
 mod worker;
 
-pub use blas::{potrf_info_error, Blas, CublasRef, Diag, Side, Solver, Trans, Uplo};
+pub use blas::{CublasRef, SolverRef};
 pub use blaslt::{CublasLt, LtElement, LtTuning, TUNE_CANDIDATES};
 pub use buffer::{DeviceBuffer, DeviceCopy};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};

@@ -7,9 +7,10 @@
 //! released. Library workspaces are the worker's, one per stream it used, so a workspace is
 //! only ever used in the order of one stream, whichever other stream the handle moves to
 //! meanwhile (a worker running high, normal and low nodes moves its handle between three
-//! streams of its own, with three workspaces). `blas.rs` sets them to a node's stream and calls
-//! the routines; `blaslt.rs` passes the cuBLASLt handle, the stream and the workspace to each
-//! matmul (a cuBLASLt handle has no stream of its own).
+//! streams of its own, with three workspaces). `blas.rs` sets the cuBLAS and cuSOLVER handles
+//! to a node's stream and lends them to it (the cuSOLVER workspace with the handle: cuSOLVER's
+//! calls take theirs as an argument); `blaslt.rs` passes the cuBLASLt handle, the stream and
+//! the workspace to each matmul (a cuBLASLt handle has no stream of its own).
 
 use std::cell::RefCell;
 use std::fmt;
@@ -21,7 +22,7 @@ use cudarc::cublaslt::result::{self as lt, CublasError as LtError};
 use cudarc::cublaslt::sys as lts;
 use cudarc::cusolver::sys as cs;
 use cudarc::cusolver::DnHandle;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::driver::{self, Ctx, DeviceAlloc, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
@@ -131,51 +132,49 @@ pub(crate) fn lt_check<T>(
     r.map_err(|e| status_error(call, format!("{:?}", e.0), &what()))
 }
 
-pub(crate) fn solver_check(
-    call: &'static str,
-    s: cs::cusolverStatus_t,
-    what: &dyn Fn() -> String,
-) -> GpuResult<()> {
-    if s == cs::cusolverStatus_t::CUSOLVER_STATUS_SUCCESS {
-        Ok(())
-    } else {
-        Err(status_error(call, format!("{s:?}"), &what()))
-    }
-}
-
 // ----------------------------------------------------------------------------------------------
 // Owned handles (not Copy; destroyed by consuming them, on their worker).
 
-/// A worker's cuBLAS handle: cudarc's `CudaBlas` (so a node can use its typed GEMMs), and
-/// the stream it was last set to with that stream's workspace (`None`: set again at the next
-/// use, as after a capture, whose stream is gone once it ends).
-pub(crate) struct BlasHandle {
-    pub(crate) blas: CudaBlas,
+/// A worker's cuBLAS or cuSOLVER handle: cudarc's `CudaBlas` or `DnHandle` (what a node is
+/// lent), the stream a node last set it to, with that stream's workspace (`None`: set again at
+/// the next use, as after a capture, whose stream is gone once it ends), and how many times a
+/// node set it.
+pub(crate) struct LibHandle<H> {
+    pub(crate) lib: H,
     pub(crate) stream: Option<StreamRef>,
     pub(crate) stream_sets: u64,
 }
 
-impl BlasHandle {
-    fn create(stream: &Arc<CudaStream>, what: &dyn Fn() -> String) -> GpuResult<Self> {
-        let blas = CudaBlas::new(stream.clone())
-            .map_err(|e| status_error("cublasCreate", format!("{:?}", e.0), &what()))?;
-        Ok(Self {
-            blas,
+impl<H> LibHandle<H> {
+    fn new(lib: H) -> Self {
+        Self {
+            lib,
             stream: None,
             stream_sets: 0,
-        })
-    }
-
-    pub(crate) fn raw(&self) -> cb::cublasHandle_t {
-        *self.blas.handle()
+        }
     }
 
     /// Destroys the handle (cudarc's drop) on its worker. After a sticky error the library may
     /// fail to destroy it, and cudarc's drop panics then: the handle is leaked instead.
     fn destroy(self, device_failed: bool) {
         if device_failed {
-            std::mem::forget(self.blas);
+            std::mem::forget(self.lib);
         }
+    }
+}
+
+/// A worker's cuBLAS handle (its workspaces are the worker's, per stream: [`StreamSpace`]).
+pub(crate) type BlasHandle = LibHandle<CudaBlas>;
+
+impl BlasHandle {
+    fn create(stream: &Arc<CudaStream>, what: &dyn Fn() -> String) -> GpuResult<Self> {
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| status_error("cublasCreate", format!("{:?}", e.0), &what()))?;
+        Ok(Self::new(blas))
+    }
+
+    pub(crate) fn raw(&self) -> cb::cublasHandle_t {
+        *self.lib.handle()
     }
 }
 
@@ -213,12 +212,11 @@ impl LtHandle {
     }
 }
 
-/// A worker's cuSOLVER (dense) handle: cudarc's `DnHandle`, and the stream it was last set to
-/// by a node (`None`: set at the next use).
-struct SolverHandle {
-    dn: DnHandle,
-    stream: Option<StreamRef>,
-    stream_sets: u64,
+/// A worker's cuSOLVER (dense) handle, and its workspaces, one per stream (grown as calls ask;
+/// a cuSOLVER call takes its workspace as an argument, so the handle lends them with itself).
+pub(crate) struct SolverHandle {
+    pub(crate) h: LibHandle<DnHandle>,
+    workspaces: Vec<(StreamRef, CudaSlice<u8>)>,
 }
 
 impl SolverHandle {
@@ -228,28 +226,59 @@ impl SolverHandle {
         let dn = DnHandle::new(stream.clone())
             .map_err(|e| status_error("cusolverDnCreate", format!("{:?}", e.0), &what()))?;
         Ok(Self {
-            dn,
-            stream: None,
-            stream_sets: 0,
+            h: LibHandle::new(dn),
+            workspaces: Vec::new(),
         })
     }
 
-    /// Destroys the handle (cudarc's drop) on its worker. After a sticky error the library may
-    /// fail to destroy it, and cudarc's drop panics then: the handle is leaked instead.
+    /// This handle's workspace for the stream it is set to (`ctx`'s), of at least `bytes` bytes:
+    /// made at the stream's first use, and grown stream-ordered (the old one is freed after the
+    /// work already enqueued on the stream), so it is only ever used in that stream's order.
+    pub(crate) fn workspace(
+        &mut self,
+        ctx: Ctx,
+        bytes: usize,
+        what: &dyn Fn() -> String,
+    ) -> GpuResult<&mut CudaSlice<u8>> {
+        let stream = self.h.lib.stream().clone();
+        let view = StreamRef::of(&stream);
+        let i = match self.workspaces.iter().position(|(s, _)| *s == view) {
+            Some(i) if self.workspaces[i].1.len() >= bytes => return Ok(&mut self.workspaces[i].1),
+            Some(i) => {
+                // Dropped (cudarc's `cuMemFreeAsync` on its stream, this one) before the new one
+                // is made, so that a pool short of memory can reuse it.
+                drop(self.workspaces.swap_remove(i));
+                self.workspaces.len()
+            }
+            None => self.workspaces.len(),
+        };
+        let p = driver::mem_alloc_async(ctx, bytes, view)
+            .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?;
+        // SAFETY: a live allocation of this context of `bytes.max(1)` bytes, handed to the
+        // slice, which owns it from now on (and frees it stream-ordered on `stream`, where it
+        // was made); its contents are undefined, as scratch for the library is.
+        let ws = unsafe { stream.upgrade_device_ptr::<u8>(p.into_raw(), bytes) };
+        self.workspaces.push((view, ws));
+        Ok(&mut self.workspaces[i].1)
+    }
+
+    /// Frees the workspaces (each after its stream's work; leaked after a sticky error, as the
+    /// handle is) and destroys the handle, on its worker.
     fn destroy(self, device_failed: bool) {
-        if device_failed {
-            std::mem::forget(self.dn);
+        for (_, ws) in self.workspaces {
+            if device_failed {
+                let _ = ws.leak();
+            }
         }
+        self.h.destroy(device_failed);
     }
 }
 
-/// A worker's library workspaces for one stream, used only in that stream's order.
+/// A worker's cuBLAS and cuBLASLt workspaces for one stream, used only in that stream's order.
 struct StreamSpace {
     stream: StreamRef,
     blas: Option<DeviceAlloc>,
     lt: Option<DeviceAlloc>,
-    solver: Option<DeviceAlloc>,
-    solver_bytes: usize,
 }
 
 /// A bound worker's library handles and workspaces.
@@ -257,7 +286,7 @@ struct StreamSpace {
 pub(crate) struct WorkerLibs {
     pub(crate) blas: RefCell<Option<BlasHandle>>,
     lt: RefCell<Option<LtHandle>>,
-    solver: RefCell<Option<SolverHandle>>,
+    pub(crate) solver: RefCell<Option<SolverHandle>>,
     spaces: RefCell<Vec<StreamSpace>>,
 }
 
@@ -271,8 +300,6 @@ impl WorkerLibs {
                     stream,
                     blas: None,
                     lt: None,
-                    solver: None,
-                    solver_bytes: 0,
                 });
                 spaces.len() - 1
             }
@@ -389,59 +416,39 @@ impl WorkerLibs {
         self.workspace(ctx, stream, BLAS_WORKSPACE_BYTES, |sp| &mut sp.blas, what)
     }
 
-    /// The cuSOLVER handle, set to `stream` (a stream of this worker's context).
+    /// The cuSOLVER handle, set to `stream` (a stream of this worker's context); `held`: the
+    /// error when a node this one is nested in holds it.
     pub(crate) fn solver_on(
         &self,
         stream: &Arc<CudaStream>,
         what: &dyn Fn() -> String,
-    ) -> GpuResult<(cs::cusolverDnHandle_t, u64)> {
-        self.ensure_solver(stream, what)?;
-        let mut h = self.solver.borrow_mut();
-        let h = h.as_mut().expect("created above");
+        held: &dyn Fn() -> GpuError,
+    ) -> GpuResult<std::cell::RefMut<'_, SolverHandle>> {
+        if self.solver.try_borrow().map_err(|_| held())?.is_none() {
+            self.ensure_solver(stream, what)?;
+        }
+        let mut h = self.solver.try_borrow_mut().map_err(|_| held())?;
+        let sh = h.as_mut().expect("created above");
         let view = StreamRef::of(stream);
-        if h.stream != Some(view) {
+        if sh.h.stream != Some(view) {
             // SAFETY: `set_stream` is unsafe because work on two streams may race on memory:
             // this handle's work goes where the node's own work goes, ordered by its edges, and
-            // its workspace is the worker's for this stream.
-            unsafe { h.dn.set_stream(stream.clone()) }
+            // its workspace is the handle's for this stream.
+            unsafe { sh.h.lib.set_stream(stream.clone()) }
                 .map_err(|e| status_error("cusolverDnSetStream", format!("{:?}", e.0), &what()))?;
-            h.stream = Some(view);
-            h.stream_sets += 1;
+            sh.h.stream = Some(view);
+            sh.h.stream_sets += 1;
         }
-        Ok((h.dn.cu(), h.stream_sets))
-    }
-
-    /// This worker's cuSOLVER workspace for `stream`, of at least `bytes` (grown
-    /// stream-ordered: the old one is freed after the work already enqueued on the stream).
-    pub(crate) fn solver_workspace(
-        &self,
-        ctx: Ctx,
-        stream: StreamRef,
-        bytes: usize,
-        what: &dyn Fn() -> String,
-    ) -> GpuResult<u64> {
-        self.space(stream, |sp| {
-            if sp.solver_bytes < bytes {
-                sp.solver_bytes = 0;
-                if let Some(old) = sp.solver.take() {
-                    old.free_async(ctx, stream)
-                        .map_err(|e| GpuError::driver("cuMemFreeAsync", &what(), e))?;
-                }
-                sp.solver = Some(
-                    driver::mem_alloc_async(ctx, bytes, stream)
-                        .map_err(|e| GpuError::driver("cuMemAllocAsync", &what(), e))?,
-                );
-                sp.solver_bytes = bytes;
-            }
-            Ok(sp.solver.as_ref().map_or(0, DeviceAlloc::addr))
-        })
+        Ok(std::cell::RefMut::map(h, |h| {
+            h.as_mut().expect("created above")
+        }))
     }
 
     /// Frees the workspaces (each after its stream's work) and destroys the handles. On the
     /// worker, its context still current.
     pub(crate) fn shutdown(self, ctx: Ctx, device_failed: bool) {
         for sp in self.spaces.into_inner() {
-            for a in [sp.blas, sp.lt, sp.solver].into_iter().flatten() {
+            for a in [sp.blas, sp.lt].into_iter().flatten() {
                 let _ = a.free_async(ctx, sp.stream);
             }
         }
@@ -504,12 +511,11 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.kind(), GpuErrorKind::OutOfMemory);
-        let e = solver_check(
+        let e = status_error(
             "cusolverDnDpotrf",
-            cs::cusolverStatus_t::CUSOLVER_STATUS_INVALID_VALUE,
-            &what,
-        )
-        .unwrap_err();
+            format!("{:?}", cs::cusolverStatus_t::CUSOLVER_STATUS_INVALID_VALUE),
+            &what(),
+        );
         assert!(
             e.message().ends_with("CUSOLVER_STATUS_INVALID_VALUE"),
             "{e}"

@@ -173,7 +173,7 @@ impl GpuPoolBuilder {
     }
 
     /// Creates each device worker's cuBLAS handle when it starts (else at its first
-    /// [`GpuCtx::blas`]); a libcublas the loader cannot find is then an error of `build`.
+    /// [`GpuCtx::cublas`]); a libcublas the loader cannot find is then an error of `build`.
     pub fn blas(mut self, at_start: bool) -> Self {
         self.plan.blas = at_start;
         self

@@ -1,27 +1,33 @@
-//! cuBLAS / cuSOLVER on bound workers and per-worker state (the tiled Cholesky's tests are the
-//! bench crate's, `benches/tests/gpu_cholesky.rs`). Run on a GPU machine with
-//! `BOUNDPOOL_REQUIRE_GPU=1`.
-
-mod common;
+//! cuBLAS / cuSOLVER on bound workers (cudarc's `CudaBlas` and `DnHandle`, lent through
+//! `GpuCtx::cublas` / `solver`) and per-worker state (the tiled Cholesky's tests, and its f64
+//! routines', are the bench crate's, `benches/tests/gpu_cholesky.rs`). Run on a GPU machine
+//! with `BOUNDPOOL_REQUIRE_GPU=1`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
+use boundpool_gpu::cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use boundpool_gpu::{
-    Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, ShutdownMode,
-    Trans,
+    Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, ShutdownMode,
 };
-use common::GpuTest;
+use boundpool_test_support::{cublas_stream, gpu_pool, solver_stream, GpuTest};
 
-fn pool(workers: usize, groups: usize) -> GpuPool {
-    GpuPoolBuilder::new()
-        .name("blas")
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(workers)
-        .groups_per_device(groups)
-        .build()
-        .expect("GPU pool")
+/// cudarc's f64 GEMM configuration: `C = alpha op(A) op(B) + beta C`, all `m`×`m`, leading
+/// dimension `m` (`lda` given: 0 makes the call invalid).
+fn gemm_config(transb: cublasOperation_t, m: i32, lda: i32, beta: f64) -> GemmConfig<f64> {
+    GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_N,
+        transb,
+        m,
+        n: m,
+        k: m,
+        alpha: 1.0,
+        lda,
+        ldb: m,
+        beta,
+        ldc: m,
+    }
 }
 
 /// What a node saw: worker index, cuBLAS handle, cuSOLVER handle, the node's stream, the
@@ -33,7 +39,7 @@ fn handles_are_per_worker_and_set_to_the_node_stream() {
     let Some(_t) = GpuTest::start("handles_are_per_worker_and_set_to_the_node_stream", 120) else {
         return;
     };
-    let pool = pool(4, 1);
+    let pool = gpu_pool("blas", 4, 1);
     let dev = pool.devices()[0].clone();
     let mut g = GpuGraphBuilder::new("handles");
     let nodes: Vec<_> = (0..64)
@@ -41,36 +47,28 @@ fn handles_are_per_worker_and_set_to_the_node_stream() {
             g.gpu_node(&dev, &format!("n{i}"), move |ctx| -> Result<Seen, _> {
                 // Some device work on the stream, so that nodes overlap and spread out.
                 let x = ctx.upload(&[1.0f64; 64 * 64])?;
-                let c = ctx.alloc_zeros::<f64>(64 * 64)?;
-                let blas = ctx.blas()?;
-                // SAFETY: 64×64 matrices in live allocations of this node.
-                unsafe {
-                    for _ in 0..20 {
-                        blas.dgemm(
-                            Trans::No,
-                            Trans::T,
-                            64,
-                            64,
-                            64,
-                            1.0,
-                            x.device_ptr(),
-                            64,
-                            x.device_ptr(),
-                            64,
-                            1.0,
-                            c.device_ptr(),
-                            64,
+                let mut c = ctx.alloc_zeros::<f64>(64 * 64)?;
+                let blas = ctx.cublas()?;
+                let cfg = gemm_config(cublasOperation_t::CUBLAS_OP_T, 64, 64, 1.0);
+                for _ in 0..20 {
+                    // SAFETY: 64×64 matrices in live allocations of this node, `c` its own.
+                    unsafe {
+                        blas.gemm(
+                            cfg,
+                            x.as_cuda_slice(),
+                            x.as_cuda_slice(),
+                            c.as_cuda_slice_mut(),
                         )?;
                     }
                 }
                 let solver = ctx.solver()?;
                 Ok((
                     ctx.node().worker_info().index,
-                    blas.raw() as usize,
-                    solver.raw() as usize,
+                    *blas.handle() as usize,
+                    solver.cu() as usize,
                     ctx.raw_stream(),
-                    blas.current_stream()?,
-                    solver.current_stream()?,
+                    cublas_stream(&blas)?,
+                    solver_stream(&solver)?,
                     blas.stream_sets(),
                 ))
             })
@@ -122,43 +120,39 @@ fn handle_on_a_handed_over_stream_is_set_to_it() {
     // Two one-worker groups and a pure chain alternating between them (each node has exactly
     // one GPU successor): every node after the first enqueues on the first node's stream,
     // the odd ones from the other group's worker, whose handle must follow that stream.
-    let pool = pool(2, 2);
+    let pool = gpu_pool("blas", 2, 2);
     let dev = pool.devices()[0].clone();
     let groups = dev.groups().to_vec();
     let two = Arc::new(pool.call(&dev, |ctx| Ok(ctx.upload(&[2.0f64])?)).unwrap());
-    let c = Arc::new(pool.call(&dev, |ctx| Ok(ctx.upload(&[1.0f64])?)).unwrap());
-    let tmp = Arc::new(pool.call(&dev, |ctx| Ok(ctx.alloc::<f64>(1)?)).unwrap());
+    let c = pool.call(&dev, |ctx| Ok(ctx.upload(&[1.0f64])?)).unwrap();
+    let tmp = pool.call(&dev, |ctx| Ok(ctx.alloc::<f64>(1)?)).unwrap();
+    // The chain's nodes run one after the other: the lock is only ever free when taken.
+    let c_tmp = Arc::new(Mutex::new((c, tmp)));
     let mut g = GpuGraphBuilder::new("pure chain");
     let mut prev = None;
     let mut nodes = Vec::new();
     for i in 0..6 {
-        let (two, c, tmp) = (two.clone(), c.clone(), tmp.clone());
+        let (two, c_tmp) = (two.clone(), c_tmp.clone());
         let n = g.gpu_node_in(groups[i % 2], &format!("c{i}"), move |ctx| {
-            let blas = ctx.blas()?;
-            // SAFETY: one-element buffers kept alive by this closure. c = 2 · c, through tmp,
-            // so a node that ran out of order would leave a wrong value.
+            let mut held = c_tmp.lock().unwrap();
+            let (c, tmp) = &mut *held;
+            // c = 2 · c, through tmp, so a node that ran out of order would leave a wrong value.
+            ctx.copy_device(c, tmp)?;
+            let blas = ctx.cublas()?;
+            let cfg = gemm_config(cublasOperation_t::CUBLAS_OP_N, 1, 1, 0.0);
+            // SAFETY: one-element buffers kept alive by this closure, `c` borrowed mutably.
             unsafe {
-                blas.dcopy(1, c.device_ptr(), 1, tmp.device_ptr(), 1)?;
-                blas.dgemm(
-                    Trans::No,
-                    Trans::No,
-                    1,
-                    1,
-                    1,
-                    1.0,
-                    two.device_ptr(),
-                    1,
-                    tmp.device_ptr(),
-                    1,
-                    0.0,
-                    c.device_ptr(),
-                    1,
+                blas.gemm(
+                    cfg,
+                    two.as_cuda_slice(),
+                    tmp.as_cuda_slice(),
+                    c.as_cuda_slice_mut(),
                 )?;
             }
             Ok((
                 ctx.node().worker_info().index,
                 ctx.raw_stream(),
-                blas.current_stream()?,
+                cublas_stream(&blas)?,
                 blas.stream_sets(),
             ))
         });
@@ -170,7 +164,7 @@ fn handle_on_a_handed_over_stream_is_set_to_it() {
     }
     let out = pool.submit(&g.build().unwrap()).unwrap().wait().unwrap();
     assert_eq!(
-        pool.download(&c).unwrap(),
+        pool.download(&c_tmp.lock().unwrap().0).unwrap(),
         vec![64.0],
         "six doublings in order"
     );
@@ -304,7 +298,7 @@ fn failing_worker_state_fails_build_naming_the_worker() {
         assert!(msg.contains("gpu0-1") || msg.contains("worker"), "{msg}");
     }
     // The device is usable afterwards (the other worker released its context).
-    let p = pool(1, 1);
+    let p = gpu_pool("blas", 1, 1);
     let dev = p.devices()[0].clone();
     assert_eq!(p.call(&dev, |_| Ok(5)).unwrap(), 5);
 }
@@ -314,20 +308,53 @@ fn library_status_is_named() {
     let Some(_t) = GpuTest::start_without_context_check("library_status_is_named", 120) else {
         return;
     };
-    let pool = pool(4, 1);
+    let pool = gpu_pool("blas", 4, 1);
     let dev = pool.devices()[0].clone();
-    // A library status by name: an illegal argument to cuBLAS.
+    // A library status by name: an illegal argument to cuBLAS, through cudarc's `Gemm`.
     let e = pool
         .call(&dev, |ctx| {
-            let blas = ctx.blas()?;
-            // SAFETY: m = 0 rows with lda = 0 is rejected by the library before any access.
+            let a = ctx.alloc_zeros::<f64>(16)?;
+            let mut c = ctx.alloc_zeros::<f64>(16)?;
+            let blas = ctx.cublas()?;
+            let cfg = gemm_config(cublasOperation_t::CUBLAS_OP_N, 4, 0, 0.0);
+            // SAFETY: lda = 0 is rejected by the library before any access.
             unsafe {
-                blas.dgemm(Trans::No, Trans::No, 4, 4, 4, 1.0, 0, 0, 0, 0, 0.0, 0, 0)?;
-            }
+                blas.gemm(
+                    cfg,
+                    a.as_cuda_slice(),
+                    a.as_cuda_slice(),
+                    c.as_cuda_slice_mut(),
+                )?
+            };
             Ok(())
         })
         .expect_err("lda = 0 is invalid");
     assert!(e.to_string().contains("CUBLAS_STATUS_INVALID_VALUE"), "{e}");
     assert!(e.to_string().contains("node 'call'"), "{e}");
     assert_eq!(e.kind(), GpuErrorKind::Scheduler);
+}
+
+/// The cuSOLVER workspace a node is lent is its worker's for the node's stream: grown when a
+/// call asks for more, kept (not shrunk) for later calls and later nodes.
+#[test]
+fn solver_workspace_grows_and_is_kept() {
+    let Some(_t) = GpuTest::start("solver_workspace_grows_and_is_kept", 120) else {
+        return;
+    };
+    let pool = gpu_pool("blas", 1, 1);
+    let dev = pool.devices()[0].clone();
+    let lens = pool
+        .call(&dev, |ctx| {
+            let mut solver = ctx.solver()?;
+            let small = solver.workspace(100)?.len();
+            let big = solver.workspace(1 << 20)?.len();
+            let again = solver.workspace(10)?.len();
+            Ok((small, big, again))
+        })
+        .unwrap();
+    assert_eq!(lens, (100, 1 << 20, 1 << 20));
+    let later = pool
+        .call(&dev, |ctx| Ok(ctx.solver()?.workspace(10)?.len()))
+        .unwrap();
+    assert_eq!(later, 1 << 20, "the next node got a new workspace");
 }

@@ -6,8 +6,6 @@
 //! every precision, eager (also in a nested node on another level's stream) and replayed, and
 //! its tuning (`CublasLt::tune`).
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,10 +17,10 @@ use boundpool_gpu::cudarc::driver::{
 };
 use boundpool_gpu::half::{bf16, f16};
 use boundpool_gpu::{
-    DeviceBuffer, DeviceCopy, Devices, GpuCtx, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
-    GpuPoolBuilder, LtElement, Priority, RNode, ReplayBuilder, ReplayCtx, Replayable,
+    DeviceBuffer, DeviceCopy, GpuCtx, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool, LtElement,
+    Priority, RNode, ReplayBuilder, ReplayCtx, Replayable,
 };
-use common::{chain, GpuTest};
+use boundpool_test_support::{chain, gpu_pool_builder, GpuTest};
 
 /// CUDA C of an existing cudarc program: plain C, no headers (NVRTC finds none by default).
 const SOURCE: &str = r#"
@@ -44,11 +42,8 @@ struct Kernels {
 }
 
 fn pool(workers: usize, groups: usize) -> GpuPool {
-    GpuPoolBuilder::new()
+    gpu_pool_builder(workers, groups)
         .name("cudarc")
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(workers)
-        .groups_per_device(groups)
         .worker_state(|s| {
             let ptx = boundpool_gpu::cudarc::nvrtc::compile_ptx(SOURCE)?;
             let m = s.context().load_module(ptx)?;

@@ -1,27 +1,14 @@
 //! GPU graph tests: binding, drops from foreign threads, counting, random DAGs, host
 //! successors, OOM, panics, bad kernels. Run on a GPU machine with `BOUNDPOOL_REQUIRE_GPU=1`.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use boundpool_gpu::{
     builtin, context_check, DeviceBuffer, Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt,
-    GpuPool, GpuPoolBuilder, LaunchConfig, Module,
+    GpuPoolBuilder, LaunchConfig, Module,
 };
-use common::{chain, set_add_spin, spin_set_add, GpuTest};
-
-fn pool(workers: usize, groups: usize) -> GpuPool {
-    GpuPoolBuilder::new()
-        .name("t")
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(workers)
-        .groups_per_device(groups)
-        .host_workers(1, boundpool_scheduler::Cores::Unpinned)
-        .build()
-        .expect("GPU pool")
-}
+use boundpool_test_support::{chain, gpu_pool_with_host, set_add_spin, spin_set_add, GpuTest};
 
 #[test]
 fn no_gpu_is_an_error_not_a_panic() {
@@ -53,7 +40,7 @@ fn workers_are_bound_and_call_returns_values() {
     let Some(_t) = GpuTest::start("workers_are_bound_and_call_returns_values", 120) else {
         return;
     };
-    let p = pool(4, 1);
+    let p = gpu_pool_with_host("t", 4, 1);
     let d = p.devices()[0].clone();
     // "call and get a result": a device query.
     let (free, total) = p.call(&d, |ctx| Ok(ctx.memory_info()?)).unwrap();
@@ -83,7 +70,7 @@ fn buffers_dropped_on_foreign_threads() {
     let Some(_t) = GpuTest::start("buffers_dropped_on_foreign_threads", 300) else {
         return;
     };
-    let p = pool(4, 1);
+    let p = gpu_pool_with_host("t", 4, 1);
     let d = p.devices()[0].clone();
     let mut g = GpuGraphBuilder::new("make-buffers");
     let nodes: Vec<_> = (0..16)
@@ -134,7 +121,7 @@ fn counting_kernel_from_100k_nodes() {
     let Some(_t) = GpuTest::start("counting_kernel_from_100k_nodes", 300) else {
         return;
     };
-    let p = pool(8, 2);
+    let p = gpu_pool_with_host("t", 8, 2);
     let d = p.devices()[0].clone();
     let m = Module::builtin();
     let count = m.kernel(builtin::COUNT).unwrap();
@@ -181,7 +168,7 @@ fn random_dag_matches_host() {
     let Some(_t) = GpuTest::start("random_dag_matches_host", 300) else {
         return;
     };
-    let p = pool(6, 3);
+    let p = gpu_pool_with_host("t", 6, 3);
     let d = p.devices()[0].clone();
     let (set, add, spin) = set_add_spin();
     let mut rng = 0x2545_F491_4F6C_DD1Du64;
@@ -265,7 +252,7 @@ fn host_successor_waits_for_device_work() {
     let Some(_t) = GpuTest::start("host_successor_waits_for_device_work", 120) else {
         return;
     };
-    let p = pool(2, 1);
+    let p = gpu_pool_with_host("t", 2, 1);
     let d = p.devices()[0].clone();
     let spin = Module::builtin().kernel(builtin::SPIN).unwrap();
     let mut g = GpuGraphBuilder::new("host-after-gpu");
@@ -321,7 +308,7 @@ fn oom_panic_and_bad_kernel_fail_only_their_graph() {
     let Some(_t) = GpuTest::start("oom_panic_and_bad_kernel_fail_only_their_graph", 120) else {
         return;
     };
-    let p = pool(2, 1);
+    let p = gpu_pool_with_host("t", 2, 1);
     let d = p.devices()[0].clone();
 
     let mut g = GpuGraphBuilder::new("oom");
@@ -390,7 +377,7 @@ fn chain_across_workers_hands_its_stream_over() {
     let Some(_t) = GpuTest::start("chain_across_workers_hands_its_stream_over", 180) else {
         return;
     };
-    let p = pool(2, 2);
+    let p = gpu_pool_with_host("t", 2, 2);
     let d = p.devices()[0].clone();
     let (set, add, spin) = set_add_spin();
     let n = 300usize;

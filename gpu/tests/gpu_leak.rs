@@ -2,21 +2,13 @@
 //! modules and recycled events equals the value before it. (Own test binary: it reads the
 //! whole device's free memory.)
 
-mod common;
-
 use boundpool_gpu::{
-    builtin, DeviceBuffer, Devices, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, LaunchConfig,
-    MemoryProbe, Module,
+    builtin, DeviceBuffer, GpuGraphBuilder, GpuGraphExt, LaunchConfig, MemoryProbe, Module,
 };
-use common::GpuTest;
+use boundpool_test_support::{gpu_pool, GpuTest};
 
 fn workload() {
-    let pool = GpuPoolBuilder::new()
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(4)
-        .groups_per_device(2)
-        .build()
-        .unwrap();
+    let pool = gpu_pool("gpu", 4, 2);
     let d = pool.devices()[0].clone();
     let scale = Module::builtin().kernel(builtin::SCALE_F32).unwrap();
     let mut g = GpuGraphBuilder::new("leak");

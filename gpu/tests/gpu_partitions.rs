@@ -5,8 +5,6 @@
 //! context check also counts work enqueued on another partition's stream as wrong. Run on a
 //! GPU machine with `BOUNDPOOL_REQUIRE_GPU=1`.
 
-mod common;
-
 use std::sync::Arc;
 
 use boundpool_gpu::cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
@@ -15,7 +13,7 @@ use boundpool_gpu::{
     BoxError, DeviceBuffer, Devices, GpuCtx, GpuDevice, GpuErrorKind, GpuGraphBuilder, GpuGraphExt,
     GpuPool, GpuPoolBuilder, Kernel, LaunchConfig, Module, Priority, ReplayBuilder, SmPartition,
 };
-use common::GpuTest;
+use boundpool_test_support::GpuTest;
 
 /// Each block's first thread marks its SM; every thread then spins `spin` cycles, so that a
 /// grid of many blocks spreads over every SM it may use.

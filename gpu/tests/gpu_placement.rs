@@ -2,27 +2,21 @@
 //! with `gpu_node(&device, …)` run on workers of more than one of its groups (all of them, on a
 //! wide enough graph), never on the host group, and their GPU edges still order their work.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use boundpool_gpu::{
-    builtin, Cores, DeviceBuffer, Devices, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder,
-    LaunchConfig, Module, Placement,
+    builtin, Cores, DeviceBuffer, GpuGraphBuilder, GpuGraphExt, LaunchConfig, Module, Placement,
 };
-use common::GpuTest;
+use boundpool_test_support::{gpu_pool, gpu_pool_builder, GpuTest};
 
 #[test]
 fn device_placement_spans_every_group_of_the_device() {
     let Some(_t) = GpuTest::start("device_placement_spans_every_group_of_the_device", 300) else {
         return;
     };
-    let pool = GpuPoolBuilder::new()
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(8)
-        .groups_per_device(4)
+    let pool = gpu_pool_builder(8, 4)
         .host_workers(1, Cores::Unpinned)
         .build()
         .unwrap();
@@ -90,12 +84,7 @@ fn device_placed_chains_stay_ordered_across_groups() {
     let Some(_t) = GpuTest::start("device_placed_chains_stay_ordered_across_groups", 300) else {
         return;
     };
-    let pool = GpuPoolBuilder::new()
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(8)
-        .groups_per_device(4)
-        .build()
-        .unwrap();
+    let pool = gpu_pool("gpu", 8, 4);
     let d = pool.devices()[0].clone();
     let m = Module::builtin();
     let set = m.kernel(builtin::SET_I64).unwrap();

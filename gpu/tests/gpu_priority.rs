@@ -3,13 +3,13 @@
 //! follow, and values stay right across edges between levels (event edges; a hand-off only
 //! within a level). Run on a GPU machine with `BOUNDPOOL_REQUIRE_GPU=1`.
 
-mod common;
-
 use boundpool_gpu::{
-    BoxError, DeviceBuffer, Devices, GpuCtx, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder,
-    GroupId, Kernel, NodeRef, Priority, StreamPriorityRange,
+    BoxError, DeviceBuffer, GpuCtx, GpuGraphBuilder, GpuGraphExt, GpuPool, GroupId, Kernel,
+    NodeRef, Priority, StreamPriorityRange,
 };
-use common::{set_add_spin, spin_set_add, GpuTest};
+use boundpool_test_support::{
+    cublas_stream, gpu_pool_builder, set_add_spin, solver_stream, spin_set_add, GpuTest,
+};
 
 const LEVELS: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
 
@@ -43,11 +43,8 @@ fn expected(level: Priority, group: i32, r: StreamPriorityRange) -> i32 {
 }
 
 fn pool(workers: usize, groups: usize, group_prio: i32, handoff: bool) -> GpuPool {
-    GpuPoolBuilder::new()
+    gpu_pool_builder(workers, groups)
         .name("prio")
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(workers)
-        .groups_per_device(groups)
         .stream_priority(0, group_prio)
         .stream_handoff(handoff)
         .build()
@@ -156,9 +153,9 @@ fn library_handles_follow_the_level_stream() {
         Priority::Normal,
         Priority::High,
     ] {
-        let r = g.gpu_node(&d, &format!("{level:?}"), |ctx| {
-            let blas = ctx.blas()?.current_stream()?;
-            let solver = ctx.solver()?.current_stream()?;
+        let r = g.gpu_node(&d, &format!("{level:?}"), |ctx| -> Result<_, BoxError> {
+            let blas = cublas_stream(&*ctx.cublas()?)?;
+            let solver = solver_stream(&*ctx.solver()?)?;
             Ok((ctx.raw_stream(), blas, solver, ctx.stream_priority()?))
         });
         g.node_priority(r, level);
@@ -193,7 +190,7 @@ struct Out {
 }
 
 /// Spin `cycles`, then set a new one-element buffer to `value` plus each input's value
-/// (`common::spin_set_add`), with what the node saw of its stream.
+/// (`boundpool_test_support::spin_set_add`), with what the node saw of its stream.
 fn spin_set_add_seen(
     ctx: &GpuCtx<'_, '_>,
     kernels: (&Kernel, &Kernel, &Kernel),

@@ -5,15 +5,11 @@
 //! some while they run the idle hook, some after they parked. (Own test binary: it reads the
 //! whole device's free memory.)
 
-mod common;
-
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use boundpool_gpu::{
-    DeviceBuffer, Devices, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, MemoryProbe,
-};
-use common::GpuTest;
+use boundpool_gpu::{DeviceBuffer, GpuGraphBuilder, GpuGraphExt, MemoryProbe};
+use boundpool_test_support::{gpu_pool, GpuTest};
 
 const BUFFERS: usize = 1600;
 /// 256 KiB each: 400 MiB in all, far above the free-memory tolerance.
@@ -46,12 +42,7 @@ fn drops_on_foreign_threads_into_an_idle_pool_are_released() {
     };
     let probe = MemoryProbe::new(0).unwrap();
     // Several groups: the release is the device's business, whichever group is idle.
-    let pool = GpuPoolBuilder::new()
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(8)
-        .groups_per_device(4)
-        .build()
-        .unwrap();
+    let pool = gpu_pool("gpu", 8, 4);
     let d = pool.devices()[0].clone();
     let mut g = GpuGraphBuilder::new("buffers");
     let nodes: Vec<_> = (0..BUFFERS)

@@ -1,8 +1,6 @@
 //! Replay tests: a graph's GPU work captured once into CUDA graphs and replayed. Run on a GPU
 //! machine with `BOUNDPOOL_REQUIRE_GPU=1`; skipped (with a notice) without a GPU.
 
-mod common;
-
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -11,7 +9,7 @@ use boundpool_gpu::{
     builtin, BoxError, DeviceBuffer, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, GpuPool, Kernel,
     LaunchConfig, Module, RNode, ReplayBuilder, ReplayCtx, Replayable,
 };
-use common::{chain, replay_pool as pool, GpuTest};
+use boundpool_test_support::{chain, replay_pool as pool, GpuTest};
 
 #[derive(Clone)]
 struct Kernels {

@@ -4,8 +4,6 @@
 //! priority level holds for its replayed runs. Run on a GPU machine with
 //! `BOUNDPOOL_REQUIRE_GPU=1`; skipped (with a notice) without a GPU.
 
-mod common;
-
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,7 +13,7 @@ use boundpool_gpu::{
     builtin, BoxError, DeviceBuffer, GpuErrorKind, GpuPool, LaunchConfig, Module, Priority, RNode,
     ReplayBuilder, ReplayCtx, Replayable, RunInputs,
 };
-use common::{chain, replay_pool as pool, GpuTest};
+use boundpool_test_support::{chain, replay_pool as pool, GpuTest};
 
 const N: usize = 1024;
 

@@ -2,13 +2,10 @@
 //! and the driver error, nothing hangs, later submissions to the device say why, host graphs
 //! go on. (Own test binary: it poisons the device's context for this process.)
 
-mod common;
-
 use boundpool_gpu::{
-    builtin, Cores, Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder,
-    LaunchConfig, Module,
+    builtin, Cores, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, LaunchConfig, Module,
 };
-use common::{chain, GpuTest};
+use boundpool_test_support::{chain, gpu_pool_builder, GpuTest};
 
 /// `poke(u64 addr)`: `*(u32*)addr = 1` with a raw address (given a bad one, an illegal
 /// address). The test's own module: the library's built-in kernels have no use for it.
@@ -32,9 +29,7 @@ fn illegal_address_marks_device_failed() {
     let Some(_t) = GpuTest::start("illegal_address_marks_device_failed", 120) else {
         return;
     };
-    let pool = GpuPoolBuilder::new()
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(4)
+    let pool = gpu_pool_builder(4, 1)
         .host_workers(2, Cores::Unpinned)
         .build()
         .unwrap();

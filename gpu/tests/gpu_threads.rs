@@ -2,14 +2,10 @@
 //! stay at what it had + the pool's workers + the submitters. (Own test binary: counts the
 //! whole process's threads.)
 
-mod common;
-
 use std::sync::{Arc, Barrier};
 
-use boundpool_gpu::{
-    builtin, Devices, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, LaunchConfig, Module,
-};
-use common::{os_threads, GpuTest};
+use boundpool_gpu::{builtin, GpuGraphBuilder, GpuGraphExt, LaunchConfig, Module};
+use boundpool_test_support::{gpu_pool, os_threads, GpuTest};
 
 #[test]
 fn thousand_submitters_do_not_grow_the_pool() {
@@ -20,13 +16,7 @@ fn thousand_submitters_do_not_grow_the_pool() {
     let probe = boundpool_gpu::MemoryProbe::new(0).unwrap();
     probe.free_memory().unwrap();
     let base = os_threads();
-    let pool = Arc::new(
-        GpuPoolBuilder::new()
-            .devices(Devices::List(vec![0]))
-            .workers_per_device(8)
-            .build()
-            .unwrap(),
-    );
+    let pool = Arc::new(gpu_pool("gpu", 8, 1));
     let with_pool = os_threads();
     let workers = pool.pool().workers().len();
     eprintln!("threads: {base} before, {with_pool} with the pool ({workers} workers)");

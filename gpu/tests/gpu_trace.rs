@@ -2,25 +2,19 @@
 //! device time, no overlap on a stream, tracks named after device and stream, no timing events
 //! when tracing is off. Run on a GPU machine with `BOUNDPOOL_REQUIRE_GPU=1`.
 
-mod common;
-
 use std::collections::HashMap;
 
 use boundpool_gpu::{
-    builtin, Devices, GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, Kernel,
-    LaunchConfig, Module, NodeRef,
+    builtin, GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool, Kernel, LaunchConfig, Module, NodeRef,
 };
 use boundpool_scheduler::{SliceKind, Trace};
-use common::GpuTest;
+use boundpool_test_support::{gpu_pool_builder, GpuTest};
 
 const WORKERS: usize = 4;
 
 fn pool(trace: bool) -> GpuPool {
-    GpuPoolBuilder::new()
+    gpu_pool_builder(WORKERS, 2)
         .name("trace")
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(WORKERS)
-        .groups_per_device(2)
         .trace(trace)
         .build()
         .expect("GPU pool")

@@ -88,8 +88,8 @@ impl ReplayBuilder {
     ///
     /// Default: no limit, the CUDA graph has exactly the DAG's edges. A limit pays where nodes
     /// are short launches that do not fill the GPU: the driver launches a chain of kernel nodes
-    /// faster than as many independent ones (1,000 empty kernels on an H200: 0.68 µs a node as
-    /// a chain, 0.83 µs independent), and one stream's capture in PyTorch is a chain anyway.
+    /// faster than as many independent ones (docs/benchmarks.md, replay bench), and one
+    /// stream's capture in PyTorch is a chain anyway.
     /// Never use it where nodes of one segment wait on each other through memory (a kernel
     /// spinning on a flag another independent node sets): a lane edge could order the waiter
     /// first.
