@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use boundpool_bench::cholesky::{spd_matrix, spot_check_on_device, CholeskyPlan};
-use boundpool_bench::replay::median;
+use boundpool_workloads::median;
 use boundpool_gpu::{
     DeviceBuffer, Devices, Diag, GpuDevice, GpuErrorKind, GpuGraph, GpuGraphBuilder, GpuGraphExt,
     GpuPool, GpuPoolBuilder, ShutdownMode, Side, SmPartition, Trans, Uplo,

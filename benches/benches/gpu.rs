@@ -1,6 +1,6 @@
 //! GPU benchmarks: boundpool's GPU nodes against baselines measured in the same process.
 //!
-//! An empty kernel `<<<1,1>>>` per node. Baselines (from `boundpool_bench::baselines`): raw
+//! An empty kernel `<<<1,1>>>` per node. Baselines (from `boundpool_workloads`): raw
 //! launches from k bound threads with a stream each; an OS thread per task; one server thread
 //! fed by a channel from 8 submitters; cross-stream chains with an event edge or a host
 //! synchronise per edge. Each figure is the median of several runs. The independent nodes run
@@ -12,8 +12,8 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use boundpool_bench::baselines;
-use boundpool_bench::replay::median;
+use boundpool_workloads as baselines;
+use boundpool_workloads::median;
 use boundpool_gpu::cudarc::driver::{CudaFunction, LaunchConfig as CuLaunch};
 use boundpool_gpu::cudarc::nvrtc::Ptx;
 use boundpool_gpu::{
@@ -299,7 +299,7 @@ fn main() {
             bg.push(time_graph(&p, &bare_gpu).as_secs_f64() * 1e6 / edges as f64);
             ours.push(time_graph(&p, &g).as_secs_f64() * 1e6 / edges as f64);
             ours_same.push(time_graph(&p, &same).as_secs_f64() * 1e6 / edges as f64);
-            let us = |m: boundpool_bench::raw::Result<baselines::Measurement>| {
+            let us = |m: Result<baselines::Measurement, baselines::BaselineError>| {
                 m.unwrap().micros_per_op()
             };
             ev.push(us(baselines::event_edge_chain(0, edges)));

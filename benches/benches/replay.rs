@@ -2,7 +2,7 @@
 //! run eagerly on boundpool, replayed as CUDA graphs, and launched as a raw CUDA graph of the
 //! same topology built with the driver API, in one process, interleaved; then the cost of an
 //! update that changes only kernel arguments against a fresh capture + instantiate. See
-//! `boundpool_bench::replay`.
+//! `boundpool_workloads::bench_replay`.
 //!
 //! `cargo bench -p boundpool-bench --bench replay [-- --rounds N --per-round N --nodes N
 //! --workers N --widths 1,4 --shapes chain,independent --json]` (`--shapes`: which shapes, in
@@ -10,16 +10,15 @@
 //! `BOUNDPOOL_REQUIRE_GPU=1`).
 //!
 //! `-- --variants [--shapes independent,chain] [--rounds N] [--runs N] [--json]`: instead, the
-//! graph-variants experiment (`boundpool_bench::replay::variants`): each shape's graph made six
+//! graph-variants experiment (`boundpool_workloads::bench_variants`): each shape's graph made six
 //! ways (node by node, with an empty root removed or kept, captured, the capture cloned, the
 //! capture rebuilt node by node) on one bound thread, each round instantiating every variant
 //! anew and launching them in turn `--runs` times (default 100); one row per variant: median us
 //! per launch, ratio to the node-by-node graph, instantiation, node and edge counts.
 
-use boundpool_bench::replay::{
-    bench, table, variants, variants_table, GpuShape, ReplayBenchConfig,
+use boundpool_workloads::{
+    bench_replay, bench_variants, replay_table, variants_table, GpuShape, ReplayBenchConfig, Shape,
 };
-use boundpool_bench::workloads::Shape;
 
 fn arg(name: &str) -> Option<usize> {
     let args: Vec<String> = std::env::args().collect();
@@ -90,7 +89,7 @@ fn main() {
     // each variant per round, interleaved).
     if std::env::args().any(|a| a == "--variants") {
         let runs = arg("--runs").unwrap_or(100).max(1);
-        match variants(&cfg.shapes, cfg.rounds, runs, |done, total| {
+        match bench_variants(&cfg.shapes, cfg.rounds, runs, |done, total| {
             if !json {
                 eprint!("\rreplay bench --variants: {done}/{total} rounds");
             }
@@ -120,7 +119,7 @@ fn main() {
     {
         cfg.widths = v.split(',').filter_map(|w| w.trim().parse().ok()).collect();
     }
-    match bench(&cfg, |done, total| {
+    match bench_replay(&cfg, |done, total| {
         if !json {
             eprint!("\rreplay bench: {done}/{total} rounds");
         }
@@ -132,7 +131,7 @@ fn main() {
                 println!("[{}]", items.join(","));
             } else {
                 eprintln!();
-                print!("{}", table(&rows, &upd));
+                print!("{}", replay_table(&rows, &upd));
             }
         }
         Err(e) => {

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use boundpool::default_workers;
-use boundpool_bench::workloads::{
+use boundpool_workloads::{
     bench_scaling, bench_shapes, scaling_workers, BenchConfig, BenchRow, ScalingRow,
 };
 

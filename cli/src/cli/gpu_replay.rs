@@ -6,11 +6,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use boundpool::gpu::{gpu_unavailable_reason, GpuPool};
-use boundpool_bench::replay::{
-    bench_on, eager_graph, gpu_pool_with, median, replay_graph_with, table, GpuShape,
-    ReplayBenchConfig,
+use boundpool_workloads::{
+    bench_replay_on, eager_graph, gpu_pool_with, median, replay_graph_with, replay_table, GpuShape,
+    ReplayBenchConfig, Shape,
 };
-use boundpool_bench::workloads::Shape;
 use serde_json::json;
 
 use super::partitions::{self, DeviceSplit};
@@ -97,7 +96,7 @@ fn run(
             }
         }
     }
-    let med = median(times);
+    let med = median(&times);
     pool.shutdown(boundpool::gpu::ShutdownMode::Finish);
     let mut out = serde_json::Map::new();
     out.insert("shape".into(), json!(shape.name()));
@@ -138,7 +137,7 @@ pub(crate) fn bench_main(a: &BenchArgs) -> ExitCode {
         Err(code) => return code,
     };
     let mut progress = Progress::new(1000, "bench --gpu", a.quiet || a.json);
-    let r = bench_on(&pool, &cfg, |done, total| {
+    let r = bench_replay_on(&pool, &cfg, |done, total| {
         progress.set(done as u64 * 1000 / total.max(1) as u64)
     });
     progress.finish();
@@ -158,7 +157,7 @@ pub(crate) fn bench_main(a: &BenchArgs) -> ExitCode {
                 }
                 println!("[{}]", items.join(","));
             } else {
-                print!("{}", table(&rows, &upd));
+                print!("{}", replay_table(&rows, &upd));
             }
             ExitCode::SUCCESS
         }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use boundpool_bench::workloads::Dag;
+use boundpool_workloads::Dag;
 
 /// Reads and checks a graph file; returns the graph's name and its DAG, or a message naming the
 /// problem (with the file's path).

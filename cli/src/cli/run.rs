@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use boundpool::bounded;
 use boundpool::observe::{self, PrometheusHandle};
 use boundpool::{default_workers, PoolBuilder};
-use boundpool_bench::workloads::{median, Dag, Shape};
+use boundpool_workloads::{median, Dag, Shape};
 use serde_json::json;
 
 use super::graph_file;
@@ -216,12 +216,12 @@ fn run(a: RunArgs) -> Result<ExitCode, Fail> {
     }
 
     // No per-node figure for a graph of no nodes (null in JSON, "-" in the table).
-    let ns_per_node = (!per_node.is_empty()).then(|| median(&mut per_node.clone()));
+    let ns_per_node = (!per_node.is_empty()).then(|| median(&per_node));
     // The runs after the first: the first is the pool's and the graph's first (cold caches,
     // the dependency counters allocated and zeroed), later ones count on in warm counters.
-    let warm_ns_per_node = (per_node.len() > 1).then(|| median(&mut per_node[1..].to_vec()));
+    let warm_ns_per_node = (per_node.len() > 1).then(|| median(&per_node[1..]));
     let verify_ns_per_node =
-        (!verify_per_node.is_empty()).then(|| median(&mut verify_per_node.clone()));
+        (!verify_per_node.is_empty()).then(|| median(&verify_per_node));
     let verified = failure.is_none();
     if a.json {
         let v = json!({

@@ -43,7 +43,7 @@ use boundpool::{
     default_workers, BoxError, ErrorKind, Graph, GraphBuilder, NodeRef, Pool, PoolBuilder,
     ShutdownMode,
 };
-use boundpool_bench::workloads::busy_work;
+use boundpool_workloads::busy_work;
 use serde_json::json;
 
 use crate::SoakArgs;

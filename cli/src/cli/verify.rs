@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 use boundpool::{Error, Graph, GraphBuilder};
-use boundpool_bench::workloads::{busy_work, Dag};
+use boundpool_workloads::{busy_work, Dag};
 
 /// Per-node run counts and sequence numbers of one run.
 pub(crate) struct Check {
@@ -113,7 +113,7 @@ pub(crate) fn build_graph(dag: &Dag, name: &str, check: &Arc<Check>) -> Result<G
 #[cfg(test)]
 mod tests {
     use super::*;
-    use boundpool_bench::workloads::Shape;
+    use boundpool_workloads::Shape;
 
     #[test]
     fn a_correct_run_verifies_and_a_wrong_order_does_not() {

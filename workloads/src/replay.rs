@@ -4,7 +4,7 @@
 //! ([`crate::baselines::raw_graph`]), all in one process, interleaved round by round.
 //! Each round times a fresh instantiation of both the replay and the raw graph (an executable's
 //! speed varies from one instantiation to the next). Used by `cargo bench -p boundpool-bench --bench replay` and `boundpool bench --gpu`.
-//! [`variants()`] is the bench's `--variants` experiment: the same graphs made six ways on one
+//! [`bench_variants`] is the bench's `--variants` experiment: the same graphs made six ways on one
 //! bound thread ([`baselines::graph_variants`]), to find why a captured graph launches slower
 //! than one built node by node.
 
@@ -19,7 +19,8 @@ use boundpool_gpu::{
 };
 
 use crate::baselines;
-use crate::workloads::{Dag, Shape};
+use crate::shapes::{Dag, Shape};
+use crate::stats::median;
 
 /// A shape of the replay bench: the three of the issue, plus the command line's built-ins.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,7 +145,7 @@ pub fn replay_graph_with(
     b.build()
 }
 
-/// Settings of [`bench()`].
+/// Settings of [`bench_replay`].
 #[derive(Clone, Debug)]
 pub struct ReplayBenchConfig {
     /// Nodes per graph (the wavefront is rounded down to a square: 1,000 gives 31x31; the
@@ -154,7 +155,7 @@ pub struct ReplayBenchConfig {
     pub rounds: usize,
     /// Timed runs per implementation and round.
     pub per_round: usize,
-    /// Bound workers of the pool ([`bench()`]'s; [`bench_on`] runs on the pool it is given).
+    /// Bound workers of the pool ([`bench_replay`]'s; [`bench_replay_on`] runs on the pool it is given).
     pub workers: usize,
     /// The shapes.
     pub shapes: Vec<(GpuShape, usize)>,
@@ -294,14 +295,6 @@ impl UpdateRow {
     }
 }
 
-/// The median of `v` (0 when empty), by value: [`crate::workloads::median`].
-pub fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    crate::workloads::median(&mut v)
-}
-
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -309,21 +302,21 @@ fn us(d: Duration) -> f64 {
 /// Runs the bench on device 0: for each shape, rounds of eager runs, replays and raw-graph
 /// launches (each run waited for), interleaved; then the update row. `progress(done, total)`
 /// after each round.
-pub fn bench(
+pub fn bench_replay(
     cfg: &ReplayBenchConfig,
     progress: impl FnMut(usize, usize),
 ) -> Result<(Vec<ReplayRow>, UpdateRow), BoxError> {
     let pool = gpu_pool(cfg.workers)?;
-    let r = bench_on(&pool, cfg, progress)?;
+    let r = bench_replay_on(&pool, cfg, progress)?;
     pool.shutdown(boundpool_gpu::ShutdownMode::Finish);
     Ok(r)
 }
 
-/// As [`bench()`], on `pool` (its device 0; `cfg.workers` is not used), which is left running:
+/// As [`bench_replay`], on `pool` (its device 0; `cfg.workers` is not used), which is left running:
 /// for a pool built otherwise, such as one of SM partitions ([`gpu_pool_with`]). Its nodes are
 /// placed on the device, so any of its workers runs them; the raw-graph baselines use the
 /// whole device.
-pub fn bench_on(
+pub fn bench_replay_on(
     pool: &GpuPool,
     cfg: &ReplayBenchConfig,
     mut progress: impl FnMut(usize, usize),
@@ -399,7 +392,7 @@ pub fn bench_on(
                 this.run(pool)?;
                 this_round.push(us(t.elapsed()));
             }
-            per_round_replay.push(median(this_round.clone()));
+            per_round_replay.push(median(&this_round));
             r_t.extend(this_round);
             let raw = baselines::raw_graph(dev.ordinal(), &raw_preds, cfg.per_round)?;
             raw_t.extend(raw.runs.iter().map(|&d| us(d)));
@@ -441,7 +434,7 @@ pub fn bench_on(
                     baselines::captured_graph(dev.ordinal(), &raw_preds, cfg.per_round, false)?;
                 notes.push(format!(
                     "captured reading tails back only where needed: {:.1} us a run, instantiate {:.3} us/node, {} nodes, {} edges",
-                    median(lean.runs.iter().map(|&d| us(d)).collect()),
+                    median(lean.runs.iter().map(|&d| us(d))),
                     us(lean.instantiate) / lean.nodes.max(1) as f64,
                     lean.nodes,
                     lean.edges
@@ -459,7 +452,7 @@ pub fn bench_on(
                     notes.push(format!(
                         "captured on a pool worker ({} function): {:.1} us a run, instantiate {:.3} us/node, {} nodes, {} edges",
                         if worker_function { "its" } else { "baseline" },
-                        median(w.runs.iter().map(|&d| us(d)).collect()),
+                        median(w.runs.iter().map(|&d| us(d))),
                         us(w.instantiate) / w.nodes.max(1) as f64,
                         w.nodes,
                         w.edges
@@ -484,16 +477,16 @@ pub fn bench_on(
             shape: label,
             nodes: preds.len(),
             edges: preds.iter().map(Vec::len).sum(),
-            eager_us: median(e_t),
-            replay_us: median(r_t),
-            raw_us: median(raw_t),
+            eager_us: median(&e_t),
+            replay_us: median(&r_t),
+            raw_us: median(&raw_t),
             segments: replay.segments(),
             capture_us_per_node: us(s.capture_time) / preds.len().max(1) as f64,
             instantiate_us_per_node: us(s.instantiate_time) / preds.len().max(1) as f64,
-            raw_instantiate_us_per_node: median(raw_inst),
-            captured_us: median(c_t),
-            captured_polled_us: median(cp_t),
-            captured_instantiate_us_per_node: median(c_inst),
+            raw_instantiate_us_per_node: median(&raw_inst),
+            captured_us: median(&c_t),
+            captured_polled_us: median(&cp_t),
+            captured_instantiate_us_per_node: median(&c_inst),
             captured_notes: notes,
         });
     }
@@ -565,15 +558,15 @@ fn update_row(
     }
     Ok(UpdateRow {
         nodes,
-        fresh_us: median(fresh),
-        update_us: median(upd),
-        exec_update_us: median(exec_upd),
+        fresh_us: median(&fresh),
+        update_us: median(&upd),
+        exec_update_us: median(&exec_upd),
         in_place,
     })
 }
 
-/// The table of [`bench()`]'s rows, with the issue's targets.
-pub fn table(rows: &[ReplayRow], upd: &UpdateRow) -> String {
+/// The table of [`bench_replay`]'s rows, with the issue's targets.
+pub fn replay_table(rows: &[ReplayRow], upd: &UpdateRow) -> String {
     let mut s = String::new();
     s.push_str(&format!(
         "{:<12} {:>6} {:>11} {:>11} {:>11} {:>9} {:>9} {:>12} {:>10} {:>10} {:>10}\n",
@@ -640,7 +633,7 @@ pub fn table(rows: &[ReplayRow], upd: &UpdateRow) -> String {
     s
 }
 
-/// One variant of one shape in [`variants()`]: see [`baselines::graph_variants`].
+/// One variant of one shape in [`bench_variants`]: see [`baselines::graph_variants`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct VariantRow {
     /// Shape name.
@@ -688,7 +681,7 @@ impl VariantRow {
 /// launches each, interleaved); no pool. Returns the rows (per shape, in the order of
 /// [`baselines::GRAPH_VARIANTS`]) and notes: whether a capture used a stand-in root, and the
 /// first nodes of the plain, captured and rebuilt graphs as the driver describes them.
-pub fn variants(
+pub fn bench_variants(
     shapes: &[(GpuShape, usize)],
     rounds: usize,
     runs: usize,
@@ -724,7 +717,7 @@ pub fn variants(
             for m in &measured {
                 let v = &m.variants[k];
                 let r: Vec<f64> = v.runs.iter().map(|&d| us(d)).collect();
-                per_round.push(median(r.clone()));
+                per_round.push(median(&r));
                 all.extend(r);
                 inst.push(us(v.instantiate));
             }
@@ -739,7 +732,7 @@ pub fn variants(
             let (all, round_us, inst) = per_variant(k);
             let v = &measured[0].variants[k];
             debug_assert_eq!(v.name, name);
-            let this_us = median(all);
+            let this_us = median(&all);
             rows.push(VariantRow {
                 shape: shape.name().to_owned(),
                 variant: name,
@@ -748,14 +741,14 @@ pub fn variants(
                 us: this_us,
                 round_us,
                 vs_plain: plain_us / this_us,
-                instantiate_us: median(inst),
+                instantiate_us: median(&inst),
             });
         }
     }
     Ok((rows, notes))
 }
 
-/// The table of [`variants()`]'s rows, then its notes.
+/// The table of [`bench_variants`]'s rows, then its notes.
 pub fn variants_table(rows: &[VariantRow], notes: &[String]) -> String {
     let mut s = format!(
         "{:<12} {:<17} {:>10} {:>11} {:>12} {:>6} {:>6}  {}\n",
