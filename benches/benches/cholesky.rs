@@ -29,11 +29,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use boundpool_bench::cholesky::{spd_matrix, spot_check_on_device, CholeskyPlan};
-use boundpool_workloads::median;
 use boundpool_gpu::{
     DeviceBuffer, Devices, Diag, GpuDevice, GpuErrorKind, GpuGraph, GpuGraphBuilder, GpuGraphExt,
     GpuPool, GpuPoolBuilder, ShutdownMode, Side, SmPartition, Trans, Uplo,
 };
+use boundpool_workloads::median;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

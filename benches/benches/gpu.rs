@@ -12,14 +12,14 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use boundpool_workloads as baselines;
-use boundpool_workloads::median;
 use boundpool_gpu::cudarc::driver::{CudaFunction, LaunchConfig as CuLaunch};
 use boundpool_gpu::cudarc::nvrtc::Ptx;
 use boundpool_gpu::{
     builtin, Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder,
     GroupId, Kernel, LaunchConfig, Module,
 };
+use boundpool_workloads as baselines;
+use boundpool_workloads::median;
 
 fn arg_str(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();

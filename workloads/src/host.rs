@@ -220,11 +220,7 @@ pub fn bench_shapes(cfg: &BenchConfig, mut progress: impl FnMut(usize, usize)) -
             done += 3;
             progress(done, total);
         }
-        let (mbp, mrs, mri) = (
-            median(&bp),
-            median(&rs),
-            median(&ri),
-        );
+        let (mbp, mrs, mri) = (median(&bp), median(&rs), median(&ri));
         let row = |implementation, ns_per_node, runs, vs| BenchRow {
             shape: shape.name(),
             implementation,
@@ -381,11 +377,7 @@ pub fn bench_scaling(
                 done += 3;
                 progress(done, total);
             }
-            let (mbp, mrs, mri) = (
-                median(&bp),
-                median(&rs),
-                median(&ri),
-            );
+            let (mbp, mrs, mri) = (median(&bp), median(&rs), median(&ri));
             for (implementation, ns, runs, vs) in [
                 ("boundpool", mbp, bp, Some(mbp / mrs.min(mri))),
                 ("rayon-spawn", mrs, rs, None),
@@ -418,4 +410,3 @@ pub fn bench_scaling(
     }
     rows
 }
-

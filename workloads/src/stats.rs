@@ -57,7 +57,8 @@ mod tests {
     #[test]
     fn medians_of_odd_and_even_counts_and_of_nothing() {
         assert_eq!(median([3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        let even = vec![4.0, 1.0, 3.0, 2.0];
+        assert_eq!(median(&even), 2.5, "by reference");
         assert_eq!(median([7.0]), 7.0);
         assert!(median(Vec::<f64>::new()).is_nan());
     }
