@@ -30,17 +30,18 @@
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use boundpool::gpu::{
-    builtin, Devices, GpuDevice, GpuError, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder,
-    GpuWorker, Kernel, LaunchConfig, Module, SmPartition,
-};
-use boundpool::{default_workers, Graph, GraphBuilder, GraphHandle, Pool, PoolBuilder, Priority};
+use boundpool::default_workers;
+use boundpool_workloads::Sorted;
 
-use crate::BenchArgs;
+use self::sides::{GpuSide, HostSide, Side};
+use super::BenchArgs;
+use crate::gpu_pool::{self, DeviceSplit};
+
+mod report;
+mod sides;
 
 /// Nodes of the foreground chain.
 const CHAIN: usize = 20;
@@ -69,175 +70,12 @@ struct Lat {
     max: f64,
 }
 
-fn percentiles(mut v: Vec<f64>) -> Lat {
-    if v.is_empty() {
-        return Lat::default();
-    }
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+fn percentiles(v: Vec<f64>) -> Lat {
+    let s = Sorted::new(v);
     Lat {
-        p50: at(0.50),
-        p99: at(0.99),
-        max: v[v.len() - 1],
-    }
-}
-
-/// What the bench drives: a host pool or a GPU pool, and how it builds its two graphs.
-trait Side: Sync {
-    fn submit_fg(&self, high: bool) -> Result<GraphHandle, String>;
-    /// Submits a background graph; `worst` asks for the worst-case GPU shape (one wave of long
-    /// blocks), which the host side does not have.
-    fn submit_bg(&self, worst: bool) -> Result<GraphHandle, String>;
-    /// Nodes in one background graph.
-    fn bg_nodes(&self) -> u64;
-}
-
-struct HostSide {
-    pool: Pool,
-    fg_high: Graph,
-    fg_normal: Graph,
-    bg: Graph,
-    width: usize,
-}
-
-fn spin(d: Duration) {
-    let t = Instant::now();
-    while t.elapsed() < d {
-        std::hint::spin_loop();
-    }
-}
-
-fn host_chain(p: Priority) -> Graph {
-    let mut g = GraphBuilder::new("foreground");
-    let mut prev = None;
-    for _ in 0..CHAIN {
-        let n = g.node("link", |_| Ok(()));
-        if let Some(p) = prev {
-            g.edge(p, n);
-        }
-        prev = Some(n);
-    }
-    g.priority(p);
-    g.build().expect("a chain is acyclic")
-}
-
-fn host_wide(width: usize) -> Graph {
-    let mut g = GraphBuilder::new("background");
-    let src = g.node("src", |_| Ok(()));
-    let sink = g.node("sink", |_| Ok(()));
-    for _ in 0..width {
-        let n = g.node("busy", |_| {
-            spin(BUSY);
-            Ok(())
-        });
-        g.edge(src, n).edge(n, sink);
-    }
-    g.priority(Priority::Low);
-    g.build().expect("a fan-out is acyclic")
-}
-
-impl Side for HostSide {
-    fn submit_fg(&self, high: bool) -> Result<GraphHandle, String> {
-        let g = if high { &self.fg_high } else { &self.fg_normal };
-        self.pool.submit(g).map_err(|e| e.to_string())
-    }
-    fn submit_bg(&self, _worst: bool) -> Result<GraphHandle, String> {
-        self.pool.submit(&self.bg).map_err(|e| e.to_string())
-    }
-    fn bg_nodes(&self) -> u64 {
-        self.width as u64 + 2
-    }
-}
-
-struct GpuSide {
-    pool: GpuPool,
-    fg_high: Graph<GpuWorker>,
-    fg_normal: Graph<GpuWorker>,
-    bg: Graph<GpuWorker>,
-    bg_one_wave: Graph<GpuWorker>,
-    width: usize,
-}
-
-/// Device 0 as the foreground sees it: with SM partitions, the first one (the latency-critical
-/// path's reservation); else the whole device.
-fn fg_device(pool: &GpuPool) -> GpuDevice {
-    let d = &pool.devices()[0];
-    d.partitions()
-        .first()
-        .and_then(|p| d.on_partition(&p.name))
-        .unwrap_or_else(|| d.clone())
-}
-
-/// Device 0 as the background sees it: with two SM partitions or more, the last one; else the
-/// whole device.
-fn bg_device(pool: &GpuPool) -> GpuDevice {
-    let d = &pool.devices()[0];
-    match d.partitions() {
-        [_, .., last] => d.on_partition(&last.name).unwrap_or_else(|| d.clone()),
-        _ => d.clone(),
-    }
-}
-
-fn gpu_chain(pool: &GpuPool, empty: &Arc<Kernel>, p: Priority) -> Result<Graph<GpuWorker>, String> {
-    let device = fg_device(pool);
-    let mut g = GpuGraphBuilder::new("foreground");
-    let mut prev = None;
-    for i in 0..CHAIN {
-        let k = empty.clone();
-        let n = g.gpu_node(&device, &format!("link{i}"), move |ctx| {
-            // SAFETY: bp_spin takes one i64 (a cycle count); 0 returns at once.
-            unsafe { ctx.launch(&k, LaunchConfig::single()).arg(0i64).launch()? };
-            Ok(())
-        });
-        if let Some(p) = prev {
-            g.edge(p, n);
-        }
-        prev = Some(n);
-    }
-    g.priority(p);
-    g.build().map_err(|e| e.to_string())
-}
-
-fn gpu_wide(
-    pool: &GpuPool,
-    spin_k: &Arc<Kernel>,
-    width: usize,
-    (waves, cycles): (u32, i64),
-) -> Result<Graph<GpuWorker>, String> {
-    let device = bg_device(pool);
-    let mut g = GpuGraphBuilder::new("background");
-    let src = g.gpu_node(&device, "src", |_| Ok(()));
-    let sink = g.gpu_node(&device, "sink", |_| Ok(()));
-    let cfg = LaunchConfig {
-        grid: (BG_WAVE * waves, 1, 1),
-        block: (BG_BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    for i in 0..width {
-        let k = spin_k.clone();
-        let n = g.gpu_node(&device, &format!("busy{i}"), move |ctx| {
-            // SAFETY: bp_spin takes one i64, the cycles every thread busy-waits; it touches no
-            // memory.
-            unsafe { ctx.launch(&k, cfg).arg(cycles).launch()? };
-            Ok(())
-        });
-        g.edge(src, n).edge(n, sink);
-    }
-    g.priority(Priority::Low);
-    g.build().map_err(|e| e.to_string())
-}
-
-impl Side for GpuSide {
-    fn submit_fg(&self, high: bool) -> Result<GraphHandle, String> {
-        let g = if high { &self.fg_high } else { &self.fg_normal };
-        self.pool.submit(g).map_err(|e| e.to_string())
-    }
-    fn submit_bg(&self, worst: bool) -> Result<GraphHandle, String> {
-        let g = if worst { &self.bg_one_wave } else { &self.bg };
-        self.pool.submit(g).map_err(|e| e.to_string())
-    }
-    fn bg_nodes(&self) -> u64 {
-        self.width as u64 + 2
+        p50: s.percentile(0.5),
+        p99: s.percentile(0.99),
+        max: s.percentile(1.0),
     }
 }
 
@@ -328,7 +166,7 @@ fn phase(
     })
 }
 
-pub(crate) fn main(a: &BenchArgs) -> ExitCode {
+pub(super) fn main(a: &BenchArgs) -> ExitCode {
     if !(a.seconds > 0.0 && a.seconds.is_finite()) {
         eprintln!("boundpool bench --latency: --seconds must be a positive number");
         return ExitCode::from(2);
@@ -336,7 +174,7 @@ pub(crate) fn main(a: &BenchArgs) -> ExitCode {
     // One core is left to the submitting threads (the foreground's and the feeder's): with
     // every core taken by a busy worker, their wake-ups would wait for the OS, not the pool.
     // With --partitions (--gpu only), the partitions' workers.
-    let workers = super::partitions::workers(&a.part.partitions).unwrap_or_else(|| {
+    let workers = a.part.workers().unwrap_or_else(|| {
         a.threads
             .unwrap_or_else(|| default_workers().saturating_sub(1).max(1))
     });
@@ -344,62 +182,20 @@ pub(crate) fn main(a: &BenchArgs) -> ExitCode {
         eprintln!("boundpool bench --latency: --threads must be at least 1");
         return ExitCode::from(2);
     }
-    // Enough background nodes per graph that every worker has several queued.
-    let width = (workers * 8).max(16);
-    let mut splits = Vec::new();
-    let side: Box<dyn Side> = if a.gpu {
-        // Read by the driver when it makes the context, so before any GPU call; this thread is
-        // still the process's only one.
-        if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
-            std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
-        }
-        if let Some(why) = boundpool::gpu::gpu_unavailable_reason() {
-            eprintln!("boundpool bench --latency --gpu: no GPU: {why}");
-            return ExitCode::from(2);
-        }
-        let pool = match gpu_pool(workers, super::partitions::of(&a.part.partitions)) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("boundpool bench --latency --gpu: the GPU pool did not start: {e}");
-                return super::partitions::build_failure(&e);
-            }
-        };
-        splits = super::partitions::splits(&pool);
-        if !a.json {
-            super::partitions::print_lines(&splits);
-        }
-        match gpu_side(pool, width) {
-            Ok(s) => Box::new(s),
-            Err(e) => {
-                eprintln!("boundpool bench --latency --gpu: {e}");
-                return ExitCode::from(1);
-            }
-        }
-    } else {
-        match PoolBuilder::new().name("latency").workers(workers).build() {
-            Ok(pool) => Box::new(HostSide {
-                pool,
-                fg_high: host_chain(Priority::High),
-                fg_normal: host_chain(Priority::Normal),
-                bg: host_wide(width),
-                width,
-            }),
-            Err(e) => {
-                eprintln!("boundpool bench --latency: {e}");
-                return ExitCode::from(2);
-            }
-        }
+    let (side, splits) = match open_side(a, workers) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     match measure(&*side, a.gpu, Duration::from_secs_f64(a.seconds)) {
         Ok(r) => {
-            let mut json = report(&r, a.gpu, workers);
+            let mut json = report::json(&r, a.gpu, workers);
             if !splits.is_empty() {
-                json["partitions"] = super::partitions::json_of(&splits);
+                json["partitions"] = gpu_pool::json_of(&splits);
             }
             if a.json {
                 println!("{json}");
             } else {
-                print!("{}", table(&r, a.gpu, workers));
+                print!("{}", report::table(&r, a.gpu, workers));
             }
             ExitCode::SUCCESS
         }
@@ -410,31 +206,43 @@ pub(crate) fn main(a: &BenchArgs) -> ExitCode {
     }
 }
 
-/// The bench's GPU pool on device 0: `workers` workers, or the `partitions`' when there are
-/// any (every node is still placed on the device: any partition's worker runs it).
-fn gpu_pool(workers: usize, partitions: Vec<SmPartition>) -> Result<GpuPool, GpuError> {
-    let b = GpuPoolBuilder::new()
-        .name("latency-gpu")
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(workers);
-    if partitions.is_empty() {
-        b.build()
-    } else {
-        b.sm_partitions(partitions).build()
+/// The pool the bench drives, with its graphs: a host pool of `workers`, or with `--gpu` a GPU
+/// pool of device 0 (and what each SM partition got, printed unless `--json`).
+fn open_side(a: &BenchArgs, workers: usize) -> Result<(Box<dyn Side>, Vec<DeviceSplit>), ExitCode> {
+    // Enough background nodes per graph that every worker has several queued.
+    let width = (workers * 8).max(16);
+    if !a.gpu {
+        return match HostSide::new(workers, width) {
+            Ok(s) => Ok((Box::new(s), Vec::new())),
+            Err(e) => {
+                eprintln!("boundpool bench --latency: {e}");
+                Err(ExitCode::from(2))
+            }
+        };
     }
-}
-
-fn gpu_side(pool: GpuPool, width: usize) -> Result<GpuSide, String> {
-    let m = Module::builtin();
-    let spin_k = Arc::new(m.kernel(builtin::SPIN).map_err(|e| e.to_string())?);
-    Ok(GpuSide {
-        fg_high: gpu_chain(&pool, &spin_k, Priority::High)?,
-        fg_normal: gpu_chain(&pool, &spin_k, Priority::Normal)?,
-        bg: gpu_wide(&pool, &spin_k, width, BG_SHORT_BLOCKS)?,
-        bg_one_wave: gpu_wide(&pool, &spin_k, width, BG_ONE_WAVE)?,
-        pool,
-        width,
-    })
+    // Read by the driver when it makes the context, so before any GPU call; this thread is
+    // still the process's only one.
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
+    if let Some(code) = gpu_pool::no_gpu("bench --latency") {
+        return Err(code);
+    }
+    let pool = sides::gpu_pool(workers, a.part.list()).map_err(|e| {
+        eprintln!("boundpool bench --latency --gpu: the GPU pool did not start: {e}");
+        gpu_pool::build_failure(&e)
+    })?;
+    let splits = gpu_pool::splits(&pool);
+    if !a.json {
+        gpu_pool::print_lines(&splits);
+    }
+    match GpuSide::new(pool, width) {
+        Ok(s) => Ok((Box::new(s), splits)),
+        Err(e) => {
+            eprintln!("boundpool bench --latency --gpu: {e}");
+            Err(ExitCode::from(1))
+        }
+    }
 }
 
 /// The worst-case GPU background's phases.
@@ -486,140 +294,4 @@ fn measure(side: &dyn Side, gpu: bool, dur: Duration) -> Result<Results, String>
         bg_loaded,
         bg_loaded_normal,
     })
-}
-
-/// The foreground p99 bound under load: 1.5 × alone + 50 µs on the host, 2 × on the GPU.
-fn p99_limit(r: &Results, gpu: bool) -> f64 {
-    (if gpu { 2.0 } else { 1.5 }) * r.alone.p99 + 50.0
-}
-
-fn report(r: &Results, gpu: bool, workers: usize) -> serde_json::Value {
-    let limit = p99_limit(r, gpu);
-    let mut v = serde_json::json!({
-        "pool": if gpu { "gpu" } else { "host" },
-        "workers": workers,
-        "samples_per_phase": r.samples,
-        "p50_alone_us": r.alone.p50,
-        "p99_alone_us": r.alone.p99,
-        "p50_loaded_us": r.loaded.p50,
-        "p99_loaded_us": r.loaded.p99,
-        "max_loaded_us": r.loaded.max,
-        "background_alone_nodes_per_s": r.bg_alone,
-        "background_loaded_nodes_per_s": r.bg_loaded,
-        "normal": {
-            "p50_alone_us": r.normal_alone.p50,
-            "p99_alone_us": r.normal_alone.p99,
-            "p50_loaded_us": r.normal_loaded.p50,
-            "p99_loaded_us": r.normal_loaded.p99,
-            "max_loaded_us": r.normal_loaded.max,
-            "background_alone_nodes_per_s": r.bg_alone,
-            "background_loaded_nodes_per_s": r.bg_loaded_normal,
-        },
-        "targets": {
-            "p99_loaded_limit_us": limit,
-            "p99_met": r.loaded.p99 <= limit,
-            "background_ratio": r.bg_loaded / r.bg_alone.max(f64::MIN_POSITIVE),
-            "background_met": r.bg_loaded >= 0.8 * r.bg_alone,
-        },
-    });
-    if gpu {
-        v["gpu_background_kernel"] = serde_json::json!({
-            "grid": BG_WAVE * BG_SHORT_BLOCKS.0,
-            "block": BG_BLOCK,
-            "waves": BG_SHORT_BLOCKS.0,
-            "cycles_per_block": BG_SHORT_BLOCKS.1,
-        });
-        v["cuda_device_max_connections"] = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS")
-            .unwrap_or_default()
-            .into();
-    }
-    if let Some(w) = &r.one_wave {
-        v["one_wave_background"] = serde_json::json!({
-            "grid": BG_WAVE * BG_ONE_WAVE.0,
-            "block": BG_BLOCK,
-            "cycles_per_block": BG_ONE_WAVE.1,
-            "p50_loaded_us": w.loaded.p50,
-            "p99_loaded_us": w.loaded.p99,
-            "max_loaded_us": w.loaded.max,
-            "background_alone_nodes_per_s": w.bg_alone,
-            "background_loaded_nodes_per_s": w.bg_loaded,
-            "p99_met": w.loaded.p99 <= limit,
-        });
-    }
-    v
-}
-
-fn table(r: &Results, gpu: bool, workers: usize) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "{} pool, {workers} workers; foreground: a {CHAIN}-node chain every ms; background: low-priority wide graphs of 20 µs nodes{}",
-        if gpu { "GPU" } else { "host" },
-        if gpu {
-            format!(
-                " (kernels of {} waves of {BG_WAVE} blocks × {BG_BLOCK} threads, filling the device)",
-                BG_SHORT_BLOCKS.0
-            )
-        } else {
-            String::new()
-        }
-    );
-    let _ = writeln!(
-        s,
-        "{:<26} {:>9} {:>9} {:>9} {:>14}",
-        "foreground", "p50 µs", "p99 µs", "max µs", "bg nodes/s"
-    );
-    let _ = writeln!(
-        s,
-        "{:<26} {:>9.1} {:>9.1} {:>9.1} {:>14}",
-        "alone (high)", r.alone.p50, r.alone.p99, r.alone.max, "-"
-    );
-    let _ = writeln!(
-        s,
-        "{:<26} {:>9.1} {:>9.1} {:>9.1} {:>14}",
-        "alone (normal)", r.normal_alone.p50, r.normal_alone.p99, r.normal_alone.max, "-"
-    );
-    let _ = writeln!(
-        s,
-        "{:<26} {:>9} {:>9} {:>9} {:>14.0}",
-        "background alone", "-", "-", "-", r.bg_alone
-    );
-    let _ = writeln!(
-        s,
-        "{:<26} {:>9.1} {:>9.1} {:>9.1} {:>14.0}",
-        "loaded, high priority", r.loaded.p50, r.loaded.p99, r.loaded.max, r.bg_loaded
-    );
-    let _ = writeln!(
-        s,
-        "{:<26} {:>9.1} {:>9.1} {:>9.1} {:>14.0}",
-        "loaded, normal priority",
-        r.normal_loaded.p50,
-        r.normal_loaded.p99,
-        r.normal_loaded.max,
-        r.bg_loaded_normal
-    );
-    let _ = writeln!(
-        s,
-        "target p99 under load ≤ {:.1} µs: {}; background ≥ 80% of alone: {:.0}%",
-        p99_limit(r, gpu),
-        if r.loaded.p99 <= p99_limit(r, gpu) {
-            "met"
-        } else {
-            "MISSED"
-        },
-        100.0 * r.bg_loaded / r.bg_alone.max(f64::MIN_POSITIVE)
-    );
-    if let Some(w) = &r.one_wave {
-        let _ = writeln!(
-            s,
-            "worst case, one wave of ~20 µs blocks: loaded high p99 {:.1} µs ({}), max {:.1}; background {:.0}% of its alone {:.0}/s",
-            w.loaded.p99,
-            if w.loaded.p99 <= p99_limit(r, gpu) { "met" } else { "missed" },
-            w.loaded.max,
-            100.0 * w.bg_loaded / w.bg_alone.max(f64::MIN_POSITIVE),
-            w.bg_alone
-        );
-    }
-    s
 }
