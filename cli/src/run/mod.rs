@@ -38,8 +38,10 @@ pub(crate) struct RunArgs {
     /// Worker threads (default: the cores this process may use).
     #[arg(long)]
     threads: Option<usize>,
-    /// Runs of the graph; ns per node is the median over them.
-    #[arg(long, default_value_t = 1)]
+    /// Runs of the graph on one pool. The first is cold (caches, the graph's counters
+    /// allocated); ns per node is the median of the others, warm, with the cold one beside it.
+    /// With --gpu: timed runs after the first.
+    #[arg(long, default_value_t = 5)]
     repeat: usize,
     /// Print the summary as one JSON object.
     #[arg(long)]

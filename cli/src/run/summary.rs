@@ -19,11 +19,13 @@ pub(super) struct Summary {
     cores: Vec<Option<usize>>,
     /// Each run's ns per node.
     runs: Vec<f64>,
-    /// The median over the runs (none for a graph of no nodes: null in JSON, "-" in the table).
+    /// The figure `run` gives: the warm one, else (one run) the cold one. None for a graph of
+    /// no nodes: null in JSON, "-" in the table.
     ns_per_node: Option<f64>,
-    /// The median of the runs after the first: the first is the pool's and the graph's first
-    /// (cold caches, the dependency counters allocated and zeroed), later ones count on in warm
-    /// counters.
+    /// The first run's: the pool's and the graph's first (cold caches, the dependency counters
+    /// allocated and zeroed).
+    cold_ns_per_node: Option<f64>,
+    /// The median of the runs after the first, which count on in warm counters.
     warm_ns_per_node: Option<f64>,
     verify_ns_per_node: Option<f64>,
     build_ns_per_node: Option<f64>,
@@ -46,14 +48,17 @@ impl Summary {
     ) -> Self {
         let nodes = d.dag.len();
         let some = |v: &[f64]| (!v.is_empty()).then(|| median(v));
+        let cold = runs.per_node.first().copied();
+        let warm = runs.per_node.get(1..).and_then(some);
         Summary {
             nodes,
             edges: d.dag.edges.len(),
             threads,
             cores,
             runs: runs.per_node.clone(),
-            ns_per_node: some(&runs.per_node),
-            warm_ns_per_node: runs.per_node.get(1..).and_then(some),
+            ns_per_node: warm.or(cold),
+            cold_ns_per_node: cold,
+            warm_ns_per_node: warm,
             verify_ns_per_node: some(&runs.verify_per_node),
             build_ns_per_node: (nodes > 0).then(|| build.as_nanos() as f64 / nodes as f64),
             peak_os_threads,
@@ -84,8 +89,9 @@ fn print_json(a: &RunArgs, d: &Described, s: &Summary) {
         "threads": s.threads,
         "repeat": a.repeat,
         "ns_per_node": s.ns_per_node,
-        "runs_ns_per_node": s.runs,
+        "cold_ns_per_node": s.cold_ns_per_node,
         "warm_ns_per_node": s.warm_ns_per_node,
+        "runs_ns_per_node": s.runs,
         "verify_ns_per_node": s.verify_ns_per_node,
         "build_ns_per_node": s.build_ns_per_node,
         "peak_os_threads": s.peak_os_threads,
@@ -132,36 +138,34 @@ fn print_table(a: &RunArgs, d: &Described, s: &Summary) {
     }
 }
 
-/// The lines of per-node times: the runs, the warm runs, the check, the build.
+/// The lines of per-node times: the warm and cold figures, every run's, the check's, the
+/// build's.
 fn print_times(a: &RunArgs, s: &Summary) {
-    let (Some(ns), Some(build)) = (s.ns_per_node, s.build_ns_per_node) else {
+    let (Some(cold), Some(build)) = (s.cold_ns_per_node, s.build_ns_per_node) else {
         println!("ns per node      - (no nodes; {} run(s))", a.repeat);
         println!("build            - (no nodes)");
         return;
     };
     let runs = bounded::list(s.runs.iter().map(|x| format!("{x:.1}")), " ");
-    if a.repeat == 1 {
-        println!("ns per node      {ns:.1} (1 run, the graph's first: cold)");
-    } else {
-        println!(
-            "ns per node      {ns:.1} (median of {} run(s): {runs})",
-            a.repeat
-        );
-    }
-    println!(
-        "                 a run is timed from submit to wait; every node body also \
-         records for the check (2 increments of one shared atomic)"
-    );
     match s.warm_ns_per_node {
-        Some(w) if a.repeat == 2 => {
-            println!("warm runs        {w:.1} ns per node (run 2; run 1 is cold)")
+        Some(warm) => {
+            let which = match a.repeat {
+                2 => "run 2".to_string(),
+                r => format!("median of runs 2-{r}"),
+            };
+            println!(
+                "ns per node      {warm:.1} warm ({which}); cold {cold:.1} (run 1, the graph's first)"
+            );
         }
-        Some(w) => println!(
-            "warm runs        {w:.1} ns per node (median of runs 2-{}; run 1 is cold)",
-            a.repeat
+        None => println!(
+            "ns per node      {cold:.1} cold (1 run, the graph's first; --repeat 2 or more gives the warm figure)"
         ),
-        None => println!("warm runs        - (--repeat 2 or more gives them)"),
     }
+    println!("runs             {runs} (ns per node, each timed from submit to wait returning)");
+    println!(
+        "                 every node body also records for the check (2 increments of one \
+         shared atomic)"
+    );
     if let Some(v) = s.verify_ns_per_node {
         println!("verify           {v:.1} ns per node (after each run; not in its time)");
     }
