@@ -778,6 +778,42 @@ fn a_thousand_workers_make_one_short_threads_line() {
     }
 }
 
+/// A typo in `--size` is refused at once, naming the estimate and the limit, before anything is
+/// allocated: the binary runs under an address-space limit of 8 GiB, so that were it to build
+/// the graph (it used to grow by 9 GB in 12 s), it would fail for want of memory instead of
+/// exiting 2 with the message.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_size_too_large_for_the_machine_is_refused_before_anything_is_allocated() {
+    for (shape, what) in [("wavefront", "a wavefront of"), ("chain", "a chain of")] {
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -v 8388608 && exec '{}' run --shape {shape} --size 99999999999999 --threads 2",
+                env!("CARGO_BIN_EXE_boundpool")
+            ))
+            .output()
+            .expect("sh runs");
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{shape}: {err}");
+        assert_eq!(stdout(&o), "", "{shape}: nothing ran");
+        assert!(
+            err.contains(&format!("--size 99999999999999: {what} ")),
+            "{err}"
+        );
+        assert!(
+            err.contains(" needs about ") && err.contains("(estimated)"),
+            "{err}"
+        );
+        // The limit: here the address space left under the ulimit (at most 8 GiB).
+        assert!(
+            err.contains("GiB this process can have (the address-space limit"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
 #[test]
 fn a_long_cycle_and_huge_names_give_short_messages() {
     // A 20,000-node cycle: the message names some of it and stays short.

@@ -20,12 +20,17 @@ pub(super) fn main(a: &RunArgs) -> ExitCode {
         eprintln!("boundpool run: --repeat must be at least 1");
         return ExitCode::from(2);
     }
+    let shape = a.shape.unwrap_or_default().shape();
+    if let Err(m) = super::graph::check_shape(shape, a.size) {
+        eprintln!("boundpool run: {m}");
+        return ExitCode::from(2);
+    }
     let workers = a.threads.unwrap_or(4).max(1);
     let (pool, splits) = match gpu_pool::open("run", workers, &a.part, a.json) {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let shape = GpuShape::Builtin(a.shape.unwrap_or_default().shape());
+    let shape = GpuShape::Builtin(shape);
     let r = run(a, shape, &pool);
     pool.shutdown(ShutdownMode::Finish);
     match r {

@@ -1,6 +1,7 @@
 //! The graph `run` runs, described and checked before any thread starts: a built-in shape of
 //! `--size` nodes (with `--work-ns` of busy work in each), or a graph file read and checked with
-//! [`boundpool::graph_file`]; then built into a graph whose node bodies record for the check.
+//! [`boundpool::graph_file`], refused if it cannot fit ([`memory`]); then built into a graph
+//! whose node bodies record for the check.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use std::sync::Arc;
 use boundpool::{bounded, Graph};
 use boundpool_workloads::{Dag, Shape};
 
+use super::memory;
 use super::verify::{build_graph, Check};
 use super::{Fail, RunArgs};
 
@@ -19,11 +21,14 @@ pub(super) struct Described {
 }
 
 /// The graph `a` names: its file, else its shape (default: wavefront). A size that rounds to
-/// no nodes gives an empty graph, which runs (and completes at once).
+/// no nodes gives an empty graph, which runs (and completes at once). A graph whose estimated
+/// memory exceeds what this process can have is refused, a shape before it is made.
 pub(super) fn describe(a: &RunArgs) -> Result<Described, Fail> {
     match &a.graph {
         Some(path) => {
             let (name, dag) = load(path).map_err(Fail::Input)?;
+            let what = format!("the graph of {}", path.display());
+            memory::check(&what, dag.len(), dag.edges.len()).map_err(Fail::Input)?;
             Ok(Described {
                 name,
                 shape: None,
@@ -32,6 +37,7 @@ pub(super) fn describe(a: &RunArgs) -> Result<Described, Fail> {
         }
         None => {
             let shape = a.shape.unwrap_or_default().shape();
+            check_shape(shape, a.size).map_err(Fail::Input)?;
             let mut dag = Dag::shape(shape, a.size);
             dag.work_ns.iter_mut().for_each(|w| *w = a.work_ns);
             Ok(Described {
@@ -41,6 +47,13 @@ pub(super) fn describe(a: &RunArgs) -> Result<Described, Fail> {
             })
         }
     }
+}
+
+/// Refuses `shape` at `size` when its estimated memory exceeds what this process can have,
+/// counting its nodes and edges without making it.
+pub(super) fn check_shape(shape: Shape, size: usize) -> Result<(), String> {
+    let (nodes, edges) = memory::shape_counts(shape, size);
+    memory::check(&format!("--size {size}: a {}", shape.name()), nodes, edges)
 }
 
 /// Reads and checks a graph file; returns the graph's name and its DAG, or a message naming the

@@ -3,7 +3,7 @@
 //! replayed ([`gpu`]).
 //!
 //! One file per step of a host run: the graph described and checked before any thread starts
-//! ([`graph`]), the pool and the runs ([`host`]), the exactly-once-after-predecessors check
+//! ([`graph`]; one too large for the machine refused by [`memory`]), the pool and the runs ([`host`]), the exactly-once-after-predecessors check
 //! ([`verify`]), the summary ([`summary`]).
 
 use std::net::SocketAddr;
@@ -18,6 +18,7 @@ use crate::gpu_pool::PartitionArg;
 mod gpu;
 mod graph;
 mod host;
+mod memory;
 mod summary;
 mod verify;
 
