@@ -21,21 +21,21 @@ use boundpool_gpu::{
 use boundpool_workloads as baselines;
 use boundpool_workloads::median;
 
-fn arg_str(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-}
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// GPU nodes against raw-driver baselines, in one process (see the top of this file).
+#[derive(clap::Parser, Debug)]
+struct Args {
+    /// Runs of each measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Nodes of the independent graphs.
+    #[arg(long, default_value_t = 40_000)]
+    nodes: usize,
+    /// Edges of the chains.
+    #[arg(long, default_value_t = 20_000)]
+    edges: usize,
+    /// Only this part: independent, submitters or chain.
+    #[arg(long)]
+    only: Option<String>,
 }
 
 fn empty_node(
@@ -176,6 +176,7 @@ fn time_graph(p: &GpuPool, g: &GpuGraph) -> Duration {
 }
 
 fn main() {
+    let a: Args = boundpool_bench::flags::parse();
     if let Some(why) = boundpool_gpu::gpu_unavailable_reason() {
         eprintln!("SKIPPED gpu bench: no GPU: {why}");
         if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
@@ -183,10 +184,12 @@ fn main() {
         }
         return;
     }
-    let runs = arg("--runs", 5);
-    let nodes = arg("--nodes", 40_000);
-    let edges = arg("--edges", 20_000);
-    let only = arg_str("--only");
+    let Args {
+        runs,
+        nodes,
+        edges,
+        only,
+    } = a;
     let want = |what: &str| only.as_deref().is_none_or(|o| o == what);
     let k_empty = Module::builtin().kernel(builtin::EMPTY).unwrap();
     let mut verdicts: Vec<(String, bool)> = Vec::new();

@@ -2,7 +2,8 @@
 //!
 //! What boundpool is measured with beyond what the command line runs, kept out of the
 //! libraries (not published): the benches (`cargo bench -p boundpool-bench --bench
-//! scheduler|gpu|observe|cholesky|replay|serve|partition`, their flags read with [`flags`]),
+//! scheduler|gpu|observe|cholesky|replay|serve|partition`; the flags of `gpu`, `replay`, `serve`
+//! and `partition` are clap parsers read with [`flags`], `-- --help` lists them),
 //! the tiled Cholesky workload ([`cholesky`]), the profiling examples (`smoke`,
 //! `build_profile`, `sweep`, `gpu_probe`) and the device scripts (`device/`). The graph shapes,
 //! the baselines and the replay bench live in `boundpool-workloads`, which the `boundpool`
