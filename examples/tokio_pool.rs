@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use boundpool::observe::install_prometheus;
 use boundpool::{GraphBuilder, PoolBuilder};
-use boundpool_bench::workloads::busy_work;
+use boundpool_workloads::busy_work;
 
 const POOL_WORKERS: usize = 2;
 const TOKIO_WORKERS: usize = 2;

@@ -7,9 +7,9 @@
 //! backend ([`boundpool_gpu`]), and adds the graph-file reader ([`graph_file`]) and observability
 //! ([`observe`]: Chrome traces, and with the `prometheus` feature the Prometheus exporter). The
 //! `boundpool` command line is its own crate (`boundpool-cli`, in `cli/`, with the SVG timelines
-//! and the metric table), and the benches, their workloads and baselines another
-//! (`boundpool-bench`, in `benches/`), so that a
-//! library user compiles neither clap, indicatif nor the exporter.
+//! and the metric table), the workloads and baselines it runs another (`boundpool-workloads`,
+//! in `workloads/`), and the benches a third (`boundpool-bench`, in `benches/`, not published),
+//! so that a library user compiles neither clap, indicatif nor the exporter.
 //!
 //! ```
 //! use boundpool::{GraphBuilder, PoolBuilder};
@@ -25,10 +25,10 @@
 
 pub use boundpool_gpu as gpu;
 pub use boundpool_scheduler::{
-    backend, default_workers, BoxError, Cores, DomainId, Error, ErrorKind, Graph, GraphBuilder,
-    GraphHandle, GraphOutput, GroupId, GroupSpec, Inputs, NodeCtx, NodeId, NodeRef, Placement,
-    Pool, PoolBuilder, PoolStats, Priority, ShutdownMode, SliceKind, Subgraph, SubmitFuture, Trace,
-    TraceSlice, TraceTrack, WorkerInfo, WorkerStats, METRICS,
+    backend, default_workers, estimate_graph_bytes, BoxError, Cores, DomainId, Error, ErrorKind,
+    Graph, GraphBuilder, GraphHandle, GraphOutput, GroupId, GroupSpec, Inputs, NodeCtx, NodeId,
+    NodeRef, Placement, Pool, PoolBuilder, PoolStats, Priority, ShutdownMode, SliceKind, Subgraph,
+    SubmitFuture, Trace, TraceSlice, TraceTrack, WorkerInfo, WorkerStats, METRICS,
 };
 
 pub mod bounded;

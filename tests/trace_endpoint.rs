@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
 use boundpool::PoolBuilder;
-use boundpool_bench::workloads::{Dag, Shape};
+use boundpool_workloads::{Dag, Shape};
 
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let agent = ureq::AgentBuilder::new()

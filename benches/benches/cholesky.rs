@@ -32,11 +32,11 @@ use boundpool_bench::cholesky::{
     potrf, potrf_info_error, spd_matrix, spot_check_on_device, CholeskyPlan, Diag, Mat, Side,
     TileBlas, Trans, Uplo, Vector,
 };
-use boundpool_bench::replay::median;
 use boundpool_gpu::{
     DeviceBuffer, Devices, GpuDevice, GpuErrorKind, GpuGraph, GpuGraphBuilder, GpuGraphExt,
     GpuPool, GpuPoolBuilder, ShutdownMode, SmPartition,
 };
+use boundpool_workloads::median;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

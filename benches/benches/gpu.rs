@@ -1,6 +1,6 @@
 //! GPU benchmarks: boundpool's GPU nodes against baselines measured in the same process.
 //!
-//! An empty kernel `<<<1,1>>>` per node. Baselines (from `boundpool_bench::baselines`): raw
+//! An empty kernel `<<<1,1>>>` per node. Baselines (from `boundpool_workloads`): raw
 //! launches from k bound threads with a stream each; an OS thread per task; one server thread
 //! fed by a channel from 8 submitters; cross-stream chains with an event edge or a host
 //! synchronise per edge. Each figure is the median of several runs. The independent nodes run
@@ -12,30 +12,30 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use boundpool_bench::baselines;
-use boundpool_bench::replay::median;
 use boundpool_gpu::cudarc::driver::{CudaFunction, LaunchConfig as CuLaunch};
 use boundpool_gpu::cudarc::nvrtc::Ptx;
 use boundpool_gpu::{
     builtin, Devices, GpuDevice, GpuGraph, GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder,
     GroupId, Kernel, LaunchConfig, Module,
 };
+use boundpool_workloads as baselines;
+use boundpool_workloads::median;
 
-fn arg_str(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-}
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// GPU nodes against raw-driver baselines, in one process (see the top of this file).
+#[derive(clap::Parser, Debug)]
+struct Args {
+    /// Runs of each measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Nodes of the independent graphs.
+    #[arg(long, default_value_t = 40_000)]
+    nodes: usize,
+    /// Edges of the chains.
+    #[arg(long, default_value_t = 20_000)]
+    edges: usize,
+    /// Only this part: independent, submitters or chain.
+    #[arg(long)]
+    only: Option<String>,
 }
 
 fn empty_node(
@@ -176,6 +176,7 @@ fn time_graph(p: &GpuPool, g: &GpuGraph) -> Duration {
 }
 
 fn main() {
+    let a: Args = boundpool_bench::flags::parse();
     if let Some(why) = boundpool_gpu::gpu_unavailable_reason() {
         eprintln!("SKIPPED gpu bench: no GPU: {why}");
         if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
@@ -183,10 +184,12 @@ fn main() {
         }
         return;
     }
-    let runs = arg("--runs", 5);
-    let nodes = arg("--nodes", 40_000);
-    let edges = arg("--edges", 20_000);
-    let only = arg_str("--only");
+    let Args {
+        runs,
+        nodes,
+        edges,
+        only,
+    } = a;
     let want = |what: &str| only.as_deref().is_none_or(|o| o == what);
     let k_empty = Module::builtin().kernel(builtin::EMPTY).unwrap();
     let mut verdicts: Vec<(String, bool)> = Vec::new();
@@ -299,7 +302,7 @@ fn main() {
             bg.push(time_graph(&p, &bare_gpu).as_secs_f64() * 1e6 / edges as f64);
             ours.push(time_graph(&p, &g).as_secs_f64() * 1e6 / edges as f64);
             ours_same.push(time_graph(&p, &same).as_secs_f64() * 1e6 / edges as f64);
-            let us = |m: boundpool_bench::raw::Result<baselines::Measurement>| {
+            let us = |m: Result<baselines::Measurement, baselines::BaselineError>| {
                 m.unwrap().micros_per_op()
             };
             ev.push(us(baselines::event_edge_chain(0, edges)));

@@ -20,7 +20,7 @@
 
 use boundpool::observe::install_prometheus_recorder;
 use boundpool::{Graph, Pool, PoolBuilder};
-use boundpool_bench::workloads::{empty_graph, median, run_boundpool, Shape};
+use boundpool_workloads::{empty_graph, median, run_boundpool, Shape};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)

@@ -32,7 +32,7 @@ use boundpool::gpu::{
     GpuGraphBuilder, GpuGraphExt, GpuPool, GpuPoolBuilder, LaunchConfig, Module, Priority,
     SmPartition,
 };
-use boundpool_bench::flags::Flags;
+use boundpool_workloads::percentile;
 use model::{check, GemmPath, ServeOptions, ServedModel, Shape, Weights};
 use serde_json::{json, Value};
 
@@ -41,51 +41,42 @@ const SHAPE: Shape = Shape {
     dim: 1024,
 };
 
+/// A served model beside a full GPU, with and without an SM partition (see the top of this
+/// file).
+#[derive(clap::Parser, Debug)]
 struct Args {
+    /// Seconds per scenario.
+    #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// µs between the client's requests.
+    #[arg(long, default_value_t = 200)]
     gap_us: u64,
+    /// The client's partition sizes, in SMs.
+    #[arg(long, value_delimiter = ',', default_values_t = [8, 16, 32])]
     sms: Vec<u32>,
+    /// The background GEMMs' size (square).
+    #[arg(long, default_value_t = 8192)]
     bg_n: usize,
+    /// Background graphs in flight.
+    #[arg(long, default_value_t = 2)]
     bg_inflight: usize,
+    /// The backgrounds, in order.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [BgKind::Gemm, BgKind::Wave])]
     bg: Vec<BgKind>,
+    /// How long each block of the wave background spins, µs.
+    #[arg(long, default_value_t = 1000)]
     wave_us: u64,
+    /// Skip the PyTorch peer.
+    #[arg(long = "no-torch", action = clap::ArgAction::SetFalse)]
     torch: bool,
+    /// JSON lines.
+    #[arg(long)]
     json: bool,
 }
 
-fn args() -> Args {
-    let f = Flags::from_env();
-    Args {
-        seconds: f.value("--seconds").unwrap_or(2.0),
-        gap_us: f.value("--gap-us").unwrap_or(200),
-        sms: f.list("--sms").unwrap_or_else(|| vec![8, 16, 32]),
-        bg_n: f.value("--bg-n").unwrap_or(8192),
-        bg_inflight: f.value("--bg-inflight").unwrap_or(2),
-        bg: f
-            .list::<String>("--bg")
-            .map(|v| {
-                v.iter()
-                    .filter_map(|k| match k.as_str() {
-                        "gemm" => Some(BgKind::Gemm),
-                        "wave" => Some(BgKind::Wave),
-                        _ => None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_else(|| vec![BgKind::Gemm, BgKind::Wave]),
-        wave_us: f.value("--wave-us").unwrap_or(1000),
-        torch: !f.has("--no-torch"),
-        json: f.has("--json"),
-    }
-}
-
+/// The `q`-quantile of `lat`, µs.
 fn pct(lat: &[Duration], q: f64) -> f64 {
-    let mut l = lat.to_vec();
-    l.sort();
-    if l.is_empty() {
-        return f64::NAN;
-    }
-    l[(q * (l.len() - 1) as f64).round() as usize].as_secs_f64() * 1e6
+    percentile(lat.iter().map(|d| d.as_secs_f64() * 1e6), q)
 }
 
 /// The latency-critical client: the served model on `device` at `Priority::High`.
@@ -142,7 +133,7 @@ impl Client {
 }
 
 /// What fills the GPU beside the client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum BgKind {
     /// bf16 GEMMs (cuBLAS) of `--bg-n`, `GEMMS` a graph.
     Gemm,
@@ -362,7 +353,7 @@ fn pool(parts: Option<u32>) -> GpuPool {
 }
 
 fn main() {
-    let a = args();
+    let a: Args = boundpool_bench::flags::parse();
     if let Some(why) = gpu_unavailable_reason() {
         println!("no GPU: {why}");
         if std::env::var("BOUNDPOOL_REQUIRE_GPU").as_deref() == Ok("1") {

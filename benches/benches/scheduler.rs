@@ -3,7 +3,7 @@
 //! `cargo bench -p boundpool-bench --bench scheduler` (set `BOUNDPOOL_BENCH_SCALE=0.1` for a quick run). Prints each
 //! implementation's median ns per node and boundpool's ratio to the better rayon-core variant.
 
-use boundpool_bench::workloads::{bench_build, bench_shapes, BenchConfig};
+use boundpool_workloads::{bench_build, bench_shapes, BenchConfig};
 
 fn main() {
     let scale: f64 = std::env::var("BOUNDPOOL_BENCH_SCALE")

@@ -31,7 +31,8 @@ use boundpool::gpu::half::bf16;
 use boundpool::gpu::{
     gpu_unavailable_reason, Devices, GpuDevice, GpuPool, GpuPoolBuilder, Priority, SmPartition,
 };
-use boundpool_bench::flags::Flags;
+use boundpool_workloads::{median, percentile};
+use clap::ArgAction;
 use model::{check, Elem, GemmPath, ServeOptions, ServedModel, Shape, Weights};
 use serde_json::{json, Value};
 
@@ -41,41 +42,57 @@ const SHAPE: Shape = Shape {
 };
 const INPUTS: u64 = 8;
 
+/// The served model of examples/serve to client threads, against PyTorch (see the top of this
+/// file).
+#[derive(clap::Parser, Debug)]
 struct Args {
+    /// Seconds per configuration.
+    #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// Batch client counts.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 32])]
     clients: Vec<usize>,
+    /// Device workers.
+    #[arg(long, default_value_t = 8)]
     workers: usize,
+    /// The pool's `wait_spin`, µs.
+    #[arg(long, default_value_t = 200)]
     spin_us: u64,
-    idle_spin_us: Option<u64>,
+    /// The pool's `idle_spin`, µs.
+    #[arg(long, default_value_t = 200)]
+    idle_spin_us: u64,
+    /// The GEMMs: `lt` (cuBLASLt, the bias in the epilogue) or `cublas` (and a bias + GELU
+    /// kernel).
+    #[arg(long, default_value = "lt", value_parser = gemm_path)]
     gemm: GemmPath,
+    /// The copies in and out as eager nodes around a copy-free graph.
+    #[arg(long = "eager-copies", action = ArgAction::SetFalse)]
     copies_in_graph: bool,
+    /// In the graph, copy nodes instead of copy kernels on the mapped pinned buffers.
+    #[arg(long = "copy-nodes", action = ArgAction::SetFalse)]
     zero_copy: bool,
+    /// The heuristic's first cuBLASLt algorithm, not the fastest of its offers.
+    #[arg(long = "no-tune", action = ArgAction::SetFalse)]
     tune: bool,
+    /// Instead, one client's requests on a traced pool, cut into phases.
+    #[arg(long)]
     breakdown: bool,
+    /// The priority scenario once more with S SMs for the latency-critical client.
+    #[arg(long, value_name = "S")]
     high_partition: Option<u32>,
+    /// Skip the PyTorch peer.
+    #[arg(long = "no-torch", action = ArgAction::SetFalse)]
     torch: bool,
+    /// JSON lines.
+    #[arg(long)]
     json: bool,
 }
 
-fn args() -> Args {
-    let f = Flags::from_env();
-    Args {
-        seconds: f.value("--seconds").unwrap_or(2.0),
-        clients: f.list("--clients").unwrap_or_else(|| vec![1, 8, 32]),
-        workers: f.value("--workers").unwrap_or(8),
-        spin_us: f.value("--spin-us").unwrap_or(200),
-        idle_spin_us: Some(f.value("--idle-spin-us").unwrap_or(200)),
-        gemm: match f.raw("--gemm") {
-            Some("cublas") => GemmPath::Cublas,
-            _ => GemmPath::Lt,
-        },
-        copies_in_graph: !f.has("--eager-copies"),
-        zero_copy: !f.has("--copy-nodes"),
-        tune: !f.has("--no-tune"),
-        breakdown: f.has("--breakdown"),
-        high_partition: f.value("--high-partition"),
-        torch: !f.has("--no-torch"),
-        json: f.has("--json"),
+fn gemm_path(s: &str) -> Result<GemmPath, String> {
+    match s {
+        "lt" => Ok(GemmPath::Lt),
+        "cublas" => Ok(GemmPath::Cublas),
+        _ => Err(format!("`{s}` is neither lt nor cublas")),
     }
 }
 
@@ -86,14 +103,9 @@ struct Run {
 }
 
 impl Run {
+    /// The `q`-quantile of the latencies, µs.
     fn pct(&self, q: f64) -> f64 {
-        let mut l = self.lat.clone();
-        l.sort();
-        if l.is_empty() {
-            return f64::NAN;
-        }
-        let i = (q * (l.len() - 1) as f64).round() as usize;
-        l[i].as_secs_f64() * 1e6
+        percentile(self.lat.iter().map(|d| d.as_secs_f64() * 1e6), q)
     }
     fn rps(&self) -> f64 {
         self.lat.len() as f64 / self.secs
@@ -306,7 +318,7 @@ where
         .name("serve-partitioned")
         .devices(Devices::List(vec![0]))
         .wait_spin(Duration::from_micros(a.spin_us))
-        .idle_spin(Duration::from_micros(a.idle_spin_us.unwrap_or(20)))
+        .idle_spin(Duration::from_micros(a.idle_spin_us))
         .sm_partitions(vec![
             SmPartition::new("latency", sms).workers(2),
             SmPartition::rest("batch").workers(a.workers.saturating_sub(2).max(1)),
@@ -528,14 +540,13 @@ where
         T::NAME,
         phases[0].len()
     );
-    for (n, p) in names.iter().zip(&mut phases) {
-        p.sort_by(f64::total_cmp);
-        let med = p.get(p.len() / 2).copied().unwrap_or(f64::NAN);
-        println!("| {n} | {med:.1} |");
+    for (n, p) in names.iter().zip(&phases) {
+        println!("| {n} | {:.1} |", median(p));
     }
 }
 
 fn main() {
+    let a: Args = boundpool_bench::flags::parse();
     if let Some(why) = gpu_unavailable_reason() {
         eprintln!("SKIPPED serve bench: no GPU: {why}");
         if std::env::var("BOUNDPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
@@ -543,15 +554,12 @@ fn main() {
         }
         return;
     }
-    let a = args();
-    let mut pool = GpuPoolBuilder::new()
+    let pool = GpuPoolBuilder::new()
         .name("serve")
         .devices(Devices::List(vec![0]))
         .workers_per_device(a.workers)
-        .wait_spin(Duration::from_micros(a.spin_us));
-    if let Some(us) = a.idle_spin_us {
-        pool = pool.idle_spin(Duration::from_micros(us));
-    }
+        .wait_spin(Duration::from_micros(a.spin_us))
+        .idle_spin(Duration::from_micros(a.idle_spin_us));
     if a.breakdown {
         let pool = pool.trace(true).build().expect("GPU pool");
         breakdown::<bf16>(&pool, &a);

@@ -5,7 +5,8 @@
 #   SOAK_S=570 bash .devbin/soak_and_sanitizers.sh   # GPU soak with compute-sanitizer meanwhile
 # (one command may run 600 s at most: give the soak less, or start it in one call and collect
 # it in the next with soak_collect.sh), or ab_call.sh (a GPU-crate change against a baseline
-# pack), replay_ab.sh or first_call.sh (A/B runs against PACK_REVS, below). Every one of them
+# pack), replay_ab.sh or first_call.sh (A/B runs against PACK_REVS, below), cli_call.sh (the
+# command line's GPU subcommands and the benches' flags). Every one of them
 # sources lib.sh (`step`, `finish`, `alternate`); so can an ad-hoc command there. This script
 # runs here, not there, and does not.
 # PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI, the replay, eager and
@@ -37,6 +38,7 @@ while read -r kind name path; do
     test:gpu_*|test:prometheus_gpu) cp "$path" "$out/b/t_$name" ;;
     lib:boundpool_gpu) cp "$path" "$out/b/t_boundpool_gpu" ;;
     lib:boundpool_bench) cp "$path" "$out/b/t_boundpool_bench" ;;
+    lib:boundpool_workloads) cp "$path" "$out/b/t_boundpool_workloads" ;;
     bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe|bench:serve|bench:partition) cp "$path" "$out/b/bench_$name" ;;
     bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes|example:serve|example:gpu_probe) cp "$path" "$out/b/$name" ;;
   esac

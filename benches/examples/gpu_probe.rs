@@ -1,4 +1,4 @@
-//! Self-test of a GPU machine (`boundpool_bench::probe`): `gpu_probe [--sticky] [--baselines]`.
+//! Self-test of a GPU machine (`boundpool_workloads::probe`): `gpu_probe [--sticky] [--baselines]`.
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let sticky = args.iter().any(|a| a == "--sticky");
@@ -8,7 +8,7 @@ fn main() {
         return;
     }
     if base {
-        use boundpool_bench::baselines as b;
+        use boundpool_workloads as b;
         match b::call_costs(0, 20_000) {
             Ok((l, r, q)) => println!("call costs ns: launch {l:.0}, record {r:.0}, query {q:.0}"),
             Err(e) => println!("call_costs: {e}"),
@@ -36,7 +36,7 @@ fn main() {
             Err(e) => println!("hedge: {e}"),
         }
     }
-    match boundpool_bench::probe::probe(0, sticky) {
+    match boundpool_workloads::probe(0, sticky) {
         Ok(lines) => {
             for l in lines {
                 println!("{l}");

@@ -1,7 +1,7 @@
 //! Profiling aid: boundpool vs rayon-inline on one shape, interleaved pairs, median of ratios.
 //! `sweep SHAPE [NODES] [PAIRS]`, or `sweep build`.
 use boundpool::backend::FromIndex;
-use boundpool_bench::workloads::*;
+use boundpool_workloads::*;
 fn main() {
     let arg = std::env::args().nth(1).unwrap_or("chain".into());
     if arg == "pingpong" {

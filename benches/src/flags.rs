@@ -1,60 +1,57 @@
-//! The benches' command-line flags: `--name value` pairs and bare `--name` switches, read from
-//! the process's arguments (a bench target has no clap).
+//! The benches' command lines, on clap: each bench declares its flags as a `clap::Parser` and
+//! reads them with [`parse`], which drops the `--bench` that `cargo bench` adds to a bench
+//! target's arguments. A misspelt flag or a value that does not parse is an error naming it
+//! (exit status 2), not a default taken silently.
 
-use std::str::FromStr;
+use std::ffi::OsString;
 
-/// The process's arguments.
-#[derive(Debug)]
-pub struct Flags(Vec<String>);
+/// This process's flags, as `T` declares them (`--help` lists them).
+pub fn parse<T: clap::Parser>() -> T {
+    parse_from(std::env::args_os())
+}
 
-impl Flags {
-    /// This process's arguments.
-    pub fn from_env() -> Self {
-        Flags(std::env::args().collect())
-    }
-
-    /// The value after `name`, parsed; `None` when absent or unparsable.
-    pub fn value<T: FromStr>(&self, name: &str) -> Option<T> {
-        self.raw(name)?.parse().ok()
-    }
-
-    /// The comma-separated list after `name` (its unparsable items left out).
-    pub fn list<T: FromStr>(&self, name: &str) -> Option<Vec<T>> {
-        Some(
-            self.raw(name)?
-                .split(',')
-                .filter_map(|x| x.parse().ok())
-                .collect(),
-        )
-    }
-
-    /// The value after `name`, as given.
-    pub fn raw(&self, name: &str) -> Option<&str> {
-        let i = self.0.iter().position(|x| x == name)?;
-        self.0.get(i + 1).map(String::as_str)
-    }
-
-    /// Whether `name` is given.
-    pub fn has(&self, name: &str) -> bool {
-        self.0.iter().any(|x| x == name)
-    }
+/// [`parse`] of `args` (the program's name first).
+pub fn parse_from<T: clap::Parser>(args: impl IntoIterator<Item = impl Into<OsString>>) -> T {
+    T::parse_from(args.into_iter().map(Into::into).filter(|a| a != "--bench"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    #[derive(clap::Parser, Debug)]
+    struct Flags {
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        #[arg(long, value_delimiter = ',', default_values_t = [8, 16])]
+        sms: Vec<u32>,
+        #[arg(long)]
+        json: bool,
+        #[arg(long = "no-torch", action = clap::ArgAction::SetFalse)]
+        torch: bool,
+    }
+
     #[test]
-    fn values_lists_and_switches() {
-        let f = Flags(
-            ["bench", "--seconds", "1.5", "--sms", "8,x,16", "--json"]
-                .map(String::from)
-                .to_vec(),
+    fn values_lists_and_switches_with_cargo_bench_s_flag_dropped() {
+        let f: Flags = parse_from([
+            "bench",
+            "--bench",
+            "--seconds",
+            "1.5",
+            "--sms",
+            "8,32",
+            "--json",
+        ]);
+        assert_eq!(
+            (f.seconds, f.sms, f.json, f.torch),
+            (1.5, vec![8, 32], true, true)
         );
-        assert_eq!(f.value::<f64>("--seconds"), Some(1.5));
-        assert_eq!(f.list::<u32>("--sms"), Some(vec![8, 16]));
-        assert_eq!(f.value::<u32>("--gap-us"), None);
-        assert!(f.has("--json") && !f.has("--no-torch"));
-        assert_eq!(f.value::<u32>("--json"), None, "a switch has no value");
+        let f: Flags = parse_from(["bench", "--no-torch"]);
+        assert_eq!(
+            (f.seconds, f.sms, f.json, f.torch),
+            (2.0, vec![8, 16], false, false)
+        );
+        let bad = <Flags as clap::Parser>::try_parse_from(["bench", "--sms", "8,x"]);
+        assert!(bad.unwrap_err().to_string().contains("'x'"));
     }
 }

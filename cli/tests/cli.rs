@@ -99,9 +99,15 @@ fn every_shape_runs_verified_with_a_fixed_thread_count() {
             3,
             "{shape}: {v}"
         );
-        // The runs after the first, cold one, and the check timed apart from every run.
+        // The runs after the first, cold one, and the check timed apart from every run; the
+        // figure given is the warm one, the cold one beside it.
         assert!(
             v["warm_ns_per_node"].as_f64().unwrap() > 0.0,
+            "{shape}: {v}"
+        );
+        assert_eq!(v["ns_per_node"], v["warm_ns_per_node"], "{shape}: {v}");
+        assert_eq!(
+            v["cold_ns_per_node"], v["runs_ns_per_node"][0],
             "{shape}: {v}"
         );
         assert!(
@@ -125,6 +131,9 @@ fn human_summary_names_every_figure_and_prints_nothing_else() {
         "graph            chain",
         "nodes            100",
         "ns per node",
+        // By default a warm figure (runs after the first), the cold one beside it.
+        " warm (median of runs 2-5); cold ",
+        "runs             ",
         "peak OS threads",
         "steals",
         "verified         yes",
@@ -133,6 +142,27 @@ fn human_summary_names_every_figure_and_prints_nothing_else() {
     }
     // Not a terminal: no progress bar, no notes.
     assert_eq!(stderr(&o), "", "stderr should be empty when not a terminal");
+}
+
+#[test]
+fn one_run_gives_the_cold_figure_and_says_so() {
+    let args = ["run", "--shape", "chain", "--size", "100", "--threads", "2"];
+    let o = run(&[&args[..], &["--repeat", "1"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let line = out.lines().find(|l| l.starts_with("ns per node")).unwrap();
+    assert!(
+        line.contains(" cold (1 run") && !line.contains("warm ("),
+        "{line}"
+    );
+    let v = json_summary(&[&args[..], &["--repeat", "1", "--json"]].concat());
+    assert!(v["warm_ns_per_node"].is_null(), "{v}");
+    assert_eq!(v["ns_per_node"], v["cold_ns_per_node"], "{v}");
+    assert_eq!(v["nodes_run"], 100, "{v}");
+    // The default is five runs: one cold, four warm.
+    let v = json_summary(&[&args[..], &["--json"]].concat());
+    assert_eq!(v["runs_ns_per_node"].as_array().unwrap().len(), 5, "{v}");
+    assert_eq!(v["nodes_run"], 500, "{v}");
 }
 
 /// Runs the binary with stdin, stdout and stderr on a pseudo-terminal (through util-linux
@@ -172,6 +202,8 @@ fn progress_bar_only_on_a_terminal_and_not_with_quiet() {
         "25000000",
         "--threads",
         "2",
+        "--repeat",
+        "1",
     ];
     let bar = "chain: 32 nodes x 1 [";
     let Some(tty) = run_on_a_terminal(&args) else {
@@ -739,10 +771,46 @@ fn a_thousand_workers_make_one_short_threads_line() {
     assert!(threads.contains("1000 workers"), "{threads}");
     assert!(threads.contains("… (990 more)"), "{threads}");
     assert!(threads.len() < 120, "{} bytes: {threads}", threads.len());
-    let runs = text.lines().find(|l| l.starts_with("ns per node")).unwrap();
+    let runs = text.lines().find(|l| l.starts_with("runs ")).unwrap();
     assert!(runs.contains("… (20 more)") && runs.len() < 200, "{runs}");
     for line in text.lines() {
         assert!(line.len() < 200, "a long summary line: {line}");
+    }
+}
+
+/// A typo in `--size` is refused at once, naming the estimate and the limit, before anything is
+/// allocated: the binary runs under an address-space limit of 8 GiB, so that were it to build
+/// the graph (it used to grow by 9 GB in 12 s), it would fail for want of memory instead of
+/// exiting 2 with the message.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_size_too_large_for_the_machine_is_refused_before_anything_is_allocated() {
+    for (shape, what) in [("wavefront", "a wavefront of"), ("chain", "a chain of")] {
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -v 8388608 && exec '{}' run --shape {shape} --size 99999999999999 --threads 2",
+                env!("CARGO_BIN_EXE_boundpool")
+            ))
+            .output()
+            .expect("sh runs");
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{shape}: {err}");
+        assert_eq!(stdout(&o), "", "{shape}: nothing ran");
+        assert!(
+            err.contains(&format!("--size 99999999999999: {what} ")),
+            "{err}"
+        );
+        assert!(
+            err.contains(" needs about ") && err.contains("(estimated)"),
+            "{err}"
+        );
+        // The limit: here the address space left under the ulimit (at most 8 GiB).
+        assert!(
+            err.contains("GiB this process can have (the address-space limit"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
     }
 }
 

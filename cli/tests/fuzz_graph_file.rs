@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use boundpool::graph_file::parse;
-use boundpool_bench::workloads::Dag;
+use boundpool_workloads::Dag;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use boundpool::PoolBuilder;
-use boundpool_bench::workloads::{Dag, Shape};
+use boundpool_workloads::{Dag, Shape};
 
 /// A loopback port that was free a moment ago.
 fn free_port() -> SocketAddr {

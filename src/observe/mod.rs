@@ -21,21 +21,24 @@
 //! * `serve_metrics_and_trace` (feature `prometheus`) — `/metrics` and, for the pools given to
 //!   `publish_trace`, `/trace` (the rolling window as Chrome trace JSON) on one port.
 //!
-//! One file per output: `prometheus.rs` (the exporter and the `/metrics` + `/trace` endpoint,
-//! behind the facade's `prometheus` feature, off by default) and `chrome_trace.rs` (the
-//! Chrome trace JSON).
+//! One file per output: `prometheus.rs` (the exporter, and where a server runs),
+//! `endpoint.rs` (the `/metrics` + `/trace` endpoint, on hyper), both behind the facade's
+//! `prometheus` feature, off by default, and `chrome_trace.rs` (the Chrome trace JSON).
 
 use std::fmt;
 
 mod chrome_trace;
 #[cfg(feature = "prometheus")]
+mod endpoint;
+#[cfg(feature = "prometheus")]
 mod prometheus;
 
 pub use chrome_trace::chrome_trace;
 #[cfg(feature = "prometheus")]
+pub use endpoint::{publish_trace, publish_trace_of, serve_metrics_and_trace};
+#[cfg(feature = "prometheus")]
 pub use prometheus::{
-    install_prometheus, install_prometheus_recorder, publish_trace, publish_trace_of,
-    serve_metrics_and_trace, PrometheusHandle, BUCKETS_SECONDS,
+    install_prometheus, install_prometheus_recorder, PrometheusHandle, BUCKETS_SECONDS,
 };
 
 /// Why an observability set-up failed.

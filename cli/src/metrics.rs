@@ -1,21 +1,21 @@
-//! What the command line prints about the scheduler itself: the metric table and the process's
-//! OS thread count.
+//! `boundpool metrics`: the markdown table of every metric the scheduler and the GPU backend
+//! emit.
 
 use std::fmt::Write as _;
+use std::process::ExitCode;
 
 use boundpool::gpu::GPU_METRICS;
 use boundpool::METRICS;
 
-/// The number of OS threads of this process, counted from `/proc/self/task` (`None` where that
-/// does not exist, i.e. off Linux).
-pub(crate) fn os_threads() -> Option<usize> {
-    std::fs::read_dir("/proc/self/task").ok().map(|d| d.count())
+pub(crate) fn main() -> ExitCode {
+    print!("{}", metrics_table());
+    ExitCode::SUCCESS
 }
 
 /// The markdown table of every metric the scheduler emits (name, type, unit, labels, meaning),
-/// generated from [`METRICS`] and the GPU backend's [`GPU_METRICS`]. `boundpool metrics`
-/// prints it; the README holds a copy.
-pub(crate) fn metrics_table() -> String {
+/// generated from [`METRICS`] and the GPU backend's [`GPU_METRICS`]. docs/metrics.md holds a
+/// copy.
+fn metrics_table() -> String {
     let mut s = String::from(
         "| name | type | unit | labels | meaning |\n| --- | --- | --- | --- | --- |\n",
     );

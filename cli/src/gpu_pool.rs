@@ -1,6 +1,7 @@
-//! `--partitions SPEC` of the GPU subcommands (`run --gpu`, `bench --gpu`, `bench --latency
-//! --gpu`, `soak --gpu`): the spec parsed into `SmPartition`s when the arguments are parsed
-//! (before any GPU is looked for), and what each device got, as one line and as JSON.
+//! The GPU pool of the subcommands that take `--gpu` (`run`, `bench`, `bench --latency`,
+//! `soak`): whether there is a GPU, and `--partitions SPEC`, parsed into `SmPartition`s when the
+//! arguments are parsed (before any GPU is looked for), with what each device got, as one line
+//! and as JSON.
 //!
 //! SPEC is comma-separated `NAME:SMS[:WORKERS]`: SMS a number or `rest` (the SMs the others
 //! leave, at most one partition), WORKERS 1 when left out. `latency:8:1,bulk:rest:3` gives 8
@@ -8,8 +9,74 @@
 
 use std::process::ExitCode;
 
-use boundpool::gpu::{GpuError, GpuErrorKind, GpuPool, SmPartition};
+use boundpool::gpu::{gpu_unavailable_reason, GpuError, GpuErrorKind, GpuPool, SmPartition};
+use clap::Args;
 use serde_json::{json, Value};
+
+/// `--partitions`, shared by the subcommands that build a GPU pool (each has `--gpu` and
+/// `--threads`).
+#[derive(Args, Debug)]
+pub(crate) struct PartitionArg {
+    /// With --gpu: split device 0's SMs into partitions (green contexts; CUDA driver 12.5 or
+    /// newer), each a worker group of its own. SPEC: comma-separated `NAME:SMS[:WORKERS]`, SMS a
+    /// number or `rest` (the SMs the others leave; at most one), WORKERS 1 if left out, e.g.
+    /// `latency:8:1,bulk:rest:3`. The GPU pool's workers are then the partitions' (so no
+    /// --threads); GPU nodes run on any of them (`bench --latency`: the foreground on the first
+    /// partition, the background on the last). Prints what each partition got before running
+    /// (in the JSON too). A size the device cannot give exits 2.
+    #[arg(
+        long,
+        value_name = "SPEC",
+        value_parser = parse,
+        requires = "gpu",
+        conflicts_with = "threads"
+    )]
+    pub(crate) partitions: Option<PartitionSpec>,
+}
+
+impl PartitionArg {
+    /// The partitions asked for, or none.
+    pub(crate) fn list(&self) -> Vec<SmPartition> {
+        self.partitions
+            .as_ref()
+            .map(|s| s.0.clone())
+            .unwrap_or_default()
+    }
+
+    /// The workers of each device that the partitions ask for, if given.
+    pub(crate) fn workers(&self) -> Option<usize> {
+        self.partitions
+            .as_ref()
+            .map(|s| s.0.iter().map(SmPartition::worker_count).sum())
+    }
+}
+
+/// With no GPU, says so as `boundpool CMD --gpu` and gives exit status 2.
+pub(crate) fn no_gpu(cmd: &str) -> Option<ExitCode> {
+    let why = gpu_unavailable_reason()?;
+    eprintln!("boundpool {cmd} --gpu: no GPU: {why}");
+    Some(ExitCode::from(2))
+}
+
+/// The command's GPU pool on device 0 (`workers` workers, or the partitions' of `part`) and
+/// what each partition got, printed unless `json`; a pool that cannot be built is reported as
+/// `cmd`'s error and its exit status.
+pub(crate) fn open(
+    cmd: &str,
+    workers: usize,
+    part: &PartitionArg,
+    json: bool,
+) -> Result<(GpuPool, Vec<DeviceSplit>), ExitCode> {
+    let pool = boundpool_workloads::gpu_pool_with(workers, part.list()).map_err(|e| {
+        eprintln!("boundpool {cmd}: {e}");
+        build_failure(&e)
+    })?;
+    let splits = splits(&pool);
+    if !json {
+        print_lines(&splits);
+    }
+    Ok((pool, splits))
+}
 
 /// The form of a spec, as error messages show it.
 pub(crate) const FORM: &str =
@@ -96,17 +163,6 @@ pub(crate) fn parse(spec: &str) -> Result<PartitionSpec, String> {
         out.push(p);
     }
     Ok(PartitionSpec(out))
-}
-
-/// The partitions of `spec`, or none.
-pub(crate) fn of(spec: &Option<PartitionSpec>) -> Vec<SmPartition> {
-    spec.as_ref().map(|s| s.0.clone()).unwrap_or_default()
-}
-
-/// The workers of each device that `spec` asks for (its partitions'), if given.
-pub(crate) fn workers(spec: &Option<PartitionSpec>) -> Option<usize> {
-    spec.as_ref()
-        .map(|s| s.0.iter().map(SmPartition::worker_count).sum())
 }
 
 /// The exit status of a GPU pool that did not start: 2 for SM partitions the device cannot give
@@ -332,8 +388,12 @@ mod tests {
 
     #[test]
     fn workers_are_the_partitions() {
-        assert_eq!(workers(&None), None);
-        assert_eq!(workers(&Some(parse("a:8:2,b:rest:3").unwrap())), Some(5));
-        assert_eq!(of(&None), Vec::new());
+        let none = PartitionArg { partitions: None };
+        assert_eq!((none.workers(), none.list()), (None, Vec::new()));
+        let two = PartitionArg {
+            partitions: Some(parse("a:8:2,b:rest:3").unwrap()),
+        };
+        assert_eq!(two.workers(), Some(5));
+        assert_eq!(two.list().len(), 2);
     }
 }

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 use boundpool::{Error, Graph, GraphBuilder};
-use boundpool_bench::workloads::{busy_work, Dag};
+use boundpool_workloads::{busy_work, Dag};
 
 /// Per-node run counts and sequence numbers of one run.
-pub(crate) struct Check {
+pub(super) struct Check {
     seq: AtomicU64,
     runs: Box<[AtomicU32]>,
     start: Box<[AtomicU64]>,
@@ -22,11 +22,11 @@ pub(crate) struct Check {
     /// The node that samples the OS thread count.
     sample: u32,
     /// The largest OS thread count seen from inside a node.
-    pub(crate) peak_threads: AtomicUsize,
+    pub(super) peak_threads: AtomicUsize,
 }
 
 impl Check {
-    pub(crate) fn new(nodes: usize) -> Self {
+    pub(super) fn new(nodes: usize) -> Self {
         Check {
             seq: AtomicU64::new(0),
             runs: (0..nodes).map(|_| AtomicU32::new(0)).collect(),
@@ -38,7 +38,7 @@ impl Check {
     }
 
     /// Clears the counts and numbers for the next run (not the thread peak).
-    pub(crate) fn reset(&self) {
+    pub(super) fn reset(&self) {
         self.seq.store(0, Relaxed);
         for i in 0..self.runs.len() {
             self.runs[i].store(0, Relaxed);
@@ -48,7 +48,7 @@ impl Check {
     }
 
     /// Nodes whose body has finished in the current run (approximately, while it runs).
-    pub(crate) fn finished_approx(&self) -> u64 {
+    pub(super) fn finished_approx(&self) -> u64 {
         self.seq.load(Relaxed) / 2
     }
 
@@ -58,7 +58,7 @@ impl Check {
         self.start[i as usize].store(self.seq.fetch_add(1, Relaxed) + 1, Relaxed);
         busy_work(work_ns);
         if i == self.sample {
-            if let Some(n) = super::observe::os_threads() {
+            if let Some(n) = crate::process::os_threads() {
                 self.peak_threads.fetch_max(n, Relaxed);
             }
         }
@@ -67,7 +67,7 @@ impl Check {
 
     /// Checks the run that just finished (its handle returned): every node ran exactly once, and
     /// started after each of its predecessors finished. The error names the first offending node.
-    pub(crate) fn verify(&self, dag: &Dag) -> Result<(), String> {
+    pub(super) fn verify(&self, dag: &Dag) -> Result<(), String> {
         for (i, r) in self.runs.iter().enumerate() {
             let r = r.load(Relaxed);
             if r != 1 {
@@ -92,7 +92,7 @@ impl Check {
 
 /// Builds `dag` into a graph named `name` whose nodes record into `check` (and busy-work their
 /// `work_ns`). Errors are the scheduler's validation errors (a cycle names nodes on it).
-pub(crate) fn build_graph(dag: &Dag, name: &str, check: &Arc<Check>) -> Result<Graph, Error> {
+pub(super) fn build_graph(dag: &Dag, name: &str, check: &Arc<Check>) -> Result<Graph, Error> {
     let mut g = GraphBuilder::with_capacity(name.to_string(), dag.len(), dag.edges.len());
     let ids: Vec<_> = (0..dag.len())
         .map(|i| {
@@ -113,7 +113,7 @@ pub(crate) fn build_graph(dag: &Dag, name: &str, check: &Arc<Check>) -> Result<G
 #[cfg(test)]
 mod tests {
     use super::*;
-    use boundpool_bench::workloads::Shape;
+    use boundpool_workloads::Shape;
 
     #[test]
     fn a_correct_run_verifies_and_a_wrong_order_does_not() {

@@ -1,10 +1,44 @@
-//! `boundpool trace`: summarise a Chrome trace, or draw it as an SVG timeline.
+//! `boundpool trace`: summarise a Chrome trace, or draw it as an SVG timeline
+//! (`timeline.rs` reads it, `svg.rs` draws it).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use super::timeline::{BarKind, ColorBy, Timeline};
+use clap::{Args, ValueEnum};
 
-use crate::{ColorArg, TraceArgs};
+use self::timeline::{BarKind, ColorBy, Timeline};
+
+mod svg;
+mod timeline;
+
+#[derive(Args, Debug)]
+pub(crate) struct TraceArgs {
+    /// A Chrome trace file (as written by `boundpool run --trace`).
+    file: PathBuf,
+    /// Draw the timeline to this SVG file.
+    #[arg(long, value_name = "OUT.svg")]
+    svg: Option<PathBuf>,
+    /// Width of the picture in pixels.
+    #[arg(long, default_value_t = 1400)]
+    width: u32,
+    /// Colour node bars by graph, run or node name (auto: graph if several, else run if several, else node).
+    #[arg(long, value_enum, default_value_t = ColorArg::Auto)]
+    color: ColorArg,
+}
+
+/// How node bars are coloured.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ColorArg {
+    /// By graph when the trace holds several graphs, else by run when it holds several runs,
+    /// else by node name.
+    Auto,
+    /// One colour per graph.
+    Graph,
+    /// One colour per run (`run --repeat`).
+    Run,
+    /// One colour per node name.
+    Node,
+}
 
 pub(crate) fn main(a: TraceArgs) -> ExitCode {
     let fail = |m: String| {
@@ -23,26 +57,39 @@ pub(crate) fn main(a: TraceArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return fail(format!("{}: {e}", a.file.display())),
     };
-    if let Some(out) = &a.svg {
-        let color = match a.color {
-            ColorArg::Auto => ColorBy::Auto,
-            ColorArg::Graph => ColorBy::Graph,
-            ColorArg::Run => ColorBy::Run,
-            ColorArg::Node => ColorBy::Node,
-        };
-        if let Err(e) = std::fs::write(out, t.to_svg(a.width, color)) {
-            eprintln!("boundpool trace: cannot write {}: {e}", out.display());
-            return ExitCode::from(1);
+    match &a.svg {
+        Some(out) => draw(&a, &t, out),
+        None => {
+            summarise(&t, &v);
+            ExitCode::SUCCESS
         }
-        println!(
-            "wrote {} ({} tracks, {} slices)",
-            out.display(),
-            t.rows.len(),
-            t.bars.len()
-        );
-        return ExitCode::SUCCESS;
     }
-    // A summary per track: nodes, busy time, parked time, over the trace's span.
+}
+
+/// Draws `t` to the SVG file `out`.
+fn draw(a: &TraceArgs, t: &Timeline, out: &std::path::Path) -> ExitCode {
+    let color = match a.color {
+        ColorArg::Auto => ColorBy::Auto,
+        ColorArg::Graph => ColorBy::Graph,
+        ColorArg::Run => ColorBy::Run,
+        ColorArg::Node => ColorBy::Node,
+    };
+    if let Err(e) = std::fs::write(out, t.to_svg(a.width, color)) {
+        eprintln!("boundpool trace: cannot write {}: {e}", out.display());
+        return ExitCode::from(1);
+    }
+    println!(
+        "wrote {} ({} tracks, {} slices)",
+        out.display(),
+        t.rows.len(),
+        t.bars.len()
+    );
+    ExitCode::SUCCESS
+}
+
+/// Prints a summary per track of `t` (read from the trace `v`): nodes, busy time, parked time,
+/// over the trace's span, and the nodes stolen.
+fn summarise(t: &Timeline, v: &serde_json::Value) {
     let t0 = t.bars.iter().map(|b| b.ts).fold(f64::INFINITY, f64::min);
     let t1 = t
         .bars
@@ -72,11 +119,10 @@ pub(crate) fn main(a: TraceArgs) -> ExitCode {
                 }
             }
         }
-        let stolen = stolen_on(&v, i);
+        let stolen = stolen_on(v, i);
         let pct = if span > 0.0 { 100.0 * busy / span } else { 0.0 };
         println!("{name:<36} {count:>9} {busy:>12.1} {pct:>6.1}% {parked:>12.1} {stolen:>8}");
     }
-    ExitCode::SUCCESS
 }
 
 /// Node events of row `row` (tid `row + 1`, as `run --trace` writes them) marked stolen.

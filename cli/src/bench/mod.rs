@@ -1,21 +1,71 @@
-//! `boundpool bench`: the standard shapes on boundpool and the rayon-core baselines, in one process.
+//! `boundpool bench`: the standard shapes on boundpool and the rayon-core baselines, in one
+//! process; `--scaling` at 1, 2, 4, ... workers; `--latency` what priorities buy
+//! ([`latency`]); `--gpu` the replay bench ([`gpu`]).
 
 use std::process::ExitCode;
 
 use boundpool::default_workers;
-use boundpool_bench::workloads::{
+use boundpool_workloads::{
     bench_scaling, bench_shapes, scaling_workers, BenchConfig, BenchRow, ScalingRow,
 };
+use clap::Args;
 
-use super::progress::Progress;
-use crate::BenchArgs;
+use crate::gpu_pool::PartitionArg;
+use crate::progress::Progress;
+
+mod gpu;
+mod latency;
+
+#[derive(Args, Debug)]
+pub(crate) struct BenchArgs {
+    /// Print a JSON array of rows instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Scale factor on the standard sizes (1.0: chain 1,000,000, tree depth 20, wide 1,000,000,
+    /// wavefront 1000x1000).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Runs per implementation and shape (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    /// Worker threads for boundpool and rayon (default: the cores this process may use); with
+    /// --scaling, the most workers measured.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Run each shape at 1, 2, 4, 8, 16, ... workers (up to --threads, default the cores this
+    /// process may use) and print ns per node and the speedup over one worker, boundpool beside
+    /// rayon-core (a JSON array of rows with --json).
+    #[arg(long, conflicts_with_all = ["latency", "thread_per_node"])]
+    scaling: bool,
+    /// Nodes of the wide shape for the thread-per-node baseline (default: 20,000 times the
+    /// scale, at most 20,000; 0 skips it).
+    #[arg(long)]
+    thread_per_node: Option<usize>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+    /// The latency bench instead: a high-priority 20-node chain every millisecond, alone and
+    /// under low-priority wide graphs that keep every worker busy (one JSON object with --json).
+    #[arg(long)]
+    latency: bool,
+    /// With --latency: GPU nodes on device 0. Alone: the replay bench (graphs of 1,000
+    /// empty-kernel GPU nodes, eager, replayed and as a raw CUDA graph; --runs rounds). Exits 2
+    /// without a GPU.
+    #[arg(long)]
+    gpu: bool,
+    /// With --latency: seconds per phase (five phases; seven with --gpu).
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    #[command(flatten)]
+    part: PartitionArg,
+}
 
 pub(crate) fn main(a: BenchArgs) -> ExitCode {
     if a.latency {
-        return super::latency::main(&a);
+        return latency::main(&a);
     }
     if a.gpu {
-        return super::gpu_replay::bench_main(&a);
+        return gpu::main(&a);
     }
     if a.scale.is_nan() || a.scale <= 0.0 || a.runs == 0 {
         eprintln!("boundpool bench: --scale must be positive and --runs at least 1");

@@ -4,7 +4,7 @@
 //! ([`crate::baselines::raw_graph`]), all in one process, interleaved round by round.
 //! Each round times a fresh instantiation of both the replay and the raw graph (an executable's
 //! speed varies from one instantiation to the next). Used by `cargo bench -p boundpool-bench --bench replay` and `boundpool bench --gpu`.
-//! [`variants()`] is the bench's `--variants` experiment: the same graphs made six ways on one
+//! [`bench_variants`] is the bench's `--variants` experiment: the same graphs made six ways on one
 //! bound thread ([`baselines::graph_variants`]), to find why a captured graph launches slower
 //! than one built node by node.
 
@@ -19,7 +19,8 @@ use boundpool_gpu::{
 };
 
 use crate::baselines;
-use crate::workloads::{Dag, Shape};
+use crate::shapes::{Dag, Shape};
+use crate::stats::median;
 
 /// A shape of the replay bench: the three of the issue, plus the command line's built-ins.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,7 +145,7 @@ pub fn replay_graph_with(
     b.build()
 }
 
-/// Settings of [`bench()`].
+/// Settings of [`bench_replay`].
 #[derive(Clone, Debug)]
 pub struct ReplayBenchConfig {
     /// Nodes per graph (the wavefront is rounded down to a square: 1,000 gives 31x31; the
@@ -154,7 +155,7 @@ pub struct ReplayBenchConfig {
     pub rounds: usize,
     /// Timed runs per implementation and round.
     pub per_round: usize,
-    /// Bound workers of the pool ([`bench()`]'s; [`bench_on`] runs on the pool it is given).
+    /// Bound workers of the pool ([`bench_replay`]'s; [`bench_replay_on`] runs on the pool it is given).
     pub workers: usize,
     /// The shapes.
     pub shapes: Vec<(GpuShape, usize)>,
@@ -294,14 +295,6 @@ impl UpdateRow {
     }
 }
 
-/// The median of `v` (0 when empty), by value: [`crate::workloads::median`].
-pub fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    crate::workloads::median(&mut v)
-}
-
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -309,199 +302,262 @@ fn us(d: Duration) -> f64 {
 /// Runs the bench on device 0: for each shape, rounds of eager runs, replays and raw-graph
 /// launches (each run waited for), interleaved; then the update row. `progress(done, total)`
 /// after each round.
-pub fn bench(
+pub fn bench_replay(
     cfg: &ReplayBenchConfig,
     progress: impl FnMut(usize, usize),
 ) -> Result<(Vec<ReplayRow>, UpdateRow), BoxError> {
     let pool = gpu_pool(cfg.workers)?;
-    let r = bench_on(&pool, cfg, progress)?;
+    let r = bench_replay_on(&pool, cfg, progress)?;
     pool.shutdown(boundpool_gpu::ShutdownMode::Finish);
     Ok(r)
 }
 
-/// As [`bench()`], on `pool` (its device 0; `cfg.workers` is not used), which is left running:
+/// As [`bench_replay`], on `pool` (its device 0; `cfg.workers` is not used), which is left running:
 /// for a pool built otherwise, such as one of SM partitions ([`gpu_pool_with`]). Its nodes are
 /// placed on the device, so any of its workers runs them; the raw-graph baselines use the
 /// whole device.
-pub fn bench_on(
+pub fn bench_replay_on(
     pool: &GpuPool,
     cfg: &ReplayBenchConfig,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<(Vec<ReplayRow>, UpdateRow), BoxError> {
     let dev = pool.devices()[0].clone();
-    let total = cfg.shapes.len() * cfg.rounds + cfg.rounds;
+    let cases = cases(cfg);
+    let total = (cases.len() + 1) * cfg.rounds;
     let mut done = 0;
     let mut rows = Vec::new();
-    let mut cases: Vec<(String, GpuShape, usize, Option<usize>)> = cfg
-        .shapes
-        .iter()
-        .map(|&(shape, n)| (shape.name().to_owned(), shape, n, None))
-        .collect();
-    if let Some(&(_, n)) = cfg.shapes.iter().find(|s| s.0 == GpuShape::Independent) {
-        for &w in &cfg.widths {
-            cases.push((
-                format!("independent w{w}"),
-                GpuShape::Independent,
-                n,
-                Some(w.max(1)),
-            ));
-        }
-    }
-    let total = total + cases.len().saturating_sub(cfg.shapes.len()) * cfg.rounds;
-    for (label, shape, n, width) in cases {
-        let preds = shape.preds(n);
-        let eager = eager_graph(&dev, shape, &preds)?;
-        let replay = replay_graph_with(&dev, shape, &preds, width)?;
-        // The raw graph of what the replay captures: with lanes, node i also after i - w.
-        let raw_preds: Vec<Vec<u32>> = match width {
-            None => preds.clone(),
-            Some(w) => (0..preds.len())
-                .map(|i| {
-                    let mut ps = preds[i].clone();
-                    if i >= w {
-                        ps.push((i - w) as u32);
-                    }
-                    ps
-                })
-                .collect(),
-        };
-        // The first run captures and instantiates.
-        replay.run(pool)?;
-        let s = replay.stats();
-        let (mut e_t, mut r_t, mut raw_t, mut raw_inst) = (vec![], vec![], vec![], vec![]);
-        let (mut c_t, mut cp_t, mut c_inst, mut notes) = (vec![], vec![], vec![], vec![]);
-        // Warm-up of the eager path.
-        for _ in 0..3 {
-            pool.submit(&eager)?.wait()?;
-        }
-        let mut per_round_replay = Vec::new();
-        for round in 0..cfg.rounds {
-            for _ in 0..cfg.per_round {
-                let t = Instant::now();
-                pool.submit(&eager)?.wait()?;
-                e_t.push(us(t.elapsed()));
-            }
-            // Each round replays an executable of its own (captured and instantiated untimed
-            // before), as each round's raw graph below is instantiated anew: one instantiation
-            // of the same graph can run ~15% slower than the next (1,000 roots, H100), so both
-            // sides sample that alike.
-            let fresh;
-            let this = if round == 0 {
-                &replay
-            } else {
-                fresh = replay_graph_with(&dev, shape, &preds, width)?;
-                fresh.run(pool)?;
-                &fresh
-            };
-            let mut this_round = Vec::with_capacity(cfg.per_round);
-            for _ in 0..cfg.per_round {
-                let t = Instant::now();
-                this.run(pool)?;
-                this_round.push(us(t.elapsed()));
-            }
-            per_round_replay.push(median(this_round.clone()));
-            r_t.extend(this_round);
-            let raw = baselines::raw_graph(dev.ordinal(), &raw_preds, cfg.per_round)?;
-            raw_t.extend(raw.runs.iter().map(|&d| us(d)));
-            raw_inst.push(us(raw.instantiate) / raw.nodes.max(1) as f64);
-            let cap = baselines::captured_graph(dev.ordinal(), &raw_preds, cfg.per_round, true)?;
-            c_t.extend(cap.runs.iter().map(|&d| us(d)));
-            cp_t.extend(cap.polled_runs.iter().map(|&d| us(d)));
-            c_inst.push(us(cap.instantiate) / cap.nodes.max(1) as f64);
-            if notes.is_empty() {
-                notes.push(format!(
-                    "replay's captures with a stand-in root: {} of {}",
-                    replay.stats().stand_in_roots,
-                    replay.stats().captures
-                ));
-                notes.push(format!(
-                    "captured graph: {} nodes, {} edges{}",
-                    cap.nodes,
-                    cap.edges,
-                    if cap.stand_in_root {
-                        " (empty dependency set refused: stand-in root, removed)"
-                    } else {
-                        ""
-                    }
-                ));
-                notes.extend(
-                    cap.first_nodes
-                        .iter()
-                        .take(1)
-                        .map(|l| format!("captured: {l}")),
-                );
-                notes.extend(
-                    cap.raw_first_nodes
-                        .iter()
-                        .take(1)
-                        .map(|l| format!("built:    {l}")),
-                );
-                // The same capture reading tails back only where needed.
-                let lean =
-                    baselines::captured_graph(dev.ordinal(), &raw_preds, cfg.per_round, false)?;
-                notes.push(format!(
-                    "captured reading tails back only where needed: {:.1} us a run, instantiate {:.3} us/node, {} nodes, {} edges",
-                    median(lean.runs.iter().map(|&d| us(d)).collect()),
-                    us(lean.instantiate) / lean.nodes.max(1) as f64,
-                    lean.nodes,
-                    lean.edges
-                ));
-                // The same on a worker of the pool (its thread, its node's stream), with the
-                // baseline's and then the worker's function handle of the empty kernel.
-                for worker_function in [false, true] {
-                    let w = baselines::captured_graph_on_worker(
-                        pool,
-                        &dev,
-                        &raw_preds,
-                        cfg.per_round,
-                        worker_function,
-                    )?;
-                    notes.push(format!(
-                        "captured on a pool worker ({} function): {:.1} us a run, instantiate {:.3} us/node, {} nodes, {} edges",
-                        if worker_function { "its" } else { "baseline" },
-                        median(w.runs.iter().map(|&d| us(d)).collect()),
-                        us(w.instantiate) / w.nodes.max(1) as f64,
-                        w.nodes,
-                        w.edges
-                    ));
-                }
-            }
+    for case in &cases {
+        rows.push(case_row(pool, &dev, cfg, case, || {
             done += 1;
             progress(done, total);
-        }
-        notes.insert(
-            0,
-            format!(
-                "replay, each round's own instantiation: {} us (medians of its runs)",
-                per_round_replay
-                    .iter()
-                    .map(|v| format!("{v:.1}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        );
-        rows.push(ReplayRow {
-            shape: label,
-            nodes: preds.len(),
-            edges: preds.iter().map(Vec::len).sum(),
-            eager_us: median(e_t),
-            replay_us: median(r_t),
-            raw_us: median(raw_t),
-            segments: replay.segments(),
-            capture_us_per_node: us(s.capture_time) / preds.len().max(1) as f64,
-            instantiate_us_per_node: us(s.instantiate_time) / preds.len().max(1) as f64,
-            raw_instantiate_us_per_node: median(raw_inst),
-            captured_us: median(c_t),
-            captured_polled_us: median(cp_t),
-            captured_instantiate_us_per_node: median(c_inst),
-            captured_notes: notes,
-        });
+        })?);
     }
     let upd = update_row(pool, &dev, cfg.nodes, cfg.rounds, |_| {
         done += 1;
         progress(done, total);
     })?;
     Ok((rows, upd))
+}
+
+/// One row of the replay bench: a shape, and with lanes the most branches a segment captures.
+struct Case {
+    label: String,
+    shape: GpuShape,
+    nodes: usize,
+    width: Option<usize>,
+}
+
+/// The configuration's shapes, then the independent one again for each width.
+fn cases(cfg: &ReplayBenchConfig) -> Vec<Case> {
+    let mut cases: Vec<Case> = cfg
+        .shapes
+        .iter()
+        .map(|&(shape, nodes)| Case {
+            label: shape.name().to_owned(),
+            shape,
+            nodes,
+            width: None,
+        })
+        .collect();
+    if let Some(&(_, nodes)) = cfg.shapes.iter().find(|s| s.0 == GpuShape::Independent) {
+        for &w in &cfg.widths {
+            cases.push(Case {
+                label: format!("independent w{w}"),
+                shape: GpuShape::Independent,
+                nodes,
+                width: Some(w.max(1)),
+            });
+        }
+    }
+    cases
+}
+
+/// The raw graph of what a replay with `width` lanes captures: node i also after i - w.
+fn lane_preds(preds: &[Vec<u32>], width: Option<usize>) -> Vec<Vec<u32>> {
+    match width {
+        None => preds.to_vec(),
+        Some(w) => (0..preds.len())
+            .map(|i| {
+                let mut ps = preds[i].clone();
+                if i >= w {
+                    ps.push((i - w) as u32);
+                }
+                ps
+            })
+            .collect(),
+    }
+}
+
+/// The timed runs of one case, in µs (instantiations per node).
+#[derive(Default)]
+struct Samples {
+    eager: Vec<f64>,
+    replay: Vec<f64>,
+    /// Each round's replay median (each round replays an executable of its own).
+    replay_rounds: Vec<f64>,
+    raw: Vec<f64>,
+    raw_instantiate: Vec<f64>,
+    captured: Vec<f64>,
+    captured_polled: Vec<f64>,
+    captured_instantiate: Vec<f64>,
+}
+
+/// Measures `case`: after a first replay run (capture and instantiation) and a warm-up of the
+/// eager graph, `cfg.rounds` rounds of eager runs, replays, raw-graph and captured-graph
+/// launches, interleaved; `tick` after each round.
+fn case_row(
+    pool: &GpuPool,
+    dev: &GpuDevice,
+    cfg: &ReplayBenchConfig,
+    case: &Case,
+    mut tick: impl FnMut(),
+) -> Result<ReplayRow, BoxError> {
+    let (shape, width) = (case.shape, case.width);
+    let preds = shape.preds(case.nodes);
+    let eager = eager_graph(dev, shape, &preds)?;
+    let replay = replay_graph_with(dev, shape, &preds, width)?;
+    let raw_preds = lane_preds(&preds, width);
+    // The first run captures and instantiates.
+    replay.run(pool)?;
+    let s = replay.stats();
+    // Warm-up of the eager path.
+    for _ in 0..3 {
+        pool.submit(&eager)?.wait()?;
+    }
+    let mut t = Samples::default();
+    let mut notes = Vec::new();
+    for round in 0..cfg.rounds {
+        for _ in 0..cfg.per_round {
+            let t0 = Instant::now();
+            pool.submit(&eager)?.wait()?;
+            t.eager.push(us(t0.elapsed()));
+        }
+        // Each round replays an executable of its own (captured and instantiated untimed
+        // before), as each round's raw graph below is instantiated anew: one instantiation
+        // of the same graph can run ~15% slower than the next (1,000 roots, H100), so both
+        // sides sample that alike.
+        let fresh;
+        let this = if round == 0 {
+            &replay
+        } else {
+            fresh = replay_graph_with(dev, shape, &preds, width)?;
+            fresh.run(pool)?;
+            &fresh
+        };
+        let mut this_round = Vec::with_capacity(cfg.per_round);
+        for _ in 0..cfg.per_round {
+            let t0 = Instant::now();
+            this.run(pool)?;
+            this_round.push(us(t0.elapsed()));
+        }
+        t.replay_rounds.push(median(&this_round));
+        t.replay.extend(this_round);
+        let raw = baselines::raw_graph(dev.ordinal(), &raw_preds, cfg.per_round)?;
+        t.raw.extend(raw.runs.iter().map(|&d| us(d)));
+        t.raw_instantiate
+            .push(us(raw.instantiate) / raw.nodes.max(1) as f64);
+        let cap = baselines::captured_graph(dev.ordinal(), &raw_preds, cfg.per_round, true)?;
+        t.captured.extend(cap.runs.iter().map(|&d| us(d)));
+        t.captured_polled
+            .extend(cap.polled_runs.iter().map(|&d| us(d)));
+        t.captured_instantiate
+            .push(us(cap.instantiate) / cap.nodes.max(1) as f64);
+        if notes.is_empty() {
+            notes = capture_notes(pool, dev, &replay, &cap, &raw_preds, cfg.per_round)?;
+        }
+        tick();
+    }
+    notes.insert(
+        0,
+        format!(
+            "replay, each round's own instantiation: {} us (medians of its runs)",
+            t.replay_rounds
+                .iter()
+                .map(|v| format!("{v:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
+    let per_node = |d: Duration| us(d) / preds.len().max(1) as f64;
+    Ok(ReplayRow {
+        shape: case.label.clone(),
+        nodes: preds.len(),
+        edges: preds.iter().map(Vec::len).sum(),
+        eager_us: median(&t.eager),
+        replay_us: median(&t.replay),
+        raw_us: median(&t.raw),
+        segments: replay.segments(),
+        capture_us_per_node: per_node(s.capture_time),
+        instantiate_us_per_node: per_node(s.instantiate_time),
+        raw_instantiate_us_per_node: median(&t.raw_instantiate),
+        captured_us: median(&t.captured),
+        captured_polled_us: median(&t.captured_polled),
+        captured_instantiate_us_per_node: median(&t.captured_instantiate),
+        captured_notes: notes,
+    })
+}
+
+/// What a capture records, told apart from what the scheduler around it costs: the replay's
+/// stand-in roots, the captured graph `cap` against the one built node by node, the same
+/// capture reading tails back only where needed, and on a worker of `pool` (its thread, its
+/// node's stream) with the baseline's and then the worker's function handle.
+fn capture_notes(
+    pool: &GpuPool,
+    dev: &GpuDevice,
+    replay: &Replayable,
+    cap: &baselines::CapturedGraph,
+    raw_preds: &[Vec<u32>],
+    runs: usize,
+) -> Result<Vec<String>, BoxError> {
+    let mut notes = vec![
+        format!(
+            "replay's captures with a stand-in root: {} of {}",
+            replay.stats().stand_in_roots,
+            replay.stats().captures
+        ),
+        format!(
+            "captured graph: {} nodes, {} edges{}",
+            cap.nodes,
+            cap.edges,
+            if cap.stand_in_root {
+                " (empty dependency set refused: stand-in root, removed)"
+            } else {
+                ""
+            }
+        ),
+    ];
+    notes.extend(
+        cap.first_nodes
+            .iter()
+            .take(1)
+            .map(|l| format!("captured: {l}")),
+    );
+    notes.extend(
+        cap.raw_first_nodes
+            .iter()
+            .take(1)
+            .map(|l| format!("built:    {l}")),
+    );
+    let lean = baselines::captured_graph(dev.ordinal(), raw_preds, runs, false)?;
+    notes.push(format!(
+        "captured reading tails back only where needed: {:.1} us a run, instantiate {:.3} us/node, {} nodes, {} edges",
+        median(lean.runs.iter().map(|&d| us(d))),
+        us(lean.instantiate) / lean.nodes.max(1) as f64,
+        lean.nodes,
+        lean.edges
+    ));
+    for worker_function in [false, true] {
+        let w = baselines::captured_graph_on_worker(pool, dev, raw_preds, runs, worker_function)?;
+        notes.push(format!(
+            "captured on a pool worker ({} function): {:.1} us a run, instantiate {:.3} us/node, {} nodes, {} edges",
+            if worker_function { "its" } else { "baseline" },
+            median(w.runs.iter().map(|&d| us(d))),
+            us(w.instantiate) / w.nodes.max(1) as f64,
+            w.nodes,
+            w.edges
+        ));
+    }
+    Ok(notes)
 }
 
 /// `nodes` independent nodes, each `bp_set_i64(slot_i, v)` with `v` read by the body: a fresh
@@ -565,15 +621,15 @@ fn update_row(
     }
     Ok(UpdateRow {
         nodes,
-        fresh_us: median(fresh),
-        update_us: median(upd),
-        exec_update_us: median(exec_upd),
+        fresh_us: median(&fresh),
+        update_us: median(&upd),
+        exec_update_us: median(&exec_upd),
         in_place,
     })
 }
 
-/// The table of [`bench()`]'s rows, with the issue's targets.
-pub fn table(rows: &[ReplayRow], upd: &UpdateRow) -> String {
+/// The table of [`bench_replay`]'s rows, with the issue's targets.
+pub fn replay_table(rows: &[ReplayRow], upd: &UpdateRow) -> String {
     let mut s = String::new();
     s.push_str(&format!(
         "{:<12} {:>6} {:>11} {:>11} {:>11} {:>9} {:>9} {:>12} {:>10} {:>10} {:>10}\n",
@@ -640,7 +696,7 @@ pub fn table(rows: &[ReplayRow], upd: &UpdateRow) -> String {
     s
 }
 
-/// One variant of one shape in [`variants()`]: see [`baselines::graph_variants`].
+/// One variant of one shape in [`bench_variants`]: see [`baselines::graph_variants`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct VariantRow {
     /// Shape name.
@@ -688,7 +744,7 @@ impl VariantRow {
 /// launches each, interleaved); no pool. Returns the rows (per shape, in the order of
 /// [`baselines::GRAPH_VARIANTS`]) and notes: whether a capture used a stand-in root, and the
 /// first nodes of the plain, captured and rebuilt graphs as the driver describes them.
-pub fn variants(
+pub fn bench_variants(
     shapes: &[(GpuShape, usize)],
     rounds: usize,
     runs: usize,
@@ -724,7 +780,7 @@ pub fn variants(
             for m in &measured {
                 let v = &m.variants[k];
                 let r: Vec<f64> = v.runs.iter().map(|&d| us(d)).collect();
-                per_round.push(median(r.clone()));
+                per_round.push(median(&r));
                 all.extend(r);
                 inst.push(us(v.instantiate));
             }
@@ -739,7 +795,7 @@ pub fn variants(
             let (all, round_us, inst) = per_variant(k);
             let v = &measured[0].variants[k];
             debug_assert_eq!(v.name, name);
-            let this_us = median(all);
+            let this_us = median(&all);
             rows.push(VariantRow {
                 shape: shape.name().to_owned(),
                 variant: name,
@@ -748,14 +804,14 @@ pub fn variants(
                 us: this_us,
                 round_us,
                 vs_plain: plain_us / this_us,
-                instantiate_us: median(inst),
+                instantiate_us: median(&inst),
             });
         }
     }
     Ok((rows, notes))
 }
 
-/// The table of [`variants()`]'s rows, then its notes.
+/// The table of [`bench_variants`]'s rows, then its notes.
 pub fn variants_table(rows: &[VariantRow], notes: &[String]) -> String {
     let mut s = format!(
         "{:<12} {:<17} {:>10} {:>11} {:>12} {:>6} {:>6}  {}\n",
