@@ -85,8 +85,11 @@
 //! node's stream with the worker's workspace for it (typed GEMMs in f16, bf16, f32, f64,
 //! strided-batched), also under a replay capture (a workspace of the capture's own, made
 //! outside the graph and kept with it). [`WorkerSetup::context`] lets a worker load cudarc
-//! modules once, into its state. A [`DeviceBuffer<T>`] is a `CudaSlice<T>` (it dereferences to
-//! one) whose drop is routed to a bound worker; [`GpuCtx::adopt`] and
+//! modules once, into its state. A [`DeviceBuffer<T>`] is a `CudaSlice<T>` whose drop is routed
+//! to a bound worker; cudarc takes it where it takes a slice (it is a `DevicePtr`, a
+//! `DevicePtrMut` and a `launch_builder` argument; it dereferences to its `CudaSlice` for
+//! reading), but never hands out `&mut CudaSlice`, so safe code cannot replace or free its
+//! memory behind it (writers get a `CudaViewMut`); [`GpuCtx::adopt`] and
 //! [`DeviceBuffer::into_cuda_slice`] move memory between the two without a copy. A plain
 //! `CudaSlice` keeps cudarc's rule (freed on the dropping thread): adopt one that leaves its
 //! node. A cudarc handle kept past the pool's shutdown (a stream, the context, a slice) keeps
@@ -202,6 +205,8 @@
 //!   to `driver.rs`.
 //! * `worker.rs`: the lanes' completion words (mapped host words the device writes and the
 //!   worker reads with atomic loads; the write enqueued through `driver.rs`).
+//! * `buffer.rs`: [`DeviceBuffer`] as an argument of cudarc's `launch_builder` (`unsafe impl
+//!   PushKernelArg`, calling cudarc's own impl for the buffer's slice).
 //! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`); `nvtx.rs`
 //!   (feature `nvtx`), whether libnvToolsExt is.
 //!
