@@ -33,14 +33,18 @@ pub(super) fn run_segment(
     let generation = st.shared.generation.load(Ordering::Acquire);
     if seg.generation != Some(generation) {
         seg.generation = None;
+        // A run submitted before another instance's capture of this generation failed: the
+        // same error, no second attempt.
+        if let Some(why) = st.shared.failure_of(generation) {
+            return Err(Box::new(GpuError::new(GpuErrorKind::Capture, why)));
+        }
         match capture_segment(st, k, gctx, refs, &mut seg) {
             Ok(()) => seg.generation = Some(generation),
             Err(e) => {
-                st.shared
-                    .stats
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .failed_captures += 1;
+                // Later runs go eager until `update` asks for a new capture: one attempt per
+                // generation, not one per run.
+                st.shared.capture_failed(generation, e.message());
+                gctx.b.device.metrics().capture_failures.increment(1);
                 return Err(Box::new(e));
             }
         }
@@ -93,7 +97,7 @@ fn capture_error(st: &InstanceState, node: Option<u32>, why: String) -> GpuError
     GpuError::new(
         GpuErrorKind::Capture,
         format!(
-            "replay capture of graph '{}' failed{at}: {why} (the graph still runs eagerly: Replayable::run_eager)",
+            "replay capture of graph '{}' failed{at}: {why} (its later runs run eagerly until Replayable::update asks for a new capture)",
             st.desc.name
         ),
     )
@@ -133,7 +137,7 @@ fn capture_segment(
     // the work already enqueued on the device).
     st.outputs
         .replace(&desc.segments[k as usize], local.into_inner());
-    seg._staged = cap.into_staged();
+    seg.kept = cap.into_kept();
     let m = b.device.metrics();
     m.captures.increment(1);
     m.exec_instantiations.increment(stats.instantiations);
