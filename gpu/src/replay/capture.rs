@@ -390,11 +390,14 @@ fn end_capture(
         .finish()
         .map_err(|e| drv("cuStreamEndCapture", e))?
         .ok_or_else(|| capture_error(st, None, "cuStreamEndCapture returned no graph".into()))?;
-    // Before the empty root goes: the owners' counts include it.
+    // Before the empty root goes: members' tails may name it.
     let refused = match check::refused_node(gctx, &graph, owners) {
         Ok(None) => None,
         Ok(Some(r)) => Some(capture_error(st, r.member, r.why())),
-        Err(e) => Some(drv("cuGraphGetNodes", e)),
+        Err(e) => Some(drv(
+            "reading the captured graph (cuGraphGetNodes and its nodes)",
+            e,
+        )),
     };
     if let Some(e) = refused {
         let _ = graph.destroy(ctx);
