@@ -265,14 +265,7 @@ fn gemms(c: &GpuCtx<'_, '_>, mats: &Mats, n: usize) -> Result<(), BoxError> {
     let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..GEMMS {
         // SAFETY: three n×n column-major matrices.
-        unsafe {
-            blas.gemm(
-                cfg,
-                a.as_cuda_slice(),
-                b.as_cuda_slice(),
-                out.as_cuda_slice_mut(),
-            )?
-        };
+        unsafe { blas.gemm(cfg, a.as_cuda_slice(), b.as_cuda_slice(), &mut *out)? };
     }
     Ok(())
 }

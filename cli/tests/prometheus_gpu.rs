@@ -123,6 +123,28 @@ fn gpu_metrics_are_exported_per_device() {
     }
     drop(r);
     drop(buf);
+    // A replay whose capture fails (a download under a capture): counted once, its later runs
+    // go eager.
+    let mut fb = ReplayBuilder::new("uncapturable");
+    fb.gpu_node(&d, "download", |c: &ReplayCtx<'_, '_>| {
+        let g = c.gpu()?;
+        let b = g.alloc_zeros::<i64>(1)?;
+        Ok(g.download(&b)?)
+    });
+    let f = fb.build().unwrap();
+    let e = f.run(&pool).expect_err("a download cannot be captured");
+    let msg = std::iter::successors(Some(&e as &dyn std::error::Error), |x| x.source())
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(" <- ");
+    assert!(
+        msg.contains("graph 'uncapturable' failed at node 'download'"),
+        "{msg}"
+    );
+    for _ in 0..3 {
+        f.run(&pool).expect("later runs go eager");
+    }
+    drop(f);
     // Workers push their edge counts when they go idle; drops are released by them.
     let t0 = Instant::now();
     let ok = |t: &str| {
@@ -132,6 +154,7 @@ fn gpu_metrics_are_exported_per_device() {
             && v("boundpool_gpu_captures_total") >= 1.0
             && v("boundpool_gpu_replays_total") >= 4.0
             && v("boundpool_gpu_exec_instantiations_total") >= 1.0
+            && v("boundpool_gpu_capture_failures_total") == 1.0
             && v("boundpool_gpu_live_buffers") == 0.0
             && v("boundpool_gpu_releases_queued_total") >= 41.0
             && v("boundpool_gpu_releases_done_total") == v("boundpool_gpu_releases_queued_total")

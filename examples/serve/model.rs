@@ -493,7 +493,7 @@ pub fn tune_layers<T: Elem>(
                 lt_layer(shape),
                 w0.as_cuda_slice(),
                 x.as_cuda_slice(),
-                y.as_cuda_slice_mut(),
+                &mut y,
                 Some(b0.as_cuda_slice()),
                 None,
             )?
@@ -530,7 +530,7 @@ where
                     cfg,
                     w.as_cuda_slice(),
                     x.as_cuda_slice(),
-                    y.as_cuda_slice_mut(),
+                    &mut y,
                     Some(b.as_cuda_slice()),
                     None,
                 )?
@@ -558,14 +558,7 @@ where
             };
             let blas = gpu.cublas()?;
             // SAFETY: `w` is d x d, `x` and `y` batch x d, as the configuration says.
-            unsafe {
-                blas.gemm(
-                    cfg,
-                    w.as_cuda_slice(),
-                    x.as_cuda_slice(),
-                    y.as_cuda_slice_mut(),
-                )?
-            };
+            unsafe { blas.gemm(cfg, w.as_cuda_slice(), x.as_cuda_slice(), &mut y)? };
             drop(blas);
             // SAFETY: `(T* y, const T* bias, u32 rows, u32 cols)` over `y`'s batch x d
             // elements and `b`'s d; both outlive the launch (node outputs and the weights).

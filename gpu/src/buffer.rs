@@ -3,10 +3,14 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::ops::{Deref, DerefMut};
+use std::ops::{Deref, RangeBounds};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice,
+    LaunchArgs, PushKernelArg, SyncOnDrop,
+};
 
 use crate::device::{DeviceShared, Release};
 
@@ -49,14 +53,45 @@ impl<T: DeviceRepr + Copy + Send + Sync + 'static> DeviceCopy for T {}
 /// `len` elements of `T` in one device's memory: a cudarc [`CudaSlice<T>`] that may be dropped
 /// on any thread.
 ///
-/// It dereferences to its `CudaSlice`, so cudarc code takes it as it is (`&*buf` or
-/// `buf.as_cuda_slice()` as a `launch_builder` argument, a `CudaBlas` GEMM operand, a copy's
-/// source). It can be a node's output (successors receive it by reference; the submitter can
-/// take it from the graph's output), and it may be dropped on any thread: the drop makes no
-/// driver call; it queues the slice on its device's release queue and wakes a worker of the
-/// device, which frees it after the work already enqueued on the device's streams (see the
-/// crate docs). A plain `CudaSlice` follows cudarc's rule instead (freed, with a driver call,
-/// on the thread that drops it): wrap one that leaves its node with
+/// cudarc code takes it as it is: it is a [`DevicePtr`] and a [`DevicePtrMut`] (a `CudaBlas`
+/// GEMM's operands and output, `memcpy_htod` / `memcpy_dtod` / `memset_zeros` on a stream, a
+/// cuRAND fill) and a `launch_builder` argument (`&buf` read, `&mut buf` written); it
+/// dereferences to its `CudaSlice` for reading (`buf.slice(..)`, `&*buf`), and lends it for
+/// writing only as a view ([`as_view_mut`](Self::as_view_mut), [`slice_mut`](Self::slice_mut)),
+/// never as `&mut CudaSlice`, so that the slice cannot be replaced or dropped behind the
+/// buffer's back:
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use boundpool_gpu::{cudarc::driver::{CudaStream, DriverError}, DeviceBuffer};
+/// fn zero(buf: &mut DeviceBuffer<u32>, stream: &Arc<CudaStream>) -> Result<(), DriverError> {
+///     stream.memset_zeros(buf) // cudarc writes through `DevicePtrMut`
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// # use boundpool_gpu::{cudarc::driver::CudaSlice, DeviceBuffer};
+/// fn swap_in(buf: &mut DeviceBuffer<u32>, other: CudaSlice<u32>) {
+///     *buf.as_cuda_slice_mut() = other; // no `&mut CudaSlice` to assign through
+/// }
+/// ```
+///
+/// ```compile_fail,E0596
+/// # use boundpool_gpu::{cudarc::driver::CudaSlice, DeviceBuffer};
+/// fn replace(buf: &mut DeviceBuffer<u32>, other: CudaSlice<u32>) -> CudaSlice<u32> {
+///     std::mem::replace(&mut **buf, other) // `DeviceBuffer` is not `DerefMut`
+/// }
+/// ```
+///
+/// (Replacing a whole `DeviceBuffer`, `*buf = other_buffer`, is fine: the old one is dropped,
+/// through the release queue.)
+///
+/// It can be a node's output (successors receive it by reference; the submitter can take it
+/// from the graph's output), and it may be dropped on any thread: the drop makes no driver
+/// call; it queues the slice on its device's release queue and wakes a worker of the device,
+/// which frees it after the work already enqueued on the device's streams (see the crate
+/// docs). A plain `CudaSlice` follows cudarc's rule instead (freed, with a driver call, on the
+/// thread that drops it): wrap one that leaves its node with
 /// [`GpuCtx::adopt`](crate::GpuCtx::adopt), and take one out with
 /// [`DeviceBuffer::into_cuda_slice`]; neither copies.
 ///
@@ -64,8 +99,12 @@ impl<T: DeviceRepr + Copy + Send + Sync + 'static> DeviceCopy for T {}
 /// its device's context alive (cudarc's reference counts); dropping it then frees it on the
 /// dropping thread, since no bound worker is left.
 pub struct DeviceBuffer<T: DeviceCopy> {
-    /// Taken out only by `into_cuda_slice` and `drop`.
+    /// Taken out only by `into_cuda_slice` and `drop`: never replaced, since no `&mut` to it
+    /// leaves this type (writers get a `CudaViewMut` or go through `DevicePtrMut`, which
+    /// borrow the slice but cannot swap it).
     slice: Option<CudaSlice<T>>,
+    /// The slice's address, read once: valid as long as the slice is this one, which the
+    /// field above guarantees (and saves the launch path cudarc's per-call lookup).
     ptr: u64,
     pub(crate) device: Arc<DeviceShared>,
 }
@@ -86,9 +125,17 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
         }
     }
 
+    fn slice(&self) -> &CudaSlice<T> {
+        self.slice.as_ref().expect("present until dropped")
+    }
+
+    fn slice_mut_ref(&mut self) -> &mut CudaSlice<T> {
+        self.slice.as_mut().expect("present until dropped")
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.as_cuda_slice().len()
+        self.slice().len()
     }
 
     /// Whether the buffer has no elements.
@@ -98,7 +145,7 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
 
     /// Size in bytes.
     pub fn bytes(&self) -> usize {
-        self.as_cuda_slice().num_bytes()
+        self.slice().num_bytes()
     }
 
     /// The CUDA ordinal of the device that holds it.
@@ -107,19 +154,27 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     }
 
     /// The raw device address (for kernel arguments built by hand and library calls by
-    /// address).
+    /// address). cudarc's [`DevicePtr::device_ptr`] gives the same address.
     pub fn device_ptr(&self) -> u64 {
         self.ptr
     }
 
-    /// The cudarc slice, to pass to cudarc code (kernel arguments, `CudaBlas`, copies).
+    /// The cudarc slice, to pass to cudarc code that wants a `&CudaSlice` (kernel arguments,
+    /// copies' sources; most cudarc calls take the buffer itself, a [`DevicePtr`]).
     pub fn as_cuda_slice(&self) -> &CudaSlice<T> {
-        self.slice.as_ref().expect("present until dropped")
+        self.slice()
     }
 
-    /// The cudarc slice, mutably (an output of cudarc code).
-    pub fn as_cuda_slice_mut(&mut self) -> &mut CudaSlice<T> {
-        self.slice.as_mut().expect("present until dropped")
+    /// The whole buffer as cudarc's mutable view (an output of cudarc code that wants a
+    /// `CudaViewMut`): it borrows the buffer, and cannot replace its memory.
+    pub fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
+        self.slice_mut_ref().as_view_mut()
+    }
+
+    /// Elements `bounds` as cudarc's mutable view (panics, as cudarc's `slice_mut`, when out
+    /// of range).
+    pub fn slice_mut(&mut self, bounds: impl RangeBounds<usize>) -> CudaViewMut<'_, T> {
+        self.slice_mut_ref().slice_mut(bounds)
     }
 
     /// Hands the memory to cudarc's ownership without a copy: the returned `CudaSlice` frees it
@@ -137,13 +192,51 @@ impl<T: DeviceCopy> Deref for DeviceBuffer<T> {
     type Target = CudaSlice<T>;
 
     fn deref(&self) -> &CudaSlice<T> {
-        self.as_cuda_slice()
+        self.slice()
     }
 }
 
-impl<T: DeviceCopy> DerefMut for DeviceBuffer<T> {
-    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
-        self.as_cuda_slice_mut()
+// cudarc's traits by delegation to the slice: every cudarc call that reads or writes device
+// memory takes the buffer itself, and none can reach the slice mutably except through these
+// borrows (which cannot replace it).
+
+impl<T: DeviceCopy> DeviceSlice<T> for DeviceBuffer<T> {
+    fn len(&self) -> usize {
+        self.slice().len()
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.slice().stream()
+    }
+}
+
+impl<T: DeviceCopy> DevicePtr<T> for DeviceBuffer<T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        self.slice().device_ptr(stream)
+    }
+}
+
+impl<T: DeviceCopy> DevicePtrMut<T> for DeviceBuffer<T> {
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        self.slice_mut_ref().device_ptr_mut(stream)
+    }
+}
+
+// SAFETY: pushes exactly what cudarc's own impl for `&CudaSlice<T>` pushes (it is called): a
+// pointer to the slice's address field, which lives for `'b` (the buffer is borrowed for 'b and
+// its slice is never replaced while it lives).
+unsafe impl<'a, 'b: 'a, T: DeviceCopy> PushKernelArg<&'b DeviceBuffer<T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceBuffer<T>) -> &mut Self {
+        self.arg(arg.slice())
+    }
+}
+
+// SAFETY: as above, through cudarc's impl for `&mut CudaSlice<T>` (a written argument).
+unsafe impl<'a, 'b: 'a, T: DeviceCopy> PushKernelArg<&'b mut DeviceBuffer<T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceBuffer<T>) -> &mut Self {
+        self.arg(arg.slice_mut_ref())
     }
 }
 

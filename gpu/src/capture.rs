@@ -4,6 +4,7 @@
 //! back what it kept; `GpuCtx` (`node.rs`, which also holds the methods that enqueue for it)
 //! consults it to hoist allocations, stage host copies and refuse what a CUDA graph cannot hold.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -23,6 +24,9 @@ pub(crate) struct Capture {
     refused: RefCell<Option<String>>,
     /// Staging buffers of captured host-to-device copies (kept with the segment).
     staged: RefCell<Vec<DeviceBuffer<u8>>>,
+    /// Values the bodies read from outside the capture (kept with the segment: the graph may
+    /// hold device addresses of buffers in them).
+    held: RefCell<Vec<Arc<dyn Any + Send + Sync>>>,
 }
 
 impl Capture {
@@ -33,12 +37,19 @@ impl Capture {
             stream,
             refused: RefCell::new(None),
             staged: RefCell::new(Vec::new()),
+            held: RefCell::new(Vec::new()),
         }
     }
 
     /// Keeps a hoisted buffer (a library workspace) as long as the segment's executable.
     pub(crate) fn keep(&self, buf: DeviceBuffer<u8>) {
         self.staged.borrow_mut().push(buf);
+    }
+
+    /// Keeps a value a body read from outside the capture as long as the segment's
+    /// executable (the graph may hold addresses of device buffers in it).
+    pub(crate) fn hold(&self, v: Arc<dyn Any + Send + Sync>) {
+        self.held.borrow_mut().push(v);
     }
 
     /// The capturing stream.
@@ -64,8 +75,20 @@ impl Capture {
         self.refused.borrow_mut().take()
     }
 
-    /// The staging and hoisted buffers, which the segment keeps from now on.
-    pub(crate) fn into_staged(self) -> Vec<DeviceBuffer<u8>> {
-        self.staged.into_inner()
+    /// What the segment keeps from now on: the staging and hoisted buffers, and the values
+    /// held.
+    pub(crate) fn into_kept(self) -> Kept {
+        Kept {
+            _staged: self.staged.into_inner(),
+            _held: self.held.into_inner(),
+        }
     }
+}
+
+/// What a segment keeps as long as its executable: buffers its capture hoisted or staged, and
+/// values its bodies read from outside it.
+#[derive(Default)]
+pub(crate) struct Kept {
+    _staged: Vec<DeviceBuffer<u8>>,
+    _held: Vec<Arc<dyn Any + Send + Sync>>,
 }

@@ -787,6 +787,24 @@ pub(crate) fn is_sticky(e: DriverError) -> bool {
     )
 }
 
+/// Errors by which the driver refuses a call made while a stream captures (a call that would
+/// synchronise, or one a CUDA graph cannot hold), or reports the capture broken by one.
+pub(crate) fn is_capture_refusal(e: DriverError) -> bool {
+    use sys::CUresult::*;
+    matches!(
+        e.0,
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+            | CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+            | CUDA_ERROR_STREAM_CAPTURE_MERGE
+            | CUDA_ERROR_STREAM_CAPTURE_UNMATCHED
+            | CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+            | CUDA_ERROR_STREAM_CAPTURE_ISOLATION
+            | CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+            | CUDA_ERROR_CAPTURED_EVENT
+            | CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
+    )
+}
+
 /// The first sticky driver error in `e`'s source chain, `e` itself first: what a node body
 /// returns when a cudarc call in it hit one (a `DriverError`, bare or wrapped: in a
 /// [`GpuError`](crate::GpuError), or in any error whose `source()` leads to it).
@@ -828,6 +846,15 @@ unsafe impl Sync for GraphExec {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct GraphNode(sys::CUgraphNode);
 send_sync!(GraphNode);
+
+#[cfg(test)]
+impl GraphNode {
+    /// A stand-in handle for unit tests of code that only compares nodes (never passed to
+    /// the driver).
+    pub(crate) fn fake(i: usize) -> Self {
+        GraphNode((i + 1) as sys::CUgraphNode)
+    }
+}
 
 /// Whether this driver has the graph calls replay uses (`cuStreamGetCaptureInfo_v3` and
 /// `cuStreamUpdateCaptureDependencies_v2` came with CUDA 12.3). Calling a missing entry point
@@ -998,6 +1025,159 @@ pub(crate) fn graph_node_count(expect: Ctx, g: &CudaGraph) -> DResult<usize> {
     // SAFETY: with a null node array the driver only writes the count.
     unsafe { sys::cuGraphGetNodes(g.0, std::ptr::null_mut(), &mut n).result()? };
     Ok(n)
+}
+
+/// The nodes of `g`, in the driver's order (the order they were added to it).
+pub(crate) fn graph_nodes(expect: Ctx, g: &CudaGraph) -> DResult<Vec<GraphNode>> {
+    check(expect, "cuGraphGetNodes");
+    let mut n: usize = 0;
+    // SAFETY: with a null node array the driver only writes the count.
+    unsafe { sys::cuGraphGetNodes(g.0, std::ptr::null_mut(), &mut n).result()? };
+    if n == 0 {
+        // An empty array is an invalid argument to the driver, even with a count of 0.
+        return Ok(Vec::new());
+    }
+    let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // SAFETY: room for `n` handles; the driver writes at most `n` and the count it wrote.
+    unsafe { sys::cuGraphGetNodes(g.0, nodes.as_mut_ptr(), &mut n).result()? };
+    nodes.truncate(n);
+    Ok(nodes.into_iter().map(GraphNode).collect())
+}
+
+/// The edges of `g`, as `(from, to)` pairs.
+pub(crate) fn graph_edges(expect: Ctx, g: &CudaGraph) -> DResult<Vec<(GraphNode, GraphNode)>> {
+    check(expect, "cuGraphGetEdges");
+    let mut n: usize = 0;
+    // SAFETY: with null arrays the driver only writes the count.
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            g.0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut n,
+        )
+        .result()?
+    };
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut from: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+    let mut to: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // SAFETY: room for `n` edges in each array; the driver writes at most `n` and the count it
+    // wrote (null edge data: ours are all default edges).
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            g.0,
+            from.as_mut_ptr(),
+            to.as_mut_ptr(),
+            std::ptr::null_mut(),
+            &mut n,
+        )
+        .result()?
+    };
+    Ok(from
+        .into_iter()
+        .zip(to)
+        .take(n)
+        .map(|(a, b)| (GraphNode(a), GraphNode(b)))
+        .collect())
+}
+
+/// What a node of a captured graph is, as far as the replay's checks need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NodeKind {
+    /// An allocation the graph makes when it runs (a stream-ordered allocation captured).
+    MemAlloc { ptr: u64, bytes: usize },
+    /// A free of a graph allocation.
+    MemFree { ptr: u64 },
+    /// A copy between the device and pageable (not page-locked) host memory, to the host or
+    /// from it.
+    PageableCopy { to_host: bool, bytes: usize },
+    /// Anything else (kernels, other copies, memsets, event and empty nodes).
+    Other,
+}
+
+/// The kind of `node` (of a graph this thread captured).
+pub(crate) fn node_kind(expect: Ctx, node: GraphNode) -> DResult<NodeKind> {
+    check(expect, "cuGraphNodeGetType");
+    use sys::CUgraphNodeType as Ty;
+    let mut t: u32 = u32::MAX;
+    // SAFETY: `node` is a live node (its graph is alive: the caller's); writes one type, read
+    // as the `u32` it is in C (a newer driver may know node types this enum does not).
+    unsafe { sys::cuGraphNodeGetType(node.0, (&mut t as *mut u32).cast()).result()? };
+    Ok(match t {
+        t if t == Ty::CU_GRAPH_NODE_TYPE_MEM_ALLOC as u32 => {
+            let mut p = MaybeUninit::<sys::CUDA_MEM_ALLOC_NODE_PARAMS>::zeroed();
+            // SAFETY: a memory-allocation node; the driver writes its parameters. Only the two
+            // plain integer fields are read, in place (the struct holds enums, which are not
+            // read as Rust values: no value the driver writes can be an invalid one).
+            unsafe {
+                sys::cuGraphMemAllocNodeGetParams(node.0, p.as_mut_ptr()).result()?;
+                let q = p.as_ptr();
+                NodeKind::MemAlloc {
+                    ptr: std::ptr::addr_of!((*q).dptr).read(),
+                    bytes: std::ptr::addr_of!((*q).bytesize).read(),
+                }
+            }
+        }
+        t if t == Ty::CU_GRAPH_NODE_TYPE_MEM_FREE as u32 => {
+            let mut ptr: sys::CUdeviceptr = 0;
+            // SAFETY: a memory-free node; writes the address it frees.
+            unsafe { sys::cuGraphMemFreeNodeGetParams(node.0, &mut ptr).result()? };
+            NodeKind::MemFree { ptr }
+        }
+        t if t == Ty::CU_GRAPH_NODE_TYPE_MEMCPY as u32 => {
+            let mut p = MaybeUninit::<sys::CUDA_MEMCPY3D>::zeroed();
+            // SAFETY: a copy node; the driver writes its parameters. Fields are read in place,
+            // the memory types as the `u32`s they are in C (a Rust enum read from a value it
+            // has no variant for would be undefined behaviour).
+            let (src_type, src_host, dst_type, dst_host, width, height, depth) = unsafe {
+                sys::cuGraphMemcpyNodeGetParams(node.0, p.as_mut_ptr()).result()?;
+                let q = p.as_ptr();
+                (
+                    std::ptr::addr_of!((*q).srcMemoryType).cast::<u32>().read(),
+                    std::ptr::addr_of!((*q).srcHost).read() as u64,
+                    std::ptr::addr_of!((*q).dstMemoryType).cast::<u32>().read(),
+                    std::ptr::addr_of!((*q).dstHost).read() as u64,
+                    std::ptr::addr_of!((*q).WidthInBytes).read(),
+                    std::ptr::addr_of!((*q).Height).read(),
+                    std::ptr::addr_of!((*q).Depth).read(),
+                )
+            };
+            let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
+            let bytes = width * height.max(1) * depth.max(1);
+            if dst_type == host && !is_page_locked(dst_host) {
+                NodeKind::PageableCopy {
+                    to_host: true,
+                    bytes,
+                }
+            } else if src_type == host && !is_page_locked(src_host) {
+                NodeKind::PageableCopy {
+                    to_host: false,
+                    bytes,
+                }
+            } else {
+                NodeKind::Other
+            }
+        }
+        _ => NodeKind::Other,
+    })
+}
+
+/// Whether host address `p` is page-locked memory the driver knows (`cuMemHostAlloc`,
+/// `cuMemHostRegister`): the driver reports a host memory type only for such memory.
+fn is_page_locked(p: u64) -> bool {
+    let mut t: u32 = 0;
+    // SAFETY: writes one `CUmemorytype` (a `u32`) for the attribute asked.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut t as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            p,
+        )
+    };
+    r == sys::CUresult::CUDA_SUCCESS && t == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
 }
 
 /// Number of edges of `g`.

@@ -34,8 +34,8 @@ pub enum GpuErrorKind {
     /// A worker state factory (`GpuPoolBuilder::worker_state`) failed on a worker.
     WorkerState,
     /// A replay capture failed (`Replayable`): a node's body did something a CUDA graph cannot
-    /// capture (the message names the node and the operation), or the driver invalidated the
-    /// capture. The graph still runs eagerly.
+    /// capture (the message names the graph, the node and the operation), or the driver
+    /// invalidated the capture. The graph's later runs go eager until `Replayable::update`.
     Capture,
     /// SM partitions could not be made as asked (`GpuPoolBuilder::sm_partitions`): a size the
     /// device cannot give exactly, more SMs than it has, a bad name, or a driver or card

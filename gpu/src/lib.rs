@@ -50,8 +50,11 @@
 //!   ([`Replayable::submit`] gives a [`ReplayHandle`] to wait or await), on one of the graph's
 //!   instances; [`PinnedBuffer`]s carry a served request in and out inside the CUDA graph.
 //!   [`Replayable::update`] re-captures and updates the executables in place
-//!   (`cuGraphExecUpdate`). Operations a graph cannot hold (a download, a free) fail the
-//!   capture naming the node ([`GpuErrorKind::Capture`]); the graph still runs eagerly.
+//!   (`cuGraphExecUpdate`). Operations a graph cannot hold (a download, a free, and, read from
+//!   the captured graph, an allocation it would keep or a copy from or to pageable host
+//!   memory) fail the capture naming the graph, the node and why
+//!   ([`GpuErrorKind::Capture`], the device counter `boundpool_gpu_capture_failures_total`);
+//!   the graph's later runs go eager until [`Replayable::update`] asks for a new capture.
 //! * **SM partitions.** [`GpuPoolBuilder::sm_partitions`] splits each device's SMs into
 //!   disjoint partitions ([`SmPartition`]), each a worker group whose streams are made in the
 //!   partition's green context, so its work runs on its SMs only: a latency-critical graph
@@ -80,14 +83,21 @@
 //! worker's stream of its level, one handed over, or the capturing stream under a replay
 //! capture) and the device's context as `&Arc<CudaContext>` ([`GpuCtx::context`]); cudarc code
 //! given them (`launch_builder`, `alloc_zeros`, copies, `CudaBlas`, cuRAND) runs on a bound
-//! worker of the node's device, ordered by the node's edges. The pool's context has cudarc's
+//! worker of the node's device, ordered by the node's edges. Under a replay capture each
+//! cudarc call either works (a scratch slice allocated and dropped in the body becomes graph
+//! memory nodes) or fails the capture naming the graph, the node and the call (a slice kept
+//! past the body, a copy from or to pageable memory, `load_module`, a `CudaBlas`,
+//! `CudaBlasLT` or `CudaRng` made in the body): the table in `gpu/README.md` says which. The pool's context has cudarc's
 //! per-buffer event tracking off: boundpool orders streams, so one node's work stays on its
 //! stream. [`GpuCtx::cublas`] is the worker's cuBLAS handle as cudarc's `CudaBlas`, set to the
 //! node's stream with the worker's workspace for it (typed GEMMs in f16, bf16, f32, f64,
 //! strided-batched), also under a replay capture (a workspace of the capture's own, made
 //! outside the graph and kept with it). [`WorkerSetup::context`] lets a worker load cudarc
-//! modules once, into its state. A [`DeviceBuffer<T>`] is a `CudaSlice<T>` (it dereferences to
-//! one) whose drop is routed to a bound worker; [`GpuCtx::adopt`] and
+//! modules once, into its state. A [`DeviceBuffer<T>`] is a `CudaSlice<T>` whose drop is routed
+//! to a bound worker; cudarc takes it where it takes a slice (it is a `DevicePtr`, a
+//! `DevicePtrMut` and a `launch_builder` argument; it dereferences to its `CudaSlice` for
+//! reading), but never hands out `&mut CudaSlice`, so safe code cannot replace or free its
+//! memory behind it (writers get a `CudaViewMut`); [`GpuCtx::adopt`] and
 //! [`DeviceBuffer::into_cuda_slice`] move memory between the two without a copy. A plain
 //! `CudaSlice` keeps cudarc's rule (freed on the dropping thread): adopt one that leaves its
 //! node. A cudarc handle kept past the pool's shutdown (a stream, the context, a slice) keeps
@@ -204,6 +214,8 @@
 //!   to `driver.rs`.
 //! * `worker.rs`: the lanes' completion words (mapped host words the device writes and the
 //!   worker reads with atomic loads; the write enqueued through `driver.rs`).
+//! * `buffer.rs`: [`DeviceBuffer`] as an argument of cudarc's `launch_builder` (`unsafe impl
+//!   PushKernelArg`, calling cudarc's own impl for the buffer's slice).
 //! * `module.rs`: asking cudarc whether libnvrtc is present (`is_culib_present`); `nvtx.rs`
 //!   (feature `nvtx`), whether libnvToolsExt is.
 //!

@@ -53,12 +53,7 @@ fn handles_are_per_worker_and_set_to_the_node_stream() {
                 for _ in 0..20 {
                     // SAFETY: 64×64 matrices in live allocations of this node, `c` its own.
                     unsafe {
-                        blas.gemm(
-                            cfg,
-                            x.as_cuda_slice(),
-                            x.as_cuda_slice(),
-                            c.as_cuda_slice_mut(),
-                        )?;
+                        blas.gemm(cfg, x.as_cuda_slice(), x.as_cuda_slice(), &mut c)?;
                     }
                 }
                 let solver = ctx.solver()?;
@@ -142,12 +137,7 @@ fn handle_on_a_handed_over_stream_is_set_to_it() {
             let cfg = gemm_config(cublasOperation_t::CUBLAS_OP_N, 1, 1, 0.0);
             // SAFETY: one-element buffers kept alive by this closure, `c` borrowed mutably.
             unsafe {
-                blas.gemm(
-                    cfg,
-                    two.as_cuda_slice(),
-                    tmp.as_cuda_slice(),
-                    c.as_cuda_slice_mut(),
-                )?;
+                blas.gemm(cfg, two.as_cuda_slice(), tmp.as_cuda_slice(), c)?;
             }
             Ok((
                 ctx.node().worker_info().index,
@@ -318,14 +308,7 @@ fn library_status_is_named() {
             let blas = ctx.cublas()?;
             let cfg = gemm_config(cublasOperation_t::CUBLAS_OP_N, 4, 0, 0.0);
             // SAFETY: lda = 0 is rejected by the library before any access.
-            unsafe {
-                blas.gemm(
-                    cfg,
-                    a.as_cuda_slice(),
-                    a.as_cuda_slice(),
-                    c.as_cuda_slice_mut(),
-                )?
-            };
+            unsafe { blas.gemm(cfg, a.as_cuda_slice(), a.as_cuda_slice(), &mut c)? };
             Ok(())
         })
         .expect_err("lda = 0 is invalid");

@@ -184,14 +184,7 @@ fn cudarc_kernels_and_a_bf16_gemm_in_nodes_follow_the_edges() {
         let blas = ctx.cublas()?;
         let cfg = gemm_cfg(M, N, K, bf16::from_f32(1.0), bf16::from_f32(0.0));
         // SAFETY: the buffers hold M×K, K×N and M×N column-major matrices.
-        unsafe {
-            blas.gemm(
-                cfg,
-                xb.as_cuda_slice(),
-                wb.as_cuda_slice(),
-                c.as_cuda_slice_mut(),
-            )?
-        };
+        unsafe { blas.gemm(cfg, xb.as_cuda_slice(), wb.as_cuda_slice(), &mut c)? };
         Ok(c)
     });
     let down = g.gpu_node_in(d.groups()[1], "download", move |ctx| {
@@ -253,7 +246,7 @@ where
             let mut c = ctx.alloc_zeros::<T>(M * N)?;
             let cfg = gemm_cfg(M, N, K, of(1.0), of(0.0));
             // SAFETY: M×K, K×N and M×N column-major matrices.
-            unsafe { ctx.cublas()?.gemm(cfg, &*ad, &*bd, &mut *c)? };
+            unsafe { ctx.cublas()?.gemm(cfg, &*ad, &*bd, &mut c)? };
             Ok(ctx.download(&c)?)
         })
         .unwrap_or_else(|e| panic!("{what}: {}", chain(&e)));
@@ -293,7 +286,7 @@ fn gemm_in_every_precision_matches_the_host() {
             // SAFETY: `batch` column-major products of the shapes above, packed.
             unsafe {
                 ctx.cublas()?
-                    .gemm_strided_batched(cfg, &*ad, &*bd, &mut *c)?
+                    .gemm_strided_batched(cfg, &*ad, &*bd, &mut c)?
             };
             Ok(ctx.download(&c)?)
         })
@@ -416,7 +409,7 @@ fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inpu
         // SAFETY: M×K times K×K into M×K, column-major.
         unsafe {
             g.cublas()?
-                .gemm(gemm_cfg(M, K, K, 1.0f32, 0.0), &**xg, &*ws.0, &mut *h)?
+                .gemm(gemm_cfg(M, K, K, 1.0f32, 0.0), &**xg, &*ws.0, &mut h)?
         };
         half_plus_quarter(g, &mut h)?;
         Ok(h)
@@ -430,7 +423,7 @@ fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inpu
         // SAFETY: M×K times K×N into M×N.
         unsafe {
             g.cublas()?
-                .gemm(gemm_cfg(M, N, K, 1.0f32, 0.0), &**hv, &*ws2.1, &mut *y)?
+                .gemm(gemm_cfg(M, N, K, 1.0f32, 0.0), &**hv, &*ws2.1, &mut y)?
         };
         Ok(y)
     });
@@ -446,7 +439,7 @@ fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inpu
         let mut z = g.alloc::<bf16>(M * N)?;
         let cfg = gemm_cfg(M, N, K, bf16::from_f32(1.0), bf16::from_f32(0.0));
         // SAFETY: M×K times K×N into M×N.
-        unsafe { g.cublas()?.gemm(cfg, &h16b, &*ws3.2, &mut *z)? };
+        unsafe { g.cublas()?.gemm(cfg, &h16b, &*ws3.2, &mut z)? };
         Ok((z, h16))
     });
     let read = read_back(&mut b, &d, y, z);
@@ -488,7 +481,7 @@ fn curand_fills_a_buffer_on_the_nodes_stream() {
         .call(&d, move |ctx| {
             let rng = boundpool_gpu::cudarc::curand::CudaRng::new(42, ctx.stream().clone())?;
             let mut x = ctx.alloc::<f32>(n)?;
-            rng.fill_with_uniform(x.as_cuda_slice_mut())?;
+            rng.fill_with_uniform(&mut x)?;
             drop(rng);
             Ok(ctx.download(&x)?)
         })
@@ -551,7 +544,7 @@ fn cublaslt_matmul_with_a_bias_and_relu_epilogue_on_the_nodes_stream() {
                     cfg,
                     &*ad,
                     &*bd,
-                    &mut *c,
+                    &mut c,
                     Some(&*biasd),
                     Some(&Activation::Relu),
                 )?
@@ -644,7 +637,7 @@ fn lt_on<T: LtElement + DeviceCopy + Default>(
             lt_cfg(M, N, K),
             &*ad,
             &*bd,
-            &mut *c,
+            &mut c,
             Some(&*biasd),
             act.as_ref(),
         )?
@@ -742,7 +735,7 @@ fn cublaslt_matmul_in_every_precision_with_bias_and_relu_matches_the_host() {
             // SAFETY: `batch` packed column-major products and biases of the shapes above.
             unsafe {
                 ctx.cublaslt()?
-                    .matmul(cfg, &*ad, &*bd, &mut *c, Some(&*biasd), None)?
+                    .matmul(cfg, &*ad, &*bd, &mut c, Some(&*biasd), None)?
             };
             Ok(ctx.download(&c)?)
         })
@@ -778,7 +771,7 @@ fn cublaslt_matmul_in_every_precision_with_bias_and_relu_matches_the_host() {
                     lt_cfg(M, N, K),
                     &*ad,
                     &*bd,
-                    &mut *c,
+                    &mut c,
                     None::<&CudaSlice<f32>>,
                     None,
                 )?
@@ -822,13 +815,13 @@ fn cublaslt_tune_chooses_the_fastest_candidate_and_later_matmuls_stay_correct() 
                     lt_cfg(M, N, K),
                     &*ad,
                     &*bd,
-                    &mut *scratch,
+                    &mut scratch,
                     Some(&*biasd),
                     None,
                 )?
             };
             // SAFETY: as above.
-            unsafe { lt.matmul(lt_cfg(M, N, K), &*ad, &*bd, &mut *c, Some(&*biasd), None)? };
+            unsafe { lt.matmul(lt_cfg(M, N, K), &*ad, &*bd, &mut c, Some(&*biasd), None)? };
             Ok((tuning, ctx.download(&c)?, (ad, bd, biasd)))
         })
         .unwrap_or_else(|e| panic!("tune: {}", chain(&e)));
@@ -859,7 +852,7 @@ fn cublaslt_tune_chooses_the_fastest_candidate_and_later_matmuls_stay_correct() 
         // SAFETY: as above; `w` outlives the replay.
         unsafe {
             g.cublaslt()?
-                .matmul(lt_cfg(M, N, K), &*w.0, &*w.1, &mut *y, Some(&*w.2), None)?
+                .matmul(lt_cfg(M, N, K), &*w.0, &*w.1, &mut y, Some(&*w.2), None)?
         };
         Ok(y)
     });
@@ -889,7 +882,7 @@ fn cublaslt_tune_chooses_the_fastest_candidate_and_later_matmuls_stay_correct() 
         // SAFETY: as above; the call is refused before any matmul.
         let t = unsafe {
             g.cublaslt()?
-                .tune(lt_cfg(M, N, K), &*w.0, &*w.1, &mut *y, Some(&*w.2), None)?
+                .tune(lt_cfg(M, N, K), &*w.0, &*w.1, &mut y, Some(&*w.2), None)?
         };
         Ok((y, t.chosen))
     });
@@ -926,7 +919,7 @@ fn cublaslt_in_a_node_nested_on_another_levels_stream_of_the_same_worker() {
             let mut c2 = ctx.alloc_zeros::<f32>(M * N)?;
             let relu = Some(&Activation::Relu);
             // SAFETY: M×K times K×N into M×N, a bias of M; alive until the downloads.
-            unsafe { lt.matmul(lt_cfg(M, N, K), &*ad, &*bd, &mut *c1, Some(&*biasd), relu)? };
+            unsafe { lt.matmul(lt_cfg(M, N, K), &*ad, &*bd, &mut c1, Some(&*biasd), relu)? };
             let mut g = GpuGraphBuilder::new("nested lt");
             let (na, nb, nbias) = (ha.clone(), hb.clone(), hbias.clone());
             let inner = g.gpu_node(&dn, "inner lt", move |ictx| {
@@ -940,7 +933,7 @@ fn cublaslt_in_a_node_nested_on_another_levels_stream_of_the_same_worker() {
             let (inner_c, inner_stream, inner_worker) = out.take(inner).expect("inner output");
             // The outer handle and its workspace are still good after the nested node.
             // SAFETY: as above.
-            unsafe { lt.matmul(lt_cfg(M, N, K), &*ad, &*bd, &mut *c2, Some(&*biasd), relu)? };
+            unsafe { lt.matmul(lt_cfg(M, N, K), &*ad, &*bd, &mut c2, Some(&*biasd), relu)? };
             let outer_worker = ctx.node().worker_info().name.clone();
             Ok((
                 ctx.download(&c1)?,
@@ -1021,7 +1014,7 @@ fn a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_input
         // SAFETY: M×K times K×K into M×K plus a bias of M, column-major.
         unsafe {
             g.cublaslt()?
-                .matmul(lt_cfg(M, K, K), &**xi, &*w.0, &mut *h, Some(&*w.1), None)?
+                .matmul(lt_cfg(M, K, K), &**xi, &*w.0, &mut h, Some(&*w.1), None)?
         };
         half_plus_quarter(g, &mut h)?;
         Ok(h)
@@ -1038,7 +1031,7 @@ fn a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_input
                 lt_cfg(M, N, K),
                 &**hv,
                 &*w.2,
-                &mut *y,
+                &mut y,
                 Some(&*w.3),
                 Some(&Activation::Relu),
             )?
@@ -1061,7 +1054,7 @@ fn a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_input
                 lt_cfg(M, N, K),
                 &h16b,
                 &*w.4,
-                &mut *z,
+                &mut z,
                 Some(&*w.5),
                 Some(&Activation::Gelu),
             )?
@@ -1165,7 +1158,7 @@ fn to_bf16_bits(
         g.stream()
             .launch_builder(&k.to_bf16)
             .arg(h.as_cuda_slice())
-            .arg(h16.as_cuda_slice_mut())
+            .arg(&mut h16)
             .arg(&n)
             .launch(CuLaunch::for_num_elems(n))?;
     }
@@ -1185,7 +1178,7 @@ fn half_plus_quarter(
             .launch_builder(&k.affine)
             .arg(&0.5f32)
             .arg(&0.25f32)
-            .arg(h.as_cuda_slice_mut())
+            .arg(&mut *h)
             .arg(&n)
             .launch(CuLaunch::for_num_elems(n))?;
     }

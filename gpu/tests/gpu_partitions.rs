@@ -242,12 +242,8 @@ fn a_replayed_graph_keeps_its_partition_and_library_calls_run_there() {
         };
         // SAFETY: three n×n column-major matrices.
         unsafe {
-            g.cublas()?.gemm(
-                cfg,
-                a.as_cuda_slice(),
-                a.as_cuda_slice(),
-                y.as_cuda_slice_mut(),
-            )?
+            g.cublas()?
+                .gemm(cfg, a.as_cuda_slice(), a.as_cuda_slice(), &mut y)?
         };
         Ok((a, y))
     });

@@ -475,14 +475,7 @@ impl<'c, 'a, 'n> TileBlas<'c, 'a, 'n> {
         // `c` is borrowed mutably, so nothing else in this process writes it meanwhile; a
         // dropped buffer is freed after the device's work enqueued before (the release
         // queue); the device and `a`'s and `b`'s writers are the caller's contract.
-        let r = unsafe {
-            self.blas.gemm(
-                cfg,
-                a.as_cuda_slice(),
-                b.as_cuda_slice(),
-                c.as_cuda_slice_mut(),
-            )
-        };
+        let r = unsafe { self.blas.gemm(cfg, a.as_cuda_slice(), b.as_cuda_slice(), c) };
         self.check("cublasDgemm", r)
     }
 

@@ -2,7 +2,9 @@
 //! when the instance's segment is stale, instantiates (or updates) its executable, and
 //! launches it.
 
+use std::any::Any;
 use std::cell::RefCell;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +18,7 @@ use crate::driver::{self, GraphExec, GraphNode, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::GpuCtx;
 
+use super::check::{self, NodeOwners};
 use super::desc::{Out, ReplayCtx, Source};
 use super::instance::{InstanceState, ReplayStats, SegState};
 
@@ -33,14 +36,22 @@ pub(super) fn run_segment(
     let generation = st.shared.generation.load(Ordering::Acquire);
     if seg.generation != Some(generation) {
         seg.generation = None;
+        // A run submitted before another instance's capture of this generation failed: the
+        // same error, no second attempt.
+        if let Some(why) = st.shared.failure_of(generation) {
+            return Err(Box::new(GpuError::new(GpuErrorKind::Capture, why)));
+        }
         match capture_segment(st, k, gctx, refs, &mut seg) {
             Ok(()) => seg.generation = Some(generation),
             Err(e) => {
-                st.shared
-                    .stats
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .failed_captures += 1;
+                forget_drop_errors(gctx);
+                if check::curand_refused(&e) {
+                    forget_curand_error(gctx);
+                }
+                // Later runs go eager until `update` asks for a new capture: one attempt per
+                // generation, not one per run.
+                st.shared.capture_failed(generation, e.message());
+                gctx.b.device.metrics().capture_failures.increment(1);
                 return Err(Box::new(e));
             }
         }
@@ -56,6 +67,34 @@ pub(super) fn run_segment(
         None => gctx.no_work.set(true),
     }
     Ok(())
+}
+
+/// After a failed capture: cudarc slices its bodies made under it and dropped (a refused
+/// output, a body's clean-up after its error) may have failed their frees in cudarc's `Drop`,
+/// which records the error for the context's next cudarc call, in whatever node makes it. The
+/// failure is this capture's, reported by its error: forgotten here, unless sticky (then the
+/// device is marked failed, as for a body's error).
+fn forget_drop_errors(gctx: &GpuCtx<'_, '_>) {
+    if let Err(d) = gctx.b.cuda.check_err() {
+        if driver::is_sticky(d) {
+            let _ = gctx.b.device.body_error(&gctx.what(), Box::new(d));
+        }
+    }
+}
+
+/// After a capture that cuRAND's calls failed: cuRAND keeps the error of its refused call
+/// (its own CUDA runtime's last error, on this thread) and fails its next call on this worker
+/// with `CURAND_STATUS_PREEXISTING_FAILURE`, once (measured: the next eager fill failed, the
+/// one after worked). One throwaway generator's fill, on the worker's own stream now that the
+/// capture has ended, takes that failure, so that the graph's eager runs work.
+fn forget_curand_error(gctx: &GpuCtx<'_, '_>) {
+    let stream = gctx.b.normal_stream();
+    let Ok(rng) = cudarc::curand::CudaRng::new(0, stream.clone()) else {
+        return;
+    };
+    if let Ok(mut one) = stream.alloc_zeros::<f32>(1) {
+        let _ = rng.fill_with_uniform(&mut one);
+    }
 }
 
 /// Ends a capture however the capturing code leaves (error or panic): the stream stops
@@ -93,7 +132,7 @@ fn capture_error(st: &InstanceState, node: Option<u32>, why: String) -> GpuError
     GpuError::new(
         GpuErrorKind::Capture,
         format!(
-            "replay capture of graph '{}' failed{at}: {why} (the graph still runs eagerly: Replayable::run_eager)",
+            "replay capture of graph '{}' failed{at}: {why} (its later runs run eagerly until Replayable::update asks for a new capture)",
             st.desc.name
         ),
     )
@@ -123,8 +162,9 @@ fn capture_segment(
     let t0 = Instant::now();
     let (guard, cap) = begin_capture(st, gctx)?;
     let local: RefCell<Vec<Option<Out>>> = RefCell::new(vec![None; desc.names.len()]);
-    let empty_root = capture_members(st, k, gctx, refs, &cap, &local)?;
-    let graph = end_capture(st, gctx, guard, empty_root)?;
+    let mut owners = NodeOwners::default();
+    let empty_root = capture_members(st, k, gctx, refs, &cap, &local, &mut owners)?;
+    let graph = end_capture(st, gctx, guard, empty_root, &owners)?;
     let capture_time = t0.elapsed();
     let (graph, nodes, edges) = graph_size(st, gctx, graph)?;
     let mut stats = ReplayStats::default();
@@ -133,7 +173,7 @@ fn capture_segment(
     // the work already enqueued on the device).
     st.outputs
         .replace(&desc.segments[k as usize], local.into_inner());
-    seg._staged = cap.into_staged();
+    seg.kept = cap.into_kept();
     let m = b.device.metrics();
     m.captures.increment(1);
     m.exec_instantiations.increment(stats.instantiations);
@@ -183,25 +223,15 @@ fn capture_members(
     refs: &[Option<NodeRef<Out>>],
     cap: &Capture,
     local: &RefCell<Vec<Option<Out>>>,
+    owners: &mut NodeOwners,
 ) -> GpuResult<Option<GraphNode>> {
     let ctx = gctx.b.ctx;
     let desc = &*st.desc;
     let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
     let cs = StreamRef::of(cap.stream());
     let mut tails: Vec<Vec<GraphNode>> = vec![Vec::new(); desc.names.len()];
-    // The capture's current dependency set (empty at the start; None: not read back).
-    let mut current: Option<Vec<GraphNode>> = Some(Vec::new());
-    // Members some later member of this segment depends on (lane edges included): only their
-    // tails are read back (one driver call less per node for the others, e.g. independent
-    // nodes; the replay bench's `captured_graph` baseline shows the graph is the same).
-    let mut needed = vec![false; desc.names.len()];
-    for &m in &desc.segments[k as usize] {
-        for &p in desc.preds[m as usize].iter().chain(&desc.after[m as usize]) {
-            if desc.seg_of[p as usize] == Some(k) {
-                needed[p as usize] = true;
-            }
-        }
-    }
+    // The capture's current dependency set (empty at the start).
+    let mut current: Vec<GraphNode> = Vec::new();
     let mut empty_root: Option<GraphNode> = None;
     for &m in &desc.segments[k as usize] {
         let mut deps: Vec<GraphNode> = Vec::new();
@@ -219,7 +249,7 @@ fn capture_members(
             // The driver refused an empty set before: don't ask again.
             deps.push(root);
         }
-        if current.as_ref() != Some(&deps) {
+        if current != deps {
             let set = driver::capture_set_dependencies(ctx, cs, &deps);
             match set {
                 Ok(()) => {}
@@ -242,13 +272,12 @@ fn capture_members(
             }
         }
         call_member(st, k, m, gctx, refs, cap, local)?;
-        if needed[m as usize] {
-            tails[m as usize] = driver::capture_dependencies(ctx, cs)
-                .map_err(|e| drv("cuStreamGetCaptureInfo", e))?;
-            current = Some(tails[m as usize].clone());
-        } else {
-            current = None;
-        }
+        // Every member's tail is read back: its successors in the segment depend on it, and
+        // `check.rs` names the member a refused node belongs to by the first tail after it.
+        current =
+            driver::capture_dependencies(ctx, cs).map_err(|e| drv("cuStreamGetCaptureInfo", e))?;
+        owners.member_done(m, &current);
+        tails[m as usize] = current.clone();
     }
     Ok(empty_root)
 }
@@ -290,10 +319,19 @@ fn call_member(
         },
         feeds: &st.feeds,
     };
-    let r = (desc.bodies[m as usize])(&rctx);
+    // A panic (a cudarc handle's drop that fails under the capture unwraps, for one) fails the
+    // capture like an error, so that it counts and later runs go eager.
+    let r = panic::catch_unwind(AssertUnwindSafe(|| (desc.bodies[m as usize])(&rctx)));
     if let Some(why) = cap.take_refused() {
         return Err(capture_error(st, Some(m), why));
     }
+    let r = r.map_err(|p| {
+        let text = panic_text(&*p);
+        let hint = check::refused_call_in_panic(text)
+            .map(|h| format!(" ({h})"))
+            .unwrap_or_default();
+        capture_error(st, Some(m), format!("its body panicked: {text}{hint}"))
+    })?;
     match r {
         Ok(v) => local.borrow_mut()[m as usize] = Some(v),
         // The body's own error first: it names the call that failed (a free noted below
@@ -301,7 +339,12 @@ fn call_member(
         Err(e) => {
             // A sticky driver error from a cudarc call in the body marks the device failed.
             let e = gctx.b.device.body_error(&gctx.what(), e);
-            return Err(capture_error(st, Some(m), format!("its body failed: {e}")));
+            let hint = check::refused_call(&*e)
+                .map(|h| format!(" ({h})"))
+                .unwrap_or_default();
+            return Err(
+                capture_error(st, Some(m), format!("its body failed: {e}{hint}")).with_source(e),
+            );
         }
     }
     if buffer::take_freed() {
@@ -317,7 +360,7 @@ fn call_member(
             return Err(capture_error(
                 st,
                 Some(m),
-                "the driver invalidated the capture during this body (an operation a CUDA graph cannot capture: a synchronise, an event query, a host copy or allocation on the capturing stream)".into(),
+                "the driver invalidated the capture during this body (an operation a CUDA graph cannot capture: a synchronise, an event query, a copy from or to pageable host memory; from cudarc: load_module (a module unloaded in the body too), clone_htod / memcpy_htod / memcpy_dtoh with a Vec, a CudaBlas, CudaBlasLT or CudaRng made or dropped in the body; use modules loaded once per worker (GpuPoolBuilder::worker_state), GpuCtx::upload, GpuCtx::cublas / cublaslt)".into(),
             ))
         }
         Err(e) => return Err(drv("cuStreamIsCapturing", e)),
@@ -325,12 +368,21 @@ fn call_member(
     Ok(())
 }
 
-/// Ends the capture and returns its graph, without the empty root if one stood in.
+fn panic_text(p: &(dyn Any + Send)) -> &str {
+    p.downcast_ref::<&str>()
+        .copied()
+        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
+}
+
+/// Ends the capture and returns its graph, without the empty root if one stood in, once
+/// `check.rs` found nothing in it a replay cannot hold.
 fn end_capture(
     st: &InstanceState,
     gctx: &GpuCtx<'_, '_>,
     guard: CaptureGuard,
     empty_root: Option<GraphNode>,
+    owners: &NodeOwners,
 ) -> GpuResult<driver::CudaGraph> {
     let ctx = gctx.b.ctx;
     let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
@@ -338,6 +390,19 @@ fn end_capture(
         .finish()
         .map_err(|e| drv("cuStreamEndCapture", e))?
         .ok_or_else(|| capture_error(st, None, "cuStreamEndCapture returned no graph".into()))?;
+    // Before the empty root goes: members' tails may name it.
+    let refused = match check::refused_node(gctx, &graph, owners) {
+        Ok(None) => None,
+        Ok(Some(r)) => Some(capture_error(st, r.member, r.why())),
+        Err(e) => Some(drv(
+            "reading the captured graph (cuGraphGetNodes and its nodes)",
+            e,
+        )),
+    };
+    if let Some(e) = refused {
+        let _ = graph.destroy(ctx);
+        return Err(e);
+    }
     // The empty root stood in for an empty dependency set only during the capture: without it
     // the roots are roots again, and the executable has the DAG's topology exactly (a fan-out
     // from one node instantiated several times slower per node than the same roots).

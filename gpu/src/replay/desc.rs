@@ -167,6 +167,7 @@ impl<'c, 'n> ReplayCtx<'c, 'n> {
         }
         if let Kind::Input(ordinal) = self.desc.kinds[from.idx as usize] {
             let v = self.feeds.get(ordinal).map_err(|e| bad(&e.to_string()))?;
+            self.hold_if_captured(&v);
             return v.downcast::<T>().map_err(|_| bad("of another type"));
         }
         let sched = |refs: &[Option<NodeRef<Out>>]| -> GpuResult<Out> {
@@ -190,16 +191,34 @@ impl<'c, 'n> ReplayCtx<'c, 'n> {
                             .then(|| local.borrow()[from.idx as usize].clone())
                     });
                     match local {
-                        Some(v) => v,
-                        None => outputs.get(from.idx),
+                        Some(v) => {
+                            v.ok_or_else(|| bad("its output is missing (its capture failed)"))?
+                        }
+                        None => {
+                            let v = outputs
+                                .get(from.idx)
+                                .ok_or_else(|| bad("its output is missing (its capture failed)"))?;
+                            self.hold_if_captured(&v);
+                            v
+                        }
                     }
-                    .ok_or_else(|| bad("its output is missing (its capture failed)"))?
                 } else {
-                    sched(refs)?
+                    let v = sched(refs)?;
+                    self.hold_if_captured(&v);
+                    v
                 }
             }
         };
         out.downcast::<T>().map_err(|_| bad("of another type"))
+    }
+
+    /// Under a capture, keeps a value read from outside the segment (a run's input, a host
+    /// or eager node's output, another segment's) as long as the executable: the graph may
+    /// hold device addresses of buffers in it, which must not be freed while it replays.
+    fn hold_if_captured(&self, v: &Out) {
+        if let Some(c) = self.gpu.and_then(|g| g.capture) {
+            c.hold(v.clone());
+        }
     }
 
     /// Enqueues a copy of `src` into `dst` (same length, this node's device), a buffer held by

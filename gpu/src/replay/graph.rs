@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use boundpool_scheduler::{GraphBuilder, NodeCtx, NodeRef};
 
+use crate::capture::Kept;
 use crate::device::ExecSlot;
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::{GpuCtx, GpuGraphExt};
@@ -55,7 +56,7 @@ fn instance_state(
             Mutex::new(SegState {
                 slot,
                 generation: None,
-                _staged: Vec::new(),
+                kept: Kept::default(),
             })
         })
         .collect();

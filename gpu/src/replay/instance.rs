@@ -2,11 +2,11 @@
 //! capture generation, its captured outputs, the current run's feeds; and what the graph's
 //! instances share (the current generation, the executables' count, [`ReplayStats`]).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::buffer::DeviceBuffer;
+use crate::capture::Kept;
 use crate::device::ExecSlot;
 
 use super::desc::{Desc, Feeds, Outputs};
@@ -15,8 +15,9 @@ pub(super) struct SegState {
     pub(super) slot: Arc<ExecSlot>,
     /// The generation captured (None: never, or the last capture failed).
     pub(super) generation: Option<u64>,
-    /// Staging buffers of captured host copies.
-    pub(super) _staged: Vec<DeviceBuffer<u8>>,
+    /// What the last capture keeps as long as the executable (staging and hoisted buffers,
+    /// values read from outside the segment).
+    pub(super) kept: Kept,
 }
 
 pub(super) struct InstanceState {
@@ -31,8 +32,53 @@ pub(super) struct InstanceState {
 #[derive(Default)]
 pub(super) struct Shared {
     pub(super) generation: AtomicU64,
+    /// One more than the generation whose capture failed (0: none failed): replayed runs of
+    /// that generation run eagerly instead, until `update` moves the generation on.
+    failed: AtomicU64,
+    /// Why that capture failed (the error's message).
+    failure: Mutex<Option<String>>,
     pub(super) execs: Arc<AtomicUsize>,
     pub(super) stats: Mutex<ReplayStats>,
+}
+
+impl Shared {
+    /// A capture of `generation` failed with `why`: the graph runs eagerly until the next
+    /// generation.
+    pub(super) fn capture_failed(&self, generation: u64, why: &str) {
+        let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        // A late report of an older generation (a capture begun before an update) changes
+        // nothing.
+        if self.failed.load(Ordering::Acquire) <= generation + 1 {
+            *failure = Some(why.to_owned());
+            self.failed.store(generation + 1, Ordering::Release);
+        }
+        drop(failure);
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .failed_captures += 1;
+    }
+
+    /// Whether the current generation's capture failed (then runs go eager): two loads.
+    pub(super) fn capture_failed_now(&self) -> bool {
+        self.failed.load(Ordering::Acquire) == self.generation.load(Ordering::Acquire) + 1
+    }
+
+    /// Why the current generation's capture failed, if it did.
+    pub(super) fn current_failure(&self) -> Option<String> {
+        self.failure_of(self.generation.load(Ordering::Acquire))
+    }
+
+    /// Why `generation`'s capture failed, if it did.
+    pub(super) fn failure_of(&self, generation: u64) -> Option<String> {
+        if self.failed.load(Ordering::Acquire) != generation + 1 {
+            return None;
+        }
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// What captures have cost so far (totals over every segment and instance).
@@ -40,8 +86,12 @@ pub(super) struct Shared {
 pub struct ReplayStats {
     /// Segment captures that succeeded (first captures and updates).
     pub captures: u64,
-    /// Captures that failed.
+    /// Captures that failed (each fails its run; later runs go eager until
+    /// [`Replayable::update`](super::Replayable::update)).
     pub failed_captures: u64,
+    /// Runs asked to replay that ran eagerly instead, because the capture of the graph's
+    /// current generation had failed.
+    pub eager_fallbacks: u64,
     /// Time in captures: bodies called under capture, capture begin/end.
     pub capture_time: Duration,
     /// Executables instantiated (first captures, and updates the driver refused).

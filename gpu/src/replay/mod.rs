@@ -49,6 +49,7 @@
 
 mod builder;
 mod capture;
+mod check;
 mod desc;
 mod graph;
 mod instance;

@@ -81,7 +81,8 @@ impl Replayable {
     /// Marks every instance's capture stale: the next run of each instance calls the GPU
     /// bodies again under capture and updates its executables in place (`cuGraphExecUpdate`;
     /// re-instantiated only where the driver refuses, the topology having changed). Outputs
-    /// are then the values the bodies return at that capture.
+    /// are then the values the bodies return at that capture. After a failed capture this is
+    /// what asks for another one: until then, runs go eager.
     pub fn update(&self) {
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
     }
@@ -105,8 +106,30 @@ impl Replayable {
             &self.lease,
             pool,
             inputs,
-            Mode::Replay,
+            self.replay_mode(),
         )
+    }
+
+    /// How a run asked to replay runs: eagerly while the current generation's capture has
+    /// failed (until [`update`](Self::update)), replayed otherwise.
+    fn replay_mode(&self) -> Mode {
+        if self.shared.capture_failed_now() {
+            self.shared
+                .stats
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .eager_fallbacks += 1;
+            Mode::Eager
+        } else {
+            Mode::Replay
+        }
+    }
+
+    /// Why this graph's runs go eager: the message of the error its capture failed with
+    /// (naming the graph, the node and why), until [`update`](Self::update) asks for a new
+    /// capture; `None` while it replays (or has not captured yet).
+    pub fn capture_failure(&self) -> Option<String> {
+        self.shared.current_failure()
     }
 
     /// [`submit`](Self::submit) of an eager run: every body is called, no capture, on an
@@ -128,8 +151,12 @@ impl Replayable {
 
     /// A replayed run with `inputs`, waited for: captures at the instance's first run (and
     /// after [`update`](Self::update)), replays otherwise. A failed capture fails the run with
-    /// [`GpuErrorKind::Capture`](crate::GpuErrorKind::Capture) (the segment is captured again at the next run);
-    /// [`run_eager`](Self::run_eager) still works.
+    /// [`GpuErrorKind::Capture`](crate::GpuErrorKind::Capture), naming the graph, the node and
+    /// why; the graph's later runs then run eagerly (every body called, as
+    /// [`run_eager`](Self::run_eager)) until [`update`](Self::update) asks for a new capture:
+    /// one capture attempt per generation, not one per run
+    /// ([`capture_failure`](Self::capture_failure) says why, [`ReplayStats::eager_fallbacks`]
+    /// counts those runs).
     pub fn run_with(&self, pool: &GpuPool, inputs: RunInputs) -> GpuResult<ReplayOutput> {
         self.submit(pool, inputs)?.wait()
     }
@@ -147,5 +174,60 @@ impl Replayable {
     /// [`run_eager_with`](Self::run_eager_with) for a graph without input nodes.
     pub fn run_eager(&self, pool: &GpuPool) -> GpuResult<ReplayOutput> {
         self.run_eager_with(pool, RunInputs::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::{ReplayBuilder, ReplayCtx};
+
+    fn host_graph() -> Replayable {
+        let mut b = ReplayBuilder::new("host");
+        let a = b.host_node("a", |_c: &ReplayCtx<'_, '_>| Ok(1u32));
+        let _ = a;
+        b.build().expect("a host graph builds")
+    }
+
+    #[test]
+    fn a_failed_capture_sends_runs_eager_until_update() {
+        let r = host_graph();
+        assert_eq!(r.replay_mode(), Mode::Replay, "nothing failed yet");
+        assert_eq!(r.capture_failure(), None);
+        r.shared
+            .capture_failed(0, "replay capture of graph 'host' failed at node 'a': why");
+        assert_eq!(r.stats().failed_captures, 1);
+        for i in 1..=3 {
+            assert_eq!(r.replay_mode(), Mode::Eager, "run {i} after the failure");
+            assert_eq!(r.stats().eager_fallbacks, i);
+        }
+        assert!(r
+            .capture_failure()
+            .is_some_and(|m| m.contains("node 'a': why")));
+        assert_eq!(
+            r.shared.failure_of(0).as_deref(),
+            r.capture_failure().as_deref()
+        );
+        // `update` asks for a new capture: runs replay again (and capture at their next run).
+        r.update();
+        assert_eq!(r.capture_failure(), None);
+        assert_eq!(r.shared.failure_of(1), None);
+        assert_eq!(r.replay_mode(), Mode::Replay);
+        assert_eq!(
+            r.stats().eager_fallbacks,
+            3,
+            "no fallback counted after the update"
+        );
+        // A failure of the new generation goes eager again; one of an old generation does not
+        // (a late report of a capture begun before the update).
+        r.shared.capture_failed(0, "late");
+        assert_eq!(r.replay_mode(), Mode::Replay, "an old generation's failure");
+        r.shared.capture_failed(1, "again");
+        assert_eq!(r.replay_mode(), Mode::Eager);
+        assert_eq!(r.capture_failure().as_deref(), Some("again"));
+        r.shared.capture_failed(0, "later still");
+        assert_eq!(r.replay_mode(), Mode::Eager, "an old report clears nothing");
+        assert_eq!(r.capture_failure().as_deref(), Some("again"));
+        assert_eq!(r.stats().failed_captures, 4);
     }
 }
