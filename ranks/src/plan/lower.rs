@@ -91,16 +91,18 @@ pub fn place(desc: &GraphDesc, ranks: usize) -> Result<Vec<usize>, Error> {
                 On::Rank(r) => r,
                 On::Writes(d) => match desc.data.get(d.0 as usize) {
                     Some(datum) => datum.owner,
-                    None => return Err(Error::new(
-                        ErrorKind::InvalidGraph,
-                        format!(
+                    None => {
+                        return Err(Error::new(
+                            ErrorKind::InvalidGraph,
+                            format!(
                             "graph '{}': node {} writes datum #{}, which the graph does not have",
                             crate::error::bounded(&desc.name),
                             desc.describe(i as u32),
                             d.0
                         ),
-                    )
-                    .at_node(n.name.clone())),
+                        )
+                        .at_node(n.name.clone()))
+                    }
                 },
             };
             if rank >= ranks {
