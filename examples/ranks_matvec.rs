@@ -36,7 +36,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ranks = RanksBuilder::new().workers(2).build_mpi()?;
     let p = ranks.size();
     // A near-square grid of ranks: pr × pc.
-    let pr = (1..=p).rev().find(|d| p % d == 0 && d * d <= p).unwrap_or(1);
+    let pr = (1..=p)
+        .rev()
+        .find(|d| p % d == 0 && d * d <= p)
+        .unwrap_or(1);
     let pc = p / pr;
     let owner = |i: usize, j: usize| (i % pr) * pc + (j % pc);
 
@@ -52,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     // Partial products on the owners of A's tiles (made there: A never moves).
     let mut partial = vec![Vec::new(); T];
-    for i in 0..T {
+    for (i, row) in partial.iter_mut().enumerate() {
         for (j, &xj) in xs.iter().enumerate() {
             let d = g.datum(format!("A[{i},{j}]"), owner(i, j));
             let n = g.plain_node(d, format!("A[{i},{j}]·x[{j}]"), move |ctx| {
@@ -63,7 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Ok(y)
             });
             g.edge(xj, n);
-            partial[i].push(n);
+            row.push(n);
         }
     }
     // y's tiles, summed on the owner of the diagonal tile of their row.
@@ -108,12 +111,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut max_err = 0f64;
         for (i, &y) in ys.iter().enumerate() {
             let got = out.get(y).expect("every y tile reaches rank 0");
-            for r in 0..B {
+            for (r, v) in got.iter().enumerate() {
                 let want: f64 = (0..T * B).map(|c| a(i * B + r, c) * x(c)).sum();
-                max_err = max_err.max((got[r] - want).abs());
+                max_err = max_err.max((v - want).abs());
             }
         }
-        assert!(max_err < 1e-9, "y differs from the one-process product by {max_err}");
+        assert!(
+            max_err < 1e-9,
+            "y differs from the one-process product by {max_err}"
+        );
         println!(
             "y = A·x on {p} ranks ({pr}×{pc} grid, {T}×{T} tiles of {B}): |y|² = {:.6}, {} tiles, \
              {transfers} transfers, max error against one process {max_err:.1e}",

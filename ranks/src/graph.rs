@@ -231,10 +231,13 @@ trait NodeMaker<S>: Send + Sync {
 
 type Body<T, S> = dyn Fn(&RankCtx<'_, S>) -> Result<T, BoxError> + Send + Sync;
 
+/// How a send node makes its payload from the producer's value.
+type EncodeFn<T> = fn(&T) -> Result<Payload, String>;
+
 struct Maker<T, S> {
     name: String,
     body: Arc<Body<T, S>>,
-    encode: Option<fn(&T) -> Result<Payload, String>>,
+    encode: Option<EncodeFn<T>>,
     land: Option<LandFn>,
 }
 
@@ -390,7 +393,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         name: String,
         body: Arc<Body<T, S>>,
         wire: Wire,
-        encode: Option<fn(&T) -> Result<Payload, String>>,
+        encode: Option<EncodeFn<T>>,
         land: Option<LandFn>,
     ) -> NodeRef<T> {
         self.desc.nodes.push(plan::NodeDesc {
