@@ -89,8 +89,10 @@
 //! * `transport/mod.rs`, `transport/local.rs`: the transport's `send` and `receive` take raw
 //!   pointers (unsafe trait methods); the in-process one copies through them.
 //! * `transport/mpi.rs`: the MPI calls (rsmpi's `ffi`).
-//! * `comm/engine.rs`: pointers into a run's outputs and the engine's buffers handed to the
-//!   transport, and `Payload` is `Send`.
+//! * `comm/engine/mod.rs`: pointers into a run's outputs and the engine's send buffers handed
+//!   to the transport, and `Payload` is `Send`.
+//! * `comm/engine/arrive.rs`: landings and control buffers handed to the transport to receive
+//!   into, and a landing finished once its bytes arrived.
 //! * `ranks.rs`: the pool taken out of its `ManuallyDrop` once, in `Drop`.
 //!
 //! No other file has `unsafe`.
