@@ -200,6 +200,35 @@ fn a_graph_that_differs_between_ranks_is_an_error_naming_the_node() {
 }
 
 #[test]
+fn data_that_arrives_before_its_verdict_waits_in_order() {
+    // Rank 0's verdict to rank 2 is held back: rank 1 has its verdict and sends its data (and
+    // its statuses) to rank 2 first. Rank 2 keeps them, in rank 1's order, until the verdict.
+    let (net, ranks) = world(3, RanksBuilder::new().workers(1));
+    net.hold(0, 2);
+    let results = on_all(&ranks, |r| {
+        let mut g = RankGraphBuilder::new("early data");
+        g.runs_in_flight(2);
+        let a = g.plain_node(1, "a", |ctx| Ok(vec![ctx.run_seq(); 3]));
+        let s = g.serde_node(1, "s", |ctx| Ok(format!("run {}", ctx.run_seq())));
+        let b = g.plain_node(2, "b", move |ctx| {
+            Ok(ctx.input(a)?[0] * 100 + ctx.input(s)?.len() as u64)
+        });
+        g.edge(a, b).edge(s, b);
+        let graph = g.build(r).unwrap();
+        let hs: Vec<_> = (0..5).map(|_| r.submit(&graph).unwrap()).collect();
+        if r.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+            net.release(0, 2);
+        }
+        hs.into_iter()
+            .map(|h| h.wait().unwrap().get(b).copied())
+            .collect::<Vec<_>>()
+    });
+    let want: Vec<Option<u64>> = (0..5).map(|i| Some(i * 100 + 5)).collect();
+    assert_eq!(results[2], want);
+}
+
+#[test]
 fn a_value_that_cannot_cross_is_an_error_at_build_naming_the_edge() {
     let (_net, ranks) = world(2, RanksBuilder::new().workers(1));
     let mut g = RankGraphBuilder::new("local only");

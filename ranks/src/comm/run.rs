@@ -318,10 +318,15 @@ impl RunState {
     }
 
     /// The result across ranks if it is in and is an error that does not wait for the local
-    /// run (a dead or departed peer: the local run may never end).
+    /// run (a dead or departed peer, a failed transport: the local run may never end).
     pub(crate) fn fatal(&self) -> Option<Error> {
         match &*lock(&self.global) {
-            Some(Err(e)) if matches!(e.kind(), ErrorKind::PeerDied | ErrorKind::PeerLeft) => {
+            Some(Err(e))
+                if matches!(
+                    e.kind(),
+                    ErrorKind::PeerDied | ErrorKind::PeerLeft | ErrorKind::Transport
+                ) =>
+            {
                 Some(e.clone())
             }
             _ => None,

@@ -18,6 +18,8 @@ struct Envelope {
 struct Net {
     mailboxes: Vec<Mutex<VecDeque<Envelope>>>,
     severed: Vec<AtomicBool>,
+    /// Links whose messages are held back (in order) until released.
+    held: Mutex<std::collections::HashMap<(usize, usize), VecDeque<Envelope>>>,
     max_tag: u32,
 }
 
@@ -47,6 +49,7 @@ impl LocalNetwork {
             net: Arc::new(Net {
                 mailboxes: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
                 severed: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
+                held: Mutex::new(std::collections::HashMap::new()),
                 max_tag,
             }),
         }
@@ -67,6 +70,28 @@ impl LocalNetwork {
             net: self.net.clone(),
             rank,
             done: Vec::new(),
+        }
+    }
+
+    /// Holds back what `from` sends to `to` (a slow link), in order, until
+    /// [`release`](Self::release).
+    pub fn hold(&self, from: usize, to: usize) {
+        self.net
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((from, to))
+            .or_default();
+    }
+
+    /// Delivers what the link from `from` to `to` held back, in order, and stops holding.
+    pub fn release(&self, from: usize, to: usize) {
+        let mut held = self.net.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = held.remove(&(from, to)) {
+            self.net.mailboxes[to]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(q);
         }
     }
 
@@ -141,14 +166,19 @@ impl Transport for LocalTransport {
             unsafe { std::slice::from_raw_parts(data, len) }.to_vec()
         };
         if !self.net.severed[to].load(Ordering::SeqCst) {
-            self.net.mailboxes[to]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push_back(Envelope {
-                    from: self.rank,
-                    tag,
-                    bytes,
-                });
+            let e = Envelope {
+                from: self.rank,
+                tag,
+                bytes,
+            };
+            let mut held = self.net.held.lock().unwrap_or_else(|p| p.into_inner());
+            match held.get_mut(&(self.rank, to)) {
+                Some(q) => q.push_back(e),
+                None => self.net.mailboxes[to]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_back(e),
+            }
         }
         self.done.push(op);
         Ok(())
