@@ -229,6 +229,30 @@ fn data_that_arrives_before_its_verdict_waits_in_order() {
 }
 
 #[test]
+fn a_graph_without_transfers_that_differs_is_found_even_when_its_runs_end_first() {
+    // Each rank's nodes are its own: the runs end at once everywhere, and rank 0's verdict to
+    // rank 1 is held back until they have; rank 1 must still report the mismatch.
+    let (net, ranks) = world(2, RanksBuilder::new().workers(1));
+    net.hold(0, 1);
+    let errors = on_all(&ranks, |r| {
+        let mut g = RankGraphBuilder::<()>::new("no transfers");
+        g.plain_node(0, "x", |_| Ok(1u64));
+        g.plain_node(1, if r.rank() == 1 { "z" } else { "y" }, |_| Ok(2u64));
+        let graph = g.build(r).unwrap();
+        let h = r.submit(&graph).unwrap();
+        if r.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+            net.release(0, 1);
+        }
+        h.wait().unwrap_err()
+    });
+    for e in &errors {
+        assert_eq!(e.kind(), ErrorKind::GraphMismatch, "{e}");
+        assert!(e.to_string().contains("node #1 is 'y' on rank 0"), "{e}");
+    }
+}
+
+#[test]
 fn a_value_that_cannot_cross_is_an_error_at_build_naming_the_edge() {
     let (_net, ranks) = world(2, RanksBuilder::new().workers(1));
     let mut g = RankGraphBuilder::new("local only");

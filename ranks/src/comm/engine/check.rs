@@ -158,5 +158,15 @@ impl<T: Transport> Engine<T> {
                 self.woke = true;
             }
         }
+        // Runs that ended everywhere before the verdict came resolve now.
+        let ended: Vec<u64> = self.graphs[&gid]
+            .active
+            .iter()
+            .filter(|(_, r)| r.is_local_done())
+            .map(|(&s, _)| s)
+            .collect();
+        for seq in ended {
+            self.try_resolve(gid, seq);
+        }
     }
 }

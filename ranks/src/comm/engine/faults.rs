@@ -18,7 +18,10 @@ impl<T: Transport> Engine<T> {
             return;
         };
         let complete = statuses.iter().all(Option::is_some);
-        if !complete && gone.is_none() {
+        // Every status in is not enough: a run with no transfers can end everywhere before
+        // rank 0's verdict reaches this rank, and a mismatch must not read as success.
+        let judged = gs.layout.is_some() || gs.refused.is_some();
+        if (!complete || !judged) && gone.is_none() {
             return;
         }
         let failure = statuses
