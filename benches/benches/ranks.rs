@@ -325,9 +325,11 @@ fn main() {
         ));
     }
     let peak = threads();
+    // In the transport's start (the pool and the comm thread were up): main + workers + comm +
+    // what MPI started.
+    let mpi = raw.threads_after_init.saturating_sub(before + workers + 1);
     rows.push(format!(
-        "| OS threads per rank | {peak} at peak | before MPI {before}, after MPI_Init {}, with the runtime {with_runtime} ({workers} workers + 1 comm thread) | |",
-        raw.threads_after_init
+        "| OS threads per rank | {peak} at peak | main {before} + {workers} worker(s) + 1 communication thread + {mpi} started by MPI_Init | |"
     ));
     if rank == 0 {
         println!("| measure ({size} ranks) | boundpool-ranks | baseline, same run | ratio |");
