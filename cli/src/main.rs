@@ -124,6 +124,11 @@ struct RunArgs {
     /// Run the graph described in this JSON file instead (see the README for the format).
     #[arg(long, value_name = "FILE.json")]
     graph: Option<PathBuf>,
+    /// With --graph, under mpirun: run the file's nodes on the ranks they name (`"rank": r`),
+    /// each rank with --threads workers (default 2) and one communication thread.
+    #[cfg(feature = "mpi")]
+    #[arg(long, requires = "graph")]
+    ranks: bool,
     /// Worker threads (default: the cores this process may use).
     #[arg(long)]
     threads: Option<usize>,

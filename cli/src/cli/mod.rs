@@ -7,6 +7,8 @@ pub(crate) mod latency;
 pub(crate) mod observe;
 pub(crate) mod partitions;
 pub(crate) mod progress;
+#[cfg(feature = "mpi")]
+pub(crate) mod ranks_run;
 pub(crate) mod run;
 pub(crate) mod soak;
 pub(crate) mod timeline;

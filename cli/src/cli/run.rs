@@ -22,6 +22,10 @@ enum Fail {
 }
 
 pub(crate) fn main(a: RunArgs) -> ExitCode {
+    #[cfg(feature = "mpi")]
+    if let (true, Some(path)) = (a.ranks, &a.graph) {
+        return super::ranks_run::run(path, a.threads.unwrap_or(2), a.repeat, a.quiet);
+    }
     if a.gpu {
         return super::gpu_replay::run_main(&a, shape_of(a.shape.unwrap_or(ShapeArg::Wavefront)));
     }
