@@ -316,6 +316,47 @@ fn a_killed_rank_ends_every_other_ranks_run_in_time() {
 }
 
 #[test]
+fn a_rank_that_leaves_after_its_part_fails_nothing() {
+    // Rank 1's run resolves and it shuts down while rank 2's status to rank 0 is held back:
+    // rank 0's run needs nothing more of rank 1 and must succeed once rank 2's status comes.
+    // (A first run gets the graph past its check, whose registration the hold would stop.)
+    let (net, ranks) = world(3, RanksBuilder::new().workers(1));
+    let barrier = std::sync::Barrier::new(3);
+    let results: Vec<Result<Option<u64>, Error>> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|r| {
+                let (net, barrier) = (net.clone(), &barrier);
+                s.spawn(move || {
+                    let mut g = RankGraphBuilder::new("one leaves");
+                    let a = g.plain_node(1, "a", |_| Ok(3u64));
+                    let b = g.plain_node(0, "b", move |ctx| Ok(*ctx.input(a)? + 1));
+                    g.plain_node(2, "c", |_| Ok(0u64));
+                    g.edge(a, b);
+                    let graph = g.build(&r).unwrap();
+                    r.run(&graph).unwrap();
+                    barrier.wait();
+                    if r.rank() == 0 {
+                        net.hold(2, 0);
+                    }
+                    barrier.wait();
+                    let out = r.run(&graph).map(|o| o.get(b).copied());
+                    if r.rank() == 1 {
+                        drop(r);
+                        std::thread::sleep(Duration::from_millis(50));
+                        net.release(2, 0);
+                    }
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(results[0].as_ref().unwrap(), &Some(4));
+    assert!(results[1].is_ok() && results[2].is_ok(), "{results:?}");
+}
+
+#[test]
 fn a_rank_that_leaves_early_fails_runs_that_need_it() {
     let (_net, mut ranks) = world(2, RanksBuilder::new().workers(1));
     let r1 = ranks.pop().unwrap();

@@ -3,9 +3,15 @@
 use super::*;
 
 impl<T: Transport> Engine<T> {
+    /// Resolves run `seq` of graph `gid` once it ended here, every rank's status is in and the
+    /// graph's verdict too; or earlier, once a status it lacks belongs to a rank that is gone.
     pub(super) fn try_resolve(&mut self, gid: u32, seq: u64) {
-        let gone = self.gone_error();
-        let Some(gs) = self.graphs.get_mut(&gid) else {
+        let peers: Vec<bool> = self
+            .peers
+            .iter()
+            .map(|p| p.state == PeerState::Alive)
+            .collect();
+        let Some(gs) = self.graphs.get(&gid) else {
             return;
         };
         let Some(run) = gs.active.get(&seq).cloned() else {
@@ -17,11 +23,13 @@ impl<T: Transport> Engine<T> {
         let Some(statuses) = gs.statuses.get(&seq) else {
             return;
         };
+        // A missing status of a gone rank will never come; one of a live rank will.
+        let missing_gone = (0..self.size).find(|&r| statuses[r].is_none() && !peers[r]);
         let complete = statuses.iter().all(Option::is_some);
         // Every status in is not enough: a run with no transfers can end everywhere before
         // rank 0's verdict reaches this rank, and a mismatch must not read as success.
-        let judged = gs.layout.is_some() || gs.refused.is_some();
-        if (!complete || !judged) && gone.is_none() {
+        let judged = gs.layout.is_some() || gs.refused.is_some() || !peers[0];
+        if missing_gone.is_none() && (!complete || !judged) {
             return;
         }
         let failure = statuses
@@ -32,38 +40,44 @@ impl<T: Transport> Engine<T> {
                 _ => None,
             })
             .min_by_key(|f| f.rank);
-        let result = match (failure, &gs.refused, complete, gone) {
-            (Some(f), _, _, _) => Err(f.to_error()),
-            (None, Some(e), _, _) => Err(e.clone()),
-            (None, None, true, _) => Ok(()),
-            (None, None, false, Some(e)) => Err(e),
-            (None, None, false, None) => unreachable!("returned above"),
+        let result = match (failure, &gs.refused, missing_gone) {
+            (Some(f), _, _) => Err(f.to_error()),
+            (None, Some(e), _) => Err(e.clone()),
+            (None, None, Some(r)) => Err(self.gone_error(r).expect("gone")),
+            (None, None, None) if judged => Ok(()),
+            (None, None, None) => Err(self.gone_error(0).expect("rank 0 is gone")),
         };
         run.resolve(result);
+        let gs = self.graphs.get_mut(&gid).expect("present");
         gs.active.remove(&seq);
         gs.statuses.remove(&seq);
     }
 
-    /// The error for runs when some peer is gone (the first gone one).
-    pub(super) fn gone_error(&self) -> Option<Error> {
-        self.peers
-            .iter()
-            .enumerate()
-            .find_map(|(r, p)| match &p.state {
-                PeerState::Alive => None,
-                PeerState::Left => Some(
-                    Error::new(
-                        ErrorKind::PeerLeft,
-                        format!("rank {r} shut its runtime down while this run needed it"),
-                    )
-                    .at_rank(r),
-                ),
-                PeerState::Dead(why) => Some(
-                    Error::new(ErrorKind::PeerDied, format!("rank {r} died: {why}")).at_rank(r),
-                ),
-            })
+    /// The first peer that is gone, if any.
+    pub(super) fn first_gone(&self) -> Option<usize> {
+        (0..self.size).find(|&r| self.peers[r].state != PeerState::Alive)
     }
 
+    /// The error for a run that needs rank `r`, if `r` is gone.
+    pub(super) fn gone_error(&self, r: usize) -> Option<Error> {
+        match &self.peers[r].state {
+            PeerState::Alive => None,
+            PeerState::Left => Some(
+                Error::new(
+                    ErrorKind::PeerLeft,
+                    format!("rank {r} shut its runtime down while this run needed it"),
+                )
+                .at_rank(r),
+            ),
+            PeerState::Dead(why) => {
+                Some(Error::new(ErrorKind::PeerDied, format!("rank {r} died: {why}")).at_rank(r))
+            }
+        }
+    }
+
+    /// Rank `r` left or died: every run that still needs it (its status is not in: a rank's
+    /// status follows all it sends for the run, and its `Bye` follows its statuses) fails with
+    /// an error naming it; the others resolve as usual.
     pub(super) fn peer_gone(&mut self, r: usize, state: PeerState) {
         if self.peers[r].state != PeerState::Alive {
             return;
@@ -72,22 +86,20 @@ impl<T: Transport> Engine<T> {
             self.poison();
         }
         self.peers[r].state = state;
-        let e = self.gone_error().expect("a peer is gone");
-        let mut pending = Vec::new();
+        let e = self.gone_error(r).expect("just gone");
+        let mut resolvable = Vec::new();
         for (&gid, gs) in &self.graphs {
             for (&seq, run) in &gs.active {
-                // A run that has everything from every rank resolves normally.
-                let needs = run.recvs.iter().any(|c| c.is_pending())
-                    || gs.statuses.get(&seq).is_none_or(|s| s[r].is_none());
+                let needs = gs.statuses.get(&seq).is_none_or(|s| s[r].is_none());
                 if needs {
                     run.cancel(&e);
                     run.resolve(Err(e.clone()));
                 } else {
-                    pending.push((gid, seq));
+                    resolvable.push((gid, seq));
                 }
             }
         }
-        for (gid, seq) in pending {
+        for (gid, seq) in resolvable {
             self.try_resolve(gid, seq);
         }
         self.woke = true;

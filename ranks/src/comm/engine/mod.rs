@@ -338,7 +338,8 @@ impl<T: Transport> Engine<T> {
             .gid
             .get()
             .expect("a started run's graph is registered");
-        let gone = self.gone_error();
+        // No run can end without every rank's status: one started after a rank left fails.
+        let gone = self.first_gone().and_then(|r| self.gone_error(r));
         let fatal = self.fatal.clone();
         let gs = self.graphs.entry(gid).or_default();
         gs.started.insert(run.seq);
