@@ -1,7 +1,8 @@
 //! The ranks' CI program, run under `mpirun -np 2` and `-np 4` by `.ci/run`:
 //!
-//! * `graphs N`: N random graphs with plain and serde values crossing ranks (8 B to 64 MiB),
-//!   each run's outputs equal to the one-process reference; several runs and graphs in flight.
+//! * `graphs N`: N random graphs with plain and serde values crossing ranks (8 B to 64 MiB, the
+//!   largest in 4 MiB chunks), each run's outputs equal to the one-process reference; several
+//!   runs and graphs in flight.
 //! * `faults`: a failing node, a panicking node and a graph that differs between ranks: every
 //!   rank's `wait` returns the same error naming the rank and node.
 //! * `die panic|kill`: rank 1 panics outside a node (or kills itself) while the others wait on
@@ -20,9 +21,11 @@ use boundpool_ranks::{ErrorKind, RankGraphBuilder, Ranks, RanksBuilder};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("graphs");
+    // A 4 MiB message limit: the 64 MiB values go as a header and 16 chunks over MPI.
     let ranks = RanksBuilder::new()
         .workers(2)
         .peer_timeout(Duration::from_secs(4))
+        .max_message_bytes(4 << 20)
         .build_mpi()
         .expect("the ranks runtime starts");
     let res = match mode {
