@@ -55,8 +55,8 @@
 //!   `MPI_Improbe`, `MPI_Imrecv`, `MPI_Testsome` only). A transport sends and receives raw
 //!   bytes at an address, so a pinned host buffer (a GPU buffer's staging area) goes as it is.
 //! * **The communication thread** (internal): one per rank, counted in the rank's threads
-//!   ([`Ranks`]: the pool's workers + 1). It alone calls the transport, never blocks (spins,
-//!   yields, then parks for 100 µs at most while anything is in flight), and completes send
+//!   ([`Ranks`]: the pool's workers + 1). It alone calls the transport, never blocks (yields,
+//!   then parks for 100 µs at most while anything is in flight), and completes send
 //!   and receive nodes by writing the cells their deferred completions poll
 //!   (`backend::NodeCtxExt::complete_when`), waking the workers through `GroupWaker`s.
 //! * **Faults**: a node that fails on one rank cancels the run on every rank, and every
