@@ -1,4 +1,6 @@
 //! The graph-file reader: `{"nodes": [{"name": "a", "work_ns": 2000}, {"name": "b"}], "edges": [["a", "b"]]}`.
+//! A node may name the rank it runs on (`"rank": 1`) for a run over many processes
+//! (`boundpool run --graph FILE --ranks` under `mpirun`); one that names none runs on rank 0.
 //!
 //! Checked here, before anything is built: malformed JSON, unknown fields (rejected, so a
 //! misspelt `work_ns` is not silently ignored), duplicate node names, edges naming a node that is
@@ -36,6 +38,8 @@ struct FileNode {
     name: String,
     #[serde(default)]
     work_ns: u64,
+    #[serde(default)]
+    rank: Option<u32>,
 }
 
 /// A graph file's content, checked: unique names, edges between listed nodes, no repeated edge.
@@ -47,6 +51,9 @@ pub struct GraphFile {
     pub names: Vec<String>,
     /// Busy work per node, in nanoseconds.
     pub work_ns: Vec<u64>,
+    /// The rank each node names (`None`: rank 0), for a run over many processes. Whether it
+    /// exists is checked when the graph is lowered for a number of ranks.
+    pub ranks: Vec<Option<u32>>,
     /// Edges `(from, to)` as node indices, sorted, each once.
     pub edges: Vec<(u32, u32)>,
 }
@@ -93,11 +100,13 @@ pub fn parse(text: &str, default_name: &str) -> Result<GraphFile, String> {
     edges.sort_unstable();
     edges.dedup();
     let name = f.name.unwrap_or_else(|| default_name.to_string());
+    let ranks = f.nodes.iter().map(|n| n.rank).collect();
     let (names, work_ns) = f.nodes.into_iter().map(|n| (n.name, n.work_ns)).unzip();
     Ok(GraphFile {
         name,
         names,
         work_ns,
+        ranks,
         edges,
     })
 }
@@ -113,7 +122,20 @@ mod tests {
         assert_eq!(g.name, "g");
         assert_eq!(g.names, vec!["a", "b"]);
         assert_eq!(g.work_ns, vec![2000, 0]);
+        assert_eq!(g.ranks, vec![None, None]);
         assert_eq!(g.edges, vec![(0, 1)]);
+    }
+
+    #[test]
+    fn nodes_may_name_ranks() {
+        let g = parse(
+            r#"{"nodes": [{"name": "a", "rank": 3}, {"name": "b"}]}"#,
+            "g",
+        )
+        .unwrap();
+        assert_eq!(g.ranks, vec![Some(3), None]);
+        let e = parse(r#"{"nodes": [{"name": "a", "rank": -1}]}"#, "g").unwrap_err();
+        assert!(e.contains("invalid value"), "{e}");
     }
 
     #[test]

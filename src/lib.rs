@@ -24,6 +24,9 @@
 //! ```
 
 pub use boundpool_gpu as gpu;
+/// One graph over many processes (`mpi` feature): [`boundpool_ranks`].
+#[cfg(feature = "mpi")]
+pub use boundpool_ranks as ranks;
 pub use boundpool_scheduler::{
     backend, default_workers, estimate_graph_bytes, BoxError, Cores, DomainId, Error, ErrorKind,
     Graph, GraphBuilder, GraphHandle, GraphOutput, GroupId, GroupSpec, Inputs, NodeCtx, NodeId,

@@ -43,6 +43,27 @@ while read -r kind name path; do
     bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes|example:serve|example:gpu_probe) cp "$path" "$out/b/$name" ;;
   esac
 done < "$exes"
+# PACK_MPI=1: the ranks' MPI programs too (needs Open MPI and libclang here; the device machine
+# runs them under its own Open MPI 4.1.6, which provides the same libmpi.so.40).
+if [ -n "${PACK_MPI:-}" ]; then
+  {
+    cargo bench -p boundpool-bench --features mpi --bench ranks --no-run --message-format=json
+    cargo build --release -p boundpool-ranks --features mpi --example ranks_ci --message-format=json
+    cargo build --release --features mpi --example ranks_matvec --message-format=json
+  } 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        t = m["target"]; print(t["kind"][0], t["name"], m["executable"])
+' | while read -r kind name path; do
+    case "$kind:$name" in
+      bench:ranks) cp "$path" "$out/b/bench_ranks" ;;
+      example:ranks_ci|example:ranks_matvec) cp "$path" "$out/b/$name" ;;
+    esac
+  done
+fi
 rm -f "$exes"
 strip "$out"/b/*
 (cd "$out" && tar cJf b.tar.xz b && rm -rf b)

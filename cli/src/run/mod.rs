@@ -19,6 +19,8 @@ mod gpu;
 mod graph;
 mod host;
 mod memory;
+#[cfg(feature = "mpi")]
+mod ranks;
 mod summary;
 mod verify;
 
@@ -36,6 +38,11 @@ pub(crate) struct RunArgs {
     /// Run the graph described in this JSON file instead (see the README for the format).
     #[arg(long, value_name = "FILE.json")]
     graph: Option<PathBuf>,
+    /// With --graph, under mpirun: run the file's nodes on the ranks they name (`"rank": r`),
+    /// each rank with --threads workers (default 2) and one communication thread.
+    #[cfg(feature = "mpi")]
+    #[arg(long, requires = "graph")]
+    ranks: bool,
     /// Worker threads (default: the cores this process may use).
     #[arg(long)]
     threads: Option<usize>,
@@ -121,6 +128,10 @@ enum Fail {
 }
 
 pub(crate) fn main(a: RunArgs) -> ExitCode {
+    #[cfg(feature = "mpi")]
+    if let (true, Some(path)) = (a.ranks, &a.graph) {
+        return ranks::run(path, a.threads.unwrap_or(2), a.repeat, a.quiet);
+    }
     if a.gpu {
         return gpu::main(&a);
     }

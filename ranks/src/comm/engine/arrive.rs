@@ -1,0 +1,422 @@
+//! Arrivals: every message is taken at once (a matched probe) into its landing, and handled
+//! in its sender's order (a sender's control messages and data interleave meaningfully: a
+//! status before the next run's data of the same slot).
+
+use super::*;
+
+impl<T: Transport> Engine<T> {
+    /// Takes up to `max` arrived messages; returns how many.
+    pub(crate) fn probe(&mut self, max: usize) -> usize {
+        if self.fatal.is_some() {
+            return 0;
+        }
+        let mut n = 0;
+        while n < max {
+            match self.t.probe() {
+                Ok(Some(p)) => {
+                    n += 1;
+                    if p.from < self.size {
+                        self.peers[p.from].last_heard = Instant::now();
+                    }
+                    let src = p.from;
+                    if let Err(e) = self.arrived(p) {
+                        self.transport_failed(e);
+                        return n;
+                    }
+                    self.process(src);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    self.transport_failed(e);
+                    break;
+                }
+            }
+        }
+        n
+    }
+
+    pub(super) fn push_entry(&mut self, src: usize, entry: Entry<T::Message>) -> u64 {
+        let id = self.front_id[src] + self.queues[src].len() as u64;
+        self.queues[src].push_back(entry);
+        id
+    }
+
+    pub(super) fn entry_mut(&mut self, src: usize, id: u64) -> Option<&mut Entry<T::Message>> {
+        let i = id.checked_sub(self.front_id[src])?;
+        self.queues[src].get_mut(i as usize)
+    }
+
+    pub(super) fn arrived(&mut self, p: Probed<T::Message>) -> Result<(), Error> {
+        let src = p.from;
+        if p.tag == CONTROL_TAG {
+            let mut buf = vec![0u8; p.len];
+            let id = self.push_entry(
+                src,
+                Entry {
+                    ops_left: 1,
+                    chunks_left: 0,
+                    offset: 0,
+                    kind: EntryKind::Control(Vec::new()),
+                },
+            );
+            let ptr = buf.as_mut_ptr();
+            if let Some(e) = self.entry_mut(src, id) {
+                e.kind = EntryKind::Control(buf);
+            }
+            return self.start_receive(p, ptr, src, id);
+        }
+        // Data waits behind an unmapped message of the same sender (order matters), and for
+        // its graph's verdict.
+        let blocked = self.queues[src]
+            .iter()
+            .any(|e| matches!(e.kind, EntryKind::Unmapped(_)));
+        if blocked || self.layout_of(p.tag).is_none() {
+            self.push_entry(
+                src,
+                Entry {
+                    ops_left: 0,
+                    chunks_left: 0,
+                    offset: 0,
+                    kind: EntryKind::Unmapped(Some(p)),
+                },
+            );
+            return Ok(());
+        }
+        self.map_data(p, None)
+    }
+
+    pub(super) fn layout_of(&self, tag: u32) -> Option<(u32, TagLayout)> {
+        let (_, &gid) = self.ranges.range(..=tag).next_back()?;
+        let layout = self.graphs.get(&gid)?.layout?;
+        layout.decode(tag).map(|_| (gid, layout))
+    }
+
+    /// Starts receiving a mapped data message: a whole value, a long value's header, or one of
+    /// its chunks. `at`: the unmapped entry it replaces, if it waited for a verdict.
+    pub(super) fn map_data(&mut self, p: Probed<T::Message>, at: Option<u64>) -> Result<(), Error> {
+        let (src, tag) = (p.from, p.tag);
+        let (gid, layout) = self.layout_of(tag).expect("mapped");
+        let (slot, index, long) = layout.decode(tag).expect("in range");
+        let graph = self.graphs[&gid].graph.clone().expect("registered");
+        let Some(&k) = graph.recv_at.get(&(src, index)) else {
+            return Err(Error::new(
+                ErrorKind::Transport,
+                format!(
+                    "rank {}: rank {src} sent transfer {index} of graph '{}', which this rank does not receive",
+                    self.rank, graph.name
+                ),
+            ));
+        };
+        let land = graph.recvs[k as usize].land;
+        if long {
+            if let Some(&id) = self.long_active.get(&(src, tag)) {
+                return self.chunk(p, id, at);
+            }
+            // The header: received now (16 bytes, already here), so the landing can be made.
+            let header = self.receive_now(p)?;
+            let total = u64::from_le_bytes(header[0..8].try_into().expect("8 bytes")) as usize;
+            let chunks = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+            let entry = Entry {
+                ops_left: 0,
+                chunks_left: chunks,
+                offset: 0,
+                kind: EntryKind::Data {
+                    gid,
+                    slot,
+                    k,
+                    landing: landing_for(land, total),
+                },
+            };
+            let id = self.place_entry(src, entry, at);
+            if chunks > 0 {
+                self.long_active.insert((src, tag), id);
+            }
+            return Ok(());
+        }
+        let mut landing = landing_for(land, p.len);
+        let ptr = landing.ptr();
+        let entry = Entry {
+            ops_left: 1,
+            chunks_left: 0,
+            offset: 0,
+            kind: EntryKind::Data {
+                gid,
+                slot,
+                k,
+                landing,
+            },
+        };
+        let id = self.place_entry(src, entry, at);
+        self.start_receive(p, ptr, src, id)
+    }
+
+    /// A chunk of long value `id`: received into its landing at the entry's offset.
+    pub(super) fn chunk(
+        &mut self,
+        p: Probed<T::Message>,
+        id: u64,
+        at: Option<u64>,
+    ) -> Result<(), Error> {
+        let (src, tag, len) = (p.from, p.tag, p.len);
+        if let Some(at) = at {
+            // The placeholder it waited in is done with.
+            if let Some(e) = self.entry_mut(src, at) {
+                e.kind = EntryKind::Skip;
+            }
+        }
+        let e = self.entry_mut(src, id).expect("a long value in progress");
+        let EntryKind::Data { landing, .. } = &mut e.kind else {
+            unreachable!("long values land in data entries")
+        };
+        if e.offset + len > landing.len() || e.chunks_left == 0 {
+            return Err(Error::new(
+                ErrorKind::Transport,
+                format!("rank {src} sent more bytes of a long value than its header said"),
+            ));
+        }
+        // SAFETY: `offset + len` is within the landing, checked above.
+        let ptr = unsafe { landing.ptr().add(e.offset) };
+        e.offset += len;
+        e.chunks_left -= 1;
+        e.ops_left += 1;
+        if e.chunks_left == 0 {
+            self.long_active.remove(&(src, tag));
+        }
+        self.start_receive(p, ptr, src, id)
+    }
+
+    /// Puts `entry` in `src`'s queue, in the place of placeholder `at` if it waited.
+    pub(super) fn place_entry(
+        &mut self,
+        src: usize,
+        entry: Entry<T::Message>,
+        at: Option<u64>,
+    ) -> u64 {
+        match at {
+            Some(at) => {
+                *self.entry_mut(src, at).expect("placeholder") = entry;
+                at
+            }
+            None => self.push_entry(src, entry),
+        }
+    }
+
+    pub(super) fn start_receive(
+        &mut self,
+        p: Probed<T::Message>,
+        into: *mut u8,
+        src: usize,
+        entry: u64,
+    ) -> Result<(), Error> {
+        let op = self.next_op;
+        self.next_op += 1;
+        self.ops.insert(op, OpKind::Recv { src, entry });
+        // SAFETY: `into` is a buffer owned by entry `entry` of `src`'s queue (a control
+        // buffer, a landing, or scratch), with room for the message; the entry is popped
+        // only once this op is reported done.
+        unsafe { self.t.receive(p, into, op) }
+    }
+
+    /// Receives a small message at once (a long value's 16-byte header, which is already here).
+    pub(super) fn receive_now(&mut self, p: Probed<T::Message>) -> Result<Vec<u8>, Error> {
+        if p.len != 16 {
+            return Err(Error::new(
+                ErrorKind::Transport,
+                format!("rank {}: a long value's header of {} bytes", p.from, p.len),
+            ));
+        }
+        let mut buf = vec![0u8; 16];
+        let op = self.next_op;
+        self.next_op += 1;
+        // SAFETY: `buf` has the 16 bytes and outlives the op: we poll until it is done.
+        unsafe { self.t.receive(p, buf.as_mut_ptr(), op)? };
+        let start = Instant::now();
+        let mut done = Vec::new();
+        loop {
+            self.t.poll(&mut done)?;
+            if let Some(i) = done.iter().position(|&d| d == op) {
+                done.swap_remove(i);
+                self.done.extend(done);
+                return Ok(buf);
+            }
+            if start.elapsed() > self.cfg.peer_timeout {
+                // Leak the buffer: the transport may still write it.
+                std::mem::forget(buf);
+                return Err(Error::new(
+                    ErrorKind::Transport,
+                    "a 16-byte header did not arrive in time",
+                ));
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// After a verdict: maps data that waited for it, in each sender's order.
+    pub(super) fn remap_unmapped(&mut self) {
+        for src in 0..self.size {
+            let mut i = 0;
+            while i < self.queues[src].len() {
+                let id = self.front_id[src] + i as u64;
+                let waiting = matches!(self.queues[src][i].kind, EntryKind::Unmapped(Some(_)));
+                if waiting {
+                    let tag = match &self.queues[src][i].kind {
+                        EntryKind::Unmapped(Some(p)) => p.tag,
+                        _ => unreachable!(),
+                    };
+                    if self.layout_of(tag).is_none() {
+                        break;
+                    }
+                    let p = match &mut self.queues[src][i].kind {
+                        EntryKind::Unmapped(p) => p.take().expect("waiting"),
+                        _ => unreachable!(),
+                    };
+                    if let Err(e) = self.map_data(p, Some(id)) {
+                        self.transport_failed(e);
+                        return;
+                    }
+                }
+                i += 1;
+            }
+            self.process(src);
+        }
+    }
+
+    /// Handles `src`'s finished arrivals, in the order it sent them.
+    pub(super) fn process(&mut self, src: usize) {
+        while self.queues[src].front().is_some_and(Entry::complete) {
+            let e = self.queues[src].pop_front().expect("front");
+            self.front_id[src] += 1;
+            match e.kind {
+                EntryKind::Skip => {}
+                EntryKind::Control(bytes) => match Control::decode(&bytes, src) {
+                    Ok(c) => self.control(src, c),
+                    Err(err) => {
+                        self.transport_failed(err);
+                        return;
+                    }
+                },
+                EntryKind::Data {
+                    gid,
+                    slot,
+                    k,
+                    landing,
+                } => {
+                    // SAFETY: every op writing the landing finished, and the header's total
+                    // bytes were written by its chunks (or the one message).
+                    let value = unsafe { landing.finish() };
+                    self.deliver(gid, src, slot, k, value);
+                }
+                EntryKind::Unmapped(_) => unreachable!("not complete"),
+            }
+        }
+    }
+
+    pub(super) fn deliver(
+        &mut self,
+        gid: u32,
+        src: usize,
+        slot: u32,
+        k: u32,
+        value: Result<AnyValue, String>,
+    ) {
+        let rank = self.rank;
+        let gs = self.graphs.entry(gid).or_default();
+        let w = u64::from(gs.graph.as_ref().map_or(1, |g| g.runs_in_flight));
+        let seq = u64::from(slot) + w * gs.finished[src][slot as usize];
+        match gs.active.get(&seq) {
+            Some(run) if !run.is_local_done() => {
+                let run = run.clone();
+                match value {
+                    Ok(v) => run.recvs[k as usize].fill(v),
+                    Err(msg) => {
+                        let f = decode_failure(&run, k, rank, msg);
+                        run.recvs[k as usize].fail(f.to_error());
+                        self.node_failed(&run, f);
+                    }
+                }
+                self.woke = true;
+            }
+            Some(_) => {}
+            None if gs.started.contains(seq) => {}
+            None => {
+                gs.stash.insert((seq, k), value);
+            }
+        }
+    }
+
+    pub(super) fn control(&mut self, src: usize, c: Control) {
+        match c {
+            Control::Register {
+                gid,
+                name,
+                graph,
+                nodes,
+                tags,
+            } => {
+                if self.rank == 0 {
+                    self.registered(
+                        gid,
+                        src,
+                        Reg {
+                            name,
+                            digest: Digest { graph, nodes },
+                            tags,
+                        },
+                    );
+                }
+            }
+            Control::Verdict { gid, result } => self.verdict(gid, result),
+            Control::Status { gid, seq, outcome } => {
+                let size = self.size;
+                let gs = self.graphs.entry(gid).or_default();
+                if let Some(g) = &gs.graph {
+                    let slot = (seq % u64::from(g.runs_in_flight)) as usize;
+                    gs.finished[src][slot] += 1;
+                }
+                gs.statuses.entry(seq).or_insert_with(|| vec![None; size])[src] = Some(outcome);
+                self.try_resolve(gid, seq);
+            }
+            Control::Fail { gid, seq, failure } => {
+                let gs = self.graphs.entry(gid).or_default();
+                let e = failure.to_error();
+                match gs.active.get(&seq) {
+                    Some(run) => {
+                        run.cancel(&e);
+                        self.woke = true;
+                    }
+                    None if gs.started.contains(seq) => {}
+                    None => {
+                        gs.failed_early.entry(seq).or_insert(failure);
+                    }
+                }
+            }
+            Control::Heartbeat => {}
+            Control::Bye => self.peer_gone(src, PeerState::Left),
+            Control::Died { reason } => self.peer_gone(src, PeerState::Dead(reason)),
+        }
+    }
+}
+
+/// The landing for `len` bytes of a value, or scratch memory that refuses (the size does not
+/// fit the type: the message is still received, and its receive node fails naming the edge).
+fn landing_for(land: crate::value::LandFn, len: usize) -> Box<dyn Landing> {
+    match land(len) {
+        Ok(l) => l,
+        Err(error) => Box::new(Refused(vec![0u8; len], error)),
+    }
+}
+
+/// Scratch memory for a value that cannot land; always refuses.
+struct Refused(Vec<u8>, String);
+
+impl Landing for Refused {
+    fn ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    unsafe fn finish(self: Box<Self>) -> Result<AnyValue, String> {
+        Err(self.1)
+    }
+}

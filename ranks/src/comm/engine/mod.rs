@@ -1,0 +1,578 @@
+//! The protocol, run by the communication thread alone: registration and the graph check,
+//! sends (held until the check's verdict), arrivals processed in each sender's order, run
+//! status across ranks, failures, heartbeats and dead peers. See the crate's README for the
+//! protocol in prose.
+
+mod arrive;
+mod check;
+mod faults;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use crate::comm::run::{CommGraph, RunState};
+use crate::comm::wire::{
+    Control, FailKind, Failure, Mismatch, Outcome, TagLayout, CONTROL_TAG, FIRST_DATA_TAG,
+};
+use crate::error::{Error, ErrorKind};
+use crate::plan::{first_difference, Digest};
+use crate::transport::{OpId, Probed, Transport};
+use crate::value::{AnyValue, Landing};
+
+/// What a worker or submitter asks of the communication thread.
+pub(crate) enum Command {
+    /// A graph's first submission: give it an id, send its digest to rank 0.
+    Register {
+        graph: Arc<CommGraph>,
+        reply: mpsc::Sender<Result<u32, Error>>,
+    },
+    /// A run starts here.
+    StartRun(Arc<RunState>),
+    /// A send node ran: send its value.
+    Send {
+        run: Arc<RunState>,
+        k: u32,
+        payload: Payload,
+    },
+    /// A node of this rank failed.
+    NodeFailed {
+        run: Arc<RunState>,
+        failure: Failure,
+    },
+    /// The run finished here (the pool's completion).
+    LocalDone(Arc<RunState>),
+    /// The runtime shuts down (`died`: the process is going down with this panic).
+    Shutdown { died: Option<String> },
+}
+
+/// A send's bytes.
+pub(crate) enum Payload {
+    /// In the producer's output, which its run keeps until the send node completes.
+    Borrowed { ptr: *const u8, len: usize },
+    /// Encoded (serde), owned here until the transport is done with it.
+    Owned(Vec<u8>),
+}
+
+// SAFETY: a borrowed payload points into a run's output slot, which the run keeps alive and
+// unchanged until the send node completes, and the send node completes only after the comm
+// thread saw the transport finish with it (or never). The comm thread only reads it.
+unsafe impl Send for Payload {}
+
+/// The engine's settings.
+#[derive(Clone, Debug)]
+pub(crate) struct EngineConfig {
+    /// A peer silent this long is dead.
+    pub(crate) peer_timeout: Duration,
+    /// How often to tell the peers this rank is alive.
+    pub(crate) heartbeat: Duration,
+    /// Values of this many bytes or more go as a header and chunks of at most this size.
+    pub(crate) max_message: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum PeerState {
+    Alive,
+    Left,
+    Dead(String),
+}
+
+struct Peer {
+    last_heard: Instant,
+    state: PeerState,
+}
+
+/// Seqs of runs started here: all below `below`, and `above`.
+#[derive(Default)]
+struct Started {
+    below: u64,
+    above: BTreeSet<u64>,
+}
+
+impl Started {
+    fn insert(&mut self, seq: u64) {
+        self.above.insert(seq);
+        while self.above.remove(&self.below) {
+            self.below += 1;
+        }
+    }
+    fn contains(&self, seq: u64) -> bool {
+        seq < self.below || self.above.contains(&seq)
+    }
+}
+
+/// The comm thread's view of one graph (by id).
+#[derive(Default)]
+struct GraphState {
+    graph: Option<Arc<CommGraph>>,
+    layout: Option<TagLayout>,
+    refused: Option<Error>,
+    held: Vec<(Arc<RunState>, u32, Payload)>,
+    active: HashMap<u64, Arc<RunState>>,
+    started: Started,
+    /// [sender][slot]: runs of the sender in that slot whose status arrived.
+    finished: Vec<Vec<u64>>,
+    stash: HashMap<(u64, u32), Result<AnyValue, String>>,
+    statuses: HashMap<u64, Vec<Option<Outcome>>>,
+    failed_early: HashMap<u64, Failure>,
+}
+
+struct SendProgress {
+    run: Arc<RunState>,
+    k: u32,
+    ops_left: u32,
+    _keep: Option<Vec<u8>>,
+    _header: Option<Box<[u64; 2]>>,
+}
+
+enum EntryKind<M> {
+    Control(Vec<u8>),
+    Data {
+        gid: u32,
+        slot: u32,
+        k: u32,
+        landing: Box<dyn Landing>,
+    },
+    /// A placeholder whose message turned out to be a chunk of an earlier value.
+    Skip,
+    /// A data message whose graph's verdict has not arrived from rank 0 yet.
+    Unmapped(Option<Probed<M>>),
+}
+
+struct Entry<M> {
+    ops_left: u32,
+    chunks_left: u64,
+    offset: usize,
+    kind: EntryKind<M>,
+}
+
+impl<M> Entry<M> {
+    fn complete(&self) -> bool {
+        self.ops_left == 0 && self.chunks_left == 0 && !matches!(self.kind, EntryKind::Unmapped(_))
+    }
+}
+
+enum OpKind {
+    Send(u64),
+    Control(#[allow(dead_code)] Vec<u8>),
+    Recv { src: usize, entry: u64 },
+}
+
+/// A registration at rank 0.
+struct Reg {
+    name: String,
+    digest: Digest,
+    tags: u64,
+}
+
+/// The communication thread's state.
+pub(crate) struct Engine<T: Transport> {
+    t: T,
+    rank: usize,
+    size: usize,
+    cfg: EngineConfig,
+    graphs: HashMap<u32, GraphState>,
+    next_gid: u32,
+    ranges: BTreeMap<u32, u32>,
+    regs: HashMap<u32, Vec<Option<Reg>>>,
+    next_tag: u64,
+    next_op: OpId,
+    ops: HashMap<OpId, OpKind>,
+    sends: HashMap<u64, SendProgress>,
+    next_send: u64,
+    queues: Vec<VecDeque<Entry<T::Message>>>,
+    front_id: Vec<u64>,
+    long_active: HashMap<(usize, u32), u64>,
+    peers: Vec<Peer>,
+    last_beat: Instant,
+    last_check: Instant,
+    /// A peer died: MPI is not finalized, and no run starts.
+    poisoned: bool,
+    /// The same, for the runtime (its drop does not wait for the pool then).
+    poisoned_flag: Arc<std::sync::atomic::AtomicBool>,
+    /// This rank's transport failed.
+    fatal: Option<Error>,
+    closing: Option<Instant>,
+    done: Vec<OpId>,
+    /// Cells were filled or failed since the last take (wake the workers).
+    woke: bool,
+}
+
+impl<T: Transport> Engine<T> {
+    pub(crate) fn new(
+        t: T,
+        cfg: EngineConfig,
+        poisoned_flag: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Self {
+        let (rank, size) = (t.rank(), t.size());
+        let now = Instant::now();
+        Engine {
+            t,
+            rank,
+            size,
+            cfg,
+            graphs: HashMap::new(),
+            next_gid: 0,
+            ranges: BTreeMap::new(),
+            regs: HashMap::new(),
+            next_tag: u64::from(FIRST_DATA_TAG),
+            next_op: 0,
+            ops: HashMap::new(),
+            sends: HashMap::new(),
+            next_send: 0,
+            queues: (0..size).map(|_| VecDeque::new()).collect(),
+            front_id: vec![0; size],
+            long_active: HashMap::new(),
+            peers: (0..size)
+                .map(|_| Peer {
+                    last_heard: now,
+                    state: PeerState::Alive,
+                })
+                .collect(),
+            last_beat: now - cfg_heartbeat_never(),
+            last_check: now,
+            poisoned: false,
+            poisoned_flag,
+            fatal: None,
+            closing: None,
+            done: Vec::new(),
+            woke: false,
+        }
+    }
+
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Whether anything waits on the network (a reason to poll often).
+    pub(crate) fn busy(&self) -> bool {
+        !self.ops.is_empty()
+            || self.graphs.values().any(|g| !g.active.is_empty())
+            || !self.regs.is_empty()
+            || self.queues.iter().any(|q| !q.is_empty())
+    }
+
+    /// Whether the thread may end: shutting down, and nothing in flight (or given up on).
+    pub(crate) fn finished(&self) -> bool {
+        match self.closing {
+            None => false,
+            Some(since) => {
+                self.fatal.is_some()
+                    || self.ops.is_empty()
+                    || since.elapsed() > self.cfg.peer_timeout
+            }
+        }
+    }
+
+    /// Whether workers should look at their receives.
+    pub(crate) fn take_woke(&mut self) -> bool {
+        std::mem::take(&mut self.woke)
+    }
+
+    /// Ends the transport; `poisoned` tells the runtime not to wait for its pool.
+    pub(crate) fn close(self) -> bool {
+        let clean = !self.poisoned && self.fatal.is_none() && self.ops.is_empty();
+        let poisoned = self.poisoned || self.fatal.is_some();
+        self.t.close(clean);
+        poisoned
+    }
+
+    pub(crate) fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Register { graph, reply } => {
+                let _ = reply.send(self.register(graph));
+            }
+            Command::StartRun(run) => self.start_run(run),
+            Command::Send { run, k, payload } => self.send_value(run, k, payload),
+            Command::NodeFailed { run, failure } => self.node_failed(&run, failure),
+            Command::LocalDone(run) => self.local_done(run),
+            Command::Shutdown { died } => {
+                let msg = match died {
+                    Some(reason) => Control::Died { reason },
+                    None => Control::Bye,
+                };
+                self.broadcast(&msg);
+                self.closing = Some(Instant::now());
+            }
+        }
+    }
+
+    fn register(&mut self, graph: Arc<CommGraph>) -> Result<u32, Error> {
+        if let Some(e) = &self.fatal {
+            return Err(e.clone());
+        }
+        let gid = self.next_gid;
+        self.next_gid += 1;
+        let _ = graph.gid.set(gid);
+        let tags = TagLayout::size(graph.runs_in_flight, graph.tags_per_run);
+        let reg = Reg {
+            name: graph.name.clone(),
+            digest: graph.digest.clone(),
+            tags,
+        };
+        let gs = self.graphs.entry(gid).or_default();
+        gs.finished = vec![vec![0; graph.runs_in_flight as usize]; self.size];
+        gs.graph = Some(graph);
+        if self.rank == 0 {
+            self.registered(gid, 0, reg);
+        } else {
+            let msg = Control::Register {
+                gid,
+                name: reg.name,
+                graph: reg.digest.graph,
+                nodes: reg.digest.nodes,
+                tags,
+            };
+            self.send_control(0, &msg);
+        }
+        Ok(gid)
+    }
+
+    fn start_run(&mut self, run: Arc<RunState>) {
+        let gid = *run
+            .graph
+            .gid
+            .get()
+            .expect("a started run's graph is registered");
+        // No run can end without every rank's status: one started after a rank left fails.
+        let gone = self.first_gone().and_then(|r| self.gone_error(r));
+        let fatal = self.fatal.clone();
+        let gs = self.graphs.entry(gid).or_default();
+        gs.started.insert(run.seq);
+        for k in 0..run.recvs.len() as u32 {
+            match gs.stash.remove(&(run.seq, k)) {
+                Some(Ok(v)) => run.recvs[k as usize].fill(v),
+                Some(Err(msg)) => {
+                    let f = decode_failure(&run, k, self.rank, msg);
+                    run.recvs[k as usize].fail(f.to_error());
+                    // Reported below, once the run is in the table.
+                    gs.failed_early.entry(u64::MAX).or_insert(f);
+                }
+                None => {}
+            }
+        }
+        let own_decode = gs.failed_early.remove(&u64::MAX);
+        if let Some(e) = &gs.refused {
+            run.cancel(e);
+        }
+        if let Some(f) = gs.failed_early.remove(&run.seq) {
+            run.cancel(&f.to_error());
+        }
+        gs.active.insert(run.seq, run.clone());
+        if let Some(e) = fatal.or(gone) {
+            run.cancel(&e);
+            run.resolve(Err(e));
+        }
+        if let Some(f) = own_decode {
+            self.node_failed(&run, f);
+        }
+        self.woke = true;
+    }
+
+    fn send_value(&mut self, run: Arc<RunState>, k: u32, payload: Payload) {
+        if self.fatal.is_some() || run.fatal().is_some() {
+            // The run is abandoned (a dead peer or transport): the send node stays pending
+            // and its run is never freed, so its memory is never reused under the transport.
+            return;
+        }
+        let gid = *run.graph.gid.get().expect("registered");
+        let gs = self.graphs.entry(gid).or_default();
+        if let Some(e) = &gs.refused {
+            run.sends[k as usize].fail(e.clone());
+            self.woke = true;
+            return;
+        }
+        match gs.layout {
+            None => gs.held.push((run, k, payload)),
+            Some(layout) => self.post_send(layout, run, k, payload),
+        }
+    }
+
+    fn post_send(&mut self, layout: TagLayout, run: Arc<RunState>, k: u32, payload: Payload) {
+        let spec = &run.graph.sends[k as usize];
+        let to = spec.to;
+        if self.peers[to].state != PeerState::Alive {
+            return;
+        }
+        let (ptr, len, keep) = match payload {
+            Payload::Borrowed { ptr, len } => (ptr, len, None),
+            Payload::Owned(v) => (v.as_ptr(), v.len(), Some(v)),
+        };
+        let id = self.next_send;
+        self.next_send += 1;
+        let mut progress = SendProgress {
+            run: run.clone(),
+            k,
+            ops_left: 0,
+            _keep: None,
+            _header: None,
+        };
+        let max = self.cfg.max_message.max(1);
+        let result = if len < max {
+            let tag = layout.tag(run.slot, spec.index, false);
+            progress.ops_left = 1;
+            self.start_send(to, tag, ptr, len, OpKind::Send(id))
+        } else {
+            let tag = layout.tag(run.slot, spec.index, true);
+            let chunks = len.div_ceil(max);
+            let header = Box::new([len as u64, chunks as u64]);
+            let hptr = header.as_ptr().cast::<u8>();
+            progress._header = Some(header);
+            progress.ops_left = 1 + chunks as u32;
+            let mut r = self.start_send(to, tag, hptr, 16, OpKind::Send(id));
+            for c in 0..chunks {
+                if r.is_err() {
+                    break;
+                }
+                let off = c * max;
+                let n = max.min(len - off);
+                // SAFETY: `off + n <= len`: within the payload.
+                let p = unsafe { ptr.add(off) };
+                r = self.start_send(to, tag, p, n, OpKind::Send(id));
+            }
+            r
+        };
+        progress._keep = keep;
+        self.sends.insert(id, progress);
+        if let Err(e) = result {
+            self.transport_failed(e);
+        }
+    }
+
+    fn start_send(
+        &mut self,
+        to: usize,
+        tag: u32,
+        ptr: *const u8,
+        len: usize,
+        kind: OpKind,
+    ) -> Result<(), Error> {
+        let op = self.next_op;
+        self.next_op += 1;
+        self.ops.insert(op, kind);
+        // SAFETY: the bytes are a run's output (kept until the send node completes, which waits
+        // for this op), or a buffer owned by the op's record or its send's progress entry
+        // (dropped only once the op is reported done).
+        unsafe { self.t.send(to, tag, ptr, len, op) }
+    }
+
+    fn send_control(&mut self, to: usize, msg: &Control) {
+        if self.fatal.is_some() || self.peers[to].state != PeerState::Alive {
+            return;
+        }
+        let bytes = msg.encode();
+        let (ptr, len) = (bytes.as_ptr(), bytes.len());
+        if let Err(e) = self.start_send(to, CONTROL_TAG, ptr, len, OpKind::Control(bytes)) {
+            self.transport_failed(e);
+        }
+    }
+
+    fn broadcast(&mut self, msg: &Control) {
+        for to in 0..self.size {
+            if to != self.rank {
+                self.send_control(to, msg);
+            }
+        }
+    }
+
+    fn node_failed(&mut self, run: &Arc<RunState>, failure: Failure) {
+        if !run.record_failure(failure.clone()) {
+            return;
+        }
+        // The failed run ends here only once every deferred receive completes: fail them.
+        run.cancel(&failure.to_error());
+        self.woke = true;
+        let gid = *run.graph.gid.get().expect("registered");
+        self.broadcast(&Control::Fail {
+            gid,
+            seq: run.seq,
+            failure,
+        });
+    }
+
+    fn local_done(&mut self, run: Arc<RunState>) {
+        run.set_local_done();
+        let gid = *run.graph.gid.get().expect("registered");
+        let outcome = run.outcome();
+        self.broadcast(&Control::Status {
+            gid,
+            seq: run.seq,
+            outcome: outcome.clone(),
+        });
+        // Only now may run seq + runs_in_flight start here: its sends follow this status.
+        run.graph.free_slot(run.slot);
+        let size = self.size;
+        let gs = self.graphs.entry(gid).or_default();
+        gs.statuses
+            .entry(run.seq)
+            .or_insert_with(|| vec![None; size])[self.rank] = Some(outcome);
+        self.try_resolve(gid, run.seq);
+    }
+
+    /// Polls the transport; returns how many operations finished.
+    pub(crate) fn poll(&mut self) -> usize {
+        if self.fatal.is_some() {
+            return 0;
+        }
+        let mut done = std::mem::take(&mut self.done);
+        if let Err(e) = self.t.poll(&mut done) {
+            self.transport_failed(e);
+            return 0;
+        }
+        let n = done.len();
+        let mut sources = Vec::new();
+        for op in done.drain(..) {
+            match self.ops.remove(&op) {
+                Some(OpKind::Send(id)) => {
+                    let finished = match self.sends.get_mut(&id) {
+                        Some(s) => {
+                            s.ops_left -= 1;
+                            s.ops_left == 0
+                        }
+                        None => false,
+                    };
+                    if finished {
+                        let s = self.sends.remove(&id).expect("present");
+                        s.run.sends[s.k as usize].done();
+                        self.woke = true;
+                    }
+                }
+                Some(OpKind::Control(_)) | None => {}
+                Some(OpKind::Recv { src, entry }) => {
+                    if let Some(e) = self.entry_mut(src, entry) {
+                        e.ops_left -= 1;
+                    }
+                    sources.push(src);
+                }
+            }
+        }
+        self.done = done;
+        sources.sort_unstable();
+        sources.dedup();
+        for src in sources {
+            self.process(src);
+        }
+        n
+    }
+}
+
+fn cfg_heartbeat_never() -> Duration {
+    Duration::from_secs(3600)
+}
+
+/// The failure of a receive whose bytes do not make its value (named by its edge).
+fn decode_failure(run: &RunState, k: u32, rank: usize, message: String) -> Failure {
+    let spec = &run.graph.recvs[k as usize];
+    Failure {
+        rank: rank as u32,
+        node: spec.producer,
+        node_name: format!("receive of '{}'", spec.producer_name),
+        graph: run.graph.name.clone(),
+        message: format!("edge {}: {message}", spec.edge),
+        kind: FailKind::Decode,
+    }
+}

@@ -1,0 +1,760 @@
+//! The graph users build: [`RankGraphBuilder`] (nodes that name their rank or the datum they
+//! write, with typed bodies), lowered by `build` into this rank's [`RankGraph`]: scheduler
+//! graphs of this rank's nodes plus a send node per outgoing transfer and a receive node per
+//! incoming one. Each run slot has its own scheduler graph, whose send and receive nodes know
+//! the slot's current run.
+
+use std::any::Any;
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use boundpool_scheduler::backend::NodeCtxExt;
+use boundpool_scheduler::{BoxError, Graph, GraphBuilder, GroupId, NodeCtx, NodeId};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::comm::run::{CommGraph, RecvSpec, RunState, SendSpec};
+use crate::comm::wire::{FailKind, Failure};
+use crate::comm::{CommHandle, Command, Payload};
+use crate::error::{Error, ErrorKind};
+use crate::plan::{self, DataId, GraphDesc, LocalNode, Lowering, On, Wire};
+use crate::value::{self, LandFn, PlainValue};
+
+static BUILDERS: AtomicU64 = AtomicU64::new(1);
+
+/// A typed reference to a node of a [`RankGraphBuilder`]: successors on any rank read its
+/// output with [`RankCtx::input`], the submitter of a run with [`RankOutput::get`](crate::RankOutput::get).
+pub struct NodeRef<T> {
+    builder: u64,
+    index: u32,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for NodeRef<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for NodeRef<T> {}
+
+impl<T> std::fmt::Debug for NodeRef<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "NodeRef<{}>(#{})",
+            std::any::type_name::<T>(),
+            self.index
+        )
+    }
+}
+
+impl<T> NodeRef<T> {
+    /// The node's index in its graph (its [`GraphDesc`] position).
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+}
+
+/// An untyped node of a [`RankGraphBuilder`], for edges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RankNodeId {
+    builder: u64,
+    index: u32,
+}
+
+impl<T> From<NodeRef<T>> for RankNodeId {
+    fn from(r: NodeRef<T>) -> Self {
+        RankNodeId {
+            builder: r.builder,
+            index: r.index,
+        }
+    }
+}
+
+/// What a node body sees: its inputs, on any rank, and its rank.
+pub struct RankCtx<'a, S> {
+    ctx: &'a NodeCtx<'a, S>,
+    env: &'a SlotEnv,
+}
+
+impl<S> std::fmt::Debug for RankCtx<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankCtx")
+            .field("rank", &self.env.graph.rank)
+            .field("graph", &self.env.graph.name)
+            .finish()
+    }
+}
+
+impl<'a, S: Send + 'static> RankCtx<'a, S> {
+    /// The output of `from`, a direct predecessor (an edge `from -> this`): computed on this
+    /// rank, or received from the rank that computed it.
+    pub fn input<T: 'static>(&self, from: NodeRef<T>) -> Result<&'a T, Error> {
+        let bad = |what: String| {
+            Error::new(
+                ErrorKind::InvalidGraph,
+                format!(
+                    "node '{}' of graph '{}' {what}",
+                    crate::error::bounded(self.ctx.node_name()),
+                    crate::error::bounded(&self.env.graph.name)
+                ),
+            )
+        };
+        if from.builder != self.env.builder {
+            return Err(bad("reads a node of another graph builder".into()));
+        }
+        let map = self.env.map.get().expect("the slot graph is mapped");
+        match map.get(from.index as usize) {
+            Some(Mapped::Local(r)) => {
+                let r = r
+                    .downcast_ref::<boundpool_scheduler::NodeRef<T>>()
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "reads node #{} as {}, which is not its output type",
+                            from.index,
+                            std::any::type_name::<T>()
+                        ))
+                    })?;
+                Ok(self.ctx.input(*r)?)
+            }
+            Some(Mapped::Remote(r)) => {
+                let received: &'a Received = self.ctx.input(*r)?;
+                received.get::<T>().ok_or_else(|| {
+                    bad(format!(
+                        "reads node #{} as {}, which is not its output type (or it did not arrive)",
+                        from.index,
+                        std::any::type_name::<T>()
+                    ))
+                })
+            }
+            _ => Err(bad(format!(
+                "reads node #{}, which is neither on this rank nor received here (no edge to it?)",
+                from.index
+            ))),
+        }
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.env.graph.rank
+    }
+
+    /// The run's number among this graph's runs (the same on every rank).
+    pub fn run_seq(&self) -> u64 {
+        self.env.current().seq
+    }
+
+    /// The scheduler's context: the worker's state and identity, nested submission.
+    pub fn node_ctx(&self) -> &'a NodeCtx<'a, S> {
+        self.ctx
+    }
+}
+
+/// A receive node's output: its run, and which receive.
+pub(crate) struct Received {
+    run: Arc<RunState>,
+    k: u32,
+}
+
+impl Received {
+    fn get<T: 'static>(&self) -> Option<&T> {
+        self.run.recvs[self.k as usize].get()?.downcast_ref::<T>()
+    }
+}
+
+/// How a node of the graph is read on this rank.
+pub(crate) enum Mapped {
+    /// Computed here: the scheduler's `NodeRef<T>`.
+    Local(Box<dyn Any + Send + Sync>),
+    /// Received here: its receive node.
+    Remote(boundpool_scheduler::NodeRef<Received>),
+    /// Neither.
+    Absent,
+}
+
+/// What a run slot's nodes share: the slot's current run, and how to read nodes.
+pub(crate) struct SlotEnv {
+    pub(crate) graph: Arc<CommGraph>,
+    pub(crate) comm: CommHandle,
+    builder: u64,
+    current: Mutex<Option<Arc<RunState>>>,
+    pub(crate) map: OnceLock<Box<[Mapped]>>,
+}
+
+impl SlotEnv {
+    pub(crate) fn current(&self) -> Arc<RunState> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .expect("a slot's nodes run during a run")
+    }
+
+    pub(crate) fn set_current(&self, run: Arc<RunState>) {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(run);
+    }
+
+    fn failed(&self, node: u32, kind: FailKind, message: String) {
+        let run = self.current();
+        let failure = Failure {
+            rank: self.graph.rank as u32,
+            node,
+            node_name: self.graph.node_names[node as usize].clone(),
+            graph: self.graph.name.clone(),
+            message,
+            kind,
+        };
+        self.comm.send(Command::NodeFailed { run, failure });
+    }
+}
+
+/// Adds one kind of node to a slot's scheduler graph; one per node of the rank graph, typed.
+trait NodeMaker<S>: Send + Sync {
+    fn compute(
+        &self,
+        gb: &mut GraphBuilder<S>,
+        env: &Arc<SlotEnv>,
+        index: u32,
+    ) -> (NodeId, Box<dyn Any + Send + Sync>);
+    fn send(
+        &self,
+        gb: &mut GraphBuilder<S>,
+        env: &Arc<SlotEnv>,
+        producer: &(dyn Any + Send + Sync),
+        k: u32,
+        to: usize,
+    ) -> NodeId;
+    fn land(&self) -> Option<LandFn>;
+}
+
+type Body<T, S> = dyn Fn(&RankCtx<'_, S>) -> Result<T, BoxError> + Send + Sync;
+
+/// How a send node makes its payload from the producer's value.
+type EncodeFn<T> = fn(&T) -> Result<Payload, String>;
+
+struct Maker<T, S> {
+    name: String,
+    body: Arc<Body<T, S>>,
+    encode: Option<EncodeFn<T>>,
+    land: Option<LandFn>,
+}
+
+fn encode_plain<T: PlainValue>(v: &T) -> Result<Payload, String> {
+    let b = value::plain_bytes(v);
+    Ok(Payload::Borrowed {
+        ptr: b.as_ptr(),
+        len: b.len(),
+    })
+}
+
+fn encode_serde<T: Serialize>(v: &T) -> Result<Payload, String> {
+    value::serde_bytes(v).map(Payload::Owned)
+}
+
+fn panic_message(p: &(dyn Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".to_string()
+    }
+}
+
+impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
+    fn compute(
+        &self,
+        gb: &mut GraphBuilder<S>,
+        env: &Arc<SlotEnv>,
+        index: u32,
+    ) -> (NodeId, Box<dyn Any + Send + Sync>) {
+        let body = self.body.clone();
+        let env = env.clone();
+        let r = gb.node(self.name.clone(), move |ctx: &NodeCtx<'_, S>| {
+            let rctx = RankCtx { ctx, env: &env };
+            match catch_unwind(AssertUnwindSafe(|| body(&rctx))) {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => {
+                    env.failed(index, FailKind::Failed, e.to_string());
+                    Err(e)
+                }
+                Err(p) => {
+                    env.failed(index, FailKind::Panicked, panic_message(&*p));
+                    resume_unwind(p)
+                }
+            }
+        });
+        (r.id(), Box::new(r))
+    }
+
+    fn send(
+        &self,
+        gb: &mut GraphBuilder<S>,
+        env: &Arc<SlotEnv>,
+        producer: &(dyn Any + Send + Sync),
+        k: u32,
+        to: usize,
+    ) -> NodeId {
+        let from = *producer
+            .downcast_ref::<boundpool_scheduler::NodeRef<T>>()
+            .expect("the producer's own type");
+        let encode = self.encode.expect("a crossing producer has a wire");
+        let env = env.clone();
+        let producer_index = env.graph.sends[k as usize].producer;
+        let r = gb.node(
+            format!("send '{}' to rank {to}", self.name),
+            move |ctx: &NodeCtx<'_, S>| {
+                let v = ctx.input(from)?;
+                let payload = match encode(v) {
+                    Ok(p) => p,
+                    Err(msg) => {
+                        env.failed(producer_index, FailKind::Failed, msg.clone());
+                        return Err(msg.into());
+                    }
+                };
+                let run = env.current();
+                env.comm.send(Command::Send {
+                    run: run.clone(),
+                    k,
+                    payload,
+                });
+                ctx.complete_when(move |_| run.sends[k as usize].poll());
+                Ok(())
+            },
+        );
+        r.id()
+    }
+
+    fn land(&self) -> Option<LandFn> {
+        self.land
+    }
+}
+
+fn add_recv<S: Send + 'static>(
+    gb: &mut GraphBuilder<S>,
+    env: &Arc<SlotEnv>,
+    k: u32,
+    name: String,
+) -> boundpool_scheduler::NodeRef<Received> {
+    let env = env.clone();
+    gb.node(name, move |ctx: &NodeCtx<'_, S>| {
+        let run = env.current();
+        let cell = &run.recvs[k as usize];
+        if cell.is_pending() {
+            let waiting = run.clone();
+            ctx.complete_when(move |_| waiting.recvs[k as usize].poll());
+        } else if let std::task::Poll::Ready(Err(e)) = cell.poll() {
+            return Err(e);
+        }
+        Ok(Received { run, k })
+    })
+}
+
+/// Describes a graph whose nodes run on ranks. Every rank builds the same one (the first
+/// submission checks), each node naming its rank or the datum it writes.
+pub struct RankGraphBuilder<S = ()> {
+    desc: GraphDesc,
+    makers: Vec<Arc<dyn NodeMaker<S>>>,
+    builder: u64,
+    bad: Option<Error>,
+}
+
+impl<S> std::fmt::Debug for RankGraphBuilder<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankGraphBuilder")
+            .field("name", &self.desc.name)
+            .field("nodes", &self.desc.nodes.len())
+            .field("edges", &self.desc.edges.len())
+            .finish()
+    }
+}
+
+impl<S: Send + 'static> RankGraphBuilder<S> {
+    /// An empty graph named `name` (4 runs of it may be in flight at once on a rank).
+    pub fn new(name: impl Into<String>) -> Self {
+        RankGraphBuilder {
+            desc: GraphDesc::new(name),
+            makers: Vec::new(),
+            builder: BUILDERS.fetch_add(1, Ordering::Relaxed),
+            bad: None,
+        }
+    }
+
+    /// Adds a datum owned by rank `owner`: a node placed with `On::Writes(datum)` runs there.
+    pub fn datum(&mut self, name: impl Into<String>, owner: usize) -> DataId {
+        self.desc.datum(name, owner)
+    }
+
+    fn add<T: Send + Sync + 'static>(
+        &mut self,
+        on: On,
+        name: String,
+        body: Arc<Body<T, S>>,
+        wire: Wire,
+        encode: Option<EncodeFn<T>>,
+        land: Option<LandFn>,
+    ) -> NodeRef<T> {
+        self.desc.nodes.push(plan::NodeDesc {
+            name: name.clone(),
+            on,
+            wire,
+            type_name: std::any::type_name::<T>().to_string(),
+        });
+        self.makers.push(Arc::new(Maker {
+            name,
+            body,
+            encode,
+            land,
+        }));
+        NodeRef {
+            builder: self.builder,
+            index: (self.desc.nodes.len() - 1) as u32,
+            _t: PhantomData,
+        }
+    }
+
+    /// Adds a node whose output stays on its rank: an edge from it to another rank is an
+    /// error at `build`, naming the edge.
+    pub fn node<T, F>(&mut self, on: impl Into<On>, name: impl Into<String>, body: F) -> NodeRef<T>
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&RankCtx<'_, S>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        self.add(
+            on.into(),
+            name.into(),
+            Arc::new(body),
+            Wire::Local,
+            None,
+            None,
+        )
+    }
+
+    /// Adds a node whose output is plain data ([`PlainValue`]): it crosses ranks as its own
+    /// bytes, sent from its memory and received into the memory of the consumer's value.
+    pub fn plain_node<T, F>(
+        &mut self,
+        on: impl Into<On>,
+        name: impl Into<String>,
+        body: F,
+    ) -> NodeRef<T>
+    where
+        T: PlainValue,
+        F: Fn(&RankCtx<'_, S>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        self.add(
+            on.into(),
+            name.into(),
+            Arc::new(body),
+            Wire::Plain,
+            Some(encode_plain::<T>),
+            Some(value::plain_landing::<T>),
+        )
+    }
+
+    /// Adds a node whose output crosses ranks encoded by `serde` (postcard).
+    pub fn serde_node<T, F>(
+        &mut self,
+        on: impl Into<On>,
+        name: impl Into<String>,
+        body: F,
+    ) -> NodeRef<T>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+        F: Fn(&RankCtx<'_, S>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        self.add(
+            on.into(),
+            name.into(),
+            Arc::new(body),
+            Wire::Serde,
+            Some(encode_serde::<T>),
+            Some(value::serde_landing::<T>),
+        )
+    }
+
+    /// Adds an edge: `to` runs after `from` and may read its output, on any rank.
+    pub fn edge(&mut self, from: impl Into<RankNodeId>, to: impl Into<RankNodeId>) -> &mut Self {
+        let (a, b) = (from.into(), to.into());
+        if a.builder != self.builder || b.builder != self.builder {
+            self.bad.get_or_insert_with(|| {
+                Error::new(
+                    ErrorKind::InvalidGraph,
+                    format!(
+                        "graph '{}': an edge names a node of another graph builder",
+                        crate::error::bounded(&self.desc.name)
+                    ),
+                )
+            });
+        } else {
+            self.desc.edges.push((a.index, b.index));
+        }
+        self
+    }
+
+    /// How many runs of this graph may be in flight at once on a rank (4 by default; at least
+    /// 1). Each has its own tags; a submission beyond waits for the oldest to end here.
+    pub fn runs_in_flight(&mut self, n: u32) -> &mut Self {
+        self.desc.runs_in_flight = n.max(1);
+        self
+    }
+
+    /// The description built so far (what the simulator and the cross-rank check see).
+    pub fn desc(&self) -> &GraphDesc {
+        &self.desc
+    }
+
+    /// Lowers the graph for `ranks` (this rank's nodes, sends and receives) and builds its first
+    /// run slot. Errors name the node or edge at fault: a rank out of range, a cycle (also one
+    /// that closes only across ranks), an edge from a node whose output cannot cross.
+    pub fn build(self, ranks: &crate::Ranks<S>) -> Result<RankGraph<S>, Error> {
+        self.build_for(
+            ranks.rank(),
+            ranks.size(),
+            ranks.comm(),
+            ranks.compute_group(),
+        )
+    }
+
+    pub(crate) fn build_for(
+        self,
+        rank: usize,
+        size: usize,
+        comm: CommHandle,
+        group: Option<GroupId>,
+    ) -> Result<RankGraph<S>, Error> {
+        if let Some(e) = self.bad {
+            return Err(e);
+        }
+        let lowering = plan::lower(&self.desc, size)?;
+        let digest = plan::digest(&self.desc, &lowering.rank_of);
+        let local = &lowering.plans[rank];
+        let names: Arc<[String]> = self.desc.nodes.iter().map(|n| n.name.clone()).collect();
+        let sends = local
+            .sends
+            .iter()
+            .map(|&t| {
+                let tr = &lowering.transfers[t as usize];
+                SendSpec {
+                    to: tr.to,
+                    index: tr.index,
+                    producer: tr.producer,
+                }
+            })
+            .collect();
+        let recvs = local
+            .recvs
+            .iter()
+            .map(|&t| {
+                let tr = &lowering.transfers[t as usize];
+                let producer = &self.desc.nodes[tr.producer as usize];
+                RecvSpec {
+                    from: tr.from,
+                    index: tr.index,
+                    land: self.makers[tr.producer as usize]
+                        .land()
+                        .expect("a crossing producer has a wire"),
+                    edge: format!(
+                        "'{}' (rank {}) -> rank {}",
+                        crate::error::bounded(&producer.name),
+                        tr.from,
+                        tr.to
+                    ),
+                    producer: tr.producer,
+                    producer_name: producer.name.clone(),
+                }
+            })
+            .collect();
+        let comm_graph = Arc::new(CommGraph::new(
+            self.desc.name.clone(),
+            rank,
+            digest,
+            names,
+            self.desc.runs_in_flight,
+            lowering.tags_per_run,
+            sends,
+            recvs,
+        ));
+        let inner = Arc::new(GraphInner {
+            slots: (0..self.desc.runs_in_flight)
+                .map(|_| OnceLock::new())
+                .collect(),
+            desc: self.desc,
+            lowering,
+            makers: self.makers,
+            builder: self.builder,
+            comm_graph,
+            comm,
+            group,
+            rank,
+            registered: Mutex::new(None),
+            next_seq: AtomicU64::new(0),
+        });
+        inner.slot(0)?;
+        Ok(RankGraph { inner })
+    }
+}
+
+/// A run slot's scheduler graph and what its nodes share.
+pub(crate) struct SlotGraph<S> {
+    pub(crate) graph: Graph<S>,
+    pub(crate) env: Arc<SlotEnv>,
+}
+
+pub(crate) struct GraphInner<S> {
+    pub(crate) desc: GraphDesc,
+    pub(crate) lowering: Lowering,
+    makers: Vec<Arc<dyn NodeMaker<S>>>,
+    builder: u64,
+    pub(crate) comm_graph: Arc<CommGraph>,
+    comm: CommHandle,
+    group: Option<GroupId>,
+    rank: usize,
+    registered: Mutex<Option<Result<u32, Error>>>,
+    pub(crate) next_seq: AtomicU64,
+    slots: Vec<OnceLock<Arc<SlotGraph<S>>>>,
+}
+
+impl<S: Send + 'static> GraphInner<S> {
+    /// The scheduler graph of run slot `slot`, built on first use.
+    pub(crate) fn slot(&self, slot: u32) -> Result<Arc<SlotGraph<S>>, Error> {
+        if let Some(s) = self.slots[slot as usize].get() {
+            return Ok(s.clone());
+        }
+        let built = Arc::new(self.build_slot()?);
+        Ok(self.slots[slot as usize].get_or_init(|| built).clone())
+    }
+
+    fn build_slot(&self) -> Result<SlotGraph<S>, Error> {
+        let plan = &self.lowering.plans[self.rank];
+        let env = Arc::new(SlotEnv {
+            graph: self.comm_graph.clone(),
+            comm: self.comm.clone(),
+            builder: self.builder,
+            current: Mutex::new(None),
+            map: OnceLock::new(),
+        });
+        let mut gb: GraphBuilder<S> = GraphBuilder::with_capacity(
+            self.desc.name.clone(),
+            plan.compute.len() + plan.sends.len() + plan.recvs.len(),
+            plan.edges.len(),
+        );
+        let n = self.desc.nodes.len();
+        let mut map: Vec<Mapped> = (0..n).map(|_| Mapped::Absent).collect();
+        let mut ids: Vec<Option<NodeId>> = vec![None; n];
+        for &i in &plan.compute {
+            let (id, r) = self.makers[i as usize].compute(&mut gb, &env, i);
+            if let Some(g) = self.group {
+                gb.place(id, g);
+            }
+            ids[i as usize] = Some(id);
+            map[i as usize] = Mapped::Local(r);
+        }
+        let mut send_ids = Vec::with_capacity(plan.sends.len());
+        for (k, &t) in plan.sends.iter().enumerate() {
+            let tr = &self.lowering.transfers[t as usize];
+            let Mapped::Local(producer) = &map[tr.producer as usize] else {
+                unreachable!("a send's producer is on its rank")
+            };
+            send_ids.push(self.makers[tr.producer as usize].send(
+                &mut gb,
+                &env,
+                &**producer,
+                k as u32,
+                tr.to,
+            ));
+        }
+        let mut recv_ids = Vec::with_capacity(plan.recvs.len());
+        for (k, &t) in plan.recvs.iter().enumerate() {
+            let tr = &self.lowering.transfers[t as usize];
+            let name = format!(
+                "receive '{}' from rank {}",
+                self.desc.nodes[tr.producer as usize].name, tr.from
+            );
+            let r = add_recv(&mut gb, &env, k as u32, name);
+            recv_ids.push(r.id());
+            map[tr.producer as usize] = Mapped::Remote(r);
+        }
+        let send_pos: std::collections::HashMap<u32, usize> = plan
+            .sends
+            .iter()
+            .enumerate()
+            .map(|(k, &t)| (t, k))
+            .collect();
+        let recv_pos: std::collections::HashMap<u32, usize> = plan
+            .recvs
+            .iter()
+            .enumerate()
+            .map(|(k, &t)| (t, k))
+            .collect();
+        let id_of = |node: LocalNode| -> NodeId {
+            match node {
+                LocalNode::Compute(i) => ids[i as usize].expect("a compute node here"),
+                LocalNode::Send(t) => send_ids[send_pos[&t]],
+                LocalNode::Recv(t) => recv_ids[recv_pos[&t]],
+            }
+        };
+        for &(a, b) in &plan.edges {
+            gb.edge(id_of(a), id_of(b));
+        }
+        let graph = gb.build()?;
+        let _ = env.map.set(map.into_boxed_slice());
+        Ok(SlotGraph { graph, env })
+    }
+
+    /// Registers the graph with the comm thread at its first submission (its id, the check).
+    pub(crate) fn register(&self) -> Result<u32, Error> {
+        let mut r = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(res) = &*r {
+            return res.clone();
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.comm.send(Command::Register {
+            graph: self.comm_graph.clone(),
+            reply: tx,
+        });
+        let res = rx.recv().unwrap_or_else(|_| {
+            Err(Error::new(
+                ErrorKind::ShutDown,
+                "the communication thread has ended",
+            ))
+        });
+        *r = Some(res.clone());
+        res
+    }
+}
+
+/// A graph lowered for this rank, ready to submit with [`Ranks::submit`](crate::Ranks::submit)
+/// any number of times (runs are numbered in submission order; the n-th run on each rank is
+/// one run of the graph).
+pub struct RankGraph<S = ()> {
+    pub(crate) inner: Arc<GraphInner<S>>,
+}
+
+impl<S> std::fmt::Debug for RankGraph<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankGraph")
+            .field("name", &self.inner.desc.name)
+            .field("rank", &self.inner.rank)
+            .finish()
+    }
+}
+
+impl<S> RankGraph<S> {
+    /// The description every rank built (for the simulator, or to print).
+    pub fn desc(&self) -> &GraphDesc {
+        &self.inner.desc
+    }
+
+    /// The lowering: every rank's plan and the transfers between them.
+    pub fn lowering(&self) -> &Lowering {
+        &self.inner.lowering
+    }
+
+    /// The rank each node runs on.
+    pub fn rank_of<T>(&self, node: NodeRef<T>) -> usize {
+        self.inner.lowering.rank_of[node.index as usize]
+    }
+}

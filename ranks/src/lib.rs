@@ -1,0 +1,119 @@
+//! # boundpool-ranks
+//!
+//! One boundpool graph over many processes (ranks), StarPU-MPI's model on boundpool's terms:
+//! every rank builds the same graph; a node runs on the rank it names, or on the rank that
+//! owns the datum it writes (owner computes); `build` lowers each edge that crosses ranks into
+//! a send node on the producer's rank and a receive node on the consumer's, a value going to
+//! each consuming rank once per run; one communication thread per rank owns the transport
+//! (MPI, or an in-process network) and never blocks; no worker waits on the network.
+//!
+//! ```
+//! use boundpool_ranks::{LocalNetwork, RankGraphBuilder, RanksBuilder};
+//!
+//! // Two ranks as threads of this process (under mpirun: `RanksBuilder::build_mpi`).
+//! let net = LocalNetwork::new(2);
+//! let ranks: Vec<_> = (0..2)
+//!     .map(|r| RanksBuilder::new().workers(1).build_local(&net, r))
+//!     .collect::<Result<_, _>>()?;
+//! let outs = std::thread::scope(|s| {
+//!     let handles: Vec<_> = ranks
+//!         .iter()
+//!         .map(|ranks| {
+//!             s.spawn(move || {
+//!                 // Every rank builds the same graph.
+//!                 let mut g = RankGraphBuilder::new("hello");
+//!                 let a = g.plain_node(0, "a", |_| Ok(vec![1u64, 2, 3]));
+//!                 let b = g.plain_node(1, "b", move |ctx| Ok(ctx.input(a)?.iter().sum::<u64>()));
+//!                 g.edge(a, b);
+//!                 let graph = g.build(ranks)?;
+//!                 let out = ranks.run(&graph)?;
+//!                 Ok::<_, boundpool_ranks::Error>(out.get(b).copied())
+//!             })
+//!         })
+//!         .collect();
+//!     handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+//! });
+//! assert_eq!(outs[0].as_ref().unwrap(), &None); // b ran on rank 1
+//! assert_eq!(outs[1].as_ref().unwrap(), &Some(6));
+//! # Ok::<(), boundpool_ranks::Error>(())
+//! ```
+//!
+//! # Layers, lowest first
+//!
+//! * **Placement and lowering** ([`plan`]): pure functions from a rank-annotated
+//!   [`GraphDesc`] to every rank's [`LocalPlan`], and the structure [`Digest`] ranks compare.
+//!   No MPI, threads or clock: the simulator calls exactly this code.
+//! * **Values** ([`PlainValue`], serde): plain data crosses as its own bytes (sent from the
+//!   value's memory, received into the memory of the value the consumer reads: no staging
+//!   copy); anything else `serde` can encode crosses as postcard, a compact format with a
+//!   stable, documented wire format and no schema. A node made with [`RankGraphBuilder::node`]
+//!   cannot cross: an edge from it to another rank is an error at `build` naming the edge.
+//!   Values of 1 GiB or more (settable) go as a header and chunks, so no message passes MPI's
+//!   `int` count.
+//! * **Transports** ([`Transport`]): [`LocalNetwork`] (ranks as threads, for tests and the
+//!   simulator) and, with the `mpi` feature, `MpiTransport` (rsmpi; `MPI_Isend`,
+//!   `MPI_Improbe`, `MPI_Imrecv`, `MPI_Testsome` only). A transport sends and receives raw
+//!   bytes at an address, so a pinned host buffer (a GPU buffer's staging area) goes as it is.
+//! * **The communication thread** (internal): one per rank, counted in the rank's threads
+//!   ([`Ranks`]: the pool's workers + 1). It alone calls the transport, never blocks (yields,
+//!   then parks for 100 µs at most while anything is in flight), and completes send
+//!   and receive nodes by writing the cells their deferred completions poll
+//!   (`backend::NodeCtxExt::complete_when`), waking the workers through `GroupWaker`s.
+//! * **Faults**: a node that fails on one rank cancels the run on every rank, and every
+//!   rank's [`RunHandle::wait`] returns that failure naming its rank and node; a rank that
+//!   dies (killed: silent past the peer timeout; or panicking outside a node: it says so as it
+//!   goes down) ends every other rank's runs with [`ErrorKind::PeerDied`] naming it; a graph
+//!   that differs between ranks is an error naming the first node that differs, found at its
+//!   first submission (digests compared by rank 0), never a hang.
+//!
+//! The protocol (tags, the order of messages, completion, the check, faults) is described in
+//! the crate's README.
+//!
+//! # For the GPU part (staging, NCCL) and the simulator
+//!
+//! * A device buffer crosses as a value type of its own: its send node (a GPU node) copies it
+//!   into pinned host memory in chunks and hands the transport the pinned bytes
+//!   (`Payload::Borrowed` of the pinned buffer, kept by the run like any output); its receive
+//!   lands in pinned memory and a GPU node uploads it. [`Transport::send`] and
+//!   [`Transport::receive`] take any host address, so nothing in the transport changes.
+//! * NCCL collectives are ordered nodes, not messages: they need one issue order on every rank,
+//!   which the lowering gives (every rank computes the same [`Lowering`], in node order); the
+//!   communicator's id travels once over the transport as a control message.
+//! * The simulator lowers a [`GraphDesc`] with [`lower`], and can run the real communication
+//!   protocol over [`LocalNetwork`] or a virtual [`Transport`] of its own.
+//!
+//! # Where the unsafe code is
+//!
+//! * `value.rs`: a plain value's landing (`Vec::set_len` after its bytes arrived; `Pod`
+//!   makes any bytes valid).
+//! * `transport/mod.rs`, `transport/local.rs`: the transport's `send` and `receive` take raw
+//!   pointers (unsafe trait methods); the in-process one copies through them.
+//! * `transport/mpi.rs`: the MPI calls (rsmpi's `ffi`).
+//! * `comm/engine/mod.rs`: pointers into a run's outputs and the engine's send buffers handed
+//!   to the transport, and `Payload` is `Send`.
+//! * `comm/engine/arrive.rs`: landings and control buffers handed to the transport to receive
+//!   into, and a landing finished once its bytes arrived.
+//! * `ranks.rs`: the pool taken out of its `ManuallyDrop` once, in `Drop`.
+//!
+//! No other file has `unsafe`.
+
+mod comm;
+mod error;
+mod graph;
+mod launch;
+pub mod plan;
+mod ranks;
+mod transport;
+mod value;
+
+pub use crate::error::{Error, ErrorKind};
+pub use crate::graph::{NodeRef, RankCtx, RankGraph, RankGraphBuilder, RankNodeId};
+pub use crate::launch::{LaunchInfo, Launcher};
+pub use crate::plan::{DataId, Digest, GraphDesc, LocalPlan, Lowering, On, Wire};
+pub use crate::ranks::{RankOutput, Ranks, RanksBuilder, RunHandle};
+#[cfg(feature = "mpi")]
+pub use crate::transport::MpiTransport;
+pub use crate::transport::{LocalNetwork, LocalTransport, OpId, Probed, Transport};
+pub use crate::value::PlainValue;
+pub use bytemuck;
+pub use plan::lower;

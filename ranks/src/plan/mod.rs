@@ -1,0 +1,11 @@
+//! Layer (a): placement and lowering, pure. From a rank-annotated graph description to each
+//! rank's local plan, and the structure digest ranks compare. No MPI, no threads, no clock:
+//! deterministic functions that the runtime and the simulator call alike.
+
+mod desc;
+mod digest;
+mod lower;
+
+pub use desc::{DataId, DatumDesc, GraphDesc, NodeDesc, On, Wire};
+pub use digest::{digest, first_difference, Digest};
+pub use lower::{lower, place, LocalNode, LocalPlan, Lowering, Transfer};

@@ -1,0 +1,499 @@
+//! The per-rank runtime: a pool of workers plus one communication thread, submission of rank
+//! graphs, and their runs' handles and outputs.
+
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
+
+use boundpool_scheduler::backend::{GroupWaker, PoolExt};
+use boundpool_scheduler::{Cores, GraphHandle, GraphOutput, GroupId, Pool, PoolBuilder};
+
+use crate::comm::run::RunState;
+use crate::comm::{self, CommHandle, CommThread, Command, EngineConfig};
+use crate::error::{Error, ErrorKind};
+use crate::graph::{Mapped, NodeRef, RankGraph, SlotEnv};
+use crate::launch::LaunchInfo;
+use crate::transport::{LocalNetwork, Transport};
+
+/// Settings of a rank's runtime: its pool and its communication thread.
+#[derive(Clone, Debug)]
+pub struct RanksBuilder {
+    name: String,
+    workers: usize,
+    cores: Cores,
+    trace: bool,
+    peer_timeout: Duration,
+    heartbeat: Duration,
+    max_message: usize,
+}
+
+impl Default for RanksBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RanksBuilder {
+    /// Defaults: 2 workers on the cores the process may use, peers declared dead after 5 s of
+    /// silence (heartbeats every 0.5 s), values of 1 GiB or more sent in 1 GiB chunks.
+    pub fn new() -> Self {
+        RanksBuilder {
+            name: "ranks".into(),
+            workers: 2,
+            cores: Cores::All,
+            trace: false,
+            peer_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_millis(500),
+            max_message: 1 << 30,
+        }
+    }
+
+    /// The pool's name (threads, metrics).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The number of worker threads (the pool's OS threads are these plus the communication
+    /// thread).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+
+    /// The workers' cores (the communication thread is not pinned).
+    pub fn cores(mut self, cores: Cores) -> Self {
+        self.cores = cores;
+        self
+    }
+
+    /// Records the pool's timeline ([`Ranks::pool`]'s `take_trace`).
+    pub fn trace(mut self, on: bool) -> Self {
+        self.trace = on;
+        self
+    }
+
+    /// How long a peer may be silent before it is declared dead (at least twice the
+    /// heartbeat). Runs that need it then end with [`ErrorKind::PeerDied`].
+    pub fn peer_timeout(mut self, d: Duration) -> Self {
+        self.peer_timeout = d;
+        self
+    }
+
+    /// How often this rank tells its peers it is alive.
+    pub fn heartbeat(mut self, d: Duration) -> Self {
+        self.heartbeat = d;
+        self
+    }
+
+    /// Values of this many bytes or more go as a header and chunks of at most this size
+    /// (at most `i32::MAX`: MPI counts are `int`s). 1 GiB by default.
+    pub fn max_message_bytes(mut self, n: usize) -> Self {
+        self.max_message = n.clamp(1, i32::MAX as usize);
+        self
+    }
+
+    fn engine_config(&self) -> Result<EngineConfig, Error> {
+        if self.peer_timeout < self.heartbeat * 2 {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "the peer timeout ({:?}) must be at least twice the heartbeat ({:?})",
+                    self.peer_timeout, self.heartbeat
+                ),
+            ));
+        }
+        Ok(EngineConfig {
+            peer_timeout: self.peer_timeout,
+            heartbeat: self.heartbeat,
+            max_message: self.max_message,
+        })
+    }
+
+    /// Builds rank `rank` of an in-process network (ranks as threads of one process).
+    pub fn build_local(self, net: &LocalNetwork, rank: usize) -> Result<Ranks, Error> {
+        let t = net.endpoint(rank);
+        self.build_with(move || Ok(t))
+    }
+
+    /// Builds this process's rank over MPI (it must be started by `mpirun`, `mpiexec` or
+    /// `srun`; a lone process is a world of one). MPI is initialized on the communication
+    /// thread, which alone uses it.
+    #[cfg(feature = "mpi")]
+    pub fn build_mpi(self) -> Result<Ranks, Error> {
+        self.build_with(crate::transport::MpiTransport::init)
+    }
+
+    /// Builds the runtime on the transport `make` returns, called on the communication thread.
+    pub fn build_with<T, F>(self, make: F) -> Result<Ranks, Error>
+    where
+        T: Transport + 'static,
+        F: FnOnce() -> Result<T, Error> + Send + 'static,
+    {
+        let cfg = self.engine_config()?;
+        let pool = PoolBuilder::new()
+            .name(self.name.clone())
+            .workers(self.workers)
+            .cores(self.cores.clone())
+            .trace(self.trace)
+            .build()?;
+        Ranks::from_pool(pool, None, &self.name, cfg, make)
+    }
+}
+
+static PANIC_HOOK: Once = Once::new();
+static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
+
+/// Keeps the last panic's message, for the note a dying rank sends its peers.
+fn install_panic_note() {
+    PANIC_HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let note = format!(
+                "{} (thread '{}')",
+                info,
+                std::thread::current().name().unwrap_or("unnamed")
+            );
+            *LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()) = Some(note);
+            previous(info)
+        }));
+    });
+}
+
+/// One rank's runtime: a pool of workers, one communication thread, and the rank's place in
+/// the world. Submit [`RankGraph`]s built with [`RankGraphBuilder::build`](crate::RankGraphBuilder::build).
+///
+/// Dropping it waits for this rank's runs in flight, tells the peers it leaves, and ends the
+/// transport (MPI is finalized there). After a peer died it does not wait: the pool is leaked
+/// (its threads park until the process exits) and MPI is not finalized, since either could
+/// wait for ever on the dead rank.
+pub struct Ranks<S: Send + 'static = ()> {
+    pool: ManuallyDrop<Pool<S>>,
+    comm: CommThread,
+    group: Option<GroupId>,
+    launch: LaunchInfo,
+    poisoned: Arc<AtomicBool>,
+}
+
+impl<S: Send + 'static> std::fmt::Debug for Ranks<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ranks")
+            .field("rank", &self.comm.rank)
+            .field("size", &self.comm.size)
+            .field("launch", &self.launch)
+            .finish()
+    }
+}
+
+impl<S: Send + 'static> Ranks<S> {
+    /// A runtime over an existing pool (a GPU pool, for example): its compute nodes are placed
+    /// on `group` (`None`: anywhere), and the communication thread runs `make`'s transport.
+    /// The pool's threads plus the communication thread are the rank's OS threads.
+    pub fn from_pool_with<T, F>(
+        pool: Pool<S>,
+        group: Option<GroupId>,
+        settings: &RanksBuilder,
+        make: F,
+    ) -> Result<Self, Error>
+    where
+        T: Transport + 'static,
+        F: FnOnce() -> Result<T, Error> + Send + 'static,
+    {
+        let cfg = settings.engine_config()?;
+        Self::from_pool(pool, group, &settings.name, cfg, make)
+    }
+
+    fn from_pool<T, F>(
+        pool: Pool<S>,
+        group: Option<GroupId>,
+        name: &str,
+        cfg: EngineConfig,
+        make: F,
+    ) -> Result<Self, Error>
+    where
+        T: Transport + 'static,
+        F: FnOnce() -> Result<T, Error> + Send + 'static,
+    {
+        install_panic_note();
+        let wakers: Vec<GroupWaker> = (0..pool.group_count())
+            .map(|g| {
+                use boundpool_scheduler::backend::FromIndex;
+                pool.group_waker(GroupId::from_index(g))
+            })
+            .collect();
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let notify = Box::new(move || {
+            for w in &wakers {
+                w.wake();
+            }
+        });
+        let comm = comm::spawn(format!("{name}-comm"), make, cfg, poisoned.clone(), notify)?;
+        Ok(Ranks {
+            pool: ManuallyDrop::new(pool),
+            comm,
+            group,
+            launch: LaunchInfo::from_env(),
+            poisoned,
+        })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.comm.size
+    }
+
+    /// This process's position among the ranks of its node, as the launcher said
+    /// (`OMPI_COMM_WORLD_LOCAL_RANK`, `MPI_LOCALRANKID`, `SLURM_LOCALID`).
+    pub fn local_rank(&self) -> Option<usize> {
+        self.launch.local_rank
+    }
+
+    /// What the launcher said about this process.
+    pub fn launch_info(&self) -> &LaunchInfo {
+        &self.launch
+    }
+
+    /// The pool the rank's nodes run on.
+    pub fn pool(&self) -> &Pool<S> {
+        &self.pool
+    }
+
+    /// The group compute nodes are placed on (`None`: anywhere).
+    pub fn compute_group(&self) -> Option<GroupId> {
+        self.group
+    }
+
+    pub(crate) fn comm(&self) -> CommHandle {
+        self.comm.handle.clone()
+    }
+
+    /// Whether a peer died (or the transport failed): no run starts any more.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// Starts a run of `graph` on this rank. The n-th submission of a graph on each rank
+    /// makes one run together; a graph's first submission checks that every rank built the
+    /// same graph. At most the graph's `runs_in_flight` runs are in flight here: a submission
+    /// beyond waits for the oldest to end.
+    pub fn submit(&self, graph: &RankGraph<S>) -> Result<RunHandle, Error> {
+        let g = &graph.inner;
+        g.register()?;
+        let seq = g.next_seq.fetch_add(1, Ordering::Relaxed);
+        g.comm_graph.take_slot(seq);
+        let run = Arc::new(RunState::new(g.comm_graph.clone(), seq));
+        let slot = match g.slot(run.slot) {
+            Ok(s) => s,
+            Err(e) => {
+                self.comm.handle.send(Command::StartRun(run.clone()));
+                self.comm.handle.send(Command::LocalDone(run));
+                return Err(e);
+            }
+        };
+        slot.env.set_current(run.clone());
+        self.comm.handle.send(Command::StartRun(run.clone()));
+        let handle = match self.pool.submit(&slot.graph) {
+            Ok(h) => h,
+            Err(e) => {
+                self.comm.handle.send(Command::LocalDone(run));
+                return Err(e.into());
+            }
+        };
+        let comm = self.comm.handle.clone();
+        let done = run.clone();
+        handle.on_done(move || comm.send(Command::LocalDone(done)));
+        Ok(RunHandle {
+            handle: Some(handle),
+            local: None,
+            run,
+            env: slot.env.clone(),
+        })
+    }
+
+    /// Submits and waits.
+    pub fn run(&self, graph: &RankGraph<S>) -> Result<RankOutput, Error> {
+        self.submit(graph)?.wait()
+    }
+}
+
+impl<S: Send + 'static> Drop for Ranks<S> {
+    fn drop(&mut self) {
+        let died = std::thread::panicking().then(|| {
+            LAST_PANIC
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .unwrap_or_else(|| "panicked outside a node".into())
+        });
+        // Let this rank's runs finish (they may need the comm thread), unless a peer died:
+        // then a run may never end, and the pool is leaked rather than waited for.
+        let mut leak = false;
+        while self.pool.graphs_in_flight() > 0 {
+            if self.poisoned.load(Ordering::Acquire) || died.is_some() {
+                leak = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        if !leak && !self.poisoned.load(Ordering::Acquire) {
+            // SAFETY: the pool is taken once, here in `drop`, and not used after.
+            let pool = unsafe { ManuallyDrop::take(&mut self.pool) };
+            drop(pool);
+        }
+        self.comm.handle.send(Command::Shutdown { died });
+        if let Some(j) = self
+            .comm
+            .join
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = j.join();
+        }
+    }
+}
+
+/// A run in flight on this rank: [`wait`](Self::wait) for its outputs here and its result
+/// across ranks.
+pub struct RunHandle {
+    handle: Option<GraphHandle>,
+    local: Option<Result<GraphOutput, boundpool_scheduler::Error>>,
+    run: Arc<RunState>,
+    env: Arc<SlotEnv>,
+}
+
+impl std::fmt::Debug for RunHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunHandle")
+            .field("graph", &self.run.graph.name)
+            .field("seq", &self.run.seq)
+            .finish()
+    }
+}
+
+impl RunHandle {
+    /// The run's number among its graph's runs (the same on every rank).
+    pub fn seq(&self) -> u64 {
+        self.run.seq
+    }
+
+    /// Waits for the run on this rank and for every other rank's word on it. A node that failed
+    /// on any rank makes every rank's `wait` return that failure, naming its rank and node (the
+    /// lowest such rank's, when several failed). A dead peer ends the wait within the peer
+    /// timeout, naming the rank.
+    pub fn wait(self) -> Result<RankOutput, Error> {
+        match self.wait_until(None) {
+            Ok(r) => r,
+            Err(_) => unreachable!("a wait without a deadline returns only when done"),
+        }
+    }
+
+    /// As [`wait`](Self::wait), at most `timeout`: `Err` gives the handle back if the run
+    /// is still going (here, or on another rank).
+    #[allow(clippy::result_large_err)]
+    pub fn wait_timeout(self, timeout: Duration) -> Result<Result<RankOutput, Error>, RunHandle> {
+        self.wait_until(Instant::now().checked_add(timeout))
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn wait_until(
+        mut self,
+        deadline: Option<Instant>,
+    ) -> Result<Result<RankOutput, Error>, RunHandle> {
+        // The local run, in steps, so that a dead peer (whose runs may never end here) is seen.
+        while self.local.is_none() {
+            if let Some(e) = self.run.fatal() {
+                return Ok(Err(e));
+            }
+            let h = self.handle.take().expect("a handle until the local result");
+            let step = match deadline {
+                Some(d) => STEP.min(d.saturating_duration_since(Instant::now())),
+                None => STEP,
+            };
+            match h.wait_timeout(step) {
+                Ok(r) => self.local = Some(r),
+                Err(h) => {
+                    self.handle = Some(h);
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(self);
+                    }
+                }
+            }
+        }
+        let Some(global) = self.run.wait_global(deadline) else {
+            return Err(self);
+        };
+        let local = self.local.take().expect("checked above");
+        Ok(match (global, local) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Ok(out)) => Ok(RankOutput {
+                out,
+                run: self.run,
+                env: self.env,
+            }),
+            (Ok(()), Err(e)) => Err(e.into()),
+        })
+    }
+}
+
+/// How often a waiter looks for a dead peer while the local run goes on.
+const STEP: Duration = Duration::from_millis(20);
+
+/// A finished run's outputs on this rank: of the nodes that ran here, and of the values
+/// received here.
+pub struct RankOutput {
+    out: GraphOutput,
+    run: Arc<RunState>,
+    env: Arc<SlotEnv>,
+}
+
+impl std::fmt::Debug for RankOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankOutput")
+            .field("graph", &self.run.graph.name)
+            .field("seq", &self.run.seq)
+            .finish()
+    }
+}
+
+impl RankOutput {
+    /// The output of `node`, if it ran on this rank or its value was received here.
+    pub fn get<T: 'static>(&self, node: NodeRef<T>) -> Option<&T> {
+        match self.env.map.get()?.get(node.index() as usize)? {
+            Mapped::Local(r) => self
+                .out
+                .get(*r.downcast_ref::<boundpool_scheduler::NodeRef<T>>()?),
+            Mapped::Remote(_) => {
+                let k = self
+                    .run
+                    .graph
+                    .recvs
+                    .iter()
+                    .position(|r| r.producer == node.index())?;
+                self.run.recvs[k].get()?.downcast_ref::<T>()
+            }
+            Mapped::Absent => None,
+        }
+    }
+
+    /// Takes the output of `node`, if it ran on this rank.
+    pub fn take<T: 'static>(&mut self, node: NodeRef<T>) -> Option<T> {
+        match self.env.map.get()?.get(node.index() as usize)? {
+            Mapped::Local(r) => self
+                .out
+                .take(*r.downcast_ref::<boundpool_scheduler::NodeRef<T>>()?),
+            _ => None,
+        }
+    }
+
+    /// The run's number among its graph's runs.
+    pub fn seq(&self) -> u64 {
+        self.run.seq
+    }
+}

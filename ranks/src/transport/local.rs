@@ -1,0 +1,267 @@
+//! The in-process transport: ranks are threads of one process, each with a mailbox. A send
+//! copies the bytes into the receiver's mailbox (so it is done at once); a receive copies them
+//! out. Used by the tests that need no `mpirun`, and by the simulator.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, ErrorKind};
+use crate::transport::{OpId, Probed, Transport};
+
+struct Envelope {
+    from: usize,
+    tag: u32,
+    bytes: Vec<u8>,
+}
+
+struct Net {
+    mailboxes: Vec<Mutex<VecDeque<Envelope>>>,
+    severed: Vec<AtomicBool>,
+    /// Links whose messages are held back (in order) until released.
+    held: Mutex<std::collections::HashMap<(usize, usize), VecDeque<Envelope>>>,
+    max_tag: u32,
+}
+
+/// A network of in-process ranks: [`endpoint`](Self::endpoint) gives each rank its transport.
+#[derive(Clone)]
+pub struct LocalNetwork {
+    net: Arc<Net>,
+}
+
+impl std::fmt::Debug for LocalNetwork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalNetwork")
+            .field("ranks", &self.net.mailboxes.len())
+            .finish()
+    }
+}
+
+impl LocalNetwork {
+    /// A network of `ranks` ranks whose tags go up to `i32::MAX`.
+    pub fn new(ranks: usize) -> Self {
+        Self::with_max_tag(ranks, i32::MAX as u32)
+    }
+
+    /// A network whose largest tag is `max_tag` (to test a small `MPI_TAG_UB`).
+    pub fn with_max_tag(ranks: usize, max_tag: u32) -> Self {
+        LocalNetwork {
+            net: Arc::new(Net {
+                mailboxes: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
+                severed: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
+                held: Mutex::new(std::collections::HashMap::new()),
+                max_tag,
+            }),
+        }
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.net.mailboxes.len()
+    }
+
+    /// Rank `rank`'s transport.
+    ///
+    /// # Panics
+    /// If `rank` is not below [`size`](Self::size).
+    pub fn endpoint(&self, rank: usize) -> LocalTransport {
+        assert!(rank < self.size(), "rank {rank} of {} ranks", self.size());
+        LocalTransport {
+            net: self.net.clone(),
+            rank,
+            done: Vec::new(),
+        }
+    }
+
+    /// Holds back what `from` sends to `to` (a slow link), in order, until
+    /// [`release`](Self::release).
+    pub fn hold(&self, from: usize, to: usize) {
+        self.net
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((from, to))
+            .or_default();
+    }
+
+    /// Delivers what the link from `from` to `to` held back, in order, and stops holding.
+    pub fn release(&self, from: usize, to: usize) {
+        let mut held = self.net.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = held.remove(&(from, to)) {
+            self.net.mailboxes[to]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(q);
+        }
+    }
+
+    /// Cuts rank `rank` off, as if its process were killed: what it sends is lost, what is
+    /// sent to it is dropped, and its own transport calls fail from now on.
+    pub fn sever(&self, rank: usize) {
+        self.net.severed[rank].store(true, Ordering::SeqCst);
+        self.net.mailboxes[rank]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+}
+
+/// One rank's endpoint of a [`LocalNetwork`].
+pub struct LocalTransport {
+    net: Arc<Net>,
+    rank: usize,
+    done: Vec<OpId>,
+}
+
+impl std::fmt::Debug for LocalTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalTransport")
+            .field("rank", &self.rank)
+            .finish()
+    }
+}
+
+impl LocalTransport {
+    fn check_alive(&self) -> Result<(), Error> {
+        if self.net.severed[self.rank].load(Ordering::SeqCst) {
+            Err(Error::new(
+                ErrorKind::Transport,
+                format!("rank {}: cut off from the in-process network", self.rank),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Transport for LocalTransport {
+    type Message = Vec<u8>;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.net.mailboxes.len()
+    }
+
+    fn max_tag(&self) -> u32 {
+        self.net.max_tag
+    }
+
+    unsafe fn send(
+        &mut self,
+        to: usize,
+        tag: u32,
+        data: *const u8,
+        len: usize,
+        op: OpId,
+    ) -> Result<(), Error> {
+        self.check_alive()?;
+        let bytes = if len == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the caller keeps `len` bytes at `data` valid until `op` is reported, and
+            // they are copied here, before this returns.
+            unsafe { std::slice::from_raw_parts(data, len) }.to_vec()
+        };
+        if !self.net.severed[to].load(Ordering::SeqCst) {
+            let e = Envelope {
+                from: self.rank,
+                tag,
+                bytes,
+            };
+            let mut held = self.net.held.lock().unwrap_or_else(|p| p.into_inner());
+            match held.get_mut(&(self.rank, to)) {
+                Some(q) => q.push_back(e),
+                None => self.net.mailboxes[to]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_back(e),
+            }
+        }
+        self.done.push(op);
+        Ok(())
+    }
+
+    fn probe(&mut self) -> Result<Option<Probed<Vec<u8>>>, Error> {
+        self.check_alive()?;
+        let e = self.net.mailboxes[self.rank]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front();
+        Ok(e.map(|e| Probed {
+            from: e.from,
+            tag: e.tag,
+            len: e.bytes.len(),
+            message: e.bytes,
+        }))
+    }
+
+    unsafe fn receive(
+        &mut self,
+        message: Probed<Vec<u8>>,
+        into: *mut u8,
+        op: OpId,
+    ) -> Result<(), Error> {
+        self.check_alive()?;
+        if !message.message.is_empty() {
+            // SAFETY: the caller gives `message.len` writable bytes at `into`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(message.message.as_ptr(), into, message.len);
+            }
+        }
+        self.done.push(op);
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut Vec<OpId>) -> Result<(), Error> {
+        self.check_alive()?;
+        done.append(&mut self.done);
+        Ok(())
+    }
+
+    fn close(self, _clean: bool) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_arrive_in_order_per_sender_and_complete_at_once() {
+        let net = LocalNetwork::new(2);
+        let (mut a, mut b) = (net.endpoint(0), net.endpoint(1));
+        let one = [1u8, 2, 3];
+        let two = [9u8];
+        // SAFETY: the arrays outlive the calls, which copy them.
+        unsafe {
+            a.send(1, 7, one.as_ptr(), 3, 10).unwrap();
+            a.send(1, 3, two.as_ptr(), 1, 11).unwrap();
+        }
+        let mut done = Vec::new();
+        a.poll(&mut done).unwrap();
+        assert_eq!(done, vec![10, 11]);
+        let m = b.probe().unwrap().unwrap();
+        assert_eq!((m.from, m.tag, m.len), (0, 7, 3));
+        let mut buf = [0u8; 3];
+        // SAFETY: `buf` has the message's 3 bytes.
+        unsafe { b.receive(m, buf.as_mut_ptr(), 20).unwrap() };
+        assert_eq!(buf, one);
+        assert_eq!(b.probe().unwrap().unwrap().tag, 3);
+        assert!(b.probe().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_severed_rank_neither_sends_nor_receives() {
+        let net = LocalNetwork::new(2);
+        let (mut a, mut b) = (net.endpoint(0), net.endpoint(1));
+        net.sever(1);
+        // SAFETY: zero bytes.
+        unsafe { a.send(1, 1, [].as_ptr(), 0, 1).unwrap() };
+        assert!(b.probe().is_err());
+        // SAFETY: zero bytes.
+        assert!(unsafe { b.send(0, 1, [].as_ptr(), 0, 2) }.is_err());
+        assert!(a.probe().unwrap().is_none());
+    }
+}

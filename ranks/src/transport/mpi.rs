@@ -1,0 +1,345 @@
+//! The MPI transport (rsmpi 0.8): MPI initialized, used and finalized by the communication
+//! thread alone, through non-blocking calls only (`MPI_Isend`, `MPI_Improbe`, `MPI_Imrecv`,
+//! `MPI_Testsome`). rsmpi's safe layer starts and ends MPI; the calls themselves go through
+//! its `ffi` module, since the buffers live as long as the protocol says (a run's output, a
+//! landing), not a Rust scope.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::mem::MaybeUninit;
+
+use ::mpi::environment::Universe;
+use ::mpi::ffi;
+use ::mpi::Threading;
+
+use crate::error::{Error, ErrorKind};
+use crate::transport::{OpId, Probed, Transport};
+
+/// Ranks over MPI, on a duplicate of `MPI_COMM_WORLD` whose errors are returned, not fatal.
+pub struct MpiTransport {
+    universe: Option<Universe>,
+    comm: ffi::MPI_Comm,
+    rank: usize,
+    size: usize,
+    max_tag: u32,
+    threading: Threading,
+    requests: Vec<ffi::MPI_Request>,
+    ops: Vec<OpId>,
+    indices: Vec<c_int>,
+    statuses: Vec<ffi::MPI_Status>,
+}
+
+impl std::fmt::Debug for MpiTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiTransport")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("max_tag", &self.max_tag)
+            .field("threading", &self.threading)
+            .field("in_flight", &self.ops.len())
+            .finish()
+    }
+}
+
+/// `MPI_Error_string` of `code`.
+fn error_string(code: c_int) -> String {
+    let mut buf = vec![0 as c_char; ffi::MPI_MAX_ERROR_STRING as usize + 1];
+    let mut len: c_int = 0;
+    // SAFETY: the buffer holds MPI_MAX_ERROR_STRING characters, as the call requires.
+    let rc = unsafe { ffi::MPI_Error_string(code, buf.as_mut_ptr(), &mut len) };
+    if rc != ffi::MPI_SUCCESS as c_int {
+        return format!("MPI error {code}");
+    }
+    let bytes: Vec<u8> = buf[..len.max(0) as usize]
+        .iter()
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn check(rank: usize, what: &str, rc: c_int) -> Result<(), Error> {
+    if rc == ffi::MPI_SUCCESS as c_int {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorKind::Transport,
+            format!("rank {rank}: {what} failed: {}", error_string(rc)),
+        ))
+    }
+}
+
+fn bytes_type() -> ffi::MPI_Datatype {
+    // SAFETY: a constant rsmpi's C shim initializes before main.
+    unsafe { ffi::RSMPI_UINT8_T }
+}
+
+impl MpiTransport {
+    /// Initializes MPI on this thread (asking for `MPI_THREAD_MULTIPLE`, needing at least
+    /// `MPI_THREAD_FUNNELED`: only this thread calls MPI) and duplicates `MPI_COMM_WORLD`.
+    pub fn init() -> Result<Self, Error> {
+        let (universe, threading) = ::mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidConfig,
+                    "MPI is already initialized in this process: the ranks runtime owns MPI \
+                     (one runtime per process, and no other MPI use)",
+                )
+            })?;
+        if threading < Threading::Funneled {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("the MPI library gives only {threading:?} threading; ranks need Funneled"),
+            ));
+        }
+        let mut comm = MaybeUninit::<ffi::MPI_Comm>::uninit();
+        // SAFETY: MPI is initialized; `comm` receives the new communicator.
+        let rc = unsafe { ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, comm.as_mut_ptr()) };
+        check(usize::MAX, "MPI_Comm_dup", rc)?;
+        // SAFETY: MPI_Comm_dup succeeded and wrote it.
+        let comm = unsafe { comm.assume_init() };
+        let (mut rank, mut size): (c_int, c_int) = (0, 0);
+        // SAFETY: a valid communicator and out-pointers to ints.
+        unsafe {
+            check(
+                usize::MAX,
+                "MPI_Comm_set_errhandler",
+                ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN),
+            )?;
+            check(
+                usize::MAX,
+                "MPI_Comm_rank",
+                ffi::MPI_Comm_rank(comm, &mut rank),
+            )?;
+            check(
+                usize::MAX,
+                "MPI_Comm_size",
+                ffi::MPI_Comm_size(comm, &mut size),
+            )?;
+        }
+        let rank = rank as usize;
+        let mut value: *mut c_int = std::ptr::null_mut();
+        let mut flag: c_int = 0;
+        // SAFETY: MPI_TAG_UB's attribute value is a pointer to an int, written into `value`.
+        let rc = unsafe {
+            ffi::MPI_Comm_get_attr(
+                comm,
+                ffi::MPI_TAG_UB as c_int,
+                (&mut value as *mut *mut c_int).cast::<c_void>(),
+                &mut flag,
+            )
+        };
+        check(rank, "MPI_Comm_get_attr(MPI_TAG_UB)", rc)?;
+        let max_tag = if flag != 0 && !value.is_null() {
+            // SAFETY: MPI set the flag, so `value` points at the attribute's int.
+            (unsafe { *value }).max(32767) as u32
+        } else {
+            32767
+        };
+        Ok(MpiTransport {
+            universe: Some(universe),
+            comm,
+            rank,
+            size: size as usize,
+            max_tag,
+            threading,
+            requests: Vec::new(),
+            ops: Vec::new(),
+            indices: Vec::new(),
+            statuses: Vec::new(),
+        })
+    }
+
+    /// The thread level MPI gave.
+    pub fn threading(&self) -> Threading {
+        self.threading
+    }
+
+    fn count(len: usize, rank: usize) -> Result<c_int, Error> {
+        c_int::try_from(len).map_err(|_| {
+            Error::new(
+                ErrorKind::Transport,
+                format!("rank {rank}: a message of {len} bytes is past MPI's count (not split?)"),
+            )
+        })
+    }
+}
+
+impl Transport for MpiTransport {
+    type Message = ffi::MPI_Message;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn max_tag(&self) -> u32 {
+        self.max_tag
+    }
+
+    unsafe fn send(
+        &mut self,
+        to: usize,
+        tag: u32,
+        data: *const u8,
+        len: usize,
+        op: OpId,
+    ) -> Result<(), Error> {
+        let count = Self::count(len, self.rank)?;
+        let mut req = MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: the caller keeps the bytes valid until `op` is reported done, which happens
+        // only once MPI_Testsome completes this request.
+        let rc = unsafe {
+            ffi::MPI_Isend(
+                data.cast::<c_void>(),
+                count,
+                bytes_type(),
+                to as c_int,
+                tag as c_int,
+                self.comm,
+                req.as_mut_ptr(),
+            )
+        };
+        check(self.rank, &format!("MPI_Isend to rank {to}"), rc)?;
+        // SAFETY: MPI_Isend succeeded and wrote the request.
+        self.requests.push(unsafe { req.assume_init() });
+        self.ops.push(op);
+        Ok(())
+    }
+
+    fn probe(&mut self) -> Result<Option<Probed<ffi::MPI_Message>>, Error> {
+        let mut flag: c_int = 0;
+        let mut message = MaybeUninit::<ffi::MPI_Message>::uninit();
+        let mut status = MaybeUninit::<ffi::MPI_Status>::uninit();
+        // SAFETY: MPI is initialized on this thread; out-pointers to the flag, message and
+        // status, read only when the flag says a message matched.
+        let rc = unsafe {
+            ffi::MPI_Improbe(
+                ffi::RSMPI_ANY_SOURCE,
+                ffi::RSMPI_ANY_TAG,
+                self.comm,
+                &mut flag,
+                message.as_mut_ptr(),
+                status.as_mut_ptr(),
+            )
+        };
+        check(self.rank, "MPI_Improbe", rc)?;
+        if flag == 0 {
+            return Ok(None);
+        }
+        // SAFETY: a message matched, so MPI wrote the message handle and the status.
+        let (message, status) = unsafe { (message.assume_init(), status.assume_init()) };
+        let mut count: c_int = 0;
+        // SAFETY: a status MPI filled in.
+        let rc = unsafe { ffi::MPI_Get_count(&status, bytes_type(), &mut count) };
+        check(self.rank, "MPI_Get_count", rc)?;
+        Ok(Some(Probed {
+            from: status.MPI_SOURCE as usize,
+            tag: status.MPI_TAG as u32,
+            len: count.max(0) as usize,
+            message,
+        }))
+    }
+
+    unsafe fn receive(
+        &mut self,
+        message: Probed<ffi::MPI_Message>,
+        into: *mut u8,
+        op: OpId,
+    ) -> Result<(), Error> {
+        let count = Self::count(message.len, self.rank)?;
+        let mut handle = message.message;
+        let mut req = MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: the caller keeps `message.len` bytes at `into` writable until `op` is
+        // reported; the message handle came from MPI_Improbe and is used once.
+        let rc = unsafe {
+            ffi::MPI_Imrecv(
+                into.cast::<c_void>(),
+                count,
+                bytes_type(),
+                &mut handle,
+                req.as_mut_ptr(),
+            )
+        };
+        check(
+            self.rank,
+            &format!("MPI_Imrecv from rank {}", message.from),
+            rc,
+        )?;
+        // SAFETY: MPI_Imrecv succeeded and wrote the request.
+        self.requests.push(unsafe { req.assume_init() });
+        self.ops.push(op);
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut Vec<OpId>) -> Result<(), Error> {
+        if self.requests.is_empty() {
+            // Let MPI make progress on what others send us even with nothing of ours in flight
+            // (the next probe would too; this keeps `poll` meaningful on its own).
+            return Ok(());
+        }
+        let n = self.requests.len();
+        self.indices.resize(n, 0);
+        // SAFETY: MPI_Status is a plain C struct; zeroes are a valid (unused) value.
+        self.statuses
+            .resize_with(n, || unsafe { MaybeUninit::zeroed().assume_init() });
+        let mut outcount: c_int = 0;
+        // SAFETY: `n` requests, and arrays of `n` indices and statuses for MPI to fill.
+        let rc = unsafe {
+            ffi::MPI_Testsome(
+                n as c_int,
+                self.requests.as_mut_ptr(),
+                &mut outcount,
+                self.indices.as_mut_ptr(),
+                self.statuses.as_mut_ptr(),
+            )
+        };
+        if rc == ffi::MPI_ERR_IN_STATUS as c_int {
+            let bad = (0..outcount.max(0) as usize)
+                .map(|k| self.statuses[k].MPI_ERROR)
+                .find(|&e| e != ffi::MPI_SUCCESS as c_int)
+                .unwrap_or(rc);
+            return check(self.rank, "a send or receive", bad);
+        }
+        check(self.rank, "MPI_Testsome", rc)?;
+        if outcount <= 0 {
+            return Ok(());
+        }
+        let mut finished: Vec<usize> = self.indices[..outcount as usize]
+            .iter()
+            .map(|&i| i as usize)
+            .collect();
+        finished.sort_unstable_by(|a, b| b.cmp(a));
+        for i in finished {
+            self.requests.swap_remove(i);
+            done.push(self.ops.swap_remove(i));
+        }
+        Ok(())
+    }
+
+    fn close(mut self, clean: bool) {
+        if clean && self.requests.is_empty() {
+            // SAFETY: our communicator, with nothing in flight.
+            unsafe {
+                ffi::MPI_Comm_free(&mut self.comm);
+            }
+            // Dropping the universe calls MPI_Finalize on this thread, which initialized it.
+            drop(self.universe.take());
+        } else {
+            // With requests in flight or a dead peer, MPI_Finalize may wait for ever: leave MPI
+            // as it is; the process is expected to exit.
+            std::mem::forget(self.universe.take());
+        }
+    }
+}
+
+impl Drop for MpiTransport {
+    fn drop(&mut self) {
+        // Reached only through `close` (which took the universe) or an unwinding comm thread:
+        // never finalize from here.
+        if let Some(u) = self.universe.take() {
+            std::mem::forget(u);
+        }
+    }
+}

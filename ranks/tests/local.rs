@@ -1,0 +1,400 @@
+//! Ranks as threads of one process (the in-process network): runs equal to the one-process
+//! reference, failures on every rank, dead peers, mismatched graphs, long values, threads.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use boundpool_ranks::{Error, ErrorKind, LocalNetwork, RankGraphBuilder, Ranks, RanksBuilder};
+use boundpool_scheduler::Cores;
+use common::random;
+
+fn world(n: usize, settings: RanksBuilder) -> (LocalNetwork, Vec<Ranks>) {
+    let net = LocalNetwork::new(n);
+    let ranks = (0..n)
+        .map(|r| {
+            settings
+                .clone()
+                .cores(Cores::Unpinned)
+                .build_local(&net, r)
+                .unwrap()
+        })
+        .collect();
+    (net, ranks)
+}
+
+/// Runs `f` on every rank at once (a thread each), like an SPMD program.
+fn on_all<R: Send>(ranks: &[Ranks], f: impl Fn(&Ranks) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = ranks.iter().map(|r| s.spawn(|| f(r))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn random_graphs_equal_the_one_process_run() {
+    for n in [2, 3, 4] {
+        let (_net, ranks) = world(n, RanksBuilder::new().workers(2));
+        let checked = on_all(&ranks, |r| {
+            let mut checked = 0;
+            for seed in 0..12u64 {
+                let spec = random::random_spec(seed * 31 + n as u64, n, 40, None);
+                let reference = random::reference(&spec);
+                let (graph, refs) = random::build(&spec, r).unwrap();
+                // Twice: the second run of a graph reuses its check and counts its statuses.
+                for _ in 0..2 {
+                    let out = r.run(&graph).unwrap();
+                    checked += random::check(&spec, &reference, &out, &refs, r.rank()).unwrap();
+                }
+            }
+            checked
+        });
+        assert_eq!(checked.iter().sum::<usize>(), 12 * 40 * 2, "{n} ranks");
+    }
+}
+
+#[test]
+fn values_past_the_message_limit_go_in_chunks() {
+    // A 1 MiB value in 1000-byte chunks (the last one short), and small ones whole.
+    let (_net, ranks) = world(2, RanksBuilder::new().workers(1).max_message_bytes(1000));
+    on_all(&ranks, |r| {
+        let spec = random::random_spec(7, 2, 30, Some(1 << 20));
+        let reference = random::reference(&spec);
+        let (graph, refs) = random::build(&spec, r).unwrap();
+        let out = r.run(&graph).unwrap();
+        random::check(&spec, &reference, &out, &refs, r.rank()).unwrap();
+    });
+}
+
+#[test]
+fn several_runs_and_graphs_in_flight() {
+    let (_net, ranks) = world(3, RanksBuilder::new().workers(2));
+    on_all(&ranks, |r| {
+        let specs: Vec<_> = (0..3)
+            .map(|s| random::random_spec(100 + s, 3, 25, None))
+            .collect();
+        let built: Vec<_> = specs.iter().map(|s| random::build(s, r).unwrap()).collect();
+        // Six runs of each graph submitted before any is waited on: 4 slots each, so some
+        // submissions wait for a slot, and runs of three graphs interleave.
+        let mut handles = Vec::new();
+        for _ in 0..2 {
+            for (i, (g, _)) in built.iter().enumerate() {
+                for _ in 0..3 {
+                    handles.push((i, r.submit(g).unwrap()));
+                }
+            }
+        }
+        for (i, h) in handles {
+            let out = h.wait().unwrap();
+            let reference = random::reference(&specs[i]);
+            random::check(&specs[i], &reference, &out, &built[i].1, r.rank()).unwrap();
+        }
+    });
+}
+
+#[test]
+fn runs_in_flight_are_bounded_by_slots_and_tags() {
+    // One slot: runs of the graph are serialized on each rank; results stay right.
+    let (_net, ranks) = world(2, RanksBuilder::new().workers(2));
+    on_all(&ranks, |r| {
+        let mut g = RankGraphBuilder::new("one slot");
+        g.runs_in_flight(1);
+        let a = g.plain_node(0, "a", |ctx| Ok(ctx.run_seq()));
+        let b = g.plain_node(1, "b", move |ctx| Ok(ctx.input(a)? * 10));
+        g.edge(a, b);
+        let graph = g.build(r).unwrap();
+        let hs: Vec<_> = (0..5).map(|_| r.submit(&graph).unwrap()).collect();
+        for (i, h) in hs.into_iter().enumerate() {
+            let out = h.wait().unwrap();
+            if r.rank() == 1 {
+                assert_eq!(out.get(b), Some(&(i as u64 * 10)));
+                // The received value is readable here too.
+                assert_eq!(out.get(a), Some(&(i as u64)));
+            }
+        }
+    });
+}
+
+#[test]
+fn a_node_failure_is_every_ranks_error() {
+    let (_net, ranks) = world(3, RanksBuilder::new().workers(2));
+    let ran_after = Arc::new(AtomicUsize::new(0));
+    let errors = on_all(&ranks, |r| {
+        let ran_after = ran_after.clone();
+        let mut g = RankGraphBuilder::new("fails");
+        let a = g.plain_node(0, "a", |_| Ok(1u64));
+        let bad = g.plain_node(1, "bad", move |ctx| {
+            let _ = ctx.input(a)?;
+            Err::<u64, _>("no good".into())
+        });
+        let after = g.plain_node(2, "after", move |ctx| {
+            ran_after.fetch_add(1, Ordering::SeqCst);
+            Ok(*ctx.input(bad)?)
+        });
+        // A node on rank 2 that does not depend on the failure: its rank still fails.
+        let free = g.plain_node(2, "independent", |_| Ok(5u64));
+        g.edge(a, bad).edge(bad, after);
+        let _ = free;
+        let graph = g.build(r).unwrap();
+        let e = r.run(&graph).unwrap_err();
+        // The graph works again afterwards? It fails the same way: run it once more.
+        let again = r.run(&graph).unwrap_err();
+        assert_eq!(again.to_string(), e.to_string());
+        e
+    });
+    for e in &errors {
+        assert_eq!(e.kind(), ErrorKind::NodeFailed, "{e}");
+        assert_eq!(e.rank(), Some(1));
+        assert_eq!(e.node(), Some("bad"));
+        assert_eq!(
+            e.to_string(),
+            "rank 1: node 'bad' (#1) of graph 'fails' failed: no good"
+        );
+    }
+    assert_eq!(ran_after.load(Ordering::SeqCst), 0, "a dependent ran");
+}
+
+#[test]
+fn a_panic_names_its_rank_and_node_and_the_lowest_rank_wins() {
+    let (_net, ranks) = world(2, RanksBuilder::new().workers(1));
+    let errors = on_all(&ranks, |r| {
+        let mut g = RankGraphBuilder::<()>::new("panics");
+        g.plain_node(1, "p1", |_| -> Result<u64, _> { panic!("one") });
+        g.plain_node(0, "p0", |_| -> Result<u64, _> { panic!("zero") });
+        let graph = g.build(r).unwrap();
+        r.run(&graph).unwrap_err()
+    });
+    for e in &errors {
+        assert_eq!(e.kind(), ErrorKind::NodePanicked, "{e}");
+        assert_eq!((e.rank(), e.node()), (Some(0), Some("p0")), "{e}");
+        assert!(e.to_string().contains("panicked: zero"), "{e}");
+    }
+}
+
+#[test]
+fn a_graph_that_differs_between_ranks_is_an_error_naming_the_node() {
+    let (_net, ranks) = world(3, RanksBuilder::new().workers(1));
+    let errors = on_all(&ranks, |r| {
+        let mut g = RankGraphBuilder::new("differs");
+        let a = g.plain_node(0, "a", |_| Ok(1u64));
+        // Rank 2 names node #1 differently.
+        let name = if r.rank() == 2 { "c" } else { "b" };
+        let b = g.plain_node(1, name, move |ctx| Ok(*ctx.input(a)?));
+        let c = g.plain_node(2, "tail", move |ctx| Ok(*ctx.input(b)?));
+        g.edge(a, b).edge(b, c);
+        let graph = g.build(r).unwrap();
+        r.run(&graph).unwrap_err()
+    });
+    for (rank, e) in errors.iter().enumerate() {
+        assert_eq!(e.kind(), ErrorKind::GraphMismatch, "{e}");
+        assert_eq!(e.rank(), Some(2));
+        assert!(
+            e.to_string()
+                .contains("graph 'differs' differs between ranks: node #1 is 'b' on rank 0 but differs on rank 2"),
+            "{e}"
+        );
+        assert_eq!(rank == 2, e.to_string().contains("(here: 'c')"), "{e}");
+    }
+}
+
+#[test]
+fn data_that_arrives_before_its_verdict_waits_in_order() {
+    // Rank 0's verdict to rank 2 is held back: rank 1 has its verdict and sends its data (and
+    // its statuses) to rank 2 first. Rank 2 keeps them, in rank 1's order, until the verdict.
+    let (net, ranks) = world(3, RanksBuilder::new().workers(1));
+    net.hold(0, 2);
+    let results = on_all(&ranks, |r| {
+        let mut g = RankGraphBuilder::new("early data");
+        g.runs_in_flight(2);
+        let a = g.plain_node(1, "a", |ctx| Ok(vec![ctx.run_seq(); 3]));
+        let s = g.serde_node(1, "s", |ctx| Ok(format!("run {}", ctx.run_seq())));
+        let b = g.plain_node(2, "b", move |ctx| {
+            Ok(ctx.input(a)?[0] * 100 + ctx.input(s)?.len() as u64)
+        });
+        g.edge(a, b).edge(s, b);
+        let graph = g.build(r).unwrap();
+        let hs: Vec<_> = (0..5).map(|_| r.submit(&graph).unwrap()).collect();
+        if r.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+            net.release(0, 2);
+        }
+        hs.into_iter()
+            .map(|h| h.wait().unwrap().get(b).copied())
+            .collect::<Vec<_>>()
+    });
+    let want: Vec<Option<u64>> = (0..5).map(|i| Some(i * 100 + 5)).collect();
+    assert_eq!(results[2], want);
+}
+
+#[test]
+fn a_graph_without_transfers_that_differs_is_found_even_when_its_runs_end_first() {
+    // Each rank's nodes are its own: the runs end at once everywhere, and rank 0's verdict to
+    // rank 1 is held back until they have; rank 1 must still report the mismatch.
+    let (net, ranks) = world(2, RanksBuilder::new().workers(1));
+    net.hold(0, 1);
+    let errors = on_all(&ranks, |r| {
+        let mut g = RankGraphBuilder::<()>::new("no transfers");
+        g.plain_node(0, "x", |_| Ok(1u64));
+        g.plain_node(1, if r.rank() == 1 { "z" } else { "y" }, |_| Ok(2u64));
+        let graph = g.build(r).unwrap();
+        let h = r.submit(&graph).unwrap();
+        if r.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+            net.release(0, 1);
+        }
+        h.wait().unwrap_err()
+    });
+    for e in &errors {
+        assert_eq!(e.kind(), ErrorKind::GraphMismatch, "{e}");
+        assert!(e.to_string().contains("node #1 is 'y' on rank 0"), "{e}");
+    }
+}
+
+#[test]
+fn a_value_that_cannot_cross_is_an_error_at_build_naming_the_edge() {
+    let (_net, ranks) = world(2, RanksBuilder::new().workers(1));
+    let mut g = RankGraphBuilder::new("local only");
+    let a = g.node(0, "a", |_| Ok(std::rc::Rc::new(1u8).to_string()));
+    let b = g.plain_node(1, "b", move |ctx| Ok(ctx.input(a)?.len() as u64));
+    g.edge(a, b);
+    let e = g.build(&ranks[0]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::CannotCross);
+    assert!(
+        e.to_string()
+            .contains("edge 'a' (#0) (rank 0) -> 'b' (#1) (rank 1) crosses ranks"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("alloc::string::String"), "{e}");
+}
+
+#[test]
+fn a_killed_rank_ends_every_other_ranks_run_in_time() {
+    let settings = RanksBuilder::new()
+        .workers(1)
+        .peer_timeout(Duration::from_millis(800))
+        .heartbeat(Duration::from_millis(100));
+    let (net, ranks) = world(3, settings);
+    let start = Instant::now();
+    let results: Vec<Result<(), Error>> = on_all(&ranks, |r| {
+        let mut g = RankGraphBuilder::new("waits on rank 2");
+        let slow = g.plain_node(2, "slow", |_| {
+            std::thread::sleep(Duration::from_secs(30));
+            Ok(1u64)
+        });
+        let b = g.plain_node(0, "b", move |ctx| Ok(*ctx.input(slow)?));
+        let c = g.plain_node(1, "c", move |ctx| Ok(*ctx.input(b)?));
+        g.edge(slow, b).edge(b, c);
+        let graph = g.build(r).unwrap();
+        let h = r.submit(&graph).unwrap();
+        if r.rank() == 2 {
+            // Rank 2 is cut off as if killed; its own run is abandoned.
+            std::thread::sleep(Duration::from_millis(200));
+            net.sever(2);
+            return Ok(());
+        }
+        h.wait().map(|_| ())
+    });
+    let took = start.elapsed();
+    for (rank, res) in results.iter().enumerate().take(2) {
+        let e = res.as_ref().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PeerDied, "rank {rank}: {e}");
+        assert_eq!(e.rank(), Some(2), "{e}");
+        assert!(e.to_string().starts_with("rank 2 died: silent for"), "{e}");
+    }
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(ranks[0].is_poisoned() && ranks[1].is_poisoned());
+    // Dropping the runtimes does not wait for the abandoned runs.
+    let t = Instant::now();
+    drop(ranks);
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "drop took {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn a_rank_that_leaves_after_its_part_fails_nothing() {
+    // Rank 1's run resolves and it shuts down while rank 2's status to rank 0 is held back:
+    // rank 0's run needs nothing more of rank 1 and must succeed once rank 2's status comes.
+    // (A first run gets the graph past its check, whose registration the hold would stop.)
+    let (net, ranks) = world(3, RanksBuilder::new().workers(1));
+    let barrier = std::sync::Barrier::new(3);
+    let results: Vec<Result<Option<u64>, Error>> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|r| {
+                let (net, barrier) = (net.clone(), &barrier);
+                s.spawn(move || {
+                    let mut g = RankGraphBuilder::new("one leaves");
+                    let a = g.plain_node(1, "a", |_| Ok(3u64));
+                    let b = g.plain_node(0, "b", move |ctx| Ok(*ctx.input(a)? + 1));
+                    g.plain_node(2, "c", |_| Ok(0u64));
+                    g.edge(a, b);
+                    let graph = g.build(&r).unwrap();
+                    r.run(&graph).unwrap();
+                    barrier.wait();
+                    if r.rank() == 0 {
+                        net.hold(2, 0);
+                    }
+                    barrier.wait();
+                    let out = r.run(&graph).map(|o| o.get(b).copied());
+                    if r.rank() == 1 {
+                        drop(r);
+                        std::thread::sleep(Duration::from_millis(50));
+                        net.release(2, 0);
+                    }
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(results[0].as_ref().unwrap(), &Some(4));
+    assert!(results[1].is_ok() && results[2].is_ok(), "{results:?}");
+}
+
+#[test]
+fn a_rank_that_leaves_early_fails_runs_that_need_it() {
+    let (_net, mut ranks) = world(2, RanksBuilder::new().workers(1));
+    let r1 = ranks.pop().unwrap();
+    drop(r1);
+    let r0 = &ranks[0];
+    let mut g = RankGraphBuilder::new("needs rank 1");
+    let a = g.plain_node(1, "a", |_| Ok(1u64));
+    let b = g.plain_node(0, "b", move |ctx| Ok(*ctx.input(a)?));
+    g.edge(a, b);
+    let graph = g.build(r0).unwrap();
+    let e = r0.run(&graph).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::PeerLeft, "{e}");
+    assert_eq!(e.rank(), Some(1));
+}
+
+#[cfg(target_os = "linux")]
+fn os_threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_rank_has_its_workers_and_one_communication_thread() {
+    let net = LocalNetwork::new(1);
+    let before = os_threads();
+    let r = RanksBuilder::new()
+        .workers(3)
+        .cores(Cores::Unpinned)
+        .build_local(&net, 0)
+        .unwrap();
+    assert_eq!(os_threads() - before, 3 + 1);
+    // Runs (a world of one: no transfers) make no thread.
+    let spec = random::random_spec(5, 1, 30, None);
+    let (graph, _) = random::build(&spec, &r).unwrap();
+    for _ in 0..3 {
+        r.run(&graph).unwrap();
+    }
+    assert_eq!(os_threads() - before, 3 + 1);
+    drop(r);
+    assert_eq!(os_threads(), before);
+}

@@ -1,0 +1,138 @@
+//! Property tests of the pure layer: lowering respects every edge, sends each value once per
+//! consuming rank, numbers each pair's transfers densely, and the ranks' plans together run to
+//! the end (no deadlock), for random graphs.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use boundpool_ranks::plan::{lower, GraphDesc, LocalNode, Wire};
+use boundpool_ranks::ErrorKind;
+use proptest::prelude::*;
+
+/// A random DAG description: node i reads some nodes before it.
+fn graphs() -> impl Strategy<Value = (GraphDesc, usize)> {
+    (1usize..7, 1usize..60).prop_flat_map(|(ranks, n)| {
+        let nodes = proptest::collection::vec((0..ranks, 0u8..10), n);
+        let edges = proptest::collection::vec((0..n, 0..n), 0..n * 3);
+        // One graph in five keeps nodes whose output cannot cross (most then fail to lower).
+        (Just(ranks), nodes, edges, 0u8..5).prop_map(|(ranks, nodes, edges, keep_local)| {
+            let mut g = GraphDesc::new("random");
+            for (i, (rank, w)) in nodes.iter().enumerate() {
+                let wire = match w {
+                    0 if keep_local == 0 => Wire::Local,
+                    1..=3 => Wire::Serde,
+                    _ => Wire::Plain,
+                };
+                g.node(format!("n{i}"), *rank, wire);
+            }
+            for (a, b) in edges {
+                if a < b {
+                    g.edge(a as u32, b as u32);
+                }
+            }
+            (g, ranks)
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn lowering_respects_every_edge_and_sends_once_per_rank((g, ranks) in graphs()) {
+        let crossing_local = g.edges.iter().any(|&(a, b)| {
+            let (na, nb) = (&g.nodes[a as usize], &g.nodes[b as usize]);
+            na.on != nb.on && na.wire == Wire::Local
+        });
+        let l = match lower(&g, ranks) {
+            Ok(l) => l,
+            Err(e) => {
+                // The only error for these graphs: a local output crossing, named.
+                prop_assert!(crossing_local, "unexpected error {e}");
+                prop_assert_eq!(e.kind(), ErrorKind::CannotCross);
+                return Ok(());
+            }
+        };
+        prop_assert!(!crossing_local, "a local output crossed without an error");
+        prop_assert_eq!(&l, &lower(&g, ranks).unwrap(), "not deterministic");
+
+        // Every node on exactly one rank, the one it names.
+        let mut seen = vec![0; g.nodes.len()];
+        for p in &l.plans {
+            for &i in &p.compute {
+                seen[i as usize] += 1;
+                prop_assert_eq!(l.rank_of[i as usize], p.rank);
+            }
+        }
+        prop_assert!(seen.iter().all(|&s| s == 1));
+
+        // Each value once per consuming rank; dense indices per ordered pair.
+        let mut by_pair: HashMap<(usize, usize), Vec<u32>> = HashMap::new();
+        let mut per_producer: HashMap<u32, BTreeSet<usize>> = HashMap::new();
+        for t in &l.transfers {
+            prop_assert_eq!(t.from, l.rank_of[t.producer as usize]);
+            prop_assert!(t.from != t.to);
+            prop_assert!(per_producer.entry(t.producer).or_default().insert(t.to), "sent twice to a rank");
+            by_pair.entry((t.from, t.to)).or_default().push(t.index);
+        }
+        let mut max = 0;
+        for (_, mut idx) in by_pair {
+            idx.sort_unstable();
+            prop_assert_eq!(idx.clone(), (0..idx.len() as u32).collect::<Vec<_>>());
+            max = max.max(idx.len() as u32);
+        }
+        prop_assert_eq!(l.tags_per_run, max);
+
+        // Every edge: local, or a send on the producer's rank and a receive on the consumer's.
+        let edge_sets: Vec<HashSet<(LocalNode, LocalNode)>> =
+            l.plans.iter().map(|p| p.edges.iter().copied().collect()).collect();
+        for &(a, b) in &g.edges {
+            let (ra, rb) = (l.rank_of[a as usize], l.rank_of[b as usize]);
+            if ra == rb {
+                prop_assert!(edge_sets[ra].contains(&(LocalNode::Compute(a), LocalNode::Compute(b))));
+            } else {
+                let t = l.transfers.iter().position(|t| t.producer == a && t.to == rb);
+                prop_assert!(t.is_some(), "edge {a}->{b} has no transfer");
+                let t = t.unwrap() as u32;
+                prop_assert!(l.transfers[t as usize].consumers.contains(&b));
+                prop_assert!(edge_sets[ra].contains(&(LocalNode::Compute(a), LocalNode::Send(t))));
+                prop_assert!(edge_sets[rb].contains(&(LocalNode::Recv(t), LocalNode::Compute(b))));
+                prop_assert!(l.plans[ra].sends.contains(&t) && l.plans[rb].recvs.contains(&t));
+            }
+        }
+        // And no edge the graph does not imply.
+        let distinct: HashSet<(u32, u32)> = g.edges.iter().copied().collect();
+        let implied = distinct.len() + l.transfers.len();
+        prop_assert_eq!(l.plans.iter().map(|p| p.edges.len()).sum::<usize>(), implied);
+
+        // The plans run to the end together: a receive runs once its send ran.
+        let mut done: HashSet<(usize, LocalNode)> = HashSet::new();
+        let total: usize = l.plans.iter().map(|p| p.compute.len() + p.sends.len() + p.recvs.len()).sum();
+        let preds: Vec<HashMap<LocalNode, Vec<LocalNode>>> = l.plans.iter().map(|p| {
+            let mut m: HashMap<LocalNode, Vec<LocalNode>> = HashMap::new();
+            for &(a, b) in &p.edges { m.entry(b).or_default().push(a); }
+            m
+        }).collect();
+        loop {
+            let mut progressed = false;
+            for p in &l.plans {
+                let all = p.compute.iter().map(|&i| LocalNode::Compute(i))
+                    .chain(p.sends.iter().map(|&t| LocalNode::Send(t)))
+                    .chain(p.recvs.iter().map(|&t| LocalNode::Recv(t)));
+                for node in all.collect::<Vec<_>>() {
+                    if done.contains(&(p.rank, node)) { continue; }
+                    let local_ready = preds[p.rank].get(&node).is_none_or(|ps| ps.iter().all(|q| done.contains(&(p.rank, *q))));
+                    let remote_ready = match node {
+                        LocalNode::Recv(t) => done.contains(&(l.transfers[t as usize].from, LocalNode::Send(t))),
+                        _ => true,
+                    };
+                    if local_ready && remote_ready {
+                        done.insert((p.rank, node));
+                        progressed = true;
+                    }
+                }
+            }
+            if !progressed { break; }
+        }
+        prop_assert_eq!(done.len(), total, "the plans deadlock");
+    }
+}
