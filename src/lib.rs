@@ -25,10 +25,10 @@
 
 pub use boundpool_gpu as gpu;
 pub use boundpool_scheduler::{
-    backend, default_workers, BoxError, Cores, DomainId, Error, ErrorKind, Graph, GraphBuilder,
-    GraphHandle, GraphOutput, GroupId, GroupSpec, Inputs, NodeCtx, NodeId, NodeRef, Placement,
-    Pool, PoolBuilder, PoolStats, Priority, ShutdownMode, SliceKind, Subgraph, SubmitFuture, Trace,
-    TraceSlice, TraceTrack, WorkerInfo, WorkerStats, METRICS,
+    backend, default_workers, estimate_graph_bytes, BoxError, Cores, DomainId, Error, ErrorKind,
+    Graph, GraphBuilder, GraphHandle, GraphOutput, GroupId, GroupSpec, Inputs, NodeCtx, NodeId,
+    NodeRef, Placement, Pool, PoolBuilder, PoolStats, Priority, ShutdownMode, SliceKind, Subgraph,
+    SubmitFuture, Trace, TraceSlice, TraceTrack, WorkerInfo, WorkerStats, METRICS,
 };
 
 pub mod bounded;

@@ -91,7 +91,7 @@ mod loom_models;
 pub use crate::config::{Cores, GroupSpec, ShutdownMode, WorkerInfo};
 pub use crate::ctx::{Inputs, NodeCtx};
 pub use crate::error::{BoxError, Error, ErrorKind};
-pub use crate::graph::{Graph, GraphBuilder, Subgraph};
+pub use crate::graph::{estimate_graph_bytes, Graph, GraphBuilder, Subgraph};
 pub use crate::handle::{GraphHandle, SubmitFuture};
 pub use crate::ids::{DomainId, GroupId, NodeId, NodeRef, Placement, Priority};
 pub use crate::metrics::{PoolStats, WorkerStats, METRICS};

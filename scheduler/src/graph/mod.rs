@@ -1,7 +1,8 @@
 //! Graphs: `GraphBuilder` collects nodes and edges (`builder.rs`), `build` checks them
 //! (`validate.rs`) and freezes them into a `Plan` of node records that any number of runs share
 //! (`plan.rs`), with the plan's wide joins and cached counter sets (`joins.rs`); `Graph` is the
-//! validated graph's public face, and `dot.rs` draws it.
+//! validated graph's public face, `dot.rs` draws it, and `memory.rs` estimates what its records
+//! cost.
 
 use std::any::Any;
 use std::fmt;
@@ -12,11 +13,13 @@ use crate::ids::{NodeId, Placement, Priority};
 mod builder;
 mod dot;
 mod joins;
+mod memory;
 mod plan;
 mod validate;
 
 pub use self::builder::{GraphBuilder, Subgraph};
 pub(crate) use self::joins::{leaf_of, Counters, WideJoins, WIDE_JOIN};
+pub use self::memory::estimate_graph_bytes;
 pub(crate) use self::plan::{InlinedBody, NodeSpec, Plan, CLASS_ONE, CLASS_RECORD};
 
 /// A node's output, type-erased.
