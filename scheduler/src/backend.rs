@@ -44,7 +44,7 @@ use std::time::Instant;
 use crate::config::WorkerInfo;
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::BoxError;
-use crate::ids::{DomainId, GroupId, NodeId};
+use crate::ids::{DomainId, GroupId, NodeId, Priority};
 use crate::pool::{Pool, PoolBuilder};
 use crate::sleep::Sleep;
 
@@ -75,9 +75,9 @@ pub trait NodeCtxExt<S>: sealed::Sealed {
     fn complete_when(&self, poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static);
 
     /// The priority of node `id` of the running graph (its own, or its graph's;
-    /// [`Priority::Normal`](crate::Priority::Normal) for a node of another graph): the GPU
+    /// [`Priority::Normal`] for a node of another graph): the GPU
     /// backend hands its stream over only to a successor of its own level.
-    fn priority_of(&self, id: NodeId) -> crate::Priority;
+    fn priority_of(&self, id: NodeId) -> Priority;
 }
 
 impl<S: Send + 'static> NodeCtxExt<S> for NodeCtx<'_, S> {
@@ -96,11 +96,11 @@ impl<S: Send + 'static> NodeCtxExt<S> for NodeCtx<'_, S> {
 
     #[inline]
     fn complete_when(&self, poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static) {
-        self.worker.set_deferred(Box::new(poll));
+        self.host.set_deferred(Box::new(poll));
     }
 
     #[inline]
-    fn priority_of(&self, id: NodeId) -> crate::Priority {
+    fn priority_of(&self, id: NodeId) -> Priority {
         self.inputs.run.priority_of(id)
     }
 }

@@ -1,18 +1,25 @@
-//! What a node body sees: its inputs, its worker, and a way to submit nested graphs.
+//! What a node body sees: its inputs ([`Inputs`]) and, on a worker, its worker's state and
+//! identity and a way to submit nested graphs ([`NodeCtx`]).
+//!
+//! The run and the worker show themselves to a body only through the two narrow interfaces
+//! defined here: [`RunAccess`] (the run's output slots and graph, implemented by `run::Run`) and
+//! [`NodeHost`] (the part of a worker that its bodies use, owned by the worker, with the pool
+//! behind [`Submit`]). So the graph side, whose bodies' signatures name `NodeCtx`, knows
+//! nothing of the run, the registry or the worker. A body's context submits graphs whose
+//! bodies take a context: `Submit` names [`Graph`], the one arrow back to the graph side.
 
 use std::any::{Any, TypeId};
+use std::cell::Cell;
 use std::fmt;
+use std::sync::Arc;
 use std::task::Poll;
 
 use crate::config::WorkerInfo;
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::graph::AnyValue;
+use crate::graph::Graph;
 use crate::handle::GraphHandle;
-use crate::ids::{NodeId, NodeRef, Placement};
-use crate::registry::Registry;
-use crate::run::{Run, Slots};
-use crate::worker::WorkerThread;
-use crate::Graph;
+use crate::ids::{NodeId, NodeRef, Placement, Priority};
+use crate::output::{AnyValue, Slots};
 
 /// A deferred completion registered with [`NodeCtxExt::complete_when`](crate::backend::NodeCtxExt::complete_when).
 pub(crate) type DeferFn<S> = Box<dyn FnMut(&S) -> Poll<Result<(), BoxError>> + Send>;
@@ -26,58 +33,21 @@ pub struct Inputs<'a> {
 }
 
 /// What `Inputs` needs of a run, without its state type (so `Inputs` stays two words wide and
-/// CPU-lane bodies need no type parameter).
+/// CPU-lane bodies need no type parameter). Implemented by `run::Run`.
 pub(crate) trait RunAccess: Sync {
     fn slots(&self) -> &Slots;
     fn successors(&self, node: u32) -> &[u32];
     fn predecessors(&self, node: u32) -> &[u32];
     fn node_name(&self, node: u32) -> &str;
     fn graph_uid(&self) -> u32;
-    fn priority(&self, node: u32) -> crate::Priority;
+    fn priority(&self, node: u32) -> Priority;
     fn graph_name(&self) -> &str;
     /// (origin graph, base offset) of a node's body: how its captured `NodeRef`s map here.
     fn origin_base(&self, node: u32) -> (u32, u32);
     /// Where node `id` of this run's graph is placed (`Any` for a node of another graph).
     fn placement_of(&self, id: NodeId) -> Placement;
     /// The priority of node `id` of this run's graph (`Normal` for a node of another graph).
-    fn priority_of(&self, id: NodeId) -> crate::Priority;
-}
-
-impl<S: Send + 'static> RunAccess for Run<S> {
-    fn slots(&self) -> &Slots {
-        &self.slots
-    }
-    fn successors(&self, node: u32) -> &[u32] {
-        self.plan.successors(node)
-    }
-    fn predecessors(&self, node: u32) -> &[u32] {
-        self.plan.predecessors(node)
-    }
-    fn node_name(&self, node: u32) -> &str {
-        &self.plan.names[node as usize]
-    }
-    fn graph_uid(&self) -> u32 {
-        self.plan.uid
-    }
-    fn priority(&self, node: u32) -> crate::Priority {
-        self.plan.nodes[node as usize].priority()
-    }
-    fn graph_name(&self) -> &str {
-        &self.plan.name
-    }
-    fn origin_base(&self, node: u32) -> (u32, u32) {
-        self.plan.nodes[node as usize].origin_base(self.plan.uid)
-    }
-    fn placement_of(&self, id: NodeId) -> Placement {
-        self.plan
-            .check(id)
-            .map_or(Placement::Any, |i| self.plan.nodes[i as usize].placement())
-    }
-    fn priority_of(&self, id: NodeId) -> crate::Priority {
-        self.plan.check(id).map_or(crate::Priority::Normal, |i| {
-            self.plan.nodes[i as usize].priority()
-        })
-    }
+    fn priority_of(&self, id: NodeId) -> Priority;
 }
 
 impl fmt::Debug for Inputs<'_> {
@@ -91,7 +61,7 @@ impl fmt::Debug for Inputs<'_> {
 
 impl<'a> Inputs<'a> {
     #[inline]
-    pub(crate) fn of<S: Send + 'static>(run: &'a Run<S>, node: u32) -> Self {
+    pub(crate) fn of(run: &'a dyn RunAccess, node: u32) -> Self {
         Inputs { run, node }
     }
 
@@ -161,7 +131,7 @@ impl<'a> Inputs<'a> {
 
     /// This node's priority (its own, or its graph's): the GPU backend enqueues a node on the
     /// worker's stream of this level.
-    pub fn priority(&self) -> crate::Priority {
+    pub fn priority(&self) -> Priority {
         self.run.priority(self.node)
     }
 
@@ -197,11 +167,51 @@ impl<'a> Inputs<'a> {
     }
 }
 
+/// The part of a worker that the bodies it runs see: the state its start hook returned, its
+/// identity, the pool (for nested submissions), and the slot where a body leaves its deferred
+/// completion. Owned by the worker thread; a [`NodeCtx`] borrows it.
+pub(crate) struct NodeHost<S> {
+    pub(crate) state: S,
+    pub(crate) info: WorkerInfo,
+    /// The pool this worker belongs to.
+    pub(crate) pool: Arc<dyn Submit<S>>,
+    /// What the running body passed to `complete_when`, taken by the worker after the body.
+    pub(crate) defer_slot: Cell<Option<DeferFn<S>>>,
+    /// A body running here deferred its completion (`defer_slot`) or waited for a nested graph
+    /// and ran other nodes meanwhile: the worker's chain loop looks at either only when this is
+    /// set (one flag to test per node, not two).
+    pub(crate) attention: Cell<bool>,
+}
+
+impl<S> NodeHost<S> {
+    pub(crate) fn new(state: S, info: WorkerInfo, pool: Arc<dyn Submit<S>>) -> Self {
+        NodeHost {
+            state,
+            info,
+            pool,
+            defer_slot: Cell::new(None),
+            attention: Cell::new(false),
+        }
+    }
+
+    /// Called by `NodeCtx::complete_when` from the running body.
+    #[inline]
+    pub(crate) fn set_deferred(&self, poll: DeferFn<S>) {
+        self.defer_slot.set(Some(poll));
+        self.attention.set(true);
+    }
+}
+
+/// How a body submits a nested graph to the pool that runs it (the pool's registry).
+pub(crate) trait Submit<S>: Send + Sync {
+    fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error>;
+}
+
 /// The context a worker node's body gets: its inputs (through `Deref` to [`Inputs`]), the
 /// worker's state and identity, and nested submission.
 pub struct NodeCtx<'a, S> {
     pub(crate) inputs: Inputs<'a>,
-    pub(crate) worker: &'a WorkerThread<S>,
+    pub(crate) host: &'a NodeHost<S>,
 }
 
 impl<S: Send + 'static> fmt::Debug for NodeCtx<'_, S> {
@@ -209,7 +219,7 @@ impl<S: Send + 'static> fmt::Debug for NodeCtx<'_, S> {
         f.debug_struct("NodeCtx")
             .field("graph", &self.inputs.graph_name())
             .field("node", &self.inputs.node_name())
-            .field("worker", &self.worker.index)
+            .field("worker", &self.host.info.index)
             .finish()
     }
 }
@@ -225,12 +235,12 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// The state this worker's start hook returned (for the GPU backend: its bound context
     /// and streams).
     pub fn worker_state(&self) -> &'a S {
-        &self.worker.state
+        &self.host.state
     }
 
     /// Which worker runs this node.
     pub fn worker_info(&self) -> &'a WorkerInfo {
-        &self.worker.registry.infos[self.worker.index]
+        &self.host.info
     }
 
     /// Where node `id` of the running graph is placed ([`Placement::Any`] also for a node of
@@ -242,6 +252,6 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// Submits `graph` to the pool running this node. Waiting on the handle from inside a node
     /// runs other nodes meanwhile, so nesting cannot deadlock the pool.
     pub fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
-        Registry::submit(&self.worker.registry, graph)
+        self.host.pool.submit(graph)
     }
 }

@@ -41,7 +41,8 @@ use loom::thread;
 
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, GraphBuilder};
-use crate::run::{Completion, Credit, Run, RunRef, CREDIT_CHUNK, CREDIT_MAX};
+use crate::latch::Completion;
+use crate::run::{Credit, Run, RunRef, CREDIT_CHUNK, CREDIT_MAX};
 use crate::sleep::Sleep;
 
 /// a -> {b, c} -> d; node indices 0, 1, 2, 3.

@@ -295,7 +295,7 @@ impl<S: Send + 'static> GraphBuilder<S> {
         let offset = u32::try_from(self.nodes.len()).expect("a graph holds at most 2^32 - 2 nodes");
         for (i, spec) in plan.nodes.iter().enumerate() {
             let (origin, base) = spec.origin_base(plan.uid);
-            let (body_plan, body_index) = match spec.body.inlined() {
+            let (body_plan, body_index) = match spec.inlined() {
                 Some(b) => (b.plan.clone(), b.index),
                 None => (plan.clone(), i as u32),
             };

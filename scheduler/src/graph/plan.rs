@@ -31,10 +31,6 @@ impl<S: Send + 'static> NodeBody<S> for InlinedBody<S> {
     fn run_inputs(&self, inputs: &Inputs<'_>) -> Result<(), BoxError> {
         self.plan.nodes[self.index as usize].body.run_inputs(inputs)
     }
-
-    fn inlined(&self) -> Option<&InlinedBody<S>> {
-        Some(self)
-    }
 }
 
 /// The highest group and the highest domain nodes are placed on (with a node placed there),
@@ -174,17 +170,23 @@ impl<S> NodeSpec<S> {
     pub(super) fn set_placement_bits(&mut self, p: u32) {
         self.meta = (self.meta & !PLACEMENT_MASK) | p;
     }
+}
+
+impl<S: Send + 'static> NodeSpec<S> {
+    /// The node's body as an inlined subgraph's node, if it is one.
+    #[inline]
+    pub(crate) fn inlined(&self) -> Option<&InlinedBody<S>> {
+        if self.meta & FLAG_INLINED == 0 {
+            return None;
+        }
+        self.body.downcast_ref::<InlinedBody<S>>()
+    }
 
     /// (origin, base): the graph whose builder created the body, and where that graph's node 0
     /// sits in the graph `uid` this node belongs to.
     #[inline]
     pub(crate) fn origin_base(&self, uid: u32) -> (u32, u32) {
-        if self.meta & FLAG_INLINED != 0 {
-            if let Some(b) = self.body.inlined() {
-                return (b.origin, b.base);
-            }
-        }
-        (uid, 0)
+        self.inlined().map_or((uid, 0), |b| (b.origin, b.base))
     }
 }
 

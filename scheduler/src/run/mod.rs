@@ -2,12 +2,11 @@
 //!
 //! * `mod.rs` (here): the [`Run`] (its counters, slots, failure state, result) and [`RunRef`],
 //!   the pointer workers hold it by, with the in-flight count's protocol;
+//! * `access.rs`: the run as its bodies see it (`ctx`'s `RunAccess`);
 //! * `task.rs`: [`Task`], a queued node or span of a run (the job);
 //! * `credit.rs`: a worker's spare in-flight units of one run ([`Credit`]);
 //! * `release.rs`: a completed node's release of its successors (the dependency counters);
 //! * `wide.rs`: arrivals at wide joins, and a worker's batching of them ([`LeafBatcher`]);
-//! * `output.rs`: the output slots and the public [`GraphOutput`];
-//! * `latch.rs`: [`Completion`], the hand-off of the result to the waiter.
 //!
 //! The scheduler's raw-pointer code starts here (the crate docs, `lib.rs`, keep the one list of
 //! the files with `unsafe`: `ctx.rs` and `backend.rs` read and write the output slots this
@@ -25,9 +24,8 @@
 //! valid for its whole call (Stacked/Tree Borrows protectors), used again or not. A `&Run` made
 //! by dereferencing a `RunRef` inside a body is not an argument and carries no such promise.
 
+mod access;
 mod credit;
-mod latch;
-mod output;
 mod release;
 mod task;
 mod wide;
@@ -41,14 +39,13 @@ use crossbeam_utils::CachePadded;
 pub(crate) use self::credit::Credit;
 #[cfg(all(test, loom))]
 pub(crate) use self::credit::{CREDIT_CHUNK, CREDIT_MAX};
-pub(crate) use self::latch::Completion;
-pub use self::output::GraphOutput;
-pub(crate) use self::output::Slots;
 pub(crate) use self::task::{span_chunk, Task, SPAN_GRAIN, SPAN_MIN};
 pub(crate) use self::wide::LeafBatcher;
 use self::wide::LEAF_STRIDE;
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Counters, Plan, WideJoins};
+use crate::latch::Completion;
+use crate::output::{GraphOutput, Slots};
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicUsize, Mutex, Ordering};
 
 pub(crate) struct Run<S> {

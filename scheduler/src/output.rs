@@ -1,13 +1,16 @@
 //! A run's outputs: each node's slot while the run goes on (written once by the node's worker,
 //! read by its successors and by the finisher), and the [`GraphOutput`] the submitter gets.
+//! It knows no `Run`: a run owns its [`Slots`], and a body reaches them through its context.
 
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::graph::AnyValue;
 use crate::ids::{is_unit, NodeId, NodeRef};
 use crate::sync::{AtomicPtr, Ordering};
+
+/// A node's output, type-erased.
+pub(crate) type AnyValue = Box<dyn std::any::Any + Send + Sync>;
 
 /// What a finished node leaves for its successors and the submitter.
 pub(crate) struct NodeOutput {
@@ -74,7 +77,7 @@ impl Slot {
 
     /// # Safety
     /// The caller must have exclusive access to the run (its in-flight count reached zero).
-    pub(super) unsafe fn take(&self) -> Option<NodeOutput> {
+    pub(crate) unsafe fn take(&self) -> Option<NodeOutput> {
         // SAFETY: exclusive access per the caller's contract.
         unsafe { (*self.0.get()).take().map(|b| *b) }
     }
@@ -88,7 +91,7 @@ pub(crate) struct Slots {
 }
 
 impl Slots {
-    pub(super) fn new(len: usize) -> Self {
+    pub(crate) fn new(len: usize) -> Self {
         Slots {
             ptr: AtomicPtr::new(std::ptr::null_mut()),
             len,
@@ -163,10 +166,10 @@ impl Drop for Slots {
 
 /// Node outputs of a finished graph.
 pub struct GraphOutput {
-    pub(super) graph: u32,
-    pub(super) name: Arc<str>,
+    pub(crate) graph: u32,
+    pub(crate) name: Arc<str>,
     /// (node index, value), sorted by index.
-    pub(super) values: Vec<(u32, AnyValue)>,
+    pub(crate) values: Vec<(u32, AnyValue)>,
 }
 
 impl fmt::Debug for GraphOutput {
