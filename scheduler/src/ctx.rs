@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use crate::config::WorkerInfo;
-use crate::error::{BoxError, Error, ErrorKind};
+use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::graph::Graph;
 use crate::handle::GraphHandle;
 use crate::ids::{NodeId, NodeRef, Placement, Priority};
-use crate::output::{AnyValue, Slots};
+use crate::output::{AnyValue, Slots, TakeError};
 
 /// A deferred completion registered with [`NodeCtxExt::complete_when`](crate::backend::NodeCtxExt::complete_when).
 pub(crate) type DeferFn<S> = Box<dyn FnMut(&S) -> Poll<Result<(), BoxError>> + Send>;
@@ -67,38 +67,138 @@ impl<'a> Inputs<'a> {
 
     /// The output of `from`, which must be a direct predecessor of this node (an edge
     /// `from -> this`), created by the same builder as this node's body.
+    ///
+    /// Errors ([`ErrorKind::BadInput`]): `from` is not such a predecessor, its output is not a
+    /// `T`, it left none, or this node took it ([`take`](Self::take)).
     pub fn input<T: 'static>(&self, from: NodeRef<T>) -> Result<&'a T, Error> {
-        let (origin, base) = self.run.origin_base(self.node);
-        if from.id.graph != origin {
-            return Err(self.bad_input(format!(
-                "reads node #{} of graph {}, which is not a node of the graph that defined it",
-                from.id.index, from.id.graph
-            )));
-        }
-        let index = base + from.id.index;
-        if !self.run.predecessors(self.node).contains(&index) {
-            return Err(self.bad_input(format!(
-                "reads node #{index}, which is not a direct predecessor"
-            )));
-        }
+        let index = self.predecessor(from.id, "reads")?;
         // SAFETY: `index` is a direct predecessor, so it completed before this node became
         // ready (its counter decrement happened-before our Acquire of it reaching zero).
         let out = self.run.slots().get(index).and_then(|s| unsafe { s.get() });
-        match out.and_then(|o| o.value.as_deref()) {
-            Some(v) => (v as &(dyn Any + Send + Sync))
-                .downcast_ref::<T>()
-                .ok_or_else(|| {
-                    self.bad_input(format!(
-                        "reads node #{index} as {}, which is not its output type",
-                        std::any::type_name::<T>()
-                    ))
-                }),
+        // SAFETY: as above; only `index`'s only successor may take its value (`take` checks
+        // that before it takes), and a node that is one takes it on this thread.
+        match out.and_then(|o| unsafe { o.lend() }) {
+            Some(v) => v.downcast_ref::<T>().ok_or_else(|| {
+                self.bad_input(format!(
+                    "reads node #{index} as {}, which is not its output type",
+                    std::any::type_name::<T>()
+                ))
+            }),
             None if TypeId::of::<T>() == TypeId::of::<()>() => {
                 // A `()` output is never stored; any `()` will do.
                 Ok((&() as &dyn Any).downcast_ref::<T>().expect("T is ()"))
             }
+            None if out.is_some_and(|o| o.is_taken()) => Err(self.bad_input(format!(
+                "reads the output of {}, which it took",
+                self.label(index)
+            ))),
             None => Err(self.bad_input(format!("reads node #{index}, which left no output"))),
         }
+    }
+
+    /// Moves the output of `from` out of the run, by value: for a node that writes into what
+    /// its predecessor made (a buffer written in place), without a lock or a copy. `from` must
+    /// be a direct predecessor created by the same builder as this node's body, as for
+    /// [`input`](Self::input), and **this node must be its only successor**, so that no other
+    /// node can be reading the value: an edge declared with
+    /// [`GraphBuilder::hand_on`](crate::GraphBuilder::hand_on) has `build` check that;
+    /// otherwise it is checked here.
+    ///
+    /// The value is gone from the run afterwards: the submitter's
+    /// [`GraphOutput::get`](crate::GraphOutput::get) gives `None` for `from` (return it from
+    /// this node to hand it on). A marker a backend attached to `from` (the GPU backend's event
+    /// of its work) stays, so this node is still ordered after `from`'s device work. A `()`
+    /// output is never stored: taking one gives `()`.
+    ///
+    /// Errors ([`ErrorKind::BadInput`], naming both nodes): `from` is not such a predecessor;
+    /// it has another successor (named), which could read the value; this node read it with
+    /// `input` before (that `&T` may still be alive) or took it before; the value is not a `T`
+    /// (it stays where it is); `from` left none.
+    ///
+    /// ```
+    /// use boundpool_scheduler::{GraphBuilder, PoolBuilder};
+    ///
+    /// let pool = PoolBuilder::new().workers(2).build()?;
+    /// let mut g = GraphBuilder::new("in place");
+    /// let a = g.node("a", |_| Ok(vec![1u32, 2, 3]));
+    /// let b = g.node("b", move |ctx| {
+    ///     let mut v = ctx.take(a)?; // no copy, no lock
+    ///     v.iter_mut().for_each(|x| *x *= 10);
+    ///     Ok(v)
+    /// });
+    /// g.hand_on(a, b);
+    /// let out = pool.run(&g.build()?)?;
+    /// assert_eq!(out.get(b), Some(&vec![10, 20, 30]));
+    /// assert_eq!(out.get(a), None); // taken
+    /// # Ok::<(), boundpool_scheduler::Error>(())
+    /// ```
+    pub fn take<T: 'static>(&self, from: NodeRef<T>) -> Result<T, Error> {
+        let index = self.predecessor(from.id, "takes")?;
+        let mut others: Vec<u32> = (self.run.successors(index).iter())
+            .copied()
+            .filter(|&s| s != self.node)
+            .collect();
+        if !others.is_empty() {
+            others.dedup();
+            let names = others.iter().map(|&o| self.label(o));
+            return Err(self.bad_take(
+                index,
+                &format!(
+                    "which {} other successor(s) may also read: {}; a node takes an output only \
+                     as its only successor",
+                    others.len(),
+                    bounded_list(names, others.len(), ", ")
+                ),
+            ));
+        }
+        if TypeId::of::<T>() == TypeId::of::<()>() {
+            // A `()` output is never stored; any `()` will do.
+            let unit: Box<dyn Any> = Box::new(());
+            return Ok(*unit.downcast::<T>().expect("T is ()"));
+        }
+        // SAFETY: `index` is a direct predecessor, so it completed before this node became
+        // ready (as in `input`).
+        let Some(out) = self.run.slots().get(index).and_then(|s| unsafe { s.get() }) else {
+            return Err(self.bad_take(index, "which left no output"));
+        };
+        // SAFETY: this node is `index`'s only successor (checked above) and runs after it
+        // completed: its worker's writes happened-before this node became ready (the dependency
+        // counter's Release/Acquire, or the queue's hand-off), no other node of the run reads
+        // its slot, and the run's finisher reads it only after this node completed (the
+        // in-flight count's AcqRel). So this thread is the slot's only user while the body runs.
+        unsafe { out.take_value::<T>() }.map_err(|e| {
+            let why = match e {
+                TakeError::Lent => "which it read with `input` before (that `&` may still be \
+                                    alive): take it instead of reading it"
+                    .to_string(),
+                TakeError::Taken => "which it took before".to_string(),
+                TakeError::Missing => "which left no value".to_string(),
+                TakeError::OtherType => format!(
+                    "as {}, which is not its output type",
+                    std::any::type_name::<T>()
+                ),
+            };
+            self.bad_take(index, &why)
+        })
+    }
+
+    /// The direct predecessor `from` as a node of the graph being run, or the error naming
+    /// why it is not one (`verb`: what this node does with it).
+    fn predecessor(&self, from: NodeId, verb: &str) -> Result<u32, Error> {
+        let (origin, base) = self.run.origin_base(self.node);
+        if from.graph != origin {
+            return Err(self.bad_input(format!(
+                "{verb} node #{} of graph {}, which is not a node of the graph that defined it",
+                from.index, from.graph
+            )));
+        }
+        let index = base + from.index;
+        if !self.run.predecessors(self.node).contains(&index) {
+            return Err(self.bad_input(format!(
+                "{verb} node #{index}, which is not a direct predecessor"
+            )));
+        }
+        Ok(index)
     }
 
     /// Stores this node's output value.
@@ -117,11 +217,21 @@ impl<'a> Inputs<'a> {
             ErrorKind::BadInput,
             format!(
                 "node '{}' (#{}) of graph '{}' {what}",
-                crate::error::bounded(self.node_name()),
+                bounded(self.node_name()),
                 self.node,
-                crate::error::bounded(self.graph_name())
+                bounded(self.graph_name())
             ),
         )
+    }
+
+    /// `bad_input` for a take of node `index`'s output.
+    fn bad_take(&self, index: u32, why: &str) -> Error {
+        self.bad_input(format!("takes the output of {}, {why}", self.label(index)))
+    }
+
+    /// "node 'name' (#i)" of node `i` of the graph being run.
+    fn label(&self, i: u32) -> String {
+        format!("node '{}' (#{i})", bounded(self.run.node_name(i)))
     }
 
     /// This node's name.
@@ -253,5 +363,37 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// runs other nodes meanwhile, so nesting cannot deadlock the pool.
     pub fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
         self.host.pool.submit(graph)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use crate::ids::NodeRef;
+    use crate::{Cores, GraphBuilder, PoolBuilder};
+
+    /// A take of the wrong type fails, naming the type, and leaves the value where it was (a
+    /// `NodeRef` of the wrong type cannot be made outside the crate).
+    #[test]
+    fn a_take_of_another_type_leaves_the_value() {
+        let pool = PoolBuilder::new()
+            .workers(1)
+            .cores(Cores::Unpinned)
+            .build()
+            .unwrap();
+        let mut g = GraphBuilder::new("types");
+        let a = g.node("a", |_| Ok(String::from("four")));
+        let b = g.node("b", move |ctx| {
+            let wrong = NodeRef::<u64>::new(a.id());
+            let e = ctx.take(wrong).unwrap_err();
+            assert!(
+                e.to_string().contains(
+                    "takes the output of node 'a' (#0), as u64, which is not its output type"
+                ),
+                "{e}"
+            );
+            Ok(ctx.take(a)?.len())
+        });
+        g.hand_on(a, b);
+        assert_eq!(pool.run(&g.build().unwrap()).unwrap().get(b), Some(&4));
     }
 }

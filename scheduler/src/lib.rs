@@ -8,7 +8,9 @@
 //!   there). The number of threads never changes afterwards.
 //! * [`GraphBuilder`] describes a graph: named nodes whose bodies return typed outputs, edges,
 //!   placements on worker groups, inlined subgraphs. [`GraphBuilder::build`] validates it
-//!   (cycles, unknown or foreign nodes) into a reusable [`Graph`].
+//!   (cycles, unknown or foreign nodes) into a reusable [`Graph`]. A node reads its
+//!   predecessors' outputs ([`Inputs::input`]), or takes one by value when it is its only
+//!   successor ([`Inputs::take`]: a buffer written in place, without a lock).
 //! * [`Pool::submit`] runs a graph from any thread and returns a [`GraphHandle`] that can be
 //!   waited on or awaited. A node may submit and wait on a nested graph; its worker runs other
 //!   nodes meanwhile, so nesting never deadlocks the pool.
@@ -48,13 +50,15 @@
 //!   given up by a decrement through the raw pointer), and the read of a finished run's slots.
 //! * `run/task.rs`: a `Task` (a `RunRef` and a node) is `Send`.
 //! * `output.rs`: output slots, `UnsafeCell`s ordered by the dependency counters, allocated
-//!   by the first node that stores (`alloc_zeroed`) and freed with the run.
+//!   by the first node that stores (`alloc_zeroed`) and freed with the run; a value lent to
+//!   successors as `&T`, or moved out by the node's only successor (`NodeOutput::take_value`).
 //! * `body.rs`: node bodies behind one thin pointer (a vtable-prefixed block, or a static vtable
 //!   for a closure that captures nothing): the crate's type-erased code.
 //! * `backend.rs`: a node's marker, written into its own output slot, and its successors' reads
 //!   of their predecessors' markers (ordered by the same dependency counters, `run/release.rs`).
-//! * `ctx.rs`: a node's reads of its predecessors' output slots and markers, and its worker's
-//!   writes of its own slot (ordered by the same dependency counters, `run/release.rs`).
+//! * `ctx.rs`: a node's reads of its predecessors' output slots and markers, its take of a
+//!   value it is the only successor of (`Inputs::take`), and its worker's writes of its own slot
+//!   (ordered by the same dependency counters, `run/release.rs`).
 //! * `handle.rs`: the thread-local pointer from a thread to its worker (for nested waits), set
 //!   and cleared by an RAII guard (`CurrentGuard`, an unsafe constructor), and its reads.
 //! * `worker/life.rs`: that pointer's lifetime erased for the guard, and the `prctl` that

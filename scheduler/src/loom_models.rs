@@ -31,6 +31,9 @@
 //!    (`Run::release_batched`, what a span does) and counts them in one increment later.
 //! 7. the counters a run that succeeded leaves to its plan's next run (`CounterCache`): the
 //!    next run counts on from the previous targets, and its joins are ready exactly once.
+//! 8. a value taken by its node's only successor (`Inputs::take`) on another thread than its
+//!    writer's: the taker sees it whole, the finisher finds it gone and the marker beside it
+//!    still there.
 //!
 //! A lost wake-up shows up as a loom deadlock (every thread parked).
 
@@ -39,6 +42,7 @@ use std::sync::Arc;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 
+use crate::ctx::Inputs;
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, GraphBuilder};
 use crate::latch::Completion;
@@ -393,9 +397,14 @@ fn assert_inputs(run: &Run<()>, preds: &[u32]) {
     for &p in preds {
         // SAFETY: the node's counter reached its target: every predecessor stored its value
         // before its release, which happened-before this.
-        let out = unsafe { run.slots.get(p).and_then(|s| s.get()) };
-        let v = out.and_then(|o| o.value.as_ref());
-        assert_eq!(v.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
+        // (the one reader of each predecessor: nothing takes it).
+        let out = unsafe {
+            run.slots
+                .get(p)
+                .and_then(|s| s.get())
+                .and_then(|o| o.lend())
+        };
+        assert_eq!(out.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
     }
 }
 
@@ -504,9 +513,14 @@ fn wide_join_batched_leaf() {
                         // SAFETY: the join's counter reached its target: every predecessor
                         // stored its value before its (batched) arrival was counted, which
                         // happened-before this.
-                        let out = unsafe { run.slots.get(p).and_then(|s| s.get()) };
-                        let v = out.and_then(|o| o.value.as_ref());
-                        assert_eq!(v.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
+                        // Nothing takes it.
+                        let out = unsafe {
+                            run.slots
+                                .get(p)
+                                .and_then(|s| s.get())
+                                .and_then(|o| o.lend())
+                        };
+                        assert_eq!(out.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
                     }
                     readies.fetch_add(1, Ordering::SeqCst);
                 } else {
@@ -587,9 +601,10 @@ fn lazily_allocated_slots() {
                         // The join node reads both predecessors' values.
                         for (p, want) in [(1u32, 10u64), (2, 20)] {
                             let slot = run.slots.get(p).expect("the slots were allocated");
-                            // SAFETY: `p` completed before the join node became ready.
+                            // SAFETY: `p` completed before the join node became ready, and
+                            // nothing takes its value.
                             let out = unsafe { slot.get() }.expect("the value was stored");
-                            let v = out.value.as_deref().unwrap();
+                            let v = unsafe { out.lend() }.unwrap();
                             assert_eq!(v.downcast_ref::<u64>(), Some(&want));
                         }
                         let (_, fin) = complete(&run, 3, true);
@@ -605,6 +620,69 @@ fn lazily_allocated_slots() {
         }
         assert_eq!(finishes.load(Ordering::SeqCst), 1);
         assert_eq!(run.inflight.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// A node takes a predecessor's value (`Inputs::take`) on another thread than the one that
+/// wrote it: `a` and `c` complete at once on two threads (each storing a value, `a` a marker
+/// too); whichever makes the join `b` ready runs it, taking `a`'s value (whose only successor
+/// it is) and reading `c`'s. The taker sees `a`'s value whole; the finisher, whoever it is,
+/// finds it gone and `a`'s marker still there, and `b`'s sum; the run finishes once.
+#[test]
+fn taken_value_moves_to_the_only_successor() {
+    loom::model(|| {
+        let mut g = GraphBuilder::<()>::new("take");
+        let a = g.node("a", |_| Ok(10u64));
+        let c = g.node("c", |_| Ok(20u64));
+        let b = g.node("b", |_| Ok(0u64));
+        g.hand_on(a, b).edge(c, b);
+        let graph = g.build().expect("builds");
+        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let finishes = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = [(a.id().index() as u32, 10u64), (c.id().index() as u32, 20)]
+            .into_iter()
+            .map(|(node, value)| {
+                let (run, finishes) = (run.clone(), finishes.clone());
+                thread::spawn(move || {
+                    // SAFETY: this thread runs `node`: the slot's only writer, before release.
+                    unsafe {
+                        let slot = run.slots.get_or_alloc(node);
+                        slot.set_value(Box::new(value));
+                        if value == 10 {
+                            slot.set_marker(Box::new("event"));
+                        }
+                    }
+                    let (ready, fin) = complete(&run, node, true);
+                    assert!(!fin);
+                    if ready == [2] {
+                        let inputs = Inputs::of(&*run, 2);
+                        let taken = inputs.take(a).expect("b is a's only successor");
+                        let read = *inputs.input(c).expect("c left a value");
+                        assert_eq!((taken, read), (10, 20));
+                        // SAFETY: this thread runs `b`, before its release.
+                        unsafe { run.slots.get_or_alloc(2).set_value(Box::new(taken + read)) };
+                        let (_, fin) = complete(&run, 2, true);
+                        if fin {
+                            finishes.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(finishes.load(Ordering::SeqCst), 1);
+        // The run is over: this thread has it to itself.
+        let out_a = run.slots.get(0).expect("allocated");
+        // SAFETY: every node completed (in-flight count at zero, joined threads).
+        let out_a = unsafe { out_a.get() }.expect("a stored");
+        assert!(out_a.is_taken());
+        assert!(out_a.marker.is_some(), "a's marker stays");
+        let out = run.take_result().expect("the run succeeded");
+        assert_eq!(out.get(a), None);
+        assert_eq!(out.get(c), Some(&20));
+        assert_eq!(out.get(b), Some(&30));
     });
 }
 

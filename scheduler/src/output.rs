@@ -2,20 +2,115 @@
 //! read by its successors and by the finisher), and the [`GraphOutput`] the submitter gets.
 //! It knows no `Run`: a run owns its [`Slots`], and a body reaches them through its context.
 
+use std::any::Any;
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::sync::Arc;
 
 use crate::ids::{is_unit, NodeId, NodeRef};
-use crate::sync::{AtomicPtr, Ordering};
+use crate::sync::{AtomicPtr, AtomicU8, Ordering};
 
 /// A node's output, type-erased.
-pub(crate) type AnyValue = Box<dyn std::any::Any + Send + Sync>;
+pub(crate) type AnyValue = Box<dyn Any + Send + Sync>;
 
 /// What a finished node leaves for its successors and the submitter.
 pub(crate) struct NodeOutput {
-    pub(crate) value: Option<AnyValue>,
+    /// The node's value: lent to successors as `&T`, or taken by the node's only successor
+    /// (`Inputs::take`); what is left goes to the submitter. A cell of its own, so that taking
+    /// it needs no `&mut` to the marker beside it, which a successor may be holding.
+    value: UnsafeCell<Option<AnyValue>>,
     pub(crate) marker: Option<AnyValue>,
+    /// What the successors did with the value: [`UNREAD`], [`LENT`] or [`TAKEN`].
+    used: AtomicU8,
+}
+
+/// No successor read or took the value yet.
+const UNREAD: u8 = 0;
+/// A successor read the value as `&T` (`Inputs::input`), which may live for the rest of its
+/// body: the value can no longer be taken.
+const LENT: u8 = 1;
+/// The node's only successor took the value.
+const TAKEN: u8 = 2;
+
+/// Why a value could not be taken ([`NodeOutput::take_value`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TakeError {
+    /// The taker read it with `input` before.
+    Lent,
+    /// The taker took it before.
+    Taken,
+    /// The node stored no value.
+    Missing,
+    /// The value is not a `T` (it stays where it was).
+    OtherType,
+}
+
+impl NodeOutput {
+    fn new(value: Option<AnyValue>, marker: Option<AnyValue>) -> Self {
+        NodeOutput {
+            value: UnsafeCell::new(value),
+            marker,
+            used: AtomicU8::new(UNREAD),
+        }
+    }
+
+    /// Whether the node's only successor took the value.
+    pub(crate) fn is_taken(&self) -> bool {
+        self.used.load(Ordering::Relaxed) == TAKEN
+    }
+
+    /// Lends the value to a successor as `&`, for as long as this output lives; from then on
+    /// it cannot be taken. `None` when there is none, or it was taken.
+    ///
+    /// # Safety
+    /// The caller is a successor of the node, ordered after the node's completion (as for
+    /// [`Slot::get`]), and no other thread takes the value meanwhile: only the node's only
+    /// successor may take it (`Inputs::take` checks it), and then the caller is that one.
+    #[inline]
+    pub(crate) unsafe fn lend(&self) -> Option<&(dyn Any + Send + Sync)> {
+        // Relaxed: the marks are read back by the same thread (the only successor, which may
+        // take), or stored by several readers (of a node no one may take from) alike.
+        match self.used.load(Ordering::Relaxed) {
+            TAKEN => return None,
+            UNREAD => self.used.store(LENT, Ordering::Relaxed),
+            _ => {}
+        }
+        // SAFETY: the value was written before the node's completion, which happened-before
+        // this read (caller's contract); it is taken only by this thread (caller's contract),
+        // which now finds it lent and will not.
+        unsafe { (*self.value.get()).as_deref() }
+    }
+
+    /// Moves the value out, if it is a `T` that no successor was lent.
+    ///
+    /// # Safety
+    /// The caller is the node's only successor, ordered after the node's completion: no other
+    /// thread reads or writes this output until the caller's node completes (successors are
+    /// the only readers while the run goes on; the finisher reads after every node completed).
+    pub(crate) unsafe fn take_value<T: 'static>(&self) -> Result<T, TakeError> {
+        match self.used.load(Ordering::Relaxed) {
+            LENT => return Err(TakeError::Lent),
+            TAKEN => return Err(TakeError::Taken),
+            _ => {}
+        }
+        // SAFETY: the caller is the only thread using this output now (contract), and no `&`
+        // to the value was lent (`used` is not `LENT`), so this `&mut` is unique.
+        let value = unsafe { &mut *self.value.get() };
+        match value {
+            None => Err(TakeError::Missing),
+            Some(v) if !(**v).is::<T>() => Err(TakeError::OtherType),
+            Some(_) => {
+                self.used.store(TAKEN, Ordering::Relaxed);
+                let v = value.take().expect("checked above");
+                Ok(*v.downcast::<T>().expect("checked above"))
+            }
+        }
+    }
+
+    /// The value left for the submitter.
+    pub(crate) fn into_value(self) -> Option<AnyValue> {
+        self.value.into_inner()
+    }
 }
 
 /// A node's output slot: written once by the worker that ran the node, before it releases its
@@ -39,13 +134,8 @@ impl Slot {
         // SAFETY: the caller is the node's only writer and no reader exists yet (see `Slot`).
         let slot = unsafe { &mut *self.0.get() };
         match slot {
-            Some(out) => out.value = Some(value),
-            None => {
-                *slot = Some(Box::new(NodeOutput {
-                    value: Some(value),
-                    marker: None,
-                }))
-            }
+            Some(out) => *out.value.get_mut() = Some(value),
+            None => *slot = Some(Box::new(NodeOutput::new(Some(value), None))),
         }
     }
 
@@ -58,12 +148,7 @@ impl Slot {
         let slot = unsafe { &mut *self.0.get() };
         match slot {
             Some(out) => out.marker = Some(marker),
-            None => {
-                *slot = Some(Box::new(NodeOutput {
-                    value: None,
-                    marker: Some(marker),
-                }))
-            }
+            None => *slot = Some(Box::new(NodeOutput::new(None, Some(marker)))),
         }
     }
 
@@ -191,9 +276,10 @@ impl GraphOutput {
             .ok()
     }
 
-    /// The output of node `r`, if `r` is a node of this graph whose output was not taken. A
-    /// node returning `()` stores nothing (no slot, no allocation): its output is `Some(&())`
-    /// for any node of this graph.
+    /// The output of node `r`, if `r` is a node of this graph whose output was not taken (by
+    /// [`take`](Self::take), or during the run by its only successor, with
+    /// [`Inputs::take`](crate::Inputs::take)). A node returning `()` stores nothing (no slot, no
+    /// allocation): its output is `Some(&())` for any node of this graph.
     pub fn get<T: 'static>(&self, r: NodeRef<T>) -> Option<&T> {
         if is_unit::<T>() {
             return (r.id.graph == self.graph)

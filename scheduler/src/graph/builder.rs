@@ -83,6 +83,9 @@ pub struct GraphBuilder<S = ()> {
     pub(super) bad_placement: Option<(NodeId, Option<Placement>)>,
     /// The first bad edge; reported by `build`.
     pub(super) bad_edge: Option<BadEdge>,
+    /// Edges declared with `hand_on`: `build` checks that each target is its source's only
+    /// successor.
+    pub(super) handoffs: Vec<(u32, u32)>,
 }
 
 impl<S> fmt::Debug for GraphBuilder<S> {
@@ -123,6 +126,7 @@ impl<S: Send + 'static> GraphBuilder<S> {
             prio_overrides: Vec::new(),
             bad_placement: None,
             bad_edge: None,
+            handoffs: Vec::new(),
         }
     }
 
@@ -212,6 +216,23 @@ impl<S: Send + 'static> GraphBuilder<S> {
                     self.bad_edge = Some(b);
                 }
             }
+        }
+        self
+    }
+
+    /// Adds an edge `from -> to` along which `to` takes `from`'s output by value
+    /// ([`Inputs::take`]): [`build`](Self::build) checks that `to` is `from`'s only successor
+    /// (no other node could read the value), and fails with [`ErrorKind::BadInput`] naming
+    /// both nodes and another successor if it is not. (`take` checks it again, along any edge,
+    /// when it happens: declaring the edge reports the mistake before anything runs.)
+    ///
+    /// [`ErrorKind::BadInput`]: crate::ErrorKind::BadInput
+    pub fn hand_on(&mut self, from: impl Into<NodeId>, to: impl Into<NodeId>) -> &mut Self {
+        let (f, t) = (from.into(), to.into());
+        let edges = self.edges;
+        self.edge(f, t);
+        if self.edges > edges {
+            self.handoffs.push((f.index, t.index));
         }
         self
     }

@@ -17,6 +17,7 @@ impl<S> Plan<S> {
         let gname: Arc<str> = Arc::from(&*b.name);
         check_recorded(&b, &gname)?;
         let ext = external_successors(&mut b.nodes, &b.overflow);
+        check_handoffs(&b, &ext, &gname)?;
         mark_chains(&mut b.nodes);
         let sources = sources(&b.has_pred, b.nodes.len());
         if !b.forward {
@@ -90,6 +91,29 @@ fn check_recorded<S>(b: &GraphBuilder<S>, gname: &str) -> Result<(), Error> {
                     "graph '{}' has a cycle of 1 node: node '{}' (#{f}) depends on itself",
                     bounded(gname),
                     bounded(&b.names[f as usize])
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Each edge declared with `hand_on`: its target must be its source's only successor.
+fn check_handoffs<S>(b: &GraphBuilder<S>, ext: &[u32], gname: &str) -> Result<(), Error> {
+    for &(f, t) in &b.handoffs {
+        let succ = successors_of(&b.nodes, ext, f);
+        if let Some(&other) = succ.iter().find(|&&s| s != t) {
+            let name = |i: u32| format!("node '{}' (#{i})", bounded(&b.names[i as usize]));
+            return Err(Error::new(
+                ErrorKind::BadInput,
+                format!(
+                    "graph '{}': {} takes the output of {} (`hand_on`), which {} may also read \
+                     (of {} successors): a node takes an output only as its only successor",
+                    bounded(gname),
+                    name(t),
+                    name(f),
+                    name(other),
+                    succ.len()
                 ),
             ));
         }

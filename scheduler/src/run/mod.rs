@@ -153,7 +153,7 @@ impl<S> Run<S> {
         for &i in self.plan.valued.iter() {
             // SAFETY: in-flight reached zero, so no other thread touches this run's slots.
             let out = self.slots.get(i).and_then(|s| unsafe { s.take() });
-            if let Some(v) = out.and_then(|o| o.value) {
+            if let Some(v) = out.and_then(|o| o.into_value()) {
                 values.push((i, v));
             }
         }
