@@ -66,6 +66,10 @@ pub trait NodeCtxExt<S>: sealed::Sealed {
     /// Attaches a side value to this node's completion, readable by direct successors through
     /// [`InputsExt::predecessor_markers`] (the GPU backend attaches the event recorded after
     /// the node's work). Replaces an earlier marker.
+    ///
+    /// # Panics
+    /// If the run's output slots cannot be allocated (the message is that of an
+    /// [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) error; the node fails with it).
     fn set_marker(&self, marker: Box<dyn Any + Send + Sync>);
 
     /// Defers this node's completion: after the body returns, its successors are released (and
@@ -83,15 +87,13 @@ pub trait NodeCtxExt<S>: sealed::Sealed {
 impl<S: Send + 'static> NodeCtxExt<S> for NodeCtx<'_, S> {
     #[inline]
     fn set_marker(&self, marker: Box<dyn Any + Send + Sync>) {
+        let run = self.inputs.run;
+        let Some(slot) = run.slots().get_or_alloc(self.inputs.node) else {
+            panic!("{}", run.slots_too_large());
+        };
         // SAFETY: this worker is running the node, so it is the slot's only writer, and no
         // successor reads it before the node completes.
-        unsafe {
-            self.inputs
-                .run
-                .slots()
-                .get_or_alloc(self.inputs.node)
-                .set_marker(marker)
-        }
+        unsafe { slot.set_marker(marker) }
     }
 
     #[inline]
@@ -108,6 +110,9 @@ impl<S: Send + 'static> NodeCtxExt<S> for NodeCtx<'_, S> {
 /// A backend's methods of [`Inputs`] (and so of [`NodeCtx`], which dereferences to it).
 pub trait InputsExt<'a>: sealed::Sealed {
     /// Markers that direct predecessors attached with [`NodeCtxExt::set_marker`].
+    ///
+    /// # Panics
+    /// As [`Inputs::predecessors`].
     fn predecessor_markers(
         &self,
     ) -> impl Iterator<Item = (NodeId, &'a (dyn Any + Send + Sync))> + 'a;
@@ -122,6 +127,7 @@ impl<'a> InputsExt<'a> for Inputs<'a> {
         let slots = self.run.slots();
         self.run
             .predecessors(self.node)
+            .unwrap_or_else(|e| panic!("{e}"))
             .iter()
             .filter_map(move |&index| {
                 // SAFETY: a direct predecessor completed before this node became ready.

@@ -43,7 +43,7 @@ where
         let v = (self.0)(ctx)?;
         if !is_unit::<T>() {
             // SAFETY: a body runs only as its node, on the thread that runs the node.
-            unsafe { ctx.inputs.store_output(Box::new(v)) };
+            unsafe { ctx.inputs.store_output(Box::new(v)) }?;
         }
         Ok(())
     }
@@ -70,7 +70,7 @@ where
         let v = (self.0)(inputs)?;
         if !is_unit::<T>() {
             // SAFETY: a body runs only as its node, on the thread that runs the node.
-            unsafe { inputs.store_output(Box::new(v)) };
+            unsafe { inputs.store_output(Box::new(v)) }?;
         }
         Ok(())
     }

@@ -37,7 +37,9 @@ pub struct Inputs<'a> {
 pub(crate) trait RunAccess: Sync {
     fn slots(&self) -> &Slots;
     fn successors(&self, node: u32) -> &[u32];
-    fn predecessors(&self, node: u32) -> &[u32];
+    /// A node's direct predecessors (their lists are built on first use: see
+    /// `Plan::try_predecessors`).
+    fn predecessors(&self, node: u32) -> Result<&[u32], Error>;
     fn node_name(&self, node: u32) -> &str;
     fn graph_uid(&self) -> u32;
     fn priority(&self, node: u32) -> Priority;
@@ -46,6 +48,8 @@ pub(crate) trait RunAccess: Sync {
     fn origin_base(&self, node: u32) -> (u32, u32);
     /// Where node `id` of this run's graph is placed (`Any` for a node of another graph).
     fn placement_of(&self, id: NodeId) -> Placement;
+    /// The error for output slots that could not be allocated.
+    fn slots_too_large(&self) -> Error;
     /// The priority of node `id` of this run's graph (`Normal` for a node of another graph).
     fn priority_of(&self, id: NodeId) -> Priority;
 }
@@ -193,7 +197,7 @@ impl<'a> Inputs<'a> {
             )));
         }
         let index = base + from.index;
-        if !self.run.predecessors(self.node).contains(&index) {
+        if !self.run.predecessors(self.node)?.contains(&index) {
             return Err(self.bad_input(format!(
                 "{verb} node #{index}, which is not a direct predecessor"
             )));
@@ -201,15 +205,20 @@ impl<'a> Inputs<'a> {
         Ok(index)
     }
 
-    /// Stores this node's output value.
+    /// Stores this node's output value (an error when the run's output slots cannot be
+    /// allocated).
     ///
     /// # Safety
     /// Only the thread running this node may call this, before the node completes.
     #[inline]
-    pub(crate) unsafe fn store_output(&self, value: AnyValue) {
+    pub(crate) unsafe fn store_output(&self, value: AnyValue) -> Result<(), Error> {
+        let Some(slot) = self.run.slots().get_or_alloc(self.node) else {
+            return Err(self.run.slots_too_large());
+        };
         // SAFETY: the caller runs this node, so it is the slot's only writer, and no successor
         // reads the slot before the node completes.
-        unsafe { self.run.slots().get_or_alloc(self.node).set_value(value) }
+        unsafe { slot.set_value(value) };
+        Ok(())
     }
 
     fn bad_input(&self, what: String) -> Error {
@@ -259,10 +268,15 @@ impl<'a> Inputs<'a> {
     }
 
     /// Direct predecessors, as ids of the graph being run.
+    ///
+    /// # Panics
+    /// If the graph's predecessor lists, built on first use, cannot be allocated (the message
+    /// is that of an [`ErrorKind::TooLarge`] error; in a body, the node fails with it).
     pub fn predecessors(&self) -> impl Iterator<Item = NodeId> + 'a {
         let g = self.run.graph_uid();
         self.run
             .predecessors(self.node)
+            .unwrap_or_else(|e| panic!("{e}"))
             .iter()
             .map(move |&index| NodeId { graph: g, index })
     }

@@ -77,7 +77,7 @@ fn complete(run: &Run<()>, node: u32, ok: bool) -> (Vec<u32>, bool) {
 fn dependency_counter_and_inflight() {
     loom::model(|| {
         let graph = diamond();
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         // The submitter queued the source; a worker ran it: b and c become ready.
         let (ready, fin) = complete(&run, 0, true);
         assert_eq!(ready, vec![1, 2]);
@@ -148,7 +148,7 @@ fn dependency_counter_and_inflight() {
 fn dependency_counter_with_a_failure() {
     loom::model(|| {
         let graph = diamond();
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         let (ready, _) = complete(&run, 0, true);
         assert_eq!(ready.len(), 2);
         let finishes = Arc::new(AtomicUsize::new(0));
@@ -195,7 +195,7 @@ fn ready_handoff_keeps_the_run_alive() {
         let c = g.node("c", |_| Ok(()));
         g.edge(a, b).edge(a, c);
         let graph = g.build().expect("fork builds");
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         let queue: Arc<loom::sync::Mutex<Vec<u32>>> = Arc::new(loom::sync::Mutex::new(Vec::new()));
         let completed = Arc::new(AtomicUsize::new(0));
         let finishes = Arc::new(AtomicUsize::new(0));
@@ -275,8 +275,8 @@ fn credit_finishes_a_run_once() {
         let mut g = GraphBuilder::<()>::new("one");
         g.node("x", |_| Ok(()));
         let one = g.build().expect("one builds");
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
-        let other = Arc::new(Run::new(2, one.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
+        let other = Arc::new(Run::new(2, one.plan.clone()).expect("counters"));
         let queue: Arc<loom::sync::Mutex<Vec<u32>>> = Arc::new(loom::sync::Mutex::new(Vec::new()));
         let completed = Arc::new(AtomicUsize::new(0));
         let finishes = Arc::new(AtomicUsize::new(0));
@@ -372,7 +372,12 @@ where
         let run = run.clone();
         move |node: u32| {
             // SAFETY: this thread is node's only runner, before it releases successors.
-            unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
+            unsafe {
+                run.slots
+                    .get_or_alloc(node)
+                    .expect("slots")
+                    .set_value(Box::new(node))
+            };
             let mut ready = Vec::new();
             run.release(node, true, |t| ready.push(t.node()));
             on_ready(&run, ready);
@@ -422,7 +427,7 @@ fn wide_join_leaves() {
             g.edge(p, j);
         }
         let graph = g.build().expect("wide builds");
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         let readies = Arc::new(AtomicUsize::new(0));
         let r = readies.clone();
         complete_three_on_three_threads(&run, move |run, ready| {
@@ -457,7 +462,7 @@ fn counters_counted_on_by_the_next_run() {
         g.edge(preds[0], k).edge(preds[1], k);
         let graph = g.build().expect("rerun builds");
         {
-            let first = Run::new(1, graph.plan.clone());
+            let first = Run::new(1, graph.plan.clone()).expect("counters");
             let mut ready = Vec::new();
             for node in 0..3u32 {
                 first.release(node, true, |t| ready.push(t.node()));
@@ -467,7 +472,7 @@ fn counters_counted_on_by_the_next_run() {
             assert!(first.take_result().is_ok());
             // Dropped here: its counters go back to the plan.
         }
-        let run = Arc::new(Run::new(2, graph.plan.clone()));
+        let run = Arc::new(Run::new(2, graph.plan.clone()).expect("counters"));
         let readies = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
         let r = readies.clone();
         complete_three_on_three_threads(&run, move |run, ready| {
@@ -503,7 +508,7 @@ fn wide_join_batched_leaf() {
         }
         const PREDS: [u32; 4] = [0, 1, 3, 4];
         let graph = g.build().expect("wide builds");
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         let readies = Arc::new(AtomicUsize::new(0));
         let check = {
             let (run, readies) = (run.clone(), readies.clone());
@@ -532,7 +537,12 @@ fn wide_join_batched_leaf() {
             let run = run.clone();
             move |node: u32| {
                 // SAFETY: this thread is node's only runner, before it releases successors.
-                unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
+                unsafe {
+                    run.slots
+                        .get_or_alloc(node)
+                        .expect("slots")
+                        .set_value(Box::new(node))
+                };
             }
         };
         let hs: Vec<_> = [3u32, 4]
@@ -578,7 +588,7 @@ fn wide_join_batched_leaf() {
 fn lazily_allocated_slots() {
     loom::model(|| {
         let graph = diamond();
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         let (ready, _) = complete(&run, 0, true);
         assert_eq!(ready, vec![1, 2]);
         let finishes = Arc::new(AtomicUsize::new(0));
@@ -591,6 +601,7 @@ fn lazily_allocated_slots() {
                     unsafe {
                         run.slots
                             .get_or_alloc(node)
+                            .expect("slots")
                             .set_value(Box::new(node as u64 * 10))
                     };
                     let (ready, fin) = complete(&run, node, true);
@@ -637,7 +648,7 @@ fn taken_value_moves_to_the_only_successor() {
         let b = g.node("b", |_| Ok(0u64));
         g.hand_on(a, b).edge(c, b);
         let graph = g.build().expect("builds");
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         let finishes = Arc::new(AtomicUsize::new(0));
         let handles: Vec<_> = [(a.id().index() as u32, 10u64), (c.id().index() as u32, 20)]
             .into_iter()
@@ -646,7 +657,7 @@ fn taken_value_moves_to_the_only_successor() {
                 thread::spawn(move || {
                     // SAFETY: this thread runs `node`: the slot's only writer, before release.
                     unsafe {
-                        let slot = run.slots.get_or_alloc(node);
+                        let slot = run.slots.get_or_alloc(node).expect("slots");
                         slot.set_value(Box::new(value));
                         if value == 10 {
                             slot.set_marker(Box::new("event"));
@@ -660,7 +671,12 @@ fn taken_value_moves_to_the_only_successor() {
                         let read = *inputs.input(c).expect("c left a value");
                         assert_eq!((taken, read), (10, 20));
                         // SAFETY: this thread runs `b`, before its release.
-                        unsafe { run.slots.get_or_alloc(2).set_value(Box::new(taken + read)) };
+                        unsafe {
+                            run.slots
+                                .get_or_alloc(2)
+                                .expect("slots")
+                                .set_value(Box::new(taken + read))
+                        };
                         let (_, fin) = complete(&run, 2, true);
                         if fin {
                             finishes.fetch_add(1, Ordering::SeqCst);

@@ -201,34 +201,41 @@ impl Slots {
     }
 
     /// Slot `i`, allocating the slots on first use (several writers may race to allocate:
-    /// one wins, the others free theirs).
-    pub(crate) fn get_or_alloc(&self, i: u32) -> &Slot {
+    /// one wins, the others free theirs). `None`: they could not be allocated.
+    #[inline]
+    pub(crate) fn get_or_alloc(&self, i: u32) -> Option<&Slot> {
         assert!((i as usize) < self.len, "slot index out of range");
         let mut p = self.ptr.load(Ordering::Acquire);
         if p.is_null() {
-            let layout = Self::layout(self.len);
-            // SAFETY: `layout` has a non-zero size (`len > 0`, since node `i` exists).
-            let fresh = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
-            if fresh.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            // All-zero bits are `None` in every slot (the null niche of `Box`).
-            match self.ptr.compare_exchange(
-                std::ptr::null_mut(),
-                fresh,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => p = fresh,
-                Err(won) => {
-                    // SAFETY: `fresh` came from `alloc_zeroed(layout)` and was never shared.
-                    unsafe { std::alloc::dealloc(fresh as *mut u8, layout) };
-                    p = won;
-                }
-            }
+            p = self.alloc()?;
         }
         // SAFETY: as in `get`.
-        unsafe { &*p.add(i as usize) }
+        Some(unsafe { &*p.add(i as usize) })
+    }
+
+    /// Allocates the slots, or finds those another writer allocated first.
+    #[cold]
+    fn alloc(&self) -> Option<*mut Slot> {
+        let layout = Self::layout(self.len);
+        // SAFETY: `layout` has a non-zero size (`len > 0`: the caller's node exists).
+        let fresh = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
+        if fresh.is_null() {
+            return None;
+        }
+        // All-zero bits are `None` in every slot (the null niche of `Box`).
+        match self.ptr.compare_exchange(
+            std::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Some(fresh),
+            Err(won) => {
+                // SAFETY: `fresh` came from `alloc_zeroed(layout)` and was never shared.
+                unsafe { std::alloc::dealloc(fresh as *mut u8, layout) };
+                Some(won)
+            }
+        }
     }
 }
 

@@ -421,7 +421,13 @@ impl<S: Send + 'static> Registry<S> {
     pub(crate) fn start(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
         let plan: &Arc<Plan<S>> = &graph.plan;
         let id = self.next_run.fetch_add(1, Ordering::Relaxed);
-        let run = Arc::new(Run::new(id, plan.clone()));
+        let run = match Run::new(id, plan.clone()) {
+            Ok(run) => Arc::new(run),
+            Err(e) => {
+                self.release_admission();
+                return Err(e);
+            }
+        };
         run.completion.set_spin(self.wait_spin);
         let handle = GraphHandle {
             completion: run.completion.clone(),

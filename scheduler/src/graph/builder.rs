@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32 as StdAtomicU32, Ordering as StdOrdering};
 use std::sync::Arc;
 
+use super::memory::{reserve, too_large, AllocFailure};
 use super::plan::{
     InlinedBody, MaxPlacement, NameTable, NodeSpec, Plan, FLAG_CPU, FLAG_INLINED, FLAG_UNIT,
     SUCC_EXTERNAL,
@@ -86,6 +87,13 @@ pub struct GraphBuilder<S = ()> {
     /// Edges declared with `hand_on`: `build` checks that each target is its source's only
     /// successor.
     pub(super) handoffs: Vec<(u32, u32)>,
+    /// The first allocation of the builder's records that failed, reported by `build`; from
+    /// then on nodes and edges are only counted (for the error's estimate).
+    failure: Option<AllocFailure>,
+    /// Nodes added after `failure`: counted, not kept.
+    lost_nodes: usize,
+    /// The nodes and edges `with_capacity` was asked for (for the error's estimate).
+    capacity: (usize, usize),
 }
 
 impl<S> fmt::Debug for GraphBuilder<S> {
@@ -104,19 +112,19 @@ impl<S: Send + 'static> GraphBuilder<S> {
         Self::with_capacity(name, 0, 0)
     }
 
-    /// An empty graph with room for `nodes` nodes and `edges` edges.
+    /// An empty graph with room for `nodes` nodes and `edges` edges. Room that cannot be
+    /// allocated is not an abort: [`build`](Self::build) then fails with
+    /// [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge), as it does when adding nodes or
+    /// edges runs out of memory.
     pub fn with_capacity(name: impl Into<Cow<'static, str>>, nodes: usize, edges: usize) -> Self {
-        // Edges mostly live in their source's record; only those past a node's second
-        // successor are listed apart, so reserve little for them.
-        let _ = edges;
-        GraphBuilder {
+        let mut b = GraphBuilder {
             uid: NEXT_GRAPH_UID.fetch_add(1, StdOrdering::Relaxed),
             name: name.into(),
-            nodes: Vec::with_capacity(nodes),
-            names: NameTable::with_capacity(nodes),
+            nodes: Vec::new(),
+            names: NameTable::default(),
             overflow: Vec::new(),
             edges: 0,
-            has_pred: Vec::with_capacity(nodes.div_ceil(64)),
+            has_pred: Vec::new(),
             forward: true,
             joins: false,
             valued: Vec::new(),
@@ -127,7 +135,21 @@ impl<S: Send + 'static> GraphBuilder<S> {
             bad_placement: None,
             bad_edge: None,
             handoffs: Vec::new(),
-        }
+            failure: None,
+            lost_nodes: 0,
+            capacity: (nodes, edges),
+        };
+        // Edges mostly live in their source's record; only those past a node's second
+        // successor are listed apart, so reserve nothing for them.
+        let room = (b.nodes.try_reserve_exact(nodes))
+            .map_err(|_| AllocFailure::of::<NodeSpec<S>>("node records", nodes))
+            .and_then(|()| b.names.reserve_exact(nodes))
+            .and_then(|()| {
+                (b.has_pred.try_reserve_exact(nodes.div_ceil(64)))
+                    .map_err(|_| AllocFailure::of::<u64>("predecessor bits", nodes.div_ceil(64)))
+            });
+        b.failure = room.err();
+        b
     }
 
     /// The graph's name.
@@ -137,31 +159,61 @@ impl<S: Send + 'static> GraphBuilder<S> {
 
     /// Number of nodes so far.
     pub fn len(&self) -> usize {
-        self.nodes.len()
+        self.nodes.len() + self.lost_nodes
     }
 
     /// Whether the graph has no nodes.
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.len() == 0
     }
 
+    #[inline]
     fn push(&mut self, name: &str, spec: NodeSpec<S>) -> NodeId {
+        if self.failure.is_none() {
+            match self.record(name, spec) {
+                Ok(index) => {
+                    return NodeId {
+                        graph: self.uid,
+                        index,
+                    }
+                }
+                Err(f) => self.failure = Some(f),
+            }
+        }
+        // Out of memory: counted only (`build` fails), under an id no kept node has.
+        self.lost_nodes += 1;
+        NodeId {
+            graph: self.uid,
+            index: (self.len() - 1).min(u32::MAX as usize - 1) as u32,
+        }
+    }
+
+    /// Keeps a node's record, name and bits: every allocation is made before anything is
+    /// stored, so a failed one leaves the builder as it was.
+    #[inline]
+    fn record(&mut self, name: &str, spec: NodeSpec<S>) -> Result<u32, AllocFailure> {
         let index = u32::try_from(self.nodes.len())
             .ok()
             .filter(|&i| i < u32::MAX)
             .expect("a graph holds at most 2^32 - 2 nodes");
+        let valued = !spec.is_unit();
+        reserve(&mut self.nodes, 1, "node records")?;
+        self.names.reserve(name.len())?;
+        if index % 64 == 0 {
+            reserve(&mut self.has_pred, 1, "predecessor bits")?;
+        }
+        if valued {
+            reserve(&mut self.valued, 1, "valued nodes' list")?;
+        }
         if index % 64 == 0 {
             self.has_pred.push(0);
         }
-        if !spec.is_unit() {
+        if valued {
             self.valued.push(index);
         }
         self.nodes.push(spec);
         self.names.push(name);
-        NodeId {
-            graph: self.uid,
-            index,
-        }
+        Ok(index)
     }
 
     /// Adds a node that runs `body` on a pool worker. The body gets a [`NodeCtx`] (inputs,
@@ -195,6 +247,11 @@ impl<S: Send + 'static> GraphBuilder<S> {
     /// reported by [`build`](Self::build).
     pub fn edge(&mut self, from: impl Into<NodeId>, to: impl Into<NodeId>) -> &mut Self {
         let (from, to) = (from.into(), to.into());
+        if self.failure.is_some() {
+            // Out of memory: counted only (`build` fails).
+            self.edges += 1;
+            return self;
+        }
         let n = self.nodes.len() as u32;
         let bad = if from.graph != self.uid {
             Some(BadEdge::Foreign(from))
@@ -231,8 +288,11 @@ impl<S: Send + 'static> GraphBuilder<S> {
         let (f, t) = (from.into(), to.into());
         let edges = self.edges;
         self.edge(f, t);
-        if self.edges > edges {
-            self.handoffs.push((f.index, t.index));
+        if self.edges > edges && self.failure.is_none() {
+            match reserve(&mut self.handoffs, 1, "hand-on edges") {
+                Ok(()) => self.handoffs.push((f.index, t.index)),
+                Err(e) => self.failure = Some(e),
+            }
         }
         self
     }
@@ -240,8 +300,11 @@ impl<S: Send + 'static> GraphBuilder<S> {
     /// Records edge `f -> t` (two distinct nodes of this builder).
     #[inline]
     fn add_edge(&mut self, f: u32, t: u32) {
-        self.forward &= f < t;
         self.edges += 1;
+        if self.failure.is_some() {
+            return;
+        }
+        self.forward &= f < t;
         let to = &mut self.nodes[t as usize];
         to.indegree = to
             .indegree
@@ -257,9 +320,18 @@ impl<S: Send + 'static> GraphBuilder<S> {
             }
             2 => {
                 from.set_succ_mode(SUCC_EXTERNAL);
-                self.overflow.push((f, t));
+                self.push_overflow(f, t);
             }
-            _ => self.overflow.push((f, t)),
+            _ => self.push_overflow(f, t),
+        }
+    }
+
+    /// Lists edge `f -> t` past its source's second successor.
+    #[inline]
+    fn push_overflow(&mut self, f: u32, t: u32) {
+        match reserve(&mut self.overflow, 1, "successor lists") {
+            Ok(()) => self.overflow.push((f, t)),
+            Err(e) => self.failure = Some(e),
         }
     }
 
@@ -275,8 +347,14 @@ impl<S: Send + 'static> GraphBuilder<S> {
     /// the override its own builder gave it; the others take this graph's priority.
     pub fn node_priority(&mut self, node: impl Into<NodeId>, priority: Priority) -> &mut Self {
         let id = node.into();
+        if self.failure.is_some() {
+            return self;
+        }
         if id.graph == self.uid && (id.index as usize) < self.nodes.len() {
-            self.prio_overrides.push((id.index, priority));
+            match reserve(&mut self.prio_overrides, 1, "priority overrides") {
+                Ok(()) => self.prio_overrides.push((id.index, priority)),
+                Err(e) => self.failure = Some(e),
+            }
         } else if self.bad_placement.is_none() {
             self.bad_placement = Some((id, None));
         }
@@ -339,8 +417,15 @@ impl<S: Send + 'static> GraphBuilder<S> {
                 self.add_edge(offset + from, offset + to);
             }
         }
-        self.prio_overrides
-            .extend(plan.prio_overrides.iter().map(|&(i, p)| (offset + i, p)));
+        match reserve(
+            &mut self.prio_overrides,
+            plan.prio_overrides.len(),
+            "priority overrides",
+        ) {
+            Ok(()) => (self.prio_overrides)
+                .extend(plan.prio_overrides.iter().map(|&(i, p)| (offset + i, p))),
+            Err(e) => self.failure = self.failure.or(Some(e)),
+        }
         Subgraph {
             inner: plan.uid,
             outer: self.uid,
@@ -362,8 +447,21 @@ impl<S: Send + 'static> GraphBuilder<S> {
     /// [`ErrorKind::UnknownGroup`]: crate::ErrorKind::UnknownGroup
     /// [`ErrorKind::Cycle`]: crate::ErrorKind::Cycle
     ///
+    /// A graph whose records cannot be allocated, here or while it was built, is an
+    /// [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) error naming its estimate
+    /// ([`estimate_graph_bytes`](crate::estimate_graph_bytes)) and the limit, not an abort.
+    ///
     /// Nothing runs before this succeeds.
     pub fn build(mut self) -> Result<Graph<S>, Error> {
+        if let Some(f) = self.failure {
+            let nodes = self.len().max(self.capacity.0);
+            return Err(too_large(
+                &self.name,
+                nodes,
+                self.edges.max(self.capacity.1),
+                f,
+            ));
+        }
         if self.priority != Priority::Normal {
             let p = self.priority;
             self.nodes.iter_mut().for_each(|n| n.set_priority(p));

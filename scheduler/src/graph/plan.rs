@@ -6,9 +6,10 @@
 use std::sync::{Arc, OnceLock};
 
 use super::joins::{CounterCache, WideJoins};
+use super::memory::{filled, reserve, too_large, AllocFailure};
 use crate::body::{NodeBody, ThinBody};
 use crate::ctx::{Inputs, NodeCtx};
-use crate::error::{bounded, BoxError};
+use crate::error::{bounded, BoxError, Error};
 use crate::ids::{DomainId, GroupId, NodeId, Placement, Priority, ANY_GROUP, PLACEMENT_MASK};
 use crate::trace::PlanNames;
 
@@ -259,21 +260,22 @@ pub(crate) const CLASS_RECORD: u8 = 0;
 /// the successor's own record too: with the successor run on another worker (a wavefront's
 /// next row), that record's line was first read by the releasing worker and then fetched from
 /// its cache by the running one. A byte array shares a line among 64 nodes instead of 2.7.
-pub(super) fn release_classes<S>(nodes: &[NodeSpec<S>]) -> Box<[u8]> {
-    nodes
-        .iter()
-        .map(|spec| {
-            if spec.placement_bits() != ANY_GROUP || spec.is_prioritized() {
-                CLASS_RECORD
-            } else {
-                match spec.indegree {
-                    1 => CLASS_ONE,
-                    2 => CLASS_TWO,
-                    _ => CLASS_RECORD,
-                }
+pub(super) fn release_classes<S>(nodes: &[NodeSpec<S>]) -> Result<Box<[u8]>, AllocFailure> {
+    let mut classes = Vec::new();
+    (classes.try_reserve_exact(nodes.len()))
+        .map_err(|_| AllocFailure::of::<u8>("release classes", nodes.len()))?;
+    classes.extend(nodes.iter().map(|spec| {
+        if spec.placement_bits() != ANY_GROUP || spec.is_prioritized() {
+            CLASS_RECORD
+        } else {
+            match spec.indegree {
+                1 => CLASS_ONE,
+                2 => CLASS_TWO,
+                _ => CLASS_RECORD,
             }
-        })
-        .collect()
+        }
+    }));
+    Ok(classes.into_boxed_slice())
 }
 
 /// (start offsets, list): compressed adjacency lists.
@@ -289,11 +291,20 @@ pub(crate) struct NameTable {
 }
 
 impl NameTable {
-    pub(super) fn with_capacity(n: usize) -> Self {
-        NameTable {
-            text: String::with_capacity(n),
-            ends: Vec::with_capacity(n),
+    /// Room for `n` more names of a byte each (`GraphBuilder::with_capacity`).
+    pub(super) fn reserve_exact(&mut self, n: usize) -> Result<(), AllocFailure> {
+        (self.text.try_reserve_exact(n)).map_err(|_| AllocFailure::of::<u8>("node names", n))?;
+        (self.ends.try_reserve_exact(n)).map_err(|_| AllocFailure::of::<u32>("node names", n))
+    }
+
+    /// Room for one more name of `len` bytes.
+    #[inline]
+    pub(super) fn reserve(&mut self, len: usize) -> Result<(), AllocFailure> {
+        if self.text.capacity() - self.text.len() < len {
+            let want = self.text.len().saturating_add(len);
+            (self.text.try_reserve(len)).map_err(|_| AllocFailure::of::<u8>("node names", want))?;
         }
+        reserve(&mut self.ends, 1, "node names")
     }
 
     #[inline]
@@ -321,8 +332,11 @@ impl std::ops::Index<usize> for NameTable {
 }
 
 /// Predecessor lists in compressed form, from the successor lists of `n` nodes.
-pub(super) fn build_predecessors<'a>(n: usize, successors: impl Fn(u32) -> &'a [u32]) -> Csr {
-    let mut start = vec![0u32; n + 1];
+pub(super) fn build_predecessors<'a>(
+    n: usize,
+    successors: impl Fn(u32) -> &'a [u32],
+) -> Result<Csr, AllocFailure> {
+    let mut start = filled(n + 1, 0u32, "predecessor lists")?;
     for f in 0..n as u32 {
         for &t in successors(f) {
             start[t as usize + 1] += 1;
@@ -331,15 +345,16 @@ pub(super) fn build_predecessors<'a>(n: usize, successors: impl Fn(u32) -> &'a [
     for i in 0..n {
         start[i + 1] += start[i];
     }
-    let mut fill: Vec<u32> = start[..n].to_vec();
-    let mut list = vec![0u32; start[n] as usize];
+    let mut fill = filled(n, 0u32, "predecessor lists")?;
+    fill.copy_from_slice(&start[..n]);
+    let mut list = filled(start[n] as usize, 0u32, "predecessor lists")?;
     for f in 0..n as u32 {
         for &t in successors(f) {
             list[fill[t as usize] as usize] = f;
             fill[t as usize] += 1;
         }
     }
-    (start.into_boxed_slice(), list.into_boxed_slice())
+    Ok((start.into_boxed_slice(), list.into_boxed_slice()))
 }
 
 impl<S> Plan<S> {
@@ -354,13 +369,33 @@ impl<S> Plan<S> {
         successors_of(&self.nodes, &self.ext, i)
     }
 
+    /// Node `i`'s direct predecessors. The lists are built the first time a node asks (a graph
+    /// whose nodes never read inputs never pays for them); lists that cannot be allocated are
+    /// an [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) error.
+    #[inline]
+    pub(crate) fn try_predecessors(&self, i: u32) -> Result<&[u32], Error> {
+        let (start, list) = match self.preds.get() {
+            Some(csr) => csr,
+            None => self.init_predecessors()?,
+        };
+        let i = i as usize;
+        Ok(&list[start[i] as usize..start[i + 1] as usize])
+    }
+
+    #[cold]
+    fn init_predecessors(&self) -> Result<&Csr, Error> {
+        let csr = build_predecessors(self.nodes.len(), |f| self.successors(f))
+            .map_err(|f| too_large(&self.name, self.nodes.len(), self.edges, f))?;
+        // Two nodes may build them at once: one set is kept, the other dropped.
+        let _ = self.preds.set(csr);
+        Ok(self.preds.get().expect("set just now"))
+    }
+
+    /// [`try_predecessors`](Self::try_predecessors) where no error can be returned: lists that
+    /// cannot be allocated are a panic with its message (in a node body, the node's failure).
     #[inline]
     pub(crate) fn predecessors(&self, i: u32) -> &[u32] {
-        let (start, list) = self
-            .preds
-            .get_or_init(|| build_predecessors(self.nodes.len(), |f| self.successors(f)));
-        let i = i as usize;
-        &list[start[i] as usize..start[i + 1] as usize]
+        self.try_predecessors(i).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A node with the highest group placement, for checking placements against a pool.

@@ -3,8 +3,10 @@
 
 use super::Run;
 use crate::ctx::RunAccess;
+use crate::error::Error;
+use crate::graph::{too_large, AllocFailure};
 use crate::ids::{NodeId, Placement, Priority};
-use crate::output::Slots;
+use crate::output::{Slot, Slots};
 
 impl<S: Send + 'static> RunAccess for Run<S> {
     fn slots(&self) -> &Slots {
@@ -13,8 +15,8 @@ impl<S: Send + 'static> RunAccess for Run<S> {
     fn successors(&self, node: u32) -> &[u32] {
         self.plan.successors(node)
     }
-    fn predecessors(&self, node: u32) -> &[u32] {
-        self.plan.predecessors(node)
+    fn predecessors(&self, node: u32) -> Result<&[u32], Error> {
+        self.plan.try_predecessors(node)
     }
     fn node_name(&self, node: u32) -> &str {
         &self.plan.names[node as usize]
@@ -40,5 +42,10 @@ impl<S: Send + 'static> RunAccess for Run<S> {
         self.plan
             .check(id)
             .map_or(Priority::Normal, |i| self.plan.nodes[i as usize].priority())
+    }
+    fn slots_too_large(&self) -> Error {
+        let n = self.plan.nodes.len();
+        let f = AllocFailure::of::<Slot>("output slots", n);
+        too_large(&self.plan.name, n, self.plan.edges, f)
     }
 }
