@@ -69,7 +69,7 @@ pub trait NodeCtxExt<S>: sealed::Sealed {
     ///
     /// # Panics
     /// If the run's output slots cannot be allocated (the message is that of an
-    /// [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) error; the node fails with it).
+    /// [`ErrorKind::TooLarge`](crate::error::ErrorKind::TooLarge) error; the node fails with it).
     fn set_marker(&self, marker: Box<dyn Any + Send + Sync>);
 
     /// Defers this node's completion: after the body returns, its successors are released (and

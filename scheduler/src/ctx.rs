@@ -105,11 +105,11 @@ impl<'a> Inputs<'a> {
     /// be a direct predecessor created by the same builder as this node's body, as for
     /// [`input`](Self::input), and **this node must be its only successor**, so that no other
     /// node can be reading the value: an edge declared with
-    /// [`GraphBuilder::hand_on`](crate::GraphBuilder::hand_on) has `build` check that;
+    /// [`GraphBuilder::hand_on`](crate::graph::GraphBuilder::hand_on) has `build` check that;
     /// otherwise it is checked here.
     ///
     /// The value is gone from the run afterwards: the submitter's
-    /// [`GraphOutput::get`](crate::GraphOutput::get) gives `None` for `from` (return it from
+    /// [`GraphOutput::get`](crate::output::GraphOutput::get) gives `None` for `from` (return it from
     /// this node to hand it on). A marker a backend attached to `from` (the GPU backend's event
     /// of its work) stays, so this node is still ordered after `from`'s device work. A `()`
     /// output is never stored: taking one gives `()`.
@@ -377,37 +377,5 @@ impl<'a, S: Send + 'static> NodeCtx<'a, S> {
     /// runs other nodes meanwhile, so nesting cannot deadlock the pool.
     pub fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
         self.host.pool.submit(graph)
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use crate::ids::NodeRef;
-    use crate::{Cores, GraphBuilder, PoolBuilder};
-
-    /// A take of the wrong type fails, naming the type, and leaves the value where it was (a
-    /// `NodeRef` of the wrong type cannot be made outside the crate).
-    #[test]
-    fn a_take_of_another_type_leaves_the_value() {
-        let pool = PoolBuilder::new()
-            .workers(1)
-            .cores(Cores::Unpinned)
-            .build()
-            .unwrap();
-        let mut g = GraphBuilder::new("types");
-        let a = g.node("a", |_| Ok(String::from("four")));
-        let b = g.node("b", move |ctx| {
-            let wrong = NodeRef::<u64>::new(a.id());
-            let e = ctx.take(wrong).unwrap_err();
-            assert!(
-                e.to_string().contains(
-                    "takes the output of node 'a' (#0), as u64, which is not its output type"
-                ),
-                "{e}"
-            );
-            Ok(ctx.take(a)?.len())
-        });
-        g.hand_on(a, b);
-        assert_eq!(pool.run(&g.build().unwrap()).unwrap().get(b), Some(&4));
     }
 }

@@ -38,7 +38,7 @@ pub enum ErrorKind {
     /// flight ([`PoolBuilder::max_graphs_in_flight`](crate::PoolBuilder::max_graphs_in_flight)).
     WouldBlock,
     /// A graph's records (its builder's, its plan's or a run's) could not be allocated: the
-    /// message gives the graph's estimate ([`estimate_graph_bytes`](crate::estimate_graph_bytes))
+    /// message gives the graph's estimate ([`estimate_graph_bytes`](crate::graph::estimate_graph_bytes))
     /// and the limit it met (the allocation refused, and the machine's memory).
     TooLarge,
 }

@@ -285,7 +285,7 @@ impl GraphOutput {
 
     /// The output of node `r`, if `r` is a node of this graph whose output was not taken (by
     /// [`take`](Self::take), or during the run by its only successor, with
-    /// [`Inputs::take`](crate::Inputs::take)). A node returning `()` stores nothing (no slot, no
+    /// [`Inputs::take`](crate::ctx::Inputs::take)). A node returning `()` stores nothing (no slot, no
     /// allocation): its output is `Some(&())` for any node of this graph.
     pub fn get<T: 'static>(&self, r: NodeRef<T>) -> Option<&T> {
         if is_unit::<T>() {

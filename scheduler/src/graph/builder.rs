@@ -114,7 +114,7 @@ impl<S: Send + 'static> GraphBuilder<S> {
 
     /// An empty graph with room for `nodes` nodes and `edges` edges. Room that cannot be
     /// allocated is not an abort: [`build`](Self::build) then fails with
-    /// [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge), as it does when adding nodes or
+    /// [`ErrorKind::TooLarge`](crate::error::ErrorKind::TooLarge), as it does when adding nodes or
     /// edges runs out of memory.
     pub fn with_capacity(name: impl Into<Cow<'static, str>>, nodes: usize, edges: usize) -> Self {
         let mut b = GraphBuilder {
@@ -448,8 +448,8 @@ impl<S: Send + 'static> GraphBuilder<S> {
     /// [`ErrorKind::Cycle`]: crate::ErrorKind::Cycle
     ///
     /// A graph whose records cannot be allocated, here or while it was built, is an
-    /// [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) error naming its estimate
-    /// ([`estimate_graph_bytes`](crate::estimate_graph_bytes)) and the limit, not an abort.
+    /// [`ErrorKind::TooLarge`](crate::error::ErrorKind::TooLarge) error naming its estimate
+    /// ([`estimate_graph_bytes`](crate::graph::estimate_graph_bytes)) and the limit, not an abort.
     ///
     /// Nothing runs before this succeeds.
     pub fn build(mut self) -> Result<Graph<S>, Error> {

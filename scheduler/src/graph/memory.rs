@@ -32,9 +32,9 @@ const NODE_BYTES: usize = RECORD + NAME + INDEXES + BODY + RUN + TRAVERSAL;
 const EDGE_BYTES: usize = 8 + 4 + 4 + 1;
 
 /// About how many bytes the library allocates for a graph of `nodes` nodes and `edges` edges:
-/// the [`GraphBuilder`](crate::GraphBuilder), [`build`](crate::GraphBuilder::build)'s
+/// the [`GraphBuilder`](crate::graph::GraphBuilder), [`build`](crate::graph::GraphBuilder::build)'s
 /// temporaries, the frozen graph and one run's counters, output slots and
-/// [`GraphOutput`](crate::GraphOutput). Saturates at `usize::MAX` instead of overflowing.
+/// [`GraphOutput`](crate::output::GraphOutput). Saturates at `usize::MAX` instead of overflowing.
 ///
 /// A caller can refuse a size before building anything (the `boundpool run` command line
 /// compares it with the machine's memory). It is `nodes × 174 + edges × 17`, an upper bound

@@ -112,7 +112,7 @@ impl<S> Graph<S> {
     ///
     /// # Panics
     /// If the predecessor lists, built on first use, cannot be allocated (the message is that
-    /// of an [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) error).
+    /// of an [`ErrorKind::TooLarge`](crate::error::ErrorKind::TooLarge) error).
     pub fn predecessors(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
         let uid = self.plan.uid;
         let list = self

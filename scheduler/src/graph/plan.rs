@@ -371,7 +371,7 @@ impl<S> Plan<S> {
 
     /// Node `i`'s direct predecessors. The lists are built the first time a node asks (a graph
     /// whose nodes never read inputs never pays for them); lists that cannot be allocated are
-    /// an [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) error.
+    /// an [`ErrorKind::TooLarge`](crate::error::ErrorKind::TooLarge) error.
     #[inline]
     pub(crate) fn try_predecessors(&self, i: u32) -> Result<&[u32], Error> {
         let (start, list) = match self.preds.get() {
