@@ -136,8 +136,11 @@ mod tests {
     fn counters_that_cannot_be_allocated_are_none() {
         assert_eq!(zeroed_counters(3).map(|c| c.len()), Some(3));
         assert!(zeroed_counters(0).is_some_and(|c| c.is_empty()));
-        // Too large for a layout, and too large for any address space.
+        // Too large for a layout, and too large for any address space (which Miri reports as
+        // its own resource exhaustion instead of a null).
         assert!(zeroed_counters(usize::MAX / 2).is_none());
-        assert!(zeroed_counters(1 << 60).is_none());
+        if !cfg!(miri) {
+            assert!(zeroed_counters(1 << 60).is_none());
+        }
     }
 }
