@@ -63,8 +63,9 @@
 //!   and cleared by an RAII guard (`CurrentGuard`, an unsafe constructor), and its reads.
 //! * `worker/life.rs`: that pointer's lifetime erased for the guard, and the `prctl` that
 //!   tightens a worker thread's timer slack (Linux).
-//! * `sync.rs`: the dependency counters' zeroed allocation (`alloc_zeroed`, then `Box::from_raw`),
-//!   and the cache prefetch hint (`_mm_prefetch`).
+//! * `sync.rs`: the zeroed allocations of the dependency counters and of a graph's build-time
+//!   lists (`alloc_zeroed`, then `Box::from_raw` / `Vec::from_raw_parts`), and the cache prefetch
+//!   hint (`_mm_prefetch`).
 //! * `trace.rs`: the zeroed allocation of a worker's trace ring, and the time-stamp counter read
 //!   (`_rdtsc`, after an `_mm_lfence` for a node's start).
 //! * `loom_models.rs` (only under `--cfg loom`, test builds): the models of the output slots.

@@ -87,6 +87,23 @@ pub(crate) fn zeroed_counters(n: usize) -> Option<Box<[AtomicU32]>> {
     Some((0..n).map(|_| AtomicU32::new(0)).collect())
 }
 
+/// `n` zeros, from zeroed memory as [`zeroed_counters`] (the allocator hands out untouched
+/// pages, which a build writes once instead of twice); `None` when they cannot be allocated.
+pub(crate) fn zeroed_u32s(n: usize) -> Option<Vec<u32>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u32>(n).ok()?;
+    // SAFETY: `layout` has a non-zero size (n > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut u32;
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: the memory holds `n` initialised `u32`s (all-zero bits are 0) and was allocated by
+    // the global allocator with the layout a `Vec<u32>` of capacity `n` frees it with.
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
 /// Locks `m`, ignoring poisoning: the scheduler's own critical sections never panic while
 /// holding a lock, and a node's panic is caught before it can reach one.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -87,10 +87,10 @@ pub struct GraphBuilder<S = ()> {
     /// Edges declared with `hand_on`: `build` checks that each target is its source's only
     /// successor.
     pub(super) handoffs: Vec<(u32, u32)>,
-    /// The first allocation of the builder's records that failed, reported by `build`; from
-    /// then on nodes and edges are only counted (for the error's estimate).
+    /// The first allocation of the builder's records that failed, reported by `build`. The
+    /// nodes and edges it could not keep are counted (for the error's estimate).
     failure: Option<AllocFailure>,
-    /// Nodes added after `failure`: counted, not kept.
+    /// Nodes whose memory could not be allocated: counted, not kept.
     lost_nodes: usize,
     /// The nodes and edges `with_capacity` was asked for (for the error's estimate).
     capacity: (usize, usize),
@@ -169,42 +169,47 @@ impl<S: Send + 'static> GraphBuilder<S> {
 
     #[inline]
     fn push(&mut self, name: &str, spec: NodeSpec<S>) -> NodeId {
-        if self.failure.is_none() {
-            match self.record(name, spec) {
-                Ok(index) => {
-                    return NodeId {
-                        graph: self.uid,
-                        index,
-                    }
-                }
-                Err(f) => self.failure = Some(f),
-            }
+        match self.record(name, spec) {
+            Ok(index) => NodeId {
+                graph: self.uid,
+                index,
+            },
+            Err(f) => self.lose(f),
         }
-        // Out of memory: counted only (`build` fails), under an id no kept node has.
+    }
+
+    /// A node whose memory could not be allocated: the failure is kept for `build` to report
+    /// (the first one), the node only counted, under an id no kept node has (from the top of
+    /// the range down, so an edge naming it is a bad edge, counted in `bad_edge`).
+    #[cold]
+    #[inline(never)]
+    fn lose(&mut self, f: AllocFailure) -> NodeId {
+        self.failure.get_or_insert(f);
         self.lost_nodes += 1;
         NodeId {
             graph: self.uid,
-            index: (self.len() - 1).min(u32::MAX as usize - 1) as u32,
+            index: (u32::MAX - 1).saturating_sub(self.lost_nodes as u32),
         }
     }
 
     /// Keeps a node's record, name and bits: every allocation is made before anything is
-    /// stored, so a failed one leaves the builder as it was.
+    /// stored, so a failed one leaves the builder as it was. The per-node vectors grow
+    /// together (`grow_nodes`), so one check covers the record, the name's end and the bits.
     #[inline]
     fn record(&mut self, name: &str, spec: NodeSpec<S>) -> Result<u32, AllocFailure> {
-        let index = u32::try_from(self.nodes.len())
-            .ok()
-            .filter(|&i| i < u32::MAX)
-            .expect("a graph holds at most 2^32 - 2 nodes");
-        let valued = !spec.is_unit();
-        reserve(&mut self.nodes, 1, "node records")?;
-        self.names.reserve(name.len())?;
-        if index % 64 == 0 {
-            reserve(&mut self.has_pred, 1, "predecessor bits")?;
+        let len = self.nodes.len();
+        if len == self.nodes.capacity() {
+            self.grow_nodes()?;
         }
+        self.names.reserve_text(name.len())?;
+        let valued = !spec.is_unit();
         if valued {
             reserve(&mut self.valued, 1, "valued nodes' list")?;
         }
+        let index = u32::try_from(len)
+            .ok()
+            .filter(|&i| i < u32::MAX)
+            .expect("a graph holds at most 2^32 - 2 nodes");
         if index % 64 == 0 {
             self.has_pred.push(0);
         }
@@ -214,6 +219,23 @@ impl<S: Send + 'static> GraphBuilder<S> {
         self.nodes.push(spec);
         self.names.push(name);
         Ok(index)
+    }
+
+    /// Grows the node records as `push` would, and the names' ends and the predecessor bits to
+    /// match, so that `record` pushes onto all three after one check.
+    #[cold]
+    #[inline(never)]
+    fn grow_nodes(&mut self) -> Result<(), AllocFailure> {
+        let len = self.nodes.len();
+        (self.nodes.try_reserve(1))
+            .map_err(|_| AllocFailure::of::<NodeSpec<S>>("node records", len + 1))?;
+        let cap = self.nodes.capacity();
+        self.names.reserve_ends(cap)?;
+        let words = cap.div_ceil(64);
+        (self
+            .has_pred
+            .try_reserve_exact(words.saturating_sub(self.has_pred.len())))
+        .map_err(|_| AllocFailure::of::<u64>("predecessor bits", words))
     }
 
     /// Adds a node that runs `body` on a pool worker. The body gets a [`NodeCtx`] (inputs,
@@ -247,11 +269,6 @@ impl<S: Send + 'static> GraphBuilder<S> {
     /// reported by [`build`](Self::build).
     pub fn edge(&mut self, from: impl Into<NodeId>, to: impl Into<NodeId>) -> &mut Self {
         let (from, to) = (from.into(), to.into());
-        if self.failure.is_some() {
-            // Out of memory: counted only (`build` fails).
-            self.edges += 1;
-            return self;
-        }
         let n = self.nodes.len() as u32;
         let bad = if from.graph != self.uid {
             Some(BadEdge::Foreign(from))
@@ -268,13 +285,21 @@ impl<S: Send + 'static> GraphBuilder<S> {
         };
         match bad {
             None => self.add_edge(from.index, to.index),
-            Some(b) => {
-                if self.bad_edge.is_none() {
-                    self.bad_edge = Some(b);
-                }
-            }
+            Some(b) => self.note_bad_edge(b),
         }
         self
+    }
+
+    /// An edge `build` rejects (the first one is reported), or, once memory ran out, an edge
+    /// to or from a node not kept: counted only (`build` reports the failure).
+    #[cold]
+    #[inline(never)]
+    fn note_bad_edge(&mut self, b: BadEdge) {
+        if self.failure.is_some() {
+            self.edges += 1;
+        } else if self.bad_edge.is_none() {
+            self.bad_edge = Some(b);
+        }
     }
 
     /// Adds an edge `from -> to` along which `to` takes `from`'s output by value
@@ -291,19 +316,16 @@ impl<S: Send + 'static> GraphBuilder<S> {
         if self.edges > edges && self.failure.is_none() {
             match reserve(&mut self.handoffs, 1, "hand-on edges") {
                 Ok(()) => self.handoffs.push((f.index, t.index)),
-                Err(e) => self.failure = Some(e),
+                Err(e) => _ = self.failure.get_or_insert(e),
             }
         }
         self
     }
 
-    /// Records edge `f -> t` (two distinct nodes of this builder).
-    #[inline]
+    /// Records edge `f -> t` (two distinct nodes this builder keeps).
+    #[inline(always)]
     fn add_edge(&mut self, f: u32, t: u32) {
         self.edges += 1;
-        if self.failure.is_some() {
-            return;
-        }
         self.forward &= f < t;
         let to = &mut self.nodes[t as usize];
         to.indegree = to
@@ -327,12 +349,15 @@ impl<S: Send + 'static> GraphBuilder<S> {
     }
 
     /// Lists edge `f -> t` past its source's second successor.
-    #[inline]
+    #[inline(always)]
     fn push_overflow(&mut self, f: u32, t: u32) {
-        match reserve(&mut self.overflow, 1, "successor lists") {
-            Ok(()) => self.overflow.push((f, t)),
-            Err(e) => self.failure = Some(e),
+        if self.overflow.len() == self.overflow.capacity() {
+            if let Err(e) = reserve(&mut self.overflow, 1, "successor lists") {
+                self.failure.get_or_insert(e);
+                return;
+            }
         }
+        self.overflow.push((f, t));
     }
 
     /// Sets the priority of this graph's nodes (default [`Priority::Normal`]); a node's own
@@ -353,7 +378,7 @@ impl<S: Send + 'static> GraphBuilder<S> {
         if id.graph == self.uid && (id.index as usize) < self.nodes.len() {
             match reserve(&mut self.prio_overrides, 1, "priority overrides") {
                 Ok(()) => self.prio_overrides.push((id.index, priority)),
-                Err(e) => self.failure = Some(e),
+                Err(e) => _ = self.failure.get_or_insert(e),
             }
         } else if self.bad_placement.is_none() {
             self.bad_placement = Some((id, None));
@@ -414,7 +439,11 @@ impl<S: Send + 'static> GraphBuilder<S> {
         }
         for from in 0..plan.nodes.len() as u32 {
             for &to in plan.successors(from) {
-                self.add_edge(offset + from, offset + to);
+                if self.failure.is_some() {
+                    self.edges += 1; // counted only
+                } else {
+                    self.add_edge(offset + from, offset + to);
+                }
             }
         }
         match reserve(

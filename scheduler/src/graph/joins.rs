@@ -2,7 +2,7 @@
 //! the counter sets that a plan's successful runs leave for its next runs. Both are built or
 //! filled by runs but describe the plan, so they live with it; the counting is in `run/`.
 
-use super::memory::{filled, reserve, AllocFailure};
+use super::memory::{reserve, zeros, AllocFailure};
 use super::Plan;
 use crate::sync::{self, AtomicU32, Mutex};
 
@@ -45,7 +45,18 @@ pub(crate) struct WideJoins {
 
 impl WideJoins {
     /// The plan's wide joins, built by its first run ([`try_of`](Self::try_of), in `Run::new`).
+    #[inline]
     pub(crate) fn of<S>(plan: &Plan<S>) -> &WideJoins {
+        match plan.wide_joins.get() {
+            Some(w) => w,
+            None => Self::first_of(plan),
+        }
+    }
+
+    /// [`of`](Self::of) before any run built them (a run does, in `Run::new`).
+    #[cold]
+    #[inline(never)]
+    fn first_of<S>(plan: &Plan<S>) -> &WideJoins {
         Self::try_of(plan).unwrap_or_else(|f| panic!("{f:?}"))
     }
 
@@ -74,7 +85,7 @@ impl WideJoins {
         if joins.is_empty() {
             return Ok(WideJoins::default());
         }
-        let mut quota = filled(first as usize, 0u32, "wide joins' leaf quotas")?;
+        let mut quota = zeros(first as usize, "wide joins' leaf quotas")?;
         for p in 0..plan.nodes.len() as u32 {
             for &s in plan.successors(p) {
                 if plan.nodes[s as usize].indegree >= WIDE_JOIN {

@@ -6,6 +6,7 @@
 use std::mem::size_of;
 
 use crate::error::{bounded, Error, ErrorKind};
+use crate::sync;
 
 /// A node's record in the plan (`NodeSpec`: body pointer, two successors, in-degree, flags).
 const RECORD: usize = 24;
@@ -107,6 +108,11 @@ pub(crate) fn filled<T: Clone>(n: usize, x: T, what: &'static str) -> Result<Vec
         .map_err(|_| AllocFailure::of::<T>(what, n))?;
     v.resize(n, x);
     Ok(v)
+}
+
+/// `n` zeros from zeroed memory (see [`sync::zeroed_u32s`]), allocated without an abort.
+pub(crate) fn zeros(n: usize, what: &'static str) -> Result<Vec<u32>, AllocFailure> {
+    sync::zeroed_u32s(n).ok_or_else(|| AllocFailure::of::<u32>(what, n))
 }
 
 /// The error for graph `graph` of `nodes` nodes and `edges` edges whose records could not be

@@ -6,7 +6,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::joins::{CounterCache, WideJoins};
-use super::memory::{filled, reserve, too_large, AllocFailure};
+use super::memory::{too_large, zeros, AllocFailure};
 use crate::body::{NodeBody, ThinBody};
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::{bounded, BoxError, Error};
@@ -297,14 +297,20 @@ impl NameTable {
         (self.ends.try_reserve_exact(n)).map_err(|_| AllocFailure::of::<u32>("node names", n))
     }
 
-    /// Room for one more name of `len` bytes.
-    #[inline]
-    pub(super) fn reserve(&mut self, len: usize) -> Result<(), AllocFailure> {
-        if self.text.capacity() - self.text.len() < len {
-            let want = self.text.len().saturating_add(len);
-            (self.text.try_reserve(len)).map_err(|_| AllocFailure::of::<u8>("node names", want))?;
+    /// Room for one more name of `len` bytes (its end: see [`reserve_ends`](Self::reserve_ends)).
+    #[inline(always)]
+    pub(super) fn reserve_text(&mut self, len: usize) -> Result<(), AllocFailure> {
+        if self.text.capacity() - self.text.len() >= len {
+            return Ok(());
         }
-        reserve(&mut self.ends, 1, "node names")
+        let want = self.text.len().saturating_add(len);
+        (self.text.try_reserve(len)).map_err(|_| AllocFailure::of::<u8>("node names", want))
+    }
+
+    /// Room for the ends of `n` names in all.
+    pub(super) fn reserve_ends(&mut self, n: usize) -> Result<(), AllocFailure> {
+        let more = n.saturating_sub(self.ends.len());
+        (self.ends.try_reserve_exact(more)).map_err(|_| AllocFailure::of::<u32>("node names", n))
     }
 
     #[inline]
@@ -336,7 +342,7 @@ pub(super) fn build_predecessors<'a>(
     n: usize,
     successors: impl Fn(u32) -> &'a [u32],
 ) -> Result<Csr, AllocFailure> {
-    let mut start = filled(n + 1, 0u32, "predecessor lists")?;
+    let mut start = zeros(n + 1, "predecessor lists")?;
     for f in 0..n as u32 {
         for &t in successors(f) {
             start[t as usize + 1] += 1;
@@ -345,9 +351,10 @@ pub(super) fn build_predecessors<'a>(
     for i in 0..n {
         start[i + 1] += start[i];
     }
-    let mut fill = filled(n, 0u32, "predecessor lists")?;
-    fill.copy_from_slice(&start[..n]);
-    let mut list = filled(start[n] as usize, 0u32, "predecessor lists")?;
+    let mut fill = Vec::new();
+    (fill.try_reserve_exact(n)).map_err(|_| AllocFailure::of::<u32>("predecessor lists", n))?;
+    fill.extend_from_slice(&start[..n]);
+    let mut list = zeros(start[n] as usize, "predecessor lists")?;
     for f in 0..n as u32 {
         for &t in successors(f) {
             list[fill[t as usize] as usize] = f;

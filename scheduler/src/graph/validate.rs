@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::builder::{BadEdge, GraphBuilder};
 use super::joins::CounterCache;
-use super::memory::{filled, reserve, too_large, AllocFailure};
+use super::memory::{filled, reserve, too_large, zeros, AllocFailure};
 use super::plan::{
     build_predecessors, release_classes, successors_of, MaxPlacement, NodeSpec, Plan, FLAG_CHAIN,
 };
@@ -152,10 +152,9 @@ fn check_acyclic<S>(
     gname: &str,
 ) -> Result<Result<(), Error>, AllocFailure> {
     let n = b.nodes.len();
-    let mut remaining = filled(n, 0u32, "cycle check")?;
-    for (r, spec) in remaining.iter_mut().zip(b.nodes.iter()) {
-        *r = spec.indegree;
-    }
+    let mut remaining = Vec::new();
+    (remaining.try_reserve_exact(n)).map_err(|_| AllocFailure::of::<u32>("cycle check", n))?;
+    remaining.extend(b.nodes.iter().map(|s| s.indegree));
     let mut stack = Vec::new();
     reserve(&mut stack, sources.len(), "cycle check")?;
     stack.extend_from_slice(sources);
@@ -225,7 +224,7 @@ fn external_successors<S>(
         return Ok(Box::new([]));
     }
     // Overflow edges per node; then each node's fill cursor.
-    let mut extra = filled(nodes.len(), 0u32, "successor lists")?;
+    let mut extra = zeros(nodes.len(), "successor lists")?;
     for &(f, _) in overflow {
         extra[f as usize] += 1;
     }
@@ -235,7 +234,7 @@ fn external_successors<S>(
         .map(|&k| 2 + k as usize)
         .sum();
     let total_u32 = u32::try_from(total).expect("a graph holds at most 2^32 - 1 edges");
-    let mut ext = filled(total_u32 as usize, 0u32, "successor lists")?;
+    let mut ext = zeros(total_u32 as usize, "successor lists")?;
     let mut cursor = 0u32;
     for (f, k) in extra.iter_mut().enumerate() {
         if *k == 0 {

@@ -99,11 +99,8 @@ impl<S: Send + 'static> WorkerThread<S> {
     pub(super) fn chain_loop<const TRACE: bool>(&self, run: RunRef<S>, running: &mut u32) {
         let nodes: &[NodeSpec<S>] = &run.plan.nodes;
         let counters = self.counters();
-        let sink = if TRACE {
-            self.registry.trace.as_ref()
-        } else {
-            None
-        };
+        // `None` in the instantiation without a trace (so is every tick below).
+        let sink = self.registry.trace.as_ref().filter(|_| TRACE);
         let mut node = *running;
         *running = NO_NODE;
         let mut ctx = NodeCtx {
@@ -122,11 +119,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 *running = node;
                 // The count before this body (the landing pad counts a panicking one).
                 counters.nodes_run.set(n);
-                let tick = if TRACE {
-                    sink.map(|t| chained.take().unwrap_or_else(|| t.start_tick()))
-                } else {
-                    None
-                };
+                let tick = sink.map(|t| chained.take().unwrap_or_else(|| t.start_tick()));
                 let res = spec.body.run(&ctx);
                 let mut end = None;
                 if TRACE {
@@ -171,7 +164,16 @@ impl<S: Send + 'static> WorkerThread<S> {
                 *running = NO_NODE;
                 chained = None;
                 counters.nodes_run.set(n);
-                self.run_off_fast_path::<TRACE>(run, node, spec, n, running)
+                if spec.is_cpu() || run.is_failed() {
+                    self.run_task_slow(run, node)
+                } else {
+                    // A service point.
+                    if n % SERVICE_EVERY == 0 {
+                        self.service(n);
+                    }
+                    let sample = n % SAMPLE_EVERY == 0 && self.registry.export_metrics;
+                    self.run_worker_body_instrumented(run, node, running, sample, TRACE)
+                }
             };
             n = counters.nodes_run.get();
             match next.or_else(|| self.pop_local_of(run)) {
@@ -190,28 +192,6 @@ impl<S: Send + 'static> WorkerThread<S> {
                 None => return,
             }
         }
-    }
-
-    /// A node the chain loop's fast path does not run: a CPU-heavy node or one of a failed run
-    /// (the slow path), or a body at a service point (the idle hook, the metrics flush, a run
-    /// time sample).
-    #[inline(always)]
-    fn run_off_fast_path<const TRACE: bool>(
-        &self,
-        run: RunRef<S>,
-        node: u32,
-        spec: &NodeSpec<S>,
-        n: u64,
-        running: &mut u32,
-    ) -> Option<u32> {
-        if spec.is_cpu() || run.is_failed() {
-            return self.run_task_slow(run, node);
-        }
-        if n % SERVICE_EVERY == 0 {
-            self.service(n);
-        }
-        let sample = n % SAMPLE_EVERY == 0 && self.registry.export_metrics;
-        self.run_worker_body_instrumented(run, node, running, sample, TRACE)
     }
 
     /// Records node `node`'s slice in the trace `sink`, from `tick` to now, before the node
