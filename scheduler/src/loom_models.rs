@@ -664,7 +664,11 @@ fn taken_value_moves_to_the_only_successor() {
                         }
                     }
                     let (ready, fin) = complete(&run, node, true);
-                    assert!(!fin);
+                    // A source whose arrival came first may leave after `b` ran: it then
+                    // finishes the run.
+                    if fin {
+                        finishes.fetch_add(1, Ordering::SeqCst);
+                    }
                     if ready == [2] {
                         let inputs = Inputs::of(&*run, 2);
                         let taken = inputs.take(a).expect("b is a's only successor");
