@@ -12,10 +12,14 @@ use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::graph::Graph;
 use crate::handle::GraphHandle;
 use crate::ids::{DomainId, GroupId};
+use crate::metrics::PoolStats;
+use crate::output::GraphOutput;
 use crate::priority::WorkerDeques;
 use crate::registry::{Hooks, Registry, Settings, Topology};
 use crate::run::Task;
+use crate::submit::SubmitFuture;
 use crate::sync::{self, Mutex};
+use crate::trace::Trace;
 use crate::worker;
 
 /// Configures and starts a [`Pool`].
@@ -598,25 +602,25 @@ impl<S: Send + 'static> Pool<S> {
     /// # Ok::<(), boundpool_scheduler::Error>(())
     /// ```
     pub fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
-        Registry::submit(&self.registry, graph)
+        self.registry.submit(graph)
     }
 
     /// [`submit`](Self::submit) that never waits for admission: at the pool's limit of graphs
     /// in flight it fails with [`ErrorKind::WouldBlock`] (and counts a rejection).
     pub fn try_submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
-        Registry::submit_with(&self.registry, graph, false)
+        self.registry.submit_with(graph, false)
     }
 
     /// [`submit`](Self::submit) for async code: the future waits for admission without
     /// blocking its thread (it needs no particular runtime), then starts the graph and yields its
     /// handle. Dropping the future before it is ready withdraws the submission and leaves
     /// nothing behind. Errors are `submit`'s.
-    pub fn submit_async<'a>(&'a self, graph: &'a Graph<S>) -> crate::SubmitFuture<'a, S> {
-        crate::handle::SubmitFuture::new(&self.registry, graph)
+    pub fn submit_async<'a>(&'a self, graph: &'a Graph<S>) -> SubmitFuture<'a, S> {
+        SubmitFuture::new(&self.registry, graph)
     }
 
     /// Submits `graph` and waits for it.
-    pub fn run(&self, graph: &Graph<S>) -> Result<crate::GraphOutput, Error> {
+    pub fn run(&self, graph: &Graph<S>) -> Result<GraphOutput, Error> {
         self.submit(graph)?.wait()
     }
 
@@ -671,20 +675,20 @@ impl<S: Send + 'static> Pool<S> {
     /// Drains the timeline recorded since the last take (empty unless built with
     /// [`PoolBuilder::trace`]). Every node of a graph whose handle returned is in it, unless
     /// the window overflowed since the last take ([`Trace::dropped`](crate::Trace::dropped)).
-    pub fn take_trace(&self) -> crate::Trace {
+    pub fn take_trace(&self) -> Trace {
         self.read_trace(true)
     }
 
     /// The timeline recorded since the last take, left in place for the next take or
     /// snapshot (what a `/trace` endpoint serves).
-    pub fn snapshot_trace(&self) -> crate::Trace {
+    pub fn snapshot_trace(&self) -> Trace {
         self.read_trace(false)
     }
 
-    fn read_trace(&self, drain: bool) -> crate::Trace {
+    fn read_trace(&self, drain: bool) -> Trace {
         match &self.registry.trace {
             Some(t) => t.read(drain),
-            None => crate::Trace {
+            None => Trace {
                 epoch: std::time::Instant::now(),
                 tracks: Vec::new(),
                 slices: Vec::new(),
@@ -706,7 +710,7 @@ impl<S: Send + 'static> Pool<S> {
     }
 
     /// The scheduler's counters, read live (no metrics recorder needed).
-    pub fn stats(&self) -> crate::PoolStats {
+    pub fn stats(&self) -> PoolStats {
         self.registry.stats()
     }
 
@@ -715,7 +719,7 @@ impl<S: Send + 'static> Pool<S> {
     /// [`ErrorKind::ShutDown`]. Idempotent. Called from inside a node, it does not wait: the
     /// workers stop once the running graphs are done.
     pub fn shutdown(&self, mode: ShutdownMode) {
-        let on_worker = worker::on_worker_of(&self.registry);
+        let on_worker = self.registry.on_worker_thread();
         self.registry.begin_shutdown(mode);
         if on_worker {
             return;

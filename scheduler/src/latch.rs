@@ -4,8 +4,8 @@
 use std::task::Waker;
 use std::time::Instant;
 
-use super::GraphOutput;
 use crate::error::Error;
+use crate::output::GraphOutput;
 use crate::sync::{self, current_thread, AtomicBool, Mutex, Ordering, Thread};
 
 enum Waiter {
