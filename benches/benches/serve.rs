@@ -156,16 +156,16 @@ where
         }
     }
 
-    /// One client's loop: requests back to back (or `gap` apart) until `stop`.
+    /// One client's loop: requests back to back (or `gap` apart, each read by `probe`) until
+    /// `stop`.
     fn client(
         &self,
         pool: &GpuPool,
         m: &ServedModel<T>,
         c: usize,
         eager: bool,
-        gap: Option<Duration>,
+        (gap, probe): (Option<Duration>, Option<&tail::TailProbe>),
         stop: &AtomicBool,
-        probe: Option<&tail::TailProbe>,
     ) -> Vec<Duration> {
         let mut lat = Vec::with_capacity(1 << 16);
         let mut r = 0usize;
@@ -219,7 +219,7 @@ where
                                 .expect("warm-up");
                         }
                         start.wait();
-                        self.client(pool, &self.normal, c, eager, None, stop, None)
+                        self.client(pool, &self.normal, c, eager, (None, None), stop)
                     })
                 })
                 .collect();
@@ -238,9 +238,8 @@ where
                         &self.high,
                         99,
                         eager,
-                        Some(Duration::from_micros(200)),
+                        (Some(Duration::from_micros(200)), probe),
                         stop,
-                        probe,
                     )
                 })
             });
