@@ -271,9 +271,10 @@ impl CholeskyPlan {
         }
         let tasks = self.tasks();
         let mut g = GraphBuilder::with_capacity(name.to_owned(), tasks.len() + 1, 3 * tasks.len());
+        let prevs = previous_writers(&tasks);
         let mut refs: Vec<NodeRef<BlockVersion>> = Vec::with_capacity(tasks.len());
         let mut counts = [0usize; 4];
-        for task in &tasks {
+        for (task, &prev) in tasks.iter().zip(&prevs) {
             let on_panel = if self.critical_only_panel {
                 task.critical()
             } else {
@@ -281,12 +282,7 @@ impl CholeskyPlan {
             };
             let group = if on_panel { self.panel } else { self.update };
             counts[task.op.kind()] += 1;
-            // The block's previous writer, whose version this operation takes (none for the
-            // block's first writer): among the last writers of what it touches, the one
-            // that wrote the same block.
             let block = Block::written_by(task.op);
-            let prev =
-                (task.deps.iter().copied()).find(|&d| Block::written_by(tasks[d].op) == block);
             let prev_node = prev.map(|d| refs[d]);
             // The closures keep the matrix (and infos) alive as long as the graph.
             let (a, info, op) = (a.clone(), info.clone(), task.op);
@@ -366,6 +362,19 @@ impl Block {
             TileOp::GemmBelow { j, .. } => Block::Below(j),
         }
     }
+}
+
+/// For each task, the block's previous writer, whose version of the block the task takes (none
+/// for the block's first writer): among the last writers of what it touches, the one that wrote
+/// the same block.
+fn previous_writers(tasks: &[TileTask]) -> Vec<Option<usize>> {
+    tasks
+        .iter()
+        .map(|task| {
+            let block = Block::written_by(task.op);
+            (task.deps.iter().copied()).find(|&d| Block::written_by(tasks[d].op) == block)
+        })
+        .collect()
 }
 
 /// A version of a block of the matrix, what a tile operation's node leaves: the block's next
@@ -944,7 +953,8 @@ mod tests {
     /// What `build` declares with `hand_on` holds for both plans: each operation's previous
     /// writer of the block it writes is that block's writer just before it (so it takes the
     /// block's latest version), and this operation is its only successor (so no other node
-    /// reads a version that is written again).
+    /// reads a version that is written again); a scheduler graph with those edges builds, and
+    /// one more reader of a handed-on version makes its build fail.
     #[test]
     fn each_block_version_but_the_last_has_one_reader() {
         for merge_columns in [false, true] {
@@ -953,6 +963,7 @@ mod tests {
                 ..CholeskyPlan::new(7 * 32 + 5, 32, GroupId::from_index(0))
             };
             let tasks = plan.tasks();
+            let prevs = previous_writers(&tasks);
             let mut succs = vec![Vec::new(); tasks.len()];
             for (x, task) in tasks.iter().enumerate() {
                 for &d in &task.deps {
@@ -960,21 +971,42 @@ mod tests {
                 }
             }
             let mut last = std::collections::HashMap::new();
-            let mut handed = 0;
             for (x, task) in tasks.iter().enumerate() {
                 let block = Block::written_by(task.op);
-                let prev: Vec<usize> = (task.deps.iter().copied())
-                    .filter(|&d| Block::written_by(tasks[d].op) == block)
-                    .collect();
-                assert_eq!(prev.first(), last.get(&block), "{:?}", task.op);
-                if let Some(&p) = prev.first() {
+                assert_eq!(prevs[x], last.get(&block).copied(), "{:?}", task.op);
+                if let Some(p) = prevs[x] {
                     assert_eq!(succs[p], [x], "{:?} has other readers", tasks[p].op);
-                    handed += 1;
                 }
                 last.insert(block, x);
             }
             // Every write but each block's first is handed on.
+            let handed = prevs.iter().flatten().count();
             assert_eq!(handed, tasks.len() - last.len(), "merge {merge_columns}");
+
+            let graph = |spy: Option<usize>| {
+                let mut g = GraphBuilder::<()>::new("plan");
+                let refs: Vec<_> = (tasks.iter())
+                    .map(|t| g.node(t.op.name(), |_| Ok(())))
+                    .collect();
+                for (x, task) in tasks.iter().enumerate() {
+                    for &d in &task.deps {
+                        if Some(d) == prevs[x] {
+                            g.hand_on(refs[d], refs[x]);
+                        } else {
+                            g.edge(refs[d], refs[x]);
+                        }
+                    }
+                }
+                if let Some(p) = spy {
+                    let reader = g.node("spy", |_| Ok(()));
+                    g.edge(refs[p], reader);
+                }
+                g.build().map(drop)
+            };
+            graph(None).expect("every handed-on version has one reader");
+            let some_prev = prevs.iter().flatten().next().copied();
+            let err = graph(some_prev).expect_err("a second reader of a handed-on version");
+            assert!(err.to_string().contains("'spy'"), "{err}");
         }
     }
 
