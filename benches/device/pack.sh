@@ -9,8 +9,8 @@
 # command line's GPU subcommands and the benches' flags). Every one of them
 # sources lib.sh (`step`, `finish`, `alternate`); so can an ad-hoc command there. This script
 # runs here, not there, and does not.
-# PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI, the replay, eager and
-# Cholesky benches and the `gpu_probe` example (whose `--baselines` prints every raw baseline)
+# PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI, the replay, eager,
+# Cholesky and serving benches and the `gpu_probe` example (whose `--baselines` prints every raw baseline)
 # at each git revision (a detached worktree under target/revs/, each with a target directory of its own:
 # cargo names a workspace crate's artifacts alike in every checkout, so a shared one can link a
 # stale copy) into
@@ -75,8 +75,9 @@ for spec in ${PACK_REVS:-}; do
   ( cd "$src"
     cargo build --release -p boundpool-cli --target-dir ../t-$name -q
     cp ../t-$name/release/boundpool "../../../$out/revs/$name/boundpool"
-    # The replay, eager and Cholesky benches and the probe, where that revision has them.
-    for bench in replay gpu cholesky; do
+    # The replay, eager, Cholesky and serving benches and the probe, where that revision has
+    # them.
+    for bench in replay gpu cholesky serve; do
       r=$(cargo bench -p boundpool-bench --bench $bench --no-run --target-dir ../t-$name \
             --message-format=json 2>/dev/null | python3 -c '
 import json, sys

@@ -50,7 +50,9 @@
 //!   ([`Replayable::submit`] gives a [`ReplayHandle`] to wait or await), on one of the graph's
 //!   instances; [`PinnedBuffer`]s carry a served request in and out inside the CUDA graph.
 //!   [`Replayable::update`] re-captures and updates the executables in place
-//!   (`cuGraphExecUpdate`). Operations a graph cannot hold (a download, a free, and, read from
+//!   (`cuGraphExecUpdate`). A node writes a predecessor's buffer in place by taking it
+//!   ([`ReplayCtx::take`], [`ReplayBuilder::hand_on`]) when it is that buffer's only reader:
+//!   captured, the taker's output is the buffer the instance keeps and every replay writes. Operations a graph cannot hold (a download, a free, and, read from
 //!   the captured graph, an allocation it would keep or a copy from or to pageable host
 //!   memory) fail the capture naming the graph, the node and why
 //!   ([`GpuErrorKind::Capture`], the device counter `boundpool_gpu_capture_failures_total`);
