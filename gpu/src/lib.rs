@@ -236,13 +236,17 @@ mod libs;
 mod lt_algos;
 mod metrics;
 mod module;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod node;
 #[cfg(feature = "nvtx")]
 mod nvtx;
 mod partition;
+mod peer;
 mod pinned;
 mod pool;
 mod replay;
+mod signal;
 mod state;
 mod timing;
 mod worker;
@@ -251,21 +255,25 @@ pub use blas::{CublasRef, SolverRef};
 pub use blaslt::{CublasLt, LtElement, LtTuning, TUNE_CANDIDATES};
 pub use buffer::{DeviceBuffer, DeviceCopy};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
-pub use device::{DeviceInfo, GpuDevice};
+pub use device::{DeviceInfo, GpuDevice, NcclInfo};
 pub use diag::{context_check, MemoryProbe};
 pub use error::{GpuError, GpuErrorKind, GpuResult};
 pub use libs::LT_WORKSPACE_BYTES;
 pub use metrics::GPU_METRICS;
 pub use module::{builtin, Kernel, Module};
+#[cfg(feature = "nccl")]
+pub use nccl::{nccl_library_check, NcclElement, NcclId, ReduceOp};
 pub use node::{
     GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,
 };
 pub use partition::{PartitionInfo, SmPartition};
+pub use peer::OnDevice;
 pub use pinned::PinnedBuffer;
 pub use pool::{Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 pub use replay::{
     RNode, ReplayBuilder, ReplayCtx, ReplayHandle, ReplayOutput, ReplayStats, Replayable, RunInputs,
 };
+pub use signal::HostSignal;
 pub use state::WorkerSetup;
 pub use worker::GpuWorker;
 

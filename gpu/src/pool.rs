@@ -56,6 +56,9 @@ pub struct GpuPoolBuilder {
     wait_spin: std::time::Duration,
     idle_spin: Option<std::time::Duration>,
     partitions: Vec<SmPartition>,
+    /// Check that libnccl loads when building (feature `nccl`).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    nccl: bool,
 }
 
 impl Default for GpuPoolBuilder {
@@ -84,7 +87,18 @@ impl GpuPoolBuilder {
             wait_spin: std::time::Duration::ZERO,
             idle_spin: None,
             partitions: Vec::new(),
+            nccl: false,
         }
+    }
+
+    /// The pool's nodes will use NCCL (feature `nccl`): `build` fails with a
+    /// [`GpuErrorKind::LibraryMissing`] error naming the files tried when libnccl cannot be
+    /// loaded, instead of the first NCCL node. The communicators themselves are made by nodes
+    /// ([`GpuCtx::nccl_init`](crate::GpuCtx::nccl_init)), once the ranks have an id to share.
+    #[cfg(feature = "nccl")]
+    pub fn nccl(mut self, on: bool) -> Self {
+        self.nccl = on;
+        self
     }
 
     /// The pool's name (thread names, errors).
@@ -286,6 +300,10 @@ impl GpuPoolBuilder {
     /// then starts the workers: each pins itself, binds its device's primary context (retained
     /// once per device), checks it with `cuCtxGetCurrent` and creates its stream.
     pub fn build(self) -> GpuResult<GpuPool> {
+        #[cfg(feature = "nccl")]
+        if self.nccl {
+            crate::nccl::comm::check_library(&format!("building GPU pool '{}'", self.name))?;
+        }
         let ordinals = self.ordinals()?;
         self.plan.check_libraries()?;
         let (devices, infos) = self.open_devices(&ordinals)?;
@@ -688,6 +706,14 @@ impl GpuPool {
     /// The scheduler pool underneath (stats, workers, shutdown).
     pub fn pool(&self) -> &Pool<GpuWorker> {
         &self.pool
+    }
+
+    /// The scheduler pool underneath, by value, for a runtime that owns a pool of its own
+    /// (`boundpool-ranks` runs its ranks on one): keep [`devices`](Self::devices) and
+    /// [`host_group`](Self::host_group) first. Dropping the pool shuts it down as dropping this
+    /// one would.
+    pub fn into_pool(self) -> Pool<GpuWorker> {
+        self.pool
     }
 
     /// Submits a graph. Fails at once, saying why, if a device the pool uses has failed and the
