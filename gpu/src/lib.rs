@@ -264,12 +264,13 @@ pub use module::{builtin, Kernel, Module};
 #[cfg(feature = "nccl")]
 pub use nccl::{nccl_library_check, NcclElement, NcclId, ReduceOp};
 pub use node::{
-    GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,
+    run_gpu_body, GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange,
+    MAX_KERNEL_ARGS,
 };
 pub use partition::{PartitionInfo, SmPartition};
 pub use peer::OnDevice;
 pub use pinned::PinnedBuffer;
-pub use pool::{Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
+pub use pool::{call_on, download_on, Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 pub use replay::{
     RNode, ReplayBuilder, ReplayCtx, ReplayHandle, ReplayOutput, ReplayStats, Replayable, RunInputs,
 };

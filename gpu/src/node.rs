@@ -759,6 +759,19 @@ impl GpuGraphExt for GraphBuilder<GpuWorker> {
     }
 }
 
+/// Runs `body` as the body of a GPU node, on the worker running `node` (which must be a worker
+/// of a device): what [`GpuGraphExt::gpu_node`] wraps every body in (the waits for GPU
+/// predecessors, the marker for successors, the deferred completion). For a layer that adds
+/// nodes through the scheduler's own `GraphBuilder::node` and places them on a device itself
+/// (`boundpool-ranks` does, to see every error its GPU nodes return); other code uses
+/// `gpu_node`.
+pub fn run_gpu_body<T, F>(node: &NodeCtx<'_, GpuWorker>, body: F) -> Result<T, BoxError>
+where
+    F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError>,
+{
+    run_gpu_node(node, &body)
+}
+
 /// Records an event of the node's worker on `stream`, right after the node's work.
 fn record(ctx: &GpuCtx<'_, '_>, stream: StreamRef) -> Result<Event, BoxError> {
     ctx.b

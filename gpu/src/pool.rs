@@ -748,14 +748,7 @@ impl GpuPool {
         T: Send + Sync + 'static,
         F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
-        let mut g = GraphBuilder::new("call");
-        let n = g.gpu_node(device, "call", f);
-        let graph = g
-            .build()
-            .map_err(|e| GpuError::new(GpuErrorKind::Scheduler, e.to_string()).with_source(e))?;
-        let mut out = self.submit(&graph)?.wait().map_err(scheduler_error)?;
-        out.take(n)
-            .ok_or_else(|| GpuError::new(GpuErrorKind::Scheduler, "call produced no output"))
+        call_on(&self.pool, device, f)
     }
 
     /// Copies a device buffer to the host, on a worker of its device.
@@ -769,11 +762,8 @@ impl GpuPool {
                     GpuErrorKind::InvalidArgument,
                     "buffer belongs to another pool",
                 )
-            })?
-            .clone();
-        let (ptr, len) = (buf.device_ptr(), buf.len());
-        // The caller's borrow of `buf` keeps the allocation alive until `call` returns.
-        self.call(&dev, move |ctx| Ok(ctx.download_raw::<T>(ptr, len)?))
+            })?;
+        download_on(&self.pool, dev, buf)
     }
 
     /// Drains the timeline recorded so far (empty unless built with
@@ -817,6 +807,60 @@ impl GpuPool {
     pub fn shutdown(&self, mode: ShutdownMode) {
         self.pool.shutdown(mode)
     }
+}
+
+/// [`GpuPool::call`] on the scheduler pool of a GPU pool that a runtime took over with
+/// [`GpuPool::into_pool`] (`boundpool-ranks` does): `f` as a one-node graph on a worker of
+/// `device`, one of that pool's devices.
+pub fn call_on<T, F>(pool: &Pool<GpuWorker>, device: &GpuDevice, f: F) -> GpuResult<T>
+where
+    T: Send + Sync + 'static,
+    F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static,
+{
+    if let Some(why) = device.shared.failed() {
+        return Err(GpuError::new(
+            GpuErrorKind::DeviceFailed,
+            format!("device {} failed earlier: {why}", device.ordinal()),
+        ));
+    }
+    let mut g = GraphBuilder::new("call");
+    let n = g.gpu_node(device, "call", f);
+    let graph = g
+        .build()
+        .map_err(|e| GpuError::new(GpuErrorKind::Scheduler, e.to_string()).with_source(e))?;
+    let mut out = pool
+        .submit(&graph)
+        .map_err(scheduler_error)?
+        .wait()
+        .map_err(scheduler_error)?;
+    out.take(n)
+        .ok_or_else(|| GpuError::new(GpuErrorKind::Scheduler, "call produced no output"))
+}
+
+/// [`GpuPool::download`] on a scheduler pool taken over with [`GpuPool::into_pool`]: `buf`, a
+/// buffer of `device`, copied to the host on a worker of it.
+pub fn download_on<T: DeviceCopy>(
+    pool: &Pool<GpuWorker>,
+    device: &GpuDevice,
+    buf: &DeviceBuffer<T>,
+) -> GpuResult<Vec<T>> {
+    if !Arc::ptr_eq(&device.shared, &buf.device) {
+        return Err(GpuError::new(
+            GpuErrorKind::InvalidArgument,
+            format!(
+                "a buffer of device {} downloaded on device {}",
+                buf.device.ordinal(),
+                device.ordinal()
+            ),
+        ));
+    }
+    let (ptr, len) = (buf.device_ptr(), buf.len());
+    // The caller's borrow of `buf` keeps the allocation alive until `call_on` returns.
+    call_on(
+        pool,
+        device,
+        move |ctx| Ok(ctx.download_raw::<T>(ptr, len)?),
+    )
 }
 
 fn scheduler_error(e: boundpool_scheduler::Error) -> GpuError {

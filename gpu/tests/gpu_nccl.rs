@@ -57,7 +57,7 @@ fn one_rank_collectives_match_the_host() {
     let reduced = g.gpu_node(&d, "all-reduce", move |ctx| {
         let src = ctx.input(input)?;
         let mut out = ctx.alloc::<f32>(src.len())?;
-        ctx.nccl_all_reduce(src, &mut out, ReduceOp::Sum)?;
+        ctx.nccl_all_reduce(src, &mut out, &ReduceOp::Sum)?;
         Ok(out)
     });
     let bcast = g.gpu_node(&d, "broadcast", move |ctx| {
@@ -75,7 +75,7 @@ fn one_rank_collectives_match_the_host() {
     let scattered = g.gpu_node(&d, "reduce-scatter", move |ctx| {
         let src = ctx.input(gathered)?;
         let mut out = ctx.alloc::<f32>(src.len())?;
-        ctx.nccl_reduce_scatter(src, &mut out, ReduceOp::Max)?;
+        ctx.nccl_reduce_scatter(src, &mut out, &ReduceOp::Max)?;
         // Work after the operation, on the node's own stream: joined before successors.
         ctx.memset_zero(&mut ctx.alloc::<f32>(16)?)?;
         Ok(out)
@@ -114,7 +114,7 @@ fn an_operation_without_a_communicator_is_refused_by_name() {
         .call(&d, |ctx| {
             let a = ctx.alloc_zeros::<f32>(4)?;
             let mut b = ctx.alloc::<f32>(4)?;
-            ctx.nccl_all_reduce(&a, &mut b, ReduceOp::Sum)?;
+            ctx.nccl_all_reduce(&a, &mut b, &ReduceOp::Sum)?;
             Ok(())
         })
         .unwrap_err();

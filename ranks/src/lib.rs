@@ -99,6 +99,7 @@
 
 mod comm;
 mod error;
+mod gpu;
 mod graph;
 mod launch;
 pub mod plan;
@@ -107,6 +108,9 @@ mod transport;
 mod value;
 
 pub use crate::error::{Error, ErrorKind};
+#[cfg(feature = "nccl")]
+pub use crate::gpu::Collective;
+pub use crate::gpu::{GpuRanks, GpuRanksBuilder, RankGpuCtx};
 pub use crate::graph::{NodeRef, RankCtx, RankGraph, RankGraphBuilder, RankNodeId};
 pub use crate::launch::{LaunchInfo, Launcher};
 pub use crate::plan::{DataId, Digest, GraphDesc, LocalPlan, Lowering, On, Wire};

@@ -76,7 +76,7 @@ impl GpuCtx<'_, '_> {
         &self,
         send: &DeviceBuffer<T>,
         recv: &mut DeviceBuffer<T>,
-        op: ReduceOp,
+        op: &ReduceOp,
     ) -> GpuResult<()> {
         self.nccl_check(&[send, recv], |_| send.len() == recv.len())?;
         let (s, r, n) = (send.device_ptr(), recv.device_ptr(), send.len());
@@ -89,7 +89,7 @@ impl GpuCtx<'_, '_> {
                     r as _,
                     n,
                     T::as_nccl_type(),
-                    reduce_op(&op),
+                    reduce_op(op),
                     comm,
                     stream,
                 )
@@ -135,7 +135,7 @@ impl GpuCtx<'_, '_> {
         &self,
         send: &DeviceBuffer<T>,
         recv: &mut DeviceBuffer<T>,
-        op: ReduceOp,
+        op: &ReduceOp,
     ) -> GpuResult<()> {
         self.nccl_check(&[send, recv], |w| send.len() == recv.len() * w)?;
         let (s, r, n) = (send.device_ptr(), recv.device_ptr(), recv.len());
@@ -148,7 +148,7 @@ impl GpuCtx<'_, '_> {
                     r as _,
                     n,
                     T::as_nccl_type(),
-                    reduce_op(&op),
+                    reduce_op(op),
                     comm,
                     stream,
                 )
@@ -195,6 +195,37 @@ impl GpuCtx<'_, '_> {
             // SAFETY: a live allocation of `n` elements of this device, kept by the node's
             // output until its work is done.
             unsafe { nr::recv(r as _, n, T::as_nccl_type(), peer, comm, stream) }
+        })
+    }
+
+    /// [`nccl_send`](Self::nccl_send) of any plain device data, as its bytes (`ncclUint8`):
+    /// the receiver gives a buffer of the same number of bytes.
+    pub fn nccl_send_bytes<T: DeviceCopy>(
+        &self,
+        send: &DeviceBuffer<T>,
+        peer: usize,
+    ) -> GpuResult<()> {
+        self.nccl_check(&[send], |w| peer < w)?;
+        let (s, n, peer) = (send.device_ptr(), send.bytes(), peer as i32);
+        self.nccl_op("ncclSend", |comm, stream| {
+            // SAFETY: a live allocation of `n` bytes of this device, kept until the node's
+            // work is done.
+            unsafe { nr::send(s as _, n, ns::ncclDataType_t::ncclUint8, peer, comm, stream) }
+        })
+    }
+
+    /// [`nccl_recv`](Self::nccl_recv) of any plain device data, as its bytes (`ncclUint8`).
+    pub fn nccl_recv_bytes<T: DeviceCopy>(
+        &self,
+        recv: &mut DeviceBuffer<T>,
+        peer: usize,
+    ) -> GpuResult<()> {
+        self.nccl_check(&[recv], |w| peer < w)?;
+        let (r, n, peer) = (recv.device_ptr(), recv.bytes(), peer as i32);
+        self.nccl_op("ncclRecv", |comm, stream| {
+            // SAFETY: a live allocation of `n` bytes of this device, kept by the node's output
+            // until its work is done.
+            unsafe { nr::recv(r as _, n, ns::ncclDataType_t::ncclUint8, peer, comm, stream) }
         })
     }
 
