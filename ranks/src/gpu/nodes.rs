@@ -145,6 +145,8 @@ pub(crate) struct DeviceMaker<E: DeviceCopy> {
     pub(crate) chunk: usize,
     /// The wire decided at build.
     wire: OnceLock<Wire>,
+    /// The page-locked memory its value lands in on this rank (staged).
+    pool: Arc<crate::gpu::staged::StagingPool<E>>,
 }
 
 impl<E: DeviceCopy + bytemuck::Pod> DeviceMaker<E> {
@@ -153,6 +155,7 @@ impl<E: DeviceCopy + bytemuck::Pod> DeviceMaker<E> {
             node,
             chunk,
             wire: OnceLock::new(),
+            pool: Arc::default(),
         }
     }
 
@@ -206,7 +209,7 @@ impl<E: DeviceCopy + bytemuck::Pod> NodeMaker<GpuWorker> for DeviceMaker<E> {
     fn land(&self) -> Option<LandFn> {
         Some(match self.wire() {
             Wire::Nccl => crate::value::land_fn(crate::value::plain_landing::<u64>),
-            _ => crate::gpu::staged::landing::<E>(),
+            _ => crate::gpu::staged::landing::<E>(&self.pool),
         })
     }
 

@@ -139,9 +139,19 @@ fn stage_out<E: DeviceCopy>(
     })
 }
 
-/// The page-locked buffers a receive's values land in, reused across runs.
-struct StagingPool<E: DeviceCopy> {
+/// The page-locked buffers a receive's values land in, reused across runs. Its node's maker
+/// owns it (the graph: dropped on the user's thread, its buffers freed by a bound worker); the
+/// landing, which the communication thread keeps until it ends, holds it weakly.
+pub(crate) struct StagingPool<E: DeviceCopy> {
     free: Mutex<Vec<PinnedBuffer<E>>>,
+}
+
+impl<E: DeviceCopy> Default for StagingPool<E> {
+    fn default() -> Self {
+        StagingPool {
+            free: Mutex::new(Vec::new()),
+        }
+    }
 }
 
 impl<E: DeviceCopy> StagingPool<E> {
@@ -214,11 +224,10 @@ impl<E: DeviceCopy + bytemuck::Pod> Landing for StagedLanding<E> {
     }
 }
 
-/// The landing of a staged device value of `E`s: page-locked memory of a pool of its own.
-pub(crate) fn landing<E: DeviceCopy + bytemuck::Pod>() -> LandFn {
-    let pool = Arc::new(StagingPool::<E> {
-        free: Mutex::new(Vec::new()),
-    });
+/// The landing of a staged device value of `E`s: page-locked memory of `pool` (ordinary memory
+/// when it has none large enough, or is gone).
+pub(crate) fn landing<E: DeviceCopy + bytemuck::Pod>(pool: &Arc<StagingPool<E>>) -> LandFn {
+    let pool = Arc::downgrade(pool);
     Arc::new(move |len: usize| {
         let size = std::mem::size_of::<E>();
         if size == 0 || len % size != 0 {
@@ -228,6 +237,7 @@ pub(crate) fn landing<E: DeviceCopy + bytemuck::Pod>() -> LandFn {
             ));
         }
         let n = len / size;
+        let pool = pool.upgrade().unwrap_or_default();
         let host = match pool.take(n) {
             Some(b) => Host::Pinned(b),
             None => Host::Pageable(Vec::with_capacity(n)),
@@ -236,7 +246,7 @@ pub(crate) fn landing<E: DeviceCopy + bytemuck::Pod>() -> LandFn {
             arrived: Some(Arrived {
                 host: Some(host),
                 n,
-                pool: pool.clone(),
+                pool,
             }),
         }) as Box<dyn Landing>)
     })
@@ -264,6 +274,7 @@ pub(crate) fn add_recv<E: DeviceCopy + bytemuck::Pod>(
                 .ok_or("a staged device value did not arrive")?;
             let dst = gpu.alloc::<E>(a.n)?;
             match a.host.as_ref() {
+                _ if a.n == 0 => {}
                 Some(Host::Pinned(b)) => gpu.copy_from_pinned_at(b, 0..a.n, &dst, 0)?,
                 Some(Host::Pageable(v)) => {
                     let mut dst = dst;
