@@ -32,6 +32,7 @@ fn pool_with_comm() -> GpuPool {
     pool.call(&d, |ctx| {
         let id = NcclId::new()?;
         ctx.nccl_init(&id, 0, 1)?;
+        ctx.nccl_connect()?;
         Ok(())
     })
     .unwrap();

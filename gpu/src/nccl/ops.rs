@@ -66,6 +66,46 @@ impl GpuCtx<'_, '_> {
         Ok(())
     }
 
+    /// Connects this device's communicator to its peers for every kind of operation: a tiny
+    /// all-reduce, broadcast, all-gather and reduce-scatter, and a byte sent to and received
+    /// from every other rank (one NCCL group). NCCL otherwise connects lazily, at the first
+    /// operation that needs a connection, with a handshake that blocks the calling worker
+    /// until the peer reaches the same operation; every rank calls this together right after
+    /// [`nccl_init`](Self::nccl_init), so that later operations only enqueue.
+    pub fn nccl_connect(&self) -> GpuResult<()> {
+        let info = self.nccl_info()?;
+        let (me, world) = (info.rank, info.world);
+        let one = self.alloc_zeros::<f32>(1)?;
+        let blocks = self.alloc_zeros::<f32>(world)?;
+        let mut out = self.alloc::<f32>(1)?;
+        let mut all = self.alloc::<f32>(world)?;
+        self.nccl_all_reduce(&one, &mut out, &ReduceOp::Sum)?;
+        self.nccl_broadcast(Some(&one), &mut out, 0)?;
+        self.nccl_all_gather(&one, &mut all)?;
+        self.nccl_reduce_scatter(&blocks, &mut out, &ReduceOp::Sum)?;
+        if world > 1 {
+            let send = self.alloc_zeros::<u8>(world)?;
+            let recv = self.alloc::<u8>(world)?;
+            let (s, r) = (send.device_ptr(), recv.device_ptr());
+            self.nccl_op("ncclSend/ncclRecv", |comm, stream| {
+                nr::group_start()?;
+                for peer in (0..world).filter(|&p| p != me) {
+                    let at = peer as u64;
+                    let dt = ns::ncclDataType_t::ncclUint8;
+                    // SAFETY: byte `peer` of two live allocations of `world` bytes of this
+                    // device, kept until the node's work is done (the node's own buffers,
+                    // freed after the work enqueued).
+                    unsafe {
+                        nr::send((s + at) as _, 1, dt, peer as i32, comm, stream)?;
+                        nr::recv((r + at) as _, 1, dt, peer as i32, comm, stream)?;
+                    }
+                }
+                nr::group_end()
+            })?;
+        }
+        Ok(())
+    }
+
     /// This device's place in its NCCL communicator, if it has one.
     pub fn nccl(&self) -> Option<NcclInfo> {
         self.b.device.nccl_info()

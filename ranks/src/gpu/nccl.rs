@@ -54,6 +54,9 @@ pub(crate) fn add_send<E: DeviceCopy>(
             Ok(())
         },
     );
+    // The length goes first: the receiver must post its ncclRecv for this ncclSend to finish,
+    // and it can only once the length is there.
+    gb.edge(length.id(), send.id());
     SendNodes {
         inputs: vec![length.id(), send.id()],
         nccl: Some(send.id()),
