@@ -164,14 +164,18 @@ fn run_op(
     Ok(())
 }
 
+/// A tile's node: a version of tile `(i, j)`.
+type TileNode = ((usize, usize), NodeRef<DeviceBuffer<f64>>);
+
 /// The distributed factorization's graph: tile loads, operations, and rank 0's gather of `L`
-/// (column-major, `n × n`, zero above the diagonal).
-fn graph(
-    ranks: &GpuRanks,
-    d: &GpuDevice,
-    n: usize,
-    b: usize,
-) -> Result<(RankGraphBuilder<GpuWorker>, NodeRef<Vec<f64>>, usize), String> {
+/// (column-major, `n × n`, zero above the diagonal); with its gather node and operation count.
+struct Factorization {
+    graph: RankGraphBuilder<GpuWorker>,
+    gather: NodeRef<Vec<f64>>,
+    ops: usize,
+}
+
+fn graph(ranks: &GpuRanks, d: &GpuDevice, n: usize, b: usize) -> Factorization {
     let t = n.div_ceil(b);
     let (p, q) = grid(ranks.size());
     let size = move |i: usize| b.min(n - i * b);
@@ -219,8 +223,7 @@ fn graph(
         }
         latest.insert(writes, node);
     }
-    let finals: Vec<((usize, usize), NodeRef<DeviceBuffer<f64>>)> =
-        latest.iter().map(|(&k, &v)| (k, v)).collect();
+    let finals: Vec<TileNode> = latest.iter().map(|(&k, &v)| (k, v)).collect();
     let gathered = finals.clone();
     let gather = g.gpu_node(0, d, "gather L", move |ctx| {
         let mut l = vec![0.0f64; n * n];
@@ -241,7 +244,11 @@ fn graph(
     for &(_, node) in &finals {
         g.edge(node, gather);
     }
-    Ok((g, gather, tasks.len()))
+    Factorization {
+        graph: g,
+        gather,
+        ops: tasks.len(),
+    }
 }
 
 /// The one-rank factor: the bench crate's graph on this rank's device (the whole matrix in one
@@ -320,7 +327,11 @@ fn residual(l: &[f64], n: usize) -> f64 {
 fn factor(ranks: &GpuRanks, a: &Args) -> Result<String, String> {
     let (n, b) = (a.n, a.tile.max(1));
     let d = ranks.devices()[0].clone();
-    let (g, gather, ops) = graph(ranks, &d, n, b)?;
+    let Factorization {
+        graph: g,
+        gather,
+        ops,
+    } = graph(ranks, &d, n, b);
     let graph = g.build(ranks).map_err(|e| e.to_string())?;
     let transfers = graph.lowering().transfers.len();
     let mut times = Vec::new();
@@ -352,7 +363,8 @@ fn factor(ranks: &GpuRanks, a: &Args) -> Result<String, String> {
         .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()))
         / scale;
     let res = residual(&l, n);
-    if !(diff <= 1e-10) || !(res <= 1e-12) {
+    let within = |x: f64, limit: f64| x.partial_cmp(&limit).is_some_and(|o| o.is_le());
+    if !within(diff, 1e-10) || !within(res, 1e-12) {
         return Err(format!(
             "N = {n}, tile {b}: max |L - L_one_rank| / max |L| = {diff:.2e} (limit 1e-10), \
              residual {res:.2e} (limit 1e-12)"
