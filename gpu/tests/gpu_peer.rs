@@ -110,11 +110,12 @@ fn a_buffer_read_in_place_at_every_run_keeps_only_fences_in_flight() {
     let mut g = GpuGraphBuilder::new("read weights");
     let w = weights.clone();
     let sum = g.gpu_node(&d, "read", move |ctx| {
-        // Another table's buffer, read in place (one device: one context).
+        // Another table's buffer, read in place (one device: one context), by cudarc code on
+        // the node's stream: its fence is recorded after the body.
         let here = ctx.on_device(&w)?;
         assert!(!here.is_copy());
         let mut copy = ctx.alloc::<u32>(here.len())?;
-        ctx.copy_device(&here, &mut copy)?;
+        ctx.stream().memcpy_dtod(&*here, &mut copy)?;
         Ok(copy)
     });
     let check = g.gpu_node(&d, "check", move |ctx| {
