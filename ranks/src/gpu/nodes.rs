@@ -302,7 +302,7 @@ impl RankGraphBuilder<GpuWorker> {
     /// chunk sent as soon as its copy is done, so copies overlap the transfer; received into
     /// page-locked memory and uploaded by a GPU node on the consumer's rank, to the device its
     /// program names for this node there), or, when `device` has an NCCL communicator
-    /// ([`GpuRanksBuilder::nccl`](crate::GpuRanksBuilder::nccl)), with `ncclSend`/`ncclRecv`
+    /// (`GpuRanksBuilder::nccl`, feature `nccl`), with `ncclSend`/`ncclRecv`
     /// in the lowering's one order of NCCL operations. No driver call is made off a bound
     /// worker: the communication thread only reads host memory.
     pub fn device_node<E, F>(
