@@ -19,6 +19,11 @@ pub struct Link {
     /// Ports (network: rails per host, ranks spread over them; otherwise 1 per endpoint).
     #[serde(default = "one")]
     pub ports: usize,
+    /// The bytes are copied by the communication threads (shared memory, the in-process
+    /// network): a host value's `bytes / bandwidth` is their work on the hosts' cores, half
+    /// on each side, rather than a port's time.
+    #[serde(default)]
+    pub cpu_copy: bool,
     /// Where the figures come from (measured here, docs/benchmarks.md, or a vendor's figure).
     #[serde(default)]
     pub source: String,
@@ -166,6 +171,7 @@ pub struct Machine {
     pub ranks_per_host: usize,
     /// Cores of each host, shared by its ranks' workers (processor sharing past that).
     pub cores_per_host: usize,
+
     /// GPUs of each host.
     #[serde(default)]
     pub gpus_per_host: usize,
@@ -349,12 +355,14 @@ impl Machine {
                     latency_s: 60e-6,
                     bandwidth_gb_s: 1.5,
                     ports: 1,
+                    cpu_copy: true,
                     source: measured.into(),
                 },
                 network: Link {
                     latency_s: 60e-6,
                     bandwidth_gb_s: 1.5,
                     ports: 1,
+                    cpu_copy: false,
                     source: "unused: one host".into(),
                 },
                 nvlink: None,
@@ -377,6 +385,7 @@ impl Machine {
                 latency_s: 2e-6,
                 bandwidth_gb_s: 25.0,
                 ports: 4,
+                cpu_copy: false,
                 source: "vendor: 200 Gb/s a rail (NVIDIA ConnectX-7 NDR200/HDR, \
                          docs.nvidia.com/networking ConnectX7VPI); latency assumed (MPI over HDR)"
                     .into(),
@@ -385,6 +394,7 @@ impl Machine {
                 latency_s: 10e-6,
                 bandwidth_gb_s: 25.0,
                 ports: 1,
+                cpu_copy: false,
                 source: "vendor: one 200 GbE port a host; latency assumed (MPI over TCP/RoCE)"
                     .into(),
             },
@@ -445,6 +455,7 @@ impl Machine {
                     latency_s: 1e-6,
                     bandwidth_gb_s: 10.0,
                     ports: 1,
+                    cpu_copy: true,
                     source: "assumed: MPI shared memory on a server host".into(),
                 },
                 network: net,
@@ -452,6 +463,7 @@ impl Machine {
                     latency_s: 3e-6,
                     bandwidth_gb_s: 450.0,
                     ports: 1,
+                    cpu_copy: false,
                     source: "vendor: NVLink 4, 900 GB/s a GPU both directions (NVIDIA H100 \
                              datasheet); latency assumed"
                         .into(),
@@ -460,6 +472,7 @@ impl Machine {
                     latency_s: 2e-6,
                     bandwidth_gb_s: 64.0,
                     ports: 1,
+                    cpu_copy: false,
                     source: "vendor: PCIe Gen5 x16, 128 GB/s both directions (NVIDIA H100 \
                              datasheet); latency assumed"
                         .into(),

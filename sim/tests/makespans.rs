@@ -114,6 +114,13 @@ fn two_ranks_and_one_link() {
         .map(|p| p.1)
         .sum();
     close(transfer, MS + 20.0 * US);
+    // The same bytes copied by the communication threads, half on each side: the same time.
+    m.links.shm.cpu_copy = true;
+    let r = simulate(&g, &m, &c, &SimOptions::default()).unwrap();
+    close(r.makespan_s, 3.0 * MS + 32.0 * US);
+    assert!(r.links.is_empty());
+    let busy: f64 = r.comm.iter().map(|c| c.fraction).sum::<f64>() * r.makespan_s;
+    close(busy, MS + 10.0 * US);
 }
 
 #[test]

@@ -13,6 +13,10 @@ pub(crate) enum Owner {
     Worker(u32),
     /// A task's kernel (a GPU).
     Kernel(u32),
+    /// An idle worker watching the queues (`spin_loop` hints: a core's worth of work).
+    Spin(u32),
+    /// A rank's communication thread's job (a send's or an arrival's work, with its copy).
+    Comm(u32),
 }
 
 #[derive(Clone, Debug)]
@@ -100,7 +104,7 @@ impl Fluid {
     fn next_end(&self, now: f64) -> Option<f64> {
         self.actions
             .iter()
-            .filter(|a| a.speed > 0.0)
+            .filter(|a| a.speed > 0.0 && a.left.is_finite())
             .map(|a| now + (a.left / a.speed).max(0.0))
             .min_by(f64::total_cmp)
     }
@@ -122,6 +126,15 @@ impl Fluid {
             high,
             speed: 1.0,
         });
+        self.share();
+        self.version += 1;
+        self.next_end(now)
+    }
+
+    /// Takes `owner`'s action out (a spin that ended); returns the next check to schedule.
+    pub(crate) fn remove(&mut self, now: f64, owner: Owner) -> Option<f64> {
+        self.advance(now);
+        self.actions.retain(|a| a.owner != owner);
         self.share();
         self.version += 1;
         self.next_end(now)

@@ -114,6 +114,8 @@ pub(crate) enum Ev {
     Arrive(u32),
     /// An arrived message is seen by its rank's communication thread.
     CommRecv(u32),
+    /// An idle worker's spin (or deferred polling) ends, if still in that idle period.
+    SpinEnd(u32, u64),
 }
 
 struct Entry {
@@ -283,6 +285,10 @@ pub(crate) struct World<'a> {
     pub(crate) rec: Recorder,
     pub(crate) tasks_done: usize,
     pub(crate) seq_ports: u64,
+    // Idle workers watching the queues take a core without doing work (oversubscribed
+    // hosts only).
+    pub(crate) spin_on: Vec<bool>,
+    pub(crate) spin_ver: Vec<u64>,
 }
 
 impl World<'_> {
@@ -312,6 +318,50 @@ impl World<'_> {
             Ev::StageEnter(m) => self.stage_enter(m),
             Ev::Arrive(m) => self.arrive(m),
             Ev::CommRecv(m) => self.comm_recv(m),
+            Ev::SpinEnd(w, v) => {
+                if self.spin_ver[w as usize] == v {
+                    self.stop_spin(w as usize);
+                }
+            }
+        }
+    }
+
+    /// Idle worker `w` takes a core for `secs` (on an oversubscribed host only).
+    pub(crate) fn start_spin(&mut self, w: usize, secs: f64) {
+        let host = self.workers[w].host as usize;
+        if self.host_ample[host] {
+            return;
+        }
+        self.spin_ver[w] += 1;
+        if !self.spin_on[w] {
+            self.spin_on[w] = true;
+            self.fluid_add(
+                host as u32,
+                Owner::Spin(w as u32),
+                f64::INFINITY,
+                1.0,
+                false,
+            );
+        }
+        let v = self.spin_ver[w];
+        self.at(self.now + secs, Ev::SpinEnd(w as u32, v));
+    }
+
+    pub(crate) fn stop_spin(&mut self, w: usize) {
+        if self.spin_on[w] {
+            self.spin_on[w] = false;
+            self.spin_ver[w] += 1;
+            let host = self.workers[w].host;
+            self.fluid_remove(host, Owner::Spin(w as u32));
+        }
+    }
+
+    fn fluid_remove(&mut self, host: u32, owner: Owner) {
+        let fluid = &mut self.hosts[host as usize];
+        let next = fluid.remove(self.now, owner);
+        let v = fluid.version;
+        if let Some(t) = next {
+            self.at(t, Ev::FluidDone(host, v));
         }
     }
 
@@ -335,6 +385,8 @@ impl World<'_> {
             match owner {
                 Owner::Worker(w) => self.body_done(w),
                 Owner::Kernel(t) => self.kernel_done(t),
+                Owner::Comm(r) => self.comm_done(r),
+                Owner::Spin(_) => {}
             }
         }
     }
@@ -362,7 +414,7 @@ impl World<'_> {
             self.now = e.time;
             self.events += 1;
             self.dispatch(e.ev);
-            if self.tasks_done >= last_report + total / 100 + 1 {
+            if self.tasks_done > last_report + total / 100 {
                 last_report = self.tasks_done;
                 progress(self.tasks_done, total);
             }

@@ -5,6 +5,7 @@
 //! or by send priority), holds it for `bytes / bandwidth`, and is written into the in-port
 //! after the messages before it there; the next stage starts once the first chunk is through.
 
+use super::fluid::Owner;
 use super::{CommJob, Ev, Msg, Port, Stage, World, NONE};
 use crate::machine::{GpuTransfer, Link, Machine};
 
@@ -77,8 +78,21 @@ impl World<'_> {
         (self.graph.nodes.len() + self.lowering.transfers.len() + tr as usize) as u32
     }
 
-    /// The stages of transfer `tr`'s message.
+    /// Whether transfer `tr` is a host value copied by the communication threads (no port
+    /// stage: its copies are their jobs' work).
+    pub(crate) fn cpu_copied(&self, tr: u32) -> bool {
+        let m = self.machine;
+        let x = &self.lowering.transfers[tr as usize];
+        m.links.shm.cpu_copy
+            && m.host_of(x.from) == m.host_of(x.to)
+            && !self.graph.nodes[x.producer as usize].gpu
+    }
+
+    /// The stages of transfer `tr`'s message (none for a copied one).
     pub(crate) fn path(&self, tr: u32) -> Vec<Stage> {
+        if self.cpu_copied(tr) {
+            return Vec::new();
+        }
         let m = self.machine;
         let ids = &self.port_ids;
         let x = &self.lowering.transfers[tr as usize];
@@ -140,14 +154,26 @@ impl World<'_> {
         let Some(job) = comm.queue.pop_front() else {
             return;
         };
-        let cost = match job {
-            CommJob::Send(_) => self.machine.comm.send_s,
-            CommJob::Recv(_) => self.machine.comm.recv_s,
+        let (base, tr) = match job {
+            CommJob::Send(tr) => (self.machine.comm.send_s, tr),
+            CommJob::Recv(tr) => (self.machine.comm.recv_s, tr),
         };
         comm.busy = true;
         comm.started = self.now;
         comm.current = Some(job);
-        self.at(self.now + cost, Ev::CommDone(r as u32));
+        // A copied value: half its time on each side's thread.
+        let copy = if self.cpu_copied(tr) {
+            self.bytes[self.send_task(tr) as usize] / (self.machine.links.shm.bandwidth_gb_s * 2e9)
+        } else {
+            0.0
+        };
+        let host = self.machine.host_of(r);
+        if self.host_ample[host] {
+            self.at(self.now + base + copy, Ev::CommDone(r as u32));
+        } else {
+            // Its work shares the host's cores.
+            self.fluid_add(host as u32, Owner::Comm(r as u32), base + copy, 1.0, false);
+        }
     }
 
     pub(crate) fn comm_done(&mut self, r: u32) {
@@ -167,7 +193,13 @@ impl World<'_> {
                     prio: self.prio[self.recv_task(tr) as usize],
                     queued: self.now,
                 };
-                self.stage_enter(tr);
+                if self.msgs[tr as usize].stages.is_empty() {
+                    // Copied out by this thread already: it arrives after the latency.
+                    let lat = self.machine.links.shm.latency_s;
+                    self.at(self.now + lat, Ev::Arrive(tr));
+                } else {
+                    self.stage_enter(tr);
+                }
             }
             Some(CommJob::Recv(tr)) => {
                 let t = self.recv_task(tr);

@@ -161,6 +161,11 @@ impl World<'_> {
 
     /// The time a transfer's message takes alone: latencies and its slowest stage.
     fn transfer_alone(&self, tr: u32) -> f64 {
+        if self.cpu_copied(tr) {
+            let l = &self.machine.links.shm;
+            return l.latency_s
+                + self.bytes[self.graph.nodes.len() + tr as usize] / (l.bandwidth_gb_s * 1e9);
+        }
         let stages = self.path(tr);
         let bytes = self.bytes[self.graph.nodes.len() + tr as usize];
         let lat: f64 = stages.iter().map(|s| s.lat).sum();

@@ -176,7 +176,10 @@ pub(crate) fn world<'a>(
     let prio = vec![0; tasks];
 
     let (workers, ranks, streams) = make_workers(machine, opts.seed, &rank_of, &level);
-    let host_workers = machine.ranks_per_host * machine.workers_per_rank();
+    let nworkers = workers.len();
+    // Workers, and the communication threads where there are several ranks.
+    let threads = machine.workers_per_rank() + usize::from(machine.ranks() > 1);
+    let host_workers = machine.ranks_per_host * threads;
     let hosts: Vec<Fluid> = (0..machine.hosts)
         .map(|_| Fluid::new(machine.cores_per_host as f64, false))
         .collect();
@@ -234,6 +237,8 @@ pub(crate) fn world<'a>(
         rec: Recorder::new(opts.trace),
         tasks_done: 0,
         seq_ports: 0,
+        spin_on: vec![false; nworkers],
+        spin_ver: vec![0; nworkers],
         lowering,
     };
     if opts.send_priorities {

@@ -179,6 +179,7 @@ impl World<'_> {
         }
         let since = self.workers[w].idle_since;
         self.rec.park(w as u32, since, self.now + latency);
+        self.stop_spin(w);
         self.at(self.now + latency, Ev::Look(w as u32));
     }
 
@@ -250,7 +251,14 @@ impl World<'_> {
         wk.state = WState::Idle;
         wk.idle_since = self.now;
         let (r, g) = (wk.rank as usize, wk.group as usize);
+        // It watches the queues with `spin_loop` hints first (a core's worth of work); with
+        // deferred completions it polls between yields, which take no share from a thread
+        // that computes (measured on this kernel's EEVDF scheduler: crate docs).
+        let watch = wk.deferred.is_empty();
         self.ranks[r].idle[g].push(w);
+        if watch {
+            self.start_spin(wu, self.machine.sched.spin_s);
+        }
     }
 
     pub(crate) fn poll_done(&mut self, w: u32) {

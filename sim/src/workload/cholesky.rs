@@ -132,13 +132,35 @@ pub fn cholesky(spec: &CholeskySpec) -> SimResult<SimGraph> {
 pub struct KernelRates {
     /// POTRF, TRSM, SYRK, GEMM, TFLOP/s.
     pub tflops: [f64; 4],
-    /// The GPU's peak for these kernels, TFLOP/s: a kernel at rate `r` is taken to occupy
-    /// `r / peak` of the GPU (a slow kernel leaves SMs free for others).
-    pub peak_tflops: f64,
+    /// The share of the GPU each occupies alone (POTRF, TRSM, SYRK, GEMM; see the crate docs:
+    /// 1, each filling the GPU, is what the measured single-GPU factorization agrees with).
+    pub occupancy: [f64; 4],
     /// Host time of a node's body (the library call returning), seconds.
     pub launch_s: f64,
     /// Where the figures come from.
     pub source: String,
+}
+
+/// The H100 (80GB HBM3) tile kernels' rates of docs/benchmarks.md ("Tiled Cholesky",
+/// 2026-12-05, `bench_cholesky --probe`: each call alone on the GPU) for tiles of 1024, 2048
+/// and 4096: GEMM 53-56 TFLOP/s, TRSM 13 / 21 / 31, POTRF 0.7 / 3 / 11.5. Assumed, not
+/// measured: SYRK at 32 TFLOP/s (the one DSYRK figure there, a 14,336-wide trailing update)
+/// and a node's launch at 8 µs on its worker.
+pub fn h100_rates(tile: usize) -> Option<KernelRates> {
+    let (trsm, potrf) = match tile {
+        1024 => (13.0, 0.7),
+        2048 => (21.0, 3.0),
+        4096 => (31.0, 11.5),
+        _ => return None,
+    };
+    Some(KernelRates {
+        tflops: [potrf, trsm, 32.0, 54.5],
+        occupancy: [1.0; 4],
+        launch_s: 8e-6,
+        source: format!(
+            "H100 tile {tile}: GEMM, TRSM, POTRF measured (docs/benchmarks.md, bench_cholesky              --probe, 2026-12-05); SYRK 32 TFLOP/s and 8 us launches assumed"
+        ),
+    })
 }
 
 /// A cost model for whole tiles of `tile` from kernel rates.
@@ -153,9 +175,10 @@ pub fn cholesky_costs(tile: usize, rates: &KernelRates) -> CostModel {
         TileOp::Syrk { j: 1, k: 0 },
         TileOp::Gemm { i: 2, j: 1, k: 0 },
     ];
-    for (op, &rate) in ops.iter().zip(&rates.tflops) {
+    for (k, op) in ops.iter().enumerate() {
+        let rate = rates.tflops[k];
         let secs = op.flops(tile * 3, tile) / (rate * 1e12);
-        let occ = (rate / rates.peak_tflops).clamp(0.01, 1.0);
+        let occ = rates.occupancy[k];
         m.set(
             op.kind_name(),
             KindCost::gpu(rates.launch_s, secs, occ)
@@ -212,7 +235,7 @@ mod tests {
             1000,
             &KernelRates {
                 tflops: [1.0, 10.0, 20.0, 50.0],
-                peak_tflops: 50.0,
+                occupancy: [0.02, 1.0, 1.0, 1.0],
                 launch_s: 5e-6,
                 source: "test".into(),
             },

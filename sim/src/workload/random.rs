@@ -65,7 +65,7 @@ impl RandomDag {
 
     /// The nodes, drawn from the seed.
     pub fn draw(&self) -> Vec<RandomNode> {
-        let mut x = self.seed ^ 0x5eed_0f_da65;
+        let mut x = self.seed ^ 0x005e_ed0f_da65;
         let mut next = move |k: usize| -> usize {
             x = mix(x);
             (x % k.max(1) as u64) as usize
