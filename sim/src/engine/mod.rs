@@ -163,6 +163,8 @@ pub(crate) struct Worker {
     pub(crate) deferred: Vec<u32>,
     pub(crate) running: u32,
     pub(crate) run_start: f64,
+    /// The scheduling time before the running body (taking it, a steal).
+    pub(crate) overhead: f64,
     pub(crate) stolen: bool,
     pub(crate) polling: Vec<u32>,
     /// Its streams: normal level, high level (GPU workers only).

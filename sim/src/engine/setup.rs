@@ -340,6 +340,7 @@ fn make_workers(machine: &Machine, seed: u64, rank_of: &[u32], level: &[u8]) -> 
                     deferred: Vec::new(),
                     running: NONE,
                     run_start: 0.0,
+                    overhead: 0.0,
                     stolen: false,
                     polling: Vec::new(),
                     streams: st,

@@ -277,18 +277,20 @@ impl World<'_> {
     /// Starts `item` on worker `w`: a task's body, or the completion of a deferred one.
     fn begin(&mut self, w: usize, item: u32, stolen: bool) {
         let s = &self.machine.sched;
+        let overhead = s.node_s + if stolen { s.steal_s } else { 0.0 };
         let cost = if item & COMPLETE != 0 {
             s.node_s
         } else {
             let t = item as usize;
             self.t.start[t] = self.now;
             self.t.worker[t] = w as u32;
-            s.node_s + if stolen { s.steal_s } else { 0.0 } + self.host_s[t]
+            overhead + self.host_s[t]
         };
         let wk = &mut self.workers[w];
         wk.state = WState::Busy;
         wk.running = item;
         wk.run_start = self.now;
+        wk.overhead = overhead;
         wk.stolen = stolen;
         let host = wk.host as usize;
         if self.host_ample[host] {
