@@ -179,7 +179,8 @@ fn request_kinds(trace: &Value, requests: f64, costs: &CostModel) -> Vec<(String
     }
     let mut kinds: Vec<(f64, String)> = first
         .into_iter()
-        .filter(|(_, (_, c))| (*c as f64) >= 0.8 * requests)
+        // (`client` is the check's own kind: a real trace has no client threads' slices.)
+        .filter(|(k, (_, c))| (*c as f64) >= 0.8 * requests && k != "client")
         .map(|(k, (ts, _))| (ts, k))
         .collect();
     kinds.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -283,7 +284,20 @@ fn concurrency(trace: &Value, gpu_kinds: &[String]) -> (f64, f64) {
     )
 }
 
-fn serve_check(dir: &Path) -> Result<(), String> {
+/// What `check-serve` finds: the request's kinds, the occupancy the largest client count
+/// implies, and per client count (clients, measured, predicted with occupancy 1, predicted
+/// with the implied one) in requests a second.
+struct ServeCheck {
+    think_s: f64,
+    kinds: Vec<(String, bool)>,
+    largest: usize,
+    concurrency: f64,
+    stretch: f64,
+    implied: f64,
+    rows: Vec<(usize, f64, f64, f64)>,
+}
+
+fn serve_check(dir: &Path) -> Result<ServeCheck, String> {
     let mut cs: Vec<usize> = std::fs::read_dir(dir)
         .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
         .filter_map(|e| e.ok())
@@ -302,69 +316,145 @@ fn serve_check(dir: &Path) -> Result<(), String> {
     let mut costs =
         CostModel::from_chrome_trace(&t1, &|n| kind_of(n).to_owned(), "serve, 1 client")
             .map_err(|e| e.to_string())?;
-    let think = m1["think_us"].as_f64().unwrap_or(0.0) * 1e-6;
+    let think_s = m1["think_us"].as_f64().unwrap_or(0.0) * 1e-6;
     costs.set(
         "client",
-        KindCost::host(think).noted("measured: the client's time between requests"),
+        KindCost::host(think_s).noted("measured: the client's time between requests"),
     );
     let requests = m1["requests"].as_f64().unwrap_or(0.0);
     let kinds = request_kinds(&t1, requests, &costs);
     let gpu_kinds: Vec<String> = kinds.iter().filter(|k| k.1).map(|k| k.0.clone()).collect();
-    println!(
-        "request: client ({:.1} us) -> {}",
-        think * 1e6,
-        kinds
-            .iter()
-            .map(|(k, g)| format!("{k}{}", if *g { " (GPU)" } else { "" }))
-            .collect::<Vec<_>>()
-            .join(" -> ")
-    );
+    if gpu_kinds.is_empty() {
+        return Err("the one-client trace has no GPU node in every request".into());
+    }
     // The GPU kinds' occupancy as the largest client count's trace implies it: concurrent
     // kernels stretched by `stretch` at concurrency `c` share the GPU as if each took
     // stretch / c of it (the fluid model's speed 1 / (c × occupancy)).
-    let last = *cs.last().expect("one at least");
-    let (conc, mean_busy) = concurrency(
-        &read_json(&dir.join(format!("serve_{last}.json")))?,
+    let largest = *cs.last().expect("one at least");
+    let (concurrency, mean_busy) = self::concurrency(
+        &read_json(&dir.join(format!("serve_{largest}.json")))?,
         &gpu_kinds,
     );
     let alone: f64 = gpu_kinds
         .iter()
         .filter_map(|k| costs.kinds.get(k)?.gpu.as_ref().map(|d| d.mean()))
         .sum::<f64>()
-        / gpu_kinds.len().max(1) as f64;
-    let implied = ((mean_busy / alone.max(1e-12)) / conc.max(1.0)).clamp(0.01, 1.0);
-    println!(
-        "{last} clients' trace: GPU work {conc:.2} deep on average, each {:.2}x its time alone: \
-         implied occupancy {implied:.2}",
-        mean_busy / alone.max(1e-12)
-    );
-    println!("\n| clients | measured req/s | predicted, occupancy 1 | ratio | predicted, occupancy {implied:.2} (from {last} clients) | ratio |");
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+        / gpu_kinds.len() as f64;
+    let stretch = mean_busy / alone.max(1e-12);
+    let implied = (stretch / concurrency.max(1.0)).clamp(0.01, 1.0);
     let mut fitted = costs.clone();
     for k in &gpu_kinds {
         if let Some(c) = fitted.kinds.get_mut(k) {
             c.occupancy = implied;
         }
     }
+    let mut rows = Vec::new();
     for &c in &cs {
         let mc = read_json(&dir.join(format!("serve_{c}_measured.json")))?;
         let rps = mc["rps"].as_f64().unwrap_or(f64::NAN);
-        let (p1, p2) = (
+        rows.push((
+            c,
+            rps,
             predict_rps(c, &kinds, &costs)?,
             predict_rps(c, &kinds, &fitted)?,
-        );
+        ));
+    }
+    Ok(ServeCheck {
+        think_s,
+        kinds,
+        largest,
+        concurrency,
+        stretch,
+        implied,
+        rows,
+    })
+}
+
+fn print_serve(s: &ServeCheck) {
+    println!(
+        "request: client ({:.1} us) -> {}",
+        s.think_s * 1e6,
+        s.kinds
+            .iter()
+            .map(|(k, g)| format!("{k}{}", if *g { " (GPU)" } else { "" }))
+            .collect::<Vec<_>>()
+            .join(" -> ")
+    );
+    println!(
+        "{} clients' trace: GPU work {:.2} deep on average, each {:.2}x its time alone: implied \
+         occupancy {:.2}",
+        s.largest, s.concurrency, s.stretch, s.implied
+    );
+    println!(
+        "\n| clients | measured req/s | predicted, occupancy 1 | ratio | predicted, occupancy {:.2} (from {} clients) | ratio |",
+        s.implied, s.largest
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+    for &(c, rps, p1, p2) in &s.rows {
         println!(
             "| {c} | {rps:.0} | {p1:.0} | {:.2} | {p2:.0} | {:.2} |",
             p1 / rps,
             p2 / rps
         );
     }
-    Ok(())
 }
 
 pub(crate) fn serve(a: CheckServeArgs) -> ExitCode {
     match serve_check(&a.dir) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(s) => {
+            print_serve(&s);
+            ExitCode::SUCCESS
+        }
         Err(e) => usage(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Recordings made by the simulator (a request: stage, a GPU segment of occupancy 0.25,
+    /// read): the check finds the request's kinds and recovers the occupancy from the
+    /// 8-client trace, and its predictions with it match.
+    #[test]
+    fn the_serve_check_reads_recordings() {
+        let dir =
+            std::env::temp_dir().join(format!("boundpool-serve-check-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut costs = CostModel::default();
+        costs.set("stage input", KindCost::host(5e-6));
+        costs.set("serve bf16 segment", KindCost::gpu(6e-6, 27e-6, 0.25));
+        costs.set("read output", KindCost::host(4e-6));
+        costs.set("client", KindCost::host(10e-6));
+        let kinds: Vec<(String, bool)> = vec![
+            ("stage input".into(), false),
+            ("serve bf16 segment".into(), true),
+            ("read output".into(), false),
+        ];
+        for c in [1usize, 8] {
+            let requests = 300;
+            let g = serve_graph(c, requests, &kinds);
+            let opts = SimOptions {
+                trace: true,
+                ..SimOptions::default()
+            };
+            let r = simulate(&g, &serve_machine(c), &costs, &opts).unwrap();
+            let trace = boundpool::observe::chrome_trace(r.trace.as_ref().unwrap(), |_, _| {});
+            std::fs::write(dir.join(format!("serve_{c}.json")), trace.to_string()).unwrap();
+            let rps = (c * requests) as f64 / r.makespan_s;
+            let m = serde_json::json!({"clients": c, "requests": c * requests, "rps": rps, "think_us": 10.0});
+            std::fs::write(dir.join(format!("serve_{c}_measured.json")), m.to_string()).unwrap();
+        }
+        let s = serve_check(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let names: Vec<&str> = s.kinds.iter().map(|k| k.0.as_str()).collect();
+        assert_eq!(names, ["stage input", "serve bf16 segment", "read output"]);
+        assert!(s.concurrency > 1.5, "{}", s.concurrency);
+        assert!((s.implied - 0.25).abs() < 0.1, "implied {}", s.implied);
+        let (_, rps, _, fitted) = s.rows[1];
+        assert!((fitted / rps - 1.0).abs() < 0.1, "{fitted} vs {rps}");
+        let (_, rps1, p1, _) = s.rows[0];
+        assert!((p1 / rps1 - 1.0).abs() < 0.05, "{p1} vs {rps1}");
     }
 }
