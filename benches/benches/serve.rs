@@ -21,6 +21,8 @@
 
 #[path = "../../examples/serve/model.rs"]
 mod model;
+#[path = "serve/tail.rs"]
+mod tail;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
@@ -86,6 +88,24 @@ struct Args {
     /// JSON lines.
     #[arg(long)]
     json: bool,
+    /// Instead, the priority scenario only (the high client alone, the batch alone, both),
+    /// `--rounds` times for each of `--batch-clients`.
+    #[arg(long)]
+    priority_only: bool,
+    /// Batch client counts of `--priority-only`, `--tail-probe` and `--tail-trace`.
+    #[arg(long, value_delimiter = ',', default_values_t = [8])]
+    batch_clients: Vec<usize>,
+    /// Rounds of `--priority-only`.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Instead, the high client's requests read around by the host's scheduler counters
+    /// (run delay, involuntary switches): the median against the slowest 1%.
+    #[arg(long)]
+    tail_probe: bool,
+    /// Instead, the high client's requests on a traced pool cut into phases: the median
+    /// against the slowest 1%.
+    #[arg(long)]
+    tail_trace: bool,
 }
 
 fn gemm_path(s: &str) -> Result<GemmPath, String> {
@@ -156,25 +176,31 @@ where
         }
     }
 
-    /// One client's loop: requests back to back (or `gap` apart) until `stop`.
+    /// One client's loop: requests back to back (or `gap` apart, each read by `probe`) until
+    /// `stop`.
     fn client(
         &self,
         pool: &GpuPool,
         m: &ServedModel<T>,
         c: usize,
         eager: bool,
-        gap: Option<Duration>,
+        (gap, probe): (Option<Duration>, Option<&tail::TailProbe>),
         stop: &AtomicBool,
     ) -> Vec<Duration> {
         let mut lat = Vec::with_capacity(1 << 16);
         let mut r = 0usize;
         while !stop.load(Ordering::Relaxed) {
             let k = (c * 7 + r) % INPUTS as usize;
+            let before = probe.and_then(|p| p.before());
             let t = Instant::now();
             let y = m
                 .serve(pool, self.inputs[k].clone(), eager)
                 .unwrap_or_else(|e| panic!("client {c} request {r}: {e}"));
-            lat.push(t.elapsed());
+            let took = t.elapsed();
+            lat.push(took);
+            if let Some(p) = probe {
+                p.after(before, t, took);
+            }
             if let Err(e) = check(&y, &self.want[k]) {
                 panic!("{} client {c} request {r}: {e}", T::NAME);
             }
@@ -187,7 +213,7 @@ where
     }
 
     /// `clients` clients for `secs` after a warm-up (every instance captured): all requests'
-    /// latencies, and with `high`, the high client's apart.
+    /// latencies, and with `high`, the high client's apart (its requests read by `probe`).
     fn serve(
         &self,
         pool: &GpuPool,
@@ -195,6 +221,7 @@ where
         eager: bool,
         high: bool,
         secs: f64,
+        probe: Option<&tail::TailProbe>,
     ) -> (Run, Option<Run>) {
         let stop = AtomicBool::new(false);
         let n = clients + usize::from(high);
@@ -212,7 +239,7 @@ where
                                 .expect("warm-up");
                         }
                         start.wait();
-                        self.client(pool, &self.normal, c, eager, None, stop)
+                        self.client(pool, &self.normal, c, eager, (None, None), stop)
                     })
                 })
                 .collect();
@@ -231,7 +258,7 @@ where
                         &self.high,
                         99,
                         eager,
-                        Some(Duration::from_micros(200)),
+                        (Some(Duration::from_micros(200)), probe),
                         stop,
                     )
                 })
@@ -273,7 +300,7 @@ where
     );
     for &eager in &[false, true] {
         for &c in &a.clients {
-            let (r, _) = b.serve(pool, c, eager, false, a.seconds);
+            let (r, _) = b.serve(pool, c, eager, false, a.seconds, None);
             let v = json!({"impl": "boundpool", "dtype": T::NAME, "mode": if eager {"eager"} else {"graph"},
                 "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "gemm": format!("{:?}", a.gemm), "copies_in_graph": a.copies_in_graph, "zero_copy": a.zero_copy, "tuned": a.tune && a.gemm == GemmPath::Lt, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
                 "p50_us": r.pct(0.5), "p99_us": r.pct(0.99)});
@@ -296,9 +323,9 @@ fn priority_scenario<T: Elem>(
 where
     CudaBlas: Gemm<T>,
 {
-    let (_, alone) = b.serve(pool, 0, false, true, a.seconds);
-    let (batch_alone, _) = b.serve(pool, 8, false, false, a.seconds);
-    let (batch, loaded) = b.serve(pool, 8, false, true, a.seconds);
+    let (_, alone) = b.serve(pool, 0, false, true, a.seconds, None);
+    let (batch_alone, _) = b.serve(pool, 8, false, false, a.seconds, None);
+    let (batch, loaded) = b.serve(pool, 8, false, true, a.seconds, None);
     let (alone, loaded) = (alone.expect("high"), loaded.expect("high"));
     let v = json!({"impl": "boundpool", "scenario": "priority", "dtype": T::NAME, "mode": "graph",
         "batch_clients": 8, "high_alone_p50_us": alone.pct(0.5), "high_alone_p99_us": alone.pct(0.99),
@@ -445,10 +472,8 @@ fn table(ours: &[Value], theirs: &[Value], a: &Args) {
     }
 }
 
-/// One client's requests on a traced pool, each cut into phases from the timeline: submit to
-/// the first node's start, the staging node, the segment node on its worker (the graph launch),
-/// launch to the device's start of the segment, the segment on the device, device end to the
-/// output node's start (completion seen), output node, its end to the client's return.
+/// One client's requests on a traced pool, each cut into phases from the timeline
+/// ([`tail::PHASES`]): median µs of each.
 fn breakdown<T: Elem>(pool: &GpuPool, a: &Args)
 where
     CudaBlas: Gemm<T>,
@@ -474,74 +499,15 @@ where
         std::thread::sleep(Duration::from_micros(20));
     }
     let tr = pool.take_trace();
-    let find = |w: (u64, u64), pred: &dyn Fn(&boundpool::TraceSlice, &str) -> bool| {
-        tr.slices
-            .iter()
-            .find(|s| s.start_ns >= w.0 && s.start_ns <= w.1 && pred(s, &tr.tracks[s.track].name))
-            .map(|s| (s.start_ns, s.end_ns))
-    };
-    let names = [
-        "submit -> first node",
-        "stage input node",
-        "stage end -> segment node start",
-        "segment node (launch)",
-        "launch end -> device start",
-        "segment on the device",
-        "device end -> read node start",
-        "read output node",
-        "read end -> client returns",
-        "total (client)",
-    ];
-    let mut phases: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
-    let mut cut = 0;
-    for &w in &windows {
-        let node = |n: &str| find(w, &|s, t| s.name == n && !t.starts_with("GPU"));
-        let seg = find(w, &|s, t| {
-            s.name.ends_with("segment 1") && !t.starts_with("GPU")
-        });
-        let dev = find(w, &|s, t| {
-            s.name.ends_with("segment 1") && t.starts_with("GPU")
-        });
-        let first = tr
-            .slices
-            .iter()
-            .filter(|s| {
-                s.start_ns >= w.0
-                    && s.start_ns <= w.1
-                    && matches!(s.kind, boundpool::SliceKind::Node { .. })
-            })
-            .map(|s| s.start_ns)
-            .min();
-        let (Some(st), Some(sg), Some(dv), Some(rd), Some(f)) =
-            (node("stage input"), seg, dev, node("read output"), first)
-        else {
-            cut += 1;
-            continue;
-        };
-        let us = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e3;
-        let v = [
-            us(w.0, f),
-            us(st.0, st.1),
-            us(st.1, sg.0),
-            us(sg.0, sg.1),
-            us(sg.1, dv.0),
-            us(dv.0, dv.1),
-            us(dv.1, rd.0),
-            us(rd.0, rd.1),
-            us(rd.1, w.1),
-            us(w.0, w.1),
-        ];
-        for (p, x) in phases.iter_mut().zip(v) {
-            p.push(x);
-        }
-    }
+    let rows = tail::cut_phases(&tr, &windows, &format!("serve {}", T::NAME));
     println!(
-        "{} 1 client, {} requests traced ({cut} not matched): median us per phase",
+        "{} 1 client, {} requests traced ({} not matched): median us per phase",
         T::NAME,
-        phases[0].len()
+        rows.len(),
+        windows.len() - rows.len()
     );
-    for (n, p) in names.iter().zip(&phases) {
-        println!("| {n} | {:.1} |", median(p));
+    for (i, n) in tail::PHASES.iter().enumerate() {
+        println!("| {n} | {:.1} |", median(rows.iter().map(|r| r[i])));
     }
 }
 
@@ -566,8 +532,24 @@ fn main() {
         breakdown::<f32>(&pool, &a);
         return;
     }
+    if a.tail_trace {
+        let pool = pool.trace(true).build().expect("GPU pool");
+        tail::traced::<bf16>(&pool, &a);
+        tail::traced::<f32>(&pool, &a);
+        return;
+    }
     let pool = pool.build().expect("GPU pool");
     let mut ours = Vec::new();
+    if a.tail_probe {
+        tail::probe::<bf16>(&pool, &a);
+        tail::probe::<f32>(&pool, &a);
+        return;
+    }
+    if a.priority_only {
+        tail::priority_rounds::<bf16>(&pool, &a, &mut ours);
+        tail::priority_rounds::<f32>(&pool, &a, &mut ours);
+        return;
+    }
     run_dtype::<bf16>(&pool, &a, &mut ours);
     run_dtype::<f32>(&pool, &a, &mut ours);
     drop(pool);

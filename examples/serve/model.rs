@@ -371,7 +371,12 @@ where
             .transpose()?;
         let n = shape.batch * shape.dim;
         let pool: IoPool<T> = Arc::default();
-        let mut g = ReplayBuilder::new(&format!("serve {}", T::NAME));
+        let high = if priority == Priority::High {
+            " high"
+        } else {
+            ""
+        };
+        let mut g = ReplayBuilder::new(&format!("serve {}{high}", T::NAME));
         g.instances(instances).priority(priority);
         let x = g.input::<Vec<T>>("x");
         let io = g.gpu_node(device, "io buffers", move |c: &ReplayCtx<'_, '_>| {

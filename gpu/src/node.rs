@@ -281,6 +281,17 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
             .map_err(|e| GpuError::new(GpuErrorKind::Scheduler, e.to_string()).with_source(e))
     }
 
+    /// Takes the output of direct predecessor `from` by value, when this node is its only
+    /// successor ([`Inputs::take`](boundpool_scheduler::Inputs::take)): to write into a
+    /// predecessor's buffer in place (a cuBLAS GEMM's `c`, a memset) without a lock or a copy.
+    /// The predecessor's event stays with it, so this node's work is still ordered after the
+    /// predecessor's on the device.
+    pub fn take<T: 'static>(&self, from: NodeRef<T>) -> GpuResult<T> {
+        self.node
+            .take(from)
+            .map_err(|e| GpuError::new(GpuErrorKind::Scheduler, e.to_string()).with_source(e))
+    }
+
     /// The scheduler's context of this node (worker identity, graph, nested submission).
     pub fn node(&self) -> &'a NodeCtx<'n, GpuWorker> {
         self.node

@@ -55,6 +55,7 @@ pub struct GpuPoolBuilder {
     stream_priorities: Vec<(usize, i32)>,
     wait_spin: std::time::Duration,
     idle_spin: Option<std::time::Duration>,
+    spinning_waiters: Option<usize>,
     partitions: Vec<SmPartition>,
 }
 
@@ -83,6 +84,7 @@ impl GpuPoolBuilder {
             stream_priorities: Vec::new(),
             wait_spin: std::time::Duration::ZERO,
             idle_spin: None,
+            spinning_waiters: None,
             partitions: Vec::new(),
         }
     }
@@ -169,6 +171,14 @@ impl GpuPoolBuilder {
     /// ([`PoolBuilder::idle_spin`](boundpool_scheduler::PoolBuilder::idle_spin); default 20 µs).
     pub fn idle_spin(mut self, spin: std::time::Duration) -> Self {
         self.idle_spin = Some(spin);
+        self
+    }
+
+    /// At most `n` waiters of normal- and low-level graphs spin at once
+    /// ([`PoolBuilder::spinning_waiters`](boundpool_scheduler::PoolBuilder::spinning_waiters);
+    /// default: the cores this process may use, less the pool's workers, less one).
+    pub fn spinning_waiters(mut self, n: usize) -> Self {
+        self.spinning_waiters = Some(n);
         self
     }
 
@@ -482,6 +492,9 @@ impl GpuPoolBuilder {
         let sh_failed = shared.clone();
         let pool_name = self.name.clone();
         let mut builder = PoolBuilder::new().name(&self.name).groups(specs);
+        if let Some(n) = self.spinning_waiters {
+            builder = builder.spinning_waiters(n);
+        }
         if let Some(spin) = self.idle_spin {
             builder = builder.idle_spin(spin);
         }

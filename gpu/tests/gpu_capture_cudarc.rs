@@ -9,8 +9,6 @@
 //! check of the captured graph, `replay/check.rs`, or the driver and the libraries) is in
 //! `gpu/README.md`.
 
-mod common;
-
 use std::sync::Arc;
 
 use boundpool_gpu::cudarc::cublas::sys::cublasOperation_t;
@@ -22,10 +20,10 @@ use boundpool_gpu::cudarc::driver::{
 };
 use boundpool_gpu::cudarc::nvrtc::Ptx;
 use boundpool_gpu::{
-    builtin, BoxError, DeviceBuffer, Devices, GpuCtx, GpuPool, GpuPoolBuilder, RNode,
-    ReplayBuilder, ReplayCtx, Replayable, RunInputs,
+    builtin, BoxError, DeviceBuffer, GpuCtx, GpuPool, RNode, ReplayBuilder, ReplayCtx, Replayable,
+    RunInputs,
 };
-use common::{chain, uncaptured_notice, GpuTest};
+use boundpool_test_support::{chain, gpu_pool_builder, uncaptured_notice, GpuTest};
 
 /// Elements per buffer: a 64×64 matrix for the BLAS cases.
 const DIM: usize = 64;
@@ -39,10 +37,8 @@ struct Kernels {
 }
 
 fn pool() -> GpuPool {
-    GpuPoolBuilder::new()
+    gpu_pool_builder(2, 1)
         .name("capture-cudarc")
-        .devices(Devices::List(vec![0]))
-        .workers_per_device(2)
         .host_workers(1, boundpool_gpu::Cores::Unpinned)
         .worker_state(|s| {
             let m = s.context().load_module(Ptx::from_src(builtin::PTX))?;

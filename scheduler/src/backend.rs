@@ -44,7 +44,7 @@ use std::time::Instant;
 use crate::config::WorkerInfo;
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::BoxError;
-use crate::ids::{DomainId, GroupId, NodeId};
+use crate::ids::{DomainId, GroupId, NodeId, Priority};
 use crate::pool::{Pool, PoolBuilder};
 use crate::sleep::Sleep;
 
@@ -66,6 +66,10 @@ pub trait NodeCtxExt<S>: sealed::Sealed {
     /// Attaches a side value to this node's completion, readable by direct successors through
     /// [`InputsExt::predecessor_markers`] (the GPU backend attaches the event recorded after
     /// the node's work). Replaces an earlier marker.
+    ///
+    /// # Panics
+    /// If the run's output slots cannot be allocated (the message is that of an
+    /// [`ErrorKind::TooLarge`](crate::error::ErrorKind::TooLarge) error; the node fails with it).
     fn set_marker(&self, marker: Box<dyn Any + Send + Sync>);
 
     /// Defers this node's completion: after the body returns, its successors are released (and
@@ -75,32 +79,30 @@ pub trait NodeCtxExt<S>: sealed::Sealed {
     fn complete_when(&self, poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static);
 
     /// The priority of node `id` of the running graph (its own, or its graph's;
-    /// [`Priority::Normal`](crate::Priority::Normal) for a node of another graph): the GPU
+    /// [`Priority::Normal`] for a node of another graph): the GPU
     /// backend hands its stream over only to a successor of its own level.
-    fn priority_of(&self, id: NodeId) -> crate::Priority;
+    fn priority_of(&self, id: NodeId) -> Priority;
 }
 
 impl<S: Send + 'static> NodeCtxExt<S> for NodeCtx<'_, S> {
     #[inline]
     fn set_marker(&self, marker: Box<dyn Any + Send + Sync>) {
+        let run = self.inputs.run;
+        let Some(slot) = run.slots().get_or_alloc(self.inputs.node) else {
+            panic!("{}", run.slots_too_large());
+        };
         // SAFETY: this worker is running the node, so it is the slot's only writer, and no
         // successor reads it before the node completes.
-        unsafe {
-            self.inputs
-                .run
-                .slots()
-                .get_or_alloc(self.inputs.node)
-                .set_marker(marker)
-        }
+        unsafe { slot.set_marker(marker) }
     }
 
     #[inline]
     fn complete_when(&self, poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static) {
-        self.worker.set_deferred(Box::new(poll));
+        self.host.set_deferred(Box::new(poll));
     }
 
     #[inline]
-    fn priority_of(&self, id: NodeId) -> crate::Priority {
+    fn priority_of(&self, id: NodeId) -> Priority {
         self.inputs.run.priority_of(id)
     }
 }
@@ -108,6 +110,9 @@ impl<S: Send + 'static> NodeCtxExt<S> for NodeCtx<'_, S> {
 /// A backend's methods of [`Inputs`] (and so of [`NodeCtx`], which dereferences to it).
 pub trait InputsExt<'a>: sealed::Sealed {
     /// Markers that direct predecessors attached with [`NodeCtxExt::set_marker`].
+    ///
+    /// # Panics
+    /// As [`Inputs::predecessors`].
     fn predecessor_markers(
         &self,
     ) -> impl Iterator<Item = (NodeId, &'a (dyn Any + Send + Sync))> + 'a;
@@ -122,6 +127,7 @@ impl<'a> InputsExt<'a> for Inputs<'a> {
         let slots = self.run.slots();
         self.run
             .predecessors(self.node)
+            .unwrap_or_else(|e| panic!("{e}"))
             .iter()
             .filter_map(move |&index| {
                 // SAFETY: a direct predecessor completed before this node became ready.

@@ -6,15 +6,17 @@
 //! records, so the saved word is time saved per node. A zero-sized body (a closure that
 //! captures nothing) allocates nothing: its pointer is to a static holding only the vtable.
 //!
-//! This file holds the crate's only type-erased body code.
+//! This file holds the crate's only type-erased body code. It knows the bodies it erases only
+//! as [`NodeBody`]s: the graph side asks a body whether it is of a given type
+//! ([`ThinBody::downcast_ref`], for its inlined subgraphs' bodies).
 
+use std::any::TypeId;
 use std::marker::PhantomData;
 use std::mem::size_of;
 use std::ptr::NonNull;
 
 use crate::ctx::{Inputs, NodeCtx};
 use crate::error::BoxError;
-use crate::graph::InlinedBody;
 use crate::ids::is_unit;
 
 /// What a node runs. Implementations store their own output, so the call returns two words in
@@ -25,10 +27,6 @@ pub(crate) trait NodeBody<S>: Send + Sync + 'static {
     fn run(&self, ctx: &NodeCtx<'_, S>) -> Result<(), BoxError>;
     /// Runs a CPU-heavy node's body with its inputs only (on the host-work lane).
     fn run_inputs(&self, inputs: &Inputs<'_>) -> Result<(), BoxError>;
-    /// Where an inlined node's body lives (`None` for a node of this graph's own builder).
-    fn inlined(&self) -> Option<&InlinedBody<S>> {
-        None
-    }
 }
 
 /// A worker node's closure returning `T`.
@@ -45,7 +43,7 @@ where
         let v = (self.0)(ctx)?;
         if !is_unit::<T>() {
             // SAFETY: a body runs only as its node, on the thread that runs the node.
-            unsafe { ctx.inputs.store_output(Box::new(v)) };
+            unsafe { ctx.inputs.store_output(Box::new(v)) }?;
         }
         Ok(())
     }
@@ -72,7 +70,7 @@ where
         let v = (self.0)(inputs)?;
         if !is_unit::<T>() {
             // SAFETY: a body runs only as its node, on the thread that runs the node.
-            unsafe { inputs.store_output(Box::new(v)) };
+            unsafe { inputs.store_output(Box::new(v)) }?;
         }
         Ok(())
     }
@@ -82,7 +80,8 @@ where
 struct VTable<S> {
     run: unsafe fn(Header<S>, &NodeCtx<'_, S>) -> Result<(), BoxError>,
     run_inputs: unsafe fn(Header<S>, &Inputs<'_>) -> Result<(), BoxError>,
-    inlined: unsafe fn(Header<S>) -> Option<NonNull<InlinedBody<S>>>,
+    /// The body type's id, for [`ThinBody::downcast_ref`].
+    type_id: fn() -> TypeId,
     drop: unsafe fn(Header<S>),
 }
 
@@ -103,7 +102,7 @@ impl<S: 'static, B: NodeBody<S>> Erased<S, B> {
     const VTABLE: VTable<S> = VTable {
         run: Self::run,
         run_inputs: Self::run_inputs,
-        inlined: Self::inlined,
+        type_id: TypeId::of::<B>,
         drop: Self::drop,
     };
     const VTABLE_PTR: *const VTable<S> = &Self::VTABLE;
@@ -141,13 +140,6 @@ impl<S: 'static, B: NodeBody<S>> Erased<S, B> {
     unsafe fn run_inputs(h: Header<S>, inputs: &Inputs<'_>) -> Result<(), BoxError> {
         // SAFETY: forwarded contract.
         unsafe { Self::body(h) }.run_inputs(inputs)
-    }
-
-    /// # Safety
-    /// As for [`body`](Self::body).
-    unsafe fn inlined(h: Header<S>) -> Option<NonNull<InlinedBody<S>>> {
-        // SAFETY: forwarded contract.
-        unsafe { Self::body(h) }.inlined().map(NonNull::from)
     }
 
     /// Drops the body and frees its block.
@@ -218,10 +210,18 @@ impl<S> ThinBody<S> {
         unsafe { (self.vtable().run_inputs)(self.header, inputs) }
     }
 
-    /// [`NodeBody::inlined`] of the body.
-    pub(crate) fn inlined(&self) -> Option<&InlinedBody<S>> {
-        // SAFETY: as in `run`; the inlined body lives inside the body, as long as `self`.
-        unsafe { (self.vtable().inlined)(self.header).map(|p| &*p.as_ptr()) }
+    /// The body, if it is a `B`.
+    #[inline]
+    pub(crate) fn downcast_ref<B: NodeBody<S>>(&self) -> Option<&B>
+    where
+        S: 'static,
+    {
+        if (self.vtable().type_id)() != TypeId::of::<B>() {
+            return None;
+        }
+        // SAFETY: the vtable is `Erased::<S, B>`'s (its type id is `B`'s), so `header` came from
+        // `new` with body type `B`; the body lives as long as `self`.
+        Some(unsafe { Erased::<S, B>::body(self.header) })
     }
 }
 
@@ -277,7 +277,8 @@ mod tests {
         let bodies: Vec<ThinBody<()>> = (0..3)
             .map(|_| ThinBody::new(Counting(drops.clone())))
             .collect();
-        assert!(bodies[0].inlined().is_none());
+        assert!(bodies[0].downcast_ref::<Counting>().is_some());
+        assert!(bodies[0].downcast_ref::<ZstDrop>().is_none());
         drop(bodies);
         assert_eq!(drops.load(Ordering::SeqCst), 3);
 

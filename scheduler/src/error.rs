@@ -37,6 +37,10 @@ pub enum ErrorKind {
     /// [`Pool::try_submit`](crate::Pool::try_submit): the pool is at its limit of graphs in
     /// flight ([`PoolBuilder::max_graphs_in_flight`](crate::PoolBuilder::max_graphs_in_flight)).
     WouldBlock,
+    /// A graph's records (its builder's, its plan's or a run's) could not be allocated: the
+    /// message gives the graph's estimate ([`estimate_graph_bytes`](crate::graph::estimate_graph_bytes))
+    /// and the limit it met (the allocation refused, and the machine's memory).
+    TooLarge,
 }
 
 /// The error type of `boundpool-scheduler`.

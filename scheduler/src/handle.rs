@@ -1,18 +1,19 @@
-//! The submitter's side of a run.
+//! The submitter's side of a run: [`GraphHandle`], which waits on the run's latch, and the
+//! thread-local through which a wait on a pool's worker thread lends that worker to the pool
+//! (set by the worker while it runs, read here and by the registry's admission).
 
+use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::admission::Ticket;
 use crate::error::Error;
-use crate::graph::Graph;
-use crate::registry::Registry;
-use crate::run::{Completion, GraphOutput};
-use crate::worker;
+use crate::latch::Completion;
+use crate::output::GraphOutput;
 
 /// A submitted graph. [`wait`](Self::wait) blocks for its result; `.await` does the same without
 /// blocking (it needs no particular async runtime). Dropping the handle does not cancel the graph.
@@ -119,7 +120,7 @@ impl GraphHandle {
         deadline: Option<Instant>,
     ) -> Result<Result<GraphOutput, Error>, GraphHandle> {
         if !self.completion.is_done() {
-            let done = match worker::help_until(&self.completion, deadline) {
+            let done = match help_until(&self.completion, deadline) {
                 Some(done) => done,
                 None => self.completion.block_until(deadline),
             };
@@ -152,81 +153,53 @@ impl Future for GraphHandle {
     }
 }
 
-/// The future of [`Pool::submit_async`](crate::Pool::submit_async): waits for admission under
-/// the pool's limit of graphs in flight, then starts the graph and yields its [`GraphHandle`].
-/// Dropping it before it is ready withdraws the submission: its place in the admission queue
-/// (or a wake-up it was handed) goes to the next waiter.
-#[must_use = "a submission future does nothing unless polled"]
-pub struct SubmitFuture<'a, S: Send + 'static> {
-    registry: &'a Arc<Registry<S>>,
-    graph: &'a Graph<S>,
-    ticket: Ticket,
-    done: bool,
+/// What a wait on a worker thread reaches through [`CURRENT`]: the worker, whatever its pool's
+/// state type.
+pub(crate) trait Helper {
+    /// Runs other nodes until `c` completes (returns `true`) or `deadline` passes (`false`).
+    fn help_until(&self, c: &Completion, deadline: Option<Instant>) -> bool;
+    /// The address of the worker's registry (which pool it belongs to).
+    fn registry_addr(&self) -> usize;
 }
 
-impl<S: Send + 'static> fmt::Debug for SubmitFuture<'_, S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SubmitFuture")
-            .field("graph", &self.graph.name())
-            .field("done", &self.done)
-            .finish()
+thread_local! {
+    static CURRENT: Cell<Option<NonNull<dyn Helper>>> = const { Cell::new(None) };
+}
+
+/// Points [`CURRENT`] at this thread's worker for as long as it lives, and clears it when
+/// dropped, also when the thread unwinds, so nothing ever reads a pointer to a dropped worker.
+pub(crate) struct CurrentGuard(());
+
+impl CurrentGuard {
+    /// # Safety
+    /// `helper` must stay valid (its worker alive, on this thread) until the guard is dropped.
+    pub(crate) unsafe fn set(helper: NonNull<dyn Helper>) -> Self {
+        CURRENT.with(|c| c.set(Some(helper)));
+        CurrentGuard(())
     }
 }
 
-impl<'a, S: Send + 'static> SubmitFuture<'a, S> {
-    pub(crate) fn new(registry: &'a Arc<Registry<S>>, graph: &'a Graph<S>) -> Self {
-        SubmitFuture {
-            registry,
-            graph,
-            ticket: Ticket::None,
-            done: false,
-        }
-    }
-}
-
-impl<S: Send + 'static> Future for SubmitFuture<'_, S> {
-    type Output = Result<GraphHandle, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // Every field is `Unpin`.
-        let this = self.get_mut();
-        assert!(!this.done, "SubmitFuture polled after it returned Ready");
-        let reg = this.registry;
-        if let Err(e) = Registry::check(reg, this.graph) {
-            this.done = true;
-            reg.cancel_admission(std::mem::replace(&mut this.ticket, Ticket::None));
-            return Poll::Ready(Err(e));
-        }
-        let admitted = match &reg.admission {
-            None => true,
-            Some(_) if crate::worker::on_worker_of(reg) => {
-                reg.cancel_admission(std::mem::replace(&mut this.ticket, Ticket::None));
-                this.done = true;
-                return Poll::Ready(Registry::submit(reg, this.graph));
-            }
-            Some(adm) => {
-                let queued = this.ticket != Ticket::None;
-                let ok = adm.poll_acquire(&mut this.ticket, cx.waker());
-                if ok {
-                    reg.note_admitted(queued);
-                }
-                reg.export().submissions_waiting(adm.waiting());
-                ok
-            }
-        };
-        if !admitted {
-            return Poll::Pending;
-        }
-        this.done = true;
-        Poll::Ready(Registry::start(reg, this.graph))
-    }
-}
-
-impl<S: Send + 'static> Drop for SubmitFuture<'_, S> {
+impl Drop for CurrentGuard {
     fn drop(&mut self) {
-        if !self.done {
-            self.registry
-                .cancel_admission(std::mem::replace(&mut self.ticket, Ticket::None));
-        }
+        CURRENT.with(|c| c.set(None));
+    }
+}
+
+/// If this thread is a pool worker, runs other nodes until `c` completes or `deadline` passes,
+/// and returns whether `c` completed; `None` on a thread that is not a worker.
+fn help_until(c: &Completion, deadline: Option<Instant>) -> Option<bool> {
+    CURRENT.with(|cur| cur.get()).map(|p| {
+        // SAFETY: CURRENT is set only while a `CurrentGuard` lives, whose creator promised the
+        // worker stays alive on this thread until then, and we are on that thread.
+        unsafe { p.as_ref() }.help_until(c, deadline)
+    })
+}
+
+/// Whether this thread is a worker of the pool whose registry is at `registry`.
+pub(crate) fn on_worker_of(registry: *const ()) -> bool {
+    match CURRENT.with(|cur| cur.get()) {
+        // SAFETY: as in `help_until`.
+        Some(p) => unsafe { p.as_ref() }.registry_addr() == registry as usize,
+        None => false,
     }
 }

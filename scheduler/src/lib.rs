@@ -8,7 +8,9 @@
 //!   there). The number of threads never changes afterwards.
 //! * [`GraphBuilder`] describes a graph: named nodes whose bodies return typed outputs, edges,
 //!   placements on worker groups, inlined subgraphs. [`GraphBuilder::build`] validates it
-//!   (cycles, unknown or foreign nodes) into a reusable [`Graph`].
+//!   (cycles, unknown or foreign nodes) into a reusable [`Graph`]. A node reads its
+//!   predecessors' outputs ([`Inputs::input`]), or takes one by value when it is its only
+//!   successor ([`Inputs::take`]: a buffer written in place, without a lock).
 //! * [`Pool::submit`] runs a graph from any thread and returns a [`GraphHandle`] that can be
 //!   waited on or awaited. A node may submit and wait on a nested graph; its worker runs other
 //!   nodes meanwhile, so nesting never deadlocks the pool.
@@ -47,19 +49,23 @@
 //!   unit away, as another worker may then free the run while that frame is live; the unit is
 //!   given up by a decrement through the raw pointer), and the read of a finished run's slots.
 //! * `run/task.rs`: a `Task` (a `RunRef` and a node) is `Send`.
-//! * `run/output.rs`: output slots, `UnsafeCell`s ordered by the dependency counters, allocated
-//!   by the first node that stores (`alloc_zeroed`) and freed with the run.
+//! * `output.rs`: output slots, `UnsafeCell`s ordered by the dependency counters, allocated
+//!   by the first node that stores (`alloc_zeroed`) and freed with the run; a value lent to
+//!   successors as `&T`, or moved out by the node's only successor (`NodeOutput::take_value`).
 //! * `body.rs`: node bodies behind one thin pointer (a vtable-prefixed block, or a static vtable
 //!   for a closure that captures nothing): the crate's type-erased code.
 //! * `backend.rs`: a node's marker, written into its own output slot, and its successors' reads
 //!   of their predecessors' markers (ordered by the same dependency counters, `run/release.rs`).
-//! * `ctx.rs`: a node's reads of its predecessors' output slots and markers, and its worker's
-//!   writes of its own slot (ordered by the same dependency counters, `run/release.rs`).
-//! * `worker.rs`: the thread-local pointer from a thread to its worker (for nested waits), its
-//!   lifetime erased and cleared by an RAII guard; the `prctl` that tightens a worker thread's
-//!   timer slack (Linux).
-//! * `sync.rs`: the dependency counters' zeroed allocation (`alloc_zeroed`, then `Box::from_raw`),
-//!   and the cache prefetch hint (`_mm_prefetch`).
+//! * `ctx.rs`: a node's reads of its predecessors' output slots and markers, its take of a
+//!   value it is the only successor of (`Inputs::take`), and its worker's writes of its own slot
+//!   (ordered by the same dependency counters, `run/release.rs`).
+//! * `handle.rs`: the thread-local pointer from a thread to its worker (for nested waits), set
+//!   and cleared by an RAII guard (`CurrentGuard`, an unsafe constructor), and its reads.
+//! * `worker/life.rs`: that pointer's lifetime erased for the guard, and the `prctl` that
+//!   tightens a worker thread's timer slack (Linux).
+//! * `sync.rs`: the zeroed allocations of the dependency counters and of a graph's build-time
+//!   lists (`alloc_zeroed`, then `Box::from_raw` / `Vec::from_raw_parts`), and the cache prefetch
+//!   hint (`_mm_prefetch`).
 //! * `trace.rs`: the zeroed allocation of a worker's trace ring, and the time-stamp counter read
 //!   (`_rdtsc`, after an `_mm_lfence` for a node's start).
 //! * `loom_models.rs` (only under `--cfg loom`, test builds): the models of the output slots.
@@ -75,12 +81,16 @@ mod error;
 mod graph;
 mod handle;
 mod ids;
+mod latch;
 mod metrics;
+mod output;
 mod pool;
 mod priority;
 mod registry;
 mod run;
 mod sleep;
+mod spin;
+mod submit;
 mod sync;
 mod trace;
 mod worker;
@@ -92,9 +102,10 @@ pub use crate::config::{Cores, GroupSpec, ShutdownMode, WorkerInfo};
 pub use crate::ctx::{Inputs, NodeCtx};
 pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::graph::{estimate_graph_bytes, Graph, GraphBuilder, Subgraph};
-pub use crate::handle::{GraphHandle, SubmitFuture};
+pub use crate::handle::GraphHandle;
 pub use crate::ids::{DomainId, GroupId, NodeId, NodeRef, Placement, Priority};
 pub use crate::metrics::{PoolStats, WorkerStats, METRICS};
+pub use crate::output::GraphOutput;
 pub use crate::pool::{default_workers, Pool, PoolBuilder};
-pub use crate::run::GraphOutput;
+pub use crate::submit::SubmitFuture;
 pub use crate::trace::{SliceKind, Trace, TraceSlice, TraceTrack};

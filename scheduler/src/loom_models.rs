@@ -31,6 +31,9 @@
 //!    (`Run::release_batched`, what a span does) and counts them in one increment later.
 //! 7. the counters a run that succeeded leaves to its plan's next run (`CounterCache`): the
 //!    next run counts on from the previous targets, and its joins are ready exactly once.
+//! 8. a value taken by its node's only successor (`Inputs::take`) on another thread than its
+//!    writer's: the taker sees it whole, the finisher finds it gone and the marker beside it
+//!    still there.
 //!
 //! A lost wake-up shows up as a loom deadlock (every thread parked).
 
@@ -39,9 +42,11 @@ use std::sync::Arc;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 
+use crate::ctx::Inputs;
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, GraphBuilder};
-use crate::run::{Completion, Credit, Run, RunRef, CREDIT_CHUNK, CREDIT_MAX};
+use crate::latch::Completion;
+use crate::run::{Credit, Run, RunRef, CREDIT_CHUNK, CREDIT_MAX};
 use crate::sleep::Sleep;
 
 /// a -> {b, c} -> d; node indices 0, 1, 2, 3.
@@ -72,7 +77,7 @@ fn complete(run: &Run<()>, node: u32, ok: bool) -> (Vec<u32>, bool) {
 fn dependency_counter_and_inflight() {
     loom::model(|| {
         let graph = diamond();
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         // The submitter queued the source; a worker ran it: b and c become ready.
         let (ready, fin) = complete(&run, 0, true);
         assert_eq!(ready, vec![1, 2]);
@@ -143,7 +148,7 @@ fn dependency_counter_and_inflight() {
 fn dependency_counter_with_a_failure() {
     loom::model(|| {
         let graph = diamond();
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         let (ready, _) = complete(&run, 0, true);
         assert_eq!(ready.len(), 2);
         let finishes = Arc::new(AtomicUsize::new(0));
@@ -190,7 +195,7 @@ fn ready_handoff_keeps_the_run_alive() {
         let c = g.node("c", |_| Ok(()));
         g.edge(a, b).edge(a, c);
         let graph = g.build().expect("fork builds");
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         let queue: Arc<loom::sync::Mutex<Vec<u32>>> = Arc::new(loom::sync::Mutex::new(Vec::new()));
         let completed = Arc::new(AtomicUsize::new(0));
         let finishes = Arc::new(AtomicUsize::new(0));
@@ -270,8 +275,8 @@ fn credit_finishes_a_run_once() {
         let mut g = GraphBuilder::<()>::new("one");
         g.node("x", |_| Ok(()));
         let one = g.build().expect("one builds");
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
-        let other = Arc::new(Run::new(2, one.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
+        let other = Arc::new(Run::new(2, one.plan.clone()).expect("counters"));
         let queue: Arc<loom::sync::Mutex<Vec<u32>>> = Arc::new(loom::sync::Mutex::new(Vec::new()));
         let completed = Arc::new(AtomicUsize::new(0));
         let finishes = Arc::new(AtomicUsize::new(0));
@@ -367,7 +372,12 @@ where
         let run = run.clone();
         move |node: u32| {
             // SAFETY: this thread is node's only runner, before it releases successors.
-            unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
+            unsafe {
+                run.slots
+                    .get_or_alloc(node)
+                    .expect("slots")
+                    .set_value(Box::new(node))
+            };
             let mut ready = Vec::new();
             run.release(node, true, |t| ready.push(t.node()));
             on_ready(&run, ready);
@@ -392,9 +402,14 @@ fn assert_inputs(run: &Run<()>, preds: &[u32]) {
     for &p in preds {
         // SAFETY: the node's counter reached its target: every predecessor stored its value
         // before its release, which happened-before this.
-        let out = unsafe { run.slots.get(p).and_then(|s| s.get()) };
-        let v = out.and_then(|o| o.value.as_ref());
-        assert_eq!(v.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
+        // (the one reader of each predecessor: nothing takes it).
+        let out = unsafe {
+            run.slots
+                .get(p)
+                .and_then(|s| s.get())
+                .and_then(|o| o.lend())
+        };
+        assert_eq!(out.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
     }
 }
 
@@ -412,7 +427,7 @@ fn wide_join_leaves() {
             g.edge(p, j);
         }
         let graph = g.build().expect("wide builds");
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         let readies = Arc::new(AtomicUsize::new(0));
         let r = readies.clone();
         complete_three_on_three_threads(&run, move |run, ready| {
@@ -447,7 +462,7 @@ fn counters_counted_on_by_the_next_run() {
         g.edge(preds[0], k).edge(preds[1], k);
         let graph = g.build().expect("rerun builds");
         {
-            let first = Run::new(1, graph.plan.clone());
+            let first = Run::new(1, graph.plan.clone()).expect("counters");
             let mut ready = Vec::new();
             for node in 0..3u32 {
                 first.release(node, true, |t| ready.push(t.node()));
@@ -457,7 +472,7 @@ fn counters_counted_on_by_the_next_run() {
             assert!(first.take_result().is_ok());
             // Dropped here: its counters go back to the plan.
         }
-        let run = Arc::new(Run::new(2, graph.plan.clone()));
+        let run = Arc::new(Run::new(2, graph.plan.clone()).expect("counters"));
         let readies = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
         let r = readies.clone();
         complete_three_on_three_threads(&run, move |run, ready| {
@@ -493,7 +508,7 @@ fn wide_join_batched_leaf() {
         }
         const PREDS: [u32; 4] = [0, 1, 3, 4];
         let graph = g.build().expect("wide builds");
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         let readies = Arc::new(AtomicUsize::new(0));
         let check = {
             let (run, readies) = (run.clone(), readies.clone());
@@ -503,9 +518,14 @@ fn wide_join_batched_leaf() {
                         // SAFETY: the join's counter reached its target: every predecessor
                         // stored its value before its (batched) arrival was counted, which
                         // happened-before this.
-                        let out = unsafe { run.slots.get(p).and_then(|s| s.get()) };
-                        let v = out.and_then(|o| o.value.as_ref());
-                        assert_eq!(v.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
+                        // Nothing takes it.
+                        let out = unsafe {
+                            run.slots
+                                .get(p)
+                                .and_then(|s| s.get())
+                                .and_then(|o| o.lend())
+                        };
+                        assert_eq!(out.and_then(|v| v.downcast_ref::<u32>()), Some(&p));
                     }
                     readies.fetch_add(1, Ordering::SeqCst);
                 } else {
@@ -517,7 +537,12 @@ fn wide_join_batched_leaf() {
             let run = run.clone();
             move |node: u32| {
                 // SAFETY: this thread is node's only runner, before it releases successors.
-                unsafe { run.slots.get_or_alloc(node).set_value(Box::new(node)) };
+                unsafe {
+                    run.slots
+                        .get_or_alloc(node)
+                        .expect("slots")
+                        .set_value(Box::new(node))
+                };
             }
         };
         let hs: Vec<_> = [3u32, 4]
@@ -563,7 +588,7 @@ fn wide_join_batched_leaf() {
 fn lazily_allocated_slots() {
     loom::model(|| {
         let graph = diamond();
-        let run = Arc::new(Run::new(1, graph.plan.clone()));
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
         let (ready, _) = complete(&run, 0, true);
         assert_eq!(ready, vec![1, 2]);
         let finishes = Arc::new(AtomicUsize::new(0));
@@ -576,6 +601,7 @@ fn lazily_allocated_slots() {
                     unsafe {
                         run.slots
                             .get_or_alloc(node)
+                            .expect("slots")
                             .set_value(Box::new(node as u64 * 10))
                     };
                     let (ready, fin) = complete(&run, node, true);
@@ -586,9 +612,10 @@ fn lazily_allocated_slots() {
                         // The join node reads both predecessors' values.
                         for (p, want) in [(1u32, 10u64), (2, 20)] {
                             let slot = run.slots.get(p).expect("the slots were allocated");
-                            // SAFETY: `p` completed before the join node became ready.
+                            // SAFETY: `p` completed before the join node became ready, and
+                            // nothing takes its value.
                             let out = unsafe { slot.get() }.expect("the value was stored");
-                            let v = out.value.as_deref().unwrap();
+                            let v = unsafe { out.lend() }.unwrap();
                             assert_eq!(v.downcast_ref::<u64>(), Some(&want));
                         }
                         let (_, fin) = complete(&run, 3, true);
@@ -604,6 +631,78 @@ fn lazily_allocated_slots() {
         }
         assert_eq!(finishes.load(Ordering::SeqCst), 1);
         assert_eq!(run.inflight.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// A node takes a predecessor's value (`Inputs::take`) on another thread than the one that
+/// wrote it: `a` and `c` complete at once on two threads (each storing a value, `a` a marker
+/// too); whichever makes the join `b` ready runs it, taking `a`'s value (whose only successor
+/// it is) and reading `c`'s. The taker sees `a`'s value whole; the finisher, whoever it is,
+/// finds it gone and `a`'s marker still there, and `b`'s sum; the run finishes once.
+#[test]
+fn taken_value_moves_to_the_only_successor() {
+    loom::model(|| {
+        let mut g = GraphBuilder::<()>::new("take");
+        let a = g.node("a", |_| Ok(10u64));
+        let c = g.node("c", |_| Ok(20u64));
+        let b = g.node("b", |_| Ok(0u64));
+        g.hand_on(a, b).edge(c, b);
+        let graph = g.build().expect("builds");
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
+        let finishes = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = [(a.id().index() as u32, 10u64), (c.id().index() as u32, 20)]
+            .into_iter()
+            .map(|(node, value)| {
+                let (run, finishes) = (run.clone(), finishes.clone());
+                thread::spawn(move || {
+                    // SAFETY: this thread runs `node`: the slot's only writer, before release.
+                    unsafe {
+                        let slot = run.slots.get_or_alloc(node).expect("slots");
+                        slot.set_value(Box::new(value));
+                        if value == 10 {
+                            slot.set_marker(Box::new("event"));
+                        }
+                    }
+                    let (ready, fin) = complete(&run, node, true);
+                    // A source whose arrival came first may leave after `b` ran: it then
+                    // finishes the run.
+                    if fin {
+                        finishes.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if ready == [2] {
+                        let inputs = Inputs::of(&*run, 2);
+                        let taken = inputs.take(a).expect("b is a's only successor");
+                        let read = *inputs.input(c).expect("c left a value");
+                        assert_eq!((taken, read), (10, 20));
+                        // SAFETY: this thread runs `b`, before its release.
+                        unsafe {
+                            run.slots
+                                .get_or_alloc(2)
+                                .expect("slots")
+                                .set_value(Box::new(taken + read))
+                        };
+                        let (_, fin) = complete(&run, 2, true);
+                        if fin {
+                            finishes.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(finishes.load(Ordering::SeqCst), 1);
+        // The run is over: this thread has it to itself.
+        let out_a = run.slots.get(0).expect("allocated");
+        // SAFETY: every node completed (in-flight count at zero, joined threads).
+        let out_a = unsafe { out_a.get() }.expect("a stored");
+        assert!(out_a.is_taken());
+        assert!(out_a.marker.is_some(), "a's marker stays");
+        let out = run.take_result().expect("the run succeeded");
+        assert_eq!(out.get(a), None);
+        assert_eq!(out.get(c), Some(&20));
+        assert_eq!(out.get(b), Some(&30));
     });
 }
 

@@ -12,10 +12,14 @@ use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::graph::Graph;
 use crate::handle::GraphHandle;
 use crate::ids::{DomainId, GroupId};
+use crate::metrics::PoolStats;
+use crate::output::GraphOutput;
 use crate::priority::WorkerDeques;
 use crate::registry::{Hooks, Registry, Settings, Topology};
 use crate::run::Task;
+use crate::submit::SubmitFuture;
 use crate::sync::{self, Mutex};
+use crate::trace::Trace;
 use crate::worker;
 
 /// Configures and starts a [`Pool`].
@@ -53,6 +57,7 @@ pub struct PoolBuilder<S = ()> {
     max_graphs_in_flight: Option<usize>,
     wait_spin: Duration,
     idle_spin: Duration,
+    spinning_waiters: Option<usize>,
 }
 
 impl<S> fmt::Debug for PoolBuilder<S> {
@@ -94,6 +99,7 @@ impl PoolBuilder<()> {
             max_graphs_in_flight: None,
             wait_spin: Duration::ZERO,
             idle_spin: crate::worker::SPIN_BEFORE_PARK,
+            spinning_waiters: None,
         }
     }
 }
@@ -206,15 +212,30 @@ impl<S: Send + 'static> PoolBuilder<S> {
     /// microseconds on an idle machine). A client that waits for graphs of about that length
     /// (a served request of a replayed model) and wants the lowest latency sets a few tens of
     /// microseconds; the cost is that much CPU per wait.
+    ///
+    /// Spinning waiters never crowd the machine's cores: a waiter of a graph of
+    /// [`Priority::High`](crate::Priority::High) may always spin, and while one does, waiters of
+    /// other levels park; those spin only within [`spinning_waiters`](Self::spinning_waiters).
     pub fn wait_spin(mut self, spin: Duration) -> Self {
         self.wait_spin = spin;
+        self
+    }
+
+    /// At most `n` waiters of graphs of the normal and low levels spin at once (within
+    /// [`wait_spin`](Self::wait_spin)); the others park at once. Default: the cores this
+    /// process may use, less the pool's workers, less one, so that spinning clients never take
+    /// the cores a worker or a latency-critical waiter needs (a spinning waiter queued behind
+    /// another thread's core is one that sees its graph's end late).
+    pub fn spinning_waiters(mut self, n: usize) -> Self {
+        self.spinning_waiters = Some(n);
         self
     }
 
     /// How long a worker that ran out of work watches the queues before it parks (default
     /// 20 µs). Work that comes within it starts without a wake-up; an idle pool parks after
     /// it. A server that wants its first node started at once after a pause between requests
-    /// longer than that sets more, and pays that much CPU per worker per pause.
+    /// longer than that sets more, and pays that much CPU per worker per pause; past the first
+    /// 20 µs the worker yields its core between looks, so a thread queued on it runs at once.
     pub fn idle_spin(mut self, spin: Duration) -> Self {
         self.idle_spin = spin;
         self
@@ -247,6 +268,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             max_graphs_in_flight: self.max_graphs_in_flight,
             wait_spin: self.wait_spin,
             idle_spin: self.idle_spin,
+            spinning_waiters: self.spinning_waiters,
         }
     }
 
@@ -296,6 +318,9 @@ impl<S: Send + 'static> PoolBuilder<S> {
             }],
         };
         let infos = plan_workers(&self.name, &specs, self.thread_name.as_deref())?;
+        let spinning_waiters = self
+            .spinning_waiters
+            .unwrap_or_else(|| crate::spin::default_budget(default_workers(), infos.len()));
         let cpu_lane = cpu_lane(&self.name, self.rayon, self.cpu_lane_threads)?;
         let hooks = Hooks {
             start: self.start,
@@ -319,6 +344,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
                 max_graphs_in_flight: self.max_graphs_in_flight,
                 wait_spin: self.wait_spin,
                 idle_spin: self.idle_spin,
+                spinning_waiters,
             },
         );
         let threads = start_workers(&registry, deques, self.stack_size)?;
@@ -598,25 +624,25 @@ impl<S: Send + 'static> Pool<S> {
     /// # Ok::<(), boundpool_scheduler::Error>(())
     /// ```
     pub fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
-        Registry::submit(&self.registry, graph)
+        self.registry.submit(graph)
     }
 
     /// [`submit`](Self::submit) that never waits for admission: at the pool's limit of graphs
     /// in flight it fails with [`ErrorKind::WouldBlock`] (and counts a rejection).
     pub fn try_submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
-        Registry::submit_with(&self.registry, graph, false)
+        self.registry.submit_with(graph, false)
     }
 
     /// [`submit`](Self::submit) for async code: the future waits for admission without
     /// blocking its thread (it needs no particular runtime), then starts the graph and yields its
     /// handle. Dropping the future before it is ready withdraws the submission and leaves
     /// nothing behind. Errors are `submit`'s.
-    pub fn submit_async<'a>(&'a self, graph: &'a Graph<S>) -> crate::SubmitFuture<'a, S> {
-        crate::handle::SubmitFuture::new(&self.registry, graph)
+    pub fn submit_async<'a>(&'a self, graph: &'a Graph<S>) -> SubmitFuture<'a, S> {
+        SubmitFuture::new(&self.registry, graph)
     }
 
     /// Submits `graph` and waits for it.
-    pub fn run(&self, graph: &Graph<S>) -> Result<crate::GraphOutput, Error> {
+    pub fn run(&self, graph: &Graph<S>) -> Result<GraphOutput, Error> {
         self.submit(graph)?.wait()
     }
 
@@ -671,20 +697,20 @@ impl<S: Send + 'static> Pool<S> {
     /// Drains the timeline recorded since the last take (empty unless built with
     /// [`PoolBuilder::trace`]). Every node of a graph whose handle returned is in it, unless
     /// the window overflowed since the last take ([`Trace::dropped`](crate::Trace::dropped)).
-    pub fn take_trace(&self) -> crate::Trace {
+    pub fn take_trace(&self) -> Trace {
         self.read_trace(true)
     }
 
     /// The timeline recorded since the last take, left in place for the next take or
     /// snapshot (what a `/trace` endpoint serves).
-    pub fn snapshot_trace(&self) -> crate::Trace {
+    pub fn snapshot_trace(&self) -> Trace {
         self.read_trace(false)
     }
 
-    fn read_trace(&self, drain: bool) -> crate::Trace {
+    fn read_trace(&self, drain: bool) -> Trace {
         match &self.registry.trace {
             Some(t) => t.read(drain),
-            None => crate::Trace {
+            None => Trace {
                 epoch: std::time::Instant::now(),
                 tracks: Vec::new(),
                 slices: Vec::new(),
@@ -706,7 +732,7 @@ impl<S: Send + 'static> Pool<S> {
     }
 
     /// The scheduler's counters, read live (no metrics recorder needed).
-    pub fn stats(&self) -> crate::PoolStats {
+    pub fn stats(&self) -> PoolStats {
         self.registry.stats()
     }
 
@@ -715,7 +741,7 @@ impl<S: Send + 'static> Pool<S> {
     /// [`ErrorKind::ShutDown`]. Idempotent. Called from inside a node, it does not wait: the
     /// workers stop once the running graphs are done.
     pub fn shutdown(&self, mode: ShutdownMode) {
-        let on_worker = worker::on_worker_of(&self.registry);
+        let on_worker = self.registry.on_worker_thread();
         self.registry.begin_shutdown(mode);
         if on_worker {
             return;

@@ -8,14 +8,18 @@ use crossbeam_utils::CachePadded;
 
 use crate::admission::Admission;
 use crate::config::{IdleHook, ShutdownMode, StartHook, StopHook, WorkerInfo};
+use crate::ctx::Submit;
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, Plan};
-use crate::handle::GraphHandle;
+use crate::handle::{on_worker_of, GraphHandle};
 use crate::ids::Placement;
+use crate::latch::Completion;
 use crate::metrics::{Export, PoolCounters, PoolStats, WorkerCounters, WorkerStats};
+use crate::output::GraphOutput;
 use crate::priority::{LevelQueues, Priority, WorkerDeques};
-use crate::run::{Completion, GraphOutput, Run, RunRef, Task};
+use crate::run::{Run, RunRef, Task};
 use crate::sleep::Sleep;
+use crate::spin::Spinners;
 use crate::sync::{self, AtomicBool, AtomicU64, AtomicU8, Condvar, Mutex, Ordering};
 
 /// A run that is over and out of the active-run table: the last reference to it, and its
@@ -74,6 +78,8 @@ pub(crate) struct Settings {
     pub(crate) max_graphs_in_flight: Option<usize>,
     pub(crate) wait_spin: std::time::Duration,
     pub(crate) idle_spin: std::time::Duration,
+    /// `PoolBuilder::spinning_waiters`.
+    pub(crate) spinning_waiters: usize,
 }
 
 const RUNNING: u8 = 0;
@@ -110,6 +116,8 @@ pub(crate) struct Registry<S> {
     pub(crate) admission: Option<Admission>,
     /// `PoolBuilder::wait_spin`, given to every run's completion.
     pub(crate) wait_spin: std::time::Duration,
+    /// Which of the waiters may spin now (`spin.rs`).
+    spinners: Arc<Spinners>,
     /// `PoolBuilder::idle_spin`: how long a worker that ran dry watches before it parks.
     pub(crate) idle_spin: std::time::Duration,
 }
@@ -129,6 +137,7 @@ impl<S: Send + 'static> Registry<S> {
             max_graphs_in_flight,
             wait_spin,
             idle_spin,
+            spinning_waiters,
         } = settings;
         let Topology {
             groups: group_names,
@@ -178,6 +187,7 @@ impl<S: Send + 'static> Registry<S> {
             prioritized: AtomicBool::new(false),
             admission: max_graphs_in_flight.map(Admission::new),
             wait_spin,
+            spinners: Arc::new(Spinners::new(spinning_waiters)),
             idle_spin,
             trace,
             export_metrics,
@@ -289,6 +299,11 @@ impl<S: Send + 'static> Registry<S> {
         }
     }
 
+    /// Whether the calling thread is one of this pool's workers.
+    pub(crate) fn on_worker_thread(&self) -> bool {
+        on_worker_of(self as *const Self as *const ())
+    }
+
     /// Switches the pool to polling every level before a node of another level is queued.
     pub(crate) fn note_prioritized(&self) {
         if !self.prioritized.load(Ordering::Relaxed) {
@@ -297,38 +312,38 @@ impl<S: Send + 'static> Registry<S> {
     }
 
     /// Admission before a submission: a slot, waited for when `wait` (a blocking submit off the
-    /// pool's workers), taken at once on a worker of this pool (a nested submission must not wait
+    /// pool's workers), taken at once on a worker of self pool (a nested submission must not wait
     /// for graphs that may be waiting for it), or a `WouldBlock` error.
-    pub(crate) fn admit(this: &Arc<Self>, graph: &Graph<S>, wait: bool) -> Result<(), Error> {
-        let Some(adm) = &this.admission else {
+    pub(crate) fn admit(&self, graph: &Graph<S>, wait: bool) -> Result<(), Error> {
+        let Some(adm) = &self.admission else {
             return Ok(());
         };
         if adm.try_acquire() {
-            this.note_admitted(false);
+            self.note_admitted(false);
             return Ok(());
         }
-        if crate::worker::on_worker_of(this) {
+        if self.on_worker_thread() {
             adm.force_acquire();
-            this.note_admitted(false);
+            self.note_admitted(false);
             return Ok(());
         }
         if !wait {
-            this.counters
+            self.counters
                 .submissions_rejected
                 .fetch_add(1, Ordering::Relaxed);
-            this.export().submission_rejected();
+            self.export().submission_rejected();
             return Err(Error::new(
                 ErrorKind::WouldBlock,
                 format!(
                     "pool '{}' has {} graph(s) in flight, its limit; graph '{}' was not submitted",
-                    crate::error::bounded(&this.name),
+                    crate::error::bounded(&self.name),
                     adm.limit,
                     crate::error::bounded(&graph.plan.name)
                 ),
             ));
         }
-        let waited = adm.acquire_blocking(|waiting| this.export().submissions_waiting(waiting));
-        this.note_admitted(waited);
+        let waited = adm.acquire_blocking(|waiting| self.export().submissions_waiting(waiting));
+        self.note_admitted(waited);
         Ok(())
     }
 
@@ -364,48 +379,44 @@ impl<S: Send + 'static> Registry<S> {
     }
 
     /// Checks, admits (see [`admit`](Self::admit)) and starts `graph`.
-    pub(crate) fn submit(this: &Arc<Self>, graph: &Graph<S>) -> Result<GraphHandle, Error> {
-        Self::submit_with(this, graph, true)
+    pub(crate) fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
+        self.submit_with(graph, true)
     }
 
     /// Starts `graph` once [`admit`](Self::admit) let it in.
-    pub(crate) fn submit_with(
-        this: &Arc<Self>,
-        graph: &Graph<S>,
-        wait: bool,
-    ) -> Result<GraphHandle, Error> {
-        Self::check(this, graph)?;
-        Self::admit(this, graph, wait)?;
-        Self::start(this, graph)
+    pub(crate) fn submit_with(&self, graph: &Graph<S>, wait: bool) -> Result<GraphHandle, Error> {
+        self.check(graph)?;
+        self.admit(graph, wait)?;
+        self.start(graph)
     }
 
-    /// Placement checks against this pool.
-    pub(crate) fn check(this: &Arc<Self>, graph: &Graph<S>) -> Result<(), Error> {
+    /// Placement checks against self pool.
+    pub(crate) fn check(&self, graph: &Graph<S>) -> Result<(), Error> {
         let plan: &Arc<Plan<S>> = &graph.plan;
         if let Some((node, g)) = plan.max_placement() {
-            if g.index() >= this.groups.len() {
+            if g.index() >= self.groups.len() {
                 return Err(Error::new(
                     ErrorKind::UnknownGroup,
                     format!(
                         "{} is placed on group {}, but pool '{}' has {} group(s)",
                         plan.describe(node),
                         g.index(),
-                        crate::error::bounded(&this.name),
-                        this.groups.len()
+                        crate::error::bounded(&self.name),
+                        self.groups.len()
                     ),
                 ));
             }
         }
         if let Some((node, d)) = plan.max_domain() {
-            if d.index() >= this.domains.len() {
+            if d.index() >= self.domains.len() {
                 return Err(Error::new(
                     ErrorKind::UnknownGroup,
                     format!(
                         "{} is placed on domain {}, but pool '{}' has {} domain(s)",
                         plan.describe(node),
                         d.index(),
-                        crate::error::bounded(&this.name),
-                        this.domains.len()
+                        crate::error::bounded(&self.name),
+                        self.domains.len()
                     ),
                 ));
             }
@@ -414,25 +425,35 @@ impl<S: Send + 'static> Registry<S> {
     }
 
     /// Starts a checked and admitted graph (its slot is given back if it cannot start).
-    pub(crate) fn start(this: &Arc<Self>, graph: &Graph<S>) -> Result<GraphHandle, Error> {
+    pub(crate) fn start(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
         let plan: &Arc<Plan<S>> = &graph.plan;
-        let id = this.next_run.fetch_add(1, Ordering::Relaxed);
-        let run = Arc::new(Run::new(id, plan.clone()));
-        run.completion.set_spin(this.wait_spin);
+        let id = self.next_run.fetch_add(1, Ordering::Relaxed);
+        let run = match Run::new(id, plan.clone()) {
+            Ok(run) => Arc::new(run),
+            Err(e) => {
+                self.release_admission();
+                return Err(e);
+            }
+        };
+        run.completion.set_spin(
+            self.wait_spin,
+            &self.spinners,
+            plan.priority == Priority::High,
+        );
         let handle = GraphHandle {
             completion: run.completion.clone(),
             graph: plan.name.clone(),
         };
         {
-            let mut runs = sync::lock(&this.runs);
-            if this.state.load(Ordering::Acquire) != RUNNING {
+            let mut runs = sync::lock(&self.runs);
+            if self.state.load(Ordering::Acquire) != RUNNING {
                 drop(runs);
-                this.release_admission();
+                self.release_admission();
                 return Err(Error::new(
                     ErrorKind::ShutDown,
                     format!(
                         "pool '{}' is shut down; graph '{}' was not submitted",
-                        crate::error::bounded(&this.name),
+                        crate::error::bounded(&self.name),
                         crate::error::bounded(&plan.name)
                     ),
                 ));
@@ -441,31 +462,31 @@ impl<S: Send + 'static> Registry<S> {
                 runs.insert(id, run.clone());
             }
         }
-        this.counters
+        self.counters
             .graphs_submitted
             .fetch_add(1, Ordering::Relaxed);
-        this.export().graph_submitted();
+        self.export().graph_submitted();
         if plan.nodes.is_empty() {
             let result = run.take_result();
-            this.counters
+            self.counters
                 .graphs_completed
                 .fetch_add(1, Ordering::Relaxed);
-            this.export().graph_finished(None, run.submitted.elapsed());
-            this.release_admission();
+            self.export().graph_finished(None, run.submitted.elapsed());
+            self.release_admission();
             run.completion.complete(result);
             return Ok(handle);
         }
         if plan.prioritized {
-            this.note_prioritized();
+            self.note_prioritized();
         }
         let mut any = 0usize;
-        let mut per_group = vec![0usize; this.groups.len()];
-        let mut per_domain = vec![0usize; this.domains.len()];
+        let mut per_group = vec![0usize; self.groups.len()];
+        let mut per_domain = vec![0usize; self.domains.len()];
         for &s in plan.sources.iter() {
             let t = Task::new(RunRef::new(&run), s);
             let spec = &plan.nodes[s as usize];
             let placement = spec.placement();
-            this.inject(t, spec.priority(), placement);
+            self.inject(t, spec.priority(), placement);
             match placement {
                 Placement::Any => any += 1,
                 Placement::Group(g) => per_group[g.index()] += 1,
@@ -475,22 +496,22 @@ impl<S: Send + 'static> Registry<S> {
         // Wake as many workers as there is work for; each woken worker wakes another if it
         // finds more than it takes.
         for (g, &n) in per_group.iter().enumerate() {
-            for _ in 0..n.min(this.groups[g].members.len()) {
-                if !this.sleep.notify_group(g) {
+            for _ in 0..n.min(self.groups[g].members.len()) {
+                if !self.sleep.notify_group(g) {
                     break;
                 }
             }
         }
         for (d, &n) in per_domain.iter().enumerate() {
-            let domain = &this.domains[d];
+            let domain = &self.domains[d];
             for _ in 0..n.min(domain.workers) {
-                if !this.sleep.notify_groups(&domain.groups) {
+                if !self.sleep.notify_groups(&domain.groups) {
                     break;
                 }
             }
         }
-        for _ in 0..any.min(this.infos.len()) {
-            if !this.sleep.notify_any() {
+        for _ in 0..any.min(self.infos.len()) {
+            if !self.sleep.notify_any() {
                 break;
             }
         }
@@ -594,5 +615,11 @@ impl<S: Send + 'static> Registry<S> {
                 Err(p) => p.into_inner(),
             };
         }
+    }
+}
+
+impl<S: Send + 'static> Submit<S> for Registry<S> {
+    fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
+        Registry::submit(self, graph)
     }
 }

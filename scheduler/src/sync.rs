@@ -64,26 +64,44 @@ pub(crate) fn prefetch<T>(p: *const T) {
 /// `n` counters at zero. Outside loom they come from zeroed memory: the allocator hands out
 /// untouched pages, so counters that a run never touches (nodes with one predecessor) cost
 /// nothing to create.
+/// `None` when they cannot be allocated (the caller reports it).
 #[cfg(not(loom))]
-pub(crate) fn zeroed_counters(n: usize) -> Box<[AtomicU32]> {
+pub(crate) fn zeroed_counters(n: usize) -> Option<Box<[AtomicU32]>> {
     if n == 0 {
-        return Box::new([]);
+        return Some(Box::new([]));
     }
-    let layout = std::alloc::Layout::array::<AtomicU32>(n).expect("counter array size");
+    let layout = std::alloc::Layout::array::<AtomicU32>(n).ok()?;
     // SAFETY: `layout` has a non-zero size (n > 0).
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut AtomicU32;
     if ptr.is_null() {
-        std::alloc::handle_alloc_error(layout);
+        return None;
     }
     // SAFETY: an `AtomicU32` has the layout of a `u32`, for which all-zero bits are 0; the
     // memory holds `n` of them and was allocated with the layout `Box<[AtomicU32]>` frees with.
-    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) }
+    Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) })
 }
 
 /// `n` counters at zero (loom's atomics must be constructed).
 #[cfg(loom)]
-pub(crate) fn zeroed_counters(n: usize) -> Box<[AtomicU32]> {
-    (0..n).map(|_| AtomicU32::new(0)).collect()
+pub(crate) fn zeroed_counters(n: usize) -> Option<Box<[AtomicU32]>> {
+    Some((0..n).map(|_| AtomicU32::new(0)).collect())
+}
+
+/// `n` zeros, from zeroed memory as [`zeroed_counters`] (the allocator hands out untouched
+/// pages, which a build writes once instead of twice); `None` when they cannot be allocated.
+pub(crate) fn zeroed_u32s(n: usize) -> Option<Vec<u32>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u32>(n).ok()?;
+    // SAFETY: `layout` has a non-zero size (n > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut u32;
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: the memory holds `n` initialised `u32`s (all-zero bits are 0) and was allocated by
+    // the global allocator with the layout a `Vec<u32>` of capacity `n` frees it with.
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
 /// Locks `m`, ignoring poisoning: the scheduler's own critical sections never panic while
@@ -124,5 +142,22 @@ impl OwnedCounter {
     #[inline]
     pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_that_cannot_be_allocated_are_none() {
+        assert_eq!(zeroed_counters(3).map(|c| c.len()), Some(3));
+        assert!(zeroed_counters(0).is_some_and(|c| c.is_empty()));
+        // Too large for a layout, and too large for any address space (which Miri reports as
+        // its own resource exhaustion instead of a null).
+        assert!(zeroed_counters(usize::MAX / 2).is_none());
+        if !cfg!(miri) {
+            assert!(zeroed_counters(1 << 60).is_none());
+        }
     }
 }

@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32 as StdAtomicU32, Ordering as StdOrdering};
 use std::sync::Arc;
 
+use super::memory::{reserve, too_large, AllocFailure};
 use super::plan::{
     InlinedBody, MaxPlacement, NameTable, NodeSpec, Plan, FLAG_CPU, FLAG_INLINED, FLAG_UNIT,
     SUCC_EXTERNAL,
@@ -83,6 +84,16 @@ pub struct GraphBuilder<S = ()> {
     pub(super) bad_placement: Option<(NodeId, Option<Placement>)>,
     /// The first bad edge; reported by `build`.
     pub(super) bad_edge: Option<BadEdge>,
+    /// Edges declared with `hand_on`: `build` checks that each target is its source's only
+    /// successor.
+    pub(super) handoffs: Vec<(u32, u32)>,
+    /// The first allocation of the builder's records that failed, reported by `build`. The
+    /// nodes and edges it could not keep are counted (for the error's estimate).
+    failure: Option<AllocFailure>,
+    /// Nodes whose memory could not be allocated: counted, not kept.
+    lost_nodes: usize,
+    /// The nodes and edges `with_capacity` was asked for (for the error's estimate).
+    capacity: (usize, usize),
 }
 
 impl<S> fmt::Debug for GraphBuilder<S> {
@@ -101,19 +112,19 @@ impl<S: Send + 'static> GraphBuilder<S> {
         Self::with_capacity(name, 0, 0)
     }
 
-    /// An empty graph with room for `nodes` nodes and `edges` edges.
+    /// An empty graph with room for `nodes` nodes and `edges` edges. Room that cannot be
+    /// allocated is not an abort: [`build`](Self::build) then fails with
+    /// [`ErrorKind::TooLarge`](crate::error::ErrorKind::TooLarge), as it does when adding nodes or
+    /// edges runs out of memory.
     pub fn with_capacity(name: impl Into<Cow<'static, str>>, nodes: usize, edges: usize) -> Self {
-        // Edges mostly live in their source's record; only those past a node's second
-        // successor are listed apart, so reserve little for them.
-        let _ = edges;
-        GraphBuilder {
+        let mut b = GraphBuilder {
             uid: NEXT_GRAPH_UID.fetch_add(1, StdOrdering::Relaxed),
             name: name.into(),
-            nodes: Vec::with_capacity(nodes),
-            names: NameTable::with_capacity(nodes),
+            nodes: Vec::new(),
+            names: NameTable::default(),
             overflow: Vec::new(),
             edges: 0,
-            has_pred: Vec::with_capacity(nodes.div_ceil(64)),
+            has_pred: Vec::new(),
             forward: true,
             joins: false,
             valued: Vec::new(),
@@ -123,7 +134,22 @@ impl<S: Send + 'static> GraphBuilder<S> {
             prio_overrides: Vec::new(),
             bad_placement: None,
             bad_edge: None,
-        }
+            handoffs: Vec::new(),
+            failure: None,
+            lost_nodes: 0,
+            capacity: (nodes, edges),
+        };
+        // Edges mostly live in their source's record; only those past a node's second
+        // successor are listed apart, so reserve nothing for them.
+        let room = (b.nodes.try_reserve_exact(nodes))
+            .map_err(|_| AllocFailure::of::<NodeSpec<S>>("node records", nodes))
+            .and_then(|()| b.names.reserve_exact(nodes))
+            .and_then(|()| {
+                (b.has_pred.try_reserve_exact(nodes.div_ceil(64)))
+                    .map_err(|_| AllocFailure::of::<u64>("predecessor bits", nodes.div_ceil(64)))
+            });
+        b.failure = room.err();
+        b
     }
 
     /// The graph's name.
@@ -133,31 +159,83 @@ impl<S: Send + 'static> GraphBuilder<S> {
 
     /// Number of nodes so far.
     pub fn len(&self) -> usize {
-        self.nodes.len()
+        self.nodes.len() + self.lost_nodes
     }
 
     /// Whether the graph has no nodes.
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.len() == 0
     }
 
+    #[inline]
     fn push(&mut self, name: &str, spec: NodeSpec<S>) -> NodeId {
-        let index = u32::try_from(self.nodes.len())
+        match self.record(name, spec) {
+            Ok(index) => NodeId {
+                graph: self.uid,
+                index,
+            },
+            Err(f) => self.lose(f),
+        }
+    }
+
+    /// A node whose memory could not be allocated: the failure is kept for `build` to report
+    /// (the first one), the node only counted, under an id no kept node has (from the top of
+    /// the range down, so an edge naming it is a bad edge, counted in `bad_edge`).
+    #[cold]
+    #[inline(never)]
+    fn lose(&mut self, f: AllocFailure) -> NodeId {
+        self.failure.get_or_insert(f);
+        self.lost_nodes += 1;
+        NodeId {
+            graph: self.uid,
+            index: (u32::MAX - 1).saturating_sub(self.lost_nodes as u32),
+        }
+    }
+
+    /// Keeps a node's record, name and bits: every allocation is made before anything is
+    /// stored, so a failed one leaves the builder as it was. The per-node vectors grow
+    /// together (`grow_nodes`), so one check covers the record, the name's end and the bits.
+    #[inline]
+    fn record(&mut self, name: &str, spec: NodeSpec<S>) -> Result<u32, AllocFailure> {
+        let len = self.nodes.len();
+        if len == self.nodes.capacity() {
+            self.grow_nodes()?;
+        }
+        self.names.reserve_text(name.len())?;
+        let valued = !spec.is_unit();
+        if valued {
+            reserve(&mut self.valued, 1, "valued nodes' list")?;
+        }
+        let index = u32::try_from(len)
             .ok()
             .filter(|&i| i < u32::MAX)
             .expect("a graph holds at most 2^32 - 2 nodes");
         if index % 64 == 0 {
             self.has_pred.push(0);
         }
-        if !spec.is_unit() {
+        if valued {
             self.valued.push(index);
         }
         self.nodes.push(spec);
         self.names.push(name);
-        NodeId {
-            graph: self.uid,
-            index,
-        }
+        Ok(index)
+    }
+
+    /// Grows the node records as `push` would, and the names' ends and the predecessor bits to
+    /// match, so that `record` pushes onto all three after one check.
+    #[cold]
+    #[inline(never)]
+    fn grow_nodes(&mut self) -> Result<(), AllocFailure> {
+        let len = self.nodes.len();
+        (self.nodes.try_reserve(1))
+            .map_err(|_| AllocFailure::of::<NodeSpec<S>>("node records", len + 1))?;
+        let cap = self.nodes.capacity();
+        self.names.reserve_ends(cap)?;
+        let words = cap.div_ceil(64);
+        (self
+            .has_pred
+            .try_reserve_exact(words.saturating_sub(self.has_pred.len())))
+        .map_err(|_| AllocFailure::of::<u64>("predecessor bits", words))
     }
 
     /// Adds a node that runs `body` on a pool worker. The body gets a [`NodeCtx`] (inputs,
@@ -207,20 +285,48 @@ impl<S: Send + 'static> GraphBuilder<S> {
         };
         match bad {
             None => self.add_edge(from.index, to.index),
-            Some(b) => {
-                if self.bad_edge.is_none() {
-                    self.bad_edge = Some(b);
-                }
+            Some(b) => self.note_bad_edge(b),
+        }
+        self
+    }
+
+    /// An edge `build` rejects (the first one is reported), or, once memory ran out, an edge
+    /// to or from a node not kept: counted only (`build` reports the failure).
+    #[cold]
+    #[inline(never)]
+    fn note_bad_edge(&mut self, b: BadEdge) {
+        if self.failure.is_some() {
+            self.edges += 1;
+        } else if self.bad_edge.is_none() {
+            self.bad_edge = Some(b);
+        }
+    }
+
+    /// Adds an edge `from -> to` along which `to` takes `from`'s output by value
+    /// ([`Inputs::take`]): [`build`](Self::build) checks that `to` is `from`'s only successor
+    /// (no other node could read the value), and fails with [`ErrorKind::BadInput`] naming
+    /// both nodes and another successor if it is not. (`take` checks it again, along any edge,
+    /// when it happens: declaring the edge reports the mistake before anything runs.)
+    ///
+    /// [`ErrorKind::BadInput`]: crate::ErrorKind::BadInput
+    pub fn hand_on(&mut self, from: impl Into<NodeId>, to: impl Into<NodeId>) -> &mut Self {
+        let (f, t) = (from.into(), to.into());
+        let edges = self.edges;
+        self.edge(f, t);
+        if self.edges > edges && self.failure.is_none() {
+            match reserve(&mut self.handoffs, 1, "hand-on edges") {
+                Ok(()) => self.handoffs.push((f.index, t.index)),
+                Err(e) => _ = self.failure.get_or_insert(e),
             }
         }
         self
     }
 
-    /// Records edge `f -> t` (two distinct nodes of this builder).
-    #[inline]
+    /// Records edge `f -> t` (two distinct nodes this builder keeps).
+    #[inline(always)]
     fn add_edge(&mut self, f: u32, t: u32) {
-        self.forward &= f < t;
         self.edges += 1;
+        self.forward &= f < t;
         let to = &mut self.nodes[t as usize];
         to.indegree = to
             .indegree
@@ -236,10 +342,22 @@ impl<S: Send + 'static> GraphBuilder<S> {
             }
             2 => {
                 from.set_succ_mode(SUCC_EXTERNAL);
-                self.overflow.push((f, t));
+                self.push_overflow(f, t);
             }
-            _ => self.overflow.push((f, t)),
+            _ => self.push_overflow(f, t),
         }
+    }
+
+    /// Lists edge `f -> t` past its source's second successor.
+    #[inline(always)]
+    fn push_overflow(&mut self, f: u32, t: u32) {
+        if self.overflow.len() == self.overflow.capacity() {
+            if let Err(e) = reserve(&mut self.overflow, 1, "successor lists") {
+                self.failure.get_or_insert(e);
+                return;
+            }
+        }
+        self.overflow.push((f, t));
     }
 
     /// Sets the priority of this graph's nodes (default [`Priority::Normal`]); a node's own
@@ -254,8 +372,14 @@ impl<S: Send + 'static> GraphBuilder<S> {
     /// the override its own builder gave it; the others take this graph's priority.
     pub fn node_priority(&mut self, node: impl Into<NodeId>, priority: Priority) -> &mut Self {
         let id = node.into();
+        if self.failure.is_some() {
+            return self;
+        }
         if id.graph == self.uid && (id.index as usize) < self.nodes.len() {
-            self.prio_overrides.push((id.index, priority));
+            match reserve(&mut self.prio_overrides, 1, "priority overrides") {
+                Ok(()) => self.prio_overrides.push((id.index, priority)),
+                Err(e) => _ = self.failure.get_or_insert(e),
+            }
         } else if self.bad_placement.is_none() {
             self.bad_placement = Some((id, None));
         }
@@ -295,7 +419,7 @@ impl<S: Send + 'static> GraphBuilder<S> {
         let offset = u32::try_from(self.nodes.len()).expect("a graph holds at most 2^32 - 2 nodes");
         for (i, spec) in plan.nodes.iter().enumerate() {
             let (origin, base) = spec.origin_base(plan.uid);
-            let (body_plan, body_index) = match spec.body.inlined() {
+            let (body_plan, body_index) = match spec.inlined() {
                 Some(b) => (b.plan.clone(), b.index),
                 None => (plan.clone(), i as u32),
             };
@@ -315,11 +439,22 @@ impl<S: Send + 'static> GraphBuilder<S> {
         }
         for from in 0..plan.nodes.len() as u32 {
             for &to in plan.successors(from) {
-                self.add_edge(offset + from, offset + to);
+                if self.failure.is_some() {
+                    self.edges += 1; // counted only
+                } else {
+                    self.add_edge(offset + from, offset + to);
+                }
             }
         }
-        self.prio_overrides
-            .extend(plan.prio_overrides.iter().map(|&(i, p)| (offset + i, p)));
+        match reserve(
+            &mut self.prio_overrides,
+            plan.prio_overrides.len(),
+            "priority overrides",
+        ) {
+            Ok(()) => (self.prio_overrides)
+                .extend(plan.prio_overrides.iter().map(|&(i, p)| (offset + i, p))),
+            Err(e) => self.failure = self.failure.or(Some(e)),
+        }
         Subgraph {
             inner: plan.uid,
             outer: self.uid,
@@ -341,8 +476,21 @@ impl<S: Send + 'static> GraphBuilder<S> {
     /// [`ErrorKind::UnknownGroup`]: crate::ErrorKind::UnknownGroup
     /// [`ErrorKind::Cycle`]: crate::ErrorKind::Cycle
     ///
+    /// A graph whose records cannot be allocated, here or while it was built, is an
+    /// [`ErrorKind::TooLarge`](crate::error::ErrorKind::TooLarge) error naming its estimate
+    /// ([`estimate_graph_bytes`](crate::graph::estimate_graph_bytes)) and the limit, not an abort.
+    ///
     /// Nothing runs before this succeeds.
     pub fn build(mut self) -> Result<Graph<S>, Error> {
+        if let Some(f) = self.failure {
+            let nodes = self.len().max(self.capacity.0);
+            return Err(too_large(
+                &self.name,
+                nodes,
+                self.edges.max(self.capacity.1),
+                f,
+            ));
+        }
         if self.priority != Priority::Normal {
             let p = self.priority;
             self.nodes.iter_mut().for_each(|n| n.set_priority(p));

@@ -2,6 +2,7 @@
 //! the counter sets that a plan's successful runs leave for its next runs. Both are built or
 //! filled by runs but describe the plan, so they live with it; the counting is in `run/`.
 
+use super::memory::{reserve, zeros, AllocFailure};
 use super::Plan;
 use crate::sync::{self, AtomicU32, Mutex};
 
@@ -43,25 +44,48 @@ pub(crate) struct WideJoins {
 }
 
 impl WideJoins {
-    /// The plan's wide joins (built once per plan, by its first run).
+    /// The plan's wide joins, built by its first run ([`try_of`](Self::try_of), in `Run::new`).
+    #[inline]
     pub(crate) fn of<S>(plan: &Plan<S>) -> &WideJoins {
-        plan.wide_joins.get_or_init(|| Self::build(plan))
+        match plan.wide_joins.get() {
+            Some(w) => w,
+            None => Self::first_of(plan),
+        }
     }
 
-    fn build<S>(plan: &Plan<S>) -> WideJoins {
+    /// [`of`](Self::of) before any run built them (a run does, in `Run::new`).
+    #[cold]
+    #[inline(never)]
+    fn first_of<S>(plan: &Plan<S>) -> &WideJoins {
+        Self::try_of(plan).unwrap_or_else(|f| panic!("{f:?}"))
+    }
+
+    /// The plan's wide joins, built the first time (their memory that cannot be allocated is
+    /// the caller's error to report).
+    pub(crate) fn try_of<S>(plan: &Plan<S>) -> Result<&WideJoins, AllocFailure> {
+        if let Some(w) = plan.wide_joins.get() {
+            return Ok(w);
+        }
+        // Two runs may build them at once: one set is kept, the other dropped.
+        let _ = plan.wide_joins.set(Self::build(plan)?);
+        Ok(plan.wide_joins.get().expect("set just now"))
+    }
+
+    fn build<S>(plan: &Plan<S>) -> Result<WideJoins, AllocFailure> {
         let mut joins = Vec::new();
         let mut first = 0u32;
         for (i, spec) in plan.nodes.iter().enumerate() {
             if spec.indegree >= WIDE_JOIN {
                 let leaves = spec.indegree.div_ceil(LEAF_SPAN);
+                reserve(&mut joins, 1, "wide joins")?;
                 joins.push((i as u32, first, leaves, 0));
                 first += leaves;
             }
         }
         if joins.is_empty() {
-            return WideJoins::default();
+            return Ok(WideJoins::default());
         }
-        let mut quota = vec![0u32; first as usize];
+        let mut quota = zeros(first as usize, "wide joins' leaf quotas")?;
         for p in 0..plan.nodes.len() as u32 {
             for &s in plan.successors(p) {
                 if plan.nodes[s as usize].indegree >= WIDE_JOIN {
@@ -77,10 +101,10 @@ impl WideJoins {
                 .filter(|&&q| q > 0)
                 .count() as u32;
         }
-        WideJoins {
+        Ok(WideJoins {
             joins: joins.into(),
             quota: quota.into(),
-        }
+        })
     }
 
     /// Leaf slots a run needs.

@@ -4,7 +4,6 @@
 //! validated graph's public face, `dot.rs` draws it, and `memory.rs` estimates what its records
 //! cost.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -20,10 +19,8 @@ mod validate;
 pub use self::builder::{GraphBuilder, Subgraph};
 pub(crate) use self::joins::{leaf_of, Counters, WideJoins, WIDE_JOIN};
 pub use self::memory::estimate_graph_bytes;
-pub(crate) use self::plan::{InlinedBody, NodeSpec, Plan, CLASS_ONE, CLASS_RECORD};
-
-/// A node's output, type-erased.
-pub(crate) type AnyValue = Box<dyn Any + Send + Sync>;
+pub(crate) use self::memory::{filled, reserve, too_large, AllocFailure};
+pub(crate) use self::plan::{NodeSpec, Plan, CLASS_ONE, CLASS_RECORD};
 
 /// A validated, immutable task graph. Cheap to clone; submit it with
 /// [`Pool::submit`](crate::Pool::submit) as often as you like, also concurrently.
@@ -112,6 +109,10 @@ impl<S> Graph<S> {
     }
 
     /// A node's direct predecessors.
+    ///
+    /// # Panics
+    /// If the predecessor lists, built on first use, cannot be allocated (the message is that
+    /// of an [`ErrorKind::TooLarge`](crate::error::ErrorKind::TooLarge) error).
     pub fn predecessors(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
         let uid = self.plan.uid;
         let list = self

@@ -6,9 +6,10 @@
 use std::sync::{Arc, OnceLock};
 
 use super::joins::{CounterCache, WideJoins};
+use super::memory::{too_large, zeros, AllocFailure};
 use crate::body::{NodeBody, ThinBody};
 use crate::ctx::{Inputs, NodeCtx};
-use crate::error::{bounded, BoxError};
+use crate::error::{bounded, BoxError, Error};
 use crate::ids::{DomainId, GroupId, NodeId, Placement, Priority, ANY_GROUP, PLACEMENT_MASK};
 use crate::trace::PlanNames;
 
@@ -30,10 +31,6 @@ impl<S: Send + 'static> NodeBody<S> for InlinedBody<S> {
 
     fn run_inputs(&self, inputs: &Inputs<'_>) -> Result<(), BoxError> {
         self.plan.nodes[self.index as usize].body.run_inputs(inputs)
-    }
-
-    fn inlined(&self) -> Option<&InlinedBody<S>> {
-        Some(self)
     }
 }
 
@@ -174,17 +171,23 @@ impl<S> NodeSpec<S> {
     pub(super) fn set_placement_bits(&mut self, p: u32) {
         self.meta = (self.meta & !PLACEMENT_MASK) | p;
     }
+}
+
+impl<S: Send + 'static> NodeSpec<S> {
+    /// The node's body as an inlined subgraph's node, if it is one.
+    #[inline]
+    pub(crate) fn inlined(&self) -> Option<&InlinedBody<S>> {
+        if self.meta & FLAG_INLINED == 0 {
+            return None;
+        }
+        self.body.downcast_ref::<InlinedBody<S>>()
+    }
 
     /// (origin, base): the graph whose builder created the body, and where that graph's node 0
     /// sits in the graph `uid` this node belongs to.
     #[inline]
     pub(crate) fn origin_base(&self, uid: u32) -> (u32, u32) {
-        if self.meta & FLAG_INLINED != 0 {
-            if let Some(b) = self.body.inlined() {
-                return (b.origin, b.base);
-            }
-        }
-        (uid, 0)
+        self.inlined().map_or((uid, 0), |b| (b.origin, b.base))
     }
 }
 
@@ -257,21 +260,22 @@ pub(crate) const CLASS_RECORD: u8 = 0;
 /// the successor's own record too: with the successor run on another worker (a wavefront's
 /// next row), that record's line was first read by the releasing worker and then fetched from
 /// its cache by the running one. A byte array shares a line among 64 nodes instead of 2.7.
-pub(super) fn release_classes<S>(nodes: &[NodeSpec<S>]) -> Box<[u8]> {
-    nodes
-        .iter()
-        .map(|spec| {
-            if spec.placement_bits() != ANY_GROUP || spec.is_prioritized() {
-                CLASS_RECORD
-            } else {
-                match spec.indegree {
-                    1 => CLASS_ONE,
-                    2 => CLASS_TWO,
-                    _ => CLASS_RECORD,
-                }
+pub(super) fn release_classes<S>(nodes: &[NodeSpec<S>]) -> Result<Box<[u8]>, AllocFailure> {
+    let mut classes = Vec::new();
+    (classes.try_reserve_exact(nodes.len()))
+        .map_err(|_| AllocFailure::of::<u8>("release classes", nodes.len()))?;
+    classes.extend(nodes.iter().map(|spec| {
+        if spec.placement_bits() != ANY_GROUP || spec.is_prioritized() {
+            CLASS_RECORD
+        } else {
+            match spec.indegree {
+                1 => CLASS_ONE,
+                2 => CLASS_TWO,
+                _ => CLASS_RECORD,
             }
-        })
-        .collect()
+        }
+    }));
+    Ok(classes.into_boxed_slice())
 }
 
 /// (start offsets, list): compressed adjacency lists.
@@ -287,11 +291,26 @@ pub(crate) struct NameTable {
 }
 
 impl NameTable {
-    pub(super) fn with_capacity(n: usize) -> Self {
-        NameTable {
-            text: String::with_capacity(n),
-            ends: Vec::with_capacity(n),
+    /// Room for `n` more names of a byte each (`GraphBuilder::with_capacity`).
+    pub(super) fn reserve_exact(&mut self, n: usize) -> Result<(), AllocFailure> {
+        (self.text.try_reserve_exact(n)).map_err(|_| AllocFailure::of::<u8>("node names", n))?;
+        (self.ends.try_reserve_exact(n)).map_err(|_| AllocFailure::of::<u32>("node names", n))
+    }
+
+    /// Room for one more name of `len` bytes (its end: see [`reserve_ends`](Self::reserve_ends)).
+    #[inline(always)]
+    pub(super) fn reserve_text(&mut self, len: usize) -> Result<(), AllocFailure> {
+        if self.text.capacity() - self.text.len() >= len {
+            return Ok(());
         }
+        let want = self.text.len().saturating_add(len);
+        (self.text.try_reserve(len)).map_err(|_| AllocFailure::of::<u8>("node names", want))
+    }
+
+    /// Room for the ends of `n` names in all.
+    pub(super) fn reserve_ends(&mut self, n: usize) -> Result<(), AllocFailure> {
+        let more = n.saturating_sub(self.ends.len());
+        (self.ends.try_reserve_exact(more)).map_err(|_| AllocFailure::of::<u32>("node names", n))
     }
 
     #[inline]
@@ -319,8 +338,11 @@ impl std::ops::Index<usize> for NameTable {
 }
 
 /// Predecessor lists in compressed form, from the successor lists of `n` nodes.
-pub(super) fn build_predecessors<'a>(n: usize, successors: impl Fn(u32) -> &'a [u32]) -> Csr {
-    let mut start = vec![0u32; n + 1];
+pub(super) fn build_predecessors<'a>(
+    n: usize,
+    successors: impl Fn(u32) -> &'a [u32],
+) -> Result<Csr, AllocFailure> {
+    let mut start = zeros(n + 1, "predecessor lists")?;
     for f in 0..n as u32 {
         for &t in successors(f) {
             start[t as usize + 1] += 1;
@@ -329,15 +351,17 @@ pub(super) fn build_predecessors<'a>(n: usize, successors: impl Fn(u32) -> &'a [
     for i in 0..n {
         start[i + 1] += start[i];
     }
-    let mut fill: Vec<u32> = start[..n].to_vec();
-    let mut list = vec![0u32; start[n] as usize];
+    let mut fill = Vec::new();
+    (fill.try_reserve_exact(n)).map_err(|_| AllocFailure::of::<u32>("predecessor lists", n))?;
+    fill.extend_from_slice(&start[..n]);
+    let mut list = zeros(start[n] as usize, "predecessor lists")?;
     for f in 0..n as u32 {
         for &t in successors(f) {
             list[fill[t as usize] as usize] = f;
             fill[t as usize] += 1;
         }
     }
-    (start.into_boxed_slice(), list.into_boxed_slice())
+    Ok((start.into_boxed_slice(), list.into_boxed_slice()))
 }
 
 impl<S> Plan<S> {
@@ -352,13 +376,33 @@ impl<S> Plan<S> {
         successors_of(&self.nodes, &self.ext, i)
     }
 
+    /// Node `i`'s direct predecessors. The lists are built the first time a node asks (a graph
+    /// whose nodes never read inputs never pays for them); lists that cannot be allocated are
+    /// an [`ErrorKind::TooLarge`](crate::error::ErrorKind::TooLarge) error.
+    #[inline]
+    pub(crate) fn try_predecessors(&self, i: u32) -> Result<&[u32], Error> {
+        let (start, list) = match self.preds.get() {
+            Some(csr) => csr,
+            None => self.init_predecessors()?,
+        };
+        let i = i as usize;
+        Ok(&list[start[i] as usize..start[i + 1] as usize])
+    }
+
+    #[cold]
+    fn init_predecessors(&self) -> Result<&Csr, Error> {
+        let csr = build_predecessors(self.nodes.len(), |f| self.successors(f))
+            .map_err(|f| too_large(&self.name, self.nodes.len(), self.edges, f))?;
+        // Two nodes may build them at once: one set is kept, the other dropped.
+        let _ = self.preds.set(csr);
+        Ok(self.preds.get().expect("set just now"))
+    }
+
+    /// [`try_predecessors`](Self::try_predecessors) where no error can be returned: lists that
+    /// cannot be allocated are a panic with its message (in a node body, the node's failure).
     #[inline]
     pub(crate) fn predecessors(&self, i: u32) -> &[u32] {
-        let (start, list) = self
-            .preds
-            .get_or_init(|| build_predecessors(self.nodes.len(), |f| self.successors(f)));
-        let i = i as usize;
-        &list[start[i] as usize..start[i + 1] as usize]
+        self.try_predecessors(i).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A node with the highest group placement, for checking placements against a pool.

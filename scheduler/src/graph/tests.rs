@@ -345,3 +345,29 @@ fn release_classes_follow_in_degree_placement_and_level() {
         ]
     );
 }
+
+/// A take of the wrong type fails, naming the type, and leaves the value where it was (a
+/// `NodeRef` of the wrong type cannot be made outside the crate).
+#[test]
+fn a_take_of_another_type_leaves_the_value() {
+    let pool = PoolBuilder::new()
+        .workers(1)
+        .cores(Cores::Unpinned)
+        .build()
+        .unwrap();
+    let mut g = GraphBuilder::new("types");
+    let a = g.node("a", |_| Ok(String::from("four")));
+    let b = g.node("b", move |ctx| {
+        let wrong = NodeRef::<u64>::new(a.id());
+        let e = ctx.take(wrong).unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "takes the output of node 'a' (#0), as u64, which is not its output type"
+            ),
+            "{e}"
+        );
+        Ok(ctx.take(a)?.len())
+    });
+    g.hand_on(a, b);
+    assert_eq!(pool.run(&g.build().unwrap()).unwrap().get(b), Some(&4));
+}

@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::builder::{BadEdge, GraphBuilder};
 use super::joins::CounterCache;
+use super::memory::{filled, reserve, too_large, zeros, AllocFailure};
 use super::plan::{
     build_predecessors, release_classes, successors_of, MaxPlacement, NodeSpec, Plan, FLAG_CHAIN,
 };
@@ -16,11 +17,14 @@ impl<S> Plan<S> {
     pub(super) fn build(mut b: GraphBuilder<S>) -> Result<Self, Error> {
         let gname: Arc<str> = Arc::from(&*b.name);
         check_recorded(&b, &gname)?;
-        let ext = external_successors(&mut b.nodes, &b.overflow);
+        let (n, edges) = (b.nodes.len(), b.edges);
+        let too_large = |f| too_large(&gname, n, edges, f);
+        let ext = external_successors(&mut b.nodes, &b.overflow).map_err(too_large)?;
+        check_handoffs(&b, &ext, &gname)?;
         mark_chains(&mut b.nodes);
-        let sources = sources(&b.has_pred, b.nodes.len());
+        let sources = sources(&b.has_pred, b.nodes.len()).map_err(too_large)?;
         if !b.forward {
-            check_acyclic(&b, &ext, &sources, &gname)?;
+            check_acyclic(&b, &ext, &sources, &gname).map_err(too_large)??;
         }
         let prioritized = b.nodes.iter().any(|n| n.is_prioritized());
         let mut max_placement = b.max_placement;
@@ -30,7 +34,7 @@ impl<S> Plan<S> {
                 max_placement.note(i as u32, spec.placement());
             }
         }
-        let classes = release_classes(&b.nodes);
+        let classes = release_classes(&b.nodes).map_err(too_large)?;
         Ok(Plan {
             uid: b.uid,
             name: gname,
@@ -97,8 +101,31 @@ fn check_recorded<S>(b: &GraphBuilder<S>, gname: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Each edge declared with `hand_on`: its target must be its source's only successor.
+fn check_handoffs<S>(b: &GraphBuilder<S>, ext: &[u32], gname: &str) -> Result<(), Error> {
+    for &(f, t) in &b.handoffs {
+        let succ = successors_of(&b.nodes, ext, f);
+        if let Some(&other) = succ.iter().find(|&&s| s != t) {
+            let name = |i: u32| format!("node '{}' (#{i})", bounded(&b.names[i as usize]));
+            return Err(Error::new(
+                ErrorKind::BadInput,
+                format!(
+                    "graph '{}': {} takes the output of {} (`hand_on`), which {} may also read \
+                     (of {} successors): a node takes an output only as its only successor",
+                    bounded(gname),
+                    name(t),
+                    name(f),
+                    name(other),
+                    succ.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The nodes without predecessors, in index order (`has_pred`: a bit a node).
-fn sources(has_pred: &[u64], n: usize) -> Vec<u32> {
+fn sources(has_pred: &[u64], n: usize) -> Result<Vec<u32>, AllocFailure> {
     let mut sources = Vec::new();
     for (w, &bits) in has_pred.iter().enumerate() {
         let mut free = !bits;
@@ -107,25 +134,30 @@ fn sources(has_pred: &[u64], n: usize) -> Vec<u32> {
             if i >= n {
                 break;
             }
+            reserve(&mut sources, 1, "source list")?;
             sources.push(i as u32);
             free &= free - 1;
         }
     }
-    sources
+    Ok(sources)
 }
 
 /// Kahn's algorithm: every node must become ready, or there is a cycle, which the error names.
 /// The caller skips it when every edge goes from a lower to a higher index: node order is then
-/// a topological order.
+/// a topological order. The outer `Err`: its own memory could not be allocated.
 fn check_acyclic<S>(
     b: &GraphBuilder<S>,
     ext: &[u32],
     sources: &[u32],
     gname: &str,
-) -> Result<(), Error> {
+) -> Result<Result<(), Error>, AllocFailure> {
     let n = b.nodes.len();
-    let mut remaining: Vec<u32> = b.nodes.iter().map(|s| s.indegree).collect();
-    let mut stack = sources.to_vec();
+    let mut remaining = Vec::new();
+    (remaining.try_reserve_exact(n)).map_err(|_| AllocFailure::of::<u32>("cycle check", n))?;
+    remaining.extend(b.nodes.iter().map(|s| s.indegree));
+    let mut stack = Vec::new();
+    reserve(&mut stack, sources.len(), "cycle check")?;
+    stack.extend_from_slice(sources);
     let mut seen = 0;
     while let Some(i) = stack.pop() {
         seen += 1;
@@ -133,16 +165,17 @@ fn check_acyclic<S>(
             let r = &mut remaining[s as usize];
             *r -= 1;
             if *r == 0 {
+                reserve(&mut stack, 1, "cycle check")?;
                 stack.push(s);
             }
         }
     }
     if seen < n {
-        let preds = build_predecessors(n, |f| successors_of(&b.nodes, ext, f));
-        let cycle = find_cycle(&remaining, &preds.0, &preds.1);
+        let preds = build_predecessors(n, |f| successors_of(&b.nodes, ext, f))?;
+        let cycle = find_cycle(&remaining, &preds.0, &preds.1)?;
         // Name at most a few of its nodes: a cycle can be millions of nodes long.
         let name = |i: u32| format!("'{}' (#{i})", bounded(&b.names[i as usize]));
-        return Err(Error::new(
+        return Ok(Err(Error::new(
             ErrorKind::Cycle,
             format!(
                 "graph '{}' has a cycle of {} nodes: {} -> {}",
@@ -151,9 +184,9 @@ fn check_acyclic<S>(
                 bounded_list(cycle.iter().map(|&i| name(i)), cycle.len(), " -> "),
                 name(cycle[0])
             ),
-        ));
+        )));
     }
-    Ok(())
+    Ok(Ok(()))
 }
 
 /// The error for a placement or edge naming node `id`, which is of another graph or beyond the
@@ -183,12 +216,15 @@ fn node_error(gname: &str, id: NodeId, uid: u32, n: usize, what: &str) -> Error 
 /// Moves the successors of nodes with more than two into one list: each such node's first two
 /// (from its record) and then its `overflow` edges, in the order they were added; the record
 /// then holds `[start, len]`. Nothing to do (and nothing allocated) when no node has more than two.
-fn external_successors<S>(nodes: &mut [NodeSpec<S>], overflow: &[(u32, u32)]) -> Box<[u32]> {
+fn external_successors<S>(
+    nodes: &mut [NodeSpec<S>],
+    overflow: &[(u32, u32)],
+) -> Result<Box<[u32]>, AllocFailure> {
     if overflow.is_empty() {
-        return Box::new([]);
+        return Ok(Box::new([]));
     }
     // Overflow edges per node; then each node's fill cursor.
-    let mut extra = vec![0u32; nodes.len()];
+    let mut extra = zeros(nodes.len(), "successor lists")?;
     for &(f, _) in overflow {
         extra[f as usize] += 1;
     }
@@ -198,7 +234,7 @@ fn external_successors<S>(nodes: &mut [NodeSpec<S>], overflow: &[(u32, u32)]) ->
         .map(|&k| 2 + k as usize)
         .sum();
     let total_u32 = u32::try_from(total).expect("a graph holds at most 2^32 - 1 edges");
-    let mut ext = vec![0u32; total_u32 as usize];
+    let mut ext = zeros(total_u32 as usize, "successor lists")?;
     let mut cursor = 0u32;
     for (f, k) in extra.iter_mut().enumerate() {
         if *k == 0 {
@@ -217,7 +253,7 @@ fn external_successors<S>(nodes: &mut [NodeSpec<S>], overflow: &[(u32, u32)]) ->
         ext[*at as usize] = t;
         *at += 1;
     }
-    ext.into_boxed_slice()
+    Ok(ext.into_boxed_slice())
 }
 
 /// Sets `FLAG_CHAIN` on every node whose one successor has it as its only predecessor and is
@@ -238,21 +274,26 @@ fn mark_chains<S>(nodes: &mut [NodeSpec<S>]) {
 
 /// Walks predecessors among the nodes Kahn's algorithm could not reach until one repeats;
 /// returns that cycle in edge order.
-fn find_cycle(remaining: &[u32], pred_start: &[u32], pred: &[u32]) -> Vec<u32> {
+fn find_cycle(
+    remaining: &[u32],
+    pred_start: &[u32],
+    pred: &[u32],
+) -> Result<Vec<u32>, AllocFailure> {
     let start = remaining
         .iter()
         .position(|&r| r > 0)
         .expect("a cycle exists") as u32;
-    let mut pos = vec![u32::MAX; remaining.len()];
+    let mut pos = filled(remaining.len(), u32::MAX, "cycle check")?;
     let mut path = Vec::new();
     let mut cur = start;
     loop {
         if pos[cur as usize] != u32::MAX {
-            let mut cycle = path[pos[cur as usize] as usize..].to_vec();
+            let mut cycle = path.split_off(pos[cur as usize] as usize);
             cycle.reverse(); // we walked predecessors; report in edge direction
-            return cycle;
+            return Ok(cycle);
         }
         pos[cur as usize] = path.len() as u32;
+        reserve(&mut path, 1, "cycle check")?;
         path.push(cur);
         let i = cur as usize;
         cur = *pred[pred_start[i] as usize..pred_start[i + 1] as usize]

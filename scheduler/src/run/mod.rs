@@ -2,12 +2,11 @@
 //!
 //! * `mod.rs` (here): the [`Run`] (its counters, slots, failure state, result) and [`RunRef`],
 //!   the pointer workers hold it by, with the in-flight count's protocol;
+//! * `access.rs`: the run as its bodies see it (`ctx`'s `RunAccess`);
 //! * `task.rs`: [`Task`], a queued node or span of a run (the job);
 //! * `credit.rs`: a worker's spare in-flight units of one run ([`Credit`]);
 //! * `release.rs`: a completed node's release of its successors (the dependency counters);
 //! * `wide.rs`: arrivals at wide joins, and a worker's batching of them ([`LeafBatcher`]);
-//! * `output.rs`: the output slots and the public [`GraphOutput`];
-//! * `latch.rs`: [`Completion`], the hand-off of the result to the waiter.
 //!
 //! The scheduler's raw-pointer code starts here (the crate docs, `lib.rs`, keep the one list of
 //! the files with `unsafe`: `ctx.rs` and `backend.rs` read and write the output slots this
@@ -25,9 +24,8 @@
 //! valid for its whole call (Stacked/Tree Borrows protectors), used again or not. A `&Run` made
 //! by dereferencing a `RunRef` inside a body is not an argument and carries no such promise.
 
+mod access;
 mod credit;
-mod latch;
-mod output;
 mod release;
 mod task;
 mod wide;
@@ -41,14 +39,13 @@ use crossbeam_utils::CachePadded;
 pub(crate) use self::credit::Credit;
 #[cfg(all(test, loom))]
 pub(crate) use self::credit::{CREDIT_CHUNK, CREDIT_MAX};
-pub(crate) use self::latch::Completion;
-pub use self::output::GraphOutput;
-pub(crate) use self::output::Slots;
 pub(crate) use self::task::{span_chunk, Task, SPAN_GRAIN, SPAN_MIN};
 pub(crate) use self::wide::LeafBatcher;
 use self::wide::LEAF_STRIDE;
 use crate::error::{Error, ErrorKind};
-use crate::graph::{Counters, Plan, WideJoins};
+use crate::graph::{too_large, AllocFailure, Counters, Plan, WideJoins};
+use crate::latch::Completion;
+use crate::output::{GraphOutput, Slots};
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicUsize, Mutex, Ordering};
 
 pub(crate) struct Run<S> {
@@ -80,7 +77,9 @@ pub(crate) struct Run<S> {
 }
 
 impl<S> Run<S> {
-    pub(crate) fn new(id: u64, plan: Arc<Plan<S>>) -> Self {
+    /// A run of `plan`; its counters that cannot be allocated are an
+    /// [`ErrorKind::TooLarge`] error.
+    pub(crate) fn new(id: u64, plan: Arc<Plan<S>>) -> Result<Self, Error> {
         let n = plan.nodes.len();
         let cached = if plan.joins {
             plan.counters.take()
@@ -91,17 +90,13 @@ impl<S> Run<S> {
             pending,
             leaves,
             epoch,
-        } = cached.unwrap_or_else(|| Counters {
-            pending: sync::zeroed_counters(if plan.joins { n } else { 0 }),
-            leaves: if plan.joins {
-                sync::zeroed_counters(WideJoins::of(&plan).leaves() * LEAF_STRIDE)
-            } else {
-                sync::zeroed_counters(0)
-            },
-            epoch: 0,
-        });
+        } = match cached {
+            Some(c) => c,
+            None => Self::fresh_counters(&plan)
+                .map_err(|f| too_large(&plan.name, plan.nodes.len(), plan.edges, f))?,
+        };
         let inflight = CachePadded::new(AtomicUsize::new(plan.sources.len()));
-        Run {
+        Ok(Run {
             id,
             plan,
             pending,
@@ -116,7 +111,30 @@ impl<S> Run<S> {
             skipped: AtomicUsize::new(0),
             completion: Arc::new(Completion::new()),
             submitted: Instant::now(),
+        })
+    }
+
+    /// Counters at zero for a plan's first run (none for a graph without joins).
+    fn fresh_counters(plan: &Plan<S>) -> Result<Counters, AllocFailure> {
+        if !plan.joins {
+            let none = sync::zeroed_counters(0).expect("an empty array allocates nothing");
+            return Ok(Counters {
+                pending: none,
+                leaves: sync::zeroed_counters(0).expect("an empty array allocates nothing"),
+                epoch: 0,
+            });
         }
+        let n = plan.nodes.len();
+        let pending = sync::zeroed_counters(n)
+            .ok_or_else(|| AllocFailure::of::<u32>("dependency counters", n))?;
+        let leaves = WideJoins::try_of(plan)?.leaves() * LEAF_STRIDE;
+        let leaves = sync::zeroed_counters(leaves)
+            .ok_or_else(|| AllocFailure::of::<u32>("wide joins' leaf counters", leaves))?;
+        Ok(Counters {
+            pending,
+            leaves,
+            epoch: 0,
+        })
     }
 
     #[inline]
@@ -140,8 +158,10 @@ impl<S> Run<S> {
     /// Builds the run's result. Called once, by the thread that brought `inflight` to zero.
     pub(crate) fn take_result(&self) -> Result<GraphOutput, Error> {
         if self.failed.load(Ordering::Acquire) {
-            // Nodes never released (counter below the in-degree) plus released-but-skipped ones.
-            let cancelled = self.count_unreleased() + self.skipped.load(Ordering::Relaxed);
+            // Nodes never released (counter below the in-degree) plus released-but-skipped ones
+            // (without the former if counting them needs memory that cannot be allocated).
+            let unreleased = self.count_unreleased().unwrap_or(0);
+            let cancelled = unreleased + self.skipped.load(Ordering::Relaxed);
             let err = sync::lock(&self.error).take().unwrap_or_else(|| {
                 Error::new(
                     ErrorKind::Cancelled,
@@ -152,11 +172,21 @@ impl<S> Run<S> {
         }
         // Every arrival at every join was counted: the counters stand at their targets.
         self.recycle.store(true, Ordering::Relaxed);
-        let mut values = Vec::with_capacity(self.plan.valued.len());
+        let mut values = Vec::new();
+        let valued = self.plan.valued.len();
+        if values.try_reserve_exact(valued).is_err() {
+            let f = AllocFailure::of::<(u32, crate::output::AnyValue)>("outputs", valued);
+            return Err(too_large(
+                &self.plan.name,
+                self.plan.nodes.len(),
+                self.plan.edges,
+                f,
+            ));
+        }
         for &i in self.plan.valued.iter() {
             // SAFETY: in-flight reached zero, so no other thread touches this run's slots.
             let out = self.slots.get(i).and_then(|s| unsafe { s.take() });
-            if let Some(v) = out.and_then(|o| o.value) {
+            if let Some(v) = out.and_then(|o| o.into_value()) {
                 values.push((i, v));
             }
         }

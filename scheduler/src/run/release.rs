@@ -4,7 +4,7 @@
 
 use super::wide::LeafBatcher;
 use super::{Run, RunRef, Task};
-use crate::graph::{WideJoins, CLASS_ONE, CLASS_RECORD, WIDE_JOIN};
+use crate::graph::{filled, reserve, WideJoins, CLASS_ONE, CLASS_RECORD, WIDE_JOIN};
 use crate::sync::{self, Ordering};
 
 impl<S> Run<S> {
@@ -136,11 +136,12 @@ impl<S> Run<S> {
     }
 
     /// Nodes that were never released: a counter below the in-degree for several predecessors;
-    /// for one predecessor, a mark or a predecessor that was itself never released.
-    pub(super) fn count_unreleased(&self) -> usize {
+    /// for one predecessor, a mark or a predecessor that was itself never released. `None`
+    /// when the count's memory cannot be allocated.
+    pub(super) fn count_unreleased(&self) -> Option<usize> {
         let n = self.plan.nodes.len();
         // 0 unknown, 1 released, 2 not released.
-        let mut state = vec![0u8; n];
+        let mut state = filled(n, 0u8, "cancelled nodes' count").ok()?;
         for &u in sync::lock(&self.unreleased).iter() {
             state[u as usize] = 2;
         }
@@ -156,8 +157,9 @@ impl<S> Run<S> {
                 let s = match self.plan.nodes[u].indegree {
                     0 => 1,
                     1 => {
+                        reserve(&mut path, 1, "cancelled nodes' count").ok()?;
                         path.push(u);
-                        u = self.plan.predecessors(u as u32)[0] as usize;
+                        u = self.plan.try_predecessors(u as u32).ok()?[0] as usize;
                         continue;
                     }
                     d if {
@@ -179,6 +181,6 @@ impl<S> Run<S> {
                 count += 1;
             }
         }
-        count
+        Some(count)
     }
 }

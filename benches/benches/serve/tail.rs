@@ -1,0 +1,345 @@
+//! The latency-critical client's tail: the priority scenario repeated (`--priority-only`, with
+//! `--batch-clients 8,16,32` and `--rounds 5`), each round's p99 loaded over alone printed, and a
+//! probe (`--tail-probe`) that says where the slowest 1% of the client's requests lost their
+//! time on the host: the client thread's and the pool threads' time runnable but waiting for a
+//! core (`/proc/<tid>/schedstat`'s run delay) and the client's involuntary switches, read
+//! around each request (outside its timed window).
+
+use std::fs;
+use std::sync::Mutex;
+
+use super::*;
+
+/// A thread's scheduler counters: ns on a core, ns runnable but waiting for one.
+#[derive(Clone, Copy, Default)]
+struct SchedStat {
+    run_ns: u64,
+    wait_ns: u64,
+}
+
+fn schedstat(path: &str) -> SchedStat {
+    let s = fs::read_to_string(path).unwrap_or_default();
+    let mut it = s.split_whitespace().map(|x| x.parse::<u64>().unwrap_or(0));
+    SchedStat {
+        run_ns: it.next().unwrap_or(0),
+        wait_ns: it.next().unwrap_or(0),
+    }
+}
+
+/// The calling thread's involuntary context switches so far.
+fn involuntary_switches() -> u64 {
+    fs::read_to_string("/proc/thread-self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The schedstat files of this process's threads now (called after the pool is built and
+/// before any client starts: the pool's workers and the driver's threads).
+fn pool_threads() -> Vec<String> {
+    let me = fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|t| Some(t) != me.as_ref())
+                .map(|t| format!("/proc/self/task/{t}/schedstat"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What one probed request cost, in µs (switches counted).
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    latency: f64,
+    client_wait: f64,
+    client_involuntary: f64,
+    pool_wait: f64,
+    pool_wait_max: f64,
+    pool_run: f64,
+}
+
+/// Reads the counters around each of the high client's requests.
+pub(super) struct TailProbe {
+    threads: Vec<String>,
+    samples: Mutex<Vec<Sample>>,
+    /// Instead of the counters, each request's window (ns since this instant).
+    epoch: Option<Instant>,
+    windows: Mutex<Vec<(u64, u64)>>,
+}
+
+/// The counters before a request.
+pub(super) struct Before {
+    client: SchedStat,
+    involuntary: u64,
+    pool: Vec<SchedStat>,
+}
+
+impl TailProbe {
+    fn new() -> Self {
+        Self {
+            threads: pool_threads(),
+            samples: Mutex::new(Vec::new()),
+            epoch: None,
+            windows: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A probe that records each request's window only (for the traced breakdown).
+    fn windows(epoch: Instant) -> Self {
+        Self {
+            threads: Vec::new(),
+            samples: Mutex::new(Vec::new()),
+            epoch: Some(epoch),
+            windows: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(super) fn before(&self) -> Option<Before> {
+        if self.epoch.is_some() {
+            return None;
+        }
+        Some(Before {
+            client: schedstat("/proc/thread-self/schedstat"),
+            involuntary: involuntary_switches(),
+            pool: self.threads.iter().map(|p| schedstat(p)).collect(),
+        })
+    }
+
+    pub(super) fn after(&self, b: Option<Before>, start: Instant, latency: Duration) {
+        let Some(b) = b else {
+            if let Some(e) = self.epoch {
+                let t0 = start.saturating_duration_since(e).as_nanos() as u64;
+                let t1 = t0 + latency.as_nanos() as u64;
+                self.windows.lock().unwrap().push((t0, t1));
+            }
+            return;
+        };
+        let client = schedstat("/proc/thread-self/schedstat");
+        let involuntary = involuntary_switches();
+        let us = |ns: u64| ns as f64 / 1e3;
+        let (mut wait, mut max, mut run) = (0u64, 0u64, 0u64);
+        for (p, old) in self.threads.iter().zip(&b.pool) {
+            let now = schedstat(p);
+            let w = now.wait_ns.saturating_sub(old.wait_ns);
+            wait += w;
+            max = max.max(w);
+            run += now.run_ns.saturating_sub(old.run_ns);
+        }
+        let s = Sample {
+            latency: latency.as_secs_f64() * 1e6,
+            client_wait: us(client.wait_ns.saturating_sub(b.client.wait_ns)),
+            client_involuntary: involuntary.saturating_sub(b.involuntary) as f64,
+            pool_wait: us(wait),
+            pool_wait_max: us(max),
+            pool_run: us(run),
+        };
+        self.samples.lock().unwrap().push(s);
+    }
+
+    /// The median request against the slowest 1%: each column's mean over the group.
+    fn report(&self, label: &str) {
+        let mut s = self.samples.lock().unwrap().clone();
+        s.sort_by(|a, b| a.latency.total_cmp(&b.latency));
+        if s.len() < 100 {
+            println!("{label}: {} probed requests, too few", s.len());
+            return;
+        }
+        let mean =
+            |g: &[Sample], f: fn(&Sample) -> f64| g.iter().map(f).sum::<f64>() / g.len() as f64;
+        let n = s.len();
+        let mid = &s[n * 45 / 100..n * 55 / 100];
+        let slow = &s[n * 99 / 100..];
+        println!("{label}: {n} probed requests (means over each group; µs, switches counted)");
+        println!("| group | latency | client waiting for a core | client involuntary switches | pool threads waiting (sum) | (max one thread) | pool threads on a core |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for (name, g) in [("p45-p55", mid), ("slowest 1%", slow)] {
+            println!(
+                "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} |",
+                mean(g, |x| x.latency),
+                mean(g, |x| x.client_wait),
+                mean(g, |x| x.client_involuntary),
+                mean(g, |x| x.pool_wait),
+                mean(g, |x| x.pool_wait_max),
+                mean(g, |x| x.pool_run),
+            );
+        }
+    }
+}
+
+/// The priority scenario `a.rounds` times for each batch size: the high client's p50, p99 and
+/// p99.9 alone and loaded, the ratio, and the batch's requests/s loaded over alone.
+pub(super) fn priority_rounds<T: Elem>(pool: &GpuPool, a: &Args, out: &mut Vec<Value>)
+where
+    CudaBlas: Gemm<T>,
+{
+    let d = pool.device(0).expect("device 0").clone();
+    let most = a.batch_clients.iter().copied().max().unwrap_or(8);
+    let b = Bench::<T>::new(pool, (&d, &d), most, a);
+    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for &batch in &a.batch_clients {
+        for round in 1..=a.rounds {
+            let (_, alone) = b.serve(pool, 0, false, true, a.seconds, None);
+            let (batch_alone, _) = b.serve(pool, batch, false, false, a.seconds, None);
+            let (loaded_batch, loaded) = b.serve(pool, batch, false, true, a.seconds, None);
+            let (alone, loaded) = (alone.expect("high"), loaded.expect("high"));
+            let ratio = loaded.pct(0.99) / alone.pct(0.99);
+            let kept = loaded_batch.rps() / batch_alone.rps();
+            println!(
+                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.2} | {kept:.2} |",
+                T::NAME,
+                alone.pct(0.5),
+                alone.pct(0.99),
+                alone.pct(0.999),
+                loaded.pct(0.5),
+                loaded.pct(0.99),
+                loaded.pct(0.999),
+            );
+            let v = json!({"impl": "boundpool", "scenario": "priority_round", "dtype": T::NAME,
+                "batch_clients": batch, "round": round,
+                "high_alone_p50_us": alone.pct(0.5), "high_alone_p99_us": alone.pct(0.99),
+                "high_loaded_p50_us": loaded.pct(0.5), "high_loaded_p99_us": loaded.pct(0.99),
+                "batch_rps": loaded_batch.rps(), "batch_alone_rps": batch_alone.rps()});
+            line(&v, a.json);
+            out.push(v);
+        }
+    }
+}
+
+/// The probe: the high client alone, then beside each batch size, its requests' host
+/// counters read around each.
+pub(super) fn probe<T: Elem>(pool: &GpuPool, a: &Args)
+where
+    CudaBlas: Gemm<T>,
+{
+    let d = pool.device(0).expect("device 0").clone();
+    let most = a.batch_clients.iter().copied().max().unwrap_or(8);
+    let b = Bench::<T>::new(pool, (&d, &d), most, a);
+    let alone = TailProbe::new();
+    let _ = b.serve(pool, 0, false, true, a.seconds, Some(&alone));
+    alone.report(&format!("{} alone", T::NAME));
+    for &batch in &a.batch_clients {
+        let p = TailProbe::new();
+        let _ = b.serve(pool, batch, false, true, a.seconds, Some(&p));
+        p.report(&format!("{} beside {batch} batch clients", T::NAME));
+    }
+}
+
+/// The phases a served request is cut into from the timeline.
+pub(super) const PHASES: [&str; 10] = [
+    "submit -> first node",
+    "stage input node",
+    "stage end -> segment node start",
+    "segment node (launch)",
+    "launch end -> device start",
+    "segment on the device",
+    "device end -> read node start",
+    "read output node",
+    "read end -> client returns",
+    "total (client)",
+];
+
+/// Each window's (a request's submit to its return, ns since the trace's epoch) phases, µs,
+/// from the slices of graph `graph` (its nodes, its segment's node and GPU span); windows
+/// whose slices are not all found are left out.
+pub(super) fn cut_phases(
+    tr: &boundpool::Trace,
+    windows: &[(u64, u64)],
+    graph: &str,
+) -> Vec<[f64; PHASES.len()]> {
+    let segment = format!("{graph} segment 1");
+    let mut slices: Vec<&boundpool::TraceSlice> = tr.slices.iter().collect();
+    slices.sort_by_key(|s| s.start_ns);
+    let mut rows = Vec::new();
+    for &w in windows {
+        let from = slices.partition_point(|s| s.start_ns < w.0);
+        let to = slices.partition_point(|s| s.start_ns <= w.1);
+        let inside = &slices[from..to];
+        let gpu = |s: &boundpool::TraceSlice| tr.tracks[s.track].name.starts_with("GPU");
+        let node = |n: &str| {
+            inside
+                .iter()
+                .find(|s| s.name == n && s.graph == graph && !gpu(s))
+                .map(|s| (s.start_ns, s.end_ns))
+        };
+        let seg = inside
+            .iter()
+            .find(|s| s.name == segment && !gpu(s))
+            .map(|s| (s.start_ns, s.end_ns));
+        let dev = inside
+            .iter()
+            .find(|s| s.name == segment && gpu(s))
+            .map(|s| (s.start_ns, s.end_ns));
+        let first = inside
+            .iter()
+            .filter(|s| s.graph == graph && matches!(s.kind, boundpool::SliceKind::Node { .. }))
+            .map(|s| s.start_ns)
+            .min();
+        let (Some(st), Some(sg), Some(dv), Some(rd), Some(f)) =
+            (node("stage input"), seg, dev, node("read output"), first)
+        else {
+            continue;
+        };
+        let us = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e3;
+        rows.push([
+            us(w.0, f),
+            us(st.0, st.1),
+            us(st.1, sg.0),
+            us(sg.0, sg.1),
+            us(sg.1, dv.0),
+            us(dv.0, dv.1),
+            us(dv.1, rd.0),
+            us(rd.0, rd.1),
+            us(rd.1, w.1),
+            us(w.0, w.1),
+        ]);
+    }
+    rows
+}
+
+/// The high client alone and beside each batch size on a traced pool (short runs: the trace
+/// holds every node), its requests cut into phases: the median request against the slowest 1%.
+pub(super) fn traced<T: Elem>(pool: &GpuPool, a: &Args)
+where
+    CudaBlas: Gemm<T>,
+{
+    let d = pool.device(0).expect("device 0").clone();
+    let most = a.batch_clients.iter().copied().max().unwrap_or(8);
+    let b = Bench::<T>::new(pool, (&d, &d), most, a);
+    let graph = format!("serve {} high", T::NAME);
+    for batch in std::iter::once(0).chain(a.batch_clients.iter().copied()) {
+        let _ = b.serve(pool, batch, false, true, 0.2, None);
+        let epoch = pool.take_trace().epoch;
+        let probe = TailProbe::windows(epoch);
+        let _ = b.serve(pool, batch, false, true, a.seconds.min(1.0), Some(&probe));
+        let tr = pool.take_trace();
+        let windows = probe.windows.into_inner().unwrap();
+        let mut rows = cut_phases(&tr, &windows, &graph);
+        rows.sort_by(|x, y| x[9].total_cmp(&y[9]));
+        let n = rows.len();
+        println!(
+            "{} high client beside {batch} batch clients, traced: {n} of {} requests cut ({} slices dropped by the window)",
+            T::NAME,
+            windows.len(),
+            tr.dropped
+        );
+        if n < 100 {
+            continue;
+        }
+        let mean = |g: &[[f64; PHASES.len()]], i: usize| {
+            g.iter().map(|r| r[i]).sum::<f64>() / g.len() as f64
+        };
+        let (mid, slow) = (&rows[n * 45 / 100..n * 55 / 100], &rows[n * 99 / 100..]);
+        println!("| phase | p45-p55 mean µs | slowest 1% mean µs |");
+        println!("| --- | ---: | ---: |");
+        for (i, p) in PHASES.iter().enumerate() {
+            println!("| {p} | {:.1} | {:.1} |", mean(mid, i), mean(slow, i));
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Running dry: the spin before parking, parking (with a timeout while deferred completions
+//! wait), the idle hook and the metrics flush (also every `SERVICE_EVERY` nodes of a busy
+//! worker), polling deferred completions, and the help loop of a body waiting on a nested
+//! graph.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use super::execute::{node_failed, node_panicked};
+use super::life::abort_on_hook_panic;
+use super::WorkerThread;
+use crate::latch::Completion;
+use crate::metrics::FLUSH_EVERY;
+use crate::run::Task;
+use crate::sync;
+
+/// How long a worker with deferred completions and nothing else to do polls them between
+/// yields before it parks with a timeout: long enough that a GPU graph of a couple of
+/// milliseconds (a replayed segment) is seen done within a yield, not at the end of a timed
+/// park. The yield leaves the core to any other thread that wants it.
+const DEFERRED_SPIN: Duration = Duration::from_millis(2);
+/// The timed park of a worker that waits for deferred completions and has nothing else to do.
+const DEFERRED_PARK: Duration = Duration::from_micros(50);
+/// How long a worker that just ran dry watches the queues before it parks, by default
+/// (`PoolBuilder::idle_spin`). Work often follows within microseconds (a chain of GPU nodes
+/// hopping between workers, a burst of submissions), and a futex wake-up costs several; an
+/// idle pool still parks after this, so it burns nothing.
+pub(crate) const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
+
+impl<S: Send + 'static> WorkerThread<S> {
+    pub(super) fn help_loop(&self, c: &Completion, deadline: Option<Instant>) -> bool {
+        c.register_thread();
+        let mut idle_rounds = 0;
+        while !c.is_done() {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                self.flush_credit();
+                return false;
+            }
+            if let Some(t) = self.find_task() {
+                self.execute(t);
+                idle_rounds = 0;
+            } else if self.poll_deferred() {
+                idle_rounds = 0;
+            } else {
+                self.go_idle(&mut idle_rounds, &|| c.is_done(), deadline);
+                if c.is_done() || deadline.is_some_and(|d| Instant::now() >= d) {
+                    self.pass_on_wakeup();
+                }
+            }
+        }
+        // The waiting body goes on, maybe for long: runs helped along here must not wait for it.
+        self.flush_credit();
+        true
+    }
+
+    /// A nested wait that ends as it parks (the awaited graph finished, or its deadline passed)
+    /// may have been chosen by a pusher in that instant: the body then goes on, and the task or
+    /// idle-hook request it was woken for would wait behind parked peers. Pass the wake-up on
+    /// when something is waiting. A spare wake-up costs one peer a look at the queues.
+    #[cold]
+    pub(super) fn pass_on_wakeup(&self) {
+        let reg = &*self.registry;
+        let group = &reg.groups[self.group];
+        if reg.sleep.hook_requested(self.group) || self.work_visible() {
+            reg.sleep.notify_group(self.group);
+        }
+        for &d in group.domains.iter() {
+            let domain = &reg.domains[d as usize];
+            if !domain.injector.is_empty() {
+                reg.sleep.notify_groups(&domain.groups);
+            }
+        }
+        if !reg.any.is_empty() {
+            reg.sleep.notify_any();
+        }
+    }
+
+    /// Spins, then parks until work, `condition`, termination or `deadline` (a nested
+    /// `wait_timeout`).
+    pub(super) fn go_idle(
+        &self,
+        idle_rounds: &mut u32,
+        condition: &dyn Fn() -> bool,
+        deadline: Option<Instant>,
+    ) {
+        // Before anything else: a run whose last task ended here finishes now, not when this
+        // worker next finds work.
+        self.flush_credit();
+        if *idle_rounds == 0 && self.deferred.borrow().is_empty() && self.spin(condition) {
+            return;
+        }
+        // The idle hook runs on every idle round (a `GroupWaker` wakes a parked worker exactly
+        // so that it runs); the metrics flush only when the worker first runs dry.
+        self.run_idle_hook();
+        if *idle_rounds == 0 {
+            self.flush();
+        }
+        let timeout = if self.deferred.borrow().is_empty() {
+            None
+        } else {
+            if *idle_rounds == 0 {
+                self.dry_since.set(Some(Instant::now()));
+            }
+            *idle_rounds += 1;
+            // Under loom, a few rounds: the models check the protocol, not the timing.
+            let polling = if cfg!(loom) {
+                *idle_rounds < 4
+            } else {
+                self.dry_since
+                    .get()
+                    .is_some_and(|t| t.elapsed() < DEFERRED_SPIN)
+            };
+            if polling {
+                sync::yield_now();
+                return;
+            }
+            Some(DEFERRED_PARK)
+        };
+        let timeout = match deadline {
+            None => timeout,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return;
+                }
+                Some(timeout.map_or(left, |t| t.min(left)))
+            }
+        };
+        *idle_rounds = idle_rounds.saturating_add(1);
+        self.counters().parks.add(1);
+        let reg = &*self.registry;
+        let start = reg.trace.as_ref().map(|t| t.now());
+        reg.sleep.sleep(
+            self.index,
+            self.group,
+            timeout,
+            || self.work_visible(),
+            || condition() || reg.is_terminated(),
+        );
+        if let (Some(sink), Some(start)) = (&reg.trace, start) {
+            sink.park(self.index, start, sink.now());
+        }
+    }
+
+    /// Watches the queues (and `condition`) for up to the pool's idle spin
+    /// ([`SPIN_BEFORE_PARK`] by default); returns whether
+    /// something turned up. Under loom, never: the models check the parking protocol itself.
+    #[cfg(not(loom))]
+    fn spin(&self, condition: &dyn Fn() -> bool) -> bool {
+        // Look often (a hand-off between two workers waits for exactly this look), read the
+        // clock seldom.
+        let start = Instant::now();
+        let limit = self.registry.idle_spin;
+        let mut looks = 0u32;
+        loop {
+            std::hint::spin_loop();
+            if self.work_visible() || condition() {
+                return true;
+            }
+            looks = looks.wrapping_add(1);
+            if looks % 64 == 0 {
+                let spun = start.elapsed();
+                if spun >= limit {
+                    return false;
+                }
+                // Past the default spin, a thread queued on this pinned worker's core (a client
+                // that cannot move) runs at once instead of at the next tick.
+                if spun >= SPIN_BEFORE_PARK {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    #[cfg(loom)]
+    fn spin(&self, _condition: &dyn Fn() -> bool) -> bool {
+        false
+    }
+
+    /// Polls deferred completions; returns whether any completed. Called when nothing was
+    /// queued: a run whose last node ended here is finished first (its spare units given back),
+    /// not after the polls.
+    pub(super) fn poll_deferred(&self) -> bool {
+        self.flush_credit();
+        if self.deferred.borrow().is_empty() {
+            return false;
+        }
+        let mut list = std::mem::take(&mut *self.deferred.borrow_mut());
+        let mut progressed = false;
+        let mut i = 0;
+        while i < list.len() {
+            let d = &mut list[i];
+            let outcome = catch_unwind(AssertUnwindSafe(|| (d.poll)(&self.host.state)));
+            let ok = match outcome {
+                Ok(Poll::Pending) => {
+                    i += 1;
+                    continue;
+                }
+                Ok(Poll::Ready(Ok(()))) => true,
+                Ok(Poll::Ready(Err(e))) => {
+                    let run = d.task.run();
+                    run.fail(node_failed(&run, d.task.node(), e));
+                    false
+                }
+                Err(p) => {
+                    let run = d.task.run();
+                    run.fail(node_panicked(&run, d.task.node(), &*p));
+                    false
+                }
+            };
+            let d = list.swap_remove(i);
+            progressed = true;
+            let run = d.task.run();
+            if let Some(c) = self.complete(run, d.task.node(), ok) {
+                self.execute(Task::new(run, c));
+            }
+            self.settle_finished();
+        }
+        let mut cur = self.deferred.borrow_mut();
+        list.append(&mut cur);
+        *cur = list;
+        progressed
+    }
+
+    /// Every [`SERVICE_EVERY`] nodes: the idle hook (a busy worker still frees what its
+    /// device's drops queued) and, less often, the metrics flush.
+    #[cold]
+    pub(super) fn service(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.run_idle_hook();
+        if n % FLUSH_EVERY == 0 {
+            self.flush();
+        }
+    }
+
+    pub(super) fn run_idle_hook(&self) {
+        // Take a waker's request before the hook runs, so that one made while it runs (for a
+        // handle queued after the hook looked) sets the flag again and is served next time.
+        self.registry.sleep.take_hook_request(self.group);
+        if let Some(h) = &self.registry.hooks.idle {
+            let info = &self.registry.infos[self.index];
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| h(info, &self.host.state))) {
+                abort_on_hook_panic(&self.registry.name, &info.name, "idle hook", &*p);
+            }
+        }
+    }
+
+    pub(super) fn flush(&self) {
+        if !self.registry.export_metrics {
+            return;
+        }
+        self.flusher
+            .borrow_mut()
+            .flush(self.counters(), self.local.len());
+    }
+}
