@@ -5,7 +5,8 @@
 //! Files: `setup.rs` (tasks from the lowering, costs sampled, the world), `worker.rs` (taking,
 //! running and releasing nodes, waking, deferred completions), `gpu.rs` (streams, kernels),
 //! `net.rs` (communication threads, paths, ports), `record.rs` (busy fractions, the critical
-//! path, the trace), `fluid.rs` (shared cores and SMs), `policy.rs` (the work-taking order).
+//! path, the trace), `fluid.rs` (shared cores and SMs). The work-taking order is the
+//! scheduler's (`boundpool_scheduler::policy`).
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
@@ -21,7 +22,6 @@ use crate::CostModel;
 mod fluid;
 mod gpu;
 mod net;
-mod policy;
 mod record;
 mod setup;
 mod worker;

@@ -1,4 +1,5 @@
-//! Workers in virtual time: looking for work with the shared policy, running bodies on their
+//! Workers in virtual time: looking for work with the scheduler's own policy
+//! (`boundpool_scheduler::policy::find_task` over this file's queues), running bodies on their
 //! host's cores, releasing successors (one continuation, the rest to the own deque or the
 //! placement's injector, waking an idle peer), idling, and deferred completions.
 
@@ -7,10 +8,10 @@ use std::collections::VecDeque;
 use boundpool_scheduler::Priority;
 
 use super::fluid::Owner;
-use super::policy::{find_task, Take, WorkerQueues};
 use super::setup::{level_of, lvl};
 use super::{Ev, RankState, WState, What, Worker, World, ANY, COMPLETE, NONE};
 use crate::machine::Completion;
+use boundpool_scheduler::policy::{find_task, Take, WorkerQueues};
 
 /// crossbeam-deque's largest batch.
 const MAX_BATCH: usize = 32;
