@@ -55,7 +55,8 @@ pub(crate) struct SimFlags {
     /// tree:K (a K-ary tree of the consuming ranks forwards it), hosts (one copy a host).
     #[arg(long, default_value = "flat", value_parser = broadcast)]
     pub(crate) broadcast: BroadcastArg,
-    /// Each link port sends longest-remaining-path first instead of in arrival order.
+    /// Each link port sends the most urgent value first (the lowering's transfer priority:
+    /// its consumers' longest path to the end) instead of in arrival order.
     #[arg(long)]
     pub(crate) send_priorities: bool,
     /// When a deferred completion (a GPU node's device work, an arrival) releases successors.

@@ -74,8 +74,9 @@ pub struct SimOptions {
     pub trace: bool,
     /// How a value goes to several ranks.
     pub broadcast: Broadcast,
-    /// Each port sends its waiting messages longest remaining path first (the producer's
-    /// bottom level), instead of in the order they came.
+    /// Each port sends its waiting messages most urgent first, by the real lowering's
+    /// `Transfer::priority` (the producer's longest path to the end), instead of in the
+    /// order they came.
     pub send_priorities: bool,
 }
 
@@ -258,7 +259,8 @@ pub(crate) struct World<'a> {
     pub(crate) dpred_start: Vec<u32>,
     pub(crate) dpred: Vec<u32>,
     pub(crate) bytes: Vec<f64>,
-    pub(crate) prio: Vec<i64>,
+    /// Ports send by the lowering's `Transfer::priority` (else in arrival order).
+    pub(crate) send_priorities: bool,
     // Run state per task.
     pub(crate) ready_flag: Vec<bool>,
     pub(crate) registered: Vec<u32>,

@@ -190,7 +190,11 @@ impl World<'_> {
                     stages: self.path(tr),
                     at: 0,
                     prev_end: 0.0,
-                    prio: self.prio[self.recv_task(tr) as usize],
+                    prio: if self.send_priorities {
+                        i64::from(self.lowering.transfers[tr as usize].priority)
+                    } else {
+                        0
+                    },
                     queued: self.now,
                 };
                 if self.msgs[tr as usize].stages.is_empty() {

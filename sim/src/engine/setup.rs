@@ -173,7 +173,6 @@ pub(crate) fn world<'a>(
     }
 
     let (host_s, dev_s, occ) = sample_costs(graph, machine, costs, opts.seed, n, 2 * nt)?;
-    let prio = vec![0; tasks];
 
     let (workers, ranks, streams) = make_workers(machine, opts.seed, &rank_of, &level);
     let nworkers = workers.len();
@@ -192,7 +191,7 @@ pub(crate) fn world<'a>(
         })
         .collect();
     let (ports, port_ids) = PortIds::new(machine);
-    let mut w = World {
+    let w = World {
         machine,
         graph,
         via,
@@ -211,7 +210,7 @@ pub(crate) fn world<'a>(
         dpred_start,
         dpred,
         bytes,
-        prio,
+        send_priorities: opts.send_priorities,
         ready_flag: vec![false; tasks],
         registered: vec![NONE; tasks],
         dev_done: vec![false; tasks],
@@ -241,14 +240,6 @@ pub(crate) fn world<'a>(
         spin_ver: vec![0; nworkers],
         lowering,
     };
-    if opts.send_priorities {
-        // Longest remaining path first: the producer's bottom level, in nanoseconds.
-        w.prio = w
-            .bottom_levels()
-            .iter()
-            .map(|&s| (s * 1e9) as i64)
-            .collect();
-    }
     Ok(w)
 }
 
