@@ -41,8 +41,9 @@ pub(crate) fn main(a: ScalingArgs) -> ExitCode {
     );
     println!("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |");
     for &n in &a.n {
+        // Speed-up against the first run of this N (one GPU by default), on either network.
+        let mut base = None;
         for &net in &a.network {
-            let mut base = None;
             for &gpus in &a.gpus {
                 if net == NetworkArg::Eth && gpus <= 8 && a.network.len() > 1 {
                     continue; // one host: no network between hosts
@@ -61,8 +62,9 @@ pub(crate) fn main(a: ScalingArgs) -> ExitCode {
                 let base_t = *base.get_or_insert(t * gpus as f64);
                 // The lower triangle's tiles, dealt evenly.
                 let gib = (n as f64).powi(2) / 2.0 * 8.0 / gpus as f64 / (1u64 << 30) as f64;
+                let prec = usize::from(gib < 10.0);
                 println!(
-                    "| {n} | {gpus} | {} | {:.2} | {:.0} | {:.0}% | {:.1}x | {:.0}{} | {} |",
+                    "| {n} | {gpus} | {} | {:.2} | {:.0} | {:.0}% | {:.1}x | {:.prec$}{} | {} |",
                     if gpus <= 8 {
                         "NVLink"
                     } else {
