@@ -100,6 +100,9 @@ pub(crate) fn relay(l: &Lowering, parents: &Parents) -> (Lowering, Vec<Option<u3
                 .filter(|(_, b)| !matches!(b, LocalNode::Send(_)))
                 .copied()
                 .collect(),
+            // The simulator's graphs have no NCCL wires (their GPU values cross as plain
+            // device transfers): no NCCL order to keep.
+            nccl: Vec::new(),
         })
         .collect();
     for (t, tr) in transfers.iter().enumerate() {
@@ -120,6 +123,7 @@ pub(crate) fn relay(l: &Lowering, parents: &Parents) -> (Lowering, Vec<Option<u3
             transfers,
             tags_per_run,
             plans,
+            nccl_order: Vec::new(),
         },
         via,
     )

@@ -107,7 +107,7 @@ impl<T: Transport> Engine<T> {
                 ),
             ));
         };
-        let land = graph.recvs[k as usize].land;
+        let land = graph.recvs[k as usize].land.clone();
         if long {
             if let Some(&id) = self.long_active.get(&(src, tag)) {
                 return self.chunk(p, id, at);
