@@ -158,7 +158,7 @@ pub fn h100_rates(tile: usize) -> Option<KernelRates> {
         occupancy: [1.0; 4],
         launch_s: 8e-6,
         source: format!(
-            "H100 tile {tile}: GEMM, TRSM, POTRF measured (docs/benchmarks.md, bench_cholesky              --probe, 2026-12-05); SYRK 32 TFLOP/s and 8 us launches assumed"
+            "H100 tile {tile}: GEMM, TRSM, POTRF measured (docs/benchmarks.md, bench_cholesky --probe, 2026-12-05); SYRK 32 TFLOP/s and 8 us launches assumed"
         ),
     })
 }
