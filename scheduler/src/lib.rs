@@ -38,6 +38,8 @@
 //! ```
 //!
 //! The worker loop, memory orderings and shutdown steps are described in the crate's README.
+//! [`policy`] is the order in which a worker takes ready nodes, generic over its queues: the
+//! workers and the simulator (`boundpool-sim`) run the same decision.
 //!
 //! # Where the unsafe code is
 //!
@@ -84,6 +86,7 @@ mod ids;
 mod latch;
 mod metrics;
 mod output;
+pub mod policy;
 mod pool;
 mod priority;
 mod registry;
