@@ -82,6 +82,7 @@ mod graph;
 mod handle;
 mod ids;
 mod latch;
+mod later;
 mod metrics;
 mod output;
 mod pool;

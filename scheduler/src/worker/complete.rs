@@ -1,7 +1,7 @@
 //! Completing a node: releasing its successors (from their class bytes, through a span task for
 //! a wide fan-out, into a span's wide-join batch, or on the general path), queueing the ready
-//! ones where their placement and level say, and finishing and settling runs whose in-flight
-//! count reached zero here.
+//! ones where their placement and level say, completing nodes whose `Completer` queued their
+//! completion, and finishing and settling runs whose in-flight count reached zero here.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -350,6 +350,15 @@ impl<S: Send + 'static> WorkerThread<S> {
             ) {
                 self.registry.sleep.notify_local(self.group);
             }
+        }
+    }
+
+    /// A node's completion that its `Completer` queued (`Task::completion`, carrying the
+    /// node's unit): completed here as the worker that ran the body would have, its
+    /// continuation run here.
+    pub(super) fn complete_queued(&self, run: RunRef<S>, node: u32, ok: bool) {
+        if let Some(c) = self.complete(run, node, ok) {
+            self.execute_task(Task::new(run, c));
         }
     }
 

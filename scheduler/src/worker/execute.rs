@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::life::{abort_with, panic_message};
 use super::{Deferred, WorkerThread, SERVICE_EVERY};
-use crate::ctx::{DeferFn, Inputs, NodeCtx};
+use crate::ctx::{Deferral, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::graph::{NodeSpec, CLASS_ONE};
 use crate::metrics::SAMPLE_EVERY;
@@ -36,7 +36,10 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
         match task.chunks() {
             None => self.execute_task(task),
-            Some((lo, hi)) => self.run_span(task.run(), task.node(), lo, hi),
+            Some((lo, hi)) => match task.completed() {
+                None => self.run_span(task.run(), task.node(), lo, hi),
+                Some(ok) => self.complete_queued(task.run(), task.node(), ok),
+            },
         }
         self.settle_finished();
     }
@@ -334,7 +337,10 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// A body that failed, or deferred its completion.
+    /// A body that failed, or deferred its completion. A completion handed to a `Completer`
+    /// is completed here if the completer was called already; otherwise its call queues it
+    /// (the node's unit is gone with it, and the run may be freed any moment). A failed
+    /// body's deferral is dropped, which tells a completer that its call is to do nothing.
     #[cold]
     #[inline(never)]
     pub(super) fn after_body_slow(
@@ -342,16 +348,24 @@ impl<S: Send + 'static> WorkerThread<S> {
         run: RunRef<S>,
         i: u32,
         res: Result<(), BoxError>,
-        deferred: Option<DeferFn<S>>,
+        deferred: Option<Deferral<S>>,
     ) -> Option<u32> {
         match (res, deferred) {
-            (Ok(()), Some(poll)) => {
+            (Ok(()), Some(Deferral::Poll(poll))) => {
                 self.deferred.borrow_mut().push(Deferred {
                     task: Task::new(run, i),
                     poll,
                 });
                 None
             }
+            (Ok(()), Some(Deferral::Later(handed))) => match handed.body_returned() {
+                None => None,
+                Some(Ok(())) => self.complete(run, i, true),
+                Some(Err(e)) => {
+                    run.fail(node_failed(&run, i, e));
+                    self.complete(run, i, false)
+                }
+            },
             (Ok(()), None) => self.complete(run, i, true),
             (Err(e), _) => {
                 run.fail(node_failed(&run, i, e));
