@@ -277,7 +277,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// is queued here for a thief (a wide fan-out reaches every worker in a few steals of
     /// halves, as rayon splits a parallel iterator), then the rest is released in order, each
     /// ready successor that may run here run at once, the others queued where they belong.
-    #[inline(never)]
+    #[inline]
     pub(super) fn run_span(&self, run: RunRef<S>, i: u32, lo: usize, mut hi: usize) {
         let succ: &[u32] = run.plan.successors(i);
         let chunk = span_chunk(succ.len());
@@ -353,12 +353,20 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// A node's completion that its `Completer` queued (`Task::completion`, carrying the
-    /// node's unit): completed here as the worker that ran the body would have, its
-    /// continuation run here.
-    pub(super) fn complete_queued(&self, run: RunRef<S>, node: u32, ok: bool) {
-        if let Some(c) = self.complete(run, node, ok) {
-            self.execute_task(Task::new(run, c));
+    /// A task that is not a node: a span ([`run_span`](Self::run_span)), or a node's
+    /// completion that its `Completer` queued (`Task::completion`, carrying the node's unit),
+    /// completed here as the worker that ran the body would have, its continuation run here.
+    #[inline(never)]
+    pub(super) fn run_queued(&self, task: Task<S>) {
+        let (run, node) = (task.run(), task.node());
+        match (task.completed(), task.chunks()) {
+            (Some(ok), _) => {
+                if let Some(c) = self.complete(run, node, ok) {
+                    self.execute_task(Task::new(run, c));
+                }
+            }
+            (None, Some((lo, hi))) => self.run_span(run, node, lo, hi),
+            (None, None) => unreachable!("a node task is run by execute_task"),
         }
     }
 
