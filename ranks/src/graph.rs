@@ -315,12 +315,9 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
                     }
                 };
                 let run = env.current();
-                env.comm.send(Command::Send {
-                    run: run.clone(),
-                    k,
-                    payload,
-                });
-                ctx.complete_when(move |_| run.sends[k as usize].poll());
+                // Completed by the comm thread once the transport is done with the value.
+                run.sends[k as usize].complete_on(ctx.complete_later());
+                env.comm.send(Command::Send { run, k, payload });
                 Ok(())
             },
         );
@@ -343,8 +340,8 @@ fn add_recv<S: Send + 'static>(
         let run = env.current();
         let cell = &run.recvs[k as usize];
         if cell.is_pending() {
-            let waiting = run.clone();
-            ctx.complete_when(move |_| waiting.recvs[k as usize].poll());
+            // Completed by the comm thread when the value arrives (or will not).
+            cell.complete_on(ctx.complete_later());
         } else if let std::task::Poll::Ready(Err(e)) = cell.poll() {
             return Err(e);
         }

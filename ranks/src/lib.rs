@@ -55,10 +55,12 @@
 //!   `MPI_Improbe`, `MPI_Imrecv`, `MPI_Testsome` only). A transport sends and receives raw
 //!   bytes at an address, so a pinned host buffer (a GPU buffer's staging area) goes as it is.
 //! * **The communication thread** (internal): one per rank, counted in the rank's threads
-//!   ([`Ranks`]: the pool's workers + 1). It alone calls the transport, never blocks (yields,
-//!   then parks for 100 µs at most while anything is in flight), and completes send
-//!   and receive nodes by writing the cells their deferred completions poll
-//!   (`backend::NodeCtxExt::complete_when`), waking the workers through `GroupWaker`s.
+//!   ([`Ranks`]: the pool's workers + 1). It alone calls the transport, never blocks (with
+//!   work in flight it spins where the rank's threads have cores of their own, yields, then
+//!   parks for 100 µs at most), and completes send and receive nodes through their
+//!   `Completer`s (`backend::NodeCtxExt::complete_later`): a worker takes each completion
+//!   from the pool's queue, woken for it; no worker polls. Where the threads run and how they
+//!   wait: [`Placement`].
 //! * **Faults**: a node that fails on one rank cancels the run on every rank, and every
 //!   rank's [`RunHandle::wait`] returns that failure naming its rank and node; a rank that
 //!   dies (killed: silent past the peer timeout; or panicking outside a node: it says so as it
@@ -101,6 +103,7 @@ mod comm;
 mod error;
 mod graph;
 mod launch;
+mod placement;
 pub mod plan;
 mod ranks;
 mod transport;
@@ -109,6 +112,7 @@ mod value;
 pub use crate::error::{Error, ErrorKind};
 pub use crate::graph::{NodeRef, RankCtx, RankGraph, RankGraphBuilder, RankNodeId};
 pub use crate::launch::{LaunchInfo, Launcher};
+pub use crate::placement::Placement;
 pub use crate::plan::{DataId, Digest, GraphDesc, LocalPlan, Lowering, On, Wire};
 pub use crate::ranks::{RankOutput, Ranks, RanksBuilder, RunHandle};
 #[cfg(feature = "mpi")]

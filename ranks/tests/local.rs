@@ -95,6 +95,22 @@ fn several_runs_and_graphs_in_flight() {
 }
 
 #[test]
+fn placement_is_reported() {
+    let net = LocalNetwork::new(1);
+    let r = RanksBuilder::new()
+        .workers(1)
+        .comm_spin(Duration::from_micros(5))
+        .build_local(&net, 0)
+        .unwrap();
+    let p = r.placement();
+    assert_eq!(p.workers.len(), 1);
+    assert_eq!(p.comm_spin, Duration::from_micros(5));
+    let text = p.to_string();
+    assert!(text.contains("communication thread spins 5 µs"), "{text}");
+    assert_eq!(r.pool().workers()[0].core, p.workers[0]);
+}
+
+#[test]
 fn runs_in_flight_are_bounded_by_slots_and_tags() {
     // One slot: runs of the graph are serialized on each rank; results stay right.
     let (_net, ranks) = world(2, RanksBuilder::new().workers(2));

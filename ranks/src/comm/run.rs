@@ -1,6 +1,7 @@
 //! What the communication thread shares with workers and waiters: a graph's communication
-//! plan ([`CommGraph`]), one run's state ([`RunState`]) with a cell per receive and per send,
-//! and the run's result across ranks.
+//! plan ([`CommGraph`]), one run's state ([`RunState`]) with a cell per receive and per send
+//! (each completing its node through the node's `Completer`), and the run's result across
+//! ranks.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -9,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use boundpool_scheduler::backend::Completer;
 use boundpool_scheduler::BoxError;
 
 use crate::comm::wire::{Failure, Outcome};
@@ -129,12 +131,46 @@ const PENDING: u8 = 0;
 const READY: u8 = 1;
 const FAILED: u8 = 2;
 
-/// A receive's arrival, written by the comm thread, read by the receive node (its deferred
-/// completion) and, through the receive node's output, by the consumers.
+/// The completer of a cell's node, called once the cell is decided (filled, done or failed).
+/// Attached by the node's body, which may come after the decision: whichever of the two comes
+/// second calls it (the lock orders them: the decision is stored before the lock is taken to
+/// look for a completer, and a body attaching under the lock sees it or leaves the completer
+/// to be found).
+struct Waiter(Mutex<Option<Completer>>);
+
+impl Waiter {
+    fn new() -> Self {
+        Waiter(Mutex::new(None))
+    }
+
+    /// Attaches `c`, or calls it at once if `decided` already gives the cell's result.
+    fn attach(&self, c: Completer, decided: impl Fn() -> Poll<Result<(), BoxError>>) {
+        let mut w = lock(&self.0);
+        match decided() {
+            Poll::Pending => *w = Some(c),
+            Poll::Ready(r) => {
+                drop(w);
+                c.complete(r);
+            }
+        }
+    }
+
+    /// The cell was decided (with `result`): calls the attached completer, if any.
+    fn wake(&self, result: impl FnOnce() -> Result<(), BoxError>) {
+        let c = lock(&self.0).take();
+        if let Some(c) = c {
+            c.complete(result());
+        }
+    }
+}
+
+/// A receive's arrival, written by the comm thread, read by the receive node's consumers
+/// through its output; it completes the receive node through the node's completer.
 pub(crate) struct RecvCell {
     state: AtomicU8,
     value: OnceLock<AnyValue>,
     error: OnceLock<Error>,
+    waiter: Waiter,
 }
 
 impl RecvCell {
@@ -143,6 +179,7 @@ impl RecvCell {
             state: AtomicU8::new(PENDING),
             value: OnceLock::new(),
             error: OnceLock::new(),
+            waiter: Waiter::new(),
         }
     }
 
@@ -150,14 +187,22 @@ impl RecvCell {
     pub(crate) fn fill(&self, value: AnyValue) {
         if self.state.load(Ordering::Acquire) == PENDING && self.value.set(value).is_ok() {
             self.state.store(READY, Ordering::Release);
+            self.waiter.wake(|| Ok(()));
         }
     }
 
     /// The value will not come (the comm thread).
     pub(crate) fn fail(&self, e: Error) {
-        if self.state.load(Ordering::Acquire) == PENDING && self.error.set(e).is_ok() {
+        if self.state.load(Ordering::Acquire) == PENDING && self.error.set(e.clone()).is_ok() {
             self.state.store(FAILED, Ordering::Release);
+            self.waiter.wake(|| Err(Box::new(e)));
         }
+    }
+
+    /// Completes the receive node through `c` once the value arrived (or failed): at once if
+    /// it has.
+    pub(crate) fn complete_on(&self, c: Completer) {
+        self.waiter.attach(c, || self.poll());
     }
 
     pub(crate) fn is_pending(&self) -> bool {
@@ -186,10 +231,12 @@ impl RecvCell {
     }
 }
 
-/// A send's completion: done once the transport no longer reads the value.
+/// A send's completion: done once the transport no longer reads the value; it completes the
+/// send node through the node's completer.
 pub(crate) struct SendCell {
     state: AtomicU8,
     error: OnceLock<Error>,
+    waiter: Waiter,
 }
 
 impl SendCell {
@@ -197,19 +244,28 @@ impl SendCell {
         SendCell {
             state: AtomicU8::new(PENDING),
             error: OnceLock::new(),
+            waiter: Waiter::new(),
         }
     }
 
     pub(crate) fn done(&self) {
         self.state.store(READY, Ordering::Release);
+        self.waiter.wake(|| Ok(()));
     }
 
     /// The send will not happen: fails the send node. Only for a send the transport never
     /// started (one held for a verdict that said the graphs differ).
     pub(crate) fn fail(&self, e: Error) {
-        if self.state.load(Ordering::Acquire) == PENDING && self.error.set(e).is_ok() {
+        if self.state.load(Ordering::Acquire) == PENDING && self.error.set(e.clone()).is_ok() {
             self.state.store(FAILED, Ordering::Release);
+            self.waiter.wake(|| Err(Box::new(e)));
         }
+    }
+
+    /// Completes the send node through `c` once the transport is done with the value (or the
+    /// send failed): at once if it is.
+    pub(crate) fn complete_on(&self, c: Completer) {
+        self.waiter.attach(c, || self.poll());
     }
 
     pub(crate) fn poll(&self) -> Poll<Result<(), BoxError>> {

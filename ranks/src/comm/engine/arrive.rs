@@ -334,7 +334,6 @@ impl<T: Transport> Engine<T> {
                         self.node_failed(&run, f);
                     }
                 }
-                self.woke = true;
             }
             Some(_) => {}
             None if gs.started.contains(seq) => {}
@@ -382,7 +381,6 @@ impl<T: Transport> Engine<T> {
                 match gs.active.get(&seq) {
                     Some(run) => {
                         run.cancel(&e);
-                        self.woke = true;
                     }
                     None if gs.started.contains(seq) => {}
                     None => {
