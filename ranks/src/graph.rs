@@ -20,7 +20,7 @@ use crate::comm::wire::{FailKind, Failure};
 use crate::comm::{CommHandle, Command, Payload};
 use crate::error::{Error, ErrorKind};
 use crate::plan::{self, DataId, GraphDesc, LocalNode, Lowering, On, Wire};
-use crate::value::{self, LandFn, PlainValue};
+use crate::value::{self, LandFn, PlainValue, ReclaimFn};
 
 static BUILDERS: AtomicU64 = AtomicU64::new(1);
 
@@ -196,6 +196,16 @@ impl SlotEnv {
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(run);
     }
 
+    /// The slot's run ended here: its nodes no longer read it, so the slot lets go of it (its
+    /// received values' memory is recycled once the outputs are dropped, not when the slot's
+    /// next run starts).
+    pub(crate) fn clear_current(&self) {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+
     fn failed(&self, node: u32, kind: FailKind, message: String) {
         let run = self.current();
         let failure = Failure {
@@ -227,6 +237,8 @@ trait NodeMaker<S>: Send + Sync {
         to: usize,
     ) -> NodeId;
     fn land(&self) -> Option<LandFn>;
+    /// How a received value of it gives its memory back (plain values; see `value::ReclaimFn`).
+    fn reclaim(&self) -> Option<ReclaimFn>;
 }
 
 type Body<T, S> = dyn Fn(&RankCtx<'_, S>) -> Result<T, BoxError> + Send + Sync;
@@ -239,6 +251,7 @@ struct Maker<T, S> {
     body: Arc<Body<T, S>>,
     encode: Option<EncodeFn<T>>,
     land: Option<LandFn>,
+    reclaim: Option<ReclaimFn>,
 }
 
 fn encode_plain<T: PlainValue>(v: &T) -> Result<Payload, String> {
@@ -327,6 +340,10 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
     fn land(&self) -> Option<LandFn> {
         self.land
     }
+
+    fn reclaim(&self) -> Option<ReclaimFn> {
+        self.reclaim
+    }
 }
 
 fn add_recv<S: Send + 'static>(
@@ -384,6 +401,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         self.desc.datum(name, owner)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn add<T: Send + Sync + 'static>(
         &mut self,
         on: On,
@@ -392,6 +410,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         wire: Wire,
         encode: Option<EncodeFn<T>>,
         land: Option<LandFn>,
+        reclaim: Option<ReclaimFn>,
     ) -> NodeRef<T> {
         self.desc.nodes.push(plan::NodeDesc {
             name: name.clone(),
@@ -404,6 +423,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             body,
             encode,
             land,
+            reclaim,
         }));
         NodeRef {
             builder: self.builder,
@@ -424,6 +444,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             name.into(),
             Arc::new(body),
             Wire::Local,
+            None,
             None,
             None,
         )
@@ -448,6 +469,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             Wire::Plain,
             Some(encode_plain::<T>),
             Some(value::plain_landing::<T>),
+            Some(value::plain_reclaim::<T>),
         )
     }
 
@@ -469,6 +491,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             Wire::Serde,
             Some(encode_serde::<T>),
             Some(value::serde_landing::<T>),
+            None,
         )
     }
 
@@ -561,6 +584,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
                     ),
                     producer: tr.producer,
                     producer_name: producer.name.clone(),
+                    reclaim: self.makers[tr.producer as usize].reclaim(),
                 }
             })
             .collect();
@@ -753,5 +777,12 @@ impl<S> RankGraph<S> {
     /// The rank each node runs on.
     pub fn rank_of<T>(&self, node: NodeRef<T>) -> usize {
         self.inner.lowering.rank_of[node.index as usize]
+    }
+
+    /// How many values this rank received for this graph in memory recycled from the values
+    /// of earlier runs (a plain `Vec` or boxed slice, once its run's outputs were dropped),
+    /// rather than in a fresh allocation.
+    pub fn recycled_landings(&self) -> u64 {
+        self.inner.comm_graph.recycled()
     }
 }

@@ -45,7 +45,9 @@
 //!   No MPI, threads or clock: the simulator calls exactly this code.
 //! * **Values** ([`PlainValue`], serde): plain data crosses as its own bytes (sent from the
 //!   value's memory, received into the memory of the value the consumer reads: no staging
-//!   copy); anything else `serde` can encode crosses as postcard, a compact format with a
+//!   copy; a `Vec`'s memory is recycled for the same transfer's next value once its run's
+//!   outputs are dropped, so that it lands in pages already mapped); anything else `serde`
+//!   can encode crosses as postcard, a compact format with a
 //!   stable, documented wire format and no schema. A node made with [`RankGraphBuilder::node`]
 //!   cannot cross: an edge from it to another rank is an error at `build` naming the edge.
 //!   Values of 1 GiB or more (settable) go as a header and chunks, so no message passes MPI's

@@ -402,8 +402,11 @@ impl<S: Send + 'static> Ranks<S> {
             }
         };
         let comm = self.comm.handle.clone();
-        let done = run.clone();
-        handle.on_done(move || comm.send(Command::LocalDone(done)));
+        let (done, env) = (run.clone(), slot.env.clone());
+        handle.on_done(move || {
+            env.clear_current();
+            comm.send(Command::LocalDone(done))
+        });
         Ok(RunHandle {
             handle: Some(handle),
             local: None,
@@ -591,5 +594,66 @@ impl RankOutput {
     /// The run's number among its graph's runs.
     pub fn seq(&self) -> u64 {
         self.run.seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::LocalNetwork;
+    use crate::RankGraphBuilder;
+
+    #[test]
+    fn a_received_value_lands_in_the_memory_of_the_one_before() {
+        // Two ranks in lockstep: once rank 1 dropped run n's outputs, run n + 1's value
+        // lands in their memory (every run after the first; and not while one is kept).
+        let net = LocalNetwork::new(2);
+        let ranks: Vec<Ranks> = (0..2)
+            .map(|r| {
+                RanksBuilder::new()
+                    .workers(1)
+                    .cores(Cores::Unpinned)
+                    .build_local(&net, r)
+                    .unwrap()
+            })
+            .collect();
+        let step = std::sync::Barrier::new(2);
+        let recycled = std::thread::scope(|s| {
+            let hs: Vec<_> = ranks
+                .iter()
+                .map(|r| {
+                    let step = &step;
+                    s.spawn(move || {
+                        let mut g = RankGraphBuilder::new("recycle");
+                        let a = g.plain_node(0, "make", |_| Ok(vec![1u32; 4096]));
+                        let b = g.plain_node(1, "read", move |ctx| Ok(ctx.input(a)?.len()));
+                        g.edge(a, b);
+                        let graph = g.build(r).unwrap();
+                        let (mut counts, mut kept) = (Vec::new(), None);
+                        for run in 1..=5 {
+                            let out = r.run(&graph).unwrap();
+                            counts.push(graph.recycled_landings());
+                            match run {
+                                3 => kept = Some(out),
+                                4 => drop((out, kept.take())),
+                                _ => drop(out),
+                            }
+                            step.wait();
+                        }
+                        counts
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        assert!(
+            recycled[0].iter().all(|&n| n == 0),
+            "rank 0 receives nothing"
+        );
+        // Runs 2 and 3 recycle; run 4 does not (run 3's output was kept past its start);
+        // run 5 does.
+        assert_eq!(recycled[1], vec![0, 1, 2, 2, 3]);
     }
 }

@@ -95,6 +95,43 @@ fn several_runs_and_graphs_in_flight() {
 }
 
 #[test]
+fn recycled_landings_leave_kept_outputs_alone() {
+    // A received value's memory is recycled for the next value of its transfer once its run's
+    // outputs are dropped (unit tests in comm/run.rs and comm/engine/arrive.rs check where it
+    // lands): values stay whole, also in chunks, and an output kept is never written into.
+    for chunk in [usize::MAX, 1 << 16] {
+        let (_net, ranks) = world(
+            2,
+            RanksBuilder::new()
+                .workers(1)
+                .max_message_bytes(chunk.min(i32::MAX as usize)),
+        );
+        // Lockstep: rank 0 makes run n + 1's value only after rank 1 dropped run n's outputs.
+        let step = std::sync::Barrier::new(2);
+        on_all(&ranks, |r| {
+            let mut g = RankGraphBuilder::new("recycle");
+            let a = g.plain_node(0, "make", |ctx| Ok(vec![ctx.run_seq() as u8; 1 << 20]));
+            let b = g.plain_node(1, "read", move |ctx| {
+                let v = ctx.input(a)?;
+                Ok(u8::from(v.iter().all(|&x| x == ctx.run_seq() as u8)))
+            });
+            g.edge(a, b);
+            let graph = g.build(r).unwrap();
+            let kept = r.run(&graph).unwrap();
+            for _ in 0..4 {
+                let out = r.run(&graph).unwrap();
+                assert_ne!(out.get(b), Some(&0), "a whole value");
+                drop(out);
+                step.wait();
+            }
+            // Rank 0's own value, rank 1's received one.
+            let v = kept.get(a).expect("a value on both ranks");
+            assert!(v.iter().all(|&x| x == 0), "the kept value is intact");
+        });
+    }
+}
+
+#[test]
 fn placement_is_reported() {
     let net = LocalNetwork::new(1);
     let r = RanksBuilder::new()
