@@ -4,13 +4,14 @@
 #   bash .devbin/tests_and_benches.sh      # GPU tests, GPU benches, host scaling (~2 min)
 #   SOAK_S=570 bash .devbin/soak_and_sanitizers.sh   # GPU soak with compute-sanitizer meanwhile
 # (one command may run 600 s at most: give the soak less, or start it in one call and collect
-# it in the next with soak_collect.sh), or ab_call.sh (a GPU-crate change against a baseline
+# it in the next with soak_collect.sh), ranks_call.sh and ranks_gpu_call.sh (PACK_MPI=1: the
+# ranks over MPI, and GPU work across ranks with NCCL), or ab_call.sh (a GPU-crate change against a baseline
 # pack), replay_ab.sh or first_call.sh (A/B runs against PACK_REVS, below), cli_call.sh (the
 # command line's GPU subcommands and the benches' flags). Every one of them
 # sources lib.sh (`step`, `finish`, `alternate`); so can an ad-hoc command there. This script
 # runs here, not there, and does not.
-# PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI, the replay, eager and
-# Cholesky benches and the `gpu_probe` example (whose `--baselines` prints every raw baseline)
+# PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI, the replay, eager,
+# Cholesky and serving benches and the `gpu_probe` example (whose `--baselines` prints every raw baseline)
 # at each git revision (a detached worktree under target/revs/, each with a target directory of its own:
 # cargo names a workspace crate's artifacts alike in every checkout, so a shared one can link a
 # stale copy) into
@@ -45,11 +46,16 @@ while read -r kind name path; do
 done < "$exes"
 # PACK_MPI=1: the ranks' MPI programs too (needs Open MPI and libclang here; the device machine
 # runs them under its own Open MPI 4.1.6, which provides the same libmpi.so.40).
+# With them, the GPU ranks' programs (ranks_gpu_call.sh), built with NCCL (libnccl is loaded at
+# run time): the ranks_gpu example and bench, the distributed Cholesky, and the NCCL tests.
 if [ -n "${PACK_MPI:-}" ]; then
   {
-    cargo bench -p boundpool-bench --features mpi --bench ranks --no-run --message-format=json
-    cargo build --release -p boundpool-ranks --features mpi --example ranks_ci --message-format=json
+    cargo bench -p boundpool-bench --features nccl --bench ranks --bench ranks_gpu --no-run --message-format=json
+    cargo build --release -p boundpool-ranks --features mpi,nccl --example ranks_ci --example ranks_gpu --message-format=json
+    cargo build --release -p boundpool-bench --features nccl --example ranks_cholesky --message-format=json
     cargo build --release --features mpi --example ranks_matvec --message-format=json
+    cargo test --release -p boundpool-gpu --features nccl --test gpu_nccl --no-run --message-format=json
+    cargo test --release -p boundpool-ranks --features nccl --test gpu_ranks --no-run --message-format=json
   } 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -59,8 +65,10 @@ for line in sys.stdin:
         t = m["target"]; print(t["kind"][0], t["name"], m["executable"])
 ' | while read -r kind name path; do
     case "$kind:$name" in
-      bench:ranks) cp "$path" "$out/b/bench_ranks" ;;
-      example:ranks_ci|example:ranks_matvec) cp "$path" "$out/b/$name" ;;
+      bench:ranks|bench:ranks_gpu) cp "$path" "$out/b/bench_$name" ;;
+      example:ranks_ci|example:ranks_matvec|example:ranks_gpu|example:ranks_cholesky) cp "$path" "$out/b/$name" ;;
+      test:gpu_nccl) cp "$path" "$out/b/t_gpu_nccl" ;;
+      test:gpu_ranks) cp "$path" "$out/b/t_gpu_ranks_nccl" ;;
     esac
   done
 fi
@@ -75,8 +83,9 @@ for spec in ${PACK_REVS:-}; do
   ( cd "$src"
     cargo build --release -p boundpool-cli --target-dir ../t-$name -q
     cp ../t-$name/release/boundpool "../../../$out/revs/$name/boundpool"
-    # The replay, eager and Cholesky benches and the probe, where that revision has them.
-    for bench in replay gpu cholesky; do
+    # The replay, eager, Cholesky and serving benches and the probe, where that revision has
+    # them.
+    for bench in replay gpu cholesky serve; do
       r=$(cargo bench -p boundpool-bench --bench $bench --no-run --target-dir ../t-$name \
             --message-format=json 2>/dev/null | python3 -c '
 import json, sys

@@ -7,10 +7,13 @@
 //! every tile a node reads or writes ([`CholeskyPlan::tasks`] lists them; unit tests check that
 //! every two operations touching a tile, one writing, are ordered, and factor a matrix on the
 //! host in that order). The matrix stays in one allocation (leading dimension `n`); a tile is
-//! a [`Mat`] view into it, and a ragged last tile is allowed. Panel work (POTRF, TRSM and the
-//! updates of the next tile column: the look-ahead) goes to group `panel`, the other updates
-//! to `update`: with `stream_priority(0, -5)`, `groups_per_device(2)` and
-//! `stream_handoff(false)`, the panel runs on high-priority streams of its own, ahead of bulk
+//! a [`Mat`] view into it, and a ragged last tile is allowed. A node writes only the block it
+//! holds: its output is the version of the block it wrote, which the block's next writer takes
+//! (`GpuCtx::take` along an edge declared with `hand_on`, so the graph's build checks that a
+//! block's versions are each read by that one writer only, until the last, which many read).
+//! Panel work (POTRF, TRSM and the updates of the next tile column: the look-ahead) goes to
+//! group `panel`, the other updates to `update`: with `stream_priority(0, -5)`,
+//! `groups_per_device(2)` and `stream_handoff(false)`, the panel runs on high-priority streams of its own, ahead of bulk
 //! GEMMs queued on the update streams (with the hand-off, a POTRF would run on the stream of the
 //! update chain that fed it). No host synchronise inside the factorization; the graph's sink
 //! downloads the POTRF infos and fails naming the first POTRF node whose tile was not positive
@@ -268,9 +271,10 @@ impl CholeskyPlan {
         }
         let tasks = self.tasks();
         let mut g = GraphBuilder::with_capacity(name.to_owned(), tasks.len() + 1, 3 * tasks.len());
-        let mut ids = Vec::with_capacity(tasks.len());
+        let prevs = previous_writers(&tasks);
+        let mut refs: Vec<NodeRef<BlockVersion>> = Vec::with_capacity(tasks.len());
         let mut counts = [0usize; 4];
-        for task in &tasks {
+        for (task, &prev) in tasks.iter().zip(&prevs) {
             let on_panel = if self.critical_only_panel {
                 task.critical()
             } else {
@@ -278,18 +282,30 @@ impl CholeskyPlan {
             };
             let group = if on_panel { self.panel } else { self.update };
             counts[task.op.kind()] += 1;
+            let block = Block::written_by(task.op);
+            let prev_node = prev.map(|d| refs[d]);
             // The closures keep the matrix (and infos) alive as long as the graph.
             let (a, info, op) = (a.clone(), info.clone(), task.op);
             let node = g.gpu_node_in(group, &op.name(), move |ctx| {
-                Ok(run_tile_op(ctx, op, &a, &info, n, b)?)
+                let version = match prev_node {
+                    Some(p) => ctx.take(p)?,
+                    None => BlockVersion(block),
+                };
+                run_tile_op(ctx, op, &version, &a, &info, n, b)?;
+                Ok(version)
             });
             for &d in &task.deps {
-                g.edge(ids[d], node);
+                if Some(d) == prev {
+                    // The block's only reader until this writer: `build` checks it.
+                    g.hand_on(refs[d], node);
+                } else {
+                    g.edge(refs[d], node);
+                }
             }
             if self.critical_high && task.critical() {
                 g.node_priority(node, Priority::High);
             }
-            ids.push(node.id());
+            refs.push(node);
         }
         let potrf_names: Vec<String> = (0..t).map(|k| TileOp::Potrf { k }.name()).collect();
         let keep = info.clone();
@@ -312,7 +328,7 @@ impl CholeskyPlan {
         });
         // The last POTRF follows every other operation (each tile's updates end in the
         // panels below it, which all feed the last diagonal tile).
-        if let Some(&sink) = ids.last() {
+        if let Some(&sink) = refs.last() {
             g.edge(sink, check);
         }
         let graph = g.build().map_err(|e| {
@@ -327,43 +343,108 @@ impl CholeskyPlan {
     }
 }
 
+/// The part of the matrix one operation writes: a tile, or (merged columns) the tiles below
+/// diagonal tile `j` (rows `(j + 1) b ..` of tile column `j`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Block {
+    Tile(usize, usize),
+    Below(usize),
+}
+
+impl Block {
+    fn written_by(op: TileOp) -> Self {
+        match op {
+            TileOp::Potrf { k } => Block::Tile(k, k),
+            TileOp::Trsm { i, k } => Block::Tile(i, k),
+            TileOp::Syrk { j, .. } => Block::Tile(j, j),
+            TileOp::Gemm { i, j, .. } => Block::Tile(i, j),
+            TileOp::TrsmBelow { k } => Block::Below(k),
+            TileOp::GemmBelow { j, .. } => Block::Below(j),
+        }
+    }
+}
+
+/// For each task, the block's previous writer, whose version of the block the task takes (none
+/// for the block's first writer): among the last writers of what it touches, the one that wrote
+/// the same block.
+fn previous_writers(tasks: &[TileTask]) -> Vec<Option<usize>> {
+    tasks
+        .iter()
+        .map(|task| {
+            let block = Block::written_by(task.op);
+            (task.deps.iter().copied()).find(|&d| Block::written_by(tasks[d].op) == block)
+        })
+        .collect()
+}
+
+/// A version of a block of the matrix, what a tile operation's node leaves: the block's next
+/// writer takes it ([`GpuCtx::take`]: it is this version's only reader, an edge `build`
+/// declares with `hand_on`, so the graph's build checks it), so a block's successive versions
+/// pass from writer to writer and a node writes only the block it holds; the last version
+/// (POTRF's, TRSM's) is read by many, through the matrix. Not `Clone`: one holder at a time.
+#[derive(Debug, PartialEq, Eq)]
+struct BlockVersion(Block);
+
 /// Runs tile operation `op` of the factorization of the column-major `n`×`n` matrix `a` (tiles
-/// of `b`, the last ones ragged) on the node's library handles; a POTRF of tile `k` writes its
-/// `info` to `info[k]`.
+/// of `b`, the last ones ragged) on the node's library handles, writing the block `held` (the
+/// one `op` writes, which this node holds); a POTRF of tile `k` writes its `info` to `info[k]`.
 fn run_tile_op(
     ctx: &GpuCtx<'_, '_>,
     op: TileOp,
+    held: &BlockVersion,
     a: &DeviceBuffer<f64>,
     info: &DeviceBuffer<i32>,
     n: usize,
     b: usize,
 ) -> Result<(), CholeskyError> {
+    if held.0 != Block::written_by(op) {
+        return Err(CholeskyError::new(
+            GpuErrorKind::InvalidArgument,
+            format!(
+                "node '{}': holds {:?}, not the block it writes",
+                op.name(),
+                held.0
+            ),
+        ));
+    }
     let size = |i: usize| b.min(n - i * b);
     let data = a.as_cuda_slice();
     // `rows` × `cols` from the top left of tile (i, j).
     let at = |i: usize, j: usize, rows: usize, cols: usize| {
         Mat::new(data, j * b * n + i * b, rows, cols, n)
     };
+    // The view this node writes: the block it holds.
+    let w = match held.0 {
+        Block::Tile(i, j) => at(i, j, size(i), size(j))?,
+        Block::Below(j) => at(j + 1, j, n - (j + 1) * b, size(j))?,
+    };
     let (lower, t, right, non_unit) = (Uplo::Lower, Trans::T, Side::Right, Diag::NonUnit);
     // SAFETY: every view lies inside `a` (`Mat::new` checks it) or is `info[k]` (`build`
-    // checked `info`'s length); the graph's edges order every two operations on one tile, one
-    // of them writing it (`CholeskyPlan::tasks`), so no other node's work touches what this one
-    // writes meanwhile; the graph's closures keep `a` and `info` alive as long as the graph.
+    // checked `info`'s length). This node writes only `w`, the block it holds: taken from the
+    // block's previous writer, whose only successor it is (`hand_on`, checked by the graph's
+    // build), or, for the block's first writer, not written before in this run (one run of a
+    // matrix at a time: it is reloaded between runs); every tile it reads is a final version,
+    // whose last writer precedes this node and which no node writes after
+    // (`CholeskyPlan::tasks` orders every two operations on one tile, one of them writing it).
+    // So no other node's work touches what this one writes meanwhile. The raw cuBLAS and
+    // cuSOLVER calls stay (`dense.rs`): cudarc's safe layer has no TRSM, SYRK or POTRF, and a
+    // block is a strided part of the one matrix, which no `&mut` view can lend while other
+    // nodes read the rest. The graph's closures keep `a` and `info` alive as long as the graph.
     unsafe {
         match op {
             TileOp::Potrf { k } => {
                 let info_k = info.as_cuda_slice().slice(k..k + 1);
-                potrf(ctx, lower, &at(k, k, size(k), size(k))?, &info_k)
+                potrf(ctx, lower, &w, &info_k)
             }
             // A_ik := A_ik L_kk^-T.
-            TileOp::Trsm { i, k } => TileBlas::new(ctx)?.trsm(
+            TileOp::Trsm { k, .. } => TileBlas::new(ctx)?.trsm(
                 right,
                 lower,
                 t,
                 non_unit,
                 1.0,
                 &at(k, k, size(k), size(k))?,
-                &at(i, k, size(i), size(k))?,
+                &w,
             ),
             // A_(k+1..,k) := A_(k+1..,k) L_kk^-T: rows (k + 1) b .. n of tile column k.
             TileOp::TrsmBelow { k } => TileBlas::new(ctx)?.trsm(
@@ -373,7 +454,7 @@ fn run_tile_op(
                 non_unit,
                 1.0,
                 &at(k, k, size(k), size(k))?,
-                &at(k + 1, k, n - (k + 1) * b, size(k))?,
+                &w,
             ),
             // A_(j+1..,j) -= A_(j+1..,k) A_jk^T.
             TileOp::GemmBelow { j, k } => {
@@ -385,7 +466,7 @@ fn run_tile_op(
                     &at(j + 1, k, rows, size(k))?,
                     &at(j, k, size(j), size(k))?,
                     1.0,
-                    &at(j + 1, j, rows, size(j))?,
+                    &w,
                 )
             }
             // A_jj -= A_jk A_jk^T (lower triangle).
@@ -395,7 +476,7 @@ fn run_tile_op(
                 -1.0,
                 &at(j, k, size(j), size(k))?,
                 1.0,
-                &at(j, j, size(j), size(j))?,
+                &w,
             ),
             // A_ij -= A_ik A_jk^T.
             TileOp::Gemm { i, j, k } => TileBlas::new(ctx)?.gemm(
@@ -405,7 +486,7 @@ fn run_tile_op(
                 &at(i, k, size(i), size(k))?,
                 &at(j, k, size(j), size(k))?,
                 1.0,
-                &at(i, j, size(i), size(j))?,
+                &w,
             ),
         }
     }
@@ -866,6 +947,66 @@ mod tests {
         }
         for y in 0..m - 1 {
             assert!(anc[m - 1][y], "{:?} does not reach the sink", tasks[y].op);
+        }
+    }
+
+    /// What `build` declares with `hand_on` holds for both plans: each operation's previous
+    /// writer of the block it writes is that block's writer just before it (so it takes the
+    /// block's latest version), and this operation is its only successor (so no other node
+    /// reads a version that is written again); a scheduler graph with those edges builds, and
+    /// one more reader of a handed-on version makes its build fail.
+    #[test]
+    fn each_block_version_but_the_last_has_one_reader() {
+        for merge_columns in [false, true] {
+            let plan = CholeskyPlan {
+                merge_columns,
+                ..CholeskyPlan::new(7 * 32 + 5, 32, GroupId::from_index(0))
+            };
+            let tasks = plan.tasks();
+            let prevs = previous_writers(&tasks);
+            let mut succs = vec![Vec::new(); tasks.len()];
+            for (x, task) in tasks.iter().enumerate() {
+                for &d in &task.deps {
+                    succs[d].push(x);
+                }
+            }
+            let mut last = std::collections::HashMap::new();
+            for (x, task) in tasks.iter().enumerate() {
+                let block = Block::written_by(task.op);
+                assert_eq!(prevs[x], last.get(&block).copied(), "{:?}", task.op);
+                if let Some(p) = prevs[x] {
+                    assert_eq!(succs[p], [x], "{:?} has other readers", tasks[p].op);
+                }
+                last.insert(block, x);
+            }
+            // Every write but each block's first is handed on.
+            let handed = prevs.iter().flatten().count();
+            assert_eq!(handed, tasks.len() - last.len(), "merge {merge_columns}");
+
+            let graph = |spy: Option<usize>| {
+                let mut g = GraphBuilder::<()>::new("plan");
+                let refs: Vec<_> = (tasks.iter())
+                    .map(|t| g.node(t.op.name(), |_| Ok(())))
+                    .collect();
+                for (x, task) in tasks.iter().enumerate() {
+                    for &d in &task.deps {
+                        if Some(d) == prevs[x] {
+                            g.hand_on(refs[d], refs[x]);
+                        } else {
+                            g.edge(refs[d], refs[x]);
+                        }
+                    }
+                }
+                if let Some(p) = spy {
+                    let reader = g.node("spy", |_| Ok(()));
+                    g.edge(refs[p], reader);
+                }
+                g.build().map(drop)
+            };
+            graph(None).expect("every handed-on version has one reader");
+            let some_prev = prevs.iter().flatten().next().copied();
+            let err = graph(some_prev).expect_err("a second reader of a handed-on version");
+            assert!(err.to_string().contains("'spy'"), "{err}");
         }
     }
 

@@ -1,8 +1,9 @@
 //! The served model of `examples/serve` (also used by the serving bench, `bench_serve`): 4
 //! linear layers (`dim` x `dim`, bias, GELU) at batch `batch`, in bf16 or f32, its weights
 //! uploaded once, served from a replay graph whose runs each bring their input and take their
-//! output through pinned buffers of their instance; and the same model on the host, the
-//! reference every served output is checked against.
+//! output through pinned buffers of their instance, the layers handing two activation buffers
+//! on (each takes its predecessor's, `ReplayCtx::take`, and writes the one it does not read);
+//! and the same model on the host, the reference every served output is checked against.
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,8 +15,8 @@ use boundpool::gpu::cudarc::cublaslt::MatmulConfig;
 use boundpool::gpu::half::bf16;
 use boundpool::gpu::{
     BoxError, DeviceBuffer, DeviceCopy, GpuCtx, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool,
-    GpuResult, Kernel, LaunchConfig, LtElement, LtTuning, Module, PinnedBuffer, Priority, RNode,
-    ReplayBuilder, ReplayCtx, Replayable, RunInputs,
+    GpuResult, Kernel, KernelArg, LaunchConfig, LtElement, LtTuning, Module, PinnedBuffer,
+    Priority, RNode, ReplayBuilder, ReplayCtx, Replayable, RunInputs,
 };
 
 /// Linear layers in the model.
@@ -308,11 +309,26 @@ pub fn upload_weights<T: Elem>(
 /// output copied back into pinned memory, both copies inside the replayed CUDA graph.
 pub struct Io<T: DeviceCopy> {
     pin_in: PinnedBuffer<T>,
-    dev_in: DeviceBuffer<T>,
     pin_out: PinnedBuffer<T>,
+    /// With the copies as eager nodes only: the device input the "stage input" node fills every
+    /// run, read by the first layer (in the graph, the first layer copies the input into an
+    /// activation buffer of its own).
+    dev_in: Option<DeviceBuffer<T>>,
 }
 
+/// The free sets of the model's instances and eager runs. It stays a `Mutex`: it is a free
+/// list shared by every instance and eager run (pinned allocations are slow, so eager runs
+/// reuse sets), locked when an instance captures and around an eager run, never by a replayed
+/// request, and no write to a buffer goes through it.
 type IoPool<T> = Arc<Mutex<Vec<Io<T>>>>;
+
+/// A layer's output `y`, and `spare`, the buffer the next layer writes (this layer's input):
+/// handed from layer to layer, each taking its predecessor's (their only reader) and writing
+/// the buffer it does not read, so the four layers write into two buffers they hold.
+pub struct Activations<T: DeviceCopy> {
+    y: DeviceBuffer<T>,
+    spare: DeviceBuffer<T>,
+}
 
 /// An [`Io`] lent to a replay instance (for its life) or an eager run (for the run): back to
 /// the model's pool when dropped, if the last run that used it read its output (so no copy
@@ -380,7 +396,7 @@ where
         g.instances(instances).priority(priority);
         let x = g.input::<Vec<T>>("x");
         let io = g.gpu_node(device, "io buffers", move |c: &ReplayCtx<'_, '_>| {
-            lend_io(c, &pool, n)
+            lend_io(c, &pool, n, !copies_in_graph)
         });
         let stage_body = move |c: &ReplayCtx<'_, '_>| -> Result<(), BoxError> {
             let lent = c.input(io)?;
@@ -390,7 +406,12 @@ where
             unsafe { lent.io().pin_in.write(&c.input(x)?)? };
             if !copies_in_graph {
                 let io = lent.io();
-                c.gpu()?.copy_from_pinned(&io.pin_in, &io.dev_in)?;
+                let dev_in = io
+                    .dev_in
+                    .as_ref()
+                    .expect("lent with copies outside the graph");
+                // Through `&`, not a take: the captured first layer reads this buffer too.
+                c.gpu()?.copy_from_pinned(&io.pin_in, dev_in)?;
             }
             Ok(())
         };
@@ -413,7 +434,7 @@ where
         let copy_out = (!copies_in_graph).then(|| {
             let out = g.eager_gpu_node(device, "copy out", move |c: &ReplayCtx<'_, '_>| {
                 c.gpu()?
-                    .copy_to_pinned(&*c.input(last)?, &c.input(io)?.io().pin_out)?;
+                    .copy_to_pinned(&c.input(last)?.y, &c.input(io)?.io().pin_out)?;
                 Ok(())
             });
             g.edge(last, out).edge(io, out);
@@ -509,22 +530,22 @@ pub fn tune_layers<T: Elem>(
     Ok(out.take(t).expect("the tune node's output"))
 }
 
-/// `y = GELU(x W^T + b)` for a row-major `batch` x `dim` `x`: the BLAS sees the column-major
-/// `dim` x `batch` `y^T = W x^T` (`W` transposed from its row-major `[out][in]`).
+/// `y = GELU(x W^T + b)` for a row-major `batch` x `dim` `x`, into `y`: the BLAS sees the
+/// column-major `dim` x `batch` `y^T = W x^T` (`W` transposed from its row-major `[out][in]`).
 fn layer<T: Elem>(
     c: &ReplayCtx<'_, '_>,
     (w, b): &(DeviceBuffer<T>, DeviceBuffer<T>),
     x: &DeviceBuffer<T>,
+    y: &mut DeviceBuffer<T>,
     kernel: &Kernel,
     shape: Shape,
     gemm: GemmPath,
-) -> Result<DeviceBuffer<T>, BoxError>
+) -> Result<(), BoxError>
 where
     CudaBlas: Gemm<T>,
 {
     let gpu = c.gpu()?;
     let (bt, d) = (shape.batch, shape.dim);
-    let mut y = gpu.alloc::<T>(bt * d)?;
     match gemm {
         GemmPath::Lt => {
             let cfg = lt_layer(shape);
@@ -535,7 +556,7 @@ where
                     cfg,
                     w.as_cuda_slice(),
                     x.as_cuda_slice(),
-                    &mut y,
+                    &mut *y,
                     Some(b.as_cuda_slice()),
                     None,
                 )?
@@ -543,7 +564,7 @@ where
             // SAFETY: `(T* y, u32 n)` over `y`'s batch x d elements, a node output.
             unsafe {
                 gpu.launch(kernel, LaunchConfig::for_elements(bt * d))
-                    .arg(&mut y)
+                    .arg(&mut *y)
                     .arg((bt * d) as u32)
                     .launch()?;
             }
@@ -563,13 +584,13 @@ where
             };
             let blas = gpu.cublas()?;
             // SAFETY: `w` is d x d, `x` and `y` batch x d, as the configuration says.
-            unsafe { blas.gemm(cfg, w.as_cuda_slice(), x.as_cuda_slice(), &mut y)? };
+            unsafe { blas.gemm(cfg, w.as_cuda_slice(), x.as_cuda_slice(), &mut *y)? };
             drop(blas);
             // SAFETY: `(T* y, const T* bias, u32 rows, u32 cols)` over `y`'s batch x d
             // elements and `b`'s d; both outlive the launch (node outputs and the weights).
             unsafe {
                 gpu.launch(kernel, LaunchConfig::for_elements(bt * d))
-                    .arg(&mut y)
+                    .arg(&mut *y)
                     .arg(b)
                     .arg(bt as u32)
                     .arg(d as u32)
@@ -577,7 +598,7 @@ where
             }
         }
     }
-    Ok(y)
+    Ok(())
 }
 
 /// The "io buffers" node's body: a set from the model's pool, or a new one.
@@ -585,6 +606,7 @@ fn lend_io<T: Elem>(
     c: &ReplayCtx<'_, '_>,
     pool: &IoPool<T>,
     n: usize,
+    dev_in: bool,
 ) -> Result<Lent<T>, BoxError> {
     let free = pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
     let io = match free {
@@ -593,8 +615,8 @@ fn lend_io<T: Elem>(
             let gpu = c.gpu()?;
             Io {
                 pin_in: gpu.alloc_pinned::<T>(n)?,
-                dev_in: gpu.alloc::<T>(n)?,
                 pin_out: gpu.alloc_pinned::<T>(n)?,
+                dev_in: dev_in.then(|| gpu.alloc::<T>(n)).transpose()?,
             }
         }
     };
@@ -605,18 +627,20 @@ fn lend_io<T: Elem>(
     })
 }
 
-/// Copies `len` elements of `T` from `src` to `dst` (device addresses, one of them a mapped
-/// pinned buffer's) with the copy kernel, 4 bytes a thread.
+/// Copies `len` elements of `T` from `src` to `dst` (a device buffer the node holds and a mapped
+/// pinned buffer, either way) with the copy kernel, 4 bytes a thread. A pinned buffer is
+/// written through `&`: the run's host nodes share it (their access is the `unsafe` part).
 fn copy_words<T: Elem>(
     gpu: &GpuCtx<'_, '_>,
     copy: &Kernel,
-    dst: u64,
-    src: u64,
+    dst: impl KernelArg,
+    src: impl KernelArg,
     len: usize,
 ) -> Result<(), BoxError> {
     let words = len * std::mem::size_of::<T>() / 4;
-    // SAFETY: `copy_words(unsigned* dst, const unsigned* src, unsigned n)`: both ranges hold
-    // `words` 4-byte words (the model's sizes are multiples of 4 bytes), live for the graph.
+    // SAFETY: `copy_words(unsigned* dst, const unsigned* src, unsigned n)`: both buffers hold
+    // `len` elements, `words` 4-byte words (the model's sizes are multiples of 4 bytes), and
+    // live for the graph.
     unsafe {
         gpu.launch(copy, LaunchConfig::for_elements(words))
             .arg(dst)
@@ -650,12 +674,13 @@ where
         g: &mut ReplayBuilder,
         io: RNode<Lent<T>>,
         stage: RNode<()>,
-    ) -> RNode<DeviceBuffer<T>> {
-        let mut prev: Option<RNode<DeviceBuffer<T>>> = None;
+    ) -> RNode<Activations<T>> {
+        let mut prev: Option<RNode<Activations<T>>> = None;
         for l in 0..LAYERS {
             let (w, k) = (self.weights.clone(), self.kernel.clone());
             let (shape, gemm, copies_in_graph) = (self.shape, self.gemm, self.copies_in_graph);
             let copy = self.copy.cloned();
+            let n = shape.batch * shape.dim;
             let node = g.gpu_node(
                 self.device,
                 &format!("layer {l}"),
@@ -663,44 +688,51 @@ where
                     let gpu = c.gpu()?;
                     let lent = c.input(io)?;
                     let io = lent.io();
-                    let y = match prev {
-                        Some(p) => layer(c, &w[l], &*c.input(p)?, &k, shape, gemm)?,
+                    let acts = match prev {
+                        // The previous layer's output is this one's input; its input buffer,
+                        // which nothing reads any more, takes this one's output.
+                        Some(p) => {
+                            let Activations { y: x, spare: mut y } = c.take(p)?;
+                            layer(c, &w[l], &x, &mut y, &k, shape, gemm)?;
+                            Activations { y, spare: x }
+                        }
                         None => {
-                            match &copy {
-                                Some(cp) => copy_words::<T>(
-                                    gpu,
-                                    cp,
-                                    io.dev_in.device_ptr(),
-                                    io.pin_in.device_ptr(),
-                                    io.dev_in.len(),
-                                )?,
-                                None if copies_in_graph => {
-                                    gpu.copy_from_pinned(&io.pin_in, &io.dev_in)?
+                            let mut y = gpu.alloc::<T>(n)?;
+                            let spare = match &copy {
+                                Some(cp) => {
+                                    let mut x = gpu.alloc::<T>(n)?;
+                                    copy_words::<T>(gpu, cp, &mut x, &io.pin_in, n)?;
+                                    layer(c, &w[l], &x, &mut y, &k, shape, gemm)?;
+                                    x
                                 }
-                                None => {}
-                            }
-                            layer(c, &w[l], &io.dev_in, &k, shape, gemm)?
+                                None if copies_in_graph => {
+                                    let x = gpu.alloc::<T>(n)?;
+                                    gpu.copy_from_pinned(&io.pin_in, &x)?;
+                                    layer(c, &w[l], &x, &mut y, &k, shape, gemm)?;
+                                    x
+                                }
+                                None => {
+                                    let x = io.dev_in.as_ref().expect("lent with copies outside");
+                                    layer(c, &w[l], x, &mut y, &k, shape, gemm)?;
+                                    gpu.alloc::<T>(n)?
+                                }
+                            };
+                            Activations { y, spare }
                         }
                     };
                     if l == LAYERS - 1 {
                         match &copy {
-                            Some(cp) => copy_words::<T>(
-                                gpu,
-                                cp,
-                                io.pin_out.device_ptr(),
-                                y.device_ptr(),
-                                y.len(),
-                            )?,
-                            None if copies_in_graph => gpu.copy_to_pinned(&y, &io.pin_out)?,
+                            Some(cp) => copy_words::<T>(gpu, cp, &io.pin_out, &acts.y, n)?,
+                            None if copies_in_graph => gpu.copy_to_pinned(&acts.y, &io.pin_out)?,
                             None => {}
                         }
                     }
-                    Ok(y)
+                    Ok(acts)
                 },
             );
             g.edge(io, node);
             match prev {
-                Some(p) => g.edge(p, node),
+                Some(p) => g.hand_on(p, node),
                 None => g.edge(stage, node),
             };
             prev = Some(node);

@@ -12,7 +12,8 @@ use cudarc::driver::{
     LaunchArgs, PushKernelArg, SyncOnDrop,
 };
 
-use crate::device::{DeviceShared, Release};
+use crate::device::{DeviceShared, PeerReaders, Release};
+use crate::driver::{self, StreamRef};
 
 thread_local! {
     /// Set on a worker while it captures (a buffer dropped then is a free the capture cannot
@@ -107,6 +108,9 @@ pub struct DeviceBuffer<T: DeviceCopy> {
     /// field above guarantees (and saves the launch path cudarc's per-call lookup).
     ptr: u64,
     pub(crate) device: Arc<DeviceShared>,
+    /// Nodes of other devices (or pools) that read it: its free waits for them (made at the
+    /// first such read; shared with the reading node until its fence is in).
+    pub(crate) readers: std::sync::OnceLock<Arc<PeerReaders>>,
 }
 
 impl<T: DeviceCopy> DeviceBuffer<T> {
@@ -122,6 +126,7 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
             slice: Some(slice),
             ptr,
             device,
+            readers: std::sync::OnceLock::new(),
         }
     }
 
@@ -153,6 +158,12 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
         self.device.ordinal()
     }
 
+    /// How many reads by nodes of other devices (or pools) its release would wait for: their
+    /// fences not yet known complete ([`GpuCtx::on_device`](crate::GpuCtx::on_device)).
+    pub fn peer_reads_pending(&self) -> usize {
+        self.readers.get().map_or(0, |r| r.len())
+    }
+
     /// The raw device address (for kernel arguments built by hand and library calls by
     /// address). cudarc's [`DevicePtr::device_ptr`] gives the same address.
     pub fn device_ptr(&self) -> u64 {
@@ -181,8 +192,20 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     /// (stream-ordered, on the stream it was allocated on) on whichever thread drops it, as
     /// cudarc does. Drop it on a worker of the device (inside a node) to keep every driver call
     /// on a bound worker, or wrap it again with [`GpuCtx::adopt`](crate::GpuCtx::adopt).
+    ///
+    /// If nodes of other devices read the buffer ([`GpuCtx::on_device`](crate::GpuCtx::on_device),
+    /// [`GpuCtx::copy_peer`](crate::GpuCtx::copy_peer)), the slice's stream first waits for
+    /// the work of those whose bodies have ended (`cuStreamWaitEvent`, a driver call of the
+    /// buffer's device: call this on one of its workers), so that its free follows their
+    /// reads. (A body still running that reads it in place is not waited for: take the slice
+    /// out after such readers, as the graph's edges order them.)
     pub fn into_cuda_slice(mut self) -> CudaSlice<T> {
         let s = self.slice.take().expect("present until dropped");
+        let on = StreamRef::of(s.stream());
+        for f in self.readers.get().map(|r| r.take()).unwrap_or_default() {
+            let _ = driver::stream_wait_event(driver::Ctx::of(s.context()), on, &f.event);
+            f.done();
+        }
         self.device.buffer_freed(s.num_bytes());
         s
     }
@@ -257,7 +280,8 @@ impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
             // No driver call here: a bound worker of the device frees it. (A drop during a
             // replay capture fails the capture: the graph would replay on freed memory.)
             note_free();
-            self.device.release(Release::Slice(Box::new(s)));
+            let readers = self.readers.get().cloned();
+            self.device.release(Release::Slice(Box::new(s), readers));
         }
     }
 }

@@ -23,11 +23,22 @@ use crate::module::Kernel;
 use crate::partition::{DevicePartitions, PartitionInfo};
 use crate::timing::DeviceTiming;
 
+/// A device's place in its NCCL communicator ([`GpuDevice::nccl`]; made by
+/// `GpuCtx::nccl_init`, with the `nccl` feature).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NcclInfo {
+    /// This device's rank in the communicator.
+    pub rank: usize,
+    /// The communicator's number of ranks.
+    pub world: usize,
+}
+
 /// A handle whose release waits for a bound worker.
 pub(crate) enum Release {
     /// The memory of a dropped [`DeviceBuffer`](crate::DeviceBuffer): a `CudaSlice` of this
-    /// device, taken apart and freed on the worker.
-    Slice(Box<dyn LeakSlice>),
+    /// device, taken apart and freed on the worker once its readers on other devices (or
+    /// pools), if it had any, are done, as their fences say.
+    Slice(Box<dyn LeakSlice>, Option<Arc<PeerReaders>>),
     /// A replay executable (`replay/`) whose last owner dropped it.
     Exec(GraphExec),
     /// The page-locked host memory of a dropped [`PinnedBuffer`](crate::PinnedBuffer), with the
@@ -38,10 +49,94 @@ pub(crate) enum Release {
 impl fmt::Debug for Release {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Release::Slice(s) => write!(f, "Slice({} bytes)", s.bytes()),
+            Release::Slice(s, r) => write!(
+                f,
+                "Slice({} bytes, {} reader fences)",
+                s.bytes(),
+                r.as_ref().map_or(0, |r| r.len())
+            ),
             Release::Exec(e) => write!(f, "Exec({e:?})"),
             Release::Pinned(a, _) => write!(f, "Pinned({} bytes)", a.bytes()),
         }
+    }
+}
+
+/// An event recorded on a stream of another device (or of another pool's table of this
+/// device) right after a node there read a buffer of this device ([`GpuCtx::on_device`],
+/// [`GpuCtx::copy_peer`]): the buffer's free waits for it (`cuStreamWaitEvent` takes an event
+/// of another context), then the event goes back to its own device's spares.
+///
+/// [`GpuCtx::on_device`]: crate::GpuCtx::on_device
+/// [`GpuCtx::copy_peer`]: crate::GpuCtx::copy_peer
+pub(crate) struct ReaderFence {
+    pub(crate) event: Event,
+    /// The device (table) whose worker recorded it, which owns the event.
+    pub(crate) home: Arc<DeviceShared>,
+}
+
+impl ReaderFence {
+    /// Gives the event back to its device's spares (no driver call, any thread).
+    pub(crate) fn done(self) {
+        self.home.put_event(self.event);
+    }
+}
+
+/// The fences of a buffer's readers on other devices, and how many node bodies read it in
+/// place right now (their fence comes when the body ends). The buffer's drop hands this to its
+/// release; the draining worker frees the memory only once no body reads it in place any
+/// more, after waiting for every fence. A reader adding a fence first gives back those of its
+/// own device that have completed (it is a bound worker of that device: it may query them), so
+/// a long-lived buffer read at every run keeps only the fences still in flight.
+#[derive(Default)]
+pub(crate) struct PeerReaders {
+    fences: Mutex<Vec<ReaderFence>>,
+    reading: AtomicUsize,
+}
+
+impl PeerReaders {
+    /// Adds `fence`, recorded by a bound worker of `fence.home`, which calls this.
+    pub(crate) fn push(&self, fence: ReaderFence) {
+        let mut v = self.fences.lock().unwrap_or_else(|e| e.into_inner());
+        let ctx = fence.home.ctx();
+        let mut i = 0;
+        while i < v.len() {
+            let done = Arc::ptr_eq(&v[i].home, &fence.home)
+                && driver::event_query(ctx, &v[i].event).unwrap_or(false);
+            if done {
+                v.swap_remove(i).done();
+            } else {
+                i += 1;
+            }
+        }
+        v.push(fence);
+    }
+
+    /// A node body starts reading the buffer in place.
+    pub(crate) fn begin_read(&self) {
+        self.reading.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// That body ended: its fence, recorded after its work, is in. (A body whose fence could
+    /// not be recorded never ends its read: the buffer is then never freed, rather than freed
+    /// under it.)
+    pub(crate) fn end_read(&self, fence: ReaderFence) {
+        self.push(fence);
+        self.reading.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether a body still reads it in place (its fence is not in yet).
+    pub(crate) fn being_read(&self) -> bool {
+        self.reading.load(Ordering::Acquire) > 0
+    }
+
+    /// The fences so far (the buffer is going away).
+    pub(crate) fn take(&self) -> Vec<ReaderFence> {
+        std::mem::take(&mut *self.fences.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// How many fences are held.
+    pub(crate) fn len(&self) -> usize {
+        self.fences.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 }
 
@@ -172,6 +267,13 @@ pub(crate) struct DeviceShared {
     pub(crate) partitions: DevicePartitions,
     /// cuBLASLt's algorithm per matmul problem on this device (`blaslt.rs`).
     pub(crate) lt_algos: LtAlgoCache,
+    /// Per device ordinal: whether this device's nodes read that device's buffers in place
+    /// (peer access to its memory pool, granted at the first read), else through a copy.
+    peer_access: Mutex<HashMap<i32, bool>>,
+    /// The device's NCCL communicator (`nccl/`), made by `GpuCtx::nccl_init` on a bound
+    /// worker, aborted by the device's last worker.
+    #[cfg(feature = "nccl")]
+    pub(crate) nccl: Mutex<Option<crate::nccl::comm::DeviceComm>>,
 }
 
 impl fmt::Debug for DeviceShared {
@@ -209,6 +311,9 @@ impl DeviceShared {
             metrics: OnceLock::new(),
             partitions: DevicePartitions::default(),
             lt_algos: LtAlgoCache::default(),
+            peer_access: Mutex::new(HashMap::new()),
+            #[cfg(feature = "nccl")]
+            nccl: Mutex::new(None),
         }
     }
 
@@ -409,6 +514,38 @@ impl DeviceShared {
             .push(e);
     }
 
+    /// Whether this device's nodes can read `src`'s buffers in place: `src` is this device
+    /// (another pool's table of it: one context), or the pair supports peer access and
+    /// `src`'s memory pool granted it (asked once per pair, on a bound worker of this device).
+    pub(crate) fn reads_in_place(&self, src: &DeviceShared) -> bool {
+        if src.dev == self.dev {
+            return true;
+        }
+        let mut known = self.peer_access.lock().unwrap_or_else(|e| e.into_inner());
+        *known.entry(src.info.ordinal).or_insert_with(|| {
+            driver::device_can_access_peer(self.dev, src.dev).unwrap_or(false)
+                && driver::mempool_grant_access(self.ctx(), src.dev, self.dev).is_ok()
+        })
+    }
+
+    /// The device's place in its NCCL communicator, if it has one (`None` without the `nccl`
+    /// feature).
+    pub(crate) fn nccl_info(&self) -> Option<NcclInfo> {
+        #[cfg(feature = "nccl")]
+        {
+            self.nccl
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map(|c| NcclInfo {
+                    rank: c.rank,
+                    world: c.world,
+                })
+        }
+        #[cfg(not(feature = "nccl"))]
+        None
+    }
+
     pub(crate) fn events_created(&self) -> usize {
         self.events_created.load(Ordering::Relaxed)
     }
@@ -461,12 +598,16 @@ impl DeviceShared {
         if self.closed.load(Ordering::Acquire) {
             // The device's workers are gone (teardown freed what was queued).
             match r {
-                Release::Slice(s) => {
+                Release::Slice(s, readers) => {
                     // No bound worker is left: cudarc frees it here (its slice keeps the
-                    // context).
+                    // context). Readers of other devices finished with the pool's graphs.
                     let bytes = s.bytes();
                     s.drop_here();
                     self.buffer_freed(bytes);
+                    readers
+                        .iter()
+                        .flat_map(|r| r.take())
+                        .for_each(ReaderFence::done);
                 }
                 Release::Pinned(a, cuda) => {
                     // As cudarc does for its slices: bind the context it keeps, free here.
@@ -539,13 +680,33 @@ impl DeviceShared {
         }
         let n = batch.len();
         let mut pinned = Vec::new();
+        let mut later = Vec::new();
         for r in batch {
             match r {
-                Release::Slice(s) => {
+                Release::Slice(s, Some(readers)) if readers.being_read() => {
+                    // A body of another device reads it in place and has not recorded its
+                    // fence yet: freed at a later drain.
+                    later.push(Release::Slice(s, Some(readers)));
+                }
+                Release::Slice(s, readers) => {
                     let bytes = s.bytes();
+                    // Readers on other devices: this stream waits for their events (of
+                    // another context: allowed), so the free below follows their reads.
+                    let mut waited = true;
+                    for f in readers.iter().flat_map(|r| r.take()) {
+                        waited &= driver::stream_wait_event(ctx, own, &f.event).is_ok();
+                        f.done();
+                    }
                     // SAFETY: the slice was allocated in this device's context (checked when
                     // it became a `DeviceBuffer`) and is taken apart here: freed once.
                     let a = unsafe { DeviceAlloc::adopt(s.leak()) };
+                    if !waited {
+                        // A reader's read may still be in flight and nothing orders the free
+                        // after it: the memory is leaked rather than reused under it.
+                        self.buffer_freed(bytes);
+                        let _ = a.into_raw();
+                        continue;
+                    }
                     let _ = if fenced {
                         a.free_async(ctx, own)
                     } else {
@@ -571,7 +732,15 @@ impl DeviceShared {
                 let _ = a.free(ctx);
             }
         }
+        let n = n - later.len();
         self.metrics().releases_done.increment(n as u64);
+        if !later.is_empty() {
+            self.releases
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(later);
+            self.release_pending.store(true, Ordering::Release);
+        }
         // Look again before blocking: work another worker enqueued since the first look (before
         // the fence events were recorded) would make this worker wait for it. A stream idle now
         // has finished everything the fence waits for, so the synchronise returns at once.
@@ -712,11 +881,16 @@ impl DeviceShared {
                 Release::Pinned(a, _) => {
                     let _ = a.free(ctx);
                 }
-                Release::Slice(s) => {
+                Release::Slice(s, readers) => {
                     let bytes = s.bytes();
                     // SAFETY: as in `drain_releases`: this device's allocation, freed once.
                     let _ = unsafe { DeviceAlloc::adopt(s.leak()) }.free(ctx);
                     self.buffer_freed(bytes);
+                    // The pool's graphs are done: so are their reads on other devices.
+                    readers
+                        .iter()
+                        .flat_map(|r| r.take())
+                        .for_each(ReaderFence::done);
                 }
             }
         }
@@ -725,6 +899,11 @@ impl DeviceShared {
             if let Some(e) = s.take() {
                 self.destroy_exec(ctx, e);
             }
+        }
+        // The NCCL communicator, before its stream goes with the others below.
+        #[cfg(feature = "nccl")]
+        if let Some(c) = self.nccl.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            c.abort();
         }
         // Buffers still held keep their memory (and, through their `CudaSlice`, their stream
         // and the context): freed when their owner drops them, on that thread (cudarc's rule:
@@ -850,6 +1029,12 @@ impl GpuDevice {
             Placement::Any => false,
         }
     }
+    /// The device's place in its NCCL communicator, once a node made it
+    /// (`GpuCtx::nccl_init`, feature `nccl`).
+    pub fn nccl(&self) -> Option<NcclInfo> {
+        self.shared.nccl_info()
+    }
+
     /// Why the device was marked failed (a sticky error), if it was.
     pub fn failure(&self) -> Option<String> {
         self.shared.failed().map(str::to_owned)

@@ -194,9 +194,9 @@ impl StreamRef {
         StreamRef(s.cu_stream())
     }
 
-    /// The raw stream as an untyped pointer: for cuBLAS and cuSOLVER's `*SetStream` and
-    /// cuBLASLt's matmul (which take the runtime API's `cudaStream_t`, the same handle) and
-    /// their stream checks. The one
+    /// The raw stream as an untyped pointer: for cuBLAS and cuSOLVER's `*SetStream`,
+    /// cuBLASLt's matmul and NCCL's operations (which take the runtime API's `cudaStream_t`,
+    /// the same handle) and their stream checks. The one
     /// way a raw driver handle leaves this file.
     pub(crate) fn raw_ptr(self) -> *mut c_void {
         self.0.cast()
@@ -591,6 +591,62 @@ pub(crate) fn mempool_trim(expect: Ctx, dev: Dev) -> DResult<()> {
         sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), dev.0).result()?;
         sys::cuMemPoolTrimTo(pool.assume_init(), 0).result()
     }
+}
+
+// Peers: copies between devices (or pools) and direct access to another device's memory.
+
+/// Whether a kernel on `dev` can read and write memory of `peer` directly
+/// (`cuDeviceCanAccessPeer`; false for a device and itself).
+pub(crate) fn device_can_access_peer(dev: Dev, peer: Dev) -> DResult<bool> {
+    if dev == peer {
+        return Ok(false);
+    }
+    let mut can: c_int = 0;
+    // SAFETY: writes one int; both devices were resolved by the driver.
+    unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev.0, peer.0).result()? };
+    Ok(can != 0)
+}
+
+/// Lets `reader` read and write the allocations of `owner`'s default memory pool (where
+/// `cuMemAllocAsync` allocates: peer access to pool memory is the pool's setting, not
+/// `cuCtxEnablePeerAccess`'s), `cuMemPoolSetAccess`.
+pub(crate) fn mempool_grant_access(expect: Ctx, owner: Dev, reader: Dev) -> DResult<()> {
+    check(expect, "cuMemPoolSetAccess");
+    let mut pool = MaybeUninit::<sys::CUmemoryPool>::uninit();
+    let desc = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: reader.0,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: writes one pool handle (the device's own), then sets one access descriptor
+    // read from `desc`, which lives for the call.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), owner.0).result()?;
+        sys::cuMemPoolSetAccess(pool.assume_init(), &desc, 1).result()
+    }
+}
+
+/// Copies `bytes` from `src` (an allocation of context `src_ctx`) to `dst` (of `dst_ctx`, the
+/// current one), ordered on `s`, a stream of `dst_ctx` (`cuMemcpyPeerAsync`: direct between
+/// the devices where they can reach each other, else through host memory by the driver).
+///
+/// # Safety
+/// Both ranges must be live allocations of at least `bytes`, of their contexts, until the copy
+/// completes.
+pub(crate) unsafe fn memcpy_peer_async(
+    dst_ctx: Ctx,
+    dst: u64,
+    src_ctx: Ctx,
+    src: u64,
+    bytes: usize,
+    s: StreamRef,
+) -> DResult<()> {
+    check(dst_ctx, "cuMemcpyPeerAsync");
+    green::check_partition(s, "cuMemcpyPeerAsync");
+    // SAFETY: forwarded from the caller's contract; both contexts are live views.
+    unsafe { sys::cuMemcpyPeerAsync(dst, dst_ctx.0, src, src_ctx.0, bytes, s.0).result() }
 }
 
 /// Copies `bytes` from host `src` to device `dst`, ordered on `s`.

@@ -50,7 +50,9 @@
 //!   ([`Replayable::submit`] gives a [`ReplayHandle`] to wait or await), on one of the graph's
 //!   instances; [`PinnedBuffer`]s carry a served request in and out inside the CUDA graph.
 //!   [`Replayable::update`] re-captures and updates the executables in place
-//!   (`cuGraphExecUpdate`). Operations a graph cannot hold (a download, a free, and, read from
+//!   (`cuGraphExecUpdate`). A node writes a predecessor's buffer in place by taking it
+//!   ([`ReplayCtx::take`], [`ReplayBuilder::hand_on`]) when it is that buffer's only reader:
+//!   captured, the taker's output is the buffer the instance keeps and every replay writes. Operations a graph cannot hold (a download, a free, and, read from
 //!   the captured graph, an allocation it would keep or a copy from or to pageable host
 //!   memory) fail the capture naming the graph, the node and why
 //!   ([`GpuErrorKind::Capture`], the device counter `boundpool_gpu_capture_failures_total`);
@@ -62,6 +64,27 @@
 //!   exact (a count the device cannot give fails the build, [`GpuErrorKind::Partition`]);
 //!   [`GpuDevice::partitions`] reports what the driver gave. Workers keep the primary context
 //!   bound; only their streams are the partition's (`driver/green.rs` says why).
+//! * **Peer reads.** A node reading a buffer of another device ([`GpuCtx::on_device`]) reads it
+//!   in place where the pair supports peer access (the owner's memory pool grants it at the
+//!   first read), else gets a copy made on its stream (`cuMemcpyPeerAsync`,
+//!   [`GpuCtx::copy_peer`]) after its event waits; either way the buffer's release waits for
+//!   the reader, through an event of the reader's device that the owner's draining worker
+//!   waits on (a copy's right after it, an in-place read's after the body; a buffer dropped
+//!   while a body still reads it in place is freed at a later drain).
+//! * **Host signals.** [`HostSignal`]: a mapped host word a node's stream writes after its
+//!   earlier work ([`GpuCtx::signal`]), read by any thread with a load, no driver call: how a
+//!   thread that must not call the driver (the ranks' communication thread) learns that a
+//!   chunk's copy to page-locked memory is done ([`GpuCtx::copy_to_pinned_at`]).
+//! * **NCCL** (feature `nccl`). A communicator per device, made by a node on a bound worker
+//!   from an id another rank sent (`NcclId`, `GpuCtx::nccl_init`, then
+//!   `GpuCtx::nccl_connect`); its operations (`GpuCtx::nccl_all_reduce`, broadcast,
+//!   reduce-scatter, all-gather, send, receive) run on a stream of the communicator's own,
+//!   after an event wait for the node's stream, and the node's successors follow that stream:
+//!   an NCCL kernel waiting for its peers holds back only later NCCL operations, never the
+//!   worker's other nodes. A missing libnccl is an error naming the files tried
+//!   (`nccl_library_check`, `GpuPoolBuilder::nccl` at build). cudarc's `Comm` is not
+//!   used: it fixes its stream when made, is not `Send` (a device's workers share one
+//!   communicator, under a lock) and aborts itself on the dropping thread.
 //! * **Checking.** [`context_check`] counts driver calls made with the wrong or no context,
 //!   and, on a partitioned device, work enqueued on a stream of another partition.
 //! * **Metrics.** Per device, through the `metrics` facade ([`GPU_METRICS`] lists them): live
@@ -182,8 +205,9 @@
 //!   by the replay's capture (`replay/capture.rs`), executables by their replay slot. `StreamRef::raw_ptr` is
 //!   the one way a raw handle leaves the file (to cuBLAS / cuSOLVER / cuBLASLt, and
 //!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (cudarc's `result::launch_kernel`
-//!   given one pointer per kernel parameter), the copies and the memset, which take raw
-//!   pointers.
+//!   given one pointer per kernel parameter), the copies (also between devices,
+//!   `memcpy_peer_async`) and the memset, which take raw pointers; it also asks whether a pair
+//!   of devices can reach each other and grants a device access to another's memory pool.
 //! * `driver/green.rs` (a part of `driver.rs`): the green-context calls of SM partitions (the
 //!   device's SM resource and its split, descriptors, green contexts and their streams, owned
 //!   as `GreenCtx` and `GreenStream` and destroyed by consuming them, handed to node bodies as
@@ -210,8 +234,15 @@
 //!   (`disable_event_tracking`), and freeing a dropped buffer's allocation, taken out of its
 //!   `CudaSlice` (`DeviceAlloc::adopt`).
 //! * `pinned.rs`: [`PinnedBuffer`]'s host access (`write`, `to_vec`: unsafe fns, the graph's
-//!   order is the caller's contract) and the copies between it and device buffers it passes
-//!   to `driver.rs`.
+//!   order is the caller's contract) and the copies between it and device buffers (whole, or
+//!   element ranges: `copy_to_pinned_at`, `copy_from_pinned_at`) it passes to `driver.rs`.
+//! * `signal.rs`: [`HostSignal`]'s atomic load of its mapped word, its first write, and the
+//!   `cuStreamWriteValue32` it passes to `driver.rs`.
+//! * `peer.rs`: the copy between devices ([`GpuCtx::copy_peer`]) it passes to `driver.rs`.
+//! * `nccl/comm.rs`, `nccl/ops.rs` (feature `nccl`): the NCCL library check, the
+//!   communicator's init and abort (`DeviceComm`, an owner: not `Copy`, aborted by consuming
+//!   it; its `Send`), and the operations' calls (cudarc's `nccl::result`, on device addresses
+//!   of checked buffers).
 //! * `worker.rs`: the lanes' completion words (mapped host words the device writes and the
 //!   worker reads with atomic loads; the write enqueued through `driver.rs`).
 //! * `buffer.rs`: [`DeviceBuffer`] as an argument of cudarc's `launch_builder` (`unsafe impl
@@ -236,13 +267,17 @@ mod libs;
 mod lt_algos;
 mod metrics;
 mod module;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod node;
 #[cfg(feature = "nvtx")]
 mod nvtx;
 mod partition;
+mod peer;
 mod pinned;
 mod pool;
 mod replay;
+mod signal;
 mod state;
 mod timing;
 mod worker;
@@ -251,21 +286,26 @@ pub use blas::{CublasRef, SolverRef};
 pub use blaslt::{CublasLt, LtElement, LtTuning, TUNE_CANDIDATES};
 pub use buffer::{DeviceBuffer, DeviceCopy};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
-pub use device::{DeviceInfo, GpuDevice};
+pub use device::{DeviceInfo, GpuDevice, NcclInfo};
 pub use diag::{context_check, MemoryProbe};
 pub use error::{GpuError, GpuErrorKind, GpuResult};
 pub use libs::LT_WORKSPACE_BYTES;
 pub use metrics::GPU_METRICS;
 pub use module::{builtin, Kernel, Module};
+#[cfg(feature = "nccl")]
+pub use nccl::{nccl_library_check, NcclElement, NcclId, ReduceOp};
 pub use node::{
-    GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange, MAX_KERNEL_ARGS,
+    run_gpu_body, GpuCtx, GpuGraphExt, KernelArg, Launch, LaunchConfig, StreamPriorityRange,
+    MAX_KERNEL_ARGS,
 };
 pub use partition::{PartitionInfo, SmPartition};
+pub use peer::OnDevice;
 pub use pinned::PinnedBuffer;
-pub use pool::{Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
+pub use pool::{call_on, download_on, Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 pub use replay::{
     RNode, ReplayBuilder, ReplayCtx, ReplayHandle, ReplayOutput, ReplayStats, Replayable, RunInputs,
 };
+pub use signal::HostSignal;
 pub use state::WorkerSetup;
 pub use worker::GpuWorker;
 

@@ -11,7 +11,7 @@ use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef, Pla
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::capture::Capture;
-use crate::device::{DeviceInfo, DeviceShared, GpuDevice};
+use crate::device::{DeviceInfo, DeviceShared, GpuDevice, PeerReaders};
 use crate::driver::{self, Event, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
@@ -72,6 +72,14 @@ pub struct GpuCtx<'a, 'n> {
     /// Set by a body that enqueued nothing (a replay segment whose capture recorded no work):
     /// the node then completes as a host node would, when nothing GPU precedes it.
     pub(crate) no_work: std::cell::Cell<bool>,
+    /// Buffers of other devices (or pools) this node read (`peer.rs`): each gets a fence,
+    /// recorded after the body on the stream its work went to.
+    pub(crate) peer_reads: std::cell::RefCell<Vec<Arc<PeerReaders>>>,
+    /// Set by a body whose work went to another stream of the device (an NCCL operation, on
+    /// its communicator's stream: `nccl/ops.rs`): successors and the completion follow that
+    /// stream, through an event recorded right after the work, never a hand-off (a successor
+    /// enqueued there would queue behind later NCCL operations).
+    pub(crate) moved_to: std::cell::Cell<Option<StreamRef>>,
 }
 
 /// A context's range of CUDA stream priorities (lower numbers are more urgent).
@@ -762,6 +770,19 @@ impl GpuGraphExt for GraphBuilder<GpuWorker> {
     }
 }
 
+/// Runs `body` as the body of a GPU node, on the worker running `node` (which must be a worker
+/// of a device): what [`GpuGraphExt::gpu_node`] wraps every body in (the waits for GPU
+/// predecessors, the marker for successors, the deferred completion). For a layer that adds
+/// nodes through the scheduler's own `GraphBuilder::node` and places them on a device itself
+/// (`boundpool-ranks` does, to see every error its GPU nodes return); other code uses
+/// `gpu_node`.
+pub fn run_gpu_body<T, F>(node: &NodeCtx<'_, GpuWorker>, body: F) -> Result<T, BoxError>
+where
+    F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError>,
+{
+    run_gpu_node(node, &body)
+}
+
 /// Records an event of the node's worker on `stream`, right after the node's work.
 fn record(ctx: &GpuCtx<'_, '_>, stream: StreamRef) -> Result<Event, BoxError> {
     ctx.b
@@ -810,6 +831,8 @@ where
         name: None,
         cuda_stream: std::cell::OnceCell::new(),
         no_work: std::cell::Cell::new(false),
+        peer_reads: std::cell::RefCell::new(Vec::new()),
+        moved_to: std::cell::Cell::new(None),
     };
     // Order after GPU predecessors on other streams: one wait per other stream of this device
     // suffices (an event recorded on it now follows everything its predecessors enqueued).
@@ -862,9 +885,24 @@ where
         t.end(b.ctx, stream, s, out.is_ok(), who)
             .map_err(|e| Box::new(ctx.fail("cuEventRecord", e)) as BoxError)?;
     }
+    // Where the node's work went: its stream, or the one an NCCL operation moved it to. Work
+    // the body enqueued on its own stream after the operation joins that stream (an event
+    // wait: local work only, never a peer's), so successors that follow it see all of it.
+    let moved = ctx.moved_to.get();
+    if let Some(m) = moved.filter(|&m| m != stream) {
+        let e = record(&ctx, stream)?;
+        let joined = driver::stream_wait_event(b.ctx, m, &e);
+        b.put_event(e);
+        joined.map_err(|e| Box::new(ctx.fail("cuStreamWaitEvent", e)) as BoxError)?;
+    }
+    let stream = moved.unwrap_or(stream);
+    // Buffers of other devices read: their releases wait for this work (also when the body
+    // failed after enqueueing a read).
+    let fenced = crate::peer::fence_peer_reads(&ctx, stream);
     // A sticky driver error from the body (a cudarc call in it) marks the device failed, as
     // boundpool's own calls' do.
     let out = out.map_err(|e| b.device.body_error(&ctx.what(), e))?;
+    fenced.map_err(|(call, e)| Box::new(ctx.fail(call, e)) as BoxError)?;
     // Nothing enqueued and no GPU predecessor: no event for successors, no wait for the device.
     if ctx.no_work.get()
         && !node
@@ -929,8 +967,9 @@ where
             && gpu_succ == 1
             && gpu_succ_here == 1
             && !other_level
-            && !other_partition;
-        let event = if eager && !handoff {
+            && !other_partition
+            && moved.is_none();
+        let event = if (eager || moved.is_some()) && !handoff {
             Some(record(&ctx, stream)?)
         } else {
             None

@@ -1,6 +1,7 @@
 //! Page-locked host buffers: [`PinnedBuffer`], and the GPU node's copies between them and
 //! device buffers ([`GpuCtx::alloc_pinned`], [`GpuCtx::copy_from_pinned`],
-//! [`GpuCtx::copy_to_pinned`]); the memory is mapped too, for kernels that read or write it
+//! [`GpuCtx::copy_to_pinned`], and parts of buffers: [`GpuCtx::copy_to_pinned_at`],
+//! [`GpuCtx::copy_from_pinned_at`]); the memory is mapped too, for kernels that read or write it
 //! directly ([`PinnedBuffer::device_ptr`]). Copies from and to pinned memory are truly asynchronous (no
 //! staging, no host wait) and a CUDA graph can hold them, so a replayed segment can take its
 //! input from, and leave its output in, host memory of its instance.
@@ -13,6 +14,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
@@ -72,6 +74,15 @@ impl<T: DeviceCopy> PinnedBuffer<T> {
             .as_ref()
             .expect("a live pinned buffer has its memory")
             .ptr() as *mut T
+    }
+
+    /// The buffer's host address, for code that moves its bytes without the device (a
+    /// transport sending or receiving them: MPI reads and writes page-locked memory as it
+    /// does any other). Reading or writing through it is `unsafe`, under the contract of
+    /// [`to_vec`](Self::to_vec) and [`write`](Self::write): no copy of the device into (for a
+    /// read, or out of, for a write) the buffer may be in flight.
+    pub fn host_ptr(&self) -> *mut T {
+        self.ptr()
     }
 
     fn bytes(&self) -> usize {
@@ -207,6 +218,121 @@ impl GpuCtx<'_, '_> {
             )
         }
         .map_err(|e| self.fail_call("cuMemcpyDtoHAsync", e))
+    }
+
+    /// Enqueues a copy of `src[range]` into `dst[at..at + range.len()]` on the node's stream
+    /// (this node's device): a part of a buffer, for a transfer staged in chunks, each chunk's
+    /// copy followed by a [`signal`](Self::signal) that a transport waits for.
+    pub fn copy_to_pinned_at<T: DeviceCopy>(
+        &self,
+        src: &DeviceBuffer<T>,
+        range: Range<usize>,
+        dst: &PinnedBuffer<T>,
+        at: usize,
+    ) -> GpuResult<()> {
+        self.check_device_of(src)?;
+        self.check_pinned_range(dst, src.len(), &range, at)?;
+        let size = std::mem::size_of::<T>();
+        // SAFETY: both ranges were checked to lie inside their allocations; `dst` is
+        // page-locked host memory that lives until a bound worker frees it after the work
+        // enqueued before its drop; the host must not touch that part of `dst` until the copy
+        // is done (its unsafe accessors' contract).
+        unsafe {
+            driver::memcpy_dtoh_async(
+                self.b.ctx,
+                (dst.ptr() as *mut u8).add(at * size),
+                src.device_ptr() + (range.start * size) as u64,
+                range.len() * size,
+                self.stream,
+            )
+        }
+        .map_err(|e| self.fail_call("cuMemcpyDtoHAsync", e))
+    }
+
+    /// Enqueues a copy of `src[range]` into `dst[at..at + range.len()]` on the node's stream
+    /// (this node's device): the counterpart of [`copy_to_pinned_at`](Self::copy_to_pinned_at)
+    /// for a buffer that arrived in page-locked memory longer than the value.
+    pub fn copy_from_pinned_at<T: DeviceCopy>(
+        &self,
+        src: &PinnedBuffer<T>,
+        range: Range<usize>,
+        dst: &DeviceBuffer<T>,
+        at: usize,
+    ) -> GpuResult<()> {
+        self.check_device_of(dst)?;
+        if range.start > range.end || range.end > src.len() {
+            return Err(GpuError::new(
+                GpuErrorKind::InvalidArgument,
+                format!(
+                    "{}: elements {range:?} of a pinned buffer of {}",
+                    self.what(),
+                    src.len()
+                ),
+            ));
+        }
+        self.check_pinned_range(src, dst.len(), &(at..at + range.len()), range.start)?;
+        let size = std::mem::size_of::<T>();
+        // SAFETY: both ranges were checked to lie inside their allocations; `src` is
+        // page-locked host memory that lives until a bound worker frees it after the work
+        // enqueued before its drop; `dst` a live allocation of this device.
+        unsafe {
+            driver::memcpy_htod_async(
+                self.b.ctx,
+                dst.device_ptr() + (at * size) as u64,
+                (src.ptr() as *const u8).add(range.start * size),
+                range.len() * size,
+                self.stream,
+            )
+        }
+        .map_err(|e| self.fail_call("cuMemcpyHtoDAsync", e))
+    }
+
+    fn check_device_of<T: DeviceCopy>(&self, buf: &DeviceBuffer<T>) -> GpuResult<()> {
+        if Arc::ptr_eq(&buf.device, &self.b.device) {
+            return Ok(());
+        }
+        Err(GpuError::new(
+            GpuErrorKind::InvalidArgument,
+            format!(
+                "{}: a device buffer of device {}",
+                self.what(),
+                buf.device.ordinal()
+            ),
+        ))
+    }
+
+    /// Elements `range` of a device buffer of `device_len` and `range.len()` elements of `p`
+    /// from `at` are in bounds, and `p` is of this node's device.
+    fn check_pinned_range<T: DeviceCopy>(
+        &self,
+        p: &PinnedBuffer<T>,
+        device_len: usize,
+        range: &Range<usize>,
+        at: usize,
+    ) -> GpuResult<()> {
+        self.check_pinned(p, p.len())?;
+        let fits = range.start <= range.end
+            && range.end <= device_len
+            && at
+                .checked_add(range.len())
+                .is_some_and(|end| end <= p.len());
+        if fits {
+            return Ok(());
+        }
+        Err(GpuError::new(
+            GpuErrorKind::InvalidArgument,
+            format!(
+                "{}: elements {range:?} of a device buffer of {device_len} at {at} of a pinned \
+                 buffer of {}",
+                self.what(),
+                p.len()
+            ),
+        ))
+    }
+
+    /// `p` is of this node's device.
+    pub(crate) fn check_pinned_device<T: DeviceCopy>(&self, p: &PinnedBuffer<T>) -> GpuResult<()> {
+        self.check_pinned(p, p.len())
     }
 
     fn check_pinned<T: DeviceCopy>(&self, p: &PinnedBuffer<T>, len: usize) -> GpuResult<()> {

@@ -55,7 +55,11 @@ pub struct GpuPoolBuilder {
     stream_priorities: Vec<(usize, i32)>,
     wait_spin: std::time::Duration,
     idle_spin: Option<std::time::Duration>,
+    spinning_waiters: Option<usize>,
     partitions: Vec<SmPartition>,
+    /// Check that libnccl loads when building (feature `nccl`).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    nccl: bool,
 }
 
 impl Default for GpuPoolBuilder {
@@ -83,8 +87,20 @@ impl GpuPoolBuilder {
             stream_priorities: Vec::new(),
             wait_spin: std::time::Duration::ZERO,
             idle_spin: None,
+            spinning_waiters: None,
             partitions: Vec::new(),
+            nccl: false,
         }
+    }
+
+    /// The pool's nodes will use NCCL (feature `nccl`): `build` fails with a
+    /// [`GpuErrorKind::LibraryMissing`] error naming the files tried when libnccl cannot be
+    /// loaded, instead of the first NCCL node. The communicators themselves are made by nodes
+    /// ([`GpuCtx::nccl_init`](crate::GpuCtx::nccl_init)), once the ranks have an id to share.
+    #[cfg(feature = "nccl")]
+    pub fn nccl(mut self, on: bool) -> Self {
+        self.nccl = on;
+        self
     }
 
     /// The pool's name (thread names, errors).
@@ -169,6 +185,14 @@ impl GpuPoolBuilder {
     /// ([`PoolBuilder::idle_spin`](boundpool_scheduler::PoolBuilder::idle_spin); default 20 µs).
     pub fn idle_spin(mut self, spin: std::time::Duration) -> Self {
         self.idle_spin = Some(spin);
+        self
+    }
+
+    /// At most `n` waiters of normal- and low-level graphs spin at once
+    /// ([`PoolBuilder::spinning_waiters`](boundpool_scheduler::PoolBuilder::spinning_waiters);
+    /// default: the cores this process may use, less the pool's workers, less one).
+    pub fn spinning_waiters(mut self, n: usize) -> Self {
+        self.spinning_waiters = Some(n);
         self
     }
 
@@ -286,6 +310,10 @@ impl GpuPoolBuilder {
     /// then starts the workers: each pins itself, binds its device's primary context (retained
     /// once per device), checks it with `cuCtxGetCurrent` and creates its stream.
     pub fn build(self) -> GpuResult<GpuPool> {
+        #[cfg(feature = "nccl")]
+        if self.nccl {
+            crate::nccl::comm::check_library(&format!("building GPU pool '{}'", self.name))?;
+        }
         let ordinals = self.ordinals()?;
         self.plan.check_libraries()?;
         let (devices, infos) = self.open_devices(&ordinals)?;
@@ -482,6 +510,9 @@ impl GpuPoolBuilder {
         let sh_failed = shared.clone();
         let pool_name = self.name.clone();
         let mut builder = PoolBuilder::new().name(&self.name).groups(specs);
+        if let Some(n) = self.spinning_waiters {
+            builder = builder.spinning_waiters(n);
+        }
         if let Some(spin) = self.idle_spin {
             builder = builder.idle_spin(spin);
         }
@@ -690,6 +721,14 @@ impl GpuPool {
         &self.pool
     }
 
+    /// The scheduler pool underneath, by value, for a runtime that owns a pool of its own
+    /// (`boundpool-ranks` runs its ranks on one): keep [`devices`](Self::devices) and
+    /// [`host_group`](Self::host_group) first. Dropping the pool shuts it down as dropping this
+    /// one would.
+    pub fn into_pool(self) -> Pool<GpuWorker> {
+        self.pool
+    }
+
     /// Submits a graph. Fails at once, saying why, if a device the pool uses has failed and the
     /// graph places nodes on it.
     pub fn submit(&self, graph: &GpuGraph) -> GpuResult<GraphHandle> {
@@ -722,14 +761,7 @@ impl GpuPool {
         T: Send + Sync + 'static,
         F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
-        let mut g = GraphBuilder::new("call");
-        let n = g.gpu_node(device, "call", f);
-        let graph = g
-            .build()
-            .map_err(|e| GpuError::new(GpuErrorKind::Scheduler, e.to_string()).with_source(e))?;
-        let mut out = self.submit(&graph)?.wait().map_err(scheduler_error)?;
-        out.take(n)
-            .ok_or_else(|| GpuError::new(GpuErrorKind::Scheduler, "call produced no output"))
+        call_on(&self.pool, device, f)
     }
 
     /// Copies a device buffer to the host, on a worker of its device.
@@ -743,11 +775,8 @@ impl GpuPool {
                     GpuErrorKind::InvalidArgument,
                     "buffer belongs to another pool",
                 )
-            })?
-            .clone();
-        let (ptr, len) = (buf.device_ptr(), buf.len());
-        // The caller's borrow of `buf` keeps the allocation alive until `call` returns.
-        self.call(&dev, move |ctx| Ok(ctx.download_raw::<T>(ptr, len)?))
+            })?;
+        download_on(&self.pool, dev, buf)
     }
 
     /// Drains the timeline recorded so far (empty unless built with
@@ -791,6 +820,60 @@ impl GpuPool {
     pub fn shutdown(&self, mode: ShutdownMode) {
         self.pool.shutdown(mode)
     }
+}
+
+/// [`GpuPool::call`] on the scheduler pool of a GPU pool that a runtime took over with
+/// [`GpuPool::into_pool`] (`boundpool-ranks` does): `f` as a one-node graph on a worker of
+/// `device`, one of that pool's devices.
+pub fn call_on<T, F>(pool: &Pool<GpuWorker>, device: &GpuDevice, f: F) -> GpuResult<T>
+where
+    T: Send + Sync + 'static,
+    F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static,
+{
+    if let Some(why) = device.shared.failed() {
+        return Err(GpuError::new(
+            GpuErrorKind::DeviceFailed,
+            format!("device {} failed earlier: {why}", device.ordinal()),
+        ));
+    }
+    let mut g = GraphBuilder::new("call");
+    let n = g.gpu_node(device, "call", f);
+    let graph = g
+        .build()
+        .map_err(|e| GpuError::new(GpuErrorKind::Scheduler, e.to_string()).with_source(e))?;
+    let mut out = pool
+        .submit(&graph)
+        .map_err(scheduler_error)?
+        .wait()
+        .map_err(scheduler_error)?;
+    out.take(n)
+        .ok_or_else(|| GpuError::new(GpuErrorKind::Scheduler, "call produced no output"))
+}
+
+/// [`GpuPool::download`] on a scheduler pool taken over with [`GpuPool::into_pool`]: `buf`, a
+/// buffer of `device`, copied to the host on a worker of it.
+pub fn download_on<T: DeviceCopy>(
+    pool: &Pool<GpuWorker>,
+    device: &GpuDevice,
+    buf: &DeviceBuffer<T>,
+) -> GpuResult<Vec<T>> {
+    if !Arc::ptr_eq(&device.shared, &buf.device) {
+        return Err(GpuError::new(
+            GpuErrorKind::InvalidArgument,
+            format!(
+                "a buffer of device {} downloaded on device {}",
+                buf.device.ordinal(),
+                device.ordinal()
+            ),
+        ));
+    }
+    let (ptr, len) = (buf.device_ptr(), buf.len());
+    // The caller's borrow of `buf` keeps the allocation alive until `call_on` returns.
+    call_on(
+        pool,
+        device,
+        move |ctx| Ok(ctx.download_raw::<T>(ptr, len)?),
+    )
 }
 
 fn scheduler_error(e: boundpool_scheduler::Error) -> GpuError {

@@ -9,7 +9,8 @@ use std::thread::ThreadId;
 
 use boundpool_gpu::cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use boundpool_gpu::{
-    Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, ShutdownMode,
+    DeviceBuffer, Devices, GpuErrorKind, GpuGraphBuilder, GpuGraphExt, GpuPoolBuilder, NodeRef,
+    ShutdownMode,
 };
 use boundpool_test_support::{cublas_stream, gpu_pool, solver_stream, GpuTest};
 
@@ -33,6 +34,14 @@ fn gemm_config(transb: cublasOperation_t, m: i32, lda: i32, beta: f64) -> GemmCo
 /// What a node saw: worker index, cuBLAS handle, cuSOLVER handle, the node's stream, the
 /// stream each handle reported, and the cuBLAS handle's stream-set count.
 type Seen = (usize, usize, usize, u64, u64, u64, u64);
+
+/// What a chain's node hands on: `c`, its scratch `tmp`, and what each node so far saw (worker
+/// index, the node's stream, the cuBLAS handle's stream and stream-set count).
+type Carried = (
+    DeviceBuffer<f64>,
+    DeviceBuffer<f64>,
+    Vec<(usize, u64, u64, u64)>,
+);
 
 #[test]
 fn handles_are_per_worker_and_set_to_the_node_stream() {
@@ -119,49 +128,50 @@ fn handle_on_a_handed_over_stream_is_set_to_it() {
     let dev = pool.devices()[0].clone();
     let groups = dev.groups().to_vec();
     let two = Arc::new(pool.call(&dev, |ctx| Ok(ctx.upload(&[2.0f64])?)).unwrap());
-    let c = pool.call(&dev, |ctx| Ok(ctx.upload(&[1.0f64])?)).unwrap();
-    let tmp = pool.call(&dev, |ctx| Ok(ctx.alloc::<f64>(1)?)).unwrap();
-    // The chain's nodes run one after the other: the lock is only ever free when taken.
-    let c_tmp = Arc::new(Mutex::new((c, tmp)));
     let mut g = GpuGraphBuilder::new("pure chain");
-    let mut prev = None;
-    let mut nodes = Vec::new();
+    let mut prev: Option<NodeRef<Carried>> = None;
     for i in 0..6 {
-        let (two, c_tmp) = (two.clone(), c_tmp.clone());
+        let two = two.clone();
         let n = g.gpu_node_in(groups[i % 2], &format!("c{i}"), move |ctx| {
-            let mut held = c_tmp.lock().unwrap();
-            let (c, tmp) = &mut *held;
+            // `c` and its scratch `tmp`, handed on by the previous node (its only reader: it
+            // takes them, no lock), or made by the first (c = 1).
+            let (mut c, mut tmp, mut seen) = match prev {
+                Some(p) => ctx.take(p)?,
+                None => (ctx.upload(&[1.0f64])?, ctx.alloc::<f64>(1)?, Vec::new()),
+            };
             // c = 2 · c, through tmp, so a node that ran out of order would leave a wrong value.
-            ctx.copy_device(c, tmp)?;
+            ctx.copy_device(&c, &mut tmp)?;
             let blas = ctx.cublas()?;
             let cfg = gemm_config(cublasOperation_t::CUBLAS_OP_N, 1, 1, 0.0);
-            // SAFETY: one-element buffers kept alive by this closure, `c` borrowed mutably.
+            // SAFETY: one-element buffers on this node's device, `c` borrowed mutably.
             unsafe {
-                blas.gemm(cfg, two.as_cuda_slice(), tmp.as_cuda_slice(), c)?;
+                blas.gemm(cfg, two.as_cuda_slice(), tmp.as_cuda_slice(), &mut c)?;
             }
-            Ok((
+            seen.push((
                 ctx.node().worker_info().index,
                 ctx.raw_stream(),
                 cublas_stream(&blas)?,
                 blas.stream_sets(),
-            ))
+            ));
+            Ok((c, tmp, seen))
         });
         if let Some(p) = prev {
-            g.edge(p, n);
+            g.hand_on(p, n);
         }
         prev = Some(n);
-        nodes.push(n);
     }
+    let last = prev.expect("six nodes");
     let out = pool.submit(&g.build().unwrap()).unwrap().wait().unwrap();
+    let (c, _, seen) = out.get(last).unwrap();
     assert_eq!(
-        pool.download(&c_tmp.lock().unwrap().0).unwrap(),
+        pool.download(c).unwrap(),
         vec![64.0],
         "six doublings in order"
     );
-    let s0 = out.get(nodes[0]).unwrap().1;
+    assert_eq!(seen.len(), 6);
+    let s0 = seen[0].1;
     let mut workers = HashSet::new();
-    for (i, n) in nodes.iter().enumerate() {
-        let &(w, stream, blas_stream, sets) = out.get(*n).unwrap();
+    for (i, &(w, stream, blas_stream, sets)) in seen.iter().enumerate() {
         workers.insert(w);
         assert_eq!(
             stream, s0,

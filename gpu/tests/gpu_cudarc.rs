@@ -1,12 +1,13 @@
 //! cudarc inside nodes: a node's stream and context as cudarc's types, cudarc kernels through
 //! `launch_builder`, typed cuBLAS GEMMs in every precision (`GpuCtx::cublas`), buffers moving
 //! between `DeviceBuffer` and `CudaSlice` without a copy and dropped on foreign threads, a
-//! replayed chain of GEMMs and cudarc kernels against its eager run with changing inputs, and
+//! replayed chain of GEMMs and cudarc kernels (one writing its predecessor's buffer in place,
+//! `ReplayCtx::take`) against its eager run with changing inputs, and
 //! the worker's cuBLASLt (`GpuCtx::cublaslt`): matmuls with bias / ReLU / GELU epilogues in
 //! every precision, eager (also in a nested node on another level's stream) and replayed, and
 //! its tuning (`CublasLt::tune`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use boundpool_gpu::cudarc::cublas::sys::cublasOperation_t;
@@ -18,7 +19,7 @@ use boundpool_gpu::cudarc::driver::{
 use boundpool_gpu::half::{bf16, f16};
 use boundpool_gpu::{
     DeviceBuffer, DeviceCopy, GpuCtx, GpuDevice, GpuGraphBuilder, GpuGraphExt, GpuPool, LtElement,
-    Priority, RNode, ReplayBuilder, ReplayCtx, Replayable,
+    Priority, RNode, ReplayBuilder, ReplayCtx, Replayable, RunInputs,
 };
 use boundpool_test_support::{chain, gpu_pool_builder, GpuTest};
 
@@ -388,30 +389,34 @@ fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inpu
             ))
         })
         .unwrap();
-    let x = Arc::new(Mutex::new(x));
+    let x = Arc::new(x);
     let weights = Arc::new((w1d, w2d, wbd));
-    let input: Arc<Mutex<Vec<f32>>> = Arc::new(Mutex::new(values(M * K, 100)));
 
     let mut b = ReplayBuilder::new("gemm chain");
-    let (xi, inp) = (x.clone(), input.clone());
+    let xin = b.input::<Vec<f32>>("x");
+    let xi = x.clone();
+    // The static input, refilled every run (`copy_into`: the captured GEMM reads it too).
     let load = b.eager_gpu_node(&d, "load input", move |c: &ReplayCtx<'_, '_>| {
-        let g = c.gpu()?;
-        let host = inp.lock().unwrap().clone();
-        g.copy_to_device(&host, &mut xi.lock().unwrap())?;
+        c.copy_into(&c.input(xin)?, &xi)?;
         Ok(())
     });
     let (xi, ws) = (x.clone(), weights.clone());
-    // H = X W1 (f32), then H = 0.5 H + 0.25 (a cudarc kernel), in one node.
-    let h = b.gpu_node(&d, "gemm1 + affine", move |c: &ReplayCtx<'_, '_>| {
+    // H = X W1 (f32).
+    let gemm1 = b.gpu_node(&d, "gemm1", move |c: &ReplayCtx<'_, '_>| {
         let g = c.gpu()?;
         let mut h = g.alloc::<f32>(M * K)?;
-        let xg = xi.lock().unwrap();
         // SAFETY: M×K times K×K into M×K, column-major.
         unsafe {
             g.cublas()?
-                .gemm(gemm_cfg(M, K, K, 1.0f32, 0.0), &**xg, &*ws.0, &mut h)?
+                .gemm(gemm_cfg(M, K, K, 1.0f32, 0.0), &*xi, &*ws.0, &mut h)?
         };
-        half_plus_quarter(g, &mut h)?;
+        Ok(h)
+    });
+    // H = 0.5 H + 0.25 (a cudarc kernel), in place in the buffer gemm1 made, which this node
+    // takes (its only reader): no lock, no copy; the replay writes the same buffer.
+    let h = b.gpu_node(&d, "affine", move |c: &ReplayCtx<'_, '_>| {
+        let mut h = c.take(gemm1)?;
+        half_plus_quarter(c.gpu()?, &mut h)?;
         Ok(h)
     });
     let ws2 = weights.clone();
@@ -443,9 +448,10 @@ fn a_replayed_chain_of_gemms_and_kernels_equals_its_eager_run_with_changing_inpu
         Ok((z, h16))
     });
     let read = read_back(&mut b, &d, y, z);
-    b.edge(load, h).edge(h, y).edge(h, z);
+    b.edge(xin, load).edge(load, gemm1).hand_on(gemm1, h);
+    b.edge(h, y).edge(h, z);
     let r = b.build().unwrap();
-    replayed_equals_eager(&r, &p, &input, read, 1000, |run, xs, ey, ez| {
+    replayed_equals_eager(&r, &p, xin, read, 1000, |run, xs, ey, ez| {
         // And both against the host.
         let hh: Vec<f32> = host_gemm(xs, &w1, M, K, K)
             .iter()
@@ -996,13 +1002,12 @@ fn a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_input
         .unwrap();
     let x = Arc::new(x);
     let ws = Arc::new(weights);
-    let input: Arc<Mutex<Vec<f32>>> = Arc::new(Mutex::new(values(M * K, 100)));
 
     let mut b = ReplayBuilder::new("lt chain");
-    let (xi, inp) = (x.clone(), input.clone());
+    let xin = b.input::<Vec<f32>>("x");
+    let xi = x.clone();
     let load = b.eager_gpu_node(&d, "load input", move |c: &ReplayCtx<'_, '_>| {
-        let host = inp.lock().unwrap().clone();
-        c.copy_into(&host, &xi)?;
+        c.copy_into(&c.input(xin)?, &xi)?;
         Ok(())
     });
     let (xi, w) = (x.clone(), ws.clone());
@@ -1062,9 +1067,9 @@ fn a_replayed_graph_of_cublaslt_matmuls_equals_its_eager_run_with_changing_input
         Ok((z, h16))
     });
     let read = read_back(&mut b, &d, y, z);
-    b.edge(load, h).edge(h, y).edge(h, z);
+    b.edge(xin, load).edge(load, h).edge(h, y).edge(h, z);
     let r = b.build().unwrap();
-    replayed_equals_eager(&r, &p, &input, read, 2000, |run, xs, ey, ez| {
+    replayed_equals_eager(&r, &p, xin, read, 2000, |run, xs, ey, ez| {
         // And both against the host.
         let hh: Vec<f32> = host_lt(xs, &w1, &b1, M, K, K, None)
             .iter()
@@ -1111,25 +1116,24 @@ fn read_back<H: Send + Sync + 'static>(
 }
 
 /// Runs `r` 30 times replayed and eagerly, each time with new inputs (seeded `seed + run`)
-/// in `input`; asserts that both give the same outputs, and hands the run's inputs and eager
-/// outputs to `host_check`.
+/// for its input node `input`; asserts that both give the same outputs, and hands the run's
+/// inputs and eager outputs to `host_check`.
 fn replayed_equals_eager(
     r: &Replayable,
     p: &GpuPool,
-    input: &Mutex<Vec<f32>>,
+    input: RNode<Vec<f32>>,
     read: RNode<(Vec<f32>, Vec<f32>)>,
     seed: u64,
     host_check: impl Fn(u64, &[f32], &[f32], &[f32]),
 ) {
     for run in 0..30u64 {
         let xs = values(M * K, seed + run);
-        *input.lock().unwrap() = xs.clone();
         let out = r
-            .run(p)
+            .run_with(p, RunInputs::new().set(input, xs.clone()))
             .unwrap_or_else(|e| panic!("replay run {run}: {}", chain(&e)));
         let (ry, rz) = (*out.get(read).unwrap()).clone();
         let eager = r
-            .run_eager(p)
+            .run_eager_with(p, RunInputs::new().set(input, xs.clone()))
             .unwrap_or_else(|e| panic!("eager run {run}: {}", chain(&e)));
         let (ey, ez) = (*eager.get(read).unwrap()).clone();
         assert_eq!(

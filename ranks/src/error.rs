@@ -33,6 +33,10 @@ pub enum ErrorKind {
     Scheduler,
     /// The runtime is shut down, or was poisoned by a dead rank, and takes no more runs.
     ShutDown,
+    /// The GPU backend (`boundpool-gpu`) failed outside a node: building a rank's GPU pool (no
+    /// device, a missing library such as libnccl, named with the files tried), making its
+    /// NCCL communicator, a call or download; see `source()`.
+    Gpu,
 }
 
 /// The error type of `boundpool-ranks`.

@@ -89,6 +89,11 @@ impl<S> std::fmt::Debug for RankCtx<'_, S> {
 }
 
 impl<'a, S: Send + 'static> RankCtx<'a, S> {
+    /// The context of a node of `env`'s slot graph running with scheduler context `ctx`.
+    pub(crate) fn new(ctx: &'a NodeCtx<'a, S>, env: &'a SlotEnv) -> Self {
+        RankCtx { ctx, env }
+    }
+
     /// The output of `from`, a direct predecessor (an edge `from -> this`): computed on this
     /// rank, or received from the rank that computed it.
     pub fn input<T: 'static>(&self, from: NodeRef<T>) -> Result<&'a T, Error> {
@@ -159,7 +164,7 @@ pub(crate) struct Received {
 }
 
 impl Received {
-    fn get<T: 'static>(&self) -> Option<&T> {
+    pub(crate) fn get<T: 'static>(&self) -> Option<&T> {
         self.run.recvs[self.k as usize].get()?.downcast_ref::<T>()
     }
 }
@@ -178,7 +183,7 @@ pub(crate) enum Mapped {
 pub(crate) struct SlotEnv {
     pub(crate) graph: Arc<CommGraph>,
     pub(crate) comm: CommHandle,
-    builder: u64,
+    pub(crate) builder: u64,
     current: Mutex<Option<Arc<RunState>>>,
     pub(crate) map: OnceLock<Box<[Mapped]>>,
 }
@@ -206,7 +211,7 @@ impl SlotEnv {
             .take();
     }
 
-    fn failed(&self, node: u32, kind: FailKind, message: String) {
+    pub(crate) fn failed(&self, node: u32, kind: FailKind, message: String) {
         let run = self.current();
         let failure = Failure {
             rank: self.graph.rank as u32,
@@ -220,14 +225,33 @@ impl SlotEnv {
     }
 }
 
+/// The scheduler nodes of one send: edges from the producer go to each of `inputs`; the
+/// lowering's NCCL chain (an NCCL transfer) goes through `nccl`.
+pub(crate) struct SendNodes {
+    pub(crate) inputs: Vec<NodeId>,
+    pub(crate) nccl: Option<NodeId>,
+}
+
+/// The scheduler nodes of one receive: edges to the consumers leave `out`; the NCCL chain goes
+/// through `nccl`; consumers read the value as `mapped` says.
+pub(crate) struct RecvNodes {
+    pub(crate) out: NodeId,
+    pub(crate) nccl: Option<NodeId>,
+    pub(crate) mapped: Mapped,
+}
+
 /// Adds one kind of node to a slot's scheduler graph; one per node of the rank graph, typed.
-trait NodeMaker<S>: Send + Sync {
+/// Host values use [`Maker`]; device values and NCCL collectives (`gpu/`) have makers of
+/// their own, whose sends and receives are GPU nodes.
+pub(crate) trait NodeMaker<S: Send + 'static>: Send + Sync {
+    /// The node itself, on its rank: its id and its typed scheduler reference (boxed).
     fn compute(
         &self,
         gb: &mut GraphBuilder<S>,
         env: &Arc<SlotEnv>,
         index: u32,
     ) -> (NodeId, Box<dyn Any + Send + Sync>);
+    /// Send `k` of its value to rank `to`.
     fn send(
         &self,
         gb: &mut GraphBuilder<S>,
@@ -235,10 +259,40 @@ trait NodeMaker<S>: Send + Sync {
         producer: &(dyn Any + Send + Sync),
         k: u32,
         to: usize,
-    ) -> NodeId;
+    ) -> SendNodes;
+    /// How its value lands on a receiving rank.
     fn land(&self) -> Option<LandFn>;
-    /// How a received value of it gives its memory back (plain values; see `value::ReclaimFn`).
-    fn reclaim(&self) -> Option<ReclaimFn>;
+    /// How a received value of it gives its memory back (plain values; see `value::ReclaimFn`);
+    /// `None`: not recycled.
+    fn reclaim(&self) -> Option<ReclaimFn> {
+        None
+    }
+    /// Receive `k` of its value on this rank (a receive node whose output is a handle to the
+    /// arrived value, by default).
+    fn recv(
+        &self,
+        gb: &mut GraphBuilder<S>,
+        env: &Arc<SlotEnv>,
+        k: u32,
+        name: String,
+    ) -> RecvNodes {
+        let r = add_recv(gb, env, k, name);
+        RecvNodes {
+            out: r.id(),
+            nccl: None,
+            mapped: Mapped::Remote(r),
+        }
+    }
+    /// The wire its node takes, decided when the graph is built (a device value goes over NCCL
+    /// where its device has a communicator): `None` keeps the description's.
+    fn wire_at_build(&self) -> Option<Wire> {
+        None
+    }
+    /// Whether its node places itself (a GPU node, on its device): the runtime's compute
+    /// group is not imposed on it.
+    fn places_itself(&self) -> bool {
+        false
+    }
 }
 
 type Body<T, S> = dyn Fn(&RankCtx<'_, S>) -> Result<T, BoxError> + Send + Sync;
@@ -250,7 +304,7 @@ struct Maker<T, S> {
     name: String,
     body: Arc<Body<T, S>>,
     encode: Option<EncodeFn<T>>,
-    land: Option<LandFn>,
+    land: Option<value::LandPlain>,
     reclaim: Option<ReclaimFn>,
 }
 
@@ -266,7 +320,7 @@ fn encode_serde<T: Serialize>(v: &T) -> Result<Payload, String> {
     value::serde_bytes(v).map(Payload::Owned)
 }
 
-fn panic_message(p: &(dyn Any + Send)) -> String {
+pub(crate) fn panic_message(p: &(dyn Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
@@ -309,7 +363,7 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
         producer: &(dyn Any + Send + Sync),
         k: u32,
         to: usize,
-    ) -> NodeId {
+    ) -> SendNodes {
         let from = *producer
             .downcast_ref::<boundpool_scheduler::NodeRef<T>>()
             .expect("the producer's own type");
@@ -334,11 +388,14 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
                 Ok(())
             },
         );
-        r.id()
+        SendNodes {
+            inputs: vec![r.id()],
+            nccl: None,
+        }
     }
 
     fn land(&self) -> Option<LandFn> {
-        self.land
+        self.land.map(value::land_fn)
     }
 
     fn reclaim(&self) -> Option<ReclaimFn> {
@@ -346,7 +403,7 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
     }
 }
 
-fn add_recv<S: Send + 'static>(
+pub(crate) fn add_recv<S: Send + 'static>(
     gb: &mut GraphBuilder<S>,
     env: &Arc<SlotEnv>,
     k: u32,
@@ -373,6 +430,8 @@ pub struct RankGraphBuilder<S = ()> {
     makers: Vec<Arc<dyn NodeMaker<S>>>,
     builder: u64,
     bad: Option<Error>,
+    /// Bytes per chunk of the device values added next (`gpu/`).
+    pub(crate) staging_chunk: usize,
 }
 
 impl<S> std::fmt::Debug for RankGraphBuilder<S> {
@@ -393,6 +452,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             makers: Vec::new(),
             builder: BUILDERS.fetch_add(1, Ordering::Relaxed),
             bad: None,
+            staging_chunk: 4 << 20,
         }
     }
 
@@ -409,27 +469,63 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         body: Arc<Body<T, S>>,
         wire: Wire,
         encode: Option<EncodeFn<T>>,
-        land: Option<LandFn>,
+        land: Option<value::LandPlain>,
         reclaim: Option<ReclaimFn>,
     ) -> NodeRef<T> {
-        self.desc.nodes.push(plan::NodeDesc {
+        let desc = plan::NodeDesc {
             name: name.clone(),
             on,
             wire,
             type_name: std::any::type_name::<T>().to_string(),
-        });
-        self.makers.push(Arc::new(Maker {
+        };
+        let maker = Arc::new(Maker {
             name,
             body,
             encode,
             land,
             reclaim,
-        }));
+        });
+        self.add_node(desc, maker)
+    }
+
+    /// Adds a node described by `desc`, made on its rank by `maker` (the GPU nodes, `gpu/`).
+    pub(crate) fn add_node<T>(
+        &mut self,
+        desc: plan::NodeDesc,
+        maker: Arc<dyn NodeMaker<S>>,
+    ) -> NodeRef<T> {
+        self.desc.nodes.push(desc);
+        self.makers.push(maker);
         NodeRef {
             builder: self.builder,
             index: (self.desc.nodes.len() - 1) as u32,
             _t: PhantomData,
         }
+    }
+
+    /// Adds NCCL collective `name` over `members` (one node per rank, `gpu/`).
+    #[cfg(feature = "nccl")]
+    pub(crate) fn add_collective(&mut self, name: String, members: Vec<u32>) {
+        self.desc.collective(name, members);
+    }
+
+    /// The rank node `node` names (its own, or its datum's owner), if it is a node of this
+    /// builder.
+    #[cfg(feature = "nccl")]
+    pub(crate) fn rank_of_node(&self, node: RankNodeId) -> Option<usize> {
+        if node.builder != self.builder {
+            return None;
+        }
+        match self.desc.nodes.get(node.index as usize)?.on {
+            On::Rank(r) => Some(r),
+            On::Writes(d) => self.desc.data.get(d.0 as usize).map(|x| x.owner),
+        }
+    }
+
+    /// Records the first error of a call that cannot fail on the spot (reported by `build`).
+    #[cfg(feature = "nccl")]
+    pub(crate) fn set_error(&mut self, e: Error) {
+        self.bad.get_or_insert(e);
     }
 
     /// Adds a node whose output stays on its rank: an edge from it to another rank is an
@@ -548,10 +644,16 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         if let Some(e) = self.bad {
             return Err(e);
         }
-        let lowering = plan::lower(&self.desc, size)?;
-        let digest = plan::digest(&self.desc, &lowering.rank_of);
+        let mut desc = self.desc;
+        for (node, maker) in desc.nodes.iter_mut().zip(&self.makers) {
+            if let Some(w) = maker.wire_at_build() {
+                node.wire = w;
+            }
+        }
+        let lowering = plan::lower(&desc, size)?;
+        let digest = plan::digest(&desc, &lowering.rank_of);
         let local = &lowering.plans[rank];
-        let names: Arc<[String]> = self.desc.nodes.iter().map(|n| n.name.clone()).collect();
+        let names: Arc<[String]> = desc.nodes.iter().map(|n| n.name.clone()).collect();
         let sends = local
             .sends
             .iter()
@@ -569,7 +671,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             .iter()
             .map(|&t| {
                 let tr = &lowering.transfers[t as usize];
-                let producer = &self.desc.nodes[tr.producer as usize];
+                let producer = &desc.nodes[tr.producer as usize];
                 RecvSpec {
                     from: tr.from,
                     index: tr.index,
@@ -589,20 +691,18 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             })
             .collect();
         let comm_graph = Arc::new(CommGraph::new(
-            self.desc.name.clone(),
+            desc.name.clone(),
             rank,
             digest,
             names,
-            self.desc.runs_in_flight,
+            desc.runs_in_flight,
             lowering.tags_per_run,
             sends,
             recvs,
         ));
         let inner = Arc::new(GraphInner {
-            slots: (0..self.desc.runs_in_flight)
-                .map(|_| OnceLock::new())
-                .collect(),
-            desc: self.desc,
+            slots: (0..desc.runs_in_flight).map(|_| OnceLock::new()).collect(),
+            desc,
             lowering,
             makers: self.makers,
             builder: self.builder,
@@ -666,20 +766,21 @@ impl<S: Send + 'static> GraphInner<S> {
         let mut map: Vec<Mapped> = (0..n).map(|_| Mapped::Absent).collect();
         let mut ids: Vec<Option<NodeId>> = vec![None; n];
         for &i in &plan.compute {
-            let (id, r) = self.makers[i as usize].compute(&mut gb, &env, i);
-            if let Some(g) = self.group {
+            let maker = &self.makers[i as usize];
+            let (id, r) = maker.compute(&mut gb, &env, i);
+            if let (Some(g), false) = (self.group, maker.places_itself()) {
                 gb.place(id, g);
             }
             ids[i as usize] = Some(id);
             map[i as usize] = Mapped::Local(r);
         }
-        let mut send_ids = Vec::with_capacity(plan.sends.len());
+        let mut send_nodes = Vec::with_capacity(plan.sends.len());
         for (k, &t) in plan.sends.iter().enumerate() {
             let tr = &self.lowering.transfers[t as usize];
             let Mapped::Local(producer) = &map[tr.producer as usize] else {
                 unreachable!("a send's producer is on its rank")
             };
-            send_ids.push(self.makers[tr.producer as usize].send(
+            send_nodes.push(self.makers[tr.producer as usize].send(
                 &mut gb,
                 &env,
                 &**producer,
@@ -687,16 +788,16 @@ impl<S: Send + 'static> GraphInner<S> {
                 tr.to,
             ));
         }
-        let mut recv_ids = Vec::with_capacity(plan.recvs.len());
+        let mut recv_nodes = Vec::with_capacity(plan.recvs.len());
         for (k, &t) in plan.recvs.iter().enumerate() {
             let tr = &self.lowering.transfers[t as usize];
             let name = format!(
                 "receive '{}' from rank {}",
                 self.desc.nodes[tr.producer as usize].name, tr.from
             );
-            let r = add_recv(&mut gb, &env, k as u32, name);
-            recv_ids.push(r.id());
-            map[tr.producer as usize] = Mapped::Remote(r);
+            let mut r = self.makers[tr.producer as usize].recv(&mut gb, &env, k as u32, name);
+            map[tr.producer as usize] = std::mem::replace(&mut r.mapped, Mapped::Absent);
+            recv_nodes.push(r);
         }
         let send_pos: std::collections::HashMap<u32, usize> = plan
             .sends
@@ -710,15 +811,41 @@ impl<S: Send + 'static> GraphInner<S> {
             .enumerate()
             .map(|(k, &t)| (t, k))
             .collect();
-        let id_of = |node: LocalNode| -> NodeId {
+        let compute_id = |i: u32| ids[i as usize].expect("a compute node here");
+        for &(a, b) in &plan.edges {
+            let from = match a {
+                LocalNode::Compute(i) => compute_id(i),
+                LocalNode::Recv(t) => recv_nodes[recv_pos[&t]].out,
+                LocalNode::Send(_) => unreachable!("a send has no local successor"),
+            };
+            match b {
+                LocalNode::Compute(i) => {
+                    gb.edge(from, compute_id(i));
+                }
+                LocalNode::Send(t) => {
+                    for &to in &send_nodes[send_pos[&t]].inputs {
+                        gb.edge(from, to);
+                    }
+                }
+                LocalNode::Recv(_) => unreachable!("a receive has no local predecessor"),
+            }
+        }
+        // The NCCL operations of this rank, each after the one before (the lowering's order).
+        let nccl_id = |node: LocalNode| -> NodeId {
             match node {
-                LocalNode::Compute(i) => ids[i as usize].expect("a compute node here"),
-                LocalNode::Send(t) => send_ids[send_pos[&t]],
-                LocalNode::Recv(t) => recv_ids[recv_pos[&t]],
+                LocalNode::Compute(i) => compute_id(i),
+                LocalNode::Send(t) => {
+                    let s = &send_nodes[send_pos[&t]];
+                    s.nccl.expect("an NCCL transfer's send issues NCCL")
+                }
+                LocalNode::Recv(t) => {
+                    let r = &recv_nodes[recv_pos[&t]];
+                    r.nccl.expect("an NCCL transfer's receive issues NCCL")
+                }
             }
         };
-        for &(a, b) in &plan.edges {
-            gb.edge(id_of(a), id_of(b));
+        for w in plan.nccl.windows(2) {
+            gb.edge(nccl_id(w[0]), nccl_id(w[1]));
         }
         let graph = gb.build()?;
         let _ = env.map.set(map.into_boxed_slice());

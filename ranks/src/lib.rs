@@ -73,18 +73,36 @@
 //! The protocol (tags, the order of messages, completion, the check, faults) is described in
 //! the crate's README.
 //!
-//! # For the GPU part (staging, NCCL) and the simulator
+//! # GPU work across ranks
 //!
-//! * A device buffer crosses as a value type of its own: its send node (a GPU node) copies it
-//!   into pinned host memory in chunks and hands the transport the pinned bytes
-//!   (`Payload::Borrowed` of the pinned buffer, kept by the run like any output); its receive
-//!   lands in pinned memory and a GPU node uploads it. [`Transport::send`] and
-//!   [`Transport::receive`] take any host address, so nothing in the transport changes.
-//! * NCCL collectives are ordered nodes, not messages: they need one issue order on every rank,
-//!   which the lowering gives (every rank computes the same [`Lowering`], in node order); the
-//!   communicator's id travels once over the transport as a control message.
-//! * The simulator lowers a [`GraphDesc`] with [`lower`], and can run the real communication
-//!   protocol over [`LocalNetwork`] or a virtual [`Transport`] of its own.
+//! A [`GpuRanks`] ([`GpuRanksBuilder`]) runs a rank over a `boundpool-gpu` pool (its workers
+//! bound to the rank's devices; [`GpuRanksBuilder::device_by_local_rank`] picks one by the
+//! launcher's local rank). [`RankGraphBuilder::gpu_node`] adds a GPU node whose body gets a
+//! [`RankGpuCtx`] (inputs from any rank, and the node's `GpuCtx`);
+//! [`RankGraphBuilder::device_node`] one whose `DeviceBuffer` output crosses ranks:
+//!
+//! * **staged** through page-locked host memory (the device machine's MPI is not CUDA-aware): a
+//!   GPU node on the producer's device copies it out in chunks, each copy followed by a write of
+//!   a `HostSignal`; the communication thread sends each chunk once the signal passed it (a
+//!   staged payload: it only reads host memory), so the device's copy of the next chunk
+//!   overlaps the transfer; the value lands in page-locked memory of a pool the receive's graph
+//!   owns, and a GPU node on the consumer's rank uploads it (to the device its program names for
+//!   the producer there). The first run of a receive lands in ordinary memory and leaves a
+//!   page-locked buffer of its size for the next.
+//! * **over NCCL** (feature `nccl`, `GpuRanksBuilder::nccl`: a communicator per rank, made at
+//!   build on a bound worker, its id sent from rank 0 over the transport): the length as a host
+//!   message, then `ncclSend`/`ncclRecv` GPU nodes.
+//!
+//! NCCL collectives are GPU nodes too (`RankGraphBuilder::all_reduce`, `broadcast`,
+//! `reduce_scatter`, `all_gather`: one member per rank, a `Collective`). NCCL has no tags: the
+//! lowering puts every NCCL operation (collectives, NCCL transfers) in one order that agrees with
+//! the graph ([`Lowering::nccl_order`]), and each rank chains its part with edges
+//! ([`LocalPlan::nccl`]). No driver call is made off a bound worker.
+//!
+//! # The simulator
+//!
+//! The simulator lowers a [`GraphDesc`] with [`lower`], and can run the real communication
+//! protocol over [`LocalNetwork`] or a virtual [`Transport`] of its own.
 //!
 //! # Where the unsafe code is
 //!
@@ -97,12 +115,17 @@
 //!   to the transport, and `Payload` is `Send`.
 //! * `comm/engine/arrive.rs`: landings and control buffers handed to the transport to receive
 //!   into, and a landing finished once its bytes arrived.
+//! * `comm/engine/staged.rs`: a staged payload's pieces handed to the transport (pointers into
+//!   staging memory the run keeps).
+//! * `gpu/staged.rs`: a staged device value's landing (`Vec::set_len` after its bytes arrived;
+//!   `Pod` makes any bytes valid).
 //! * `ranks.rs`: the pool taken out of its `ManuallyDrop` once, in `Drop`.
 //!
 //! No other file has `unsafe`.
 
 mod comm;
 mod error;
+mod gpu;
 mod graph;
 mod launch;
 mod placement;
@@ -112,6 +135,9 @@ mod transport;
 mod value;
 
 pub use crate::error::{Error, ErrorKind};
+#[cfg(feature = "nccl")]
+pub use crate::gpu::Collective;
+pub use crate::gpu::{GpuRanks, GpuRanksBuilder, RankGpuCtx};
 pub use crate::graph::{NodeRef, RankCtx, RankGraph, RankGraphBuilder, RankNodeId};
 pub use crate::launch::{LaunchInfo, Launcher};
 pub use crate::placement::Placement;

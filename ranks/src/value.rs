@@ -131,8 +131,18 @@ pub(crate) trait Landing: Send {
     }
 }
 
-/// Makes the landing for a message of `len` bytes.
-pub(crate) type LandFn = fn(usize) -> Result<Box<dyn Landing>, String>;
+/// Makes the landing for a message of `len` bytes (a plain function for host values; a
+/// closure over the staging memory a device value lands in).
+pub(crate) type LandFn =
+    std::sync::Arc<dyn Fn(usize) -> Result<Box<dyn Landing>, String> + Send + Sync>;
+
+/// A landing maker that needs nothing but the length (plain and serde values).
+pub(crate) type LandPlain = fn(usize) -> Result<Box<dyn Landing>, String>;
+
+/// A [`LandFn`] of a plain function.
+pub(crate) fn land_fn(f: LandPlain) -> LandFn {
+    std::sync::Arc::new(f)
+}
 
 /// The memory of a received value that its run no longer needs (a `Vec` of its elements).
 pub(crate) type Spare = Box<dyn Any + Send>;
@@ -257,7 +267,7 @@ pub(crate) fn serde_landing<T: DeserializeOwned + Send + Sync + 'static>(
 
 /// Writes `bytes` into a landing (the in-process paths and tests).
 #[cfg(test)]
-pub(crate) fn land_bytes(make: LandFn, bytes: &[u8]) -> Result<AnyValue, String> {
+pub(crate) fn land_bytes(make: LandPlain, bytes: &[u8]) -> Result<AnyValue, String> {
     let mut l = make(bytes.len())?;
     // SAFETY: the landing has room for `bytes.len()` bytes, all written here.
     unsafe {

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use boundpool_ranks::plan::{lower, GraphDesc, LocalNode, Wire};
+use boundpool_ranks::plan::{lower, GraphDesc, LocalNode, NcclOp, Wire};
 use boundpool_ranks::ErrorKind;
 use proptest::prelude::*;
 
@@ -134,5 +134,135 @@ proptest! {
             if !progressed { break; }
         }
         prop_assert_eq!(done.len(), total, "the plans deadlock");
+    }
+}
+
+/// A random graph with NCCL operations: items in order, each a node (rank, plain or NCCL wire)
+/// or a collective (one member per rank); every node reads up to two nodes of earlier items.
+fn nccl_graphs() -> impl Strategy<Value = (GraphDesc, usize)> {
+    (2usize..5, 1usize..30).prop_flat_map(|(ranks, items)| {
+        let item = (
+            0u8..4,
+            0..ranks,
+            proptest::collection::vec(any::<u32>(), 2 * ranks),
+        );
+        (Just(ranks), proptest::collection::vec(item, items)).prop_map(|(ranks, items)| {
+            let mut g = GraphDesc::new("nccl random");
+            // `picks` are nodes of earlier items (below `node`).
+            let reads = |g: &mut GraphDesc, node: u32, picks: &[u32]| {
+                for &p in picks {
+                    g.edge(p, node);
+                }
+            };
+            for (i, (kind, rank, picks)) in items.into_iter().enumerate() {
+                let first = g.nodes.len() as u32;
+                if kind == 0 {
+                    let members: Vec<u32> = (0..ranks)
+                        .map(|r| g.node(format!("c{i}.{r}"), r, Wire::Device))
+                        .collect();
+                    for (r, &m) in members.iter().enumerate() {
+                        if first > 0 {
+                            reads(&mut g, m, &[picks[2 * r] % first, picks[2 * r + 1] % first]);
+                        }
+                    }
+                    g.collective(format!("c{i}"), members);
+                } else {
+                    let wire = if kind == 1 { Wire::Nccl } else { Wire::Plain };
+                    let n = g.node(format!("n{i}"), rank, wire);
+                    if first > 0 {
+                        reads(&mut g, n, &[picks[0] % first, picks[1] % first]);
+                    }
+                }
+            }
+            (g, ranks)
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// NCCL operations (collectives, NCCL transfers) lower to one order that every rank issues
+    /// its part of, chained; the ranks then run to the end, each NCCL operation completing
+    /// only once every rank it involves has reached it (NCCL's rendezvous: no tags).
+    #[test]
+    fn nccl_operations_run_in_one_order_without_deadlock((g, ranks) in nccl_graphs()) {
+        // Edges go from earlier nodes to later ones, collectives are complete: it lowers.
+        let l = lower(&g, ranks).unwrap();
+        prop_assert_eq!(&l, &lower(&g, ranks).unwrap());
+        // Each rank's chain is the global order's part that involves it.
+        for p in &l.plans {
+            let mut want = Vec::new();
+            for op in &l.nccl_order {
+                match *op {
+                    NcclOp::Collective(c) => {
+                        let m = g.collectives[c as usize].members[p.rank];
+                        want.push(LocalNode::Compute(m));
+                    }
+                    NcclOp::Transfer(t) => {
+                        let tr = &l.transfers[t as usize];
+                        if tr.from == p.rank { want.push(LocalNode::Send(t)); }
+                        if tr.to == p.rank { want.push(LocalNode::Recv(t)); }
+                    }
+                }
+            }
+            prop_assert_eq!(&p.nccl, &want);
+        }
+        // Every collective and every NCCL transfer is in the order once.
+        let nccl_transfers = l.transfers.iter().filter(|t| g.nodes[t.producer as usize].wire == Wire::Nccl).count();
+        prop_assert_eq!(l.nccl_order.len(), g.collectives.len() + nccl_transfers);
+
+        // Run: local edges plus each rank's chain; a plain receive after its send; an NCCL
+        // operation when all its participants are ready (together).
+        let preds: Vec<HashMap<LocalNode, Vec<LocalNode>>> = l.plans.iter().map(|p| {
+            let mut m: HashMap<LocalNode, Vec<LocalNode>> = HashMap::new();
+            for &(a, b) in &p.edges { m.entry(b).or_default().push(a); }
+            for w in p.nccl.windows(2) { m.entry(w[1]).or_default().push(w[0]); }
+            m
+        }).collect();
+        let mut done: HashSet<(usize, LocalNode)> = HashSet::new();
+        let ready = |done: &HashSet<(usize, LocalNode)>, r: usize, n: LocalNode| {
+            preds[r].get(&n).is_none_or(|ps| ps.iter().all(|q| done.contains(&(r, *q))))
+        };
+        let participants = |op: &NcclOp| -> Vec<(usize, LocalNode)> {
+            match *op {
+                NcclOp::Collective(c) => g.collectives[c as usize].members.iter()
+                    .map(|&m| (l.rank_of[m as usize], LocalNode::Compute(m))).collect(),
+                NcclOp::Transfer(t) => {
+                    let tr = &l.transfers[t as usize];
+                    vec![(tr.from, LocalNode::Send(t)), (tr.to, LocalNode::Recv(t))]
+                }
+            }
+        };
+        let in_nccl: HashSet<(usize, LocalNode)> = l.nccl_order.iter().flat_map(participants).collect();
+        let total: usize = l.plans.iter().map(|p| p.compute.len() + p.sends.len() + p.recvs.len()).sum();
+        loop {
+            let mut progressed = false;
+            for op in &l.nccl_order {
+                let parts = participants(op);
+                if parts.iter().all(|&(r, n)| !done.contains(&(r, n)) && ready(&done, r, n)) {
+                    done.extend(parts);
+                    progressed = true;
+                }
+            }
+            for p in &l.plans {
+                let all = p.compute.iter().map(|&i| LocalNode::Compute(i))
+                    .chain(p.sends.iter().map(|&t| LocalNode::Send(t)))
+                    .chain(p.recvs.iter().map(|&t| LocalNode::Recv(t)));
+                for node in all.collect::<Vec<_>>() {
+                    if done.contains(&(p.rank, node)) || in_nccl.contains(&(p.rank, node)) { continue; }
+                    let remote = match node {
+                        LocalNode::Recv(t) => done.contains(&(l.transfers[t as usize].from, LocalNode::Send(t))),
+                        _ => true,
+                    };
+                    if remote && ready(&done, p.rank, node) {
+                        done.insert((p.rank, node));
+                        progressed = true;
+                    }
+                }
+            }
+            if !progressed { break; }
+        }
+        prop_assert_eq!(done.len(), total, "the ranks deadlock");
     }
 }

@@ -1,11 +1,13 @@
 //! The completion latch: the hand-off of a run's result between the thread that finishes it
 //! and the one waiting for it (a blocked thread or an async task).
 
+use std::sync::Arc;
 use std::task::Waker;
 use std::time::Instant;
 
 use crate::error::Error;
 use crate::output::GraphOutput;
+use crate::spin::Spinners;
 use crate::sync::{self, current_thread, AtomicBool, Mutex, Ordering, Thread};
 
 enum Waiter {
@@ -35,8 +37,18 @@ pub(crate) struct Completion {
     result: Mutex<Option<Result<GraphOutput, Error>>>,
     waiter: Mutex<Waiter>,
     hooks: Mutex<DoneHooks>,
-    /// How long a blocking waiter watches before it parks (`PoolBuilder::wait_spin`), in ns.
-    spin_ns: std::sync::atomic::AtomicU64,
+    /// How a blocking waiter watches before it parks; set once, before the handle is out.
+    spin: std::sync::OnceLock<WaitSpin>,
+}
+
+/// A blocking waiter's spin: how long (`PoolBuilder::wait_spin`), and whether the pool's
+/// [`Spinners`] let it.
+#[cfg_attr(loom, allow(dead_code))]
+struct WaitSpin {
+    spin: std::time::Duration,
+    spinners: Arc<Spinners>,
+    /// The run is of the high level: its waiter may always spin.
+    high: bool,
 }
 
 impl Completion {
@@ -46,7 +58,7 @@ impl Completion {
             result: Mutex::new(None),
             waiter: Mutex::new(Waiter::None),
             hooks: Mutex::new(DoneHooks::Open(Vec::new())),
-            spin_ns: std::sync::atomic::AtomicU64::new(0),
+            spin: std::sync::OnceLock::new(),
         }
     }
 
@@ -81,10 +93,16 @@ impl Completion {
         *sync::lock(&self.waiter) = Waiter::Thread(current_thread());
     }
 
-    /// Set once, before the run's handle is handed out.
-    pub(crate) fn set_spin(&self, spin: std::time::Duration) {
-        let ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
-        self.spin_ns.store(ns, std::sync::atomic::Ordering::Relaxed);
+    /// Set once, before the run's handle is handed out: a blocking waiter may watch for
+    /// `spin` when `spinners` let it (always for a `high` run).
+    pub(crate) fn set_spin(&self, spin: std::time::Duration, spinners: &Arc<Spinners>, high: bool) {
+        if !spin.is_zero() {
+            let _ = self.spin.set(WaitSpin {
+                spin,
+                spinners: spinners.clone(),
+                high,
+            });
+        }
     }
 
     /// Runs `hook` when the run finishes, or now if it has.
@@ -112,25 +130,31 @@ impl Completion {
     }
 
     /// Watches for completion for the run's spin time (not past `deadline`), yielding the core
-    /// between looks; whether it completed. (Not under loom: a model parks at once.)
+    /// between looks, when the pool's spinners let it (a waiter of another level than high
+    /// stops once a high one watches); whether it completed. (Not under loom: a model parks at
+    /// once.)
     fn watch(&self, deadline: Option<Instant>) -> bool {
         #[cfg(not(loom))]
-        {
-            let ns = self.spin_ns.load(std::sync::atomic::Ordering::Relaxed);
-            if ns > 0 {
-                let start = Instant::now();
-                let mut until = start + std::time::Duration::from_nanos(ns);
-                if let Some(d) = deadline {
-                    until = until.min(d);
+        if let Some(w) = self.spin.get() {
+            let _spinning = if w.high {
+                w.spinners.high()
+            } else {
+                match w.spinners.other() {
+                    Some(s) => s,
+                    None => return false,
                 }
-                while !self.is_done() {
-                    if Instant::now() >= until {
-                        return false;
-                    }
-                    std::thread::yield_now();
-                }
-                return true;
+            };
+            let mut until = Instant::now() + w.spin;
+            if let Some(d) = deadline {
+                until = until.min(d);
             }
+            while !self.is_done() {
+                if Instant::now() >= until || (!w.high && w.spinners.high_watching()) {
+                    return false;
+                }
+                std::thread::yield_now();
+            }
+            return true;
         }
         let _ = deadline;
         false

@@ -90,6 +90,7 @@ mod priority;
 mod registry;
 mod run;
 mod sleep;
+mod spin;
 mod submit;
 mod sync;
 mod trace;

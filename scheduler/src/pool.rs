@@ -57,6 +57,7 @@ pub struct PoolBuilder<S = ()> {
     max_graphs_in_flight: Option<usize>,
     wait_spin: Duration,
     idle_spin: Duration,
+    spinning_waiters: Option<usize>,
 }
 
 impl<S> fmt::Debug for PoolBuilder<S> {
@@ -98,6 +99,7 @@ impl PoolBuilder<()> {
             max_graphs_in_flight: None,
             wait_spin: Duration::ZERO,
             idle_spin: crate::worker::SPIN_BEFORE_PARK,
+            spinning_waiters: None,
         }
     }
 }
@@ -210,15 +212,30 @@ impl<S: Send + 'static> PoolBuilder<S> {
     /// microseconds on an idle machine). A client that waits for graphs of about that length
     /// (a served request of a replayed model) and wants the lowest latency sets a few tens of
     /// microseconds; the cost is that much CPU per wait.
+    ///
+    /// Spinning waiters never crowd the machine's cores: a waiter of a graph of
+    /// [`Priority::High`](crate::Priority::High) may always spin, and while one does, waiters of
+    /// other levels park; those spin only within [`spinning_waiters`](Self::spinning_waiters).
     pub fn wait_spin(mut self, spin: Duration) -> Self {
         self.wait_spin = spin;
+        self
+    }
+
+    /// At most `n` waiters of graphs of the normal and low levels spin at once (within
+    /// [`wait_spin`](Self::wait_spin)); the others park at once. Default: the cores this
+    /// process may use, less the pool's workers, less one, so that spinning clients never take
+    /// the cores a worker or a latency-critical waiter needs (a spinning waiter queued behind
+    /// another thread's core is one that sees its graph's end late).
+    pub fn spinning_waiters(mut self, n: usize) -> Self {
+        self.spinning_waiters = Some(n);
         self
     }
 
     /// How long a worker that ran out of work watches the queues before it parks (default
     /// 20 µs). Work that comes within it starts without a wake-up; an idle pool parks after
     /// it. A server that wants its first node started at once after a pause between requests
-    /// longer than that sets more, and pays that much CPU per worker per pause.
+    /// longer than that sets more, and pays that much CPU per worker per pause; past the first
+    /// 20 µs the worker yields its core between looks, so a thread queued on it runs at once.
     pub fn idle_spin(mut self, spin: Duration) -> Self {
         self.idle_spin = spin;
         self
@@ -251,6 +268,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             max_graphs_in_flight: self.max_graphs_in_flight,
             wait_spin: self.wait_spin,
             idle_spin: self.idle_spin,
+            spinning_waiters: self.spinning_waiters,
         }
     }
 
@@ -300,6 +318,9 @@ impl<S: Send + 'static> PoolBuilder<S> {
             }],
         };
         let infos = plan_workers(&self.name, &specs, self.thread_name.as_deref())?;
+        let spinning_waiters = self
+            .spinning_waiters
+            .unwrap_or_else(|| crate::spin::default_budget(default_workers(), infos.len()));
         let cpu_lane = cpu_lane(&self.name, self.rayon, self.cpu_lane_threads)?;
         let hooks = Hooks {
             start: self.start,
@@ -323,6 +344,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
                 max_graphs_in_flight: self.max_graphs_in_flight,
                 wait_spin: self.wait_spin,
                 idle_spin: self.idle_spin,
+                spinning_waiters,
             },
         );
         let threads = start_workers(&registry, deques, self.stack_size)?;

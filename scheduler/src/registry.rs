@@ -20,6 +20,7 @@ use crate::output::GraphOutput;
 use crate::priority::{LevelQueues, Priority, WorkerDeques};
 use crate::run::{hand_off, Queue, Run, RunRef, Task};
 use crate::sleep::Sleep;
+use crate::spin::Spinners;
 use crate::sync::{self, AtomicBool, AtomicU64, AtomicU8, Condvar, Mutex, Ordering};
 
 /// A run that is over and out of the active-run table: the last reference to it, and its
@@ -78,6 +79,8 @@ pub(crate) struct Settings {
     pub(crate) max_graphs_in_flight: Option<usize>,
     pub(crate) wait_spin: std::time::Duration,
     pub(crate) idle_spin: std::time::Duration,
+    /// `PoolBuilder::spinning_waiters`.
+    pub(crate) spinning_waiters: usize,
 }
 
 const RUNNING: u8 = 0;
@@ -114,6 +117,8 @@ pub(crate) struct Registry<S> {
     pub(crate) admission: Option<Admission>,
     /// `PoolBuilder::wait_spin`, given to every run's completion.
     pub(crate) wait_spin: std::time::Duration,
+    /// Which of the waiters may spin now (`spin.rs`).
+    spinners: Arc<Spinners>,
     /// `PoolBuilder::idle_spin`: how long a worker that ran dry watches before it parks.
     pub(crate) idle_spin: std::time::Duration,
 }
@@ -133,6 +138,7 @@ impl<S: Send + 'static> Registry<S> {
             max_graphs_in_flight,
             wait_spin,
             idle_spin,
+            spinning_waiters,
         } = settings;
         let Topology {
             groups: group_names,
@@ -182,6 +188,7 @@ impl<S: Send + 'static> Registry<S> {
             prioritized: AtomicBool::new(false),
             admission: max_graphs_in_flight.map(Admission::new),
             wait_spin,
+            spinners: Arc::new(Spinners::new(spinning_waiters)),
             idle_spin,
             trace,
             export_metrics,
@@ -429,7 +436,11 @@ impl<S: Send + 'static> Registry<S> {
                 return Err(e);
             }
         };
-        run.completion.set_spin(self.wait_spin);
+        run.completion.set_spin(
+            self.wait_spin,
+            &self.spinners,
+            plan.priority == Priority::High,
+        );
         let handle = GraphHandle {
             completion: run.completion.clone(),
             graph: plan.name.clone(),

@@ -27,6 +27,9 @@ pub struct ReplayBuilder {
     kinds: Vec<Kind>,
     bodies: Vec<Body>,
     edges: Vec<(u32, u32)>,
+    /// Edges declared with `hand_on`: `build` checks that the target may take the source's
+    /// output (`take.rs`).
+    handoffs: Vec<(u32, u32)>,
     bad: Option<String>,
     instances: usize,
     max_width: Option<usize>,
@@ -62,6 +65,7 @@ impl ReplayBuilder {
             kinds: Vec::new(),
             bodies: Vec::new(),
             edges: Vec::new(),
+            handoffs: Vec::new(),
             bad: None,
             instances: 1,
             max_width: None,
@@ -187,8 +191,45 @@ impl ReplayBuilder {
         self
     }
 
-    /// Checks the graph (no cycle, no foreign node) and splits it into segments. Nothing is
-    /// captured yet: each instance captures at its first run.
+    /// An edge `from -> to` along which `to` takes `from`'s output by value
+    /// ([`ReplayCtx::take`]), to write into it in place: [`build`](Self::build) checks that
+    /// `to` is `from`'s only successor and that the two run at the same rate (both captured,
+    /// in one segment, or both host or eager nodes; not from an input node), and fails with
+    /// [`GpuErrorKind::InvalidArgument`] naming both nodes and why otherwise. (`take` checks
+    /// the same along any edge when it happens: declaring the edge reports a mistake before
+    /// anything runs.)
+    ///
+    /// ```no_run
+    /// # use boundpool_gpu::{GpuPoolBuilder, ReplayBuilder, ReplayCtx};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = GpuPoolBuilder::new().build()?;
+    /// let d = &pool.devices()[0];
+    /// let mut b = ReplayBuilder::new("in place");
+    /// let a = b.gpu_node(d, "zeros", |c: &ReplayCtx<'_, '_>| Ok(c.gpu()?.alloc_zeros::<f32>(1024)?));
+    /// let twice = b.gpu_node(d, "memset again", move |c: &ReplayCtx<'_, '_>| {
+    ///     let mut buf = c.take(a)?; // the buffer `a` made: no copy, no lock
+    ///     c.gpu()?.memset_zero(&mut buf)?;
+    ///     Ok(buf) // the instance keeps it; every replay writes it in place
+    /// });
+    /// b.hand_on(a, twice);
+    /// let r = b.build()?;
+    /// let out = r.run(&pool)?;
+    /// assert!(out.get(a).is_none() && out.get(twice).is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hand_on<A, B>(&mut self, from: RNode<A>, to: RNode<B>) -> &mut Self {
+        let edges = self.edges.len();
+        self.edge(from, to);
+        if self.edges.len() > edges {
+            self.handoffs.push((from.idx, to.idx));
+        }
+        self
+    }
+
+    /// Checks the graph (no cycle, no foreign node, every `hand_on` edge one along which a
+    /// take may happen) and splits it into segments. Nothing is captured yet: each instance
+    /// captures at its first run.
     pub fn build(self) -> GpuResult<Replayable> {
         let invalid = |m: String| GpuError::new(GpuErrorKind::InvalidArgument, m);
         if let Some(b) = self.bad {
@@ -247,12 +288,23 @@ impl ReplayBuilder {
             kinds: self.kinds,
             bodies: self.bodies,
             preds,
+            succs,
             seg_of,
             segments,
             after,
             inputs: self.inputs,
             priority: self.priority,
         });
+        for &(f, t) in &self.handoffs {
+            if let Some(why) = desc.take_refusal(f, t) {
+                return Err(invalid(format!(
+                    "replay graph '{}': {} takes the output of {} (`hand_on`), {why}",
+                    desc.name,
+                    desc.label(t),
+                    desc.label(f)
+                )));
+            }
+        }
         Ok(Replayable::new(
             desc,
             Arc::new(Shared::default()),

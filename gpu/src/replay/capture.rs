@@ -306,6 +306,9 @@ fn call_member(
         name: Some(&desc.names[m as usize]),
         cuda_stream: std::cell::OnceCell::new(),
         no_work: std::cell::Cell::new(false),
+        // Reads of other devices and NCCL operations are refused under a capture.
+        peer_reads: std::cell::RefCell::new(Vec::new()),
+        moved_to: std::cell::Cell::new(None),
     };
     let rctx = ReplayCtx {
         gpu: Some(&mctx),

@@ -64,6 +64,9 @@ pub(super) struct Desc {
     pub(super) kinds: Vec<Kind>,
     pub(super) bodies: Vec<Body>,
     pub(super) preds: Vec<Vec<u32>>,
+    /// Each node's direct successors (no repeats): a node takes an output only as its only
+    /// successor (`take.rs`).
+    pub(super) succs: Vec<Vec<u32>>,
     /// Segment of each captured node.
     pub(super) seg_of: Vec<Option<u32>>,
     /// Each segment's members, in a topological order.
@@ -191,9 +194,10 @@ impl<'c, 'n> ReplayCtx<'c, 'n> {
                             .then(|| local.borrow()[from.idx as usize].clone())
                     });
                     match local {
-                        Some(v) => {
-                            v.ok_or_else(|| bad("its output is missing (its capture failed)"))?
-                        }
+                        // A member's output is in `local` once it ran (members run in a
+                        // topological order, and a failed one ends the capture): gone only if
+                        // taken, by this node (the only one that may, `take.rs`).
+                        Some(v) => v.ok_or_else(|| bad("this node took it (ReplayCtx::take)"))?,
                         None => {
                             let v = outputs
                                 .get(from.idx)

@@ -31,6 +31,13 @@
 //! * **Replay**: the segment's node launches the executable on its stream. GPU bodies are not
 //!   called; GPU nodes' outputs are the values their bodies returned at the capture (the same
 //!   buffers every run, new contents).
+//! * **In-place writes** (`take.rs`): a node takes a predecessor's output by value
+//!   ([`ReplayCtx::take`], the edge declared with [`ReplayBuilder::hand_on`] so that `build`
+//!   checks it) when it is that output's only successor and both run at the same rate: two
+//!   captured nodes of one segment (at the capture: the taker writes into the buffer and
+//!   returns it, the instance keeps it as the taker's output, and every replay writes it in
+//!   place), or two host or eager nodes (every run). Other pairs are refused naming both
+//!   nodes.
 //! * **Runs and instances.** A run brings a value for each *input node*
 //!   ([`ReplayBuilder::input`], [`RunInputs`]) and gets its own outputs ([`ReplayOutput`]),
 //!   so runs never share a feed. CUDA runs one launch of an executable at a time, and captured
@@ -56,6 +63,7 @@ mod instance;
 mod plan;
 mod replayable;
 mod run;
+mod take;
 
 pub use builder::ReplayBuilder;
 pub use desc::{RNode, ReplayCtx};

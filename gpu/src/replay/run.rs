@@ -458,7 +458,9 @@ impl fmt::Debug for ReplayOutput {
 }
 
 impl ReplayOutput {
-    /// The output of node `r`.
+    /// The output of node `r`: `None` for a node whose output its successor took
+    /// ([`ReplayCtx::take`](super::ReplayCtx::take): replayed, the taker's output is what the
+    /// instance keeps).
     pub fn get<T: Send + Sync + 'static>(&self, r: RNode<T>) -> Option<Arc<T>> {
         let v: Out = match (&self.state, self.desc.kinds.get(r.idx as usize)?) {
             (_, Kind::Input(o)) => self.inputs.get(*o as usize)?.clone()?,

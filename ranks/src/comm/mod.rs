@@ -14,7 +14,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-pub(crate) use engine::{Command, EngineConfig, Payload};
+pub(crate) use engine::{Command, EngineConfig, Payload, StagedPayload};
 
 use crate::error::{Error, ErrorKind};
 use crate::transport::Transport;

@@ -476,7 +476,7 @@ mod tests {
         let recv = RecvSpec {
             from: 1,
             index: 0,
-            land: crate::value::plain_landing::<u64>,
+            land: crate::value::land_fn(crate::value::plain_landing::<u64>),
             edge: "e".into(),
             producer: 0,
             producer_name: "p".into(),

@@ -38,6 +38,12 @@ pub enum Wire {
     Plain,
     /// Encoded with `serde` (postcard) into a byte buffer, decoded on arrival.
     Serde,
+    /// A device buffer, staged through page-locked host memory: copied out in chunks on the
+    /// producer's device, each chunk sent once its copy is done, uploaded on the consumer's.
+    Device,
+    /// A device buffer sent with NCCL (`ncclSend` / `ncclRecv`, its length first as a host
+    /// message): an NCCL operation, issued in the lowering's one order on both ranks.
+    Nccl,
 }
 
 impl fmt::Display for Wire {
@@ -46,6 +52,8 @@ impl fmt::Display for Wire {
             Wire::Local => "local",
             Wire::Plain => "plain",
             Wire::Serde => "serde",
+            Wire::Device => "device",
+            Wire::Nccl => "nccl",
         })
     }
 }
@@ -72,6 +80,18 @@ pub struct DatumDesc {
     pub owner: usize,
 }
 
+/// One NCCL collective of a graph: its members, one node on each rank (each rank's part of the
+/// operation), which every rank issues in the lowering's one order of NCCL operations
+/// ([`Lowering::nccl_order`](crate::plan::Lowering::nccl_order)): NCCL matches operations by
+/// their order on a communicator, not by tags.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CollectiveDesc {
+    /// Its name (in errors).
+    pub name: String,
+    /// Its member nodes, by index: one per rank.
+    pub members: Vec<u32>,
+}
+
 /// A rank-annotated graph: nodes that name their rank or the datum they write, and edges by
 /// node index. [`RankGraphBuilder`](crate::RankGraphBuilder) makes one beside the node bodies;
 /// the simulator (or a graph file) can make one without bodies and lower it the same way.
@@ -87,6 +107,8 @@ pub struct GraphDesc {
     pub data: Vec<DatumDesc>,
     /// Runs of this graph that may be in flight at once on a rank (each has its own tags).
     pub runs_in_flight: u32,
+    /// NCCL collectives, each a set of member nodes (one per rank).
+    pub collectives: Vec<CollectiveDesc>,
 }
 
 impl GraphDesc {
@@ -98,7 +120,17 @@ impl GraphDesc {
             edges: Vec::new(),
             data: Vec::new(),
             runs_in_flight: 4,
+            collectives: Vec::new(),
         }
+    }
+
+    /// Adds a collective over member nodes `members` (one per rank); returns its index.
+    pub fn collective(&mut self, name: impl Into<String>, members: Vec<u32>) -> u32 {
+        self.collectives.push(CollectiveDesc {
+            name: name.into(),
+            members,
+        });
+        (self.collectives.len() - 1) as u32
     }
 
     /// Adds a datum owned by `owner`.

@@ -30,7 +30,8 @@ impl Fnv {
 /// What one rank's graph looks like, compared across ranks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Digest {
-    /// The graph's own: its name, node count and runs in flight.
+    /// The graph's own: its name, node count, runs in flight and collectives (names and
+    /// members).
     pub graph: u64,
     /// One per node: name, resolved rank, wire, output type name, sorted predecessors.
     pub nodes: Vec<u64>,
@@ -56,6 +57,8 @@ pub fn digest(desc: &GraphDesc, rank_of: &[usize]) -> Digest {
                 Wire::Local => 0,
                 Wire::Plain => 1,
                 Wire::Serde => 2,
+                Wire::Device => 3,
+                Wire::Nccl => 4,
             };
             let mut h = Fnv::new()
                 .str(&n.name)
@@ -69,11 +72,18 @@ pub fn digest(desc: &GraphDesc, rank_of: &[usize]) -> Digest {
             h.0
         })
         .collect();
-    let graph = Fnv::new()
+    let mut graph = Fnv::new()
         .str(&desc.name)
         .u64(desc.nodes.len() as u64)
         .u64(u64::from(desc.runs_in_flight))
-        .0;
+        .u64(desc.collectives.len() as u64);
+    for c in &desc.collectives {
+        graph = graph.str(&c.name).u64(c.members.len() as u64);
+        for &m in &c.members {
+            graph = graph.u64(u64::from(m));
+        }
+    }
+    let graph = graph.0;
     Digest { graph, nodes }
 }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use crate::error::{Error, ErrorKind};
 use crate::plan::desc::{GraphDesc, On, Wire};
+use crate::plan::order::{check_collectives, nccl_order, NcclOp};
 
 /// One value crossing ranks once per run: `producer`'s output, from its rank to `to`, read
 /// there by `consumers`.
@@ -48,6 +49,10 @@ pub struct LocalPlan {
     pub recvs: Vec<u32>,
     /// Local edges: compute → compute, compute → its sends, receive → its consumers.
     pub edges: Vec<(LocalNode, LocalNode)>,
+    /// This rank's NCCL operations (collective members, NCCL sends and receives) in the one
+    /// order every rank issues them ([`Lowering::nccl_order`]): the runtime chains them with
+    /// edges, each after the one before.
+    pub nccl: Vec<LocalNode>,
 }
 
 /// Every rank's plan for one graph (what [`lower`] returns).
@@ -63,6 +68,10 @@ pub struct Lowering {
     pub tags_per_run: u32,
     /// Each rank's plan, by rank.
     pub plans: Vec<LocalPlan>,
+    /// The graph's NCCL operations (collectives, transfers of [`Wire::Nccl`] values) in the
+    /// one order every rank issues them: a topological order of the graph with each operation
+    /// one vertex, the same on every rank (see `plan/order.rs`).
+    pub nccl_order: Vec<NcclOp>,
 }
 
 /// Resolves each node's rank: its own, or its datum's owner.
@@ -142,6 +151,7 @@ pub fn lower(desc: &GraphDesc, ranks: usize) -> Result<Lowering, Error> {
         }
     }
     check_acyclic(desc)?;
+    check_collectives(desc, &rank_of, ranks)?;
 
     // Consumer ranks of each producer, and each crossing edge checked for a wire.
     let mut consumer_ranks: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
@@ -244,12 +254,28 @@ pub fn lower(desc: &GraphDesc, ranks: usize) -> Result<Lowering, Error> {
         plan.recvs.sort_unstable();
     }
     let tags_per_run = pair_count.iter().copied().max().unwrap_or(0);
+    let nccl_order = nccl_order(desc, &rank_of, &transfers)?;
+    for op in &nccl_order {
+        match *op {
+            NcclOp::Collective(c) => {
+                for &m in &desc.collectives[c as usize].members {
+                    plans[rank_of[m as usize]].nccl.push(LocalNode::Compute(m));
+                }
+            }
+            NcclOp::Transfer(t) => {
+                let tr = &transfers[t as usize];
+                plans[tr.from].nccl.push(LocalNode::Send(t));
+                plans[tr.to].nccl.push(LocalNode::Recv(t));
+            }
+        }
+    }
     Ok(Lowering {
         ranks,
         rank_of,
         transfers,
         tags_per_run,
         plans,
+        nccl_order,
     })
 }
 

@@ -5,7 +5,9 @@
 mod desc;
 mod digest;
 mod lower;
+mod order;
 
-pub use desc::{DataId, DatumDesc, GraphDesc, NodeDesc, On, Wire};
+pub use desc::{CollectiveDesc, DataId, DatumDesc, GraphDesc, NodeDesc, On, Wire};
 pub use digest::{digest, first_difference, Digest};
 pub use lower::{lower, place, LocalNode, LocalPlan, Lowering, Transfer};
+pub use order::NcclOp;

@@ -436,7 +436,7 @@ mod tests {
         let recv = RecvSpec {
             from: 1,
             index: 0,
-            land: plain_landing::<Vec<u16>>,
+            land: crate::value::land_fn(plain_landing::<Vec<u16>>),
             edge: "e".into(),
             producer: 0,
             producer_name: "p".into(),

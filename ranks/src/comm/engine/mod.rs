@@ -6,6 +6,9 @@
 mod arrive;
 mod check;
 mod faults;
+mod staged;
+
+pub(crate) use staged::StagedPayload;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{mpsc, Arc};
@@ -52,11 +55,16 @@ pub(crate) enum Payload {
     Borrowed { ptr: *const u8, len: usize },
     /// Encoded (serde), owned here until the transport is done with it.
     Owned(Vec<u8>),
+    /// A device buffer's bytes, ready piece by piece in page-locked staging memory
+    /// (`staged.rs`): each message goes out once its bytes are.
+    Staged(StagedPayload),
 }
 
 // SAFETY: a borrowed payload points into a run's output slot, which the run keeps alive and
 // unchanged until the send node completes, and the send node completes only after the comm
-// thread saw the transport finish with it (or never). The comm thread only reads it.
+// thread saw the transport finish with it (or never). A staged payload points into staging
+// memory the run keeps alive likewise, written by the device only before the readiness it
+// reports. The comm thread only reads them.
 unsafe impl Send for Payload {}
 
 /// The engine's settings.
@@ -179,6 +187,8 @@ pub(crate) struct Engine<T: Transport> {
     next_op: OpId,
     ops: HashMap<OpId, OpKind>,
     sends: HashMap<u64, SendProgress>,
+    /// Staged sends with messages still to post (`staged.rs`).
+    staged: Vec<staged::StagedSend>,
     next_send: u64,
     queues: Vec<VecDeque<Entry<T::Message>>>,
     front_id: Vec<u64>,
@@ -217,6 +227,7 @@ impl<T: Transport> Engine<T> {
             next_op: 0,
             ops: HashMap::new(),
             sends: HashMap::new(),
+            staged: Vec::new(),
             next_send: 0,
             queues: (0..size).map(|_| VecDeque::new()).collect(),
             front_id: vec![0; size],
@@ -248,6 +259,7 @@ impl<T: Transport> Engine<T> {
     /// Whether anything waits on the network (a reason to poll often).
     pub(crate) fn busy(&self) -> bool {
         !self.ops.is_empty()
+            || !self.staged.is_empty()
             || self.graphs.values().any(|g| !g.active.is_empty())
             || !self.regs.is_empty()
             || self.queues.iter().any(|q| !q.is_empty())
@@ -398,6 +410,7 @@ impl<T: Transport> Engine<T> {
         let (ptr, len, keep) = match payload {
             Payload::Borrowed { ptr, len } => (ptr, len, None),
             Payload::Owned(v) => (v.as_ptr(), v.len(), Some(v)),
+            Payload::Staged(p) => return self.post_staged(layout, run, k, p),
         };
         let id = self.next_send;
         self.next_send += 1;
@@ -514,6 +527,7 @@ impl<T: Transport> Engine<T> {
         if self.fatal.is_some() {
             return 0;
         }
+        let staged = self.advance_staged();
         let mut done = std::mem::take(&mut self.done);
         if let Err(e) = self.t.poll(&mut done) {
             self.transport_failed(e);
@@ -551,7 +565,7 @@ impl<T: Transport> Engine<T> {
         for src in sources {
             self.process(src);
         }
-        n
+        n + staged
     }
 }
 

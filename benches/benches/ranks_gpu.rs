@@ -1,0 +1,287 @@
+//! GPU ranks bench (issue "Ranks", item 6, GPU half), run under `mpirun -np 2` on the device
+//! machine (two ranks may share its GPU; each takes a device by its local rank):
+//!
+//! * **64 MiB device buffer, staged**: a 64 MiB `f32` device value from rank 0 to rank 1, the
+//!   time from the producer's body (a device copy of a resident buffer) to the end of the
+//!   consumer's GPU work on rank 1 (a host node after it, one host clock), as bandwidth;
+//!   staged in 4 MiB chunks (copies overlapping the transfer) and in one 64 MiB chunk (no
+//!   overlap), against raw host MPI bandwidth (`MPI_Send`/`MPI_Recv` of 64 MiB between host
+//!   buffers, hot, and into a fresh allocation) measured in the same processes on the
+//!   communication thread before the runtime's engine started. Target: staged ≥ 0.7× raw hot.
+//! * **the copies alone**: one rank's page-locked 64 MiB device-to-host plus host-to-device
+//!   copies, as bandwidth (what staging adds to the wire).
+//! * with `--nccl` (feature `nccl`): the same value over NCCL (`ncclSend`/`ncclRecv`; two ranks
+//!   on one GPU need distinct `NCCL_HOSTID`s).
+//!
+//! `mpirun -np 2 target/release/deps/ranks_gpu-* [--runs R] [--mib M] [--nccl]`
+//! (`cargo bench -p boundpool-bench --features mpi --bench ranks_gpu --no-run` builds it; with
+//! `--features nccl` for `--nccl`). Rank 0 prints markdown rows; without a GPU it says so.
+
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use boundpool_gpu::{DeviceBuffer, Devices, GpuDevice, GpuPoolBuilder, GpuWorker};
+use boundpool_ranks::{GpuRanks, GpuRanksBuilder, MpiTransport, RankGraphBuilder, RanksBuilder};
+use boundpool_workloads::median;
+use mpi::ffi;
+
+#[derive(clap::Parser, Debug)]
+struct Args {
+    /// Timed runs of each measure (after one untimed).
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    /// Size of the value, MiB.
+    #[arg(long, default_value_t = 64)]
+    mib: usize,
+    /// Also over NCCL (needs the `nccl` feature).
+    #[arg(long)]
+    nccl: bool,
+}
+
+/// Raw MPI bandwidth of `big` bytes from rank 0 to rank 1 (GB/s): hot buffers, and into a
+/// fresh allocation each time (as a received value is). Blocking calls on `MPI_COMM_WORLD`.
+fn raw_bandwidth(rank: usize, size: usize, big: usize) -> (f64, f64) {
+    // SAFETY: constants rsmpi's C shim sets before main.
+    let (world, bytes) = unsafe { (ffi::RSMPI_COMM_WORLD, ffi::RSMPI_UINT8_T) };
+    let mut out = (0.0, 0.0);
+    if size >= 2 && rank < 2 {
+        let peer = 1 - rank;
+        let mut a = vec![1u8; big];
+        let mut ack = [0u8; 1];
+        for fresh in [false, true] {
+            let mut times = Vec::new();
+            for rep in 0..6 {
+                let t = Instant::now();
+                // SAFETY: the buffers hold the counts given; blocking point-to-point calls.
+                unsafe {
+                    if rank == 0 {
+                        ffi::MPI_Send(
+                            a.as_ptr().cast::<c_void>(),
+                            big as c_int,
+                            bytes,
+                            1,
+                            7,
+                            world,
+                        );
+                        ffi::MPI_Recv(
+                            ack.as_mut_ptr().cast::<c_void>(),
+                            1,
+                            bytes,
+                            1,
+                            7,
+                            world,
+                            ffi::RSMPI_STATUS_IGNORE,
+                        );
+                    } else {
+                        let mut v: Vec<u8> = Vec::new();
+                        let into = if fresh {
+                            v.reserve_exact(big);
+                            v.as_mut_ptr()
+                        } else {
+                            a.as_mut_ptr()
+                        };
+                        ffi::MPI_Recv(
+                            into.cast::<c_void>(),
+                            big as c_int,
+                            bytes,
+                            peer as c_int,
+                            7,
+                            world,
+                            ffi::RSMPI_STATUS_IGNORE,
+                        );
+                        std::hint::black_box(&v);
+                        ffi::MPI_Send(ack.as_ptr().cast::<c_void>(), 1, bytes, 0, 7, world);
+                    }
+                }
+                if rep > 0 {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+            let gbps = big as f64 / median(times) / 1e9;
+            if fresh {
+                out.1 = gbps;
+            } else {
+                out.0 = gbps;
+            }
+        }
+    }
+    // SAFETY: every rank reaches this barrier once.
+    unsafe { ffi::MPI_Barrier(world) };
+    out
+}
+
+/// Seconds on the wall clock, which every process of the host shares.
+fn mono() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// GB/s of a device value of `src`'s size from rank 0 to rank 1, staged in `chunk` bytes (or
+/// over NCCL when the device has a communicator), median of `runs`; rank 1's figure, told to
+/// rank 0.
+fn device_value(
+    ranks: &GpuRanks,
+    d: &GpuDevice,
+    src: &Arc<DeviceBuffer<f32>>,
+    chunk: usize,
+    runs: usize,
+) -> f64 {
+    let sent_at = Arc::new(Mutex::new(0f64));
+    let got_at = Arc::new(Mutex::new(0f64));
+    let mut g = RankGraphBuilder::<GpuWorker>::new(format!("device value, chunk {chunk}"));
+    g.staging_chunk_bytes(chunk);
+    let (s, from) = (sent_at.clone(), src.clone());
+    let a = g.device_node(0, d, "make", move |ctx| {
+        *s.lock().unwrap() = mono();
+        let gpu = ctx.gpu();
+        let mut y = gpu.alloc::<f32>(from.len())?;
+        gpu.copy_device(&from, &mut y)?;
+        Ok(y)
+    });
+    let b = g.gpu_node(1, d, "consume", move |ctx| Ok(ctx.input(a)?.len()));
+    let r = got_at.clone();
+    let c = g.node(1, "done", move |ctx| {
+        *r.lock().unwrap() = mono();
+        Ok(*ctx.input(b)?)
+    });
+    g.edge(a, b).edge(b, c);
+    let graph = g.build(ranks).unwrap();
+    let bytes = src.bytes() as f64;
+    let mut times = Vec::new();
+    for rep in 0..runs + 1 {
+        ranks.run(&graph).unwrap();
+        // Rank 0's start and rank 1's end, through a tiny second graph.
+        let mut t = RankGraphBuilder::<GpuWorker>::new("times");
+        let s = sent_at.clone();
+        let t0 = t.plain_node(0, "t0", move |_| Ok(*s.lock().unwrap()));
+        let r = got_at.clone();
+        let t1 = t.plain_node(1, "t1", move |ctx| Ok(*r.lock().unwrap() - ctx.input(t0)?));
+        t.edge(t0, t1);
+        let out = ranks.run(&t.build(ranks).unwrap()).unwrap();
+        if let (Some(dt), true) = (out.get(t1), rep > 0) {
+            times.push(*dt);
+        }
+    }
+    let gbps = if ranks.rank() == 1 {
+        bytes / median(times) / 1e9
+    } else {
+        0.0
+    };
+    // Rank 1 measured; tell rank 0.
+    let mut t = RankGraphBuilder::<GpuWorker>::new("report");
+    let v = t.plain_node(1, "gbps", move |_| Ok(gbps));
+    let r0 = t.plain_node(0, "at 0", move |ctx| Ok(*ctx.input(v)?));
+    t.edge(v, r0);
+    let out = ranks.run(&t.build(ranks).unwrap()).unwrap();
+    out.get(r0).copied().unwrap_or(gbps)
+}
+
+/// GB/s of one rank's page-locked device-to-host plus host-to-device copy of `src`.
+fn copies_alone(ranks: &GpuRanks, d: &GpuDevice, src: &Arc<DeviceBuffer<f32>>, runs: usize) -> f64 {
+    let from = src.clone();
+    let pinned = Arc::new(
+        ranks
+            .call(d, move |ctx| Ok(ctx.alloc_pinned::<f32>(from.len())?))
+            .unwrap(),
+    );
+    let mut times = Vec::new();
+    for rep in 0..runs + 1 {
+        let (from, p) = (src.clone(), pinned.clone());
+        let t = Instant::now();
+        ranks
+            .call(d, move |ctx| {
+                let mut back = ctx.alloc::<f32>(from.len())?;
+                ctx.copy_to_pinned(&from, &p)?;
+                ctx.copy_from_pinned(&p, &back)?;
+                ctx.memset_zero(&mut back)?;
+                Ok(())
+            })
+            .unwrap();
+        if rep > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    src.bytes() as f64 / median(times) / 1e9
+}
+
+fn main() {
+    let a: Args = boundpool_bench::flags::parse();
+    #[cfg(not(feature = "nccl"))]
+    if a.nccl {
+        eprintln!("--nccl needs the nccl feature");
+        std::process::exit(1);
+    }
+    if let Some(why) = boundpool_gpu::gpu_unavailable_reason() {
+        eprintln!("SKIPPED ranks_gpu bench: no GPU: {why}");
+        return;
+    }
+    let big = a.mib << 20;
+    let raw = Arc::new(Mutex::new((0.0, 0.0)));
+    let raw_here = raw.clone();
+    let builder = GpuRanksBuilder::new(
+        RanksBuilder::new(),
+        GpuPoolBuilder::new()
+            .devices(Devices::All)
+            .workers_per_device(2),
+    )
+    .device_by_local_rank(true);
+    #[cfg(feature = "nccl")]
+    let builder = builder.nccl(a.nccl);
+    let ranks = builder
+        .build_with(move || {
+            let t = MpiTransport::init()?;
+            use boundpool_ranks::Transport;
+            *raw_here.lock().unwrap() = raw_bandwidth(t.rank(), t.size(), big);
+            Ok(t)
+        })
+        .expect("the GPU ranks runtime starts");
+    let (hot, fresh) = *raw.lock().unwrap();
+    let (rank, size) = (ranks.rank(), ranks.size());
+    let d = ranks.devices()[0].clone();
+    let n = big / 4;
+    let src = Arc::new(
+        ranks
+            .call(&d, move |ctx| Ok(ctx.alloc_zeros::<f32>(n)?))
+            .unwrap(),
+    );
+    let mut rows = Vec::new();
+    let copies = copies_alone(&ranks, &d, &src, a.runs);
+    rows.push(format!(
+        "| {} MiB page-locked D2H + H2D on one rank | {copies:.2} GB/s | | |",
+        a.mib
+    ));
+    if size >= 2 {
+        let wire = if d.nccl().is_some() {
+            "over NCCL"
+        } else {
+            "staged"
+        };
+        for chunk in [4 << 20, big] {
+            let gbps = device_value(&ranks, &d, &src, chunk, a.runs);
+            rows.push(format!(
+                "| {} MiB device buffer {wire}, {} MiB chunks, producer start → consumer's GPU \
+                 work done | {gbps:.2} GB/s | raw MPI {hot:.2} GB/s hot, {fresh:.2} GB/s fresh \
+                 | {:.2}× / {:.2}× |",
+                a.mib,
+                chunk >> 20,
+                gbps / hot,
+                gbps / fresh
+            ));
+            if d.nccl().is_some() {
+                break; // the chunk size only matters staged
+            }
+        }
+    }
+    if rank == 0 {
+        println!(
+            "| measure ({size} ranks, device {}) | boundpool-ranks | baseline, same run | ratio |",
+            d.info().name
+        );
+        println!("| --- | --- | --- | --- |");
+        for r in rows {
+            println!("{r}");
+        }
+    }
+}
