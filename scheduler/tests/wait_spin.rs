@@ -3,6 +3,7 @@
 //! budget and the levels of the graphs waited on; a waiter outside the budget parks (its thread
 //! uses no CPU while it waits), and one of a high-level graph spins even with no budget.
 
+#[allow(dead_code)]
 mod common;
 
 use std::sync::{Arc, Barrier};
