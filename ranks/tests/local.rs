@@ -425,29 +425,39 @@ fn a_rank_that_leaves_early_fails_runs_that_need_it() {
     assert_eq!(e.rank(), Some(1));
 }
 
+/// This process's threads whose name starts with `prefix` (Linux keeps 15 bytes of a name).
+/// Counted by name: the other tests of this binary run at once and start threads of their own.
 #[cfg(target_os = "linux")]
-fn os_threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with(prefix))
+        .count()
 }
 
 #[cfg(target_os = "linux")]
 #[test]
 fn a_rank_has_its_workers_and_one_communication_thread() {
+    // The pool's threads are `{name}-{group}-{i}`, the communication thread `{name}-comm`.
+    let name = "thrcount";
     let net = LocalNetwork::new(1);
-    let before = os_threads();
+    assert_eq!(threads_named(name), 0);
     let r = RanksBuilder::new()
+        .name(name)
         .workers(3)
         .cores(Cores::Unpinned)
         .build_local(&net, 0)
         .unwrap();
-    assert_eq!(os_threads() - before, 3 + 1);
+    assert_eq!(threads_named(name), 3 + 1);
+    assert_eq!(threads_named(&format!("{name}-comm")), 1);
     // Runs (a world of one: no transfers) make no thread.
     let spec = random::random_spec(5, 1, 30, None);
     let (graph, _) = random::build(&spec, &r).unwrap();
     for _ in 0..3 {
         r.run(&graph).unwrap();
     }
-    assert_eq!(os_threads() - before, 3 + 1);
+    assert_eq!(threads_named(name), 3 + 1);
     drop(r);
-    assert_eq!(os_threads(), before);
+    assert_eq!(threads_named(name), 0);
 }
