@@ -9,7 +9,7 @@
 //! only this crate's types implement them.
 //!
 //! ```
-//! use boundpool_scheduler::backend::{NodeCtxExt, PoolBuilderExt, PoolExt};
+//! use boundpool_scheduler::backend::{Completer, NodeCtxExt, PoolBuilderExt, PoolExt};
 //! use boundpool_scheduler::{GraphBuilder, PoolBuilder};
 //! use std::task::Poll;
 //!
