@@ -30,7 +30,7 @@ pub struct Placement {
     /// before it yields (then parks).
     pub comm_spin: Duration,
     /// How long a worker that ran dry watches the queues before it parks (`None`: the pool's
-    /// own setting, 20 µs by default).
+    /// own setting, for a rank over a pool made elsewhere).
     pub idle_spin: Option<Duration>,
 }
 

@@ -97,7 +97,8 @@ impl RanksBuilder {
     /// How long a worker that ran dry watches the queues before it parks
     /// ([`PoolBuilder::idle_spin`]): a received value's completion then reaches it without a
     /// wake-up. Default: 100 µs where every thread has a core (as [`comm_spin`](Self::comm_spin)),
-    /// otherwise the pool's default (20 µs).
+    /// otherwise none: a worker spinning on a core it shares with its rank's communication
+    /// thread keeps that thread from the arrival it waits for.
     pub fn idle_spin(mut self, spin: Duration) -> Self {
         self.idle_spin = Some(spin);
         self
@@ -137,7 +138,7 @@ impl RanksBuilder {
             cores: allowed.len(),
             spare_cores: spare,
             comm_spin: self.comm_spin.unwrap_or(spin),
-            idle_spin: self.idle_spin.or(spare.then_some(SPIN_WITH_SPARE_CORES)),
+            idle_spin: Some(self.idle_spin.unwrap_or(spin)),
         }
     }
 
