@@ -3,6 +3,8 @@
 //! whose name needs escaping is found by its percent-encoded (or `+`-spaced) query. Its own test
 //! binary: it installs the global recorder.
 
+mod common;
+
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Barrier;
@@ -17,14 +19,7 @@ const POOL: &str = "grid 1/2 & more";
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     // Less than the endpoint's 5 s allowance for a request head: a server that waited on the
     // slow client before answering anyone else would miss it.
-    let agent = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(3))
-        .build();
-    match agent.get(&format!("http://{addr}{path}")).call() {
-        Ok(r) => (r.status(), r.into_string().unwrap()),
-        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
-        Err(e) => panic!("GET {path}: {e}"),
-    }
+    common::get(addr, path, Duration::from_secs(3))
 }
 
 /// The node slices of graph `grid` in a `/trace` body.

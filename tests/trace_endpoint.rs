@@ -1,6 +1,8 @@
 //! `/trace` beside `/metrics`: the published pool's window as Chrome trace JSON, read without
 //! draining it (its own test binary: it installs the global recorder).
 
+mod common;
+
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
@@ -8,14 +10,7 @@ use boundpool::PoolBuilder;
 use boundpool_workloads::{Dag, Shape};
 
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let agent = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(5))
-        .build();
-    match agent.get(&format!("http://{addr}{path}")).call() {
-        Ok(r) => (r.status(), r.into_string().unwrap()),
-        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
-        Err(e) => panic!("GET {path}: {e}"),
-    }
+    common::get(addr, path, Duration::from_secs(5))
 }
 
 #[test]

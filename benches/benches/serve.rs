@@ -63,6 +63,9 @@ struct Args {
     /// The pool's `idle_spin`, µs.
     #[arg(long, default_value_t = 200)]
     idle_spin_us: u64,
+    /// The pool's `spinning_waiters` (default: the library's).
+    #[arg(long)]
+    spinning_waiters: Option<usize>,
     /// The GEMMs: `lt` (cuBLASLt, the bias in the epilogue) or `cublas` (and a bias + GELU
     /// kernel).
     #[arg(long, default_value = "lt", value_parser = gemm_path)]
@@ -119,6 +122,8 @@ fn gemm_path(s: &str) -> Result<GemmPath, String> {
 /// Latencies of one configuration.
 struct Run {
     lat: Vec<Duration>,
+    /// Each request's start, in the order of `lat` (the high client's only; empty for the batch).
+    starts: Vec<Instant>,
     secs: f64,
 }
 
@@ -186,8 +191,9 @@ where
         eager: bool,
         (gap, probe): (Option<Duration>, Option<&tail::TailProbe>),
         stop: &AtomicBool,
-    ) -> Vec<Duration> {
+    ) -> (Vec<Duration>, Vec<Instant>) {
         let mut lat = Vec::with_capacity(1 << 16);
+        let mut starts = Vec::with_capacity(1 << 16);
         let mut r = 0usize;
         while !stop.load(Ordering::Relaxed) {
             let k = (c * 7 + r) % INPUTS as usize;
@@ -198,6 +204,7 @@ where
                 .unwrap_or_else(|e| panic!("client {c} request {r}: {e}"));
             let took = t.elapsed();
             lat.push(took);
+            starts.push(t);
             if let Some(p) = probe {
                 p.after(before, t, took);
             }
@@ -209,7 +216,7 @@ where
                 std::thread::sleep(g);
             }
         }
-        lat
+        (lat, starts)
     }
 
     /// `clients` clients for `secs` after a warm-up (every instance captured): all requests'
@@ -269,14 +276,15 @@ where
             stop.store(true, Ordering::Relaxed);
             let lat: Vec<Duration> = batch
                 .into_iter()
-                .flat_map(|h| h.join().expect("client"))
+                .flat_map(|h| h.join().expect("client").0)
                 .collect();
             let secs = t0.elapsed().as_secs_f64();
-            let hi = hi.map(|h| Run {
-                lat: h.join().expect("high client"),
-                secs,
+            let hi = hi.map(|h| {
+                let (lat, starts) = h.join().expect("high client");
+                Run { lat, starts, secs }
             });
-            (Run { lat, secs }, hi)
+            let starts = Vec::new();
+            (Run { lat, starts, secs }, hi)
         })
     }
 }
@@ -526,6 +534,10 @@ fn main() {
         .workers_per_device(a.workers)
         .wait_spin(Duration::from_micros(a.spin_us))
         .idle_spin(Duration::from_micros(a.idle_spin_us));
+    let pool = match a.spinning_waiters {
+        Some(n) => pool.spinning_waiters(n),
+        None => pool,
+    };
     if a.breakdown {
         let pool = pool.trace(true).build().expect("GPU pool");
         breakdown::<bf16>(&pool, &a);

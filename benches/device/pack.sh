@@ -7,7 +7,7 @@
 # it in the next with soak_collect.sh), ranks_call.sh and ranks_gpu_call.sh (PACK_MPI=1: the
 # ranks over MPI, and GPU work across ranks with NCCL), or ab_call.sh (a GPU-crate change against a baseline
 # pack), replay_ab.sh or first_call.sh (A/B runs against PACK_REVS, below), cli_call.sh (the
-# command line's GPU subcommands and the benches' flags). Every one of them
+# command line's GPU subcommands and the benches' flags), sim_call.sh (the simulator's checks). Every one of them
 # sources lib.sh (`step`, `finish`, `alternate`); so can an ad-hoc command there. This script
 # runs here, not there, and does not.
 # PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI, the replay, eager,
@@ -25,7 +25,7 @@ exes=$(mktemp)
   cargo test --workspace --release --no-run --message-format=json
   cargo bench -p boundpool-bench --no-run --message-format=json
   cargo build --release -p boundpool-cli -p boundpool --features boundpool/prometheus --examples --bins --message-format=json
-  cargo build --release -p boundpool-bench --example gpu_probe --message-format=json
+  cargo build --release -p boundpool-bench --example gpu_probe --example sim_record --message-format=json
 } 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -41,7 +41,7 @@ while read -r kind name path; do
     lib:boundpool_bench) cp "$path" "$out/b/t_boundpool_bench" ;;
     lib:boundpool_workloads) cp "$path" "$out/b/t_boundpool_workloads" ;;
     bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe|bench:serve|bench:partition) cp "$path" "$out/b/bench_$name" ;;
-    bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes|example:serve|example:gpu_probe) cp "$path" "$out/b/$name" ;;
+    bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes|example:serve|example:gpu_probe|example:sim_record) cp "$path" "$out/b/$name" ;;
   esac
 done < "$exes"
 # PACK_MPI=1: the ranks' MPI programs too (needs Open MPI and libclang here; the device machine

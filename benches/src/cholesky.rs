@@ -21,6 +21,8 @@
 //! computes ‖A − LLᵀ‖_F/‖A‖_F with cuBLAS (TRMM, GEMM, NRM2; about 3n² doubles of scratch) and
 //! [`spot_check_on_device`] checks sampled entries of LLᵀ for larger n.
 //!
+//! The tile operations and their order ([`TileOp`], [`TileTask`], `tile_tasks`) are
+//! `boundpool-workloads`' (device-free, so the simulator lowers the same tasks over ranks).
 //! The library calls (`cholesky/dense.rs`: [`TileBlas`], [`potrf`]) are made on the handles a
 //! node is lent by `boundpool-gpu` (cudarc's `CudaBlas` and `DnHandle`, set to the node's
 //! stream, with the worker's workspaces) over typed views of the matrix, each checked against
@@ -36,10 +38,12 @@ use boundpool_gpu::{
     DeviceBuffer, GpuCtx, GpuDevice, GpuErrorKind, GpuGraph, GpuGraphExt, GpuPool, GpuResult,
 };
 use boundpool_scheduler::{GraphBuilder, GroupId, NodeRef, Priority};
+use boundpool_workloads::tile_tasks;
 
 mod dense;
 mod error;
 
+pub use boundpool_workloads::{TileOp, TileTask};
 pub use dense::{potrf, potrf_info_error, Diag, Mat, Side, TileBlas, Trans, Uplo, Vector};
 pub use error::CholeskyError;
 
@@ -123,121 +127,7 @@ impl CholeskyPlan {
     /// writer of every tile it reads or writes. No GPU needed; [`build`](Self::build) makes
     /// one node per operation with these edges.
     pub fn tasks(&self) -> Vec<TileTask> {
-        if self.merge_columns {
-            return self.merged_tasks();
-        }
-        let t = self.tiles();
-        let mut out: Vec<TileTask> = Vec::with_capacity(t * (t + 1) * (t + 2) / 6);
-        // last[i * t + j]: the task that last wrote tile (i, j), i >= j.
-        let mut last: Vec<Option<usize>> = vec![None; t * t];
-        let push = |out: &mut Vec<TileTask>,
-                    last: &mut [Option<usize>],
-                    op: TileOp,
-                    deps: Vec<usize>,
-                    writes: (usize, usize),
-                    panel: bool| {
-            out.push(TileTask { op, deps, panel });
-            last[writes.0 * t + writes.1] = Some(out.len() - 1);
-        };
-        for k in 0..t {
-            let deps = last[k * t + k].into_iter().collect();
-            push(&mut out, &mut last, TileOp::Potrf { k }, deps, (k, k), true);
-            let potrf = last[k * t + k].expect("just written");
-            for i in k + 1..t {
-                let deps = std::iter::once(potrf).chain(last[i * t + k]).collect();
-                push(
-                    &mut out,
-                    &mut last,
-                    TileOp::Trsm { i, k },
-                    deps,
-                    (i, k),
-                    true,
-                );
-            }
-            for j in k + 1..t {
-                // The updates of column k + 1 are on the critical path: with the panel.
-                let panel = j == k + 1;
-                let trsm_j = last[j * t + k].expect("trsm of (j, k)");
-                let deps = std::iter::once(trsm_j).chain(last[j * t + j]).collect();
-                push(
-                    &mut out,
-                    &mut last,
-                    TileOp::Syrk { j, k },
-                    deps,
-                    (j, j),
-                    panel,
-                );
-                for i in j + 1..t {
-                    let trsm_i = last[i * t + k].expect("trsm of (i, k)");
-                    let deps = [trsm_i, trsm_j]
-                        .into_iter()
-                        .chain(last[i * t + j])
-                        .collect();
-                    push(
-                        &mut out,
-                        &mut last,
-                        TileOp::Gemm { i, j, k },
-                        deps,
-                        (i, j),
-                        panel,
-                    );
-                }
-            }
-        }
-        out
-    }
-
-    /// [`tasks`](Self::tasks) with [`merge_columns`](Self::merge_columns): per step `k`, POTRF,
-    /// one TRSM below it, and for each later column `j` a SYRK of its diagonal tile and one GEMM
-    /// of the tiles below it.
-    fn merged_tasks(&self) -> Vec<TileTask> {
-        let t = self.tiles();
-        let mut out: Vec<TileTask> = Vec::with_capacity(t * t + t);
-        // The last writers of diagonal tile j, and of the tiles below it in column j.
-        let mut diag: Vec<Option<usize>> = vec![None; t];
-        let mut below: Vec<Option<usize>> = vec![None; t];
-        for k in 0..t {
-            let deps = diag[k].into_iter().collect();
-            out.push(TileTask {
-                op: TileOp::Potrf { k },
-                deps,
-                panel: true,
-            });
-            let potrf = out.len() - 1;
-            diag[k] = Some(potrf);
-            if k + 1 == t {
-                break;
-            }
-            let deps = std::iter::once(potrf).chain(below[k]).collect();
-            out.push(TileTask {
-                op: TileOp::TrsmBelow { k },
-                deps,
-                panel: true,
-            });
-            let trsm = out.len() - 1;
-            below[k] = Some(trsm);
-            for j in k + 1..t {
-                // The updates of column k + 1 are on the critical path: with the panel.
-                let panel = j == k + 1;
-                let deps = std::iter::once(trsm).chain(diag[j]).collect();
-                out.push(TileTask {
-                    op: TileOp::Syrk { j, k },
-                    deps,
-                    panel,
-                });
-                diag[j] = Some(out.len() - 1);
-                if j + 1 < t {
-                    let deps = std::iter::once(trsm).chain(below[j]).collect();
-                    out.push(TileTask {
-                        op: TileOp::GemmBelow { j, k },
-                        deps,
-                        panel,
-                    });
-                    below[j] = Some(out.len() - 1);
-                }
-            }
-        }
-        out
+        tile_tasks(self.n, self.tile, self.merge_columns)
     }
 
     /// Builds the graph factoring, in place, the lower triangle of the column-major `n`×`n`
@@ -490,105 +380,6 @@ fn run_tile_op(
             ),
         }
     }
-}
-
-/// One tile operation of the factorization (tile indices, row `i` >= column `j`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TileOp {
-    /// `L_kk = chol(A_kk)` (cuSOLVER `potrf`).
-    Potrf {
-        /// The diagonal tile.
-        k: usize,
-    },
-    /// `A_ik := A_ik L_kk^-T` (cuBLAS `trsm`).
-    Trsm {
-        /// Tile row.
-        i: usize,
-        /// Tile column (the panel).
-        k: usize,
-    },
-    /// `A_jj -= A_jk A_jk^T` (cuBLAS `syrk`, lower triangle).
-    Syrk {
-        /// The diagonal tile updated.
-        j: usize,
-        /// The panel column read.
-        k: usize,
-    },
-    /// `A_ij -= A_ik A_jk^T` (cuBLAS `gemm`).
-    Gemm {
-        /// Tile row.
-        i: usize,
-        /// Tile column updated.
-        j: usize,
-        /// The panel column read.
-        k: usize,
-    },
-    /// `A_ik := A_ik L_kk^-T` for every tile row `i > k` at once (one cuBLAS `trsm`; with
-    /// [`CholeskyPlan::merge_columns`]).
-    TrsmBelow {
-        /// Tile column (the panel).
-        k: usize,
-    },
-    /// `A_ij -= A_ik A_jk^T` for every tile row `i > j` at once (one cuBLAS `gemm`; with
-    /// [`CholeskyPlan::merge_columns`]).
-    GemmBelow {
-        /// Tile column updated.
-        j: usize,
-        /// The panel column read.
-        k: usize,
-    },
-}
-
-impl TileOp {
-    /// Its index in [`CholeskyGraph::counts`]: POTRF 0, TRSM 1, SYRK 2, GEMM 3 (merged ones
-    /// with their kind).
-    fn kind(&self) -> usize {
-        match self {
-            TileOp::Potrf { .. } => 0,
-            TileOp::Trsm { .. } | TileOp::TrsmBelow { .. } => 1,
-            TileOp::Syrk { .. } => 2,
-            TileOp::Gemm { .. } | TileOp::GemmBelow { .. } => 3,
-        }
-    }
-
-    /// The node name: `potrf(k)`, `trsm(i,k)`, `syrk(j,k)`, `gemm(i,j,k)`, and for the merged
-    /// operations `trsm(k+1..,k)`, `gemm(j+1..,j,k)`.
-    pub fn name(&self) -> String {
-        match *self {
-            TileOp::TrsmBelow { k } => format!("trsm({}..,{k})", k + 1),
-            TileOp::GemmBelow { j, k } => format!("gemm({}..,{j},{k})", j + 1),
-            TileOp::Potrf { k } => format!("potrf({k})"),
-            TileOp::Trsm { i, k } => format!("trsm({i},{k})"),
-            TileOp::Syrk { j, k } => format!("syrk({j},{k})"),
-            TileOp::Gemm { i, j, k } => format!("gemm({i},{j},{k})"),
-        }
-    }
-}
-
-impl TileTask {
-    /// Whether the operation is on the path from one POTRF to the next or to the TRSM after it
-    /// (POTRF; the TRSMs of the next two tiles below the diagonal; the update of the next
-    /// diagonal tile and of the tile below it; merged: the TRSM below and the next column's
-    /// updates).
-    pub fn critical(&self) -> bool {
-        match self.op {
-            TileOp::Potrf { .. } | TileOp::TrsmBelow { .. } => true,
-            TileOp::Trsm { i, k } => i <= k + 2,
-            TileOp::Syrk { j, k } | TileOp::GemmBelow { j, k } => j == k + 1,
-            TileOp::Gemm { i, j, k } => j == k + 1 && i == k + 2,
-        }
-    }
-}
-
-/// A tile operation, the earlier operations it follows, and whether it is panel work.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TileTask {
-    /// What it does.
-    pub op: TileOp,
-    /// Indices (into [`CholeskyPlan::tasks`]) of the operations it must follow.
-    pub deps: Vec<usize>,
-    /// On the critical path: POTRF, TRSM, and the updates of the next tile column.
-    pub panel: bool,
 }
 
 /// Entry `(i, j)` of the symmetric positive definite test matrix of order `n`: off the

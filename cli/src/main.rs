@@ -9,12 +9,13 @@
 //! boundpool metrics
 //! boundpool soak --seconds 600 --submitters 64 [--gpu]
 //! boundpool run --gpu --shape chain --size 1000 --partitions latency:8:1,bulk:rest:3
+//! boundpool sim cholesky --n 131072 --tile 2048 --gpus 64 --network ib
 //! ```
 //!
 //! Exit status: 0 on success, 1 when a run failed or its verification did not pass, 2 for bad
 //! arguments or a bad graph file (reported before any node runs).
 //!
-//! One module per subcommand (`run`, `bench`, `trace`, `metrics`, `soak`), each with its
+//! One module per subcommand (`run`, `bench`, `trace`, `metrics`, `soak`, `sim`), each with its
 //! arguments (a clap `Args` struct) beside its code and a `main` taking them; below them what
 //! several share: the GPU pool of `--gpu` and `--partitions` (`gpu_pool`), progress bars
 //! (`progress`) and this process as `/proc` shows it (`process`). A new subcommand is a module
@@ -30,6 +31,7 @@ mod metrics;
 mod process;
 mod progress;
 mod run;
+mod sim;
 mod soak;
 mod trace;
 
@@ -57,6 +59,10 @@ enum Command {
     /// handles from many threads for a while; check every outcome, the OS threads and the
     /// memory; exit 1 on any violation.
     Soak(soak::SoakArgs),
+    /// Simulate a graph's run on a described machine (ranks, GPUs, links) in virtual time:
+    /// the tiled Cholesky on up to thousands of GPUs, a graph file on host ranks; build cost
+    /// models from traces; check the simulator against real runs.
+    Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -66,5 +72,6 @@ fn main() -> ExitCode {
         Command::Trace(a) => trace::main(a),
         Command::Metrics => metrics::main(),
         Command::Soak(a) => soak::main(a),
+        Command::Sim(a) => sim::main(a),
     }
 }

@@ -132,7 +132,7 @@
 //! workspace per call, made outside the graph and kept with it). Its algorithm is the device's
 //! for the problem: the heuristic's first (asked once per problem, then kept), or the fastest of
 //! the heuristic's offers that [`CublasLt::tune`] timed, eagerly, before a replay captures it
-//! (the served model's f32 layers gain 1.2x so). cudarc's own `CudaBlasLT`
+//! (what that gains the served model: docs/benchmarks.md). cudarc's own `CudaBlasLT`
 //! still works eagerly inside a node (one per stream, made there), not under a capture. candle
 //! cannot take an external stream yet (its CUDA device is built by a private constructor), so
 //! candle code does not run on the pool's streams.

@@ -1,6 +1,7 @@
 //! Property tests of the pure layer: lowering respects every edge, sends each value once per
-//! consuming rank, numbers each pair's transfers densely, and the ranks' plans together run to
-//! the end (no deadlock), for random graphs.
+//! consuming rank, numbers each pair's transfers densely, gives each transfer its consumers'
+//! longest path as its priority, and the ranks' plans together run to the end (no deadlock),
+//! for random graphs.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -81,6 +82,21 @@ proptest! {
             max = max.max(idx.len() as u32);
         }
         prop_assert_eq!(l.tags_per_run, max);
+
+        // Each transfer's priority: its consumers' longest path to a sink, in nodes (every
+        // edge goes from a lower index to a higher one here, so one backward pass finds them).
+        let mut level = vec![1u32; g.nodes.len()];
+        for i in (0..g.nodes.len()).rev() {
+            for &(a, b) in &g.edges {
+                if a as usize == i {
+                    level[i] = level[i].max(level[b as usize] + 1);
+                }
+            }
+        }
+        for t in &l.transfers {
+            let want = t.consumers.iter().map(|&c| level[c as usize]).max().unwrap();
+            prop_assert_eq!(t.priority, want, "transfer of {} to rank {}", t.producer, t.to);
+        }
 
         // Every edge: local, or a send on the producer's rank and a receive on the consumer's.
         let edge_sets: Vec<HashSet<(LocalNode, LocalNode)>> =

@@ -38,6 +38,8 @@
 //! ```
 //!
 //! The worker loop, memory orderings and shutdown steps are described in the crate's README.
+//! [`policy`] is the order in which a worker takes ready nodes, generic over its queues: the
+//! workers and the simulator (`boundpool-sim`) run the same decision.
 //!
 //! # Where the unsafe code is
 //!
@@ -85,6 +87,7 @@ mod latch;
 mod later;
 mod metrics;
 mod output;
+pub mod policy;
 mod pool;
 mod priority;
 mod registry;

@@ -4,28 +4,19 @@
 //! pool-wide injectors), so a pool that never sees another level runs exactly the code it ran
 //! before priorities existed. The first graph with a high or low node switches the pool to
 //! prioritized mode (`Registry::prioritized`, never switched back): from then on a worker looking
-//! for work polls high → normal → low, except that every [`SHARE_EVERY`]-th task it takes is
+//! for work polls high → normal → low, except that every `SHARE_EVERY`-th task it takes is
 //! looked for low-first, and the one half a period later normal-first, so neither of the lower
-//! levels is ever starved (a fixed share of at least one take in [`SHARE_EVERY`] while it has
-//! work).
+//! levels is ever starved (a fixed share of at least one take in `SHARE_EVERY` while it has
+//! work). The order itself is `policy.rs`'s, which the simulator shares.
 
 use crossbeam_deque::{Injector, Stealer, Worker as Deque};
 
 // `Priority` itself is a leaf type (`ids.rs`); the run side's modules name it through here.
 pub(crate) use crate::ids::Priority;
 
-/// A worker's takes between two low-first looks (and, offset by half of it, normal-first ones).
-pub(crate) const SHARE_EVERY: u32 = 16;
-
-/// The poll order of a worker's `n`-th take in prioritized mode.
-#[inline]
-pub(crate) fn poll_order(n: u32) -> [Priority; 3] {
-    match n % SHARE_EVERY {
-        0 => [Priority::Low, Priority::Normal, Priority::High],
-        r if r == SHARE_EVERY / 2 => [Priority::Normal, Priority::High, Priority::Low],
-        _ => [Priority::High, Priority::Normal, Priority::Low],
-    }
-}
+// The poll order and its period are the shared work-taking policy's (`policy.rs`).
+#[cfg(test)]
+use crate::policy::{poll_order, SHARE_EVERY};
 
 /// The queues of one non-default level, shaped like the normal level's, of tasks `T` (the
 /// registry's `run::Task`s: this module knows nothing of them).

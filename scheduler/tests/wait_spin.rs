@@ -3,7 +3,7 @@
 //! budget and the levels of the graphs waited on; a waiter outside the budget parks (its thread
 //! uses no CPU while it waits), and one of a high-level graph spins even with no budget.
 
-#[allow(dead_code)]
+#[allow(dead_code)] // each test binary uses a subset of the helpers
 mod common;
 
 use std::sync::{Arc, Barrier};

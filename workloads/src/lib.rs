@@ -15,6 +15,8 @@
 //!   with the driver API ([`raw_graph`], [`captured_graph`]).
 //! * The raw-driver GPU baselines ([`raw_launches`], [`thread_per_task`], [`server_thread`],
 //!   [`event_edge_chain`], ...) and a GPU machine's self-test ([`probe`]).
+//! * The tiled Cholesky factorization's task graph ([`tile_tasks`], [`TileOp`], [`TileTask`]),
+//!   device-free: the GPU factorization and the simulator make their graphs from it.
 //! * One percentile helper ([`percentile`], [`median`], [`Sorted`]) for every figure.
 //!
 //! The GPU parts load libcuda at run time (through `boundpool-gpu` and cudarc's dynamic
@@ -41,6 +43,7 @@
 //! No other file has `unsafe`.
 
 mod baselines;
+mod cholesky;
 mod host;
 mod probe;
 // The baselines' and the probe's driver layer: its items are `pub` for every file of this
@@ -57,6 +60,7 @@ pub use baselines::{
     server_thread, shared_stream_chain_two_threads, thread_per_task, CapturedGraph, GraphVariant,
     GraphVariants, Measurement, RawGraph, GRAPH_VARIANTS,
 };
+pub use cholesky::{tile_tasks, TileOp, TileTask};
 pub use host::{
     bench_build, bench_scaling, bench_shapes, evict_caches, rayon_inline, rayon_spawn,
     run_boundpool, scaling_workers, standard_shapes, thread_per_node, BenchConfig, BenchRow,

@@ -172,6 +172,51 @@ impl TailProbe {
     }
 }
 
+/// The host's stolen time (`steal` of /proc/stat's `cpu` line: runnable while the hypervisor ran
+/// something else), ms summed over its cores; 0 where it cannot be read.
+fn steal_ms() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu = stat.lines().next().unwrap_or_default();
+    // USER_HZ is 100 on Linux: a tick is 10 ms.
+    cpu.split_whitespace()
+        .nth(8)
+        .and_then(|t| t.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 10
+}
+
+/// A run's requests slower than 500 µs: how many, in how many distinct 10 ms windows of their
+/// starts (few windows for many requests: stalls that hit whatever was in flight), the slowest.
+struct SlowRequests {
+    count: usize,
+    windows: usize,
+    max_us: f64,
+}
+
+impl SlowRequests {
+    fn of(run: &Run) -> Self {
+        let first = run.starts.first().copied();
+        let mut windows: Vec<u128> = (run.lat.iter().zip(&run.starts))
+            .filter(|(l, _)| l.as_micros() > 500)
+            .map(|(_, &t)| first.map_or(0, |f| t.duration_since(f).as_millis() / 10))
+            .collect();
+        let count = windows.len();
+        windows.dedup();
+        let max_us = run.lat.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e6);
+        SlowRequests {
+            count,
+            windows: windows.len(),
+            max_us,
+        }
+    }
+}
+
+impl std::fmt::Display for SlowRequests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}, {:.0})", self.count, self.windows, self.max_us)
+    }
+}
+
 /// The priority scenario `a.rounds` times for each batch size: the high client's p50, p99 and
 /// p99.9 alone and loaded, the ratio, and the batch's requests/s loaded over alone.
 pub(super) fn priority_rounds<T: Elem>(pool: &GpuPool, a: &Args, out: &mut Vec<Value>)
@@ -181,18 +226,22 @@ where
     let d = pool.device(0).expect("device 0").clone();
     let most = a.batch_clients.iter().copied().max().unwrap_or(8);
     let b = Bench::<T>::new(pool, (&d, &d), most, a);
-    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |");
     for &batch in &a.batch_clients {
         for round in 1..=a.rounds {
+            let steal0 = steal_ms();
             let (_, alone) = b.serve(pool, 0, false, true, a.seconds, None);
+            let steal_alone = steal_ms() - steal0;
             let (batch_alone, _) = b.serve(pool, batch, false, false, a.seconds, None);
+            let steal1 = steal_ms();
             let (loaded_batch, loaded) = b.serve(pool, batch, false, true, a.seconds, None);
+            let steal_loaded = steal_ms() - steal1;
             let (alone, loaded) = (alone.expect("high"), loaded.expect("high"));
             let ratio = loaded.pct(0.99) / alone.pct(0.99);
             let kept = loaded_batch.rps() / batch_alone.rps();
             println!(
-                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.2} | {kept:.2} |",
+                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.2} | {kept:.2} | {} | {} | {steal_alone} / {steal_loaded} |",
                 T::NAME,
                 alone.pct(0.5),
                 alone.pct(0.99),
@@ -200,6 +249,8 @@ where
                 loaded.pct(0.5),
                 loaded.pct(0.99),
                 loaded.pct(0.999),
+                SlowRequests::of(&alone),
+                SlowRequests::of(&loaded),
             );
             let v = json!({"impl": "boundpool", "scenario": "priority_round", "dtype": T::NAME,
                 "batch_clients": batch, "round": round,

@@ -13,25 +13,11 @@ use boundpool::{bounded, default_workers, Graph, Pool, PoolBuilder};
 use serde_json::json;
 
 use super::graph::{self, Described};
-use super::summary::{self, Summary};
+use super::summary::{self, Runs, Summary};
 use super::verify::Check;
 use super::{Fail, RunArgs};
 use crate::process::os_threads;
 use crate::progress::{block_on_with, Progress};
-
-/// What the runs measured.
-pub(super) struct Runs {
-    /// Each run's time per node, ns (none for a graph of no nodes).
-    pub(super) per_node: Vec<f64>,
-    /// Each run's check (and the reset before it) per node, ns.
-    pub(super) verify_per_node: Vec<f64>,
-    /// Each run's start and end.
-    windows: Vec<(Instant, Instant)>,
-    /// The first violation the check found.
-    pub(super) failure: Option<String>,
-    /// Nodes taken from another worker's deque during the runs.
-    pub(super) steals: u64,
-}
 
 pub(super) fn main(a: &RunArgs) -> Result<ExitCode, Fail> {
     if a.repeat == 0 {

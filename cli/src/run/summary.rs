@@ -1,14 +1,27 @@
 //! The summary of a host run: one JSON object with `--json`, else one line per figure.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use boundpool::{bounded, PoolStats};
 use boundpool_workloads::{median, Shape};
 use serde_json::json;
 
 use super::graph::Described;
-use super::host::Runs;
 use super::RunArgs;
+
+/// What the runs measured.
+pub(super) struct Runs {
+    /// Each run's time per node, ns (none for a graph of no nodes).
+    pub(super) per_node: Vec<f64>,
+    /// Each run's check (and the reset before it) per node, ns.
+    pub(super) verify_per_node: Vec<f64>,
+    /// Each run's start and end.
+    pub(super) windows: Vec<(Instant, Instant)>,
+    /// The first violation the check found.
+    pub(super) failure: Option<String>,
+    /// Nodes taken from another worker's deque during the runs.
+    pub(super) steals: u64,
+}
 
 /// Every figure the summary prints.
 pub(super) struct Summary {

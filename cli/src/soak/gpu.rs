@@ -16,7 +16,6 @@ use boundpool::gpu::{
 use boundpool::{BoxError, ErrorKind, NodeRef};
 
 use super::graphs::{Fault, Rng, Shape, PANIC_TAG};
-use super::submitter::Env;
 use super::tally::{check_failure, Tally};
 use super::SoakArgs;
 use crate::gpu_pool::{self, DeviceSplit};
@@ -164,8 +163,7 @@ fn spin_set_add(
 }
 
 /// A random DAG of GPU nodes, at times with a node made to fail or panic.
-pub(super) fn scenario(rng: &mut Rng, what: &str, gpu: &GpuSide, env: &Env<'_>) {
-    let tally = env.tally;
+pub(super) fn scenario(rng: &mut Rng, what: &str, gpu: &GpuSide, tally: &Tally) {
     let shape = Shape::random(rng, 16);
     let fault = match rng.below(10) {
         0 => Some((Fault::Error, rng.below(shape.len() as u64) as usize)),

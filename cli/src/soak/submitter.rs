@@ -106,7 +106,7 @@ pub(super) fn submitter<S: Send + 'static>(
             Scenario::Nested => nested(&mut rng, &what, pool, env),
             Scenario::Dropped => dropped.push(drop_handle(&mut rng, &what, pool, env)),
             Scenario::Gpu => match env.gpu {
-                Some(g) => gpu::scenario(&mut rng, &what, g, env),
+                Some(g) => gpu::scenario(&mut rng, &what, g, env.tally),
                 None => unreachable!("the GPU scenario is only picked with --gpu"),
             },
         }

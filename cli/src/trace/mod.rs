@@ -74,7 +74,7 @@ fn draw(a: &TraceArgs, t: &Timeline, out: &std::path::Path) -> ExitCode {
         ColorArg::Run => ColorBy::Run,
         ColorArg::Node => ColorBy::Node,
     };
-    if let Err(e) = std::fs::write(out, t.to_svg(a.width, color)) {
+    if let Err(e) = std::fs::write(out, svg::draw(t, a.width, color)) {
         eprintln!("boundpool trace: cannot write {}: {e}", out.display());
         return ExitCode::from(1);
     }

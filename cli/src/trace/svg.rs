@@ -467,6 +467,7 @@ fn fnv(s: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn nice_steps_are_1_2_5() {
@@ -483,5 +484,23 @@ mod tests {
         assert_eq!(fmt_time(0.25), "250 ns");
         assert_eq!(fmt_time(1500.0), "1.5 ms");
         assert_eq!(fmt_time(2_000_000.0), "2 s");
+    }
+
+    #[test]
+    fn svg_of_a_small_timeline() {
+        let v = json!({"traceEvents": [
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "worker 0 (core 0, host)"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "worker 1 (core 1, host)"}},
+            {"ph": "X", "name": "a", "cat": "g", "pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0, "args": {}},
+            {"ph": "X", "name": "park", "cat": "park", "pid": 1, "tid": 2, "ts": 0.0, "dur": 9.0, "args": {"kind": "park"}},
+            {"ph": "X", "name": "b", "cat": "g", "pid": 1, "tid": 2, "ts": 11.0, "dur": 10.0, "args": {}},
+        ]});
+        let t = Timeline::from_chrome_trace(&v).unwrap();
+        let svg = draw(&t, 800, ColorBy::Auto);
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("worker 1 (core 1, host)"));
+        assert!(svg.contains("a (g)") && svg.contains("b (g)"));
+        assert!(svg.contains("parked"));
+        assert!(svg.trim_end().ends_with("</svg>"));
     }
 }

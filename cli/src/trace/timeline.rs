@@ -37,7 +37,7 @@ pub(crate) struct Bar {
     pub(crate) run: Option<u64>,
 }
 
-/// How [`Timeline::to_svg`] colours node bars.
+/// How the SVG picture (`svg::draw`) colours node bars.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) enum ColorBy {
     /// By graph when the trace holds more than one graph, else by run when it holds more than
@@ -95,11 +95,6 @@ impl Timeline {
             .map(|e| bar(e, row_of[&track_of(e)]))
             .collect::<Result<_, _>>()?;
         Ok(Timeline { rows, bars })
-    }
-
-    /// The timeline as a standalone SVG picture `width` pixels wide ([`svg::draw`]).
-    pub(crate) fn to_svg(&self, width: u32, color_by: ColorBy) -> String {
-        super::svg::draw(self, width, color_by)
     }
 }
 
@@ -189,7 +184,7 @@ mod tests {
     use boundpool::{SliceKind, Trace};
 
     #[test]
-    fn svg_of_a_small_timeline() {
+    fn rows_and_bars_of_a_small_timeline() {
         let v = json!({"traceEvents": [
             {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "worker 0 (core 0, host)"}},
             {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "worker 1 (core 1, host)"}},
@@ -203,12 +198,6 @@ mod tests {
             vec!["worker 0 (core 0, host)", "worker 1 (core 1, host)"]
         );
         assert_eq!(t.bars.len(), 3);
-        let svg = t.to_svg(800, ColorBy::Auto);
-        assert!(svg.starts_with("<svg"));
-        assert!(svg.contains("worker 1 (core 1, host)"));
-        assert!(svg.contains("a (g)") && svg.contains("b (g)"));
-        assert!(svg.contains("parked"));
-        assert!(svg.trim_end().ends_with("</svg>"));
     }
 
     #[test]

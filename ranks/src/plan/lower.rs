@@ -23,6 +23,11 @@ pub struct Transfer {
     pub index: u32,
     /// The nodes on `to` that read the value, ascending.
     pub consumers: Vec<u32>,
+    /// How urgent the value is on `to`: the number of nodes on the longest path from its
+    /// consumers there to the end of the graph (their largest bottom level). A rank with
+    /// several values waiting to be sent should send the most urgent first (what that pays
+    /// where the links are the limit: docs/benchmarks.md, "A cluster on paper").
+    pub priority: u32,
 }
 
 /// A node of a rank's local plan.
@@ -152,6 +157,7 @@ pub fn lower(desc: &GraphDesc, ranks: usize) -> Result<Lowering, Error> {
     }
     check_acyclic(desc)?;
     check_collectives(desc, &rank_of, ranks)?;
+    let levels = bottom_levels(desc);
 
     // Consumer ranks of each producer, and each crossing edge checked for a wire.
     let mut consumer_ranks: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
@@ -211,6 +217,7 @@ pub fn lower(desc: &GraphDesc, ranks: usize) -> Result<Lowering, Error> {
                 to,
                 index: *slot,
                 consumers: Vec::new(),
+                priority: 0,
             });
             *slot += 1;
             plans[from].sends.push(t);
@@ -248,6 +255,7 @@ pub fn lower(desc: &GraphDesc, ranks: usize) -> Result<Lowering, Error> {
     }
     for (t, mut list) in consumer_lists.into_iter().enumerate() {
         list.sort_unstable();
+        transfers[t].priority = list.iter().map(|&c| levels[c as usize]).max().unwrap_or(0);
         transfers[t].consumers = list;
     }
     for plan in &mut plans {
@@ -277,6 +285,41 @@ pub fn lower(desc: &GraphDesc, ranks: usize) -> Result<Lowering, Error> {
         plans,
         nccl_order,
     })
+}
+
+/// Each node's bottom level: the number of nodes on the longest path from it to a sink,
+/// itself included (the graph is acyclic: checked before).
+fn bottom_levels(desc: &GraphDesc) -> Vec<u32> {
+    let n = desc.nodes.len();
+    let mut outdeg = vec![0u32; n];
+    let mut pred_start = vec![0usize; n + 1];
+    for &(a, b) in &desc.edges {
+        outdeg[a as usize] += 1;
+        pred_start[b as usize + 1] += 1;
+    }
+    for i in 0..n {
+        pred_start[i + 1] += pred_start[i];
+    }
+    let mut fill = pred_start.clone();
+    let mut preds = vec![0u32; desc.edges.len()];
+    for &(a, b) in &desc.edges {
+        preds[fill[b as usize]] = a;
+        fill[b as usize] += 1;
+    }
+    // Sinks first, then every node once all its successors are done.
+    let mut level = vec![1u32; n];
+    let mut stack: Vec<u32> = (0..n as u32).filter(|&i| outdeg[i as usize] == 0).collect();
+    while let Some(v) = stack.pop() {
+        for &p in &preds[pred_start[v as usize]..pred_start[v as usize + 1]] {
+            let p = p as usize;
+            level[p] = level[p].max(level[v as usize] + 1);
+            outdeg[p] -= 1;
+            if outdeg[p] == 0 {
+                stack.push(p as u32);
+            }
+        }
+    }
+    level
 }
 
 /// Kahn's algorithm over the whole graph: a cycle is an error naming nodes on it, also one
@@ -479,6 +522,27 @@ mod tests {
         let e = lower(&g, 2).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidGraph);
         assert!(e.to_string().contains("has a cycle of 2 nodes"), "{e}");
+    }
+
+    #[test]
+    fn a_transfer_is_as_urgent_as_its_producer_s_longest_path() {
+        // a (rank 0) -> b (rank 1) -> c -> d (rank 1); a -> e (rank 2), a sink.
+        let mut g = GraphDesc::new("levels");
+        let a = g.node("a", 0, Wire::Plain);
+        let b = g.node("b", 1, Wire::Plain);
+        let c = g.node("c", 1, Wire::Plain);
+        let d = g.node("d", 0, Wire::Plain);
+        let e = g.node("e", 2, Wire::Plain);
+        g.edge(a, b).edge(b, c).edge(c, d).edge(a, e);
+        let l = lower(&g, 3).unwrap();
+        let prio: Vec<(u32, usize, u32)> = l
+            .transfers
+            .iter()
+            .map(|t| (t.producer, t.to, t.priority))
+            .collect();
+        // a to rank 1, read by b: b c d (3); to rank 2, read by e: 1; c to rank 0, read by d: 1.
+        assert_eq!(prio, vec![(a, 1, 3), (a, 2, 1), (c, 0, 1)]);
+        assert_eq!(bottom_levels(&g), vec![4, 3, 2, 1, 1]);
     }
 
     #[test]

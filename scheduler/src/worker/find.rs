@@ -1,11 +1,14 @@
-//! Finding work: the own deque, the group's, domains' and pool-wide injectors, stealing from
-//! the group's other workers, level by level in a pool that has seen priorities; and the
-//! re-check of every queue before parking.
+//! Finding work: the worker's queues (own deque, the group's, domains' and pool-wide
+//! injectors, the group's other workers' deques) as the shared policy sees them
+//! ([`crate::policy`]: its order, which the simulator runs too), with the batches, counters
+//! and wake-ups that taking from them costs here; and the re-check of every queue before
+//! parking.
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker as Deque};
 
 use super::WorkerThread;
-use crate::priority::{poll_order, Priority};
+use crate::policy::{self, Take, WorkerQueues};
+use crate::priority::Priority;
 use crate::run::Task;
 use crate::sync::Ordering;
 
@@ -28,41 +31,25 @@ impl<S: Send + 'static> WorkerThread<S> {
         (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as usize
     }
 
+    /// The next task for this worker, in the shared policy's order over its queues
+    /// ([`policy::find_task`](crate::policy::find_task)'s two halves: the normal level's
+    /// path touches no take counter).
+    #[inline]
     pub(super) fn find_task(&self) -> Option<Task<S>> {
         if self.registry.prioritized.load(Ordering::Relaxed) {
             return self.find_task_prioritized();
         }
-        // The normal level is the only one in a pool that never saw a priority.
-        loop {
-            match self.take_at(Priority::Normal) {
-                Steal::Success(t) => return Some(t),
-                Steal::Retry => {}
-                Steal::Empty => return None,
-            }
-        }
+        policy::find_task_normal(&mut Looker(self))
     }
 
-    /// `find_task` in a pool that has seen another level than normal: each take polls the
-    /// levels in the order `poll_order` gives (high → normal → low but for the fixed shares).
+    /// `find_task` in a pool that has seen another level than normal (out of line: the normal
+    /// level's path stays short).
     #[inline(never)]
-    pub(super) fn find_task_prioritized(&self) -> Option<Task<S>> {
-        let n = self.takes.get().wrapping_add(1);
-        loop {
-            let mut retry = false;
-            for level in poll_order(n) {
-                match self.take_at(level) {
-                    Steal::Success(t) => {
-                        self.takes.set(n);
-                        return Some(t);
-                    }
-                    Steal::Retry => retry = true,
-                    Steal::Empty => {}
-                }
-            }
-            if !retry {
-                return None;
-            }
-        }
+    fn find_task_prioritized(&self) -> Option<Task<S>> {
+        let mut takes = self.takes.get();
+        let found = policy::find_task_prioritized(&mut Looker(self), &mut takes);
+        self.takes.set(takes);
+        found
     }
 
     /// This worker's deque and the queues it may take from, of level `p`.
@@ -101,71 +88,18 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// One look at level `p`: own deque, the group's injector, those of its domains (none in
-    /// most pools), the pool-wide one, then the group's other workers' deques.
+    /// A batch from `injector` into `local` (one returned), counted; a peer woken when more
+    /// than one task came.
     #[inline]
-    pub(super) fn take_at(&self, p: Priority) -> Steal<Task<S>> {
-        let (local, group_inj, any, stealers) = self.level_queues(p);
-        if let Some(t) = local.pop() {
-            return Steal::Success(t);
-        }
-        let reg = &*self.registry;
-        let group = &reg.groups[self.group];
-        let mut retry = false;
-        // A domain's tasks are taken one at a time: a batch would land in this worker's deque,
-        // where only its own group could steal them, while the domain's other groups find its
-        // injector empty.
-        let injectors = std::iter::once((group_inj, true))
-            .chain(
-                group
-                    .domains
-                    .iter()
-                    .map(|&d| (self.domain_injector(p, d), false)),
-            )
-            .chain(std::iter::once((any, true)));
-        for (injector, batch) in injectors {
-            let stolen = if batch {
-                injector.steal_batch_and_pop(local)
-            } else {
-                injector.steal()
-            };
-            match stolen {
-                Steal::Success(t) => {
-                    self.counters().injector_pops.add(1);
-                    if batch {
-                        self.share_surplus(local);
-                    }
-                    return Steal::Success(t);
-                }
-                Steal::Retry => retry = true,
-                Steal::Empty => {}
+    fn take_batch(&self, injector: &Injector<Task<S>>, local: &Deque<Task<S>>) -> Take<Task<S>> {
+        match injector.steal_batch_and_pop(local) {
+            Steal::Success(t) => {
+                self.counters().injector_pops.add(1);
+                self.share_surplus(local);
+                Take::Task(t)
             }
-        }
-        let members = &group.members;
-        let n = members.len();
-        if n > 1 {
-            let start = self.next_rand() % n;
-            for k in 0..n {
-                let victim = members[(start + k) % n];
-                if victim == self.index {
-                    continue;
-                }
-                match stealers[victim].steal_batch_and_pop(local) {
-                    Steal::Success(t) => {
-                        self.counters().steals.add(1);
-                        self.stolen.set(true);
-                        self.share_surplus(local);
-                        return Steal::Success(t);
-                    }
-                    Steal::Retry => retry = true,
-                    Steal::Empty => {}
-                }
-            }
-        }
-        if retry {
-            Steal::Retry
-        } else {
-            Steal::Empty
+            Steal::Retry => Take::Retry,
+            Steal::Empty => Take::Empty,
         }
     }
 
@@ -204,5 +138,84 @@ impl<S: Send + 'static> WorkerThread<S> {
             || group.members.iter().any(|&w| !reg.stealers[w].is_empty())
             || (reg.prioritized.load(Ordering::SeqCst)
                 && (self.level_visible(Priority::High) || self.level_visible(Priority::Low)))
+    }
+}
+
+/// A worker's queues for the shared policy.
+struct Looker<'a, S>(&'a WorkerThread<S>);
+
+impl<S: Send + 'static> WorkerQueues for Looker<'_, S> {
+    type Task = Task<S>;
+
+    #[inline]
+    fn pop_own(&mut self, p: Priority) -> Option<Task<S>> {
+        self.0.level_queues(p).0.pop()
+    }
+
+    #[inline]
+    fn take_group_injector(&mut self, p: Priority) -> Take<Task<S>> {
+        let (local, group_inj, _, _) = self.0.level_queues(p);
+        self.0.take_batch(group_inj, local)
+    }
+
+    #[inline]
+    fn domains(&self) -> usize {
+        self.0.registry.groups[self.0.group].domains.len()
+    }
+
+    /// A domain's tasks are taken one at a time: a batch would land in this worker's deque,
+    /// where only its own group could steal them, while the domain's other groups find its
+    /// injector empty.
+    fn take_domain_injector(&mut self, p: Priority, k: usize) -> Take<Task<S>> {
+        let d = self.0.registry.groups[self.0.group].domains[k];
+        match self.0.domain_injector(p, d).steal() {
+            Steal::Success(t) => {
+                self.0.counters().injector_pops.add(1);
+                Take::Task(t)
+            }
+            Steal::Retry => Take::Retry,
+            Steal::Empty => Take::Empty,
+        }
+    }
+
+    #[inline]
+    fn take_any_injector(&mut self, p: Priority) -> Take<Task<S>> {
+        let (local, _, any, _) = self.0.level_queues(p);
+        self.0.take_batch(any, local)
+    }
+
+    #[inline]
+    fn peers(&self) -> usize {
+        self.0.registry.groups[self.0.group].members.len()
+    }
+
+    #[inline]
+    fn peer(&self, k: usize) -> usize {
+        self.0.registry.groups[self.0.group].members[k]
+    }
+
+    #[inline]
+    fn me(&self) -> usize {
+        self.0.index
+    }
+
+    #[inline]
+    fn next_rand(&mut self) -> usize {
+        self.0.next_rand()
+    }
+
+    #[inline]
+    fn steal_from(&mut self, p: Priority, victim: usize) -> Take<Task<S>> {
+        let (local, _, _, stealers) = self.0.level_queues(p);
+        match stealers[victim].steal_batch_and_pop(local) {
+            Steal::Success(t) => {
+                self.0.counters().steals.add(1);
+                self.0.stolen.set(true);
+                self.0.share_surplus(local);
+                Take::Task(t)
+            }
+            Steal::Retry => Take::Retry,
+            Steal::Empty => Take::Empty,
+        }
     }
 }

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One GPU-machine call for the simulator's checks (issue "A cluster on paper", item 3):
+# records the tiled Cholesky at N = 8192, 16384, 32768 (a one-worker run's trace: the costs;
+# the bench's 8-worker configuration timed, and one traced run of it for the diagnosis) and
+# the served model at 1, 8 and 32 clients (traced), then compares them with their simulation
+# (`boundpool sim check-cholesky`, `check-serve`), and runs the random host DAG check on the
+# machine's 16-core host (`boundpool sim check-host`). Here, first:
+#   bash benches/device/pack.sh
+# then run with carry [".devbin"] from the repository root: `bash .devbin/sim_call.sh`.
+# Logs: $OUT/logs.tgz; the recordings: $OUT/sim.tgz (unpack it here and rerun the comparisons
+# with `boundpool sim check-cholesky DIR` / `check-serve DIR`: they need only these files).
+# SIM_N, SIM_TILE, SIM_CLIENTS change the sizes.
+source "$(dirname "$0")/lib.sh"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
+REC=/tmp/boundpool-sim; rm -rf $REC; mkdir -p $REC
+STEP_START=1
+step chol_record 330 $B/sim_record cholesky --n ${SIM_N:-8192,16384,32768} --tile ${SIM_TILE:-2048} --runs 3 --out $REC
+tar czf $OUT/sim.tgz -C $REC .; finish
+step serve_record 150 $B/sim_record serve --clients ${SIM_CLIENTS:-1,8,32} --seconds 2 --out $REC
+tar czf $OUT/sim.tgz -C $REC .; finish
+step check_cholesky 60 $B/boundpool sim check-cholesky $REC
+step check_serve 60 $B/boundpool sim check-serve $REC
+step check_host 150 $B/boundpool sim check-host --ranks 1,2,4 --workers 1 --nodes 2000 --rounds 3
+for s in chol_record serve_record check_cholesky check_serve check_host; do echo "== $s"; tail -n 30 $LOGS/$s.log; done
+finish
