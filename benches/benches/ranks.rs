@@ -6,19 +6,25 @@
 //!   right after MPI started and before the runtime's engine did.
 //! * **64 MiB value**: a 64 MiB `Vec<u8>` from rank 0 to rank 1, the time from the producer's
 //!   end to the consumer's start (one host clock), against raw MPI sending 64 MiB between the
-//!   same buffers (hot) and into a fresh allocation each time (as a received value is).
+//!   same buffers (hot) and into a fresh allocation each time (what a received value paid
+//!   before recycled landings, and still pays the first time).
 //! * **DAG**: a 100k-node random DAG (blocks of 256 nodes dealt round-robin to the ranks, each
 //!   node reading 2 of the 512 nodes before it; 8-byte values), ns per node.
 //! * **Threads**: OS threads of the process before MPI, after `MPI_Init`, with the runtime.
 //!
+//! Each rank first prints where its threads run and how they wait (`Ranks::placement`: the
+//! workers' and communication thread's cores, whether each has a core of its own, the
+//! spins), and after the 64 MiB value how many of rank 1's values landed in recycled memory.
+//!
 //! `mpirun -np P target/release/deps/ranks-* [--workers W] [--chain N] [--dag N] [--runs R]
-//! [--no-edge] [--no-big]` (P = 1, 2, 4; `cargo bench -p boundpool-bench --features mpi
-//! --bench ranks --no-run` builds it). Rank 0 prints markdown rows.
+//! [--no-edge] [--no-big] [--comm-spin-us U] [--idle-spin-us U]` (P = 1, 2, 4; `cargo bench
+//! -p boundpool-bench --features mpi --bench ranks --no-run` builds it). Rank 0 prints
+//! markdown rows.
 
 use std::ffi::{c_int, c_void};
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use boundpool_ranks::{MpiTransport, RankGraphBuilder, Ranks, RanksBuilder};
 use boundpool_workloads::median;
@@ -172,7 +178,9 @@ fn chain_edge(ranks: &Ranks, n: usize, runs: usize) -> f64 {
     median(times)
 }
 
-fn big_value(ranks: &Ranks, big: usize, runs: usize) -> f64 {
+/// GB/s from rank 0's producer end to rank 1's consumer start (on rank 1; 0 elsewhere), and
+/// how many of rank 1's values landed in recycled memory.
+fn big_value(ranks: &Ranks, big: usize, runs: usize) -> (f64, u64) {
     let sent_at = Arc::new(Mutex::new(0f64));
     let got_at = Arc::new(Mutex::new(0f64));
     let mut g = RankGraphBuilder::new("big value");
@@ -205,10 +213,11 @@ fn big_value(ranks: &Ranks, big: usize, runs: usize) -> f64 {
             times.push(*d);
         }
     }
+    let recycled = graph.recycled_landings();
     if ranks.rank() == 1 {
-        big as f64 / median(times) / 1e9
+        (big as f64 / median(times) / 1e9, recycled)
     } else {
-        0.0
+        (0.0, recycled)
     }
 }
 
@@ -285,6 +294,13 @@ struct Args {
     /// Skip the 64 MiB value.
     #[arg(long)]
     no_big: bool,
+    /// The communication thread's spin before it yields, in µs (default: the runtime's
+    /// choice, 100 where every thread has a core, else 0).
+    #[arg(long)]
+    comm_spin_us: Option<u64>,
+    /// The workers' spin before they park, in µs (default: the runtime's choice).
+    #[arg(long)]
+    idle_spin_us: Option<u64>,
 }
 
 fn main() {
@@ -295,8 +311,14 @@ fn main() {
     let before = threads();
     let raw = Arc::new(Mutex::new(Raw::default()));
     let raw_here = raw.clone();
-    let ranks = RanksBuilder::new()
-        .workers(workers)
+    let mut builder = RanksBuilder::new().workers(workers);
+    if let Some(us) = a.comm_spin_us {
+        builder = builder.comm_spin(Duration::from_micros(us));
+    }
+    if let Some(us) = a.idle_spin_us {
+        builder = builder.idle_spin(Duration::from_micros(us));
+    }
+    let ranks = builder
         .build_with(move || {
             let t = MpiTransport::init()?;
             use boundpool_ranks::Transport;
@@ -306,6 +328,7 @@ fn main() {
         .unwrap();
     let raw = std::mem::take(&mut *raw.lock().unwrap());
     let (size, rank) = (ranks.size(), ranks.rank());
+    println!("placement rank {rank}: {}", ranks.placement());
     let mut rows = Vec::new();
     if size >= 2 && edge {
         let ours = chain_edge(&ranks, chain, runs);
@@ -317,7 +340,13 @@ fn main() {
         ));
     }
     if size >= 2 && big > 0 {
-        let gbps = big_value(&ranks, big, runs);
+        let (gbps, recycled) = big_value(&ranks, big, runs);
+        if rank == 1 {
+            println!(
+                "rank 1: {recycled} of {} 64 MiB values landed in recycled memory",
+                runs + 1
+            );
+        }
         // Rank 1 measured; tell rank 0 through a graph.
         let mut t = RankGraphBuilder::new("report");
         let v = t.plain_node(1, "gbps", move |_| Ok(gbps));

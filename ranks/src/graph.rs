@@ -20,7 +20,7 @@ use crate::comm::wire::{FailKind, Failure};
 use crate::comm::{CommHandle, Command, Payload};
 use crate::error::{Error, ErrorKind};
 use crate::plan::{self, DataId, GraphDesc, LocalNode, Lowering, On, Wire};
-use crate::value::{self, LandFn, PlainValue};
+use crate::value::{self, LandFn, PlainValue, ReclaimFn};
 
 static BUILDERS: AtomicU64 = AtomicU64::new(1);
 
@@ -201,6 +201,16 @@ impl SlotEnv {
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(run);
     }
 
+    /// The slot's run ended here: its nodes no longer read it, so the slot lets go of it (its
+    /// received values' memory is recycled once the outputs are dropped, not when the slot's
+    /// next run starts).
+    pub(crate) fn clear_current(&self) {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+
     pub(crate) fn failed(&self, node: u32, kind: FailKind, message: String) {
         let run = self.current();
         let failure = Failure {
@@ -252,6 +262,11 @@ pub(crate) trait NodeMaker<S: Send + 'static>: Send + Sync {
     ) -> SendNodes;
     /// How its value lands on a receiving rank.
     fn land(&self) -> Option<LandFn>;
+    /// How a received value of it gives its memory back (plain values; see `value::ReclaimFn`);
+    /// `None`: not recycled.
+    fn reclaim(&self) -> Option<ReclaimFn> {
+        None
+    }
     /// Receive `k` of its value on this rank (a receive node whose output is a handle to the
     /// arrived value, by default).
     fn recv(
@@ -290,6 +305,7 @@ struct Maker<T, S> {
     body: Arc<Body<T, S>>,
     encode: Option<EncodeFn<T>>,
     land: Option<value::LandPlain>,
+    reclaim: Option<ReclaimFn>,
 }
 
 fn encode_plain<T: PlainValue>(v: &T) -> Result<Payload, String> {
@@ -366,12 +382,9 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
                     }
                 };
                 let run = env.current();
-                env.comm.send(Command::Send {
-                    run: run.clone(),
-                    k,
-                    payload,
-                });
-                ctx.complete_when(move |_| run.sends[k as usize].poll());
+                // Completed by the comm thread once the transport is done with the value.
+                run.sends[k as usize].complete_on(ctx.complete_later());
+                env.comm.send(Command::Send { run, k, payload });
                 Ok(())
             },
         );
@@ -383,6 +396,10 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
 
     fn land(&self) -> Option<LandFn> {
         self.land.map(value::land_fn)
+    }
+
+    fn reclaim(&self) -> Option<ReclaimFn> {
+        self.reclaim
     }
 }
 
@@ -397,8 +414,8 @@ pub(crate) fn add_recv<S: Send + 'static>(
         let run = env.current();
         let cell = &run.recvs[k as usize];
         if cell.is_pending() {
-            let waiting = run.clone();
-            ctx.complete_when(move |_| waiting.recvs[k as usize].poll());
+            // Completed by the comm thread when the value arrives (or will not).
+            cell.complete_on(ctx.complete_later());
         } else if let std::task::Poll::Ready(Err(e)) = cell.poll() {
             return Err(e);
         }
@@ -444,6 +461,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         self.desc.datum(name, owner)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn add<T: Send + Sync + 'static>(
         &mut self,
         on: On,
@@ -452,6 +470,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         wire: Wire,
         encode: Option<EncodeFn<T>>,
         land: Option<value::LandPlain>,
+        reclaim: Option<ReclaimFn>,
     ) -> NodeRef<T> {
         let desc = plan::NodeDesc {
             name: name.clone(),
@@ -464,6 +483,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             body,
             encode,
             land,
+            reclaim,
         });
         self.add_node(desc, maker)
     }
@@ -522,6 +542,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             Wire::Local,
             None,
             None,
+            None,
         )
     }
 
@@ -544,6 +565,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             Wire::Plain,
             Some(encode_plain::<T>),
             Some(value::plain_landing::<T>),
+            Some(value::plain_reclaim::<T>),
         )
     }
 
@@ -565,6 +587,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             Wire::Serde,
             Some(encode_serde::<T>),
             Some(value::serde_landing::<T>),
+            None,
         )
     }
 
@@ -663,6 +686,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
                     ),
                     producer: tr.producer,
                     producer_name: producer.name.clone(),
+                    reclaim: self.makers[tr.producer as usize].reclaim(),
                 }
             })
             .collect();
@@ -880,5 +904,12 @@ impl<S> RankGraph<S> {
     /// The rank each node runs on.
     pub fn rank_of<T>(&self, node: NodeRef<T>) -> usize {
         self.inner.lowering.rank_of[node.index as usize]
+    }
+
+    /// How many values this rank received for this graph in memory recycled from the values
+    /// of earlier runs (a plain `Vec` or boxed slice, once its run's outputs were dropped),
+    /// rather than in a fresh allocation.
+    pub fn recycled_landings(&self) -> u64 {
+        self.inner.comm_graph.recycled()
     }
 }

@@ -45,7 +45,9 @@
 //!   No MPI, threads or clock: the simulator calls exactly this code.
 //! * **Values** ([`PlainValue`], serde): plain data crosses as its own bytes (sent from the
 //!   value's memory, received into the memory of the value the consumer reads: no staging
-//!   copy); anything else `serde` can encode crosses as postcard, a compact format with a
+//!   copy; a `Vec`'s memory is recycled for the same transfer's next value once its run's
+//!   outputs are dropped, so that it lands in pages already mapped); anything else `serde`
+//!   can encode crosses as postcard, a compact format with a
 //!   stable, documented wire format and no schema. A node made with [`RankGraphBuilder::node`]
 //!   cannot cross: an edge from it to another rank is an error at `build` naming the edge.
 //!   Values of 1 GiB or more (settable) go as a header and chunks, so no message passes MPI's
@@ -55,10 +57,12 @@
 //!   `MPI_Improbe`, `MPI_Imrecv`, `MPI_Testsome` only). A transport sends and receives raw
 //!   bytes at an address, so a pinned host buffer (a GPU buffer's staging area) goes as it is.
 //! * **The communication thread** (internal): one per rank, counted in the rank's threads
-//!   ([`Ranks`]: the pool's workers + 1). It alone calls the transport, never blocks (yields,
-//!   then parks for 100 µs at most while anything is in flight), and completes send
-//!   and receive nodes by writing the cells their deferred completions poll
-//!   (`backend::NodeCtxExt::complete_when`), waking the workers through `GroupWaker`s.
+//!   ([`Ranks`]: the pool's workers + 1). It alone calls the transport, never blocks (with
+//!   work in flight it spins where the rank's threads have cores of their own, yields, then
+//!   parks for 100 µs at most), and completes send and receive nodes through their
+//!   `Completer`s (`backend::NodeCtxExt::complete_later`): a worker takes each completion
+//!   from the pool's queue, woken for it; no worker polls. Where the threads run and how they
+//!   wait: [`Placement`].
 //! * **Faults**: a node that fails on one rank cancels the run on every rank, and every
 //!   rank's [`RunHandle::wait`] returns that failure naming its rank and node; a rank that
 //!   dies (killed: silent past the peer timeout; or panicking outside a node: it says so as it
@@ -124,6 +128,7 @@ mod error;
 mod gpu;
 mod graph;
 mod launch;
+mod placement;
 pub mod plan;
 mod ranks;
 mod transport;
@@ -135,6 +140,7 @@ pub use crate::gpu::Collective;
 pub use crate::gpu::{GpuRanks, GpuRanksBuilder, RankGpuCtx};
 pub use crate::graph::{NodeRef, RankCtx, RankGraph, RankGraphBuilder, RankNodeId};
 pub use crate::launch::{LaunchInfo, Launcher};
+pub use crate::placement::Placement;
 pub use crate::plan::{DataId, Digest, GraphDesc, LocalPlan, Lowering, On, Wire};
 pub use crate::ranks::{RankOutput, Ranks, RanksBuilder, RunHandle};
 #[cfg(feature = "mpi")]

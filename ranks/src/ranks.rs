@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
-use boundpool_scheduler::backend::{GroupWaker, PoolExt};
 use boundpool_scheduler::{Cores, GraphHandle, GraphOutput, GroupId, Pool, PoolBuilder};
 
 use crate::comm::run::RunState;
-use crate::comm::{self, CommHandle, CommThread, Command, EngineConfig};
+use crate::comm::{self, CommHandle, CommThread, Command, EngineConfig, Waiting};
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Mapped, NodeRef, RankGraph, SlotEnv};
 use crate::launch::LaunchInfo;
+use crate::placement::{Placement, SPIN_WITH_SPARE_CORES};
 use crate::transport::{LocalNetwork, Transport};
 
 /// Settings of a rank's runtime: its pool and its communication thread.
@@ -26,6 +26,8 @@ pub struct RanksBuilder {
     peer_timeout: Duration,
     heartbeat: Duration,
     max_message: usize,
+    comm_spin: Option<Duration>,
+    idle_spin: Option<Duration>,
 }
 
 impl Default for RanksBuilder {
@@ -35,8 +37,11 @@ impl Default for RanksBuilder {
 }
 
 impl RanksBuilder {
-    /// Defaults: 2 workers on the cores the process may use, peers declared dead after 5 s of
-    /// silence (heartbeats every 0.5 s), values of 1 GiB or more sent in 1 GiB chunks.
+    /// Defaults: 2 workers on the cores the process may use (shared out among the ranks of
+    /// the node, see [`cores`](Self::cores)), peers declared dead after 5 s of silence
+    /// (heartbeats every 0.5 s), values of 1 GiB or more sent in 1 GiB chunks; the
+    /// communication thread and idle workers spin where every thread has a core of its own
+    /// (see [`comm_spin`](Self::comm_spin)).
     pub fn new() -> Self {
         RanksBuilder {
             name: "ranks".into(),
@@ -46,6 +51,8 @@ impl RanksBuilder {
             peer_timeout: Duration::from_secs(5),
             heartbeat: Duration::from_millis(500),
             max_message: 1 << 30,
+            comm_spin: None,
+            idle_spin: None,
         }
     }
 
@@ -62,10 +69,77 @@ impl RanksBuilder {
         self
     }
 
-    /// The workers' cores (the communication thread is not pinned).
+    /// The workers' cores. With [`Cores::All`] (the default) the ranks of one node share out
+    /// the cores this process may use by their local rank (as the launcher says): with a core
+    /// for every worker and communication thread of every local rank, rank `r` of `n` takes
+    /// the `r`-th of `n` equal shares, its workers on its first cores and its communication
+    /// thread on the next; with fewer, the local ranks' workers are dealt round-robin over the
+    /// cores and the communication thread is not pinned. A launcher that binds each process
+    /// to cores of its own (`mpirun --bind-to core`, `srun --cpu-bind`) leaves each one its
+    /// own set, which it uses alone. Other values pin the workers as given and leave the
+    /// communication thread unpinned. [`Ranks::placement`] tells what was chosen.
     pub fn cores(mut self, cores: Cores) -> Self {
         self.cores = cores;
         self
+    }
+
+    /// How long the communication thread, with work in flight and nothing to do, spins
+    /// (polls the transport again at once) before it yields, then parks. A spin answers an
+    /// arrival without a system call and costs nothing more than a yield where the thread has
+    /// a core of its own; where threads share cores it takes the core from the thread it
+    /// waits for. Default: 100 µs where every worker and communication thread of the node's
+    /// ranks has a core (see [`cores`](Self::cores)), otherwise none.
+    pub fn comm_spin(mut self, spin: Duration) -> Self {
+        self.comm_spin = Some(spin);
+        self
+    }
+
+    /// How long a worker that ran dry watches the queues before it parks
+    /// ([`PoolBuilder::idle_spin`]): a received value's completion then reaches it without a
+    /// wake-up. Default: 100 µs where every thread has a core (as [`comm_spin`](Self::comm_spin)),
+    /// otherwise none: a worker spinning on a core it shares with its rank's communication
+    /// thread keeps that thread from the arrival it waits for.
+    pub fn idle_spin(mut self, spin: Duration) -> Self {
+        self.idle_spin = Some(spin);
+        self
+    }
+
+    /// Where this rank's threads go and how they wait (see [`cores`](Self::cores)).
+    fn placement(&self, launch: &LaunchInfo) -> Placement {
+        let allowed: Vec<usize> = core_affinity::get_core_ids()
+            .map(|v| v.into_iter().map(|c| c.id).collect())
+            .unwrap_or_default();
+        // A process the launcher bound to fewer cores than the machine has is alone on them.
+        let shared_mask = crate::placement::cpus_online().is_none_or(|n| allowed.len() >= n);
+        let local = match (launch.local_rank, launch.local_size) {
+            (Some(r), Some(n)) if shared_mask && n > 1 => Some((r, n)),
+            _ => None,
+        };
+        let (auto_workers, auto_comm, spare) =
+            crate::placement::plan(&allowed, local, self.workers);
+        let (workers, comm) = match &self.cores {
+            Cores::All => (auto_workers, auto_comm),
+            Cores::Unpinned => (vec![None; self.workers], None),
+            Cores::List(l) if !l.is_empty() => (
+                (0..self.workers).map(|j| Some(l[j % l.len()])).collect(),
+                None,
+            ),
+            Cores::List(_) => (auto_workers, None),
+        };
+        let spin = if spare {
+            SPIN_WITH_SPARE_CORES
+        } else {
+            Duration::ZERO
+        };
+        Placement {
+            workers,
+            comm,
+            local,
+            cores: allowed.len(),
+            spare_cores: spare,
+            comm_spin: self.comm_spin.unwrap_or(spin),
+            idle_spin: Some(self.idle_spin.unwrap_or(spin)),
+        }
     }
 
     /// Records the pool's timeline ([`Ranks::pool`]'s `take_trace`).
@@ -132,13 +206,24 @@ impl RanksBuilder {
         F: FnOnce() -> Result<T, Error> + Send + 'static,
     {
         let cfg = self.engine_config()?;
-        let pool = PoolBuilder::new()
+        let launch = LaunchInfo::from_env();
+        let placement = self.placement(&launch);
+        let cores = match (&self.cores, placement.workers.iter().all(Option::is_some)) {
+            (Cores::All, true) => {
+                Cores::List(placement.workers.iter().flatten().copied().collect())
+            }
+            (other, _) => other.clone(),
+        };
+        let mut pool = PoolBuilder::new()
             .name(self.name.clone())
             .workers(self.workers)
-            .cores(self.cores.clone())
-            .trace(self.trace)
-            .build()?;
-        Ranks::from_pool(pool, None, &self.name, cfg, make)
+            .cores(cores)
+            .trace(self.trace);
+        if let Some(spin) = placement.idle_spin {
+            pool = pool.idle_spin(spin);
+        }
+        let pool = pool.build()?;
+        Ranks::from_pool(pool, None, &self.name, cfg, placement, make)
     }
 }
 
@@ -173,6 +258,7 @@ pub struct Ranks<S: Send + 'static = ()> {
     comm: CommThread,
     group: Option<GroupId>,
     launch: LaunchInfo,
+    placement: Placement,
     poisoned: Arc<AtomicBool>,
 }
 
@@ -201,7 +287,18 @@ impl<S: Send + 'static> Ranks<S> {
         F: FnOnce() -> Result<T, Error> + Send + 'static,
     {
         let cfg = settings.engine_config()?;
-        Self::from_pool(pool, group, &settings.name, cfg, make)
+        // The pool's workers are where its builder put them; the communication thread is
+        // not pinned, and spins only if told to.
+        let placement = Placement {
+            workers: pool.workers().iter().map(|w| w.core).collect(),
+            comm: None,
+            local: None,
+            cores: core_affinity::get_core_ids().map_or(0, |v| v.len()),
+            spare_cores: false,
+            comm_spin: settings.comm_spin.unwrap_or(Duration::ZERO),
+            idle_spin: None,
+        };
+        Self::from_pool(pool, group, &settings.name, cfg, placement, make)
     }
 
     fn from_pool<T, F>(
@@ -209,6 +306,7 @@ impl<S: Send + 'static> Ranks<S> {
         group: Option<GroupId>,
         name: &str,
         cfg: EngineConfig,
+        placement: Placement,
         make: F,
     ) -> Result<Self, Error>
     where
@@ -216,26 +314,25 @@ impl<S: Send + 'static> Ranks<S> {
         F: FnOnce() -> Result<T, Error> + Send + 'static,
     {
         install_panic_note();
-        let wakers: Vec<GroupWaker> = (0..pool.group_count())
-            .map(|g| {
-                use boundpool_scheduler::backend::FromIndex;
-                pool.group_waker(GroupId::from_index(g))
-            })
-            .collect();
         let poisoned = Arc::new(AtomicBool::new(false));
-        let notify = Box::new(move || {
-            for w in &wakers {
-                w.wake();
-            }
-        });
-        let comm = comm::spawn(format!("{name}-comm"), make, cfg, poisoned.clone(), notify)?;
+        let waiting = Waiting {
+            spin: placement.comm_spin,
+            core: placement.comm,
+        };
+        let comm = comm::spawn(format!("{name}-comm"), make, cfg, poisoned.clone(), waiting)?;
         Ok(Ranks {
             pool: ManuallyDrop::new(pool),
             comm,
             group,
             launch: LaunchInfo::from_env(),
+            placement,
             poisoned,
         })
+    }
+
+    /// Where this rank's threads run and how they wait when idle.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
     }
 
     /// This process's rank.
@@ -306,8 +403,11 @@ impl<S: Send + 'static> Ranks<S> {
             }
         };
         let comm = self.comm.handle.clone();
-        let done = run.clone();
-        handle.on_done(move || comm.send(Command::LocalDone(done)));
+        let (done, env) = (run.clone(), slot.env.clone());
+        handle.on_done(move || {
+            env.clear_current();
+            comm.send(Command::LocalDone(done))
+        });
         Ok(RunHandle {
             handle: Some(handle),
             local: None,
@@ -495,5 +595,66 @@ impl RankOutput {
     /// The run's number among its graph's runs.
     pub fn seq(&self) -> u64 {
         self.run.seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::LocalNetwork;
+    use crate::RankGraphBuilder;
+
+    #[test]
+    fn a_received_value_lands_in_the_memory_of_the_one_before() {
+        // Two ranks in lockstep: once rank 1 dropped run n's outputs, run n + 1's value
+        // lands in their memory (every run after the first; and not while one is kept).
+        let net = LocalNetwork::new(2);
+        let ranks: Vec<Ranks> = (0..2)
+            .map(|r| {
+                RanksBuilder::new()
+                    .workers(1)
+                    .cores(Cores::Unpinned)
+                    .build_local(&net, r)
+                    .unwrap()
+            })
+            .collect();
+        let step = std::sync::Barrier::new(2);
+        let recycled = std::thread::scope(|s| {
+            let hs: Vec<_> = ranks
+                .iter()
+                .map(|r| {
+                    let step = &step;
+                    s.spawn(move || {
+                        let mut g = RankGraphBuilder::new("recycle");
+                        let a = g.plain_node(0, "make", |_| Ok(vec![1u32; 4096]));
+                        let b = g.plain_node(1, "read", move |ctx| Ok(ctx.input(a)?.len()));
+                        g.edge(a, b);
+                        let graph = g.build(r).unwrap();
+                        let (mut counts, mut kept) = (Vec::new(), None);
+                        for run in 1..=5 {
+                            let out = r.run(&graph).unwrap();
+                            counts.push(graph.recycled_landings());
+                            match run {
+                                3 => kept = Some(out),
+                                4 => drop((out, kept.take())),
+                                _ => drop(out),
+                            }
+                            step.wait();
+                        }
+                        counts
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        assert!(
+            recycled[0].iter().all(|&n| n == 0),
+            "rank 0 receives nothing"
+        );
+        // Runs 2 and 3 recycle; run 4 does not (run 3's output was kept past its start);
+        // run 5 does.
+        assert_eq!(recycled[1], vec![0, 1, 2, 2, 3]);
     }
 }

@@ -40,6 +40,12 @@ pub trait PlainValue: Send + Sync + Sized + 'static {
     /// The value made from the received elements (`None`: this many elements cannot make one,
     /// for example a scalar from two).
     fn from_vec(v: Vec<Self::Elem>) -> Option<Self>;
+    /// The `Vec` the value was made from, given back when a received value is dropped at its
+    /// run's end, so that the same transfer's next value lands in memory already mapped
+    /// instead of a fresh allocation's page faults (`None`, the default: not recycled).
+    fn into_vec(self) -> Option<Vec<Self::Elem>> {
+        None
+    }
 }
 
 impl<E: Pod + Send + Sync> PlainValue for Vec<E> {
@@ -49,6 +55,9 @@ impl<E: Pod + Send + Sync> PlainValue for Vec<E> {
     }
     fn from_vec(v: Vec<E>) -> Option<Self> {
         Some(v)
+    }
+    fn into_vec(self) -> Option<Vec<E>> {
+        Some(self)
     }
 }
 
@@ -60,6 +69,9 @@ impl<E: Pod + Send + Sync> PlainValue for Box<[E]> {
     fn from_vec(v: Vec<E>) -> Option<Self> {
         // The buffer was allocated with exactly this capacity: no reallocation.
         Some(v.into_boxed_slice())
+    }
+    fn into_vec(self) -> Option<Vec<E>> {
+        Some(self.into_vec())
     }
 }
 
@@ -110,6 +122,13 @@ pub(crate) trait Landing: Send {
     /// # Safety
     /// All `len()` bytes at `ptr()` have been written.
     unsafe fn finish(self: Box<Self>) -> Result<AnyValue, String>;
+    /// Lands in `spare` (memory an earlier value of the same transfer gave back, see
+    /// [`ReclaimFn`]) instead of a fresh allocation, if it fits exactly; before the first
+    /// `ptr()`. Returns whether it took it.
+    fn reuse(&mut self, spare: Spare) -> bool {
+        let _ = spare;
+        false
+    }
 }
 
 /// Makes the landing for a message of `len` bytes (a plain function for host values; a
@@ -125,6 +144,21 @@ pub(crate) fn land_fn(f: LandPlain) -> LandFn {
     std::sync::Arc::new(f)
 }
 
+/// The memory of a received value that its run no longer needs (a `Vec` of its elements).
+pub(crate) type Spare = Box<dyn Any + Send>;
+
+/// Gives a received value's memory back at its run's end (`PlainValue::into_vec`), for the
+/// next value of the same transfer to land in.
+pub(crate) type ReclaimFn = fn(AnyValue) -> Option<Spare>;
+
+/// The [`ReclaimFn`] of a plain value of type `T`.
+pub(crate) fn plain_reclaim<T: PlainValue>(v: AnyValue) -> Option<Spare> {
+    let v = *v.downcast::<T>().ok()?;
+    v.into_vec().map(|buf| Box::new(buf) as Spare)
+}
+
+/// A plain value's landing: a `Vec` of its elements, allocated at the first `ptr()` unless a
+/// spare one of exactly this capacity was given (`reuse`).
 struct PlainLanding<T: PlainValue> {
     buf: Vec<T::Elem>,
     elems: usize,
@@ -132,14 +166,29 @@ struct PlainLanding<T: PlainValue> {
 
 impl<T: PlainValue> Landing for PlainLanding<T> {
     fn ptr(&mut self) -> *mut u8 {
+        if self.buf.capacity() < self.elems {
+            self.buf = Vec::with_capacity(self.elems);
+        }
         self.buf.as_mut_ptr().cast()
+    }
+    fn reuse(&mut self, spare: Spare) -> bool {
+        match spare.downcast::<Vec<T::Elem>>() {
+            Ok(mut v) if v.capacity() == self.elems && self.buf.capacity() == 0 => {
+                v.clear();
+                self.buf = *v;
+                true
+            }
+            _ => false,
+        }
     }
     fn len(&self) -> usize {
         self.elems * std::mem::size_of::<T::Elem>()
     }
     unsafe fn finish(mut self: Box<Self>) -> Result<AnyValue, String> {
-        // SAFETY: the capacity is `elems` (allocated so in `plain_landing`), the caller wrote
-        // all their bytes, and `Elem: Pod` makes any bytes a valid element.
+        // A value of no bytes was never given a pointer.
+        self.ptr();
+        // SAFETY: the capacity is at least `elems` (`ptr` made it so), the caller wrote all their bytes
+        // at `ptr()`, and `Elem: Pod` makes any bytes a valid element.
         unsafe { self.buf.set_len(self.elems) };
         let elems = self.elems;
         let buf = std::mem::take(&mut self.buf);
@@ -172,7 +221,7 @@ pub(crate) fn plain_landing<T: PlainValue>(len: usize) -> Result<Box<dyn Landing
     }
     let elems = len / size;
     Ok(Box::new(PlainLanding::<T> {
-        buf: Vec::with_capacity(elems),
+        buf: Vec::new(),
         elems,
     }))
 }
@@ -245,6 +294,35 @@ mod tests {
         round_plain(Vec::<f64>::new());
         round_plain([1u8, 2, 3, 4]);
         round_plain(vec![[1i32, 2], [3, 4]].into_boxed_slice());
+    }
+
+    #[test]
+    fn a_reclaimed_value_is_landed_in_again() {
+        let spare = |v: Vec<u32>| plain_reclaim::<Vec<u32>>(Box::new(v)).expect("a Vec gives it");
+        // Another size does not take it.
+        let mut other = plain_landing::<Vec<u32>>(4 * 999).unwrap();
+        assert!(!other.reuse(spare(vec![7u32; 1000])));
+        let mut l = plain_landing::<Vec<u32>>(4000).unwrap();
+        let s = spare(vec![7u32; 1000]);
+        let addr2 = s.downcast_ref::<Vec<u32>>().unwrap().as_ptr();
+        assert!(l.reuse(s));
+        assert_eq!(
+            l.ptr().cast::<u32>().cast_const(),
+            addr2,
+            "lands in the spare"
+        );
+        let bytes = plain_bytes(&vec![9u32; 1000]).to_vec();
+        // SAFETY: the landing has room for the 4000 bytes, all written here.
+        let back = unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), l.ptr(), bytes.len());
+            l.finish()
+        }
+        .unwrap();
+        let back = back.downcast_ref::<Vec<u32>>().unwrap();
+        assert_eq!((back.as_ptr(), back.len(), back[999]), (addr2, 1000, 9));
+        // Scalars and arrays are not recycled.
+        assert!(plain_reclaim::<u64>(Box::new(5u64)).is_none());
+        assert!(plain_reclaim::<[u8; 4]>(Box::new([1u8; 4])).is_none());
     }
 
     #[test]

@@ -95,6 +95,59 @@ fn several_runs_and_graphs_in_flight() {
 }
 
 #[test]
+fn recycled_landings_leave_kept_outputs_alone() {
+    // A received value's memory is recycled for the next value of its transfer once its run's
+    // outputs are dropped (unit tests in comm/run.rs and comm/engine/arrive.rs check where it
+    // lands): values stay whole, also in chunks, and an output kept is never written into.
+    for chunk in [usize::MAX, 1 << 16] {
+        let (_net, ranks) = world(
+            2,
+            RanksBuilder::new()
+                .workers(1)
+                .max_message_bytes(chunk.min(i32::MAX as usize)),
+        );
+        // Lockstep: rank 0 makes run n + 1's value only after rank 1 dropped run n's outputs.
+        let step = std::sync::Barrier::new(2);
+        on_all(&ranks, |r| {
+            let mut g = RankGraphBuilder::new("recycle");
+            let a = g.plain_node(0, "make", |ctx| Ok(vec![ctx.run_seq() as u8; 1 << 20]));
+            let b = g.plain_node(1, "read", move |ctx| {
+                let v = ctx.input(a)?;
+                Ok(u8::from(v.iter().all(|&x| x == ctx.run_seq() as u8)))
+            });
+            g.edge(a, b);
+            let graph = g.build(r).unwrap();
+            let kept = r.run(&graph).unwrap();
+            for _ in 0..4 {
+                let out = r.run(&graph).unwrap();
+                assert_ne!(out.get(b), Some(&0), "a whole value");
+                drop(out);
+                step.wait();
+            }
+            // Rank 0's own value, rank 1's received one.
+            let v = kept.get(a).expect("a value on both ranks");
+            assert!(v.iter().all(|&x| x == 0), "the kept value is intact");
+        });
+    }
+}
+
+#[test]
+fn placement_is_reported() {
+    let net = LocalNetwork::new(1);
+    let r = RanksBuilder::new()
+        .workers(1)
+        .comm_spin(Duration::from_micros(5))
+        .build_local(&net, 0)
+        .unwrap();
+    let p = r.placement();
+    assert_eq!(p.workers.len(), 1);
+    assert_eq!(p.comm_spin, Duration::from_micros(5));
+    let text = p.to_string();
+    assert!(text.contains("communication thread spins 5 µs"), "{text}");
+    assert_eq!(r.pool().workers()[0].core, p.workers[0]);
+}
+
+#[test]
 fn runs_in_flight_are_bounded_by_slots_and_tags() {
     // One slot: runs of the graph are serialized on each rank; results stay right.
     let (_net, ranks) = world(2, RanksBuilder::new().workers(2));
@@ -372,29 +425,39 @@ fn a_rank_that_leaves_early_fails_runs_that_need_it() {
     assert_eq!(e.rank(), Some(1));
 }
 
+/// This process's threads whose name starts with `prefix` (Linux keeps 15 bytes of a name).
+/// Counted by name: the other tests of this binary run at once and start threads of their own.
 #[cfg(target_os = "linux")]
-fn os_threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with(prefix))
+        .count()
 }
 
 #[cfg(target_os = "linux")]
 #[test]
 fn a_rank_has_its_workers_and_one_communication_thread() {
+    // The pool's threads are `{name}-{group}-{i}`, the communication thread `{name}-comm`.
+    let name = "thrcount";
     let net = LocalNetwork::new(1);
-    let before = os_threads();
+    assert_eq!(threads_named(name), 0);
     let r = RanksBuilder::new()
+        .name(name)
         .workers(3)
         .cores(Cores::Unpinned)
         .build_local(&net, 0)
         .unwrap();
-    assert_eq!(os_threads() - before, 3 + 1);
+    assert_eq!(threads_named(name), 3 + 1);
+    assert_eq!(threads_named(&format!("{name}-comm")), 1);
     // Runs (a world of one: no transfers) make no thread.
     let spec = random::random_spec(5, 1, 30, None);
     let (graph, _) = random::build(&spec, &r).unwrap();
     for _ in 0..3 {
         r.run(&graph).unwrap();
     }
-    assert_eq!(os_threads() - before, 3 + 1);
+    assert_eq!(threads_named(name), 3 + 1);
     drop(r);
-    assert_eq!(os_threads(), before);
+    assert_eq!(threads_named(name), 0);
 }

@@ -1,14 +1,15 @@
 //! The interface a backend builds on (the GPU backend, `boundpool-gpu`, is one), apart from what
 //! a user of pools and graphs needs: markers passed from a node to its successors, deferred
-//! completions, the idle hook and the wakers that ask for it, extra timeline tracks, and groups
-//! named by position.
+//! completions (polled by the worker, or completed from any thread through a [`Completer`]),
+//! the idle hook and the wakers that ask for it, extra timeline tracks, and groups named by
+//! position.
 //!
 //! The methods come as extension traits (as `std::os::unix` adds platform methods to `std`'s
 //! types): bring them into scope with `use boundpool_scheduler::backend::*;`. They are sealed:
 //! only this crate's types implement them.
 //!
 //! ```
-//! use boundpool_scheduler::backend::{NodeCtxExt, PoolBuilderExt, PoolExt};
+//! use boundpool_scheduler::backend::{Completer, NodeCtxExt, PoolBuilderExt, PoolExt};
 //! use boundpool_scheduler::{GraphBuilder, PoolBuilder};
 //! use std::task::Poll;
 //!
@@ -32,6 +33,25 @@
 //! assert_eq!(out.get(b), Some(&7));
 //! // Ask a worker of the host group to run its idle hook soon.
 //! pool.group_waker(pool.group("host").unwrap()).wake();
+//!
+//! // A node completed by another thread (a network or device thread would be that thread).
+//! let (tx, rx) = std::sync::mpsc::channel::<Completer>();
+//! let finisher = std::thread::spawn(move || {
+//!     for c in rx {
+//!         c.complete(Ok(())); // its successor runs on a worker, woken for it
+//!     }
+//! });
+//! let mut g = GraphBuilder::new("external");
+//! let a = g.node("a", move |ctx| {
+//!     tx.send(ctx.complete_later()).unwrap();
+//!     Ok(1u32)
+//! });
+//! let b = g.node("b", move |ctx| Ok(ctx.input(a)? + 1));
+//! g.edge(a, b);
+//! let graph = g.build()?;
+//! assert_eq!(pool.run(&graph)?.get(b), Some(&2));
+//! drop(graph); // the body's sender goes with it, and the finisher's loop ends
+//! finisher.join().unwrap();
 //! # Ok::<(), boundpool_scheduler::Error>(())
 //! ```
 
@@ -42,12 +62,13 @@ use std::task::Poll;
 use std::time::Instant;
 
 use crate::config::WorkerInfo;
-use crate::ctx::{Inputs, NodeCtx};
+use crate::ctx::{Deferral, Inputs, NodeCtx};
 use crate::error::BoxError;
 use crate::ids::{DomainId, GroupId, NodeId, Priority};
 use crate::pool::{Pool, PoolBuilder};
 use crate::sleep::Sleep;
 
+pub use crate::later::Completer;
 pub use crate::trace::SpanRecorder;
 
 mod sealed {
@@ -75,8 +96,29 @@ pub trait NodeCtxExt<S>: sealed::Sealed {
     /// Defers this node's completion: after the body returns, its successors are released (and
     /// its graph's completion counted) only once `poll` returns `Ready(Ok(()))`; `Ready(Err(_))`
     /// fails the graph naming this node. The same worker polls it between other nodes, and
-    /// backs off (yields, then short timed parks) when it has nothing else to do.
+    /// backs off (yields, then short timed parks) when it has nothing else to do. A later call
+    /// replaces the poll.
+    ///
+    /// # Panics
+    /// If this body called [`complete_later`](Self::complete_later) (a node defers one way).
     fn complete_when(&self, poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static);
+
+    /// Defers this node's completion to the returned [`Completer`], which any thread may
+    /// complete, before or after the body returns: the successors are released once both the
+    /// body returned `Ok` and the completer was called (with `Ok`), by a worker of the node's
+    /// placement (the one that ran the body, if the call came first; otherwise one that takes
+    /// the completion from the node's injector, woken for it), never on the completing thread
+    /// and without any worker polling. `Err` from the completer, or a completer dropped
+    /// without a call, fails the graph naming this node; a body that fails or panics fails it
+    /// at once, and the completer's call then does nothing.
+    ///
+    /// For completions another thread learns of (a network thread's arrivals, a device
+    /// callback): [`complete_when`](Self::complete_when) costs a poll per idle round of the
+    /// registering worker, this a queue push and a wake-up per completion.
+    ///
+    /// # Panics
+    /// If this body deferred its completion already (with either method).
+    fn complete_later(&self) -> Completer;
 
     /// The priority of node `id` of the running graph (its own, or its graph's;
     /// [`Priority::Normal`] for a node of another graph): the GPU
@@ -98,13 +140,43 @@ impl<S: Send + 'static> NodeCtxExt<S> for NodeCtx<'_, S> {
 
     #[inline]
     fn complete_when(&self, poll: impl FnMut(&S) -> Poll<Result<(), BoxError>> + Send + 'static) {
-        self.host.set_deferred(Box::new(poll));
+        if self.host.deferred_later() {
+            panic!(
+                "{} called complete_when after complete_later: a node defers its completion one \
+                 way",
+                describe(&self.inputs)
+            );
+        }
+        self.host.set_deferred(Deferral::Poll(Box::new(poll)));
+    }
+
+    fn complete_later(&self) -> Completer {
+        if let Some(how) = self.host.deferral_kind() {
+            panic!(
+                "{} called complete_later after {how}: a node defers its completion once",
+                describe(&self.inputs)
+            );
+        }
+        let (completer, handed) =
+            (self.host.pool.clone()).complete_later(self.inputs.run, self.inputs.node);
+        self.host.set_deferred(Deferral::Later(handed));
+        completer
     }
 
     #[inline]
     fn priority_of(&self, id: NodeId) -> Priority {
         self.inputs.run.priority_of(id)
     }
+}
+
+/// "node 'name' (#i) of graph 'g'" of the node whose body sees `inputs`.
+fn describe(inputs: &Inputs<'_>) -> String {
+    format!(
+        "node '{}' (#{}) of graph '{}'",
+        crate::error::bounded(inputs.node_name()),
+        inputs.node,
+        crate::error::bounded(inputs.graph_name())
+    )
 }
 
 /// A backend's methods of [`Inputs`] (and so of [`NodeCtx`], which dereferences to it).

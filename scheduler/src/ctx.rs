@@ -19,10 +19,20 @@ use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::graph::Graph;
 use crate::handle::GraphHandle;
 use crate::ids::{NodeId, NodeRef, Placement, Priority};
+use crate::later::{Completer, HandedOff};
 use crate::output::{AnyValue, Slots, TakeError};
 
 /// A deferred completion registered with [`NodeCtxExt::complete_when`](crate::backend::NodeCtxExt::complete_when).
 pub(crate) type DeferFn<S> = Box<dyn FnMut(&S) -> Poll<Result<(), BoxError>> + Send>;
+
+/// How the running body deferred its completion.
+pub(crate) enum Deferral<S> {
+    /// [`complete_when`](crate::backend::NodeCtxExt::complete_when): its worker polls it.
+    Poll(DeferFn<S>),
+    /// [`complete_later`](crate::backend::NodeCtxExt::complete_later): a `Completer`, called
+    /// from any thread, completes it; this is the worker's side of their rendezvous.
+    Later(HandedOff),
+}
 
 /// A node's view of its direct predecessors' outputs. CPU-heavy nodes
 /// ([`GraphBuilder::cpu_node`](crate::GraphBuilder::cpu_node)) get only this; worker nodes get it
@@ -50,6 +60,8 @@ pub(crate) trait RunAccess: Sync {
     fn placement_of(&self, id: NodeId) -> Placement;
     /// The error for output slots that could not be allocated.
     fn slots_too_large(&self) -> Error;
+    /// The run itself, for the pool's side of a `Completer` (which knows its type).
+    fn as_any(&self) -> &dyn Any;
     /// The priority of node `id` of this run's graph (`Normal` for a node of another graph).
     fn priority_of(&self, id: NodeId) -> Priority;
 }
@@ -292,15 +304,16 @@ impl<'a> Inputs<'a> {
 }
 
 /// The part of a worker that the bodies it runs see: the state its start hook returned, its
-/// identity, the pool (for nested submissions), and the slot where a body leaves its deferred
-/// completion. Owned by the worker thread; a [`NodeCtx`] borrows it.
+/// identity, the pool (for nested submissions and completers), and the slot where a body
+/// leaves its deferred completion. Owned by the worker thread; a [`NodeCtx`] borrows it.
 pub(crate) struct NodeHost<S> {
     pub(crate) state: S,
     pub(crate) info: WorkerInfo,
     /// The pool this worker belongs to.
     pub(crate) pool: Arc<dyn Submit<S>>,
-    /// What the running body passed to `complete_when`, taken by the worker after the body.
-    pub(crate) defer_slot: Cell<Option<DeferFn<S>>>,
+    /// How the running body deferred its completion (`complete_when`, `complete_later`), taken
+    /// by the worker after the body.
+    pub(crate) defer_slot: Cell<Option<Deferral<S>>>,
     /// A body running here deferred its completion (`defer_slot`) or waited for a nested graph
     /// and ran other nodes meanwhile: the worker's chain loop looks at either only when this is
     /// set (one flag to test per node, not two).
@@ -318,17 +331,40 @@ impl<S> NodeHost<S> {
         }
     }
 
-    /// Called by `NodeCtx::complete_when` from the running body.
+    /// Called by `NodeCtx::complete_when` and `complete_later` from the running body. Returns
+    /// the deferral it replaced.
     #[inline]
-    pub(crate) fn set_deferred(&self, poll: DeferFn<S>) {
-        self.defer_slot.set(Some(poll));
+    pub(crate) fn set_deferred(&self, d: Deferral<S>) -> Option<Deferral<S>> {
         self.attention.set(true);
+        self.defer_slot.replace(Some(d))
+    }
+
+    /// How the running body deferred its completion so far, if it did.
+    pub(crate) fn deferral_kind(&self) -> Option<&'static str> {
+        let d = self.defer_slot.take();
+        let kind = match &d {
+            None => None,
+            Some(Deferral::Poll(_)) => Some("complete_when"),
+            Some(Deferral::Later(_)) => Some("complete_later"),
+        };
+        self.defer_slot.set(d);
+        kind
+    }
+
+    /// Whether the running body deferred its completion to a `Completer`.
+    pub(crate) fn deferred_later(&self) -> bool {
+        self.deferral_kind() == Some("complete_later")
     }
 }
 
-/// How a body submits a nested graph to the pool that runs it (the pool's registry).
+/// How a body reaches the pool that runs it (the pool's registry): nested graphs, and the
+/// queue a `Completer` puts its node's completion on.
 pub(crate) trait Submit<S>: Send + Sync {
     fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error>;
+
+    /// A `Completer` for node `node` of `run` (the running body's), and the worker's side of
+    /// it (`run/later.rs`).
+    fn complete_later(self: Arc<Self>, run: &dyn RunAccess, node: u32) -> (Completer, HandedOff);
 }
 
 /// The context a worker node's body gets: its inputs (through `Deref` to [`Inputs`]), the

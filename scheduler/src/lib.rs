@@ -84,6 +84,7 @@ mod graph;
 mod handle;
 mod ids;
 mod latch;
+mod later;
 mod metrics;
 mod output;
 pub mod policy;

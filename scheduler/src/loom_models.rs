@@ -34,6 +34,11 @@
 //! 8. a value taken by its node's only successor (`Inputs::take`) on another thread than its
 //!    writer's: the taker sees it whole, the finisher finds it gone and the marker beside it
 //!    still there.
+//! 9. a node's completion handed to a `Completer` (`later.rs`, `run/later.rs`): the body's
+//!    return on one thread against the completer's call (with success, an error, or dropped)
+//!    on another, the completion task taken by a third: the node is completed exactly once,
+//!    by the body's thread or the taker, never the caller; its successor sees its output; the
+//!    run finishes once, after it; a failed body leaves the call nothing to do.
 //!
 //! A lost wake-up shows up as a loom deadlock (every thread parked).
 
@@ -46,7 +51,8 @@ use crate::ctx::Inputs;
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, GraphBuilder};
 use crate::latch::Completion;
-use crate::run::{Credit, Run, RunRef, CREDIT_CHUNK, CREDIT_MAX};
+use crate::later::Completer;
+use crate::run::{hand_off, Credit, Queue, Run, RunRef, Task, CREDIT_CHUNK, CREDIT_MAX};
 use crate::sleep::Sleep;
 
 /// a -> {b, c} -> d; node indices 0, 1, 2, 3.
@@ -1084,4 +1090,173 @@ fn admission_release_vs_withdraw() {
         adm.release();
         assert!(adm.try_acquire());
     });
+}
+
+/// The queue a `Completer`'s completion task goes to, in the models (the pool's injectors).
+struct CompletionQueue(loom::sync::Mutex<Vec<Task<()>>>);
+
+impl Queue<()> for CompletionQueue {
+    fn push_completion(&self, t: Task<()>) {
+        self.0.lock().unwrap().push(t);
+    }
+}
+
+/// How the completer thread of [`completer_model`] ends its completer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Call {
+    Ok,
+    Err,
+    Dropped,
+}
+
+/// `a -> b`, `a`'s completion handed to a completer. Thread W runs `a`'s body (stores its
+/// output, returns `Ok`) and completes `a` if the call came first; thread C calls (or drops)
+/// the completer; this thread takes the completion task if C queued one and completes `a`.
+/// Whoever completes `a` runs `b` when `a` succeeded, reading `a`'s output.
+fn completer_model(how: Call) {
+    loom::model(move || {
+        let mut g = GraphBuilder::<()>::new("later");
+        let a = g.node("a", |_| Ok(()));
+        let b = g.node("b", |_| Ok(()));
+        g.edge(a, b);
+        let graph = g.build().expect("builds");
+        let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
+        let queue = Arc::new(CompletionQueue(loom::sync::Mutex::new(Vec::new())));
+        let (completer, handed) =
+            hand_off(queue.clone() as Arc<dyn Queue<()>>, RunRef::new(&run), 0);
+        // a's output (Relaxed: it reaches b only through the completion's hand-offs).
+        let output = Arc::new(AtomicUsize::new(0));
+        let completions = Arc::new(AtomicUsize::new(0));
+        let finishes = Arc::new(AtomicUsize::new(0));
+        let done_inline = Arc::new(AtomicUsize::new(0));
+        // Completes `a` (`ok`) as a worker does, and runs `b` if that made it ready.
+        let complete_a = {
+            let (run, output, completions, finishes) = (
+                run.clone(),
+                output.clone(),
+                completions.clone(),
+                finishes.clone(),
+            );
+            move |ok: bool| {
+                completions.fetch_add(1, Ordering::SeqCst);
+                let (ready, fin) = complete(&run, 0, ok);
+                if fin {
+                    assert!(!ok, "a run whose b is ready is not over");
+                    finishes.fetch_add(1, Ordering::SeqCst);
+                }
+                if ready == [1] {
+                    assert_eq!(output.load(Ordering::Relaxed), 7, "b saw a's output");
+                    let (more, fin) = complete(&run, 1, true);
+                    assert!(more.is_empty() && fin);
+                    finishes.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        };
+        let body = {
+            let (run, output, done_inline, complete_a) = (
+                run.clone(),
+                output.clone(),
+                done_inline.clone(),
+                complete_a.clone(),
+            );
+            thread::spawn(move || {
+                output.store(7, Ordering::Relaxed);
+                match handed.body_returned() {
+                    None => {}
+                    Some(res) => {
+                        if let Err(e) = &res {
+                            run.fail(Error::new(ErrorKind::NodeFailed, e.to_string()));
+                        }
+                        complete_a(res.is_ok());
+                        done_inline.store(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        };
+        let caller = thread::spawn(move || {
+            let c: Completer = completer;
+            match how {
+                Call::Ok => c.complete(Ok(())),
+                Call::Err => c.complete(Err("lost".into())),
+                Call::Dropped => drop(c),
+            }
+        });
+        // The worker that takes a queued completion.
+        loop {
+            if done_inline.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            let task = queue.0.lock().unwrap().pop();
+            if let Some(t) = task {
+                assert_eq!(t.node(), 0);
+                let ok = t.completed().expect("a completion task");
+                assert_eq!(ok, how == Call::Ok);
+                complete_a(ok);
+                break;
+            }
+            thread::yield_now();
+        }
+        body.join().unwrap();
+        caller.join().unwrap();
+        assert_eq!(completions.load(Ordering::SeqCst), 1, "a completed once");
+        assert_eq!(finishes.load(Ordering::SeqCst), 1, "the run finished once");
+        assert!(queue.0.lock().unwrap().is_empty());
+        assert_eq!(run.inflight.load(Ordering::SeqCst), 0);
+        match run.take_result() {
+            Ok(_) => assert_eq!(how, Call::Ok),
+            Err(e) => {
+                assert_ne!(how, Call::Ok);
+                assert_eq!(e.kind(), ErrorKind::NodeFailed);
+                assert_eq!(e.cancelled_nodes(), 1, "b never ran");
+            }
+        }
+    });
+}
+
+/// The body returns `Ok` against a completer called with success (model 9).
+#[test]
+fn completer_rendezvous() {
+    completer_model(Call::Ok);
+}
+
+/// The body returns `Ok` against a completer called with an error, or dropped (model 9).
+#[test]
+fn completer_rendezvous_with_an_error() {
+    completer_model(Call::Err);
+    completer_model(Call::Dropped);
+}
+
+/// A body that fails (its worker completes the node as failed and drops its side of the
+/// rendezvous) against the completer's call, with success or an error: the call queues
+/// nothing and the run finishes once, failed (model 9).
+#[test]
+fn completer_after_a_failed_body() {
+    for how in [Call::Ok, Call::Err] {
+        loom::model(move || {
+            let mut g = GraphBuilder::<()>::new("later");
+            let a = g.node("a", |_| Ok(()));
+            let b = g.node("b", |_| Ok(()));
+            g.edge(a, b);
+            let graph = g.build().expect("builds");
+            let run = Arc::new(Run::new(1, graph.plan.clone()).expect("counters"));
+            let queue = Arc::new(CompletionQueue(loom::sync::Mutex::new(Vec::new())));
+            let (completer, handed) =
+                hand_off(queue.clone() as Arc<dyn Queue<()>>, RunRef::new(&run), 0);
+            let caller = thread::spawn(move || match how {
+                Call::Ok => completer.complete(Ok(())),
+                _ => completer.complete(Err("late".into())),
+            });
+            run.fail(Error::new(ErrorKind::NodeFailed, "node 'a' failed"));
+            let (ready, fin) = complete(&run, 0, false);
+            drop(handed);
+            assert!(ready.is_empty() && fin);
+            caller.join().unwrap();
+            assert!(
+                queue.0.lock().unwrap().is_empty(),
+                "the call queued nothing"
+            );
+            let e = run.take_result().unwrap_err();
+            assert_eq!(e.to_string(), "node 'a' failed (1 node(s) cancelled)");
+        });
+    }
 }

@@ -8,16 +8,17 @@ use crossbeam_utils::CachePadded;
 
 use crate::admission::Admission;
 use crate::config::{IdleHook, ShutdownMode, StartHook, StopHook, WorkerInfo};
-use crate::ctx::Submit;
+use crate::ctx::{RunAccess, Submit};
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, Plan};
 use crate::handle::{on_worker_of, GraphHandle};
 use crate::ids::Placement;
 use crate::latch::Completion;
+use crate::later::{Completer, HandedOff};
 use crate::metrics::{Export, PoolCounters, PoolStats, WorkerCounters, WorkerStats};
 use crate::output::GraphOutput;
 use crate::priority::{LevelQueues, Priority, WorkerDeques};
-use crate::run::{Run, RunRef, Task};
+use crate::run::{hand_off, Queue, Run, RunRef, Task};
 use crate::sleep::Sleep;
 use crate::spin::Spinners;
 use crate::sync::{self, AtomicBool, AtomicU64, AtomicU8, Condvar, Mutex, Ordering};
@@ -518,7 +519,8 @@ impl<S: Send + 'static> Registry<S> {
         Ok(handle)
     }
 
-    /// Pushes a ready task from a thread that is not one of this pool's workers (the cpu lane).
+    /// Pushes a ready task from a thread that is not one of this pool's workers (the cpu lane,
+    /// a `Completer`'s completion task), waking a worker of its placement.
     pub(crate) fn push_external(&self, t: Task<S>) {
         let spec = &t.run().plan.nodes[t.node() as usize];
         let placement = spec.placement();
@@ -621,5 +623,20 @@ impl<S: Send + 'static> Registry<S> {
 impl<S: Send + 'static> Submit<S> for Registry<S> {
     fn submit(&self, graph: &Graph<S>) -> Result<GraphHandle, Error> {
         Registry::submit(self, graph)
+    }
+
+    fn complete_later(self: Arc<Self>, run: &dyn RunAccess, node: u32) -> (Completer, HandedOff) {
+        let run = run
+            .as_any()
+            .downcast_ref::<Run<S>>()
+            .expect("a body's run is a run of its pool");
+        hand_off(self, RunRef::new(run), node)
+    }
+}
+
+impl<S: Send + 'static> Queue<S> for Registry<S> {
+    /// A `Completer`'s completion task: on the injector of its node's placement and level.
+    fn push_completion(&self, t: Task<S>) {
+        self.push_external(t);
     }
 }

@@ -2,7 +2,8 @@
 //! initialized, used and finalized on it), never blocks in the transport, and is the only
 //! thread that touches it. Workers and submitters talk to it through [`CommHandle`]: a
 //! channel of [`Command`]s and an unpark when it sleeps. It completes send and receive nodes
-//! by writing their cells, which the nodes' deferred completions poll.
+//! by deciding their cells, which call the nodes' `Completer`s (a worker takes each
+//! completion from its pool's queue; none polls).
 
 mod engine;
 pub(crate) mod run;
@@ -19,15 +20,27 @@ use crate::error::{Error, ErrorKind};
 use crate::transport::Transport;
 use engine::Engine;
 
-/// Yield this long with nothing to do before parking. A yield returns at once on a core with
-/// nothing else to run (on a host with cores to spare it is a spin); on a full one it hands the
-/// core to the thread this one waits for. Spinning instead (50 µs first) made an 8-byte edge
-/// 3.4 times slower on 2 cores shared by two ranks' workers and communication threads.
+/// Yield this long with nothing to do (after the spin, if any) before parking. A yield
+/// returns at once on a core with nothing else to run; on a full one it hands the core to the
+/// thread this one waits for.
 const YIELD: Duration = Duration::from_millis(2);
 /// The park of a comm thread that waits on the network (a message cannot wake it).
 const PARK_BUSY: Duration = Duration::from_micros(100);
 /// The park of a comm thread with nothing in flight (heartbeats, a peer's first message).
 const PARK_IDLE: Duration = Duration::from_millis(1);
+
+/// How the thread waits with work in flight and nothing to do: it spins (polls the transport
+/// again at once) for `spin`, then yields for [`YIELD`], then parks; with nothing in flight it
+/// parks at once. A spin costs what a yield costs when the thread has a core of its own, and
+/// answers an arrival without a system call; where the rank's threads share cores it starves
+/// the thread it waits for (an 8-byte edge was 3.4 times slower with a 50 µs spin on 2 shared
+/// cores), so `RanksBuilder` spins only where cores are spare, unless told otherwise.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Waiting {
+    pub(crate) spin: Duration,
+    /// The core to pin the thread to (a core of its own), if any.
+    pub(crate) core: Option<usize>,
+}
 
 struct Shared {
     parked: Arc<AtomicBool>,
@@ -69,15 +82,15 @@ pub(crate) struct CommThread {
     pub(crate) size: usize,
 }
 
-/// Starts the communication thread: `make` builds the transport on it (MPI initializes there).
-/// `notify` runs after the thread completes or fails cells (it wakes the workers). Returns
-/// once the transport is up, or with its error.
+/// Starts the communication thread (pinned to `waiting.core`, if given): `make` builds the
+/// transport on it (MPI initializes there). Returns once the transport is up, or with its
+/// error.
 pub(crate) fn spawn<T, F>(
     name: String,
     make: F,
     cfg: EngineConfig,
     poisoned: Arc<AtomicBool>,
-    notify: Box<dyn Fn() + Send>,
+    waiting: Waiting,
 ) -> Result<CommThread, Error>
 where
     T: Transport + 'static,
@@ -90,6 +103,10 @@ where
     let join = std::thread::Builder::new()
         .name(name)
         .spawn(move || {
+            if let Some(id) = waiting.core {
+                // A placement hint: an unpinned thread works too.
+                core_affinity::set_for_current(core_affinity::CoreId { id });
+            }
             let engine = match make() {
                 Ok(t) => Engine::new(t, cfg, poisoned),
                 Err(e) => {
@@ -99,7 +116,7 @@ where
             };
             let _ = up_tx.send(Ok((engine.rank(), engine.size())));
             let guard = AbortOnUnwind(engine.rank());
-            let poisoned = run_loop(engine, rx, &parked_here, &*notify);
+            let poisoned = run_loop(engine, rx, &parked_here, waiting.spin);
             std::mem::forget(guard);
             poisoned
         })
@@ -150,14 +167,14 @@ impl Drop for AbortOnUnwind {
     }
 }
 
-/// The thread's loop: commands, arrivals, completions, timers; yields, then parks when there
-/// is nothing to do. Returns whether the runtime was poisoned (a dead peer or a
-/// failed transport: the pool may have runs that never end).
+/// The thread's loop: commands, arrivals, completions, timers; spins, yields, then parks when
+/// there is nothing to do (see [`Waiting`]). Returns whether the runtime was poisoned (a dead
+/// peer or a failed transport: the pool may have runs that never end).
 fn run_loop<T: Transport>(
     mut engine: Engine<T>,
     rx: mpsc::Receiver<Command>,
     parked: &AtomicBool,
-    notify: &dyn Fn(),
+    spin: Duration,
 ) -> bool {
     let mut idle_since: Option<Instant> = None;
     let mut disconnected = false;
@@ -182,9 +199,6 @@ fn run_loop<T: Transport>(
         worked |= engine.probe(64) > 0;
         worked |= engine.poll() > 0;
         engine.timers();
-        if engine.take_woke() {
-            notify();
-        }
         if engine.finished() {
             return engine.close();
         }
@@ -193,7 +207,10 @@ fn run_loop<T: Transport>(
             continue;
         }
         let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
-        if idle < YIELD && engine.busy() {
+        let busy = engine.busy();
+        if busy && idle < spin {
+            std::hint::spin_loop();
+        } else if busy && idle < spin + YIELD {
             std::thread::yield_now();
         } else {
             let d = if engine.busy() { PARK_BUSY } else { PARK_IDLE };

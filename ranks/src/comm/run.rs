@@ -1,20 +1,22 @@
 //! What the communication thread shares with workers and waiters: a graph's communication
-//! plan ([`CommGraph`]), one run's state ([`RunState`]) with a cell per receive and per send,
-//! and the run's result across ranks.
+//! plan ([`CommGraph`]), one run's state ([`RunState`]) with a cell per receive and per send
+//! (each completing its node through the node's `Completer`), and the run's result across
+//! ranks.
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use boundpool_scheduler::backend::Completer;
 use boundpool_scheduler::BoxError;
 
 use crate::comm::wire::{Failure, Outcome};
 use crate::error::{Error, ErrorKind};
 use crate::plan::Digest;
-use crate::value::{AnyValue, LandFn};
+use crate::value::{AnyValue, LandFn, ReclaimFn, Spare};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -40,6 +42,9 @@ pub(crate) struct RecvSpec {
     /// The receive node's index in the graph's numbering of failures (see `Failure::node`).
     pub(crate) producer: u32,
     pub(crate) producer_name: String,
+    /// How a received value's memory is given back at its run's end (plain values whose type
+    /// gives its `Vec` back), for the next value of this receive to land in.
+    pub(crate) reclaim: Option<ReclaimFn>,
 }
 
 /// One graph's communication plan on this rank, shared by its runs and the comm thread.
@@ -60,6 +65,11 @@ pub(crate) struct CommGraph {
     /// Per run slot: whether a run holds it, and the seq of the next run to take it.
     slots: Mutex<Vec<(bool, u64)>>,
     slot_free: Condvar,
+    /// Per receive: memory of values received before whose runs ended, for the next values
+    /// to land in (at most `runs_in_flight` each).
+    spares: Box<[Mutex<Vec<Spare>>]>,
+    /// Values that landed in such memory.
+    recycled: AtomicU64,
 }
 
 impl std::fmt::Debug for CommGraph {
@@ -97,11 +107,39 @@ impl CommGraph {
             runs_in_flight,
             tags_per_run,
             sends,
+            spares: recvs.iter().map(|_| Mutex::new(Vec::new())).collect(),
+            recycled: AtomicU64::new(0),
             recvs,
             recv_at,
             gid: OnceLock::new(),
             slots: Mutex::new((0..u64::from(runs_in_flight)).map(|s| (false, s)).collect()),
             slot_free: Condvar::new(),
+        }
+    }
+
+    /// Memory for receive `k`'s next value, if an earlier one gave some back.
+    pub(crate) fn take_spare(&self, k: u32) -> Option<Spare> {
+        lock(&self.spares[k as usize]).pop()
+    }
+
+    /// A value landed in memory from [`take_spare`](Self::take_spare).
+    pub(crate) fn note_recycled(&self) {
+        self.recycled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many values landed in recycled memory.
+    pub(crate) fn recycled(&self) -> u64 {
+        self.recycled.load(Ordering::Relaxed)
+    }
+
+    /// Keeps the memory of receive `k`'s value `v`, whose run ended, if its type gives it back.
+    fn reclaim(&self, k: usize, v: AnyValue) {
+        let Some(spare) = self.recvs[k].reclaim.and_then(|f| f(v)) else {
+            return;
+        };
+        let mut spares = lock(&self.spares[k]);
+        if spares.len() < self.runs_in_flight as usize {
+            spares.push(spare);
         }
     }
 
@@ -129,12 +167,46 @@ const PENDING: u8 = 0;
 const READY: u8 = 1;
 const FAILED: u8 = 2;
 
-/// A receive's arrival, written by the comm thread, read by the receive node (its deferred
-/// completion) and, through the receive node's output, by the consumers.
+/// The completer of a cell's node, called once the cell is decided (filled, done or failed).
+/// Attached by the node's body, which may come after the decision: whichever of the two comes
+/// second calls it (the lock orders them: the decision is stored before the lock is taken to
+/// look for a completer, and a body attaching under the lock sees it or leaves the completer
+/// to be found).
+struct Waiter(Mutex<Option<Completer>>);
+
+impl Waiter {
+    fn new() -> Self {
+        Waiter(Mutex::new(None))
+    }
+
+    /// Attaches `c`, or calls it at once if `decided` already gives the cell's result.
+    fn attach(&self, c: Completer, decided: impl Fn() -> Poll<Result<(), BoxError>>) {
+        let mut w = lock(&self.0);
+        match decided() {
+            Poll::Pending => *w = Some(c),
+            Poll::Ready(r) => {
+                drop(w);
+                c.complete(r);
+            }
+        }
+    }
+
+    /// The cell was decided (with `result`): calls the attached completer, if any.
+    fn wake(&self, result: impl FnOnce() -> Result<(), BoxError>) {
+        let c = lock(&self.0).take();
+        if let Some(c) = c {
+            c.complete(result());
+        }
+    }
+}
+
+/// A receive's arrival, written by the comm thread, read by the receive node's consumers
+/// through its output; it completes the receive node through the node's completer.
 pub(crate) struct RecvCell {
     state: AtomicU8,
     value: OnceLock<AnyValue>,
     error: OnceLock<Error>,
+    waiter: Waiter,
 }
 
 impl RecvCell {
@@ -143,6 +215,7 @@ impl RecvCell {
             state: AtomicU8::new(PENDING),
             value: OnceLock::new(),
             error: OnceLock::new(),
+            waiter: Waiter::new(),
         }
     }
 
@@ -150,14 +223,27 @@ impl RecvCell {
     pub(crate) fn fill(&self, value: AnyValue) {
         if self.state.load(Ordering::Acquire) == PENDING && self.value.set(value).is_ok() {
             self.state.store(READY, Ordering::Release);
+            self.waiter.wake(|| Ok(()));
         }
     }
 
     /// The value will not come (the comm thread).
     pub(crate) fn fail(&self, e: Error) {
-        if self.state.load(Ordering::Acquire) == PENDING && self.error.set(e).is_ok() {
+        if self.state.load(Ordering::Acquire) == PENDING && self.error.set(e.clone()).is_ok() {
             self.state.store(FAILED, Ordering::Release);
+            self.waiter.wake(|| Err(Box::new(e)));
         }
+    }
+
+    /// Completes the receive node through `c` once the value arrived (or failed): at once if
+    /// it has.
+    pub(crate) fn complete_on(&self, c: Completer) {
+        self.waiter.attach(c, || self.poll());
+    }
+
+    /// Takes the value out (a run's end, to recycle its memory; see `CommGraph::reclaim`).
+    fn take_value(&mut self) -> Option<AnyValue> {
+        self.value.take()
     }
 
     pub(crate) fn is_pending(&self) -> bool {
@@ -186,10 +272,12 @@ impl RecvCell {
     }
 }
 
-/// A send's completion: done once the transport no longer reads the value.
+/// A send's completion: done once the transport no longer reads the value; it completes the
+/// send node through the node's completer.
 pub(crate) struct SendCell {
     state: AtomicU8,
     error: OnceLock<Error>,
+    waiter: Waiter,
 }
 
 impl SendCell {
@@ -197,19 +285,28 @@ impl SendCell {
         SendCell {
             state: AtomicU8::new(PENDING),
             error: OnceLock::new(),
+            waiter: Waiter::new(),
         }
     }
 
     pub(crate) fn done(&self) {
         self.state.store(READY, Ordering::Release);
+        self.waiter.wake(|| Ok(()));
     }
 
     /// The send will not happen: fails the send node. Only for a send the transport never
     /// started (one held for a verdict that said the graphs differ).
     pub(crate) fn fail(&self, e: Error) {
-        if self.state.load(Ordering::Acquire) == PENDING && self.error.set(e).is_ok() {
+        if self.state.load(Ordering::Acquire) == PENDING && self.error.set(e.clone()).is_ok() {
             self.state.store(FAILED, Ordering::Release);
+            self.waiter.wake(|| Err(Box::new(e)));
         }
+    }
+
+    /// Completes the send node through `c` once the transport is done with the value (or the
+    /// send failed): at once if it is.
+    pub(crate) fn complete_on(&self, c: Completer) {
+        self.waiter.attach(c, || self.poll());
     }
 
     pub(crate) fn poll(&self) -> Poll<Result<(), BoxError>> {
@@ -250,6 +347,18 @@ impl std::fmt::Debug for RunState {
             .field("graph", &self.graph.name)
             .field("seq", &self.seq)
             .finish()
+    }
+}
+
+impl Drop for RunState {
+    /// The run is over and nothing reads its received values any more: their memory goes
+    /// back to the graph, for the same receives of later runs to land in.
+    fn drop(&mut self) {
+        for (k, cell) in self.recvs.iter_mut().enumerate() {
+            if let Some(v) = cell.take_value() {
+                self.graph.reclaim(k, v);
+            }
+        }
     }
 }
 
@@ -371,6 +480,7 @@ mod tests {
             edge: "e".into(),
             producer: 0,
             producer_name: "p".into(),
+            reclaim: Some(crate::value::plain_reclaim::<u64>),
         };
         Arc::new(CommGraph::new(
             "g".into(),
@@ -408,6 +518,45 @@ mod tests {
         assert_eq!(run.outcome(), Outcome::Cancelled);
         run.sends[0].done();
         assert!(matches!(run.sends[0].poll(), Poll::Ready(Ok(()))));
+    }
+
+    #[test]
+    fn a_run_gives_its_received_vecs_back_when_dropped() {
+        let mut recv = graph(1, 0).recvs[0].clone();
+        recv.reclaim = Some(crate::value::plain_reclaim::<Vec<u8>>);
+        let g = Arc::new(CommGraph::new(
+            "g".into(),
+            0,
+            Digest {
+                graph: 0,
+                nodes: vec![],
+            },
+            Arc::from(Vec::new()),
+            2,
+            1,
+            vec![],
+            vec![recv],
+        ));
+        let mut addrs = Vec::new();
+        for seq in 0..3 {
+            let run = RunState::new(g.clone(), seq);
+            let v = vec![seq as u8; 100];
+            addrs.push(v.as_ptr() as usize);
+            run.recvs[0].fill(Box::new(v));
+            drop(run);
+        }
+        // At most `runs_in_flight` (2) kept, the newest on top.
+        let top = g.take_spare(0).expect("kept");
+        let top = top.downcast_ref::<Vec<u8>>().unwrap();
+        assert_eq!((top.as_ptr() as usize, top.capacity()), (addrs[1], 100));
+        assert!(g.take_spare(0).is_some());
+        assert!(g.take_spare(0).is_none());
+        // A type that does not give its memory back (`u64` in `graph`) keeps nothing.
+        let plain = graph(1, 0);
+        let run = RunState::new(plain.clone(), 0);
+        run.recvs[0].fill(Box::new(5u64));
+        drop(run);
+        assert!(plain.take_spare(0).is_none());
     }
 
     #[test]

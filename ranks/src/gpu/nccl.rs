@@ -33,12 +33,12 @@ pub(crate) fn add_send<E: DeviceCopy>(
         move |ctx: &NodeCtx<'_, GpuWorker>| {
             let bytes = ctx.input(from)?.bytes() as u64;
             let run = lenv.current();
+            run.sends[k as usize].complete_on(ctx.complete_later());
             lenv.comm.send(Command::Send {
-                run: run.clone(),
+                run,
                 k,
                 payload: Payload::Owned(bytes.to_ne_bytes().to_vec()),
             });
-            ctx.complete_when(move |_| run.sends[k as usize].poll());
             Ok(())
         },
     );

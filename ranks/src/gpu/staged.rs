@@ -80,8 +80,8 @@ pub(crate) fn add_send<E: DeviceCopy>(
     let done = gb.node(
         format!("send '{}' to rank {}", what.name, what.to),
         move |ctx: &NodeCtx<'_, GpuWorker>| {
-            let run = denv.current();
-            ctx.complete_when(move |_| run.sends[k as usize].poll());
+            // Completed by the comm thread once the transport is done with the staged value.
+            denv.current().sends[k as usize].complete_on(ctx.complete_later());
             Ok(())
         },
     );
@@ -389,8 +389,9 @@ mod tests {
                         }
                     });
                     let run = env.current();
+                    run.sends[k as usize].complete_on(ctx.complete_later());
                     env.comm.send(Command::Send {
-                        run: run.clone(),
+                        run,
                         k,
                         payload: Payload::Staged(StagedPayload {
                             ptr: v.as_ptr(),
@@ -399,7 +400,6 @@ mod tests {
                             ready: Box::new(move || ready.load(Ordering::Acquire)),
                         }),
                     });
-                    ctx.complete_when(move |_| run.sends[k as usize].poll());
                     Ok(())
                 });
                 SendNodes {

@@ -1,6 +1,8 @@
 //! A run as its nodes' bodies see it: `ctx`'s [`RunAccess`], through which `Inputs` reads the
 //! run's output slots and graph without naming the run.
 
+use std::any::Any;
+
 use super::Run;
 use crate::ctx::RunAccess;
 use crate::error::Error;
@@ -42,6 +44,9 @@ impl<S: Send + 'static> RunAccess for Run<S> {
         self.plan
             .check(id)
             .map_or(Priority::Normal, |i| self.plan.nodes[i as usize].priority())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
     }
     fn slots_too_large(&self) -> Error {
         let n = self.plan.nodes.len();

@@ -5,6 +5,8 @@
 //! * `access.rs`: the run as its bodies see it (`ctx`'s `RunAccess`);
 //! * `task.rs`: [`Task`], a queued node or span of a run (the job);
 //! * `credit.rs`: a worker's spare in-flight units of one run ([`Credit`]);
+//! * `later.rs`: a node's completion handed to a `Completer`, which holds the node's unit
+//!   until it queues the completion ([`Pending`](later::Pending), [`Queue`]);
 //! * `release.rs`: a completed node's release of its successors (the dependency counters);
 //! * `wide.rs`: arrivals at wide joins, and a worker's batching of them ([`LeafBatcher`]);
 //!
@@ -26,6 +28,7 @@
 
 mod access;
 mod credit;
+mod later;
 mod release;
 mod task;
 mod wide;
@@ -39,6 +42,7 @@ use crossbeam_utils::CachePadded;
 pub(crate) use self::credit::Credit;
 #[cfg(all(test, loom))]
 pub(crate) use self::credit::{CREDIT_CHUNK, CREDIT_MAX};
+pub(crate) use self::later::{hand_off, Queue};
 pub(crate) use self::task::{span_chunk, Task, SPAN_GRAIN, SPAN_MIN};
 pub(crate) use self::wide::LeafBatcher;
 use self::wide::LEAF_STRIDE;

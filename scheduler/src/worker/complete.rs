@@ -1,7 +1,7 @@
 //! Completing a node: releasing its successors (from their class bytes, through a span task for
 //! a wide fan-out, into a span's wide-join batch, or on the general path), queueing the ready
-//! ones where their placement and level say, and finishing and settling runs whose in-flight
-//! count reached zero here.
+//! ones where their placement and level say, completing nodes whose `Completer` queued their
+//! completion, and finishing and settling runs whose in-flight count reached zero here.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -277,7 +277,7 @@ impl<S: Send + 'static> WorkerThread<S> {
     /// is queued here for a thief (a wide fan-out reaches every worker in a few steals of
     /// halves, as rayon splits a parallel iterator), then the rest is released in order, each
     /// ready successor that may run here run at once, the others queued where they belong.
-    #[inline(never)]
+    #[inline]
     pub(super) fn run_span(&self, run: RunRef<S>, i: u32, lo: usize, mut hi: usize) {
         let succ: &[u32] = run.plan.successors(i);
         let chunk = span_chunk(succ.len());
@@ -350,6 +350,23 @@ impl<S: Send + 'static> WorkerThread<S> {
             ) {
                 self.registry.sleep.notify_local(self.group);
             }
+        }
+    }
+
+    /// A task that is not a node: a span ([`run_span`](Self::run_span)), or a node's
+    /// completion that its `Completer` queued (`Task::completion`, carrying the node's unit),
+    /// completed here as the worker that ran the body would have, its continuation run here.
+    #[inline(never)]
+    pub(super) fn run_queued(&self, task: Task<S>) {
+        let (run, node) = (task.run(), task.node());
+        match (task.completed(), task.chunks()) {
+            (Some(ok), _) => {
+                if let Some(c) = self.complete(run, node, ok) {
+                    self.execute_task(Task::new(run, c));
+                }
+            }
+            (None, Some((lo, hi))) => self.run_span(run, node, lo, hi),
+            (None, None) => unreachable!("a node task is run by execute_task"),
         }
     }
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::life::{abort_with, panic_message};
 use super::{Deferred, WorkerThread, SERVICE_EVERY};
-use crate::ctx::{DeferFn, Inputs, NodeCtx};
+use crate::ctx::{Deferral, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::graph::{NodeSpec, CLASS_ONE};
 use crate::metrics::SAMPLE_EVERY;
@@ -36,7 +36,9 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
         match task.chunks() {
             None => self.execute_task(task),
-            Some((lo, hi)) => self.run_span(task.run(), task.node(), lo, hi),
+            // A span, or a completion a `Completer` queued (out of line: this stays as small
+            // as it was before completion tasks, and is inlined into the worker's loop).
+            Some(_) => self.run_queued(task),
         }
         self.settle_finished();
     }
@@ -67,7 +69,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                     // on the dead node's poll). A nested wait's count needs no re-read here:
                     // the chain loop starts again from the count.
                     if self.host.attention.replace(false) {
-                        drop(self.host.defer_slot.take());
+                        self.drop_deferral();
                     }
                     run.fail(node_panicked(&run, cur, &*p));
                     match self.complete(run, cur, false) {
@@ -236,6 +238,15 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
+    /// Drops what a panicking body deferred (a `Completer`'s side of it tells the completer
+    /// to do nothing). Out of line: its drop glue kept in `execute_task`'s landing pad cost
+    /// every node there two instructions of prologue.
+    #[cold]
+    #[inline(never)]
+    fn drop_deferral(&self) {
+        drop(self.host.defer_slot.take());
+    }
+
     /// The chain loop's fast path after a body that failed, or left `attention` set: it
     /// deferred its completion (`defer_slot`), or waited for a nested graph and ran other
     /// nodes here, which counted themselves in `nodes_run` (the loop re-reads the count, which
@@ -307,9 +318,17 @@ impl<S: Send + 'static> WorkerThread<S> {
         *running = NO_NODE;
         self.record_slice(&run, i, start, tick);
         self.counters().nodes_run.add(1);
-        match (res, self.host.defer_slot.take()) {
-            (Ok(()), None) => self.complete(run, i, true),
-            (res, deferred) => self.after_body_slow(run, i, res, deferred),
+        match res {
+            // As in the chain loop: the slot is looked at only when the body set `attention`.
+            Ok(()) if !self.host.attention.get() => self.complete(run, i, true),
+            res => {
+                let deferred = if self.host.attention.replace(false) {
+                    self.host.defer_slot.take()
+                } else {
+                    None
+                };
+                self.after_body_slow(run, i, res, deferred)
+            }
         }
     }
 
@@ -334,7 +353,10 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
     }
 
-    /// A body that failed, or deferred its completion.
+    /// A body that failed, or deferred its completion. A completion handed to a `Completer`
+    /// is completed here if the completer was called already; otherwise its call queues it
+    /// (the node's unit is gone with it, and the run may be freed any moment). A failed
+    /// body's deferral is dropped, which tells a completer that its call is to do nothing.
     #[cold]
     #[inline(never)]
     pub(super) fn after_body_slow(
@@ -342,16 +364,24 @@ impl<S: Send + 'static> WorkerThread<S> {
         run: RunRef<S>,
         i: u32,
         res: Result<(), BoxError>,
-        deferred: Option<DeferFn<S>>,
+        deferred: Option<Deferral<S>>,
     ) -> Option<u32> {
         match (res, deferred) {
-            (Ok(()), Some(poll)) => {
+            (Ok(()), Some(Deferral::Poll(poll))) => {
                 self.deferred.borrow_mut().push(Deferred {
                     task: Task::new(run, i),
                     poll,
                 });
                 None
             }
+            (Ok(()), Some(Deferral::Later(handed))) => match handed.body_returned() {
+                None => None,
+                Some(Ok(())) => self.complete(run, i, true),
+                Some(Err(e)) => {
+                    run.fail(node_failed(&run, i, e));
+                    self.complete(run, i, false)
+                }
+            },
             (Ok(()), None) => self.complete(run, i, true),
             (Err(e), _) => {
                 run.fail(node_failed(&run, i, e));

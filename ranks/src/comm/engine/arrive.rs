@@ -107,7 +107,6 @@ impl<T: Transport> Engine<T> {
                 ),
             ));
         };
-        let land = graph.recvs[k as usize].land.clone();
         if long {
             if let Some(&id) = self.long_active.get(&(src, tag)) {
                 return self.chunk(p, id, at);
@@ -124,7 +123,7 @@ impl<T: Transport> Engine<T> {
                     gid,
                     slot,
                     k,
-                    landing: landing_for(land, total),
+                    landing: landing_for(&graph, k, total),
                 },
             };
             let id = self.place_entry(src, entry, at);
@@ -133,7 +132,7 @@ impl<T: Transport> Engine<T> {
             }
             return Ok(());
         }
-        let mut landing = landing_for(land, p.len);
+        let mut landing = landing_for(&graph, k, p.len);
         let ptr = landing.ptr();
         let entry = Entry {
             ops_left: 1,
@@ -334,7 +333,6 @@ impl<T: Transport> Engine<T> {
                         self.node_failed(&run, f);
                     }
                 }
-                self.woke = true;
             }
             Some(_) => {}
             None if gs.started.contains(seq) => {}
@@ -382,7 +380,6 @@ impl<T: Transport> Engine<T> {
                 match gs.active.get(&seq) {
                     Some(run) => {
                         run.cancel(&e);
-                        self.woke = true;
                     }
                     None if gs.started.contains(seq) => {}
                     None => {
@@ -397,11 +394,18 @@ impl<T: Transport> Engine<T> {
     }
 }
 
-/// The landing for `len` bytes of a value, or scratch memory that refuses (the size does not
-/// fit the type: the message is still received, and its receive node fails naming the edge).
-fn landing_for(land: crate::value::LandFn, len: usize) -> Box<dyn Landing> {
-    match land(len) {
-        Ok(l) => l,
+/// The landing for `len` bytes of receive `k`'s value, in the memory an earlier value of it
+/// gave back if that fits (see `CommGraph::take_spare`), or scratch memory that refuses (the
+/// size does not fit the type: the message is still received, and its receive node fails
+/// naming the edge).
+fn landing_for(graph: &CommGraph, k: u32, len: usize) -> Box<dyn Landing> {
+    match (graph.recvs[k as usize].land)(len) {
+        Ok(mut l) => {
+            if graph.take_spare(k).is_some_and(|spare| l.reuse(spare)) {
+                graph.note_recycled();
+            }
+            l
+        }
         Err(error) => Box::new(Refused(vec![0u8; len], error)),
     }
 }
@@ -418,5 +422,50 @@ impl Landing for Refused {
     }
     unsafe fn finish(self: Box<Self>) -> Result<AnyValue, String> {
         Err(self.1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::run::RecvSpec;
+    use crate::value::{plain_landing, plain_reclaim};
+
+    #[test]
+    fn a_landing_takes_the_spare_of_its_receive() {
+        let recv = RecvSpec {
+            from: 1,
+            index: 0,
+            land: crate::value::land_fn(plain_landing::<Vec<u16>>),
+            edge: "e".into(),
+            producer: 0,
+            producer_name: "p".into(),
+            reclaim: Some(plain_reclaim::<Vec<u16>>),
+        };
+        let graph = Arc::new(CommGraph::new(
+            "g".into(),
+            1,
+            Digest {
+                graph: 0,
+                nodes: vec![],
+            },
+            Arc::from(Vec::new()),
+            1,
+            1,
+            vec![],
+            vec![recv],
+        ));
+        // A run whose received value was dropped leaves its memory to the receive.
+        let run = RunState::new(graph.clone(), 0);
+        let v = vec![3u16; 500];
+        let addr = v.as_ptr() as usize;
+        run.recvs[0].fill(Box::new(v));
+        drop(run);
+        let mut l = landing_for(&graph, 0, 1000);
+        assert_eq!(graph.recycled(), 1, "the next value lands in it");
+        assert_eq!(l.ptr() as usize, addr);
+        // None left: the one after that gets memory of its own.
+        landing_for(&graph, 0, 1000);
+        assert_eq!(graph.recycled(), 1);
     }
 }

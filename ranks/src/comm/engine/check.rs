@@ -155,7 +155,6 @@ impl<T: Transport> Engine<T> {
                 for run in gs.active.values() {
                     run.cancel(&e);
                 }
-                self.woke = true;
             }
         }
         // Runs that ended everywhere before the verdict came resolve now.

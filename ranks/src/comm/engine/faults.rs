@@ -102,7 +102,6 @@ impl<T: Transport> Engine<T> {
         for (gid, seq) in resolvable {
             self.try_resolve(gid, seq);
         }
-        self.woke = true;
     }
 
     pub(super) fn transport_failed(&mut self, e: Error) {
@@ -120,7 +119,6 @@ impl<T: Transport> Engine<T> {
                 run.resolve(Err(e.clone()));
             }
         }
-        self.woke = true;
     }
 
     pub(super) fn poison(&mut self) {

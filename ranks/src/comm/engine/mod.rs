@@ -204,8 +204,6 @@ pub(crate) struct Engine<T: Transport> {
     fatal: Option<Error>,
     closing: Option<Instant>,
     done: Vec<OpId>,
-    /// Cells were filled or failed since the last take (wake the workers).
-    woke: bool,
 }
 
 impl<T: Transport> Engine<T> {
@@ -247,7 +245,6 @@ impl<T: Transport> Engine<T> {
             fatal: None,
             closing: None,
             done: Vec::new(),
-            woke: false,
         }
     }
 
@@ -280,15 +277,17 @@ impl<T: Transport> Engine<T> {
         }
     }
 
-    /// Whether workers should look at their receives.
-    pub(crate) fn take_woke(&mut self) -> bool {
-        std::mem::take(&mut self.woke)
-    }
-
     /// Ends the transport; `poisoned` tells the runtime not to wait for its pool.
-    pub(crate) fn close(self) -> bool {
+    pub(crate) fn close(mut self) -> bool {
         let clean = !self.poisoned && self.fatal.is_none() && self.ops.is_empty();
         let poisoned = self.poisoned || self.fatal.is_some();
+        if !self.ops.is_empty() {
+            // Sends and receives the transport may still hold: their memory (a run's output, a
+            // landing) must never be freed under it, so their runs' send nodes are never
+            // completed (the cells keep their completers) and the landings stay.
+            std::mem::forget(std::mem::take(&mut self.sends));
+            std::mem::forget(std::mem::take(&mut self.queues));
+        }
         self.t.close(clean);
         poisoned
     }
@@ -382,7 +381,6 @@ impl<T: Transport> Engine<T> {
         if let Some(f) = own_decode {
             self.node_failed(&run, f);
         }
-        self.woke = true;
     }
 
     fn send_value(&mut self, run: Arc<RunState>, k: u32, payload: Payload) {
@@ -395,7 +393,6 @@ impl<T: Transport> Engine<T> {
         let gs = self.graphs.entry(gid).or_default();
         if let Some(e) = &gs.refused {
             run.sends[k as usize].fail(e.clone());
-            self.woke = true;
             return;
         }
         match gs.layout {
@@ -498,7 +495,6 @@ impl<T: Transport> Engine<T> {
         }
         // The failed run ends here only once every deferred receive completes: fail them.
         run.cancel(&failure.to_error());
-        self.woke = true;
         let gid = *run.graph.gid.get().expect("registered");
         self.broadcast(&Control::Fail {
             gid,
@@ -552,7 +548,6 @@ impl<T: Transport> Engine<T> {
                     if finished {
                         let s = self.sends.remove(&id).expect("present");
                         s.run.sends[s.k as usize].done();
-                        self.woke = true;
                     }
                 }
                 Some(OpKind::Control(_)) | None => {}
