@@ -263,6 +263,7 @@ mod device;
 mod diag;
 mod driver;
 mod error;
+mod gate;
 mod libs;
 mod lt_algos;
 mod metrics;
