@@ -237,7 +237,7 @@ pub(crate) struct DeviceShared {
     events_created: AtomicUsize,
     releases: Mutex<Vec<Release>>,
     release_pending: AtomicBool,
-    waker: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
+    waker: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Every worker stream of the device (workers, nodes and markers hold [`StreamRef`]
     /// views), dropped by the device's last worker (destroyed then, unless a user's clone or a
     /// buffer allocated on it still holds it).
@@ -596,7 +596,7 @@ impl DeviceShared {
     // ---------------------------------------------------------------- release queue
 
     pub(crate) fn set_waker(&self, f: Box<dyn Fn() + Send + Sync>) {
-        *self.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+        *self.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::from(f));
     }
 
     /// Queues a handle for release by a bound worker; no driver call, any thread.
@@ -759,6 +759,13 @@ impl DeviceShared {
                 .unwrap_or_else(|e| e.into_inner())
                 .extend(later);
             self.release_pending.store(true, Ordering::Release);
+            if deferred {
+                // Asked back when the capture ends: the flag stays up, so a later drop would
+                // not wake a worker, and an idle pool would keep the deferred frees.
+                if let Some(w) = &*self.waker.lock().unwrap_or_else(|e| e.into_inner()) {
+                    self.gate.wake_after_captures(Arc::downgrade(w));
+                }
+            }
         }
         // Look again before blocking: work another worker enqueued since the first look (before
         // the fence events were recorded) would make this worker wait for it. A stream idle now

@@ -25,7 +25,7 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
 /// The gates made so far, by device ordinal.
 type Gates = Vec<(i32, Arc<CaptureGate>)>;
@@ -45,7 +45,14 @@ struct State {
     captures_waiting: usize,
     /// Syncs holding the gate.
     syncs: usize,
+    /// Called when the captures have ended (none holding, none waiting): the wakers of
+    /// release queues whose frees were deferred for a capture (`Weak`: a pool gone since
+    /// needs no wake-up).
+    after_captures: Vec<Waker>,
 }
+
+/// A release queue's waker, as the gate keeps it.
+pub(crate) type Waker = Weak<dyn Fn() + Send + Sync>;
 
 thread_local! {
     /// Holds of any gate on this thread: a new hold passes through while one is held.
@@ -88,13 +95,20 @@ impl Drop for GateHold {
         };
         HELD.with(|h| h.set(h.get() - 1));
         let mut s = gate.lock();
+        let mut wake = Vec::new();
         if self.capture {
             s.captures -= 1;
+            if s.captures_waiting == 0 {
+                wake = std::mem::take(&mut s.after_captures);
+            }
         } else {
             s.syncs -= 1;
         }
         drop(s);
         gate.changed.notify_all();
+        for w in wake.iter().filter_map(Weak::upgrade) {
+            w();
+        }
     }
 }
 
@@ -152,6 +166,23 @@ impl CaptureGate {
         }
         s.syncs += 1;
         GateHold::held(self, false)
+    }
+
+    /// Calls `waker` once the captures under way (holding the gate or waiting for it) have
+    /// ended, at once if there are none: a release queue that deferred its frees for a
+    /// capture asks a worker back then (its pending flag alone would not wake one).
+    pub(crate) fn wake_after_captures(&self, waker: Waker) {
+        let mut s = self.lock();
+        if s.captures == 0 && s.captures_waiting == 0 {
+            drop(s);
+            if let Some(w) = waker.upgrade() {
+                w();
+            }
+            return;
+        }
+        if !s.after_captures.iter().any(|w| Weak::ptr_eq(w, &waker)) {
+            s.after_captures.push(waker);
+        }
     }
 
     /// [`sync`](Self::sync) without waiting: `None` while a capture holds the gate or waits
@@ -293,6 +324,43 @@ mod tests {
         other.join().unwrap();
         assert!(captured.load(Ordering::SeqCst));
         t.join().unwrap();
+    }
+
+    #[test]
+    fn a_deferred_queue_is_woken_when_the_captures_end() {
+        let g = Arc::new(CaptureGate::default());
+        let woken = Arc::new(AtomicUsize::new(0));
+        let w = woken.clone();
+        let waker: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            w.fetch_add(1, Ordering::SeqCst);
+        });
+        // No capture: at once.
+        g.wake_after_captures(Arc::downgrade(&waker));
+        assert_eq!(woken.load(Ordering::SeqCst), 1);
+        // Under a capture (of another thread): when it ends, once however often asked.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx2, rx2) = std::sync::mpsc::channel::<()>();
+        let t = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let _c = g.capture();
+                tx.send(()).unwrap();
+                rx2.recv().unwrap();
+            })
+        };
+        rx.recv().unwrap();
+        g.wake_after_captures(Arc::downgrade(&waker));
+        g.wake_after_captures(Arc::downgrade(&waker));
+        assert_eq!(woken.load(Ordering::SeqCst), 1);
+        tx2.send(()).unwrap();
+        t.join().unwrap();
+        assert_eq!(woken.load(Ordering::SeqCst), 2);
+        // A waker whose pool is gone is not called.
+        let c = g.capture();
+        let gone: Arc<dyn Fn() + Send + Sync> = Arc::new(|| panic!("called after its drop"));
+        g.wake_after_captures(Arc::downgrade(&gone));
+        drop(gone);
+        drop(c);
     }
 
     #[test]
