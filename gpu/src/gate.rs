@@ -16,8 +16,9 @@
 //! device's primary context, so two pools' workers (or two tests of one binary) are what it
 //! keeps apart. Captures come first: a sync waits while a capture holds the gate or waits for
 //! it, so a stream of syncs never starves captures (and captures, rare and short, delay syncs
-//! without starving them). On a thread already holding the gate (a sync called inside a
-//! capture's body, or nested inside another sync) a new hold passes through without waiting:
+//! without starving them). On a thread already holding a gate (a sync called inside a
+//! capture's body, or nested inside another sync; any device's gate, so that two devices'
+//! holds never wait on each other) a new hold passes through without waiting:
 //! waiting there could only deadlock, and a synchronising call made under the thread's own
 //! capture fails that capture by name anyway. A captured body must therefore not wait for
 //! another graph's capture or for a node that synchronises. Nothing on the replay launch path
