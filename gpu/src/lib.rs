@@ -140,8 +140,8 @@
 //! (the served model's f32 layers gain 1.2x so). cudarc's own `CudaBlasLT`
 //! still works eagerly inside a node (one per stream, made there), not under a capture. A
 //! cudarc call in a body that synchronises the device or its context (a `CudaBlas`,
-//! `CudaBlasLT` or `CudaRng` made or dropped, `load_module` and a module's unload,
-//! `CudaContext::synchronize`) goes inside [`GpuCtx::outside_captures`], or into
+//! `CudaBlasLT` or `CudaRng` made or dropped, a `CudaRng`'s first draw, `load_module` and a
+//! module's unload, `CudaContext::synchronize`) goes inside [`GpuCtx::outside_captures`], or into
 //! [`GpuPoolBuilder::worker_state`] (made at a worker's start, dropped at its stop, both
 //! outside captures): made bare, it invalidates any capture another thread is making on the
 //! device, and may fail itself. candle

@@ -319,8 +319,9 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
     /// Runs `f` while no replay capture of this node's device is under way in this process
     /// (any pool's), and keeps new captures from beginning until it returns. For cudarc calls
     /// in a body that synchronise the device or its context: making or dropping a `CudaBlas`,
-    /// `CudaBlasLT` or `CudaRng`, `load_module` (and a module's unload), `synchronize` on the
-    /// context, a synchronous free. The driver invalidates every capture of the context such a
+    /// `CudaBlasLT` or `CudaRng` (and a generator's first draw, which sets its state up),
+    /// `load_module` (and a module's unload), `synchronize` on the context, a synchronous
+    /// free. The driver invalidates every capture of the context such a
     /// call meets, whichever thread makes it (thread-local capture mode does not protect
     /// against another thread's synchronise), so without this a node of one graph can break
     /// the capture of another, and the call itself may fail. boundpool's own calls of the kind
@@ -332,10 +333,16 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
     /// # use boundpool_gpu::{BoxError, GpuCtx};
     /// # use boundpool_gpu::cudarc::curand::CudaRng;
     /// fn fill(ctx: &GpuCtx<'_, '_>) -> Result<(), BoxError> {
-    ///     let rng = ctx.outside_captures(|| CudaRng::new(42, ctx.stream().clone()))?;
     ///     let mut v = ctx.stream().alloc_zeros::<f32>(1024)?;
+    ///     // Made and first drawn (cuRAND sets the generator's state up then) inside.
+    ///     let rng = ctx.outside_captures(|| -> Result<_, BoxError> {
+    ///         let rng = CudaRng::new(42, ctx.stream().clone())?;
+    ///         rng.fill_with_uniform(&mut v)?;
+    ///         Ok(rng)
+    ///     })?;
+    ///     // A later draw is a kernel on the stream.
     ///     rng.fill_with_uniform(&mut v)?;
-    ///     // The generator's destroy frees with a synchronise too.
+    ///     // The generator's destroy frees with a synchronise.
     ///     ctx.outside_captures(|| drop(rng));
     ///     Ok(())
     /// }

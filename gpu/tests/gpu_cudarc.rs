@@ -485,15 +485,15 @@ fn curand_fills_a_buffer_on_the_nodes_stream() {
     let n = 1 << 20;
     let v = p
         .call(&d, move |ctx| {
-            // The generator's create and destroy synchronise the device: outside any other
-            // graph's capture (another test of this binary may be capturing).
-            let rng = ctx.outside_captures(|| {
-                boundpool_gpu::cudarc::curand::CudaRng::new(42, ctx.stream().clone())
-            })?;
+            // The generator's create, first draw (its state is set up then) and destroy
+            // synchronise the device: outside any other graph's capture (another test of this
+            // binary may be capturing).
             let mut x = ctx.alloc::<f32>(n)?;
-            let filled = rng.fill_with_uniform(&mut x);
-            ctx.outside_captures(|| drop(rng));
-            filled?;
+            ctx.outside_captures(|| -> Result<(), boundpool_gpu::BoxError> {
+                let rng = boundpool_gpu::cudarc::curand::CudaRng::new(42, ctx.stream().clone())?;
+                rng.fill_with_uniform(&mut x)?;
+                Ok(())
+            })?;
             Ok(ctx.download(&x)?)
         })
         .unwrap();

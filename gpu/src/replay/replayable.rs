@@ -29,8 +29,8 @@ use super::run::{Lease, ReplayHandle, ReplayOutput, RunInputs};
 /// What boundpool guarantees: no call of its own breaks another thread's capture, in this pool
 /// or another one of the process. What user code must not do while another thread may capture
 /// on the device: a call that synchronises the device or its context outside
-/// `outside_captures` (cudarc's `CudaBlas`, `CudaBlasLT` or `CudaRng` made or dropped,
-/// `load_module` and a module's unload, `CudaContext::synchronize`, a synchronous free, a
+/// `outside_captures` (cudarc's `CudaBlas`, `CudaBlasLT` or `CudaRng` made or dropped, a
+/// `CudaRng`'s first draw, which sets its state up, `load_module` and a module's unload, `CudaContext::synchronize`, a synchronous free, a
 /// library doing one of these inside). The driver invalidates the capture (it fails naming the
 /// graph and the node it was at, and the graph runs eagerly until `update`) and the call
 /// itself may fail; thread-local capture mode does not protect against it. A captured body
