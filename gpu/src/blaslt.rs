@@ -446,13 +446,17 @@ impl CublasLt<'_> {
         }
         let stream = self.ctx.stream();
         let fail = |call: &str, e| self.ctx.fail_call(&format!("{call} (CublasLt::tune)"), e);
+        // The timing capture holds the device's capture gate, as a replay's does (`gate.rs`).
+        let gate = self.ctx.b.device.gate.capture();
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| fail("cuStreamBeginCapture", e))?;
         let ran = (0..IN_GRAPH).all(|_| run().is_ok());
         let graph = stream
             .end_capture(CUgraphInstantiate_flags(0))
-            .map_err(|e| fail("cuStreamEndCapture", e))?;
+            .map_err(|e| fail("cuStreamEndCapture", e));
+        drop(gate);
+        let graph = graph?;
         let Some(graph) = graph.filter(|_| ran) else {
             return Ok(None);
         };

@@ -17,6 +17,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 
 use crate::driver::{self, Ctx, DResult, Dev, DeviceAlloc, Event, GraphExec, HostAlloc, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::gate::CaptureGate;
 use crate::lt_algos::LtAlgoCache;
 use crate::metrics::DeviceMetrics;
 use crate::module::Kernel;
@@ -236,7 +237,7 @@ pub(crate) struct DeviceShared {
     events_created: AtomicUsize,
     releases: Mutex<Vec<Release>>,
     release_pending: AtomicBool,
-    waker: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
+    waker: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Every worker stream of the device (workers, nodes and markers hold [`StreamRef`]
     /// views), dropped by the device's last worker (destroyed then, unless a user's clone or a
     /// buffer allocated on it still holds it).
@@ -274,6 +275,9 @@ pub(crate) struct DeviceShared {
     /// worker, aborted by the device's last worker.
     #[cfg(feature = "nccl")]
     pub(crate) nccl: Mutex<Option<crate::nccl::comm::DeviceComm>>,
+    /// The process's capture gate of this device (`gate.rs`), shared with every other pool's
+    /// table of the device.
+    pub(crate) gate: Arc<CaptureGate>,
 }
 
 impl fmt::Debug for DeviceShared {
@@ -287,6 +291,7 @@ impl fmt::Debug for DeviceShared {
 
 impl DeviceShared {
     pub(crate) fn new(info: DeviceInfo, dev: Dev, trace: bool) -> Self {
+        let gate = CaptureGate::of_device(info.ordinal);
         Self {
             timing: trace.then(|| DeviceTiming::new(info.ordinal, &info.name)),
             info,
@@ -314,6 +319,7 @@ impl DeviceShared {
             peer_access: Mutex::new(HashMap::new()),
             #[cfg(feature = "nccl")]
             nccl: Mutex::new(None),
+            gate,
         }
     }
 
@@ -590,7 +596,7 @@ impl DeviceShared {
     // ---------------------------------------------------------------- release queue
 
     pub(crate) fn set_waker(&self, f: Box<dyn Fn() + Send + Sync>) {
-        *self.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+        *self.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::from(f));
     }
 
     /// Queues a handle for release by a bound worker; no driver call, any thread.
@@ -610,7 +616,9 @@ impl DeviceShared {
                         .for_each(ReaderFence::done);
                 }
                 Release::Pinned(a, cuda) => {
-                    // As cudarc does for its slices: bind the context it keeps, free here.
+                    // As cudarc does for its slices: bind the context it keeps, free here
+                    // (`cuMemFreeHost` synchronises: not during another thread's capture).
+                    let _gate = self.gate.sync();
                     if cuda.bind_to_thread().is_ok() {
                         let _ = a.free(Ctx::of(&cuda));
                     }
@@ -679,10 +687,20 @@ impl DeviceShared {
             }
         }
         let n = batch.len();
+        // Host frees and a free without a fence synchronise the device: not while a stream of
+        // another thread captures on it (`gate.rs`). Then they wait for a later drain, as
+        // PyTorch's caching allocator defers its frees while a capture is under way.
+        let needs_gate = !fenced || batch.iter().any(|r| matches!(r, Release::Pinned(..)));
+        let gate = needs_gate.then(|| self.gate.try_sync()).flatten();
+        let deferred = needs_gate && gate.is_none();
         let mut pinned = Vec::new();
         let mut later = Vec::new();
         for r in batch {
             match r {
+                r @ (Release::Slice(..) | Release::Pinned(..)) if deferred && !fenced => {
+                    later.push(r);
+                }
+                r @ Release::Pinned(..) if deferred => later.push(r),
                 Release::Slice(s, Some(readers)) if readers.being_read() => {
                     // A body of another device reads it in place and has not recorded its
                     // fence yet: freed at a later drain.
@@ -732,6 +750,7 @@ impl DeviceShared {
                 let _ = a.free(ctx);
             }
         }
+        drop(gate);
         let n = n - later.len();
         self.metrics().releases_done.increment(n as u64);
         if !later.is_empty() {
@@ -740,6 +759,13 @@ impl DeviceShared {
                 .unwrap_or_else(|e| e.into_inner())
                 .extend(later);
             self.release_pending.store(true, Ordering::Release);
+            if deferred {
+                // Asked back when the capture ends: the flag stays up, so a later drop would
+                // not wake a worker, and an idle pool would keep the deferred frees.
+                if let Some(w) = &*self.waker.lock().unwrap_or_else(|e| e.into_inner()) {
+                    self.gate.wake_after_captures(Arc::downgrade(w));
+                }
+            }
         }
         // Look again before blocking: work another worker enqueued since the first look (before
         // the fence events were recorded) would make this worker wait for it. A stream idle now

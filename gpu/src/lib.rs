@@ -57,6 +57,11 @@
 //!   memory) fail the capture naming the graph, the node and why
 //!   ([`GpuErrorKind::Capture`], the device counter `boundpool_gpu_capture_failures_total`);
 //!   the graph's later runs go eager until [`Replayable::update`] asks for a new capture.
+//!   A capture holds its device's capture gate (one per device and process, every pool's)
+//!   alone from its begin to its end, and calls that synchronise the device (a worker's start
+//!   and stop, host frees, [`GpuCtx::outside_captures`]) hold it shared: the driver invalidates
+//!   every capture of a context such a call meets, from whichever thread (see
+//!   [`Replayable`], "Captures beside other threads"). Replayed launches take no lock.
 //! * **SM partitions.** [`GpuPoolBuilder::sm_partitions`] splits each device's SMs into
 //!   disjoint partitions ([`SmPartition`]), each a worker group whose streams are made in the
 //!   partition's green context, so its work runs on its SMs only: a latency-critical graph
@@ -133,7 +138,13 @@
 //! for the problem: the heuristic's first (asked once per problem, then kept), or the fastest of
 //! the heuristic's offers that [`CublasLt::tune`] timed, eagerly, before a replay captures it
 //! (what that gains the served model: docs/benchmarks.md). cudarc's own `CudaBlasLT`
-//! still works eagerly inside a node (one per stream, made there), not under a capture. candle
+//! still works eagerly inside a node (one per stream, made there), not under a capture. A
+//! cudarc call in a body that synchronises the device or its context (a `CudaBlas`,
+//! `CudaBlasLT` or `CudaRng` made or dropped, a `CudaRng`'s first draw, `load_module` and a
+//! module's unload, `CudaContext::synchronize`) goes inside [`GpuCtx::outside_captures`], or into
+//! [`GpuPoolBuilder::worker_state`] (made at a worker's start, dropped at its stop, both
+//! outside captures): made bare, it invalidates any capture another thread is making on the
+//! device, and may fail itself. candle
 //! cannot take an external stream yet (its CUDA device is built by a private constructor), so
 //! candle code does not run on the pool's streams.
 //!
@@ -263,6 +274,7 @@ mod device;
 mod diag;
 mod driver;
 mod error;
+mod gate;
 mod libs;
 mod lt_algos;
 mod metrics;

@@ -316,6 +316,42 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
         self.capture.is_some()
     }
 
+    /// Runs `f` while no replay capture of this node's device is under way in this process
+    /// (any pool's), and keeps new captures from beginning until it returns. For cudarc calls
+    /// in a body that synchronise the device or its context: making or dropping a `CudaBlas`,
+    /// `CudaBlasLT` or `CudaRng` (and a generator's first draw, which sets its state up),
+    /// `load_module` (and a module's unload), `synchronize` on the context, a synchronous
+    /// free. The driver invalidates every capture of the context such a
+    /// call meets, whichever thread makes it (thread-local capture mode does not protect
+    /// against another thread's synchronise), so without this a node of one graph can break
+    /// the capture of another, and the call itself may fail. boundpool's own calls of the kind
+    /// (a worker's start and stop, library handles, module loads, pinned allocations and host
+    /// frees) hold the same gate. In a body under a capture `f` runs at once (such a call is
+    /// refused there, naming the node); `f` must not wait for a replay's capture.
+    ///
+    /// ```no_run
+    /// # use boundpool_gpu::{BoxError, GpuCtx};
+    /// # use boundpool_gpu::cudarc::curand::CudaRng;
+    /// fn fill(ctx: &GpuCtx<'_, '_>) -> Result<(), BoxError> {
+    ///     let mut v = ctx.stream().alloc_zeros::<f32>(1024)?;
+    ///     // Made and first drawn (cuRAND sets the generator's state up then) inside.
+    ///     let rng = ctx.outside_captures(|| -> Result<_, BoxError> {
+    ///         let rng = CudaRng::new(42, ctx.stream().clone())?;
+    ///         rng.fill_with_uniform(&mut v)?;
+    ///         Ok(rng)
+    ///     })?;
+    ///     // A later draw is a kernel on the stream.
+    ///     rng.fill_with_uniform(&mut v)?;
+    ///     // The generator's destroy frees with a synchronise.
+    ///     ctx.outside_captures(|| drop(rng));
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn outside_captures<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _gate = self.b.device.gate.sync();
+        f()
+    }
+
     /// The device this node runs on.
     pub fn device(&self) -> &DeviceInfo {
         &self.b.device.info

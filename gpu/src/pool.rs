@@ -528,6 +528,10 @@ impl GpuPoolBuilder {
             .start_hook(move |info| -> Result<GpuWorker, BoxError> {
                 match sh_start.device_of_group(info.group) {
                     Some(d) => {
+                        // A worker's start makes library handles, pinned words and (in user
+                        // states) modules, which may synchronise the device: never while a
+                        // stream of another thread captures on it (`gate.rs`).
+                        let _gate = sh_start.devices[d].gate.sync();
                         let priority = sh_start.group_priority[info.group.index()];
                         let partition = sh_start.partition_of_group(info.group);
                         GpuWorker::start_device(sh_start.clone(), d, priority, partition)

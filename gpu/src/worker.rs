@@ -313,6 +313,10 @@ impl GpuWorker {
     /// elsewhere may record on them until then).
     pub(crate) fn stop(self) {
         if let Some(b) = self.bound {
+            // Handle destroys (a synchronise inside), host frees and the device's teardown
+            // synchronise the device: never while a stream of another thread captures on it.
+            let gate = b.device.gate.clone();
+            let _gate = gate.sync();
             b.edges.flush(b.device.metrics());
             // User states and library handles go first, on this worker, context still bound.
             b.states.drop_all();

@@ -485,10 +485,15 @@ fn curand_fills_a_buffer_on_the_nodes_stream() {
     let n = 1 << 20;
     let v = p
         .call(&d, move |ctx| {
-            let rng = boundpool_gpu::cudarc::curand::CudaRng::new(42, ctx.stream().clone())?;
+            // The generator's create, first draw (its state is set up then) and destroy
+            // synchronise the device: outside any other graph's capture (another test of this
+            // binary may be capturing).
             let mut x = ctx.alloc::<f32>(n)?;
-            rng.fill_with_uniform(&mut x)?;
-            drop(rng);
+            ctx.outside_captures(|| -> Result<(), boundpool_gpu::BoxError> {
+                let rng = boundpool_gpu::cudarc::curand::CudaRng::new(42, ctx.stream().clone())?;
+                rng.fill_with_uniform(&mut x)?;
+                Ok(())
+            })?;
             Ok(ctx.download(&x)?)
         })
         .unwrap();
@@ -524,8 +529,10 @@ fn cublaslt_matmul_with_a_bias_and_relu_epilogue_on_the_nodes_stream() {
                 ctx.upload(&to(&hbias))?,
             );
             let mut c = ctx.alloc_zeros::<bf16>(M * N)?;
-            // cudarc's cuBLASLt handle, made on the node's stream (its workspace too).
-            let lt = CudaBlasLT::new(ctx.stream().clone())?;
+            // cudarc's cuBLASLt handle, made on the node's stream (its workspace too); its
+            // create synchronises the device, and so does its drop: outside any other graph's
+            // capture.
+            let lt = ctx.outside_captures(|| CudaBlasLT::new(ctx.stream().clone()))?;
             let cfg = MatmulConfig {
                 transa: false,
                 transb: false,
@@ -545,7 +552,7 @@ fn cublaslt_matmul_with_a_bias_and_relu_epilogue_on_the_nodes_stream() {
                 batch_size: None,
             };
             // SAFETY: M×K times K×N into M×N, a bias of M, column-major.
-            unsafe {
+            let done = unsafe {
                 lt.matmul(
                     cfg,
                     &*ad,
@@ -553,8 +560,10 @@ fn cublaslt_matmul_with_a_bias_and_relu_epilogue_on_the_nodes_stream() {
                     &mut c,
                     Some(&*biasd),
                     Some(&Activation::Relu),
-                )?
+                )
             };
+            ctx.outside_captures(|| drop(lt));
+            done?;
             Ok(ctx.download(&c)?)
         })
         .unwrap_or_else(|e| panic!("{}", chain(&e)));

@@ -150,23 +150,27 @@ fn a_partition_runs_its_nodes_own_and_cudarc_work_on_its_sms_only() {
     let k2 = k.clone();
     let on_bulk = g.gpu_node(&bulk, "on_bulk", move |c| mark_sms(c, &k2));
     // cudarc code in a node: its own module, launched through cudarc's builder on the
-    // node's stream.
+    // node's stream. The module's load and unload (at the body's end) go outside any other
+    // graph's capture, as the crate docs ask (a replay test of this binary may be capturing).
     let via_cudarc = g.gpu_node(&lat, "via_cudarc", move |c| {
         let ptx = boundpool_gpu::cudarc::nvrtc::compile_ptx(SMID_SRC)?;
-        let m = c.context().load_module(ptx)?;
-        let f = m.load_function("bp_smid")?;
-        let stream = c.stream();
-        let mut seen = stream.alloc_zeros::<u32>(MARKS)?;
-        let spin = 20_000i64;
-        let cfg = CudarcLaunch {
-            grid_dim: (BLOCKS, 1, 1),
-            block_dim: (64, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut launch = stream.launch_builder(&f);
-        launch.arg(&mut seen).arg(&spin);
-        // SAFETY: `bp_smid` takes (unsigned int*, long long).
-        unsafe { launch.launch(cfg)? };
+        let seen = c.outside_captures(|| -> Result<_, BoxError> {
+            let m = c.context().load_module(ptx)?;
+            let f = m.load_function("bp_smid")?;
+            let stream = c.stream();
+            let mut seen = stream.alloc_zeros::<u32>(MARKS)?;
+            let spin = 20_000i64;
+            let cfg = CudarcLaunch {
+                grid_dim: (BLOCKS, 1, 1),
+                block_dim: (64, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut launch = stream.launch_builder(&f);
+            launch.arg(&mut seen).arg(&spin);
+            // SAFETY: `bp_smid` takes (unsigned int*, long long).
+            unsafe { launch.launch(cfg)? };
+            Ok(seen)
+        })?;
         Ok(c.adopt(seen)?)
     });
     // An edge between partitions (an event wait), and a download on the bulk side.

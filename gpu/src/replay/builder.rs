@@ -19,7 +19,9 @@ use super::replayable::Replayable;
 
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
 
-/// Builds a [`Replayable`] graph (see the `replay` module docs).
+/// Builds a [`Replayable`] graph (see the `replay` module docs). Its GPU nodes' bodies run
+/// under a capture at a run that captures: what they and other threads must not do meanwhile
+/// is in [`Replayable`]'s docs ("Captures beside other threads").
 pub struct ReplayBuilder {
     uid: u64,
     name: String,

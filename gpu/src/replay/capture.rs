@@ -16,6 +16,7 @@ use crate::buffer;
 use crate::capture::Capture;
 use crate::driver::{self, GraphExec, GraphNode, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
+use crate::gate::GateHold;
 use crate::node::GpuCtx;
 
 use super::check::{self, NodeOwners};
@@ -88,6 +89,8 @@ fn forget_drop_errors(gctx: &GpuCtx<'_, '_>) {
 /// one after worked). One throwaway generator's fill, on the worker's own stream now that the
 /// capture has ended, takes that failure, so that the graph's eager runs work.
 fn forget_curand_error(gctx: &GpuCtx<'_, '_>) {
+    // The generator's destroy frees with a synchronise: not during another thread's capture.
+    let _gate = gctx.b.device.gate.sync();
     let stream = gctx.b.normal_stream();
     let Ok(rng) = cudarc::curand::CudaRng::new(0, stream.clone()) else {
         return;
@@ -98,11 +101,13 @@ fn forget_curand_error(gctx: &GpuCtx<'_, '_>) {
 }
 
 /// Ends a capture however the capturing code leaves (error or panic): the stream stops
-/// capturing, the partial graph and the stream are destroyed, the thread's flag is cleared.
+/// capturing, the partial graph and the stream are destroyed, the thread's flag is cleared,
+/// and the device's capture gate is let go (a field: dropped after the capture has ended).
 struct CaptureGuard {
     ctx: driver::Ctx,
     /// Dropped (destroyed, unless a body kept a clone) when the capture ends.
     stream: Option<Arc<CudaStream>>,
+    _gate: GateHold,
 }
 
 impl CaptureGuard {
@@ -202,10 +207,15 @@ fn begin_capture(st: &InstanceState, gctx: &GpuCtx<'_, '_>) -> GpuResult<(Captur
     // The capturing stream: a view of `owned`, which the guard drops when the capture ends
     // (`finish` consumes the guard, after the last use of a view of it in `capture_members`).
     let cs = StreamRef::of(&owned);
+    // Held until the capture ends: no call of another thread synchronises the device
+    // meanwhile (which would invalidate this capture), and this capture waits for those under
+    // way.
+    let gate = b.device.gate.capture();
     driver::stream_begin_capture(ctx, cs).map_err(|e| drv("cuStreamBeginCapture", e))?;
     let guard = CaptureGuard {
         ctx,
         stream: Some(owned.clone()),
+        _gate: gate,
     };
     buffer::watch_frees(true);
     let cap = Capture::new(b.stream, owned);

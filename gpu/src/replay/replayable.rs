@@ -15,6 +15,26 @@ use super::run::{Lease, ReplayHandle, ReplayOutput, RunInputs};
 
 /// A graph whose GPU work is captured once per instance and replayed (see the `replay` module
 /// docs).
+///
+/// # Captures beside other threads
+///
+/// A capture (an instance's first run, or its first after [`update`](Self::update)) holds
+/// its device's capture gate, one per device for the whole process (every pool's), from
+/// `cuStreamBeginCapture` to `cuStreamEndCapture`. It waits for calls of other threads that
+/// synchronise the device, and they wait for it: a pool's workers starting or stopping (their
+/// library handles, the device's teardown), a pinned buffer's free (deferred while a capture
+/// is under way), [`GpuCtx::outside_captures`](crate::GpuCtx::outside_captures). Captures
+/// of one device take turns. Replayed launches and eager runs take no lock.
+///
+/// What boundpool guarantees: no call of its own breaks another thread's capture, in this pool
+/// or another one of the process. What user code must not do while another thread may capture
+/// on the device: a call that synchronises the device or its context outside
+/// `outside_captures` (cudarc's `CudaBlas`, `CudaBlasLT` or `CudaRng` made or dropped, a
+/// `CudaRng`'s first draw, which sets its state up, `load_module` and a module's unload, `CudaContext::synchronize`, a synchronous free, a
+/// library doing one of these inside). The driver invalidates the capture (it fails naming the
+/// graph and the node it was at, and the graph runs eagerly until `update`) and the call
+/// itself may fail; thread-local capture mode does not protect against it. A captured body
+/// must not wait for another graph's run (its capture holds the gate).
 pub struct Replayable {
     pub(super) desc: Arc<Desc>,
     pub(super) shared: Arc<Shared>,
