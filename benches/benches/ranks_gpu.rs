@@ -12,6 +12,15 @@
 //!   copies, as bandwidth (what staging adds to the wire).
 //! * with `--nccl` (feature `nccl`): the same value over NCCL (`ncclSend`/`ncclRecv`; two ranks
 //!   on one GPU need distinct `NCCL_HOSTID`s).
+//! * **where the time goes**: the pool records its trace (worker slices and each GPU node's
+//!   device time), and each run of the device value is cut into phases from both ranks' traces
+//!   on the shared wall clock: producer start → the send-out node (the staging GPU node, or
+//!   `ncclSend`), its host body (taking or allocating page-locked memory, enqueueing the
+//!   copies), its device time (the device-to-host copies), from their end to the bring-in node's
+//!   start on rank 1 (the wire's tail and the wake-up), its host body (the upload's enqueue, or
+//!   for a value that landed in ordinary memory its copy and a page-locked allocation), its
+//!   device time (the host-to-device copy), and on to the consumer. The first run (untimed)
+//!   shows what a graph's first run allocates; the others its steady state.
 //!
 //! `mpirun -np 2 target/release/deps/ranks_gpu-* [--runs R] [--mib M] [--nccl]`
 //! (`cargo bench -p boundpool-bench --features mpi --bench ranks_gpu --no-run` builds it; with
@@ -118,22 +127,209 @@ fn mono() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// Node names of the graph `device_value` builds, whose trace slices give the phases: the
+/// producer, the node that sends its value out (stages it, or `ncclSend`), the one that brings
+/// it in on rank 1 (uploads it, or `ncclRecv`), the consumer's host node.
+struct Names {
+    make: &'static str,
+    out: &'static str,
+    into: &'static str,
+    done: &'static str,
+}
+
+fn names(nccl: bool) -> Names {
+    Names {
+        make: "make",
+        out: if nccl {
+            "ncclSend 'make' to rank 1"
+        } else {
+            "stage 'make' for rank 1"
+        },
+        into: if nccl {
+            "ncclRecv receive 'make' from rank 0"
+        } else {
+            "upload receive 'make' from rank 0"
+        },
+        done: "done",
+    }
+}
+
+/// Per run of graph `graph`, the wall-clock times (seconds) of `slots` node slices in this
+/// rank's trace: `(node name, device span or host slice, start or end)`. NaN where the trace
+/// lacks one. Runs are the slices of each name in start order.
+fn times_of(
+    trace: &boundpool_scheduler::Trace,
+    graph: &str,
+    slots: &[(&str, bool, bool)],
+    runs: usize,
+) -> Vec<f64> {
+    // The trace's clock is an `Instant` from the pool's build; every rank of the host shares
+    // the wall clock, so its times are moved there.
+    let epoch_wall = mono() - trace.epoch.elapsed().as_secs_f64();
+    let mut out = Vec::with_capacity(runs * slots.len());
+    let mut lists: Vec<Vec<(u64, u64)>> = Vec::new();
+    for &(name, device, _) in slots {
+        let mut l: Vec<(u64, u64)> = trace
+            .slices
+            .iter()
+            .filter(|s| s.graph == graph && s.name == name)
+            .filter(|s| device == (s.kind == boundpool_scheduler::SliceKind::Span))
+            .map(|s| (s.start_ns, s.end_ns))
+            .collect();
+        l.sort_unstable();
+        lists.push(l);
+    }
+    for run in 0..runs {
+        for (l, &(_, _, end)) in lists.iter().zip(slots) {
+            out.push(l.get(run).map_or(f64::NAN, |&(a, b)| {
+                epoch_wall + (if end { b } else { a }) as f64 * 1e-9
+            }));
+        }
+    }
+    out
+}
+
+/// Where a device value's time goes, per run: the phases from the two ranks' traces.
+struct Phases {
+    /// Per run: total, then each phase (seconds).
+    runs: Vec<Vec<f64>>,
+}
+
+const PHASES: [&str; 8] = [
+    "total, producer start → consumer done",
+    "producer start → send-out start (r0)",
+    "send-out host body (r0: staging memory, enqueue)",
+    "send-out on the device (r0: D2H, or ncclSend)",
+    "send-out device end → bring-in start (r1: wire tail)",
+    "bring-in host body (r1: enqueue; pageable: copy + alloc)",
+    "bring-in on the device (r1: H2D, or ncclRecv)",
+    "bring-in device end → consumer done (r1)",
+];
+
+/// Rank 0's and rank 1's slices of `graph` over `runs` runs, as phases (on rank 0; empty
+/// elsewhere). Rank 1's times go to rank 0 through a small graph.
+fn phases(ranks: &GpuRanks, graph: &str, nccl: bool, runs: usize) -> Phases {
+    // Resolved GPU slices: idle workers resolve their device's timing events.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let trace = ranks.pool().take_trace();
+    let n = names(nccl);
+    let mine = if ranks.rank() == 0 {
+        times_of(
+            &trace,
+            graph,
+            &[
+                (n.make, false, false),
+                (n.out, false, false),
+                (n.out, false, true),
+                (n.out, true, false),
+                (n.out, true, true),
+            ],
+            runs,
+        )
+    } else {
+        times_of(
+            &trace,
+            graph,
+            &[
+                (n.into, false, false),
+                (n.into, false, true),
+                (n.into, true, false),
+                (n.into, true, true),
+                (n.done, false, false),
+            ],
+            runs,
+        )
+    };
+    let mut t = RankGraphBuilder::<GpuWorker>::new(format!("phases of {graph}"));
+    let theirs = mine.clone();
+    let v = t.plain_node(1, "rank 1's times", move |_| Ok(theirs.clone()));
+    let r0 = t.plain_node(0, "at 0", move |ctx| Ok(ctx.input(v)?.clone()));
+    t.edge(v, r0);
+    let out = ranks.run(&t.build(ranks).unwrap()).unwrap();
+    let Some(one) = out.get(r0) else {
+        return Phases { runs: Vec::new() };
+    };
+    let runs = (0..runs)
+        .map(|r| {
+            let z = &mine[r * 5..r * 5 + 5];
+            let o = &one[r * 5..r * 5 + 5];
+            let (make, out_h0, out_h1, out_d0, out_d1) = (z[0], z[1], z[2], z[3], z[4]);
+            let (in_h0, in_h1, in_d0, in_d1, done) = (o[0], o[1], o[2], o[3], o[4]);
+            vec![
+                done - make,
+                out_h0 - make,
+                out_h1 - out_h0,
+                out_d1 - out_d0,
+                in_h0 - out_d1,
+                in_h1 - in_h0,
+                in_d1 - in_d0,
+                done - in_d1,
+            ]
+        })
+        .collect();
+    Phases { runs }
+}
+
+/// ms, or a dash for a time the trace lacked.
+fn ms(x: f64) -> String {
+    if x.is_finite() {
+        format!("{:.2}", x * 1e3)
+    } else {
+        "—".into()
+    }
+}
+
+/// Markdown rows: each phase's first run (untimed, allocating) and median of the others.
+fn phase_rows(label: &str, p: &Phases) -> Vec<String> {
+    let Some((first, rest)) = p.runs.split_first() else {
+        return Vec::new();
+    };
+    PHASES
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut xs: Vec<f64> = rest
+                .iter()
+                .map(|r| r[i])
+                .filter(|x| x.is_finite())
+                .collect();
+            xs.sort_by(f64::total_cmp);
+            let med = if xs.is_empty() {
+                f64::NAN
+            } else {
+                xs[xs.len() / 2]
+            };
+            let each: Vec<String> = rest.iter().map(|r| ms(r[i])).collect();
+            format!(
+                "| {label}: {name} | {} | {} | {} |",
+                ms(first[i]),
+                ms(med),
+                each.join(" ")
+            )
+        })
+        .collect()
+}
+
 /// GB/s of a device value of `src`'s size from rank 0 to rank 1, staged in `chunk` bytes (or
 /// over NCCL when the device has a communicator), median of `runs`; rank 1's figure, told to
-/// rank 0.
+/// rank 0. Also the phases of every run (one untimed first), on rank 0.
 fn device_value(
     ranks: &GpuRanks,
     d: &GpuDevice,
     src: &Arc<DeviceBuffer<f32>>,
     chunk: usize,
     runs: usize,
-) -> f64 {
+) -> (f64, Phases) {
     let sent_at = Arc::new(Mutex::new(0f64));
     let got_at = Arc::new(Mutex::new(0f64));
-    let mut g = RankGraphBuilder::<GpuWorker>::new(format!("device value, chunk {chunk}"));
+    let name = format!("device value, chunk {chunk}");
+    let n = names(d.nccl().is_some());
+    // The trace so far is not this graph's.
+    let _ = ranks.pool().take_trace();
+    let mut g = RankGraphBuilder::<GpuWorker>::new(name.clone());
     g.staging_chunk_bytes(chunk);
     let (s, from) = (sent_at.clone(), src.clone());
-    let a = g.device_node(0, d, "make", move |ctx| {
+    let a = g.device_node(0, d, n.make, move |ctx| {
         *s.lock().unwrap() = mono();
         let gpu = ctx.gpu();
         let mut y = gpu.alloc::<f32>(from.len())?;
@@ -142,7 +338,7 @@ fn device_value(
     });
     let b = g.gpu_node(1, d, "consume", move |ctx| Ok(ctx.input(a)?.len()));
     let r = got_at.clone();
-    let c = g.node(1, "done", move |ctx| {
+    let c = g.node(1, n.done, move |ctx| {
         *r.lock().unwrap() = mono();
         Ok(*ctx.input(b)?)
     });
@@ -175,7 +371,8 @@ fn device_value(
     let r0 = t.plain_node(0, "at 0", move |ctx| Ok(*ctx.input(v)?));
     t.edge(v, r0);
     let out = ranks.run(&t.build(ranks).unwrap()).unwrap();
-    out.get(r0).copied().unwrap_or(gbps)
+    let gbps = out.get(r0).copied().unwrap_or(gbps);
+    (gbps, phases(ranks, &name, d.nccl().is_some(), runs + 1))
 }
 
 /// GB/s of one rank's page-locked device-to-host plus host-to-device copy of `src`.
@@ -224,7 +421,8 @@ fn main() {
         RanksBuilder::new(),
         GpuPoolBuilder::new()
             .devices(Devices::All)
-            .workers_per_device(2),
+            .workers_per_device(2)
+            .trace(true),
     )
     .device_by_local_rank(true);
     #[cfg(feature = "nccl")]
@@ -247,6 +445,7 @@ fn main() {
             .unwrap(),
     );
     let mut rows = Vec::new();
+    let mut phase_table = Vec::new();
     let copies = copies_alone(&ranks, &d, &src, a.runs);
     rows.push(format!(
         "| {} MiB page-locked D2H + H2D on one rank | {copies:.2} GB/s | | |",
@@ -259,7 +458,8 @@ fn main() {
             "staged"
         };
         for chunk in [4 << 20, big] {
-            let gbps = device_value(&ranks, &d, &src, chunk, a.runs);
+            let (gbps, phases) = device_value(&ranks, &d, &src, chunk, a.runs);
+            phase_table.extend(phase_rows(&format!("{wire} {} MiB", chunk >> 20), &phases));
             rows.push(format!(
                 "| {} MiB device buffer {wire}, {} MiB chunks, producer start → consumer's GPU \
                  work done | {gbps:.2} GB/s | raw MPI {hot:.2} GB/s hot, {fresh:.2} GB/s fresh \
@@ -282,6 +482,16 @@ fn main() {
         println!("| --- | --- | --- | --- |");
         for r in rows {
             println!("{r}");
+        }
+        if !phase_table.is_empty() {
+            println!();
+            println!(
+                "| phase, ms (both ranks' traces, wall clock) | first run (untimed) | median of the timed | each timed run |"
+            );
+            println!("| --- | --- | --- | --- |");
+            for r in phase_table {
+                println!("{r}");
+            }
         }
     }
 }

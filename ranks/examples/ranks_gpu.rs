@@ -141,8 +141,7 @@ fn collectives(ranks: &GpuRanks) -> Result<String, String> {
     // Rank r's x to rank r + 1, over NCCL (a device value of the NCCL device).
     let prev = (me + size - 1) % size;
     let mut sent = Vec::new();
-    for r in 0..size {
-        let x = xs[r];
+    for (r, &x) in xs.iter().enumerate() {
         let to = (r + 1) % size;
         let s = g.gpu_node(to, &d, format!("from {r}"), move |ctx| {
             Ok(ctx.gpu().download(ctx.input(x)?)?)

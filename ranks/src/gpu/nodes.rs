@@ -145,7 +145,7 @@ pub(crate) struct DeviceMaker<E: DeviceCopy> {
     pub(crate) chunk: usize,
     /// The wire decided at build.
     wire: OnceLock<Wire>,
-    /// The page-locked memory its value lands in on this rank (staged).
+    /// The page-locked memory its value is staged in and lands in on this rank (staged).
     pool: Arc<crate::gpu::staged::StagingPool<E>>,
 }
 
@@ -202,7 +202,7 @@ impl<E: DeviceCopy + bytemuck::Pod> NodeMaker<GpuWorker> for DeviceMaker<E> {
         match self.wire() {
             #[cfg(feature = "nccl")]
             Wire::Nccl => crate::gpu::nccl::add_send(gb, env, what),
-            _ => crate::gpu::staged::add_send(gb, env, what, self.chunk),
+            _ => crate::gpu::staged::add_send(gb, env, what, &self.pool, self.chunk),
         }
     }
 
