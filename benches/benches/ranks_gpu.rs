@@ -10,6 +10,10 @@
 //!   communication thread before the runtime's engine started. Target: staged ≥ 0.7× raw hot.
 //! * **the copies alone**: one rank's page-locked 64 MiB device-to-host plus host-to-device
 //!   copies, as bandwidth (what staging adds to the wire).
+//! * **raw MPI between page-locked buffers**: the same blocking transfer from and into memory of
+//!   `alloc_pinned` (the staging path's memory), made from the main thread while the runtime
+//!   runs (`MPI_THREAD_MULTIPLE`; the runtime's own communicator is a duplicate): whether the
+//!   wire is slower from that memory than from ordinary memory.
 //! * with `--nccl` (feature `nccl`): the same value over NCCL (`ncclSend`/`ncclRecv`; two ranks
 //!   on one GPU need distinct `NCCL_HOSTID`s).
 //! * **where the time goes**: the pool records its trace (worker slices and each GPU node's
@@ -48,63 +52,60 @@ struct Args {
     nccl: bool,
 }
 
+/// One blocking transfer of `big` bytes from rank 0's `from` to rank 1's `into` and a one-byte
+/// acknowledgement back, on `MPI_COMM_WORLD` (seconds).
+///
+/// # Safety
+/// `from` (rank 0) and `into` (rank 1) hold `big` bytes; only ranks 0 and 1 call it, together.
+unsafe fn transfer(rank: usize, from: *const u8, into: *mut u8, big: usize) -> f64 {
+    // SAFETY: constants rsmpi's C shim sets before main.
+    let (world, bytes) = unsafe { (ffi::RSMPI_COMM_WORLD, ffi::RSMPI_UINT8_T) };
+    let mut ack = [0u8; 1];
+    let t = Instant::now();
+    // SAFETY: the buffers hold the counts given (the caller's contract); blocking calls.
+    unsafe {
+        if rank == 0 {
+            ffi::MPI_Send(from.cast::<c_void>(), big as c_int, bytes, 1, 7, world);
+            let ack = ack.as_mut_ptr().cast::<c_void>();
+            ffi::MPI_Recv(ack, 1, bytes, 1, 7, world, ffi::RSMPI_STATUS_IGNORE);
+        } else {
+            let into = into.cast::<c_void>();
+            ffi::MPI_Recv(
+                into,
+                big as c_int,
+                bytes,
+                0,
+                7,
+                world,
+                ffi::RSMPI_STATUS_IGNORE,
+            );
+            ffi::MPI_Send(ack.as_ptr().cast::<c_void>(), 1, bytes, 0, 7, world);
+        }
+    }
+    t.elapsed().as_secs_f64()
+}
+
 /// Raw MPI bandwidth of `big` bytes from rank 0 to rank 1 (GB/s): hot buffers, and into a
 /// fresh allocation each time (as a received value is). Blocking calls on `MPI_COMM_WORLD`.
 fn raw_bandwidth(rank: usize, size: usize, big: usize) -> (f64, f64) {
-    // SAFETY: constants rsmpi's C shim sets before main.
-    let (world, bytes) = unsafe { (ffi::RSMPI_COMM_WORLD, ffi::RSMPI_UINT8_T) };
     let mut out = (0.0, 0.0);
     if size >= 2 && rank < 2 {
-        let peer = 1 - rank;
         let mut a = vec![1u8; big];
-        let mut ack = [0u8; 1];
         for fresh in [false, true] {
             let mut times = Vec::new();
             for rep in 0..6 {
-                let t = Instant::now();
-                // SAFETY: the buffers hold the counts given; blocking point-to-point calls.
-                unsafe {
-                    if rank == 0 {
-                        ffi::MPI_Send(
-                            a.as_ptr().cast::<c_void>(),
-                            big as c_int,
-                            bytes,
-                            1,
-                            7,
-                            world,
-                        );
-                        ffi::MPI_Recv(
-                            ack.as_mut_ptr().cast::<c_void>(),
-                            1,
-                            bytes,
-                            1,
-                            7,
-                            world,
-                            ffi::RSMPI_STATUS_IGNORE,
-                        );
-                    } else {
-                        let mut v: Vec<u8> = Vec::new();
-                        let into = if fresh {
-                            v.reserve_exact(big);
-                            v.as_mut_ptr()
-                        } else {
-                            a.as_mut_ptr()
-                        };
-                        ffi::MPI_Recv(
-                            into.cast::<c_void>(),
-                            big as c_int,
-                            bytes,
-                            peer as c_int,
-                            7,
-                            world,
-                            ffi::RSMPI_STATUS_IGNORE,
-                        );
-                        std::hint::black_box(&v);
-                        ffi::MPI_Send(ack.as_ptr().cast::<c_void>(), 1, bytes, 0, 7, world);
-                    }
-                }
+                let mut v: Vec<u8> = Vec::new();
+                let into = if fresh {
+                    v.reserve_exact(big);
+                    v.as_mut_ptr()
+                } else {
+                    a.as_mut_ptr()
+                };
+                // SAFETY: `a` and `v` hold `big` bytes; ranks 0 and 1 call it together.
+                let dt = unsafe { transfer(rank, a.as_ptr(), into, big) };
+                std::hint::black_box(&v);
                 if rep > 0 {
-                    times.push(t.elapsed().as_secs_f64());
+                    times.push(dt);
                 }
             }
             let gbps = big as f64 / median(times) / 1e9;
@@ -115,9 +116,38 @@ fn raw_bandwidth(rank: usize, size: usize, big: usize) -> (f64, f64) {
             }
         }
     }
-    // SAFETY: every rank reaches this barrier once.
-    unsafe { ffi::MPI_Barrier(world) };
+    // SAFETY: every rank reaches this barrier once; constants rsmpi's C shim sets before main.
+    unsafe { ffi::MPI_Barrier(ffi::RSMPI_COMM_WORLD) };
     out
+}
+
+/// Raw MPI bandwidth of `big` bytes from page-locked memory on rank 0 into page-locked memory
+/// on rank 1 (GB/s; what the wire gives the staged path's memory), from this thread while the
+/// runtime's communication thread polls its own communicator: needs `MPI_THREAD_MULTIPLE`
+/// (`None` without it).
+fn raw_pinned(ranks: &GpuRanks, d: &GpuDevice, multiple: bool, big: usize) -> Option<f64> {
+    if !multiple || ranks.size() < 2 {
+        return None;
+    }
+    let buf = ranks
+        .call(d, move |ctx| Ok(ctx.alloc_pinned::<u8>(big)?))
+        .unwrap();
+    let rank = ranks.rank();
+    let mut times = Vec::new();
+    // SAFETY: every rank reaches this barrier (constants rsmpi's C shim sets before main).
+    unsafe { ffi::MPI_Barrier(ffi::RSMPI_COMM_WORLD) };
+    if rank < 2 {
+        for rep in 0..6 {
+            // SAFETY: `buf` holds `big` bytes, no device copy uses it; ranks 0 and 1 together.
+            let dt = unsafe { transfer(rank, buf.host_ptr(), buf.host_ptr(), big) };
+            if rep > 0 {
+                times.push(dt);
+            }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { ffi::MPI_Barrier(ffi::RSMPI_COMM_WORLD) };
+    (!times.is_empty()).then(|| big as f64 / median(times) / 1e9)
 }
 
 /// Seconds on the wall clock, which every process of the host shares.
@@ -415,7 +445,7 @@ fn main() {
         return;
     }
     let big = a.mib << 20;
-    let raw = Arc::new(Mutex::new((0.0, 0.0)));
+    let raw = Arc::new(Mutex::new((0.0, 0.0, false)));
     let raw_here = raw.clone();
     let builder = GpuRanksBuilder::new(
         RanksBuilder::new(),
@@ -431,11 +461,13 @@ fn main() {
         .build_with(move || {
             let t = MpiTransport::init()?;
             use boundpool_ranks::Transport;
-            *raw_here.lock().unwrap() = raw_bandwidth(t.rank(), t.size(), big);
+            let (hot, fresh) = raw_bandwidth(t.rank(), t.size(), big);
+            let multiple = t.threading() == mpi::Threading::Multiple;
+            *raw_here.lock().unwrap() = (hot, fresh, multiple);
             Ok(t)
         })
         .expect("the GPU ranks runtime starts");
-    let (hot, fresh) = *raw.lock().unwrap();
+    let (hot, fresh, multiple) = *raw.lock().unwrap();
     let (rank, size) = (ranks.rank(), ranks.size());
     let d = ranks.devices()[0].clone();
     let n = big / 4;
@@ -451,6 +483,13 @@ fn main() {
         "| {} MiB page-locked D2H + H2D on one rank | {copies:.2} GB/s | | |",
         a.mib
     ));
+    if let Some(gbps) = raw_pinned(&ranks, &d, multiple, big) {
+        rows.push(format!(
+            "| raw MPI, {} MiB page-locked → page-locked (staging's memory) | {gbps:.2} GB/s | raw MPI {hot:.2} GB/s hot | {:.2}× |",
+            a.mib,
+            gbps / hot
+        ));
+    }
     if size >= 2 {
         let wire = if d.nccl().is_some() {
             "over NCCL"
