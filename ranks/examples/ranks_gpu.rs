@@ -201,7 +201,8 @@ fn collectives(ranks: &GpuRanks) -> Result<String, String> {
                 "run {run}: the reduce-scatter differs from this rank's block"
             ));
         }
-        if out.get(sent[me]) != Some(&values(n, prev as u32)) {
+        // `sent[r]` runs on rank r + 1: this rank's is the one from `prev`.
+        if out.get(sent[prev]) != Some(&values(n, prev as u32)) {
             return Err(format!(
                 "run {run}: rank {prev}'s value came over NCCL wrong"
             ));
