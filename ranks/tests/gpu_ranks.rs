@@ -54,12 +54,14 @@ fn device_values_cross_ranks_staged_both_ways() {
     };
     let (_net, ranks) = world(2);
     let scale = Module::builtin().kernel(builtin::SCALE_F32).unwrap();
-    // (elements, chunk bytes): empty, one element, one chunk, many chunks with a short last.
+    // (elements, chunk bytes): empty, one element, one chunk, many chunks with a short last,
+    // chunks larger than a message (8 MiB chunks in 4 MiB messages).
     let cases = [
         (0usize, 1 << 20),
         (1, 1 << 20),
         (1000, 1 << 20),
         ((1 << 20) + 3, 256 << 10),
+        ((3 << 20) + 5, 8 << 20),
     ];
     let checked = on_all(&ranks, |r| {
         let d = r.devices()[0].clone();

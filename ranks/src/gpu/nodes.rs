@@ -334,9 +334,9 @@ impl RankGraphBuilder<GpuWorker> {
         self.add_node(desc, Arc::new(maker))
     }
 
-    /// Bytes per chunk of the device values added after this call, staged and sent one chunk
-    /// at a time (4 MiB by default; at least 1; a message is at most the runtime's
-    /// `max_message_bytes`).
+    /// Bytes per chunk of the device values added after this call, staged one chunk at a time,
+    /// each sent once its copy is done (4 MiB by default; at least 1). A message is at most
+    /// 4 MiB and the runtime's `max_message_bytes`: a larger chunk goes as several.
     pub fn staging_chunk_bytes(&mut self, bytes: usize) -> &mut Self {
         self.staging_chunk = bytes.max(1);
         self

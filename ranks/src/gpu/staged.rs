@@ -29,6 +29,11 @@ use crate::gpu::nodes::{add_gpu_node, RecvWhat, SendWhat};
 use crate::graph::{add_recv as add_recv_node, Mapped, Received, RecvNodes, SendNodes, SlotEnv};
 use crate::value::{AnyValue, LandFn, Landing};
 
+/// The most bytes of a staged value in one message, whatever its chunks: MPI moves one long
+/// message between two processes' non-blocking calls far slower than several shorter ones in
+/// flight at once (the device machine's Open MPI and this machine's alike).
+pub(crate) const MESSAGE_BYTES: usize = 4 << 20;
+
 /// The chunks of a value of `len` elements of `size` bytes, in pieces of about `chunk` bytes
 /// (a whole number of elements, at least one): element ranges, in order. One (empty) range
 /// for an empty value.
@@ -197,7 +202,7 @@ fn stage_out<E: DeviceCopy>(
     }
     s.free_at = base.wrapping_add(pieces.len() as u32);
     let len = buf.len() * size;
-    let piece = pieces[0].len().max(1) * size;
+    let chunk_bytes = pieces[0].len().max(1) * size;
     let (signal, ptr) = (s.signal.clone(), s.buf.host_ptr() as *const u8);
     let mut l = lease.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(stale) = l.held.replace(s) {
@@ -206,10 +211,10 @@ fn stage_out<E: DeviceCopy>(
     Ok(StagedPayload {
         ptr,
         len,
-        piece,
+        piece: chunk_bytes.min(MESSAGE_BYTES),
         ready: Box::new(move || {
             let done = signal.value().wrapping_sub(base) as usize;
-            done.min(pieces.len()).saturating_mul(piece).min(len)
+            done.min(pieces.len()).saturating_mul(chunk_bytes).min(len)
         }),
     })
 }
