@@ -5,7 +5,7 @@
 //!   time from the producer's body (a device copy of a resident buffer) to the end of the
 //!   consumer's GPU work on rank 1 (a host node after it, one host clock), as bandwidth;
 //!   staged in 4 MiB chunks (copies overlapping the transfer) and in one 64 MiB chunk (no
-//!   overlap), against raw host MPI bandwidth (`MPI_Send`/`MPI_Recv` of 64 MiB between host
+//!   overlap; sent in 4 MiB messages all the same), against raw host MPI bandwidth (`MPI_Send`/`MPI_Recv` of 64 MiB between host
 //!   buffers, hot, and into a fresh allocation) measured in the same processes on the
 //!   communication thread before the runtime's engine started. Target: staged ≥ 0.7× raw hot.
 //! * **the copies alone**: one rank's page-locked 64 MiB device-to-host plus host-to-device
@@ -24,7 +24,9 @@
 //!   start on rank 1 (the wire's tail and the wake-up), its host body (the upload's enqueue, or
 //!   for a value that landed in ordinary memory its copy and a page-locked allocation), its
 //!   device time (the host-to-device copy), and on to the consumer. The first run (untimed)
-//!   shows what a graph's first run allocates; the others its steady state.
+//!   shows what a graph's first run allocates; the others its steady state. An NCCL node's
+//!   device time is taken on its worker's stream, not the communicator's where the operation
+//!   runs, so over NCCL the transfer shows in the last phase.
 //!
 //! `mpirun -np 2 target/release/deps/ranks_gpu-* [--runs R] [--mib M] [--nccl]`
 //! (`cargo bench -p boundpool-bench --features mpi --bench ranks_gpu --no-run` builds it; with
