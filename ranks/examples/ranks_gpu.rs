@@ -15,7 +15,7 @@
 //! 0 (1 under `BOUNDPOOL_REQUIRE_GPU=1`).
 
 use boundpool_gpu::{builtin, Devices, GpuPoolBuilder, LaunchConfig, Module, ReduceOp};
-use boundpool_ranks::{GpuRanks, GpuRanksBuilder, RankGraphBuilder, RanksBuilder};
+use boundpool_ranks::{Collective, GpuRanks, GpuRanksBuilder, RankGraphBuilder, RanksBuilder};
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
@@ -141,8 +141,7 @@ fn collectives(ranks: &GpuRanks) -> Result<String, String> {
     // Rank r's x to rank r + 1, over NCCL (a device value of the NCCL device).
     let prev = (me + size - 1) % size;
     let mut sent = Vec::new();
-    for r in 0..size {
-        let x = xs[r];
+    for (r, &x) in xs.iter().enumerate() {
         let to = (r + 1) % size;
         let s = g.gpu_node(to, &d, format!("from {r}"), move |ctx| {
             Ok(ctx.gpu().download(ctx.input(x)?)?)
@@ -150,18 +149,26 @@ fn collectives(ranks: &GpuRanks) -> Result<String, String> {
         g.edge(x, s);
         sent.push(s);
     }
-    let read = |g: &mut RankGraphBuilder<_>, name: &str, m| {
-        let c = g.gpu_node(me, &d, format!("{name} back"), move |ctx| {
-            Ok(ctx.gpu().download(ctx.input(m)?)?)
-        });
-        g.edge(m, c);
-        c
+    // Each rank's member read back on its rank: every rank builds all of them (the graph must
+    // be the same on every rank) and checks its own.
+    let read = |g: &mut RankGraphBuilder<_>, name: &str, c: &Collective<f32>| {
+        let backs: Vec<_> = (0..size)
+            .map(|r| {
+                let m = c.on(r);
+                let back = g.gpu_node(r, &d, format!("{name} back on {r}"), move |ctx| {
+                    Ok(ctx.gpu().download(ctx.input(m)?)?)
+                });
+                g.edge(m, back);
+                back
+            })
+            .collect();
+        backs[me]
     };
     let (s, b, a, r) = (
-        read(&mut g, "sum", sum.on(me)),
-        read(&mut g, "bcast", bcast.on(me)),
-        read(&mut g, "gather", all.on(me)),
-        read(&mut g, "scatter", scattered.on(me)),
+        read(&mut g, "sum", &sum),
+        read(&mut g, "bcast", &bcast),
+        read(&mut g, "gather", &all),
+        read(&mut g, "scatter", &scattered),
     );
     let graph = g.build(ranks).map_err(|e| e.to_string())?;
     let order = graph.lowering().nccl_order.len();
@@ -194,7 +201,8 @@ fn collectives(ranks: &GpuRanks) -> Result<String, String> {
                 "run {run}: the reduce-scatter differs from this rank's block"
             ));
         }
-        if out.get(sent[me]) != Some(&values(n, prev as u32)) {
+        // `sent[r]` runs on rank r + 1: this rank's is the one from `prev`.
+        if out.get(sent[prev]) != Some(&values(n, prev as u32)) {
             return Err(format!(
                 "run {run}: rank {prev}'s value came over NCCL wrong"
             ));

@@ -85,10 +85,12 @@
 //!   GPU node on the producer's device copies it out in chunks, each copy followed by a write of
 //!   a `HostSignal`; the communication thread sends each chunk once the signal passed it (a
 //!   staged payload: it only reads host memory), so the device's copy of the next chunk
-//!   overlaps the transfer; the value lands in page-locked memory of a pool the receive's graph
-//!   owns, and a GPU node on the consumer's rank uploads it (to the device its program names for
-//!   the producer there). The first run of a receive lands in ordinary memory and leaves a
-//!   page-locked buffer of its size for the next.
+//!   overlaps the transfer; the value lands in page-locked memory, and a GPU node on the
+//!   consumer's rank uploads it (to the device its program names for the producer there). The
+//!   staging and landing memory comes from one pool per device value's node (its graph owns
+//!   it), each buffer given back as soon as the transport or the upload's copy is done with it,
+//!   so a graph's steady state allocates nothing; the first arrival of a size lands in ordinary
+//!   memory and leaves a page-locked buffer of its size for the next.
 //! * **over NCCL** (feature `nccl`, `GpuRanksBuilder::nccl`: a communicator per rank, made at
 //!   build on a bound worker, its id sent from rank 0 over the transport): the length as a host
 //!   message, then `ncclSend`/`ncclRecv` GPU nodes.

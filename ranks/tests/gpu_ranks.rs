@@ -1,7 +1,7 @@
 //! GPU work in rank graphs, ranks as threads of one process (the in-process network), each
 //! rank a pool of its own on device 0: device values staged through page-locked memory both
 //! ways between two ranks (several sizes, chunk sizes and runs: the first lands in ordinary
-//! memory, later ones in the page-locked pool), a received value read by a host node and
+//! memory, later ones in the page-locked pool; runs in flight that share the pool's memory), a received value read by a host node and
 //! downloaded, no driver call off a bound worker (the guard's context check: the communication
 //! threads only read host memory), a GPU node's failure on every rank; with the `nccl` feature,
 //! a one-rank communicator's collectives against the host, and the error of a missing libnccl
@@ -54,12 +54,14 @@ fn device_values_cross_ranks_staged_both_ways() {
     };
     let (_net, ranks) = world(2);
     let scale = Module::builtin().kernel(builtin::SCALE_F32).unwrap();
-    // (elements, chunk bytes): empty, one element, one chunk, many chunks with a short last.
+    // (elements, chunk bytes): empty, one element, one chunk, many chunks with a short last,
+    // chunks larger than a message (8 MiB chunks in 4 MiB messages).
     let cases = [
         (0usize, 1 << 20),
         (1, 1 << 20),
         (1000, 1 << 20),
         ((1 << 20) + 3, 256 << 10),
+        ((3 << 20) + 5, 8 << 20),
     ];
     let checked = on_all(&ranks, |r| {
         let d = r.devices()[0].clone();
@@ -122,6 +124,64 @@ fn device_values_cross_ranks_staged_both_ways() {
         checked
     });
     assert_eq!(checked[0], cases.len() * 3);
+}
+
+#[test]
+fn staging_memory_is_reused_by_runs_in_flight_without_mixing_their_values() {
+    let Some(_t) = GpuTest::start("gpu_ranks::staging_reuse", 300) else {
+        return;
+    };
+    let (_net, ranks) = world(2);
+    // A value whose length and contents change with the run (large and small alternating, so
+    // a small value lands in memory a large one left), 12 runs with 4 in flight at once: every
+    // run's value must arrive as its own.
+    let len = |seq: u64| {
+        if seq % 2 == 0 {
+            (1 << 20) + 7
+        } else {
+            1000 + seq as usize
+        }
+    };
+    let runs = 12u64;
+    let results = on_all(&ranks, |r| {
+        let d = r.devices()[0].clone();
+        let mut g = RankGraphBuilder::new("reuse");
+        g.staging_chunk_bytes(256 << 10);
+        let a = g.device_node(0, &d, "make", move |ctx| {
+            let seq = ctx.run_seq();
+            Ok(ctx.gpu().upload(&values(len(seq), seq as u32))?)
+        });
+        let b = g.gpu_node(1, &d, "check", move |ctx| {
+            let seq = ctx.run_seq();
+            let got = ctx.gpu().download(ctx.input(a)?)?;
+            Ok(got == values(len(seq), seq as u32))
+        });
+        g.edge(a, b);
+        let graph = g.build(r).unwrap();
+        let mut handles = std::collections::VecDeque::new();
+        let mut ok = Vec::new();
+        for _ in 0..runs {
+            if handles.len() == 4 {
+                let out = handles
+                    .pop_front()
+                    .map(|h: boundpool_ranks::RunHandle| h.wait());
+                ok.push(out.unwrap().unwrap().get(b).copied());
+            }
+            handles.push_back(r.submit(&graph).unwrap());
+        }
+        for h in handles {
+            ok.push(h.wait().unwrap().get(b).copied());
+        }
+        ok
+    });
+    assert!(
+        results[0].iter().all(Option::is_none),
+        "rank 0 checks nothing"
+    );
+    let on_1 = &results[1];
+    assert_eq!(on_1.len(), runs as usize);
+    let bad: Vec<usize> = (0..on_1.len()).filter(|&i| on_1[i] != Some(true)).collect();
+    assert!(bad.is_empty(), "runs whose value arrived wrong: {bad:?}");
 }
 
 #[test]

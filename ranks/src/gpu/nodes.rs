@@ -145,7 +145,7 @@ pub(crate) struct DeviceMaker<E: DeviceCopy> {
     pub(crate) chunk: usize,
     /// The wire decided at build.
     wire: OnceLock<Wire>,
-    /// The page-locked memory its value lands in on this rank (staged).
+    /// The page-locked memory its value is staged in and lands in on this rank (staged).
     pool: Arc<crate::gpu::staged::StagingPool<E>>,
 }
 
@@ -202,7 +202,7 @@ impl<E: DeviceCopy + bytemuck::Pod> NodeMaker<GpuWorker> for DeviceMaker<E> {
         match self.wire() {
             #[cfg(feature = "nccl")]
             Wire::Nccl => crate::gpu::nccl::add_send(gb, env, what),
-            _ => crate::gpu::staged::add_send(gb, env, what, self.chunk),
+            _ => crate::gpu::staged::add_send(gb, env, what, &self.pool, self.chunk),
         }
     }
 
@@ -334,9 +334,9 @@ impl RankGraphBuilder<GpuWorker> {
         self.add_node(desc, Arc::new(maker))
     }
 
-    /// Bytes per chunk of the device values added after this call, staged and sent one chunk
-    /// at a time (4 MiB by default; at least 1; a message is at most the runtime's
-    /// `max_message_bytes`).
+    /// Bytes per chunk of the device values added after this call, staged one chunk at a time,
+    /// each sent once its copy is done (4 MiB by default; at least 1). A message is at most
+    /// 4 MiB and the runtime's `max_message_bytes`: a larger chunk goes as several.
     pub fn staging_chunk_bytes(&mut self, bytes: usize) -> &mut Self {
         self.staging_chunk = bytes.max(1);
         self

@@ -2,16 +2,20 @@
 //! CUDA-aware).
 //!
 //! * **Send**: a GPU node on the producer's device copies the buffer into page-locked staging
-//!   memory chunk by chunk, each copy followed by a write of a [`HostSignal`] (the count of
-//!   chunks done), and hands the communication thread a staged payload that reads the signal:
-//!   chunk `i` is sent once the signal passed it, while the device copies chunk `i + 1`. A
-//!   host node after it completes when the transport is done (the send cell). The staging
-//!   memory and the signal belong to the send's run slot and are reused by its later runs.
-//! * **Receive**: the value lands in page-locked memory of the receive's pool (a landing made
-//!   by the communication thread without a driver call: a buffer the upload node allocated
-//!   for an earlier run), and a GPU node on the consumer's device uploads it. The first run,
-//!   whose pool is empty, lands in ordinary memory (uploaded through the driver's staging)
-//!   and leaves a page-locked buffer of its size in the pool for the next.
+//!   memory chunk by chunk, each copy followed by a write of the memory's [`HostSignal`] (the
+//!   count of chunks done), and hands the communication thread a staged payload that reads the
+//!   signal: chunk `i` is sent once the signal passed it, while the device copies chunk `i + 1`.
+//!   A host node after it completes when the transport is done (the send cell), and a host node
+//!   after that gives the memory back to the pool.
+//! * **Receive**: the value lands in page-locked memory of the pool (taken by the communication
+//!   thread without a driver call: a buffer whose last device use its signal says is done), and
+//!   a GPU node on the consumer's device uploads it, then gives the memory back at once, guarded
+//!   by a signal written after the upload's copy. The first arrival of a size the pool has no
+//!   buffer for lands in ordinary memory (uploaded through the driver's staging) and leaves a
+//!   page-locked buffer of its size in the pool for the next.
+//!
+//! The pool belongs to the device value's node (its maker, owned by the graph): every run, slot,
+//! send and receive of that node shares it, so a graph's steady state allocates nothing.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -24,6 +28,11 @@ use crate::comm::{Command, Payload, StagedPayload};
 use crate::gpu::nodes::{add_gpu_node, RecvWhat, SendWhat};
 use crate::graph::{add_recv as add_recv_node, Mapped, Received, RecvNodes, SendNodes, SlotEnv};
 use crate::value::{AnyValue, LandFn, Landing};
+
+/// The most bytes of a staged value in one message, whatever its chunks: MPI moves one long
+/// message between two processes' non-blocking calls far slower than several shorter ones in
+/// flight at once (the device machine's Open MPI and this machine's alike).
+pub(crate) const MESSAGE_BYTES: usize = 4 << 20;
 
 /// The chunks of a value of `len` elements of `size` bytes, in pieces of about `chunk` bytes
 /// (a whole number of elements, at least one): element ranges, in order. One (empty) range
@@ -38,26 +47,88 @@ pub(crate) fn chunks(len: usize, size: usize, chunk: usize) -> Vec<Range<usize>>
         .collect()
 }
 
-/// A send's staging memory and its signal, reused by the runs of one slot (a slot's runs
-/// follow each other: the previous send finished before the next run starts).
-struct Stage<E: DeviceCopy> {
-    pinned: Arc<PinnedBuffer<E>>,
+/// Page-locked memory of the pool, and the signal its device writes after each use of it.
+pub(crate) struct Staging<E: DeviceCopy> {
+    buf: PinnedBuffer<E>,
     signal: Arc<HostSignal>,
-    /// The signal's value after the last run's chunks: each run counts on from there.
-    next: u32,
+    /// The value `signal` holds once the device's last use of `buf` is done.
+    free_at: u32,
+}
+
+impl<E: DeviceCopy> Staging<E> {
+    /// New memory for `n` elements (at least one), on the node's device.
+    fn new(gpu: &GpuCtx<'_, '_>, n: usize) -> Result<Self, BoxError> {
+        Ok(Staging {
+            buf: gpu.alloc_pinned::<E>(n.max(1))?,
+            signal: Arc::new(gpu.host_signal()?),
+            free_at: 0,
+        })
+    }
+
+    /// Whether no device work on it is in flight (read without a driver call).
+    fn idle(&self) -> bool {
+        self.signal.value() == self.free_at
+    }
+}
+
+/// The page-locked buffers a device value is staged in and lands in, reused across runs: free
+/// ones, each perhaps still in a device copy that its signal will say is done. Its node's maker
+/// owns it (the graph: dropped on the user's thread, its buffers freed by a bound worker); the
+/// landing, which the communication thread keeps until it ends, holds it weakly.
+pub(crate) struct StagingPool<E: DeviceCopy> {
+    free: Mutex<Vec<Staging<E>>>,
+}
+
+impl<E: DeviceCopy> Default for StagingPool<E> {
+    fn default() -> Self {
+        StagingPool {
+            free: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<E: DeviceCopy> StagingPool<E> {
+    /// An idle buffer of at least `n` elements (the smallest such).
+    fn take(&self, n: usize) -> Option<Staging<E>> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.buf.len() >= n && s.idle())
+            .min_by_key(|(_, s)| s.buf.len())
+            .map(|(i, _)| i)?;
+        Some(free.swap_remove(best))
+    }
+
+    fn put(&self, s: Staging<E>) {
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+    }
+}
+
+/// The staging memory a slot's send holds from its copies until the transport is done.
+struct Lease<E: DeviceCopy> {
+    held: Option<Staging<E>>,
+    /// Memory of a send that never reported done (its run failed): kept, never reused, until
+    /// the graph goes (the transport may still read it).
+    retired: Vec<Staging<E>>,
 }
 
 /// Adds the staged send of `what.from`'s buffer to rank `what.to`: a GPU node that stages it,
-/// then a host node that completes once it is sent.
+/// a host node that completes once it is sent, and one that gives the memory back.
 pub(crate) fn add_send<E: DeviceCopy>(
     gb: &mut GraphBuilder<GpuWorker>,
     env: &Arc<SlotEnv>,
     what: SendWhat<'_, E>,
+    pool: &Arc<StagingPool<E>>,
     chunk: usize,
 ) -> SendNodes {
-    let stage: Arc<Mutex<Option<Stage<E>>>> = Arc::new(Mutex::new(None));
+    let lease: Arc<Mutex<Lease<E>>> = Arc::new(Mutex::new(Lease {
+        held: None,
+        retired: Vec::new(),
+    }));
     let (from, k) = (what.from, what.k);
     let senv = env.clone();
+    let (stage_pool, stage_lease) = (pool.clone(), lease.clone());
     let stager = add_gpu_node(
         gb,
         env,
@@ -67,7 +138,7 @@ pub(crate) fn add_send<E: DeviceCopy>(
         move |ctx| {
             let gpu = ctx.gpu();
             let buf = gpu.input(from)?;
-            let payload = stage_out(gpu, buf, &stage, chunk)?;
+            let payload = stage_out(gpu, buf, &stage_pool, &stage_lease, chunk)?;
             senv.comm.send(Command::Send {
                 run: senv.current(),
                 k,
@@ -86,112 +157,94 @@ pub(crate) fn add_send<E: DeviceCopy>(
         },
     );
     gb.edge(stager.id(), done.id());
+    // The transport is done with the memory (or never started): back to the pool, where its
+    // signal still guards the device's copies.
+    let release_pool = pool.clone();
+    let release = gb.node(
+        format!("release staging of '{}' for rank {}", what.name, what.to),
+        move |_: &NodeCtx<'_, GpuWorker>| {
+            let mut l = lease.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(s) = l.held.take() {
+                release_pool.put(s);
+            }
+            Ok(())
+        },
+    );
+    gb.edge(done.id(), release.id());
     SendNodes {
         inputs: vec![stager.id()],
         nccl: None,
     }
 }
 
-/// Enqueues the chunks' copies of `buf` into the slot's staging memory, each followed by its
-/// signal, and returns the payload that sends them as they are done.
+/// Enqueues the chunks' copies of `buf` into staging memory from `pool` (new memory when it
+/// has none idle and large enough), each followed by its signal, and returns the payload that
+/// sends them as they are done; `lease` holds the memory until the send is done.
 fn stage_out<E: DeviceCopy>(
     gpu: &GpuCtx<'_, '_>,
     buf: &DeviceBuffer<E>,
-    stage: &Mutex<Option<Stage<E>>>,
+    pool: &StagingPool<E>,
+    lease: &Mutex<Lease<E>>,
     chunk: usize,
 ) -> Result<StagedPayload, BoxError> {
-    let mut slot = stage.lock().unwrap_or_else(|e| e.into_inner());
-    if slot.as_ref().is_none_or(|s| s.pinned.len() < buf.len()) {
-        let signal = match slot.take() {
-            Some(s) => s.signal,
-            None => Arc::new(gpu.host_signal()?),
-        };
-        let next = signal.value();
-        *slot = Some(Stage {
-            pinned: Arc::new(gpu.alloc_pinned::<E>(buf.len().max(1))?),
-            signal,
-            next,
-        });
-    }
-    let s = slot.as_mut().expect("made above");
+    let mut s = match pool.take(buf.len()) {
+        Some(s) => s,
+        None => Staging::new(gpu, buf.len())?,
+    };
     let size = std::mem::size_of::<E>();
     let pieces = chunks(buf.len(), size, chunk);
-    let base = s.next;
+    let base = s.free_at;
     for (i, r) in pieces.iter().enumerate() {
         if !r.is_empty() {
-            gpu.copy_to_pinned_at(buf, r.clone(), &s.pinned, r.start)?;
+            gpu.copy_to_pinned_at(buf, r.clone(), &s.buf, r.start)?;
         }
         gpu.signal(&s.signal, base.wrapping_add(i as u32 + 1))?;
     }
-    s.next = base.wrapping_add(pieces.len() as u32);
+    s.free_at = base.wrapping_add(pieces.len() as u32);
     let len = buf.len() * size;
-    let piece = pieces[0].len().max(1) * size;
-    let (signal, pinned) = (s.signal.clone(), s.pinned.clone());
+    let chunk_bytes = pieces[0].len().max(1) * size;
+    let (signal, ptr) = (s.signal.clone(), s.buf.host_ptr() as *const u8);
+    let mut l = lease.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(stale) = l.held.replace(s) {
+        l.retired.push(stale);
+    }
     Ok(StagedPayload {
-        ptr: pinned.host_ptr() as *const u8,
+        ptr,
         len,
-        piece,
+        piece: chunk_bytes.min(MESSAGE_BYTES),
         ready: Box::new(move || {
-            let _keep = &pinned;
             let done = signal.value().wrapping_sub(base) as usize;
-            done.min(pieces.len()).saturating_mul(piece).min(len)
+            done.min(pieces.len()).saturating_mul(chunk_bytes).min(len)
         }),
     })
-}
-
-/// The page-locked buffers a receive's values land in, reused across runs. Its node's maker
-/// owns it (the graph: dropped on the user's thread, its buffers freed by a bound worker); the
-/// landing, which the communication thread keeps until it ends, holds it weakly.
-pub(crate) struct StagingPool<E: DeviceCopy> {
-    free: Mutex<Vec<PinnedBuffer<E>>>,
-}
-
-impl<E: DeviceCopy> Default for StagingPool<E> {
-    fn default() -> Self {
-        StagingPool {
-            free: Mutex::new(Vec::new()),
-        }
-    }
-}
-
-impl<E: DeviceCopy> StagingPool<E> {
-    /// A free buffer of at least `n` elements (the smallest such).
-    fn take(&self, n: usize) -> Option<PinnedBuffer<E>> {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let best = free
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.len() >= n)
-            .min_by_key(|(_, b)| b.len())
-            .map(|(i, _)| i)?;
-        Some(free.swap_remove(best))
-    }
-
-    fn put(&self, b: PinnedBuffer<E>) {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(b);
-    }
 }
 
 /// Where an arrived device value's bytes are on the host.
 enum Host<E: DeviceCopy> {
     /// Page-locked memory of the pool (its first `n` elements).
-    Pinned(PinnedBuffer<E>),
-    /// Ordinary memory (the pool had no buffer large enough).
+    Pinned(Staging<E>),
+    /// Ordinary memory (the pool had no idle buffer large enough).
     Pageable(Vec<E>),
 }
 
-/// A device value that arrived on this rank, waiting for its upload. Dropped (with its run),
-/// it gives its page-locked buffer back to the pool.
+/// A device value that arrived on this rank, waiting for its upload, which takes its bytes
+/// (and gives page-locked memory back to the pool). Dropped before that (its run failed), it
+/// gives the memory back itself.
 pub(crate) struct Arrived<E: DeviceCopy> {
-    host: Option<Host<E>>,
+    host: Mutex<Option<Host<E>>>,
     n: usize,
     pool: Arc<StagingPool<E>>,
 }
 
 impl<E: DeviceCopy> Drop for Arrived<E> {
     fn drop(&mut self) {
-        if let Some(Host::Pinned(b)) = self.host.take() {
-            self.pool.put(b);
+        let host = self
+            .host
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(Host::Pinned(s)) = host {
+            self.pool.put(s);
         }
     }
 }
@@ -202,8 +255,12 @@ struct StagedLanding<E: DeviceCopy> {
 
 impl<E: DeviceCopy + bytemuck::Pod> Landing for StagedLanding<E> {
     fn ptr(&mut self) -> *mut u8 {
-        match self.arrived.as_mut().and_then(|a| a.host.as_mut()) {
-            Some(Host::Pinned(b)) => b.host_ptr().cast(),
+        let host = self
+            .arrived
+            .as_mut()
+            .and_then(|a| a.host.get_mut().unwrap_or_else(|e| e.into_inner()).as_mut());
+        match host {
+            Some(Host::Pinned(s)) => s.buf.host_ptr().cast(),
             Some(Host::Pageable(v)) => v.as_mut_ptr().cast(),
             None => std::ptr::null_mut(),
         }
@@ -215,17 +272,18 @@ impl<E: DeviceCopy + bytemuck::Pod> Landing for StagedLanding<E> {
 
     unsafe fn finish(mut self: Box<Self>) -> Result<AnyValue, String> {
         let mut a = self.arrived.take().expect("finished once");
-        if let Some(Host::Pageable(v)) = a.host.as_mut() {
+        let n = a.n;
+        if let Some(Host::Pageable(v)) = a.host.get_mut().unwrap_or_else(|e| e.into_inner()) {
             // SAFETY: the capacity is `n` (allocated so in `landing`), the caller wrote all
             // their bytes, and `E: Pod` makes any bytes a valid element.
-            unsafe { v.set_len(a.n) };
+            unsafe { v.set_len(n) };
         }
         Ok(Box::new(a))
     }
 }
 
-/// The landing of a staged device value of `E`s: page-locked memory of `pool` (ordinary memory
-/// when it has none large enough, or is gone).
+/// The landing of a staged device value of `E`s: idle page-locked memory of `pool` (ordinary
+/// memory when it has none large enough, or is gone).
 pub(crate) fn landing<E: DeviceCopy + bytemuck::Pod>(pool: &Arc<StagingPool<E>>) -> LandFn {
     let pool = Arc::downgrade(pool);
     Arc::new(move |len: usize| {
@@ -239,12 +297,12 @@ pub(crate) fn landing<E: DeviceCopy + bytemuck::Pod>(pool: &Arc<StagingPool<E>>)
         let n = len / size;
         let pool = pool.upgrade().unwrap_or_default();
         let host = match pool.take(n) {
-            Some(b) => Host::Pinned(b),
+            Some(s) => Host::Pinned(s),
             None => Host::Pageable(Vec::with_capacity(n)),
         };
         Ok(Box::new(StagedLanding {
             arrived: Some(Arrived {
-                host: Some(host),
+                host: Mutex::new(Some(host)),
                 n,
                 pool,
             }),
@@ -272,20 +330,8 @@ pub(crate) fn add_recv<E: DeviceCopy + bytemuck::Pod>(
             let a = received
                 .get::<Arrived<E>>()
                 .ok_or("a staged device value did not arrive")?;
-            let dst = gpu.alloc::<E>(a.n)?;
-            match a.host.as_ref() {
-                _ if a.n == 0 => {}
-                Some(Host::Pinned(b)) => gpu.copy_from_pinned_at(b, 0..a.n, &dst, 0)?,
-                Some(Host::Pageable(v)) => {
-                    let mut dst = dst;
-                    gpu.copy_to_device(v, &mut dst)?;
-                    // Page-locked memory of this size for the next run's arrival.
-                    a.pool.put(gpu.alloc_pinned::<E>(a.n.max(1))?);
-                    return Ok(dst);
-                }
-                None => return Err("a staged device value without its bytes".into()),
-            }
-            Ok(dst)
+            let host = a.host.lock().unwrap_or_else(|e| e.into_inner()).take();
+            upload(gpu, host, a.n, &a.pool)
         },
     );
     gb.edge(recv.id(), upload.id());
@@ -294,6 +340,38 @@ pub(crate) fn add_recv<E: DeviceCopy + bytemuck::Pod>(
         nccl: None,
         mapped: Mapped::Local(Box::new(upload)),
     }
+}
+
+/// Copies `n` arrived elements to a new buffer of the node's device; page-locked memory goes
+/// back to `pool` at once, guarded by its signal until the copy is done, and ordinary memory
+/// leaves page-locked memory of its size there for the next arrival.
+fn upload<E: DeviceCopy>(
+    gpu: &GpuCtx<'_, '_>,
+    host: Option<Host<E>>,
+    n: usize,
+    pool: &StagingPool<E>,
+) -> Result<DeviceBuffer<E>, BoxError> {
+    let mut dst = gpu.alloc::<E>(n)?;
+    match host {
+        Some(Host::Pinned(mut s)) => {
+            if n > 0 {
+                gpu.copy_from_pinned_at(&s.buf, 0..n, &dst, 0)?;
+            }
+            // On an error above `s` is dropped, and freed after the work enqueued so far.
+            let next = s.free_at.wrapping_add(1);
+            gpu.signal(&s.signal, next)?;
+            s.free_at = next;
+            pool.put(s);
+        }
+        Some(Host::Pageable(v)) => {
+            if n > 0 {
+                gpu.copy_to_device(&v, &mut dst)?;
+                pool.put(Staging::new(gpu, n)?);
+            }
+        }
+        None => return Err("a staged device value without its bytes (uploaded twice?)".into()),
+    }
+    Ok(dst)
 }
 
 #[cfg(test)]

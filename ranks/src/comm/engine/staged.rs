@@ -13,8 +13,8 @@ pub(crate) struct StagedPayload {
     pub(crate) ptr: *const u8,
     /// Its length in bytes.
     pub(crate) len: usize,
-    /// The size of the pieces it becomes ready in, and of the messages it goes as (at most
-    /// the engine's `max_message`).
+    /// The size of the messages it goes as (at most the engine's `max_message`); each goes
+    /// once `ready` covers it.
     pub(crate) piece: usize,
     /// How many of its bytes (from the start) are ready to send; read without a driver call.
     pub(crate) ready: Box<dyn Fn() -> usize + Send>,
