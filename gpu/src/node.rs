@@ -11,7 +11,7 @@ use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef, Pla
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::capture::Capture;
-use crate::device::{DeviceInfo, DeviceShared, GpuDevice, PeerReaders};
+use crate::device::{DeviceInfo, DeviceShared, GpuDevice, PeerReaders, ReaderFence};
 use crate::driver::{self, Event, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::module::Kernel;
@@ -934,7 +934,7 @@ where
     let stream = moved.unwrap_or(stream);
     // Buffers of other devices read: their releases wait for this work (also when the body
     // failed after enqueueing a read).
-    let fenced = crate::peer::fence_peer_reads(&ctx, stream);
+    let fenced = fence_peer_reads(&ctx, stream);
     // A sticky driver error from the body (a cudarc call in it) marks the device failed, as
     // boundpool's own calls' do.
     let out = out.map_err(|e| b.device.body_error(&ctx.what(), e))?;
@@ -1037,4 +1037,23 @@ where
         }
     }
     Ok(out)
+}
+
+/// After a node's body: records one event per buffer of another device it read in place, on
+/// `stream` (where its work went), and hands it to the buffer's readers. Runs on the node's
+/// worker.
+pub(crate) fn fence_peer_reads(
+    ctx: &GpuCtx<'_, '_>,
+    stream: StreamRef,
+) -> Result<(), (&'static str, driver::DriverError)> {
+    let reads = std::mem::take(&mut *ctx.peer_reads.borrow_mut());
+    for readers in reads {
+        // An error leaves the read open: the buffer is then never freed, not freed under it.
+        let event = ctx.b.record_event(stream)?;
+        readers.end_read(ReaderFence {
+            event,
+            home: ctx.b.device.clone(),
+        });
+    }
+    Ok(())
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
 use crate::device::ReaderFence;
-use crate::driver::{self, StreamRef};
+use crate::driver;
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::node::GpuCtx;
 
@@ -143,23 +143,4 @@ impl GpuCtx<'_, '_> {
             None => Ok(()),
         }
     }
-}
-
-/// After a node's body: records one event per buffer of another device it read in place, on
-/// `stream` (where its work went), and hands it to the buffer's readers. Runs on the node's
-/// worker.
-pub(crate) fn fence_peer_reads(
-    ctx: &GpuCtx<'_, '_>,
-    stream: StreamRef,
-) -> Result<(), (&'static str, driver::DriverError)> {
-    let reads = std::mem::take(&mut *ctx.peer_reads.borrow_mut());
-    for readers in reads {
-        // An error leaves the read open: the buffer is then never freed, not freed under it.
-        let event = ctx.b.record_event(stream)?;
-        readers.end_read(ReaderFence {
-            event,
-            home: ctx.b.device.clone(),
-        });
-    }
-    Ok(())
 }

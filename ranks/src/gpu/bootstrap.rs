@@ -5,18 +5,15 @@
 //! of operation (`GpuCtx::nccl_connect`). Every rank builds and submits this graph first, so
 //! the usual check (rank 0 compares the graphs) covers it too.
 
-use boundpool_gpu::{GpuWorker, NcclId};
+use boundpool_gpu::{GpuDevice, GpuWorker, NcclId};
 
 use crate::error::Error;
-use crate::gpu::runtime::GpuRanks;
 use crate::graph::RankGraphBuilder;
+use crate::ranks::Ranks;
 
-/// Makes `ranks`' communicator on its NCCL device.
-pub(crate) fn make_communicator(ranks: &GpuRanks) -> Result<(), Error> {
-    let device = ranks
-        .nccl_device()
-        .expect("a communicator is asked for on a device")
-        .clone();
+/// Makes `ranks`' communicator on `device`, its NCCL device.
+pub(crate) fn make_communicator(ranks: &Ranks<GpuWorker>, device: &GpuDevice) -> Result<(), Error> {
+    let device = device.clone();
     let size = ranks.size();
     let mut g = RankGraphBuilder::<GpuWorker>::new("nccl communicator");
     let id = g.plain_node(0, "nccl id", |_| Ok(NcclId::new()?.as_bytes().to_vec()));

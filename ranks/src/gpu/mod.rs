@@ -8,12 +8,15 @@
 #[cfg(feature = "nccl")]
 mod bootstrap;
 #[cfg(feature = "nccl")]
+mod collective;
+mod device_value;
+#[cfg(feature = "nccl")]
 mod nccl;
 mod nodes;
 mod runtime;
 mod staged;
 
 #[cfg(feature = "nccl")]
-pub use nccl::Collective;
+pub use collective::Collective;
 pub use nodes::RankGpuCtx;
 pub use runtime::{GpuRanks, GpuRanksBuilder};

@@ -125,7 +125,10 @@ impl GpuRanksBuilder {
         };
         #[cfg(feature = "nccl")]
         if self.nccl {
-            crate::gpu::bootstrap::make_communicator(&out)?;
+            let device = out
+                .nccl_device()
+                .expect("a communicator is asked for on a device");
+            crate::gpu::bootstrap::make_communicator(&out.ranks, device)?;
         }
         Ok(out)
     }

@@ -7,28 +7,7 @@ use std::collections::BTreeSet;
 use crate::error::{Error, ErrorKind};
 use crate::plan::desc::{GraphDesc, On, Wire};
 use crate::plan::order::{check_collectives, nccl_order, NcclOp};
-
-/// One value crossing ranks once per run: `producer`'s output, from its rank to `to`, read
-/// there by `consumers`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Transfer {
-    /// The producing node.
-    pub producer: u32,
-    /// The producer's rank (the sender).
-    pub from: usize,
-    /// The consuming rank (the receiver).
-    pub to: usize,
-    /// Position among the transfers from `from` to `to` (0, 1, …, in producer order): with the
-    /// run's slot it picks the message's tag.
-    pub index: u32,
-    /// The nodes on `to` that read the value, ascending.
-    pub consumers: Vec<u32>,
-    /// How urgent the value is on `to`: the number of nodes on the longest path from its
-    /// consumers there to the end of the graph (their largest bottom level). A rank with
-    /// several values waiting to be sent should send the most urgent first (what that pays
-    /// where the links are the limit: docs/benchmarks.md, "A cluster on paper").
-    pub priority: u32,
-}
+use crate::plan::transfer::Transfer;
 
 /// A node of a rank's local plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -6,8 +6,10 @@ mod desc;
 mod digest;
 mod lower;
 mod order;
+mod transfer;
 
 pub use desc::{CollectiveDesc, DataId, DatumDesc, GraphDesc, NodeDesc, On, Wire};
 pub use digest::{digest, first_difference, Digest};
-pub use lower::{lower, place, LocalNode, LocalPlan, Lowering, Transfer};
+pub use lower::{lower, place, LocalNode, LocalPlan, Lowering};
 pub use order::NcclOp;
+pub use transfer::Transfer;

@@ -17,7 +17,7 @@ use std::collections::BinaryHeap;
 
 use crate::error::{Error, ErrorKind};
 use crate::plan::desc::{GraphDesc, Wire};
-use crate::plan::lower::Transfer;
+use crate::plan::transfer::Transfer;
 
 /// One NCCL operation of a graph, in [`Lowering::nccl_order`](crate::plan::Lowering::nccl_order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
