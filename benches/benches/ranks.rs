@@ -301,6 +301,10 @@ struct Args {
     /// The workers' spin before they park, in µs (default: the runtime's choice).
     #[arg(long)]
     idle_spin_us: Option<u64>,
+    /// The runtime's `max_message_bytes`: a value this large or larger goes as a header and
+    /// chunks (default: the runtime's).
+    #[arg(long)]
+    max_message_bytes: Option<usize>,
 }
 
 fn main() {
@@ -314,6 +318,9 @@ fn main() {
     let mut builder = RanksBuilder::new().workers(workers);
     if let Some(us) = a.comm_spin_us {
         builder = builder.comm_spin(Duration::from_micros(us));
+    }
+    if let Some(n) = a.max_message_bytes {
+        builder = builder.max_message_bytes(n);
     }
     if let Some(us) = a.idle_spin_us {
         builder = builder.idle_spin(Duration::from_micros(us));

@@ -50,8 +50,8 @@
 //!   can encode crosses as postcard, a compact format with a
 //!   stable, documented wire format and no schema. A node made with [`RankGraphBuilder::node`]
 //!   cannot cross: an edge from it to another rank is an error at `build` naming the edge.
-//!   Values of 1 GiB or more (settable) go as a header and chunks, so no message passes MPI's
-//!   `int` count.
+//!   Values of 4 MiB or more (settable) go as a header and chunks: no message passes MPI's
+//!   `int` count, and none is long enough to be slow.
 //! * **Transports** ([`Transport`]): [`LocalNetwork`] (ranks as threads, for tests and the
 //!   simulator) and, with the `mpi` feature, `MpiTransport` (rsmpi; `MPI_Isend`,
 //!   `MPI_Improbe`, `MPI_Imrecv`, `MPI_Testsome` only). A transport sends and receives raw

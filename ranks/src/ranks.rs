@@ -50,7 +50,7 @@ impl RanksBuilder {
             trace: false,
             peer_timeout: Duration::from_secs(5),
             heartbeat: Duration::from_millis(500),
-            max_message: 1 << 30,
+            max_message: 4 << 20,
             comm_spin: None,
             idle_spin: None,
         }
@@ -162,7 +162,9 @@ impl RanksBuilder {
     }
 
     /// Values of this many bytes or more go as a header and chunks of at most this size
-    /// (at most `i32::MAX`: MPI counts are `int`s). 1 GiB by default.
+    /// (at most `i32::MAX`: MPI counts are `int`s). 4 MiB by default: Open MPI moves one long
+    /// message posted without blocking far slower than several of a few MiB (figures in
+    /// docs/benchmarks.md, "Ranks over MPI").
     pub fn max_message_bytes(mut self, n: usize) -> Self {
         self.max_message = n.clamp(1, i32::MAX as usize);
         self
