@@ -95,9 +95,11 @@ pub trait NodeCtxExt<S>: sealed::Sealed {
 
     /// Defers this node's completion: after the body returns, its successors are released (and
     /// its graph's completion counted) only once `poll` returns `Ready(Ok(()))`; `Ready(Err(_))`
-    /// fails the graph naming this node. The same worker polls it between other nodes, and
-    /// backs off (yields, then short timed parks) when it has nothing else to do. A later call
-    /// replaces the poll.
+    /// fails the graph naming this node. The same worker polls it when it has nothing else to
+    /// do, backing off (yields, then short timed parks); a node of the
+    /// [`High`](crate::Priority::High) level's poll also between the other nodes it runs, so a
+    /// latency-critical request's device work is seen done while its worker is busy with
+    /// other levels. A later call replaces the poll.
     ///
     /// # Panics
     /// If this body called [`complete_later`](Self::complete_later) (a node defers one way).

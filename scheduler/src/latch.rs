@@ -129,9 +129,12 @@ impl Completion {
         sync::lock(&self.result).take()
     }
 
-    /// Watches for completion for the run's spin time (not past `deadline`), yielding the core
-    /// between looks, when the pool's spinners let it (a waiter of another level than high
-    /// stops once a high one watches); whether it completed. (Not under loom: a model parks at
+    /// Watches for completion for the run's spin time (not past `deadline`), when the pool's
+    /// spinners let it (a waiter of another level than high stops once a high one watches);
+    /// whether it completed. Between looks it yields its core, except a waiter of a high-level
+    /// run off the workers' cores: a yield hands the core to any thread queued on it for that
+    /// thread's whole slice, the waiting time of a latency-critical request; on a worker's core
+    /// it yields, since that worker may be the one its graph needs. (Not under loom: a model parks at
     /// once.)
     fn watch(&self, deadline: Option<Instant>) -> bool {
         #[cfg(not(loom))]
@@ -152,7 +155,11 @@ impl Completion {
                 if Instant::now() >= until || (!w.high && w.spinners.high_watching()) {
                     return false;
                 }
-                std::thread::yield_now();
+                if w.high && !w.spinners.on_worker_core() {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             }
             return true;
         }

@@ -70,6 +70,7 @@
 //!   hint (`_mm_prefetch`).
 //! * `trace.rs`: the zeroed allocation of a worker's trace ring, and the time-stamp counter read
 //!   (`_rdtsc`, after an `_mm_lfence` for a node's start).
+//! * `spin.rs`: `sched_getcpu` (Linux), the core a spinning waiter runs on.
 //! * `loom_models.rs` (only under `--cfg loom`, test builds): the models of the output slots.
 //!
 //! No other file has `unsafe`.

@@ -188,7 +188,10 @@ impl<S: Send + 'static> Registry<S> {
             prioritized: AtomicBool::new(false),
             admission: max_graphs_in_flight.map(Admission::new),
             wait_spin,
-            spinners: Arc::new(Spinners::new(spinning_waiters)),
+            spinners: Arc::new(Spinners::new(
+                spinning_waiters,
+                infos.iter().filter_map(|i| i.core),
+            )),
             idle_spin,
             trace,
             export_metrics,

@@ -4,7 +4,8 @@
 //! done (docs/benchmarks.md, "where the high client's tail comes from"). So a waiter of a
 //! high-level run may always spin; a waiter of another level only while no high one watches
 //! and fewer than the pool's budget of others spin, and stops as soon as a high one starts.
-//! The rest park at once, and their wake-up places them on a free core.
+//! The rest park at once, and their wake-up places them on a free core. A high waiter yields
+//! between looks only on a core a worker of the pool is pinned to (`on_worker_core`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -18,6 +19,8 @@ pub(crate) struct Spinners {
     others: AtomicUsize,
     /// The most other waiters that may spin at once.
     budget: usize,
+    /// The cores the pool's workers are pinned to, one bit each.
+    worker_cores: Vec<u64>,
 }
 
 /// One waiter counted as spinning until dropped.
@@ -32,12 +35,35 @@ impl Drop for Spinning<'_> {
 
 #[cfg_attr(loom, allow(dead_code))]
 impl Spinners {
-    pub(crate) fn new(budget: usize) -> Self {
+    /// `budget` other spinning waiters at most; `worker_cores`: where the pool's workers are
+    /// pinned.
+    pub(crate) fn new(budget: usize, worker_cores: impl IntoIterator<Item = usize>) -> Self {
+        let mut bits = Vec::new();
+        for c in worker_cores {
+            if bits.len() <= c / 64 {
+                bits.resize(c / 64 + 1, 0u64);
+            }
+            bits[c / 64] |= 1 << (c % 64);
+        }
         Spinners {
             high: AtomicUsize::new(0),
             others: AtomicUsize::new(0),
             budget,
+            worker_cores: bits,
         }
+    }
+
+    /// Whether core `c` is one a worker of the pool is pinned to.
+    fn is_worker_core(&self, c: usize) -> bool {
+        self.worker_cores
+            .get(c / 64)
+            .is_some_and(|w| w & (1 << (c % 64)) != 0)
+    }
+
+    /// Whether the calling thread runs on a core a worker of the pool is pinned to (where the
+    /// core is unknown: yes, the cautious answer).
+    pub(crate) fn on_worker_core(&self) -> bool {
+        current_core().is_none_or(|c| self.is_worker_core(c))
     }
 
     /// A waiter of a high-level run starts watching.
@@ -66,6 +92,19 @@ impl Spinners {
     }
 }
 
+/// The core the calling thread runs on now (`sched_getcpu`: a vDSO read, no system call).
+#[cfg(target_os = "linux")]
+fn current_core() -> Option<usize> {
+    // SAFETY: sched_getcpu takes no arguments and only reads the calling thread's CPU.
+    let c = unsafe { libc::sched_getcpu() };
+    usize::try_from(c).ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn current_core() -> Option<usize> {
+    None
+}
+
 /// The default budget of other spinning waiters: the cores this process may use (`cores`),
 /// less the pool's `workers`, less one for the rest of the process.
 pub(crate) fn default_budget(cores: usize, workers: usize) -> usize {
@@ -78,7 +117,7 @@ mod tests {
 
     #[test]
     fn others_spin_within_the_budget_and_give_way_to_a_high_waiter() {
-        let s = Spinners::new(2);
+        let s = Spinners::new(2, []);
         let a = s.other().expect("first within the budget");
         let b = s.other().expect("second within the budget");
         assert!(s.other().is_none(), "a third is over the budget");
@@ -101,10 +140,29 @@ mod tests {
 
     #[test]
     fn a_zero_budget_parks_every_other_waiter() {
-        let s = Spinners::new(0);
+        let s = Spinners::new(0, []);
         assert!(s.other().is_none());
         let _h = s.high();
         assert!(s.high_watching());
+    }
+
+    #[test]
+    fn worker_cores_are_known_by_number() {
+        let s = Spinners::new(1, [0, 3, 70]);
+        assert!(s.is_worker_core(0) && s.is_worker_core(3) && s.is_worker_core(70));
+        assert!(!s.is_worker_core(1) && !s.is_worker_core(64) && !s.is_worker_core(200));
+        let none = Spinners::new(1, []);
+        assert!(!none.is_worker_core(0));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_current_core_is_known_on_linux() {
+        assert!(current_core().is_some(), "sched_getcpu answers");
+        let every = Spinners::new(0, 0..4096);
+        assert!(every.on_worker_core(), "every core is a worker's here");
+        let none = Spinners::new(0, []);
+        assert!(!none.on_worker_core(), "no core is a worker's here");
     }
 
     #[test]

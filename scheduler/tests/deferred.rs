@@ -10,7 +10,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use boundpool_scheduler::backend::{InputsExt, NodeCtxExt};
-use boundpool_scheduler::{BoxError, Cores, ErrorKind, GraphBuilder, NodeRef, PoolBuilder};
+use boundpool_scheduler::{
+    BoxError, Cores, ErrorKind, GraphBuilder, NodeRef, PoolBuilder, Priority,
+};
 
 #[test]
 fn deferred_completion_holds_successors_back() {
@@ -256,6 +258,67 @@ fn a_body_that_defers_then_panics_leaves_no_deferral_behind() {
         assert!(
             res.is_ok(),
             "the next graph completed (its node was not held by a stale deferral)"
+        );
+    });
+}
+
+/// A high-level node's deferred completion is polled between the other nodes a busy worker
+/// runs, not only once it runs dry: a latency-critical request's GPU work ends while its
+/// worker runs batch nodes.
+#[test]
+fn high_deferred_completion_is_seen_while_the_worker_is_busy() {
+    common::with_deadline(30, "urgent", || {
+        let pool = PoolBuilder::new()
+            .name("urgent")
+            .workers(1)
+            .cores(Cores::Unpinned)
+            .build()
+            .unwrap();
+        const BATCH: usize = 400;
+        let ready = Arc::new(AtomicBool::new(false));
+        let deferred = Arc::new(AtomicBool::new(false));
+        let batch_ran = Arc::new(AtomicUsize::new(0));
+        let mut hg = GraphBuilder::<()>::new("high");
+        hg.priority(Priority::High);
+        let (r, d) = (ready.clone(), deferred.clone());
+        let h = hg.node("device-work", move |ctx| {
+            let r = r.clone();
+            ctx.complete_when(move |_| {
+                if r.load(Ordering::SeqCst) {
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                }
+            });
+            d.store(true, Ordering::SeqCst);
+            Ok(())
+        });
+        let seen = batch_ran.clone();
+        let after = hg.node("read-output", move |_| Ok(seen.load(Ordering::SeqCst)));
+        hg.edge(h, after);
+        let high = pool.submit(&hg.build().unwrap()).unwrap();
+        assert!(common::eventually(10, || deferred.load(Ordering::SeqCst)));
+
+        // Independent batch nodes keep the one worker busy; the tenth makes the device work
+        // "end".
+        let mut bg = GraphBuilder::<()>::new("batch");
+        for k in 0..BATCH {
+            let (n, r) = (batch_ran.clone(), ready.clone());
+            bg.node(format!("batch-{k}"), move |_| {
+                if n.fetch_add(1, Ordering::SeqCst) + 1 == 10 {
+                    r.store(true, Ordering::SeqCst);
+                }
+                std::thread::sleep(Duration::from_micros(20));
+                Ok(())
+            });
+        }
+        let batch = pool.submit(&bg.build().unwrap()).unwrap();
+        let out = high.wait().unwrap();
+        let ran_before = *out.get(after).unwrap();
+        batch.wait().unwrap();
+        assert!(
+            ran_before < BATCH / 2,
+            "the high node's completion waited for {ran_before} of {BATCH} batch nodes"
         );
     });
 }

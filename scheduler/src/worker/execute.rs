@@ -14,6 +14,7 @@ use crate::ctx::{Deferral, Inputs, NodeCtx};
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::graph::{NodeSpec, CLASS_ONE};
 use crate::metrics::SAMPLE_EVERY;
+use crate::priority::Priority;
 use crate::registry::Registry;
 use crate::run::{Run, RunRef, Task};
 use crate::sync::{self, Ordering};
@@ -368,9 +369,14 @@ impl<S: Send + 'static> WorkerThread<S> {
     ) -> Option<u32> {
         match (res, deferred) {
             (Ok(()), Some(Deferral::Poll(poll))) => {
+                let urgent = run.plan.nodes[i as usize].priority() == Priority::High;
+                if urgent {
+                    self.urgent.set(self.urgent.get() + 1);
+                }
                 self.deferred.borrow_mut().push(Deferred {
                     task: Task::new(run, i),
                     poll,
+                    urgent,
                 });
                 None
             }

@@ -39,6 +39,7 @@ impl<S: Send + 'static> WorkerThread<S> {
             }
             if let Some(t) = self.find_task() {
                 self.execute(t);
+                self.poll_urgent();
                 idle_rounds = 0;
             } else if self.poll_deferred() {
                 idle_rounds = 0;
@@ -186,11 +187,37 @@ impl<S: Send + 'static> WorkerThread<S> {
         if self.deferred.borrow().is_empty() {
             return false;
         }
+        self.poll_deferred_of(false)
+    }
+
+    /// Between two tasks of a busy worker: polls the deferred completions of high-level nodes,
+    /// if it holds any (one cell read otherwise).
+    #[inline]
+    pub(super) fn poll_urgent(&self) {
+        if self.urgent.get() > 0 {
+            self.poll_urgent_slow();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn poll_urgent_slow(&self) {
+        self.flush_credit();
+        self.poll_deferred_of(true);
+    }
+
+    /// Polls the deferred completions (only the urgent ones with `urgent_only`); whether any
+    /// completed.
+    fn poll_deferred_of(&self, urgent_only: bool) -> bool {
         let mut list = std::mem::take(&mut *self.deferred.borrow_mut());
         let mut progressed = false;
         let mut i = 0;
         while i < list.len() {
             let d = &mut list[i];
+            if urgent_only && !d.urgent {
+                i += 1;
+                continue;
+            }
             let outcome = catch_unwind(AssertUnwindSafe(|| (d.poll)(&self.host.state)));
             let ok = match outcome {
                 Ok(Poll::Pending) => {
@@ -210,6 +237,9 @@ impl<S: Send + 'static> WorkerThread<S> {
                 }
             };
             let d = list.swap_remove(i);
+            if d.urgent {
+                self.urgent.set(self.urgent.get() - 1);
+            }
             progressed = true;
             let run = d.task.run();
             if let Some(c) = self.complete(run, d.task.node(), ok) {

@@ -47,6 +47,10 @@ const _: () = assert!(FLUSH_EVERY % SERVICE_EVERY == 0 && SAMPLE_EVERY % SERVICE
 struct Deferred<S> {
     task: Task<S>,
     poll: DeferFn<S>,
+    /// The node is of the high level: its completion is polled between tasks too, not only
+    /// when the worker runs dry (a latency-critical request's GPU work ends while this worker
+    /// runs other levels' nodes).
+    urgent: bool,
 }
 
 pub(crate) struct WorkerThread<S> {
@@ -65,6 +69,8 @@ pub(crate) struct WorkerThread<S> {
     /// completion a body leaves, and the `attention` flag of the chain loop.
     pub(crate) host: NodeHost<S>,
     deferred: RefCell<Vec<Deferred<S>>>,
+    /// How many of `deferred` are `urgent`.
+    urgent: Cell<u32>,
     /// Runs that finished here, to settle once no frame holds a reference to them.
     finished: RefCell<Vec<Finished<S>>>,
     /// Spare in-flight units of one run (see `Credit`): node completions and hand-offs on this
@@ -132,6 +138,7 @@ impl<S: Send + 'static> WorkerThread<S> {
             takes: Cell::new(0),
             host,
             deferred: RefCell::new(Vec::new()),
+            urgent: Cell::new(0),
             finished: RefCell::new(Vec::new()),
             credit: Credit::new(),
             nesting: Cell::new(0),
@@ -154,6 +161,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         loop {
             if let Some(t) = self.find_task() {
                 self.execute(t);
+                self.poll_urgent();
                 idle_rounds = 0;
             } else if self.poll_deferred() {
                 idle_rounds = 0;
