@@ -17,10 +17,16 @@
 //! reading and writing the mapped pinned buffers). `-- --breakdown`: instead, one client's requests on a traced
 //! pool, cut into phases from the timeline (median µs each). from a packed binary, run it from the repository root (the script's
 //! path). `--high-partition S`: the priority scenario once more on a pool whose device is split,
-//! S SMs (2 workers) for the latency-critical client and the rest for the batch clients. Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
+//! S SMs (2 workers) for the latency-critical client and the rest for the batch clients (with
+//! `--priority-only`, every round on that pool). `--priority-only --rounds R --batch-clients
+//! 8,16,32`: the latency-critical client's rounds alone and loaded (`serve/tail.rs`, with
+//! `--tail-probe` and `--tail-trace`); `--isolate workers|high`: the clients' threads kept off
+//! the workers' cores (`serve/placement.rs`). Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
 
 #[path = "../../examples/serve/model.rs"]
 mod model;
+#[path = "serve/placement.rs"]
+mod placement;
 #[path = "serve/tail.rs"]
 mod tail;
 
@@ -109,6 +115,11 @@ struct Args {
     /// against the slowest 1%.
     #[arg(long)]
     tail_trace: bool,
+    /// Where the client threads run (`--priority-only`, `--tail-probe`): `workers` keeps
+    /// them off the pool's worker cores; `high` also gives the latency-critical client a core
+    /// of its own. Default: wherever the OS puts them.
+    #[arg(long, value_parser = ["workers", "high"])]
+    isolate: Option<String>,
 }
 
 fn gemm_path(s: &str) -> Result<GemmPath, String> {
@@ -238,6 +249,7 @@ where
                 .map(|c| {
                     let (stop, start) = (&stop, &start);
                     s.spawn(move || {
+                        placement::batch_thread();
                         for w in 0..20 {
                             let k = (c + w) % INPUTS as usize;
                             let _ = self
@@ -253,6 +265,7 @@ where
             let hi = high.then(|| {
                 let (stop, start) = (&stop, &start);
                 s.spawn(move || {
+                    placement::high_thread();
                     for w in 0..20 {
                         let _ = self
                             .high
@@ -343,13 +356,10 @@ where
     v
 }
 
-/// The priority scenario on a pool whose device 0 is split: `sms` SMs (2 workers) for the
-/// latency-critical client, the rest (the other workers) for the batch clients.
-fn partitioned_priority<T: Elem>(a: &Args, sms: u32, out: &mut Vec<Value>)
-where
-    CudaBlas: Gemm<T>,
-{
-    let pool = GpuPoolBuilder::new()
+/// A pool whose device 0 is split: `sms` SMs (2 workers) for the latency-critical client, the
+/// rest (the other workers) for the batch clients.
+fn partitioned_pool(a: &Args, sms: u32) -> GpuPool {
+    GpuPoolBuilder::new()
         .name("serve-partitioned")
         .devices(Devices::List(vec![0]))
         .wait_spin(Duration::from_micros(a.spin_us))
@@ -359,12 +369,27 @@ where
             SmPartition::rest("batch").workers(a.workers.saturating_sub(2).max(1)),
         ])
         .build()
-        .expect("partitioned GPU pool");
+        .expect("partitioned GPU pool")
+}
+
+/// The batch clients' device and the latency-critical client's: the two SM partitions of a
+/// `partitioned_pool`.
+fn partitions(pool: &GpuPool) -> (GpuDevice, GpuDevice) {
     let d = pool.device(0).expect("device 0");
-    let (lat, batch) = (
-        d.on_partition("latency").expect("latency partition"),
+    (
         d.on_partition("batch").expect("batch partition"),
-    );
+        d.on_partition("latency").expect("latency partition"),
+    )
+}
+
+/// The priority scenario on a pool whose device 0 is split: `sms` SMs (2 workers) for the
+/// latency-critical client, the rest (the other workers) for the batch clients.
+fn partitioned_priority<T: Elem>(a: &Args, sms: u32, out: &mut Vec<Value>)
+where
+    CudaBlas: Gemm<T>,
+{
+    let pool = partitioned_pool(a, sms);
+    let (batch, lat) = partitions(&pool);
     let b = Bench::<T>::new(&pool, (&batch, &lat), 8, a);
     out.push(priority_scenario(&pool, &b, a, Some(sms)));
 }
@@ -553,13 +578,42 @@ fn main() {
     let pool = pool.build().expect("GPU pool");
     let mut ours = Vec::new();
     if a.tail_probe {
+        let worker_cores: Vec<usize> = pool
+            .pool()
+            .workers()
+            .iter()
+            .filter_map(|w| w.core)
+            .collect();
+        placement::init(a.isolate.as_deref(), &worker_cores);
         tail::probe::<bf16>(&pool, &a);
         tail::probe::<f32>(&pool, &a);
         return;
     }
     if a.priority_only {
-        tail::priority_rounds::<bf16>(&pool, &a, &mut ours);
-        tail::priority_rounds::<f32>(&pool, &a, &mut ours);
+        // With `--high-partition S`: the rounds on the partitioned pool instead.
+        let pool = match a.high_partition {
+            Some(sms) => {
+                drop(pool);
+                partitioned_pool(&a, sms)
+            }
+            None => pool,
+        };
+        let (batch, lat) = match a.high_partition {
+            Some(_) => partitions(&pool),
+            None => {
+                let d = pool.device(0).expect("device 0").clone();
+                (d.clone(), d)
+            }
+        };
+        let worker_cores: Vec<usize> = pool
+            .pool()
+            .workers()
+            .iter()
+            .filter_map(|w| w.core)
+            .collect();
+        placement::init(a.isolate.as_deref(), &worker_cores);
+        tail::priority_rounds::<bf16>(&pool, (&batch, &lat), &a, &mut ours);
+        tail::priority_rounds::<f32>(&pool, (&batch, &lat), &a, &mut ours);
         return;
     }
     run_dtype::<bf16>(&pool, &a, &mut ours);

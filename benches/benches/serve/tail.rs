@@ -219,13 +219,16 @@ impl std::fmt::Display for SlowRequests {
 
 /// The priority scenario `a.rounds` times for each batch size: the high client's p50, p99 and
 /// p99.9 alone and loaded, the ratio, and the batch's requests/s loaded over alone.
-pub(super) fn priority_rounds<T: Elem>(pool: &GpuPool, a: &Args, out: &mut Vec<Value>)
-where
+pub(super) fn priority_rounds<T: Elem>(
+    pool: &GpuPool,
+    devices: (&GpuDevice, &GpuDevice),
+    a: &Args,
+    out: &mut Vec<Value>,
+) where
     CudaBlas: Gemm<T>,
 {
-    let d = pool.device(0).expect("device 0").clone();
     let most = a.batch_clients.iter().copied().max().unwrap_or(8);
-    let b = Bench::<T>::new(pool, (&d, &d), most, a);
+    let b = Bench::<T>::new(pool, devices, most, a);
     println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |");
     for &batch in &a.batch_clients {
