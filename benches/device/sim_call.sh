@@ -6,7 +6,7 @@
 # them with their simulation, and runs the random host DAG check on the machine's 16-core host:
 #   check_cholesky      the held share calibrated on N = 8192, 16384 and 32768 predicted
 #   check_cholesky_16k  calibrated on 16384 instead (8192 and 32768 predicted)
-#   check_cholesky_held every N predicted with SmShare::H100_HELD (0.58, SIM_HELD; calibrated
+#   check_cholesky_held every N predicted with SmShare::H100_HELD (0.54, SIM_HELD; calibrated
 #                       on an earlier recording: nothing fitted to this call's runs)
 #   check_serve         occupancy and interference from the 8-client trace, 1 and 32 predicted
 #   check_serve_32      the same from the 32-client trace
@@ -27,7 +27,7 @@ step serve_record 100 $B/sim_record serve --clients ${SIM_CLIENTS:-1,8,32} --sec
 tar czf $OUT/sim.tgz -C $REC .; finish
 step check_cholesky 30 $B/boundpool sim check-cholesky $REC
 step check_cholesky_16k 30 $B/boundpool sim check-cholesky $REC --calibrate-on 16384
-step check_cholesky_held 30 $B/boundpool sim check-cholesky $REC --held ${SIM_HELD:-0.58}
+step check_cholesky_held 30 $B/boundpool sim check-cholesky $REC --held ${SIM_HELD:-0.54}
 step check_serve 30 $B/boundpool sim check-serve $REC
 step check_serve_32 30 $B/boundpool sim check-serve $REC --calibrate-on 32
 step check_host 100 $B/boundpool sim check-host --ranks 1,2,4 --workers 1 --nodes 2000 --rounds 2

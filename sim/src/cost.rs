@@ -246,15 +246,25 @@ impl CostModel {
         })
     }
 
-    /// Sets each GPU kind of `flops` (a kind and the floating-point operations of one of its
-    /// nodes) to the occupancy `share` gives its rate alone: those operations over its mean
-    /// device time. Kinds without device time, or not in the model, are left as they are.
+    /// The rate alone (TFLOP/s) of each GPU kind of `flops` (a kind and the floating-point
+    /// operations of one of its nodes): those operations over its mean device time. Kinds
+    /// without device time, or not in the model, are left out.
+    pub fn rates(&self, flops: &[(&str, f64)]) -> Vec<(String, f64)> {
+        flops
+            .iter()
+            .filter_map(|&(kind, f)| {
+                let mean = self.kinds.get(kind)?.gpu.as_ref()?.mean();
+                (mean > 0.0).then(|| (kind.to_owned(), f / mean / 1e12))
+            })
+            .collect()
+    }
+
+    /// Sets each GPU kind of `flops` to the occupancy `share` gives its rate alone
+    /// ([`rates`](Self::rates)); the others are left as they are.
     pub fn occupancy_from_rates(&mut self, flops: &[(&str, f64)], share: &SmShare) {
-        for &(kind, f) in flops {
-            if let Some(c) = self.kinds.get_mut(kind) {
-                if let Some(mean) = c.gpu.as_ref().map(Dist::mean).filter(|m| *m > 0.0) {
-                    c.occupancy = share.occupancy(f / mean / 1e12);
-                }
+        for (kind, rate) in self.rates(flops) {
+            if let Some(c) = self.kinds.get_mut(&kind) {
+                c.occupancy = share.occupancy(rate);
             }
         }
     }

@@ -158,8 +158,8 @@ pub struct KernelRates {
 /// 2026-12-05, `bench_cholesky --probe`: each call alone on the GPU) for tiles of 1024, 2048
 /// and 4096: GEMM 53-56 TFLOP/s, TRSM 13 / 21 / 31, POTRF 0.7 / 3 / 11.5. Assumed, not
 /// measured: SYRK at 32 TFLOP/s (the one DSYRK figure there, a 14,336-wide trailing update)
-/// and a node's launch at 8 µs on its worker. Occupancies from the rates by
-/// [`SmShare::h100_fp64`].
+/// and a node's launch at 8 µs on its worker. Occupancies from the rates by [`SmShare`]
+/// with [`SmShare::H100_HELD`].
 pub fn h100_rates(tile: usize) -> Option<KernelRates> {
     let (trsm, potrf) = match tile {
         1024 => (13.0, 0.7),
@@ -168,7 +168,7 @@ pub fn h100_rates(tile: usize) -> Option<KernelRates> {
         _ => return None,
     };
     let tflops = [potrf, trsm, 32.0, 54.5];
-    let share = SmShare::h100_fp64();
+    let share = SmShare::fastest(tflops, SmShare::H100_HELD);
     Some(KernelRates {
         tflops,
         occupancy: tflops.map(|r| share.occupancy(r)),

@@ -101,8 +101,15 @@ fn run(rec: &Recording, share: Option<&SmShare>, trace: bool) -> Result<SimRepor
     simulate(&rec.graph, &machine(), &costs_with(rec, share), &opts).map_err(|e| e.to_string())
 }
 
-fn peak_tflops() -> f64 {
-    machine().gpu.map_or(0.0, |g| g.fp64_tflops)
+/// The sharing model with `held`, its peak at the recording's fastest kind alone.
+fn share(rec: &Recording, held: f64) -> SmShare {
+    SmShare::fastest(
+        rec.costs
+            .rates(&tile_flops(rec.tile))
+            .into_iter()
+            .map(|(_, r)| r),
+        held,
+    )
 }
 
 /// The held share (in steps of 0.01) whose simulation of `rec` comes closest to its
@@ -110,10 +117,7 @@ fn peak_tflops() -> f64 {
 fn calibrate(rec: &Recording) -> Result<f64, String> {
     let mut best = (f64::INFINITY, 1.0);
     for k in 0..=100 {
-        let share = SmShare {
-            peak_tflops: peak_tflops(),
-            held: f64::from(k) / 100.0,
-        };
+        let share = share(rec, f64::from(k) / 100.0);
         let miss = (run(rec, Some(&share), false)?.makespan_s / rec.measured_s - 1.0).abs();
         if miss < best.0 {
             best = (miss, share.held);
@@ -209,10 +213,6 @@ fn check(a: &CheckCholeskyArgs) -> Result<(), String> {
             (calibrate(rec)?, Some(n))
         }
     };
-    let share = SmShare {
-        peak_tflops: peak_tflops(),
-        held,
-    };
     match on {
         Some(n) => println!(
             "held share {held:.2}, calibrated on N = {n} (its 8-worker time); every other N is predicted"
@@ -220,8 +220,7 @@ fn check(a: &CheckCholeskyArgs) -> Result<(), String> {
         None => println!("held share {held:.2}, given; every N is predicted"),
     }
     println!(
-        "occupancy = busy + (1 - busy) x held, busy = rate alone / {} TFLOP/s\n",
-        share.peak_tflops
+        "occupancy = busy + (1 - busy) x held, busy = rate alone / the fastest kind's rate alone\n"
     );
     println!("| N | tile | card | measured ms (runs) | predicted ms | predicted / measured | within 10% | role | every kernel filling the GPU: predicted / measured | limit (simulated) |");
     println!("| ---: | ---: | --- | ---: | ---: | ---: | --- | --- | ---: | --- |");
@@ -231,9 +230,11 @@ fn check(a: &CheckCholeskyArgs) -> Result<(), String> {
         } else {
             "prediction"
         };
+        let share = share(rec, held);
         println!("{}", row(rec, &share, role)?);
         println!(
-            "|  | occupancy (device time beside others / alone, measured and simulated): {} | | | | | | | | |",
+            "|  | occupancy (device time beside others / alone, measured and simulated), fastest {:.1} TFLOP/s: {} | | | | | | | | |",
+            share.peak_tflops,
             stretches(&a.dir, rec, &share)?
         );
     }
