@@ -77,19 +77,15 @@ pub struct GpuDesc {
     /// (`GpuPoolBuilder::stream_handoff`).
     #[serde(default)]
     pub stream_handoff: bool,
-    /// Kernels on high-priority streams take their share of the GPU first. Off in the
-    /// presets: a priority orders which waiting blocks start, never what already runs, and
-    /// the recorded H100 runs show high-priority kernels slowed as much as the others (the
-    /// crate's README, "A GPU's concurrency").
-    #[serde(default = "yes")]
+    /// Kernels on high-priority streams take their share of the GPU first. Off by default
+    /// and in the presets: a priority orders which waiting blocks start, never what already
+    /// runs, and the recorded H100 runs show high-priority kernels slowed as much as the
+    /// others (the crate's README, "A GPU's concurrency").
+    #[serde(default)]
     pub stream_priorities: bool,
     /// Where the figures come from.
     #[serde(default)]
     pub source: String,
-}
-
-fn yes() -> bool {
-    true
 }
 
 /// When a deferred completion (a GPU node's device work, a receive's arrival, a send's end)

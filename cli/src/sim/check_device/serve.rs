@@ -5,9 +5,9 @@
 //! device time (by its name: the two replay segments are different work), and the request
 //! gap, the time from a request's last node to the next one's first (the client's return
 //! from its wait, its own work, the next submission and a worker taking it), which no
-//! node's slice holds. From one multi-client trace (the smallest by default): how much the
-//! GPU's kernels overlap, as an occupancy (the time the GPU was busy over its kernels' time
-//! alone). Every client count is then predicted.
+//! node's slice holds. From one multi-client trace (the smallest by default): how the GPU's
+//! kernels shared it, as an occupancy (kernels that overlapped with gain) or an interference
+//! (kernels that lost time to each other). Every client count is then predicted.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,8 +27,8 @@ use crate::sim::usage;
 pub(crate) struct CheckServeArgs {
     /// The folder `sim_call.sh` filled (`serve_C.json`, `serve_C_measured.json`).
     dir: PathBuf,
-    /// The client count whose trace gives the GPU's occupancy (default: the smallest above
-    /// one).
+    /// The client count whose trace gives the GPU's occupancy and interference (default:
+    /// the smallest above one).
     #[arg(long, value_name = "C")]
     calibrate_on: Option<usize>,
 }
