@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use boundpool_sim::SmShare;
 use serde_json::Value;
 
 fn run(args: &[&str]) -> Output {
@@ -215,21 +216,40 @@ fn the_cholesky_check_reads_recordings() {
     fake_recording(&d.0, 8192, 2048);
     fake_recording(&d.0, 4096, 1024);
     let out = ok(&["sim", "check-cholesky", p(&d.0)]);
+    // The recordings were simulated with the H100 preset's held share: calibrating on the
+    // smallest N finds it again.
+    let held: f64 = out
+        .strip_prefix("held share ")
+        .and_then(|r| r.split(',').next())
+        .unwrap_or_else(|| panic!("{out}"))
+        .parse()
+        .unwrap();
+    assert!((held - SmShare::H100_HELD).abs() <= 0.05, "{out}");
     let rows: Vec<&str> = out
         .lines()
         .filter(|l| l.starts_with("| 4096") || l.starts_with("| 8192"))
         .collect();
     assert_eq!(rows.len(), 2, "{out}");
-    for row in rows {
+    for row in &rows {
         // The recordings are this simulation's own: predicted / measured is 1.
         let ratio: f64 = row.split('|').nth(6).unwrap().trim().parse().unwrap();
         assert!((ratio - 1.0).abs() < 0.02, "{row}");
         assert!(row.contains("| yes |"), "{row}");
     }
+    assert!(rows[0].contains("| calibration |"), "{out}");
+    assert!(rows[1].contains("| prediction |"), "{out}");
     assert!(
-        out.contains("device time beside others / alone: gemm"),
+        out.contains(
+            "occupancy (device time beside others / alone, measured and simulated), fastest 54.5 TFLOP/s: potrf"
+        ),
         "{out}"
     );
+    // A given held share calibrates nothing.
+    let given = ok(&["sim", "check-cholesky", p(&d.0), "--held", "0.54"]);
+    assert!(given.starts_with("held share 0.54, given"), "{given}");
+    assert!(!given.contains("| calibration |"), "{given}");
+    let o = run(&["sim", "check-cholesky", p(&d.0), "--held", "2"]);
+    assert_eq!(o.status.code(), Some(2));
     let o = run(&["sim", "check-cholesky", p(&d.0.join("none"))]);
     assert_eq!(o.status.code(), Some(2));
 }

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::dist::Dist;
 use crate::error::{SimError, SimErrorKind, SimResult};
+use crate::sharing::SmShare;
 
 /// The cost of one node kind.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -22,10 +23,16 @@ pub struct KindCost {
     /// it from a run on one stream).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<Dist>,
-    /// The fraction of the GPU the node's kernels occupy when alone (1: every SM). Kernels of
-    /// several streams share the GPU in proportion to it (see the crate docs); 1 by default.
+    /// The share of the GPU's SMs the node's kernels hold while they run (1: every SM).
+    /// Kernels of several streams share the GPU in proportion to it (see the crate docs); 1
+    /// by default, [`CostModel::occupancy_from_rates`] derives it from the kind's rate alone.
     #[serde(default = "one")]
     pub occupancy: f64,
+    /// How much longer the node's kernels take while other kernels share the GPU, beyond
+    /// their share of it (1: no more; kernels that evict each other's data or wait on each
+    /// other's launches: above 1). 1 by default.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub interference: f64,
     /// How many recorded runs of the kind the distributions come from (0: written by hand).
     #[serde(default)]
     pub samples: usize,
@@ -38,6 +45,10 @@ fn one() -> f64 {
     1.0
 }
 
+fn is_one(v: &f64) -> bool {
+    *v == 1.0
+}
+
 impl KindCost {
     /// A host node of `seconds`, always.
     pub fn host(seconds: f64) -> Self {
@@ -45,6 +56,7 @@ impl KindCost {
             host: Dist::constant(seconds),
             gpu: None,
             occupancy: 1.0,
+            interference: 1.0,
             samples: 0,
             note: String::new(),
         }
@@ -57,6 +69,7 @@ impl KindCost {
             host: Dist::constant(launch),
             gpu: Some(Dist::constant(device)),
             occupancy,
+            interference: 1.0,
             samples: 0,
             note: String::new(),
         }
@@ -125,6 +138,7 @@ impl Samples {
                     host: Dist::from_samples(host).unwrap_or_else(|| Dist::constant(0.0)),
                     gpu: Dist::from_samples(gpu),
                     occupancy: 1.0,
+                    interference: 1.0,
                     samples: host.len().max(gpu.len()),
                     note: format!("measured: {source}"),
                 },
@@ -232,6 +246,29 @@ impl CostModel {
         })
     }
 
+    /// The rate alone (TFLOP/s) of each GPU kind of `flops` (a kind and the floating-point
+    /// operations of one of its nodes): those operations over its mean device time. Kinds
+    /// without device time, or not in the model, are left out.
+    pub fn rates(&self, flops: &[(&str, f64)]) -> Vec<(String, f64)> {
+        flops
+            .iter()
+            .filter_map(|&(kind, f)| {
+                let mean = self.kinds.get(kind)?.gpu.as_ref()?.mean();
+                (mean > 0.0).then(|| (kind.to_owned(), f / mean / 1e12))
+            })
+            .collect()
+    }
+
+    /// Sets each GPU kind of `flops` to the occupancy `share` gives its rate alone
+    /// ([`rates`](Self::rates)); the others are left as they are.
+    pub fn occupancy_from_rates(&mut self, flops: &[(&str, f64)], share: &SmShare) {
+        for (kind, rate) in self.rates(flops) {
+            if let Some(c) = self.kinds.get_mut(&kind) {
+                c.occupancy = share.occupancy(rate);
+            }
+        }
+    }
+
     /// Checks every distribution and occupancy.
     pub fn check(&self) -> SimResult<()> {
         for (k, c) in &self.kinds {
@@ -243,6 +280,15 @@ impl CostModel {
                 return Err(SimError::new(
                     SimErrorKind::MissingCost,
                     format!("kind '{k}': occupancy {} is not in (0, 1]", c.occupancy),
+                ));
+            }
+            if !(c.interference >= 1.0 && c.interference.is_finite()) {
+                return Err(SimError::new(
+                    SimErrorKind::MissingCost,
+                    format!(
+                        "kind '{k}': interference {} is not 1 or more",
+                        c.interference
+                    ),
                 ));
             }
         }
@@ -364,5 +410,21 @@ mod tests {
         let e = CostModel::load(&path).unwrap_err();
         assert!(e.to_string().contains("kind 'x': occupancy 2"), "{e}");
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn occupancy_from_the_rate_alone() {
+        let mut m = CostModel::default();
+        // 2 GFLOP in 100 us: 20 TFLOP/s, against a peak of 40.
+        m.set("gemm", KindCost::gpu(5e-6, 100e-6, 1.0));
+        m.set("stage", KindCost::host(3e-6));
+        let share = SmShare {
+            peak_tflops: 40.0,
+            held: 0.2,
+        };
+        m.occupancy_from_rates(&[("gemm", 2e9), ("stage", 1e9), ("absent", 1e9)], &share);
+        assert!((m.get("gemm").unwrap().occupancy - 0.6).abs() < 1e-12);
+        assert_eq!(m.get("stage").unwrap().occupancy, 1.0);
+        assert_eq!(m.kinds.len(), 2);
     }
 }

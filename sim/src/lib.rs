@@ -55,10 +55,13 @@
 //! * **GPUs**: each worker enqueues on its own stream (one per level; a GPU predecessor's
 //!   stream with the hand-off); a kernel starts after the launch latency, the kernels before it
 //!   on its stream and its GPU predecessors' (event waits). Kernels of all streams share the
-//!   SMs: each uses its kind's occupancy of the GPU at full speed; where the running kernels'
-//!   occupancies sum past 1, all of them slow by the same factor, high-priority streams' first
-//!   served. The measured single-GPU factorization agrees with every tile kernel filling the
-//!   GPU (occupancy 1).
+//!   SMs: each holds its kind's occupancy of the GPU; where the running kernels' occupancies
+//!   sum past 1, all of them slow by the same factor, whatever their stream's priority (a
+//!   priority orders which blocks start, never what runs; a machine may turn levels on). A
+//!   kind's occupancy follows from its rate alone ([`SmShare`]: the part of its time its
+//!   arithmetic at peak explains fills the GPU; of the rest it holds a share calibrated once
+//!   on a recorded run); a kind whose kernels slow each other beyond their share has an
+//!   interference above 1 ([`KindCost::interference`]).
 //! * **Links**: a message crosses its path's stages (a GPU value staged through the host:
 //!   device-to-host copy, the host link, host-to-device copy, pipelined in chunks); each
 //!   stage holds its out-port for `bytes / bandwidth` (one message at a time, in arrival
@@ -78,6 +81,7 @@ mod error;
 mod graph;
 mod machine;
 mod report;
+mod sharing;
 pub mod workload;
 
 pub use crate::cost::{kind_of, CostModel, KindCost};
@@ -90,6 +94,7 @@ pub use crate::machine::{
     SchedDesc,
 };
 pub use crate::report::{Bounds, Busy, PathStep, SimReport};
+pub use crate::sharing::SmShare;
 
 /// Simulates one run of `graph` on `machine`, every node's costs sampled from `costs`.
 pub fn simulate(

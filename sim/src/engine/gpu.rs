@@ -3,7 +3,7 @@
 //! before it on the stream and its GPU predecessors' (event waits); kernels of all streams
 //! share the GPU's SMs (`fluid.rs`).
 
-use super::fluid::Owner;
+use super::fluid::{Demand, Owner};
 use super::{Ev, World, NONE};
 
 impl World<'_> {
@@ -68,8 +68,13 @@ impl World<'_> {
         self.streams[s as usize].running = true;
         self.t.dev_start[head as usize] = self.now;
         let res = self.hosts.len() as u32 + gpu;
-        let (work, occ) = (self.dev_s[head as usize], self.occ[head as usize]);
-        self.fluid_add(res, Owner::Kernel(head), work, occ, high);
+        let h = head as usize;
+        let demand = Demand {
+            share: self.occ[h],
+            interference: self.interference[h],
+            high,
+        };
+        self.fluid_add(res, Owner::Kernel(head), self.dev_s[h], demand);
     }
 
     pub(crate) fn kernel_done(&mut self, t: u32) {

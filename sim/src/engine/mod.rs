@@ -27,7 +27,7 @@ mod setup;
 mod worker;
 
 pub(crate) use self::fluid::Fluid;
-use self::fluid::Owner;
+use self::fluid::{Demand, Owner};
 use self::record::Recorder;
 
 /// A task placed on no group: any worker of its rank may run it.
@@ -253,6 +253,8 @@ pub(crate) struct World<'a> {
     pub(crate) host_s: Vec<f64>,
     pub(crate) dev_s: Vec<f64>,
     pub(crate) occ: Vec<f64>,
+    /// Per task: its kind's interference (see `fluid.rs`).
+    pub(crate) interference: Vec<f64>,
     pub(crate) succ_start: Vec<u32>,
     pub(crate) succ: Vec<u32>,
     pub(crate) indeg: Vec<u32>,
@@ -343,8 +345,7 @@ impl World<'_> {
                 host as u32,
                 Owner::Spin(w as u32),
                 f64::INFINITY,
-                1.0,
-                false,
+                Demand::CORE,
             );
         }
         let v = self.spin_ver[w];
@@ -396,14 +397,14 @@ impl World<'_> {
     }
 
     /// Starts an action on host `h`'s cores or GPU `g` (`res` = hosts + g).
-    pub(crate) fn fluid_add(&mut self, res: u32, owner: Owner, work: f64, demand: f64, high: bool) {
+    pub(crate) fn fluid_add(&mut self, res: u32, owner: Owner, work: f64, demand: Demand) {
         let hosts = self.hosts.len() as u32;
         let fluid = if res < hosts {
             &mut self.hosts[res as usize]
         } else {
             &mut self.gpus[(res - hosts) as usize]
         };
-        let next = fluid.add(self.now, owner, work, demand, high);
+        let next = fluid.add(self.now, owner, work, demand);
         let v = fluid.version;
         if let Some(t) = next {
             self.at(t, Ev::FluidDone(res, v));

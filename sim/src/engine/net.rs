@@ -5,7 +5,7 @@
 //! or by send priority), holds it for `bytes / bandwidth`, and is written into the in-port
 //! after the messages before it there; the next stage starts once the first chunk is through.
 
-use super::fluid::Owner;
+use super::fluid::{Demand, Owner};
 use super::{CommJob, Ev, Msg, Port, Stage, World, NONE};
 use crate::machine::{GpuTransfer, Link, Machine};
 
@@ -172,7 +172,12 @@ impl World<'_> {
             self.at(self.now + base + copy, Ev::CommDone(r as u32));
         } else {
             // Its work shares the host's cores.
-            self.fluid_add(host as u32, Owner::Comm(r as u32), base + copy, 1.0, false);
+            self.fluid_add(
+                host as u32,
+                Owner::Comm(r as u32),
+                base + copy,
+                Demand::CORE,
+            );
         }
     }
 

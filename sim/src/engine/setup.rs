@@ -172,7 +172,12 @@ pub(crate) fn world<'a>(
             && (s.is_empty() || s.iter().any(|&x| x as usize >= n || !is_gpu[x as usize]));
     }
 
-    let (host_s, dev_s, occ) = sample_costs(graph, machine, costs, opts.seed, n, 2 * nt)?;
+    let Sampled {
+        host_s,
+        dev_s,
+        occ,
+        interference,
+    } = sample_costs(graph, machine, costs, opts.seed, n, 2 * nt)?;
 
     let (workers, ranks, streams) = make_workers(machine, opts.seed, &rank_of, &level);
     let nworkers = workers.len();
@@ -204,6 +209,7 @@ pub(crate) fn world<'a>(
         host_s,
         dev_s,
         occ,
+        interference,
         succ_start,
         succ,
         indeg,
@@ -243,7 +249,15 @@ pub(crate) fn world<'a>(
     Ok(w)
 }
 
-/// Host seconds, device seconds and occupancy per task, sampled in task order.
+/// Per task: host seconds, device seconds, occupancy and interference.
+struct Sampled {
+    host_s: Vec<f64>,
+    dev_s: Vec<f64>,
+    occ: Vec<f64>,
+    interference: Vec<f64>,
+}
+
+/// Every task's costs, sampled in task order.
 fn sample_costs(
     graph: &SimGraph,
     machine: &Machine,
@@ -251,11 +265,12 @@ fn sample_costs(
     seed: u64,
     n: usize,
     comm_tasks: usize,
-) -> SimResult<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+) -> SimResult<Sampled> {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let mut host_s = Vec::with_capacity(n + comm_tasks);
     let mut dev_s = vec![0.0; n + comm_tasks];
     let mut occ = vec![1.0; n + comm_tasks];
+    let mut interference = vec![1.0; n + comm_tasks];
     for (i, spec) in graph.nodes.iter().enumerate() {
         let c = costs.get(&spec.kind).map_err(|e| {
             SimError::new(
@@ -276,10 +291,16 @@ fn sample_costs(
             };
             dev_s[i] = g.sample(&mut rng) * spec.scale;
             occ[i] = c.occupancy;
+            interference[i] = c.interference;
         }
     }
     host_s.extend(std::iter::repeat_n(machine.comm.node_s, comm_tasks));
-    Ok((host_s, dev_s, occ))
+    Ok(Sampled {
+        host_s,
+        dev_s,
+        occ,
+        interference,
+    })
 }
 
 type Made = (Vec<Worker>, Vec<RankState>, Vec<Stream>);

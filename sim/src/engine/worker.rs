@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use boundpool_scheduler::Priority;
 
-use super::fluid::Owner;
+use super::fluid::{Demand, Owner};
 use super::setup::{level_of, lvl};
 use super::{Ev, RankState, WState, What, Worker, World, ANY, COMPLETE, NONE};
 use crate::machine::Completion;
@@ -297,7 +297,7 @@ impl World<'_> {
         if self.host_ample[host] {
             self.at(self.now + cost, Ev::BodyDone(w as u32));
         } else {
-            self.fluid_add(host as u32, Owner::Worker(w as u32), cost, 1.0, false);
+            self.fluid_add(host as u32, Owner::Worker(w as u32), cost, Demand::CORE);
         }
     }
 

@@ -8,6 +8,7 @@ use boundpool_workloads::{tile_tasks, TileOp};
 use crate::cost::{CostModel, KindCost};
 use crate::error::{SimError, SimErrorKind, SimResult};
 use crate::graph::{NodeSpec, SimGraph};
+use crate::sharing::SmShare;
 
 /// A factorization to simulate.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,6 +53,18 @@ pub fn grid(ranks: usize) -> (usize, usize) {
     }
     let p = p.max(1);
     (p, ranks / p)
+}
+
+/// The kinds of the factorization's nodes and the floating-point operations of a whole tile
+/// of each (POTRF, TRSM, SYRK, GEMM): what a cost model's time per kind is for.
+pub fn tile_flops(tile: usize) -> [(&'static str, f64); 4] {
+    [
+        TileOp::Potrf { k: 0 },
+        TileOp::Trsm { i: 1, k: 0 },
+        TileOp::Syrk { j: 1, k: 0 },
+        TileOp::Gemm { i: 2, j: 1, k: 0 },
+    ]
+    .map(|op| (op.kind_name(), op.flops(tile * 3, tile)))
 }
 
 /// A whole tile's operation of the same kind (the cost model's unit).
@@ -132,8 +145,8 @@ pub fn cholesky(spec: &CholeskySpec) -> SimResult<SimGraph> {
 pub struct KernelRates {
     /// POTRF, TRSM, SYRK, GEMM, TFLOP/s.
     pub tflops: [f64; 4],
-    /// The share of the GPU each occupies alone (POTRF, TRSM, SYRK, GEMM; see the crate docs:
-    /// 1, each filling the GPU, is what the measured single-GPU factorization agrees with).
+    /// The share of the GPU's SMs each holds while it runs (POTRF, TRSM, SYRK, GEMM): from its
+    /// rate by [`SmShare`] (the crate docs).
     pub occupancy: [f64; 4],
     /// Host time of a node's body (the library call returning), seconds.
     pub launch_s: f64,
@@ -145,7 +158,8 @@ pub struct KernelRates {
 /// 2026-12-05, `bench_cholesky --probe`: each call alone on the GPU) for tiles of 1024, 2048
 /// and 4096: GEMM 53-56 TFLOP/s, TRSM 13 / 21 / 31, POTRF 0.7 / 3 / 11.5. Assumed, not
 /// measured: SYRK at 32 TFLOP/s (the one DSYRK figure there, a 14,336-wide trailing update)
-/// and a node's launch at 8 µs on its worker.
+/// and a node's launch at 8 µs on its worker. Occupancies from the rates by [`SmShare`]
+/// with [`SmShare::H100_HELD`].
 pub fn h100_rates(tile: usize) -> Option<KernelRates> {
     let (trsm, potrf) = match tile {
         1024 => (13.0, 0.7),
@@ -153,12 +167,14 @@ pub fn h100_rates(tile: usize) -> Option<KernelRates> {
         4096 => (31.0, 11.5),
         _ => return None,
     };
+    let tflops = [potrf, trsm, 32.0, 54.5];
+    let share = SmShare::fastest(tflops, SmShare::H100_HELD);
     Some(KernelRates {
-        tflops: [potrf, trsm, 32.0, 54.5],
-        occupancy: [1.0; 4],
+        tflops,
+        occupancy: tflops.map(|r| share.occupancy(r)),
         launch_s: 8e-6,
         source: format!(
-            "H100 tile {tile}: GEMM, TRSM, POTRF measured (docs/benchmarks.md, bench_cholesky --probe, 2026-12-05); SYRK 32 TFLOP/s and 8 us launches assumed"
+            "H100 tile {tile}: GEMM, TRSM, POTRF measured (docs/benchmarks.md, bench_cholesky --probe, 2026-12-05); SYRK 32 TFLOP/s and 8 us launches assumed; occupancies from the rates (held share {})", share.held
         ),
     })
 }
@@ -169,18 +185,12 @@ pub fn cholesky_costs(tile: usize, rates: &KernelRates) -> CostModel {
         source: rates.source.clone(),
         ..CostModel::default()
     };
-    let ops = [
-        TileOp::Potrf { k: 0 },
-        TileOp::Trsm { i: 1, k: 0 },
-        TileOp::Syrk { j: 1, k: 0 },
-        TileOp::Gemm { i: 2, j: 1, k: 0 },
-    ];
-    for (k, op) in ops.iter().enumerate() {
+    for (k, (kind, flops)) in tile_flops(tile).into_iter().enumerate() {
         let rate = rates.tflops[k];
-        let secs = op.flops(tile * 3, tile) / (rate * 1e12);
+        let secs = flops / (rate * 1e12);
         let occ = rates.occupancy[k];
         m.set(
-            op.kind_name(),
+            kind,
             KindCost::gpu(rates.launch_s, secs, occ)
                 .noted(format!("{rate} TFLOP/s at tile {tile}: {}", rates.source)),
         );

@@ -6,6 +6,8 @@ mod cholesky;
 mod random;
 mod serve;
 
-pub use cholesky::{cholesky, cholesky_costs, grid, h100_rates, CholeskySpec, KernelRates};
+pub use cholesky::{
+    cholesky, cholesky_costs, grid, h100_rates, tile_flops, CholeskySpec, KernelRates,
+};
 pub use random::{RandomDag, RandomNode};
-pub use serve::{serve, ServeSpec};
+pub use serve::{serve, RequestStep, ServeSpec};
