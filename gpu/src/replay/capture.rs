@@ -308,18 +308,9 @@ fn call_member(
     let desc = &*st.desc;
     let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
     let cs = StreamRef::of(cap.stream());
-    let mctx = GpuCtx {
-        node: gctx.node(),
-        b,
-        stream: cs,
-        capture: Some(cap),
-        name: Some(&desc.names[m as usize]),
-        cuda_stream: std::cell::OnceCell::new(),
-        no_work: std::cell::Cell::new(false),
-        // Reads of other devices and NCCL operations are refused under a capture.
-        peer_reads: std::cell::RefCell::new(Vec::new()),
-        moved_to: std::cell::Cell::new(None),
-    };
+    // Reads of other devices and NCCL operations are refused under a capture: its peer reads
+    // and moved stream stay empty.
+    let mctx = GpuCtx::new(gctx.node(), b, cs, Some(cap), Some(&desc.names[m as usize]));
     let rctx = ReplayCtx {
         gpu: Some(&mctx),
         node: gctx.node(),
