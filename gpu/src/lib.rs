@@ -232,8 +232,9 @@
 //! * `driver/graph.rs` (a part of `driver.rs`): the CUDA-graph calls (templates made, cloned,
 //!   read, edited, described and destroyed; a capture's begin, end, dependencies and root;
 //!   instantiate, update, launch, destroy of executables; the capture-mode exchange), node
-//!   types read as `u32`s and parameter blocks read into zeroed memory, and `CudaGraphNode`'s
-//!   `Send` and `Sync`.
+//!   types read as `u32`s and parameter blocks read into zeroed memory, the `Send` of
+//!   `CudaGraph` and `GraphExec` (neither `Sync`: the driver serialises no call on one graph)
+//!   and `CudaGraphNode`'s `Send` and `Sync`.
 //! * `cuda_graph.rs`: no unsafe block; the unsafe fns of [`CudaGraphTemplate`] and
 //!   [`CaptureExt`] that take nodes (a node is a plain handle, valid while its graph holds it)
 //!   or a kernel's parameters.

@@ -249,11 +249,9 @@ pub unsafe fn launch(
 #[derive(Debug)]
 pub struct GraphExec(sys::CUgraphExec);
 
-// SAFETY: an executable may be launched from any thread with its context current; it is
-// destroyed only by its drop.
+// SAFETY: an executable may be launched from any thread with its context current, one call
+// at a time (not `Sync`); it is destroyed only by its drop.
 unsafe impl Send for GraphExec {}
-// SAFETY: as above; a launch only reads the handle value.
-unsafe impl Sync for GraphExec {}
 
 impl GraphExec {
     /// Instantiates `g` (which stays the caller's), in the current context.

@@ -34,11 +34,10 @@ unsafe impl Send for CudaGraph {}
 /// An executable graph. Destroy with [`GraphExec::destroy`].
 #[derive(Debug)]
 pub(crate) struct GraphExec(sys::CUgraphExec);
-// SAFETY: an executable may be launched from any thread with its context current; a launch
-// takes `&GraphExec`, an update `&mut GraphExec`, the destroy `self`.
+// SAFETY: an executable may be launched from any thread with its context current; the driver
+// asks that calls on one be made one at a time, which `&mut`, moves and the replay slot's lock
+// give (not `Sync`: a launch through `&` is a call too).
 unsafe impl Send for GraphExec {}
-// SAFETY: as above.
-unsafe impl Sync for GraphExec {}
 
 /// A node of a CUDA graph: a view (`Copy`, owns nothing), valid while its graph holds it, made
 /// only by the calls that read or add nodes ([`CudaGraphTemplate::nodes`],
