@@ -4,10 +4,11 @@
 //! where they do the call (modules, functions and the kernel launch: cudarc's `CudaModule`,
 //! `CudaFunction` and `result::launch_kernel`, behind the context check). A handle that must be
 //! destroyed is an *owner* ([`PrimaryCtx`], [`Event`], [`DeviceAlloc`],
-//! [`CudaGraph`], [`GraphExec`]): not `Copy` nor `Clone`, its raw field private to this file,
-//! destroyed by a method that consumes it, so destroy-once is the compiler's business. What
-//! others need to name a handle they do not own is a `Copy` *view* ([`Ctx`], [`StreamRef`],
-//! [`GraphNode`]), made only here from its owner and unable to destroy anything; the
+//! [`CudaGraph`], [`GraphExec`]): not `Copy` nor `Clone`, its raw field private to this
+//! module, destroyed by a method that consumes it, so destroy-once is the compiler's business.
+//! What others need to name a handle they do not own is a `Copy` *view* ([`Ctx`],
+//! [`StreamRef`], [`CudaGraphNode`]), made only here from its owner and unable to destroy
+//! anything; the
 //! crate keeps the owners views point to in its device tables until the device's last worker
 //! stops. The device's context and its streams are cudarc's (`Arc<CudaContext>`,
 //! `Arc<CudaStream>`, held by the device's table, its workers and the buffers allocated on
@@ -18,8 +19,10 @@
 //! Functions that take handles are therefore safe to call from crate code; those that take
 //! raw pointers to memory (launch arguments, copies) are `unsafe`.
 //!
-//! The calls of SM partitions (green contexts, their streams, the partition check) are in the
-//! child module `green`, under the same rules.
+//! Two child modules hold calls of one concern under the same rules: `green`, those of SM
+//! partitions (green contexts, their streams, the partition check); `graph`, CUDA graphs
+//! (templates, their nodes and edges, a capture's dependencies, executables), also for the
+//! public `CudaGraphTemplate` and `CaptureExt` (`cuda_graph.rs`), whose calls go unchecked.
 //!
 //! Every function that needs a current context takes the context the caller *expects* to be
 //! current. When context checking is on ([`crate::context_check`]), each such call first reads
@@ -35,9 +38,19 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 
+mod graph;
 pub(crate) mod green;
 
 pub(crate) use cudarc::driver::result::DriverError;
+pub use graph::CudaGraphNode;
+pub(crate) use graph::{
+    capture_add_root, capture_dependencies, capture_mode_relaxed, capture_mode_restore,
+    capture_root, capture_set_dependencies, capture_set_tail, capture_tail, end_capture,
+    graph_edge_count, graph_edges, graph_exec_update, graph_instantiate, graph_launch,
+    graph_node_count, graph_nodes, graph_remove_node, has_capture_v3, node_kind,
+    stream_begin_capture, stream_capture_status, stream_end_capture, CudaGraph, GraphExec,
+    NodeKind,
+};
 
 /// Result of a driver call.
 pub(crate) type DResult<T> = Result<T, DriverError>;
@@ -101,11 +114,11 @@ fn current_raw() -> DResult<usize> {
 // ----------------------------------------------------------------------------------------------
 // Handles.
 //
-// Two kinds. *Owners* ([`Event`], [`PrimaryCtx`], [`DeviceAlloc`], and
-// below [`CudaGraph`], [`GraphExec`]) are neither `Copy` nor `Clone`, keep their raw field
-// private to this file, and are destroyed by a method that consumes them, so that destroying
+// Two kinds. *Owners* ([`Event`], [`PrimaryCtx`], [`DeviceAlloc`], and in `graph`
+// [`CudaGraph`], [`GraphExec`]) are neither `Copy` nor `Clone`, keep their raw field
+// private to this module, and are destroyed by a method that consumes them, so that destroying
 // one twice, or using one after destroying it, does not compile. *Views* ([`Ctx`],
-// [`StreamRef`], [`GraphNode`]) are `Copy`, own nothing and have no destroy: a view is
+// [`StreamRef`], [`CudaGraphNode`]) are `Copy`, own nothing and have no destroy: a view is
 // made only here, from its owner (or, for `Ctx`, by the call that retained the
 // context), and is valid while that owner lives. The
 // crate keeps the owners of what views point to in its device tables until the device's last
@@ -873,436 +886,6 @@ pub(crate) fn sticky_in(e: &(dyn std::error::Error + 'static)) -> Option<DriverE
         .find(|d| is_sticky(*d))
 }
 
-// ----------------------------------------------------------------------------------------------
-// CUDA graphs (replay, `replay/`).
-//
-// Unlike the handles above, a graph and an executable are *owned*: neither is `Copy` or
-// `Clone`, and each is destroyed by a function that consumes it, so that destroying one twice
-// does not compile. A node handle ([`GraphNode`]) belongs to its graph and is `Copy`.
-
-/// A CUDA graph (a template: captured, or built node by node). Destroy with
-/// [`CudaGraph::destroy`].
-#[derive(Debug)]
-pub(crate) struct CudaGraph(sys::CUgraph);
-// SAFETY: a graph handle may be used from any thread with its context current; this crate
-// uses it from one bound worker at a time (the owner has `&mut` or moves it).
-unsafe impl Send for CudaGraph {}
-// SAFETY: as above; shared references only read the handle value.
-unsafe impl Sync for CudaGraph {}
-
-/// An executable graph. Destroy with [`GraphExec::destroy`].
-#[derive(Debug)]
-pub(crate) struct GraphExec(sys::CUgraphExec);
-// SAFETY: as for `CudaGraph`; a launch takes `&GraphExec`, an update `&mut GraphExec`.
-unsafe impl Send for GraphExec {}
-// SAFETY: as above.
-unsafe impl Sync for GraphExec {}
-
-/// A node of a CUDA graph: a view, owned by its graph and valid while the graph lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct GraphNode(sys::CUgraphNode);
-send_sync!(GraphNode);
-
-#[cfg(test)]
-impl GraphNode {
-    /// A stand-in handle for unit tests of code that only compares nodes (never passed to
-    /// the driver).
-    pub(crate) fn fake(i: usize) -> Self {
-        GraphNode((i + 1) as sys::CUgraphNode)
-    }
-}
-
-/// Whether this driver has the graph calls replay uses (`cuStreamGetCaptureInfo_v3` and
-/// `cuStreamUpdateCaptureDependencies_v2` came with CUDA 12.3). Calling a missing entry point
-/// through the dynamic loader would panic, so callers check this first.
-pub(crate) fn has_capture_v3() -> bool {
-    driver_version().is_ok_and(|v| v >= 12030)
-}
-
-/// Begins a capture on `s` in thread-local mode: only this thread's unsafe calls (an implicit
-/// synchronise) invalidate it; other threads keep using the device freely.
-pub(crate) fn stream_begin_capture(expect: Ctx, s: StreamRef) -> DResult<()> {
-    check(expect, "cuStreamBeginCapture");
-    green::check_partition(s, "cuStreamBeginCapture");
-    // SAFETY: crate invariant: `s` is live.
-    unsafe {
-        sys::cuStreamBeginCapture_v2(
-            s.0,
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-        )
-        .result()
-    }
-}
-
-/// Ends the capture on `s`. `Ok(None)`: the capture ended but made no graph.
-pub(crate) fn stream_end_capture(expect: Ctx, s: StreamRef) -> DResult<Option<CudaGraph>> {
-    check(expect, "cuStreamEndCapture");
-    let mut g: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: writes one graph handle (null when none was made).
-    unsafe { sys::cuStreamEndCapture(s.0, &mut g).result()? };
-    Ok((!g.is_null()).then_some(CudaGraph(g)))
-}
-
-/// Whether `s` is capturing: `Ok(Some(true))` active, `Ok(Some(false))` invalidated,
-/// `Ok(None)` not capturing.
-pub(crate) fn stream_capture_status(expect: Ctx, s: StreamRef) -> DResult<Option<bool>> {
-    check(expect, "cuStreamIsCapturing");
-    let mut st = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
-    // SAFETY: writes one status.
-    let st = unsafe {
-        sys::cuStreamIsCapturing(s.0, st.as_mut_ptr()).result()?;
-        st.assume_init()
-    };
-    Ok(match st {
-        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Some(true),
-        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED => Some(false),
-        _ => None,
-    })
-}
-
-/// The nodes the next operation captured on `s` would depend on (the capture's current tail).
-pub(crate) fn capture_dependencies(expect: Ctx, s: StreamRef) -> DResult<Vec<GraphNode>> {
-    check(expect, "cuStreamGetCaptureInfo");
-    let mut status = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
-    let mut deps: *const sys::CUgraphNode = std::ptr::null();
-    let mut n: usize = 0;
-    // SAFETY: the driver writes the status, a pointer to its own array of `n` node handles
-    // (valid until the next call on the stream: copied out at once) and `n`; the id, graph and
-    // edge-data outputs are optional and passed as null (our edges are all default ones).
-    unsafe {
-        sys::cuStreamGetCaptureInfo_v3(
-            s.0,
-            status.as_mut_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut deps,
-            std::ptr::null_mut(),
-            &mut n,
-        )
-        .result()?;
-        if n == 0 || deps.is_null() {
-            return Ok(Vec::new());
-        }
-        Ok(std::slice::from_raw_parts(deps, n)
-            .iter()
-            .map(|&d| GraphNode(d))
-            .collect())
-    }
-}
-
-/// Makes the next operation captured on `s` depend on exactly `deps` (none: a root of the
-/// graph). This is how a capture on one stream keeps a DAG's parallelism.
-pub(crate) fn capture_set_dependencies(
-    expect: Ctx,
-    s: StreamRef,
-    deps: &[GraphNode],
-) -> DResult<()> {
-    check(expect, "cuStreamUpdateCaptureDependencies");
-    let mut raw: Vec<sys::CUgraphNode> = deps.iter().map(|d| d.0).collect();
-    let p = if raw.is_empty() {
-        std::ptr::null_mut()
-    } else {
-        raw.as_mut_ptr()
-    };
-    // SAFETY: `raw` holds `raw.len()` nodes of the graph being captured on `s` (taken from
-    // `capture_dependencies` of this capture); null edge data means default edges.
-    unsafe {
-        sys::cuStreamUpdateCaptureDependencies_v2(
-            s.0,
-            p,
-            std::ptr::null(),
-            raw.len(),
-            sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES as u32,
-        )
-        .result()
-    }
-}
-
-/// Adds an empty node with no dependencies to the graph being captured on `s` and returns it:
-/// a root the next captured operations can depend on, where a driver refuses an empty
-/// dependency set in [`capture_set_dependencies`].
-pub(crate) fn capture_add_root(expect: Ctx, s: StreamRef) -> DResult<GraphNode> {
-    check(expect, "cuGraphAddEmptyNode");
-    let mut status = MaybeUninit::<sys::CUstreamCaptureStatus>::uninit();
-    let mut g: sys::CUgraph = std::ptr::null_mut();
-    let mut node: sys::CUgraphNode = std::ptr::null_mut();
-    // SAFETY: the first call writes the status and the capture's graph (owned by the capture,
-    // not by us: only used for the one node added here); the other outputs are optional. The
-    // second adds a node with no dependencies to that graph.
-    unsafe {
-        sys::cuStreamGetCaptureInfo_v3(
-            s.0,
-            status.as_mut_ptr(),
-            std::ptr::null_mut(),
-            &mut g,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-        .result()?;
-        sys::cuGraphAddEmptyNode(&mut node, g, std::ptr::null(), 0).result()?;
-    }
-    Ok(GraphNode(node))
-}
-
-/// Switches this thread's capture mode to relaxed and returns the previous one, for calls a
-/// capture must not see (hoisted allocations, staging copies on another stream).
-pub(crate) fn capture_mode_relaxed() -> DResult<u32> {
-    let mut m = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: exchanges one value for the calling thread.
-    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m).result()? };
-    Ok(m as u32)
-}
-
-/// Restores a capture mode returned by [`capture_mode_relaxed`].
-pub(crate) fn capture_mode_restore(mode: u32) -> DResult<()> {
-    let mut m = match mode {
-        0 => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-        1 => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-        _ => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-    };
-    // SAFETY: exchanges one value for the calling thread.
-    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m).result() }
-}
-
-/// Removes `node`, a node of `g`, with its edges: its dependents lose that dependency.
-pub(crate) fn graph_remove_node(expect: Ctx, g: &mut CudaGraph, node: GraphNode) -> DResult<()> {
-    check(expect, "cuGraphDestroyNode");
-    let _ = g;
-    // SAFETY: `node` is a node of `g` (the caller's contract, checked by the driver too), and
-    // `&mut g` says no launch or instantiation of `g` runs meanwhile; `node` is not used after.
-    unsafe { sys::cuGraphDestroyNode(node.0).result() }
-}
-
-/// Number of nodes of `g`.
-pub(crate) fn graph_node_count(expect: Ctx, g: &CudaGraph) -> DResult<usize> {
-    check(expect, "cuGraphGetNodes");
-    let mut n: usize = 0;
-    // SAFETY: with a null node array the driver only writes the count.
-    unsafe { sys::cuGraphGetNodes(g.0, std::ptr::null_mut(), &mut n).result()? };
-    Ok(n)
-}
-
-/// The nodes of `g`, in the driver's order (the order they were added to it).
-pub(crate) fn graph_nodes(expect: Ctx, g: &CudaGraph) -> DResult<Vec<GraphNode>> {
-    check(expect, "cuGraphGetNodes");
-    let mut n: usize = 0;
-    // SAFETY: with a null node array the driver only writes the count.
-    unsafe { sys::cuGraphGetNodes(g.0, std::ptr::null_mut(), &mut n).result()? };
-    if n == 0 {
-        // An empty array is an invalid argument to the driver, even with a count of 0.
-        return Ok(Vec::new());
-    }
-    let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
-    // SAFETY: room for `n` handles; the driver writes at most `n` and the count it wrote.
-    unsafe { sys::cuGraphGetNodes(g.0, nodes.as_mut_ptr(), &mut n).result()? };
-    nodes.truncate(n);
-    Ok(nodes.into_iter().map(GraphNode).collect())
-}
-
-/// The edges of `g`, as `(from, to)` pairs.
-pub(crate) fn graph_edges(expect: Ctx, g: &CudaGraph) -> DResult<Vec<(GraphNode, GraphNode)>> {
-    check(expect, "cuGraphGetEdges");
-    let mut n: usize = 0;
-    // SAFETY: with null arrays the driver only writes the count.
-    unsafe {
-        sys::cuGraphGetEdges_v2(
-            g.0,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut n,
-        )
-        .result()?
-    };
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let mut from: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
-    let mut to: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
-    // SAFETY: room for `n` edges in each array; the driver writes at most `n` and the count it
-    // wrote (null edge data: ours are all default edges).
-    unsafe {
-        sys::cuGraphGetEdges_v2(
-            g.0,
-            from.as_mut_ptr(),
-            to.as_mut_ptr(),
-            std::ptr::null_mut(),
-            &mut n,
-        )
-        .result()?
-    };
-    Ok(from
-        .into_iter()
-        .zip(to)
-        .take(n)
-        .map(|(a, b)| (GraphNode(a), GraphNode(b)))
-        .collect())
-}
-
-/// What a node of a captured graph is, as far as the replay's checks need.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum NodeKind {
-    /// An allocation the graph makes when it runs (a stream-ordered allocation captured).
-    MemAlloc { ptr: u64, bytes: usize },
-    /// A free of a graph allocation.
-    MemFree { ptr: u64 },
-    /// A copy between the device and pageable (not page-locked) host memory, to the host or
-    /// from it.
-    PageableCopy { to_host: bool, bytes: usize },
-    /// Anything else (kernels, other copies, memsets, event and empty nodes).
-    Other,
-}
-
-/// The kind of `node` (of a graph this thread captured).
-pub(crate) fn node_kind(expect: Ctx, node: GraphNode) -> DResult<NodeKind> {
-    check(expect, "cuGraphNodeGetType");
-    use sys::CUgraphNodeType as Ty;
-    let mut t: u32 = u32::MAX;
-    // SAFETY: `node` is a live node (its graph is alive: the caller's); writes one type, read
-    // as the `u32` it is in C (a newer driver may know node types this enum does not).
-    unsafe { sys::cuGraphNodeGetType(node.0, (&mut t as *mut u32).cast()).result()? };
-    Ok(match t {
-        t if t == Ty::CU_GRAPH_NODE_TYPE_MEM_ALLOC as u32 => {
-            let mut p = MaybeUninit::<sys::CUDA_MEM_ALLOC_NODE_PARAMS>::zeroed();
-            // SAFETY: a memory-allocation node; the driver writes its parameters. Only the two
-            // plain integer fields are read, in place (the struct holds enums, which are not
-            // read as Rust values: no value the driver writes can be an invalid one).
-            unsafe {
-                sys::cuGraphMemAllocNodeGetParams(node.0, p.as_mut_ptr()).result()?;
-                let q = p.as_ptr();
-                NodeKind::MemAlloc {
-                    ptr: std::ptr::addr_of!((*q).dptr).read(),
-                    bytes: std::ptr::addr_of!((*q).bytesize).read(),
-                }
-            }
-        }
-        t if t == Ty::CU_GRAPH_NODE_TYPE_MEM_FREE as u32 => {
-            let mut ptr: sys::CUdeviceptr = 0;
-            // SAFETY: a memory-free node; writes the address it frees.
-            unsafe { sys::cuGraphMemFreeNodeGetParams(node.0, &mut ptr).result()? };
-            NodeKind::MemFree { ptr }
-        }
-        t if t == Ty::CU_GRAPH_NODE_TYPE_MEMCPY as u32 => {
-            let mut p = MaybeUninit::<sys::CUDA_MEMCPY3D>::zeroed();
-            // SAFETY: a copy node; the driver writes its parameters. Fields are read in place,
-            // the memory types as the `u32`s they are in C (a Rust enum read from a value it
-            // has no variant for would be undefined behaviour).
-            let (src_type, src_host, dst_type, dst_host, width, height, depth) = unsafe {
-                sys::cuGraphMemcpyNodeGetParams(node.0, p.as_mut_ptr()).result()?;
-                let q = p.as_ptr();
-                (
-                    std::ptr::addr_of!((*q).srcMemoryType).cast::<u32>().read(),
-                    std::ptr::addr_of!((*q).srcHost).read() as u64,
-                    std::ptr::addr_of!((*q).dstMemoryType).cast::<u32>().read(),
-                    std::ptr::addr_of!((*q).dstHost).read() as u64,
-                    std::ptr::addr_of!((*q).WidthInBytes).read(),
-                    std::ptr::addr_of!((*q).Height).read(),
-                    std::ptr::addr_of!((*q).Depth).read(),
-                )
-            };
-            let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
-            let bytes = width * height.max(1) * depth.max(1);
-            if dst_type == host && !is_page_locked(dst_host) {
-                NodeKind::PageableCopy {
-                    to_host: true,
-                    bytes,
-                }
-            } else if src_type == host && !is_page_locked(src_host) {
-                NodeKind::PageableCopy {
-                    to_host: false,
-                    bytes,
-                }
-            } else {
-                NodeKind::Other
-            }
-        }
-        _ => NodeKind::Other,
-    })
-}
-
-/// Whether host address `p` is page-locked memory the driver knows (`cuMemHostAlloc`,
-/// `cuMemHostRegister`): the driver reports a host memory type only for such memory.
-fn is_page_locked(p: u64) -> bool {
-    let mut t: u32 = 0;
-    // SAFETY: writes one `CUmemorytype` (a `u32`) for the attribute asked.
-    let r = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut t as *mut u32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            p,
-        )
-    };
-    r == sys::CUresult::CUDA_SUCCESS && t == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
-}
-
-/// Number of edges of `g`.
-pub(crate) fn graph_edge_count(expect: Ctx, g: &CudaGraph) -> DResult<usize> {
-    check(expect, "cuGraphGetEdges");
-    let mut n: usize = 0;
-    // SAFETY: with null arrays the driver only writes the count.
-    unsafe {
-        sys::cuGraphGetEdges_v2(
-            g.0,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut n,
-        )
-        .result()?
-    };
-    Ok(n)
-}
-
-/// Instantiates `g` (which stays the caller's: it may be destroyed at once).
-pub(crate) fn graph_instantiate(expect: Ctx, g: &CudaGraph) -> DResult<GraphExec> {
-    check(expect, "cuGraphInstantiateWithFlags");
-    let mut e: sys::CUgraphExec = std::ptr::null_mut();
-    // SAFETY: writes one executable handle; `g` is live.
-    unsafe { sys::cuGraphInstantiateWithFlags(&mut e, g.0, 0).result()? };
-    Ok(GraphExec(e))
-}
-
-/// Updates `exec` in place to `g`'s parameters. `Ok(true)`: updated; `Ok(false)`: the
-/// topology (or a node's kind) differs and the driver refused, `exec` unchanged and still
-/// usable for the old graph; re-instantiate.
-pub(crate) fn graph_exec_update(expect: Ctx, exec: &mut GraphExec, g: &CudaGraph) -> DResult<bool> {
-    check(expect, "cuGraphExecUpdate");
-    let mut info = MaybeUninit::<sys::CUgraphExecUpdateResultInfo>::zeroed();
-    // SAFETY: both handles are live; the driver writes one result info.
-    match unsafe { sys::cuGraphExecUpdate_v2(exec.0, g.0, info.as_mut_ptr()) } {
-        sys::CUresult::CUDA_SUCCESS => Ok(true),
-        sys::CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => Ok(false),
-        other => Err(DriverError(other)),
-    }
-}
-
-/// Launches `exec` on `s` (ordered after earlier launches of `exec` by the driver).
-pub(crate) fn graph_launch(expect: Ctx, exec: &GraphExec, s: StreamRef) -> DResult<()> {
-    check(expect, "cuGraphLaunch");
-    green::check_partition(s, "cuGraphLaunch");
-    // SAFETY: both handles are live.
-    unsafe { sys::cuGraphLaunch(exec.0, s.0).result() }
-}
-
-impl CudaGraph {
-    /// Destroys the graph template.
-    pub(crate) fn destroy(self, expect: Ctx) -> DResult<()> {
-        check(expect, "cuGraphDestroy");
-        // SAFETY: `self` is owned and consumed here: destroyed once.
-        unsafe { sys::cuGraphDestroy(self.0).result() }
-    }
-}
-
-impl GraphExec {
-    /// Destroys the executable (an in-flight launch finishes first: the driver frees it then).
-    pub(crate) fn destroy(self, expect: Ctx) -> DResult<()> {
-        check(expect, "cuGraphExecDestroy");
-        // SAFETY: `self` is owned and consumed here: destroyed once.
-        unsafe { sys::cuGraphExecDestroy(self.0).result() }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1376,6 +959,6 @@ mod tests {
         fn copy<T: Copy>() {}
         copy::<Ctx>();
         copy::<StreamRef>();
-        copy::<GraphNode>();
+        copy::<CudaGraphNode>();
     }
 }

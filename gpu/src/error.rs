@@ -70,8 +70,12 @@ impl GpuError {
         self
     }
 
-    /// A failed driver call `call`, with context `what` (e.g. "device 0" or "node 'scale'").
-    pub(crate) fn driver(call: &str, what: &str, e: DriverError) -> Self {
+    /// A failed driver call `call`, made for `what` (e.g. "device 0" or "node 'scale'"; may be
+    /// empty), worded as the crate words its own: `what: call failed: NAME (description)`,
+    /// of kind [`GpuErrorKind::OutOfMemory`] or [`GpuErrorKind::Driver`], `e` its source. For
+    /// code that makes cudarc calls of its own (a node's body) and reports them as this crate
+    /// does.
+    pub fn driver(call: &str, what: &str, e: DriverError) -> Self {
         let kind = if driver::is_out_of_memory(e) {
             GpuErrorKind::OutOfMemory
         } else {
@@ -114,6 +118,13 @@ impl GpuError {
         &self.message
     }
 
+    /// Whether the driver error underneath (this error's source, or deeper in the chain) is
+    /// a sticky one, after which its context is unusable and every later call in it fails:
+    /// what makes boundpool mark a device failed.
+    pub fn is_sticky(&self) -> bool {
+        driver::sticky_in(self).is_some()
+    }
+
     pub(crate) fn prefixed(mut self, prefix: &str) -> Self {
         self.message = format!("{prefix}: {}", self.message);
         self
@@ -146,3 +157,42 @@ impl std::error::Error for GpuError {
 
 /// Result alias of this crate.
 pub type GpuResult<T> = Result<T, GpuError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult::*;
+
+    /// A failed call's error names who made it and the call, has the driver's error as its
+    /// source and the kind its code says; sticky codes are sticky (no driver needed: without
+    /// one the code's name stands in for the driver's).
+    #[test]
+    fn driver_errors_name_the_call_and_say_if_sticky() {
+        let e = GpuError::driver(
+            "cuEventQuery",
+            "probe",
+            DriverError(CUDA_ERROR_ILLEGAL_ADDRESS),
+        );
+        assert!(
+            e.message().starts_with("probe: cuEventQuery failed: "),
+            "{e}"
+        );
+        assert!(e.message().contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{e}");
+        assert_eq!(e.kind(), GpuErrorKind::Driver);
+        assert_eq!(e.driver_code(), Some(CUDA_ERROR_ILLEGAL_ADDRESS as i32));
+        assert!(e.is_sticky());
+        let source = std::error::Error::source(&e).expect("the driver's error");
+        assert_eq!(
+            source.downcast_ref::<DriverError>(),
+            Some(&DriverError(CUDA_ERROR_ILLEGAL_ADDRESS))
+        );
+        let oom = GpuError::driver("cuMemAllocAsync", "", DriverError(CUDA_ERROR_OUT_OF_MEMORY));
+        assert!(
+            oom.message().starts_with("cuMemAllocAsync failed: "),
+            "{oom}"
+        );
+        assert_eq!(oom.kind(), GpuErrorKind::OutOfMemory);
+        assert!(!oom.is_sticky());
+        assert!(!GpuError::new(GpuErrorKind::Closed, "closed").is_sticky());
+    }
+}

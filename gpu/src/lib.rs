@@ -185,6 +185,12 @@
 //!   segment (a `CudaBlasLT` made per node would allocate and free 32 MiB on Hopper each time).
 //!   A cuBLASLt handle itself has no stream: boundpool keeps one per worker (`libs.rs`) and
 //!   passes the node's stream and a workspace of its choosing to each matmul.
+//! * **CUDA graph templates** ([`CudaGraphTemplate`], [`CudaGraphNode`], [`CaptureExt`], over
+//!   `driver/graph.rs`). cudarc's `CudaStream::end_capture` instantiates at once and has no call
+//!   that reads or edits a template; the replay's capture needs them (each node's dependencies
+//!   set on the one capturing stream, the stand-in root removed, the captured graph read
+//!   before instantiation), and so do the raw CUDA-graph baselines of `boundpool-workloads`:
+//!   one set of calls, public for code on cudarc (the replay's go through the context check).
 //! * **The context check** ([`context_check`]): each driver call of boundpool's own code
 //!   (through `driver.rs`, the module loads, lookups and launches it hands to cudarc included)
 //!   is first checked against the context it expects, so the tests can prove that none is
@@ -195,30 +201,43 @@
 //! The one list (the README points here). Every block has a `// SAFETY:` comment and every
 //! unsafe fn or trait a `# Safety` section.
 //!
-//! * `driver.rs` (with `driver/green.rs`): the only file that calls the CUDA driver's API itself
-//!   (`cudarc::driver::sys` and `result`, and cudarc's module load and function lookup, each
-//!   behind the context check; elsewhere the driver is reached only through cudarc's safe
-//!   types: the context, streams, slices and library handles) and the only one with raw driver
-//!   handles. Its wrappers check (when on) that the
-//!   expected context is current. A handle that must be destroyed comes out of it as an
-//!   *owner* (`PrimaryCtx`, `Event`, `DeviceAlloc`, `HostAlloc`, `CudaGraph`, `GraphExec`): not `Copy` nor
-//!   `Clone`, its raw field private, destroyed by a method that consumes it (`destroy(self)`,
-//!   `release(self)`, `free(self)`), so destroying one twice does not compile
-//!   (its unit test `owners_are_not_copy_or_clone` asserts it at compile time). Whoever needs to
-//!   name a handle it does not own gets a `Copy` *view* made from the owner (`Ctx`, `StreamRef`,
-//!   `GraphNode`), which destroys nothing. The owners live where their lifetime is
+//! * `driver.rs` (with `driver/green.rs` and `driver/graph.rs`): the only files that call the
+//!   CUDA driver's API itself (`cudarc::driver::sys` and `result`, and cudarc's module load and
+//!   function lookup, each behind the context check, but for the calls made for
+//!   [`CudaGraphTemplate`] and [`CaptureExt`], which are their caller's; elsewhere the driver
+//!   is reached only through cudarc's safe types: the context, streams, slices and library
+//!   handles) and the only ones with raw driver handles. Its wrappers check (when on) that
+//!   the expected context is current. A handle that must be destroyed comes out of it as an
+//!   *owner* (`PrimaryCtx`, `Event`, `DeviceAlloc`, `HostAlloc`, `CudaGraph`, `GraphExec`): not
+//!   `Copy` nor `Clone`, its raw field private, destroyed by a method that consumes it
+//!   (`destroy(self)`, `release(self)`, `free(self)`; a `CudaGraph` left undestroyed, by its
+//!   drop), so destroying one twice does not compile (its unit test
+//!   `owners_are_not_copy_or_clone` asserts it at compile time). Whoever needs to name a
+//!   handle it does not own gets a `Copy` *view* made from the owner (`Ctx`, `StreamRef`,
+//!   `CudaGraphNode`), which destroys nothing. The owners live where their lifetime is
 //!   decided: a device's table (`device.rs`) owns its spare events, destroyed by the
 //!   device's last worker, after every node that could hold a view, and holds the device's
 //!   context, workers' streams and modules (cudarc's `Arc`s, dropped there: the last `Arc` of
 //!   a module, once every worker has dropped its `CudaFunction`s, unloads it on that bound
-//!   worker); events move by value between
-//!   a worker's spares, markers and that table; capture streams (cudarc's) and graphs are owned
-//!   by the replay's capture (`replay/capture.rs`), executables by their replay slot. `StreamRef::raw_ptr` is
-//!   the one way a raw handle leaves the file (to cuBLAS / cuSOLVER / cuBLASLt, and
-//!   [`GpuCtx::raw_stream`]). Its unsafe fns are the launch (cudarc's `result::launch_kernel`
-//!   given one pointer per kernel parameter), the copies (also between devices,
-//!   `memcpy_peer_async`) and the memset, which take raw pointers; it also asks whether a pair
-//!   of devices can reach each other and grants a device access to another's memory pool.
+//!   worker); events move by value between a worker's spares, markers and that table; capture
+//!   streams (cudarc's) and graphs are owned by the replay's capture (`replay/capture.rs`),
+//!   executables by their replay slot, public templates by their [`CudaGraphTemplate`].
+//!   `StreamRef::raw_ptr` and `CudaGraph::raw` are the only ways a raw handle leaves the module
+//!   (to cuBLAS / cuSOLVER / cuBLASLt and [`GpuCtx::raw_stream`]; to
+//!   [`CudaGraphTemplate::cu_graph`], for cudarc's `result::graph`). Its unsafe fns are the
+//!   launch (cudarc's `result::launch_kernel` given one pointer per kernel parameter), the
+//!   copies (also between devices, `memcpy_peer_async`) and the memset, which take raw
+//!   pointers; it also asks whether a pair of devices can reach each other and grants a device
+//!   access to another's memory pool.
+//! * `driver/graph.rs` (a part of `driver.rs`): the CUDA-graph calls (templates made, cloned,
+//!   read, edited, described and destroyed; a capture's begin, end, dependencies and root;
+//!   instantiate, update, launch, destroy of executables; the capture-mode exchange), node
+//!   types read as `u32`s and parameter blocks read into zeroed memory, the `Send` of
+//!   `CudaGraph` and `GraphExec` (neither `Sync`: the driver serialises no call on one graph)
+//!   and `CudaGraphNode`'s `Send` and `Sync`.
+//! * `cuda_graph.rs`: no unsafe block; the unsafe fns of [`CudaGraphTemplate`] and
+//!   [`CaptureExt`] that take nodes (a node is a plain handle, valid while its graph holds it)
+//!   or a kernel's parameters.
 //! * `driver/green.rs` (a part of `driver.rs`): the green-context calls of SM partitions (the
 //!   device's SM resource and its split, descriptors, green contexts and their streams, owned
 //!   as `GreenCtx` and `GreenStream` and destroyed by consuming them, handed to node bodies as
@@ -269,6 +288,7 @@ mod blas;
 mod blaslt;
 mod buffer;
 mod capture;
+mod cuda_graph;
 mod detect;
 mod device;
 mod diag;
@@ -297,9 +317,11 @@ mod worker;
 pub use blas::{CublasRef, SolverRef};
 pub use blaslt::{CublasLt, LtElement, LtTuning, TUNE_CANDIDATES};
 pub use buffer::{DeviceBuffer, DeviceCopy};
+pub use cuda_graph::{CaptureExt, CudaGraphTemplate};
 pub use detect::{device_count, device_info, driver_version, gpu_unavailable_reason};
 pub use device::{DeviceInfo, GpuDevice, NcclInfo};
 pub use diag::{context_check, MemoryProbe};
+pub use driver::CudaGraphNode;
 pub use error::{GpuError, GpuErrorKind, GpuResult};
 pub use libs::LT_WORKSPACE_BYTES;
 pub use metrics::GPU_METRICS;

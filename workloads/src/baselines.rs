@@ -6,17 +6,23 @@
 //!
 //! These are benchmark baselines, not part of the framework: they bind threads themselves and
 //! make their driver calls through [`crate::raw`], on cudarc's own layers (its safe types own
-//! the context, streams, events and module; the measured calls are its `result` calls; the one
-//! exception, [`captured_graph_on_worker`], runs inside a node of a `boundpool-gpu` pool through
-//! its public API). They load the built-in kernels' PTX ([`builtin::PTX`]) themselves.
+//! the context, streams, events and module; the measured calls are its `result` calls), and
+//! build, capture and read CUDA graph templates with `boundpool-gpu`'s [`CudaGraphTemplate`]
+//! and [`CaptureExt`] (cudarc has no template); [`captured_graph_on_worker`] runs inside a
+//! node of a `boundpool-gpu` pool through its public API. They load the built-in kernels' PTX
+//! ([`builtin::PTX`]) themselves.
 
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use boundpool_gpu::{builtin, GpuCtx, GpuDevice, GpuPool, Kernel, LaunchConfig, Module};
+use boundpool_gpu::{
+    builtin, CaptureExt, CudaGraphNode, CudaGraphTemplate, GpuCtx, GpuDevice, GpuPool, Kernel,
+    LaunchConfig, Module,
+};
+use cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 
-use crate::raw::{self, Error, Func, Result};
+use crate::raw::{self, Error, Func, GraphExec, Result};
 
 /// What a baseline measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -532,14 +538,14 @@ pub fn raw_graph(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> Result<RawGra
         let g = build_graph(f, preds, StandInRoot::None)?;
         let build = t0.elapsed();
         let t1 = Instant::now();
-        let exec = drv("cuGraphInstantiateWithFlags", raw::graph_instantiate(&g));
+        let exec = drv("cuGraphInstantiateWithFlags", GraphExec::instantiate(&g));
         let instantiate = t1.elapsed();
         drop(g);
         let exec = exec?;
         let mut timed = Vec::with_capacity(runs);
         for i in 0..runs + 3 {
             let t = Instant::now();
-            drv("cuGraphLaunch", raw::graph_launch(&exec, &s))?;
+            drv("cuGraphLaunch", exec.launch(&s))?;
             drv("cuStreamSynchronize", raw::stream_synchronize(&s))?;
             if i >= 3 {
                 timed.push(t.elapsed());
@@ -571,28 +577,26 @@ enum StandInRoot {
 /// The empty kernel `<<<1,1>>>` once per entry of `preds` (each predecessor below its node,
 /// checked by the caller), added node by node (`cuGraphAddKernelNode`) to a new graph, with or
 /// without an empty root first.
-fn build_graph(f: Func, preds: &[Vec<u32>], root: StandInRoot) -> Result<raw::Graph> {
-    let mut g = drv("cuGraphCreate", raw::graph_create())?;
+fn build_graph(f: Func, preds: &[Vec<u32>], root: StandInRoot) -> Result<CudaGraphTemplate> {
+    let mut g = CudaGraphTemplate::new()?;
     let r = match root {
         StandInRoot::None => None,
-        StandInRoot::Removed | StandInRoot::Kept => Some(drv(
-            "cuGraphAddEmptyNode",
-            raw::graph_add_empty_node(&mut g, &[]),
-        )?),
+        // SAFETY: no dependencies.
+        StandInRoot::Removed | StandInRoot::Kept => Some(unsafe { g.add_empty_node(&[]) }?),
     };
-    let mut nodes: Vec<raw::GraphNode> = Vec::with_capacity(preds.len());
+    let mut nodes: Vec<CudaGraphNode> = Vec::with_capacity(preds.len());
     for ps in preds {
-        let mut deps: Vec<raw::GraphNode> = ps.iter().map(|&p| nodes[p as usize]).collect();
+        let mut deps: Vec<CudaGraphNode> = ps.iter().map(|&p| nodes[p as usize]).collect();
         if let (true, Some(r)) = (deps.is_empty(), r) {
             deps.push(r);
         }
-        nodes.push(drv(
-            "cuGraphAddKernelNode",
-            raw::graph_add_empty_kernel(&mut g, &deps, f),
-        )?);
+        // SAFETY: `deps` are nodes added to `g` above; `f` is the empty kernel (no
+        // parameters) of a module the caller keeps loaded in the current context.
+        nodes.push(unsafe { raw::add_empty_kernel(&mut g, &deps, f) }?);
     }
     if let (StandInRoot::Removed, Some(r)) = (root, r) {
-        drv("cuGraphDestroyNode", raw::graph_remove_node(&mut g, r))?;
+        // SAFETY: `r` is the empty root added to `g` above.
+        unsafe { g.remove_node(r) }?;
     }
     Ok(g)
 }
@@ -683,21 +687,20 @@ fn worker_function_of(gctx: &GpuCtx<'_, '_>, kernel: &Kernel, s: &CudaStream) ->
     // SAFETY: the empty kernel takes no parameters.
     unsafe { gctx.launch(kernel, LaunchConfig::single()).launch()? };
     drv("cuStreamSynchronize", raw::stream_synchronize(s))?;
-    drv("cuStreamBeginCapture", raw::stream_begin_capture(s))?;
+    drv(
+        "cuStreamBeginCapture",
+        s.begin_capture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+    )?;
     // SAFETY: as above.
     let launched = unsafe { gctx.launch(kernel, LaunchConfig::single()).launch() };
-    let g = match (raw::stream_end_capture(s), launched) {
+    let g = match (s.end_capture_template(), launched) {
         (Ok(Some(g)), Ok(())) => g,
-        (_, Err(e)) => return Err(e.into()),
+        (_, Err(e)) | (Err(e), Ok(())) => return Err(e.into()),
         (Ok(None), Ok(())) => return Err(Error::new("capture made no graph")),
-        (Err(e), Ok(())) => return Err(Error::driver("cuStreamEndCapture", "baseline", e)),
     };
-    let nodes = drv("cuGraphGetNodes", raw::graph_nodes(&g))?;
-    let f = match nodes[..] {
-        [n] => drv(
-            "cuGraphKernelNodeGetParams",
-            raw::graph_kernel_function(&g, n),
-        )?,
+    let f = match g.nodes()?[..] {
+        // SAFETY: `n` is a node of `g`, which holds it.
+        [n] => unsafe { raw::kernel_function(&g, n) }?,
         _ => None,
     };
     f.ok_or_else(|| Error::new("the captured launch is not one kernel node"))
@@ -732,7 +735,7 @@ fn capture_and_time_on(
 ) -> Result<CapturedGraph> {
     // The node-by-node graph, for the description only.
     let rg = build_graph(f, &preds[..preds.len().min(4)], StandInRoot::None)?;
-    let raw_first_nodes = drv("cuGraphGetNodes", raw::graph_describe(&rg, 4))?;
+    let raw_first_nodes = rg.describe(4)?;
     drop(rg);
 
     let Captured {
@@ -740,11 +743,11 @@ fn capture_and_time_on(
         stand_in_root,
         elapsed: capture,
     } = capture_graph(ctx, f, preds, read_back_all)?;
-    let nodes = drv("cuGraphGetNodes", raw::graph_node_count(&g))?;
-    let edges = drv("cuGraphGetEdges", raw::graph_edge_count(&g))?;
-    let first_nodes = drv("cuGraphGetNodes", raw::graph_describe(&g, 4))?;
+    let nodes = g.node_count()?;
+    let edges = g.edge_count()?;
+    let first_nodes = g.describe(4)?;
     let t1 = Instant::now();
-    let exec = drv("cuGraphInstantiateWithFlags", raw::graph_instantiate(&g));
+    let exec = drv("cuGraphInstantiateWithFlags", GraphExec::instantiate(&g));
     let instantiate = t1.elapsed();
     drop(g);
     let exec = exec?;
@@ -752,11 +755,11 @@ fn capture_and_time_on(
     let (mut timed, mut polled) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
     for i in 0..runs + 3 {
         let t = Instant::now();
-        drv("cuGraphLaunch", raw::graph_launch(&exec, s))?;
+        drv("cuGraphLaunch", exec.launch(s))?;
         drv("cuStreamSynchronize", raw::stream_synchronize(s))?;
         let d = t.elapsed();
         let t = Instant::now();
-        drv("cuGraphLaunch", raw::graph_launch(&exec, s))?;
+        drv("cuGraphLaunch", exec.launch(s))?;
         drv("cuEventRecord", raw::event_record(&ev, s))?;
         while !drv("cuEventQuery", raw::event_query(&ev))? {
             std::hint::spin_loop();
@@ -782,7 +785,7 @@ fn capture_and_time_on(
 
 /// A graph captured by [`capture_graph`].
 struct Captured {
-    graph: raw::Graph,
+    graph: CudaGraphTemplate,
     /// The driver refused an empty dependency set: a stand-in root was used, and removed.
     stand_in_root: bool,
     /// From the capture's start until its graph was ready (stand-in root removed).
@@ -804,19 +807,22 @@ fn capture_graph(
 ) -> Result<Captured> {
     let cs = new_stream(ctx)?;
     let t0 = Instant::now();
-    drv("cuStreamBeginCapture", raw::stream_begin_capture(&cs))?;
+    drv(
+        "cuStreamBeginCapture",
+        cs.begin_capture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+    )?;
     let failed = capture_nodes(&cs, f, preds, read_back_all);
-    let g = raw::stream_end_capture(&cs);
+    let g = cs.end_capture_template();
     drop(cs);
-    let (root, g) = match (g, failed) {
+    let (root, mut g) = match (g, failed) {
         (Ok(Some(g)), Ok(root)) => (root, g),
         (_, Err(e)) => return Err(e),
         (Ok(None), Ok(_)) => return Err(Error::new("capture made no graph")),
-        (Err(e), Ok(_)) => return Err(Error::driver("cuStreamEndCapture", "baseline", e)),
+        (Err(e), Ok(_)) => return Err(e.into()),
     };
-    let mut g = g;
     if let Some(r) = root {
-        drv("cuGraphDestroyNode", raw::graph_remove_node(&mut g, r))?;
+        // SAFETY: `r` is the stand-in root the capture added to the graph it made, `g`.
+        unsafe { g.remove_node(r) }?;
     }
     Ok(Captured {
         graph: g,
@@ -831,18 +837,18 @@ fn capture_nodes(
     f: Func,
     preds: &[Vec<u32>],
     read_back_all: bool,
-) -> Result<Option<raw::GraphNode>> {
-    let mut tails: Vec<Vec<raw::GraphNode>> = vec![Vec::new(); preds.len()];
+) -> Result<Option<CudaGraphNode>> {
+    let mut tails: Vec<Vec<CudaGraphNode>> = vec![Vec::new(); preds.len()];
     let mut needed = vec![read_back_all; preds.len()];
     for ps in preds {
         for &p in ps {
             needed[p as usize] = true;
         }
     }
-    let mut current: Option<Vec<raw::GraphNode>> = Some(Vec::new());
-    let mut root: Option<raw::GraphNode> = None;
+    let mut current: Option<Vec<CudaGraphNode>> = Some(Vec::new());
+    let mut root: Option<CudaGraphNode> = None;
     for (i, ps) in preds.iter().enumerate() {
-        let mut deps: Vec<raw::GraphNode> = Vec::new();
+        let mut deps: Vec<CudaGraphNode> = Vec::new();
         for &p in ps {
             for d in &tails[p as usize] {
                 if !deps.contains(d) {
@@ -854,21 +860,19 @@ fn capture_nodes(
             deps.push(r);
         }
         if read_back_all || current.as_ref() != Some(&deps) {
-            match raw::capture_set_dependencies(cs, &deps) {
-                Err(_) if deps.is_empty() => raw::capture_add_root(cs).and_then(|r| {
+            // SAFETY: `deps` are tails read back from this capture, or its stand-in root.
+            match unsafe { cs.set_capture_dependencies(&deps) } {
+                Err(_) if deps.is_empty() => cs.add_capture_root().and_then(|r| {
                     root = Some(r);
-                    raw::capture_set_dependencies(cs, &[r])
+                    // SAFETY: `r` was just added to this capture's graph.
+                    unsafe { cs.set_capture_dependencies(&[r]) }
                 }),
                 other => other,
-            }
-            .map_err(|e| Error::driver("cuStreamUpdateCaptureDependencies", "baseline", e))?;
+            }?;
         }
         launch_empty(f, cs)?;
         let t = if needed[i] {
-            Some(drv(
-                "cuStreamGetCaptureInfo",
-                raw::capture_dependencies(cs),
-            )?)
+            Some(cs.capture_dependencies()?)
         } else {
             None
         };
@@ -883,10 +887,10 @@ fn capture_nodes(
 /// `cuGraphAddKernelNode` per node): the same work and topology as `g` without anything else
 /// the capture recorded (launch attributes, the driver's internal layout). Fails on a node
 /// that is not a kernel node.
-fn rebuild_graph(g: &raw::Graph) -> Result<raw::Graph> {
-    let nodes = drv("cuGraphGetNodes", raw::graph_nodes(g))?;
-    let edges = drv("cuGraphGetEdges", raw::graph_edges(g))?;
-    let index: std::collections::HashMap<raw::GraphNode, usize> =
+fn rebuild_graph(g: &CudaGraphTemplate) -> Result<CudaGraphTemplate> {
+    let nodes = g.nodes()?;
+    let edges = g.edges()?;
+    let index: std::collections::HashMap<CudaGraphNode, usize> =
         nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let mut preds: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     let mut succs: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
@@ -919,26 +923,21 @@ fn rebuild_graph(g: &raw::Graph) -> Result<raw::Graph> {
     if order.len() != nodes.len() {
         return Err(Error::new("rebuild: the graph's edges make a cycle"));
     }
-    let mut new = drv("cuGraphCreate", raw::graph_create())?;
-    let mut added: Vec<Option<raw::GraphNode>> = vec![None; nodes.len()];
+    let mut new = CudaGraphTemplate::new()?;
+    let mut added: Vec<Option<CudaGraphNode>> = vec![None; nodes.len()];
     for &i in &order {
         // Every predecessor came earlier in `order`, so it was added.
-        let deps: Vec<raw::GraphNode> = preds[i].iter().filter_map(|&p| added[p]).collect();
-        match raw::graph_copy_kernel_node(&mut new, &deps, g, nodes[i]) {
-            Ok(Some(n)) => added[i] = Some(n),
-            Ok(None) => {
-                return Err(Error::new(format!(
-                    "rebuild: node {i} of the graph is not a kernel node"
-                )))
-            }
-            Err(e) => {
-                return Err(Error::driver(
-                    "cuGraphKernelNodeGetParams/cuGraphAddKernelNode",
-                    "baseline",
-                    e,
-                ))
-            }
-        }
+        let deps: Vec<CudaGraphNode> = preds[i].iter().filter_map(|&p| added[p]).collect();
+        // SAFETY: `nodes[i]` is a node of `g`, which holds it.
+        let Some(p) = unsafe { g.kernel_node_params(nodes[i]) }? else {
+            return Err(Error::new(format!(
+                "rebuild: node {i} of the graph is not a kernel node"
+            )));
+        };
+        // SAFETY: `deps` are nodes added to `new` above; `p` is a kernel node's parameters as
+        // the driver gave them (its function loaded in this context, its argument pointers
+        // into the node's copy, valid while `g`, borrowed, lives).
+        added[i] = Some(unsafe { new.add_kernel_node(&deps, &p) }?);
     }
     Ok(new)
 }
@@ -997,7 +996,7 @@ pub fn graph_variants(ordinal: i32, preds: &[Vec<u32>], runs: usize) -> Result<G
     let base = Raw::open(ordinal)?;
     let (ctx, f) = (base.ctx(), base.empty());
     let r = on_bound(ctx, || {
-        let mut templates: Vec<(&'static str, raw::Graph)> = Vec::new();
+        let mut templates: Vec<(&'static str, CudaGraphTemplate)> = Vec::new();
         make_variants(ctx, f, preds, &mut templates)
             .and_then(|stand_in_root| time_variants(ctx, preds, runs, &templates, stand_in_root))
     });
@@ -1011,7 +1010,7 @@ fn make_variants(
     ctx: &Arc<CudaContext>,
     f: Func,
     preds: &[Vec<u32>],
-    out: &mut Vec<(&'static str, raw::Graph)>,
+    out: &mut Vec<(&'static str, CudaGraphTemplate)>,
 ) -> Result<bool> {
     out.push(("plain", build_graph(f, preds, StandInRoot::None)?));
     out.push(("root_removed", build_graph(f, preds, StandInRoot::Removed)?));
@@ -1019,7 +1018,7 @@ fn make_variants(
     let cap = capture_graph(ctx, f, preds, false)?;
     let c = out.len();
     out.push(("captured", cap.graph));
-    let clone = drv("cuGraphClone", raw::graph_clone(&out[c].1))?;
+    let clone = out[c].1.try_clone()?;
     out.push(("captured_clone", clone));
     let rebuilt = rebuild_graph(&out[c].1)?;
     out.push(("captured_rebuilt", rebuilt));
@@ -1032,7 +1031,7 @@ fn time_variants(
     ctx: &Arc<CudaContext>,
     preds: &[Vec<u32>],
     runs: usize,
-    templates: &[(&'static str, raw::Graph)],
+    templates: &[(&'static str, CudaGraphTemplate)],
     stand_in_root: bool,
 ) -> Result<GraphVariants> {
     let (n, e) = (preds.len(), preds.iter().map(Vec::len).sum::<usize>());
@@ -1040,8 +1039,8 @@ fn time_variants(
     let mut variants = Vec::with_capacity(templates.len());
     let mut described = Vec::new();
     for (name, g) in templates {
-        let nodes = drv("cuGraphGetNodes", raw::graph_node_count(g))?;
-        let edges = drv("cuGraphGetEdges", raw::graph_edge_count(g))?;
+        let nodes = g.node_count()?;
+        let edges = g.edge_count()?;
         let want = if *name == "root_kept" {
             (n + 1, e + roots)
         } else {
@@ -1054,7 +1053,7 @@ fn time_variants(
             )));
         }
         if matches!(*name, "plain" | "captured" | "captured_rebuilt") {
-            described.push((*name, drv("cuGraphGetNodes", raw::graph_describe(g, 3))?));
+            described.push((*name, g.describe(3)?));
         }
         variants.push(GraphVariant {
             name,
@@ -1068,7 +1067,7 @@ fn time_variants(
     let mut execs = Vec::with_capacity(templates.len());
     for ((_, g), v) in templates.iter().zip(&mut variants) {
         let t = Instant::now();
-        let x = drv("cuGraphInstantiateWithFlags", raw::graph_instantiate(g))?;
+        let x = drv("cuGraphInstantiateWithFlags", GraphExec::instantiate(g))?;
         v.instantiate = t.elapsed();
         execs.push(x);
     }
@@ -1085,14 +1084,14 @@ fn time_variants(
 /// turns; from the fourth turn on, each launch's time goes to its variant's runs.
 fn launch_in_turns(
     s: &CudaStream,
-    execs: &[raw::GraphExec],
+    execs: &[GraphExec],
     variants: &mut [GraphVariant],
     runs: usize,
 ) -> Result<()> {
     for i in 0..runs + 3 {
         for (x, v) in execs.iter().zip(variants.iter_mut()) {
             let t = Instant::now();
-            drv("cuGraphLaunch", raw::graph_launch(x, s))?;
+            drv("cuGraphLaunch", x.launch(s))?;
             drv("cuStreamSynchronize", raw::stream_synchronize(s))?;
             if i >= 3 {
                 v.runs.push(t.elapsed());

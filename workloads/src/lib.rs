@@ -27,12 +27,16 @@
 //! Each block has a `// SAFETY:` comment and each unsafe fn a `# Safety` section.
 //!
 //! * `raw.rs`: the only file with raw driver calls (`cudarc::driver::result` on the handles of
-//!   cudarc's safe types, which own them; `sys` for the CUDA-graph calls cudarc lacks, with
-//!   owners of its own that destroy what they hold when dropped, and `Copy` views); the launch
-//!   (cudarc's `result::launch_kernel`, given one pointer per kernel parameter) is an unsafe
-//!   fn; turning cudarc's event tracking off on the baselines' context.
+//!   cudarc's safe types, which own them, and on `boundpool_gpu::CudaGraphTemplate`'s: the
+//!   executable of one, owned by `GraphExec`, destroyed when dropped); the launch (cudarc's
+//!   `result::launch_kernel`, given one pointer per kernel parameter) and the empty kernel's
+//!   node added to a template (`add_empty_kernel`) and read back (`kernel_function`) are
+//!   unsafe fns; turning cudarc's event tracking off on the baselines' context.
 //! * `baselines.rs`: launches of the empty kernel through `raw::launch`, and through
-//!   `boundpool_gpu::Launch::launch` inside a pool node (to read back the worker's function).
+//!   `boundpool_gpu::Launch::launch` inside a pool node (to read back the worker's function);
+//!   the template and capture calls that take nodes (`CudaGraphTemplate`'s `add_*`,
+//!   `remove_node`, `kernel_node_params`, `CaptureExt::set_capture_dependencies`), given
+//!   nodes of the graph at hand.
 //! * `probe.rs`: launches of the built-in kernels and its poke kernel (their arguments, one
 //!   8-byte slot each, given as one pointer per slot) through `raw.rs`, and turning cudarc's
 //!   event tracking off on its context (its copies are cudarc's).

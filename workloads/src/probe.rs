@@ -338,7 +338,7 @@ fn probe_sticky(st: &Arc<CudaStream>, out: &mut Vec<String>) {
                     out.push(format!(
                         "poke(8): cuEventQuery -> {} (sticky: {})",
                         raw::error_name(e),
-                        raw::is_sticky(e)
+                        Error::driver("cuEventQuery", "probe", e).is_sticky()
                     ));
                     break;
                 }

@@ -14,7 +14,7 @@ use cudarc::driver::CudaStream;
 
 use crate::buffer;
 use crate::capture::Capture;
-use crate::driver::{self, GraphExec, GraphNode, StreamRef};
+use crate::driver::{self, CudaGraphNode, GraphExec, StreamRef};
 use crate::error::{GpuError, GpuErrorKind, GpuResult};
 use crate::gate::GateHold;
 use crate::node::GpuCtx;
@@ -234,17 +234,17 @@ fn capture_members(
     cap: &Capture,
     local: &RefCell<Vec<Option<Out>>>,
     owners: &mut NodeOwners,
-) -> GpuResult<Option<GraphNode>> {
+) -> GpuResult<Option<CudaGraphNode>> {
     let ctx = gctx.b.ctx;
     let desc = &*st.desc;
     let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
     let cs = StreamRef::of(cap.stream());
-    let mut tails: Vec<Vec<GraphNode>> = vec![Vec::new(); desc.names.len()];
+    let mut tails: Vec<Vec<CudaGraphNode>> = vec![Vec::new(); desc.names.len()];
     // The capture's current dependency set (empty at the start).
-    let mut current: Vec<GraphNode> = Vec::new();
-    let mut empty_root: Option<GraphNode> = None;
+    let mut current: Vec<CudaGraphNode> = Vec::new();
+    let mut empty_root: Option<CudaGraphNode> = None;
     for &m in &desc.segments[k as usize] {
-        let mut deps: Vec<GraphNode> = Vec::new();
+        let mut deps: Vec<CudaGraphNode> = Vec::new();
         for &p in desc.preds[m as usize].iter().chain(&desc.after[m as usize]) {
             if desc.seg_of[p as usize] == Some(k) {
                 for d in &tails[p as usize] {
@@ -308,18 +308,9 @@ fn call_member(
     let desc = &*st.desc;
     let drv = |call: &str, e| capture_error(st, None, gctx.fail_call(call, e).to_string());
     let cs = StreamRef::of(cap.stream());
-    let mctx = GpuCtx {
-        node: gctx.node(),
-        b,
-        stream: cs,
-        capture: Some(cap),
-        name: Some(&desc.names[m as usize]),
-        cuda_stream: std::cell::OnceCell::new(),
-        no_work: std::cell::Cell::new(false),
-        // Reads of other devices and NCCL operations are refused under a capture.
-        peer_reads: std::cell::RefCell::new(Vec::new()),
-        moved_to: std::cell::Cell::new(None),
-    };
+    // Reads of other devices and NCCL operations are refused under a capture: its peer reads
+    // and moved stream stay empty.
+    let mctx = GpuCtx::new(gctx.node(), b, cs, Some(cap), Some(&desc.names[m as usize]));
     let rctx = ReplayCtx {
         gpu: Some(&mctx),
         node: gctx.node(),
@@ -394,7 +385,7 @@ fn end_capture(
     st: &InstanceState,
     gctx: &GpuCtx<'_, '_>,
     guard: CaptureGuard,
-    empty_root: Option<GraphNode>,
+    empty_root: Option<CudaGraphNode>,
     owners: &NodeOwners,
 ) -> GpuResult<driver::CudaGraph> {
     let ctx = gctx.b.ctx;

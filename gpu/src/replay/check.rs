@@ -29,19 +29,19 @@ use cudarc::cublas::result::CublasError;
 use cudarc::cublaslt::result::CublasError as LtError;
 use cudarc::curand::result::CurandError;
 
-use crate::driver::{self, CudaGraph, DResult, GraphNode, NodeKind};
+use crate::driver::{self, CudaGraph, CudaGraphNode, DResult, NodeKind};
 use crate::node::GpuCtx;
 
 /// Which member's body added which nodes: each member's tail nodes (the capture's dependency
 /// set after its body), the first member to have a node as its tail owning it.
 #[derive(Debug, Default)]
 pub(super) struct NodeOwners {
-    tails: HashMap<GraphNode, u32>,
+    tails: HashMap<CudaGraphNode, u32>,
 }
 
 impl NodeOwners {
     /// Member `m`'s body has been captured; the capture's tail is now `tail`.
-    pub(super) fn member_done(&mut self, m: u32, tail: &[GraphNode]) {
+    pub(super) fn member_done(&mut self, m: u32, tail: &[CudaGraphNode]) {
         for &n in tail {
             self.tails.entry(n).or_insert(m);
         }
@@ -49,8 +49,8 @@ impl NodeOwners {
 
     /// The member whose body added `node`: the owner of the first tail reached from it,
     /// breadth first along `edges` (the graph's `(from, to)` pairs).
-    fn owner(&self, node: GraphNode, edges: &[(GraphNode, GraphNode)]) -> Option<u32> {
-        let mut next: HashMap<GraphNode, Vec<GraphNode>> = HashMap::new();
+    fn owner(&self, node: CudaGraphNode, edges: &[(CudaGraphNode, CudaGraphNode)]) -> Option<u32> {
+        let mut next: HashMap<CudaGraphNode, Vec<CudaGraphNode>> = HashMap::new();
         for &(a, b) in edges {
             next.entry(a).or_default().push(b);
         }
@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn nodes_belong_to_the_member_whose_tail_they_reach_first() {
-        let n = |i: usize| GraphNode::fake(i);
+        let n = |i: usize| CudaGraphNode::fake(i);
         // Member 4: 0 -> 1 (tail 1). Member 7: nothing (its tail is still 1). Member 2, after
         // member 4: 1 -> 2 -> 3 (tail 3). Member 5, independent: 4 -> 5 (tail 5). Member 9,
         // after 2 and 5: 3 -> 6, 5 -> 6 (tail 6).
