@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::comm::run::{CommGraph, RecvSpec, RunState, SendSpec};
+use crate::comm::stamps::SendHop;
 use crate::comm::wire::{FailKind, Failure};
 use crate::comm::{CommHandle, Command, Payload};
 use crate::error::{Error, ErrorKind};
@@ -373,6 +374,8 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
         let r = gb.node(
             format!("send '{}' to rank {to}", self.name),
             move |ctx: &NodeCtx<'_, S>| {
+                let run = env.current();
+                run.stamp_send(k, SendHop::Body);
                 let v = ctx.input(from)?;
                 let payload = match encode(v) {
                     Ok(p) => p,
@@ -381,9 +384,9 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
                         return Err(msg.into());
                     }
                 };
-                let run = env.current();
                 // Completed by the comm thread once the transport is done with the value.
                 run.sends[k as usize].complete_on(ctx.complete_later());
+                run.stamp_send(k, SendHop::Queued);
                 env.comm.send(Command::Send { run, k, payload });
                 Ok(())
             },
@@ -690,16 +693,19 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
                 }
             })
             .collect();
-        let comm_graph = Arc::new(CommGraph::new(
-            desc.name.clone(),
-            rank,
-            digest,
-            names,
-            desc.runs_in_flight,
-            lowering.tags_per_run,
-            sends,
-            recvs,
-        ));
+        let comm_graph = Arc::new(
+            CommGraph::new(
+                desc.name.clone(),
+                rank,
+                digest,
+                names,
+                desc.runs_in_flight,
+                lowering.tags_per_run,
+                sends,
+                recvs,
+            )
+            .with_stamps(comm.stamps),
+        );
         let inner = Arc::new(GraphInner {
             slots: (0..desc.runs_in_flight).map(|_| OnceLock::new()).collect(),
             desc,

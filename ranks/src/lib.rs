@@ -121,6 +121,7 @@
 //!   staging memory the run keeps).
 //! * `gpu/staged.rs`: a staged device value's landing (`Vec::set_len` after its bytes arrived;
 //!   `Pod` makes any bytes valid).
+//! * `comm/stamps.rs`: `clock_gettime(CLOCK_MONOTONIC)` (libc) for the edge stamps.
 //! * `ranks.rs`: the pool taken out of its `ManuallyDrop` once, in `Drop`.
 //!
 //! No other file has `unsafe`.
@@ -136,6 +137,7 @@ mod ranks;
 mod transport;
 mod value;
 
+pub use crate::comm::stamps::{monotonic_ns, EdgeStamps, RecvStamps, SendStamps};
 pub use crate::error::{Error, ErrorKind};
 #[cfg(feature = "nccl")]
 pub use crate::gpu::Collective;

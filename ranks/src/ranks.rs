@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use boundpool_scheduler::{Cores, GraphHandle, GraphOutput, GroupId, Pool, PoolBuilder};
 
 use crate::comm::run::RunState;
+use crate::comm::stamps::EdgeStamps;
 use crate::comm::{self, CommHandle, CommThread, Command, EngineConfig, Waiting};
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Mapped, NodeRef, RankGraph, SlotEnv};
@@ -28,6 +29,7 @@ pub struct RanksBuilder {
     max_message: usize,
     comm_spin: Option<Duration>,
     idle_spin: Option<Duration>,
+    stamps: bool,
 }
 
 impl Default for RanksBuilder {
@@ -53,6 +55,7 @@ impl RanksBuilder {
             max_message: 4 << 20,
             comm_spin: None,
             idle_spin: None,
+            stamps: false,
         }
     }
 
@@ -170,6 +173,13 @@ impl RanksBuilder {
         self
     }
 
+    /// Stamps every hop of every run's cross-rank edges on this rank (off by default; see
+    /// [`RankOutput::edge_stamps`]): a few clock reads per edge, to find where its time goes.
+    pub fn stamp_edges(mut self, on: bool) -> Self {
+        self.stamps = on;
+        self
+    }
+
     fn engine_config(&self) -> Result<EngineConfig, Error> {
         if self.peer_timeout < self.heartbeat * 2 {
             return Err(Error::new(
@@ -184,6 +194,7 @@ impl RanksBuilder {
             peer_timeout: self.peer_timeout,
             heartbeat: self.heartbeat,
             max_message: self.max_message,
+            stamps: self.stamps,
         })
     }
 
@@ -597,6 +608,14 @@ impl RankOutput {
     /// The run's number among its graph's runs.
     pub fn seq(&self) -> u64 {
         self.run.seq
+    }
+
+    /// Where the run's sends and receives on this rank spent their time, hop by hop
+    /// (`None` unless the runtime was built with
+    /// [`RanksBuilder::stamp_edges`]). A send's completion may be seen after the run's end
+    /// (its `done` is then 0 here).
+    pub fn edge_stamps(&self) -> Option<EdgeStamps> {
+        self.run.edge_stamps()
     }
 }
 

@@ -461,3 +461,57 @@ fn a_rank_has_its_workers_and_one_communication_thread() {
     drop(r);
     assert_eq!(threads_named(name), 0);
 }
+
+#[test]
+fn stamped_edges_record_every_hop_in_path_order() {
+    // A value hops 0 -> 1 -> 0; every hop of both edges is stamped, on one clock, in order.
+    let (_net, ranks) = world(2, RanksBuilder::new().workers(1).stamp_edges(true));
+    let stamps = on_all(&ranks, |r| {
+        let mut g = RankGraphBuilder::new("stamped");
+        let a = g.plain_node(0, "a", |_| Ok(1u64));
+        let b = g.plain_node(1, "b", move |ctx| Ok(*ctx.input(a)? + 1));
+        let c = g.plain_node(0, "c", move |ctx| Ok(*ctx.input(b)? + 1));
+        g.edge(a, b).edge(b, c);
+        let graph = g.build(r).unwrap();
+        let out = r.run(&graph).unwrap();
+        if r.rank() == 0 {
+            assert_eq!(out.get(c), Some(&3));
+        }
+        out.edge_stamps().expect("stamping")
+    });
+    // Rank 0 sends a's value and receives b's; rank 1 the other way round.
+    for (sender, receiver, producer) in [(0, 1, 0), (1, 0, 1)] {
+        let s = stamps[sender].sends.iter().find(|s| s.producer == producer);
+        let s = s.expect("the send");
+        let v = stamps[receiver]
+            .recvs
+            .iter()
+            .find(|v| v.producer == producer);
+        let v = v.expect("the receive");
+        assert_eq!((s.to, v.from), (receiver, sender));
+        let path = [
+            s.body,
+            s.posted,
+            v.arrived,
+            v.received,
+            v.completing,
+            v.completed,
+        ];
+        assert!(path.iter().all(|&t| t > 0), "{s:?} {v:?}");
+        assert!(path.windows(2).all(|w| w[0] <= w[1]), "{s:?} {v:?}");
+        // Handed to the communication thread, or posted by the worker itself.
+        if s.queued != 0 {
+            assert!(s.body <= s.queued && s.queued <= s.taken && s.taken <= s.posted);
+        }
+    }
+    // Without the setting, nothing is stamped.
+    let (_net, ranks) = world(2, RanksBuilder::new().workers(1));
+    let none = on_all(&ranks, |r| {
+        let mut g = RankGraphBuilder::new("unstamped");
+        let a = g.plain_node(0, "a", |_| Ok(1u64));
+        let b = g.plain_node(1, "b", move |ctx| Ok(*ctx.input(a)?));
+        g.edge(a, b);
+        r.run(&g.build(r).unwrap()).unwrap().edge_stamps()
+    });
+    assert_eq!(none, vec![None, None]);
+}

@@ -7,6 +7,7 @@
 
 mod engine;
 pub(crate) mod run;
+pub(crate) mod stamps;
 pub(crate) mod wire;
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
@@ -52,6 +53,8 @@ struct Shared {
 pub(crate) struct CommHandle {
     tx: mpsc::Sender<Command>,
     shared: Arc<Shared>,
+    /// Runs stamp their edges' hops (`RanksBuilder::stamp_edges`).
+    pub(crate) stamps: bool,
 }
 
 impl std::fmt::Debug for CommHandle {
@@ -96,6 +99,7 @@ where
     T: Transport + 'static,
     F: FnOnce() -> Result<T, Error> + Send + 'static,
 {
+    let stamps = cfg.stamps;
     let (tx, rx) = mpsc::channel::<Command>();
     let (up_tx, up_rx) = mpsc::channel::<Result<(usize, usize), Error>>();
     let parked = Arc::new(AtomicBool::new(false));
@@ -145,6 +149,7 @@ where
         handle: CommHandle {
             tx,
             shared: Arc::new(Shared { parked, thread }),
+            stamps,
         },
         join: Mutex::new(Some(join)),
         rank,

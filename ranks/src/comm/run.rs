@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use boundpool_scheduler::backend::Completer;
 use boundpool_scheduler::BoxError;
 
+use crate::comm::stamps::{monotonic_ns, EdgeStamps, RecvHop, RunStamps, SendHop};
 use crate::comm::wire::{Failure, Outcome};
 use crate::error::{Error, ErrorKind};
 use crate::plan::Digest;
@@ -70,6 +71,8 @@ pub(crate) struct CommGraph {
     spares: Box<[Mutex<Vec<Spare>>]>,
     /// Values that landed in such memory.
     recycled: AtomicU64,
+    /// Its runs stamp their edges' hops (`stamps.rs`).
+    stamps: bool,
 }
 
 impl std::fmt::Debug for CommGraph {
@@ -114,7 +117,14 @@ impl CommGraph {
             gid: OnceLock::new(),
             slots: Mutex::new((0..u64::from(runs_in_flight)).map(|s| (false, s)).collect()),
             slot_free: Condvar::new(),
+            stamps: false,
         }
+    }
+
+    /// Its runs stamp their edges' hops (`RanksBuilder::stamp_edges`).
+    pub(crate) fn with_stamps(mut self, on: bool) -> Self {
+        self.stamps = on;
+        self
     }
 
     /// Memory for receive `k`'s next value, if an earlier one gave some back.
@@ -339,6 +349,8 @@ pub(crate) struct RunState {
     /// The run's result across ranks, once every rank's status is in (or a peer died).
     global: Mutex<Option<Result<(), Error>>>,
     global_cv: Condvar,
+    /// Per-hop timestamps of its sends and receives, if its graph stamps them.
+    stamps: Option<RunStamps>,
 }
 
 impl std::fmt::Debug for RunState {
@@ -368,6 +380,9 @@ impl RunState {
         RunState {
             recvs: (0..graph.recvs.len()).map(|_| RecvCell::new()).collect(),
             sends: (0..graph.sends.len()).map(|_| SendCell::new()).collect(),
+            stamps: graph
+                .stamps
+                .then(|| RunStamps::new(graph.sends.len(), graph.recvs.len())),
             graph,
             seq,
             slot,
@@ -377,6 +392,40 @@ impl RunState {
             global: Mutex::new(None),
             global_cv: Condvar::new(),
         }
+    }
+
+    /// Stamps hop `hop` of send `k` now, if the run stamps its edges.
+    #[inline]
+    pub(crate) fn stamp_send(&self, k: u32, hop: SendHop) {
+        if let Some(s) = &self.stamps {
+            s.send(k, hop, monotonic_ns());
+        }
+    }
+
+    /// Stamps hop `hop` of receive `k` at `at` (ns of `monotonic_ns`; 0 leaves it unstamped),
+    /// if the run stamps its edges.
+    #[inline]
+    pub(crate) fn stamp_recv(&self, k: u32, hop: RecvHop, at: u64) {
+        if let (Some(s), true) = (&self.stamps, at != 0) {
+            s.recv(k, hop, at);
+        }
+    }
+
+    /// Whether the run stamps its edges.
+    #[inline]
+    pub(crate) fn stamps(&self) -> bool {
+        self.stamps.is_some()
+    }
+
+    /// The run's stamps, if it stamps its edges.
+    pub(crate) fn edge_stamps(&self) -> Option<EdgeStamps> {
+        let g = &self.graph;
+        self.stamps.as_ref().map(|s| {
+            s.read(
+                g.sends.iter().map(|x| (x.producer, x.to)),
+                g.recvs.iter().map(|x| (x.producer, x.from)),
+            )
+        })
     }
 
     /// Records this rank's first node failure; `true` if it is the first.

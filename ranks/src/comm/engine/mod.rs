@@ -15,6 +15,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use crate::comm::run::{CommGraph, RunState};
+use crate::comm::stamps::{monotonic_ns, RecvHop, SendHop};
 use crate::comm::wire::{
     Control, FailKind, Failure, Mismatch, Outcome, TagLayout, CONTROL_TAG, FIRST_DATA_TAG,
 };
@@ -76,6 +77,8 @@ pub(crate) struct EngineConfig {
     pub(crate) heartbeat: Duration,
     /// Values of this many bytes or more go as a header and chunks of at most this size.
     pub(crate) max_message: usize,
+    /// Runs stamp their edges' hops (`stamps.rs`).
+    pub(crate) stamps: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,6 +155,10 @@ struct Entry<M> {
     chunks_left: u64,
     offset: usize,
     kind: EntryKind<M>,
+    /// When its (first) message arrived and when all its bytes were in (`stamps.rs`; 0 when
+    /// not stamping).
+    arrived: u64,
+    received: u64,
 }
 
 impl<M> Entry<M> {
@@ -204,6 +211,8 @@ pub(crate) struct Engine<T: Transport> {
     fatal: Option<Error>,
     closing: Option<Instant>,
     done: Vec<OpId>,
+    /// When the message being handled arrived (`stamps.rs`; 0 when not stamping).
+    arrival: u64,
 }
 
 impl<T: Transport> Engine<T> {
@@ -245,6 +254,7 @@ impl<T: Transport> Engine<T> {
             fatal: None,
             closing: None,
             done: Vec::new(),
+            arrival: 0,
         }
     }
 
@@ -384,6 +394,7 @@ impl<T: Transport> Engine<T> {
     }
 
     fn send_value(&mut self, run: Arc<RunState>, k: u32, payload: Payload) {
+        run.stamp_send(k, SendHop::Taken);
         if self.fatal.is_some() || run.fatal().is_some() {
             // The run is abandoned (a dead peer or transport): the send node stays pending
             // and its run is never freed, so its memory is never reused under the transport.
@@ -447,6 +458,7 @@ impl<T: Transport> Engine<T> {
             r
         };
         progress._keep = keep;
+        run.stamp_send(k, SendHop::Posted);
         self.sends.insert(id, progress);
         if let Err(e) = result {
             self.transport_failed(e);
@@ -547,13 +559,18 @@ impl<T: Transport> Engine<T> {
                     };
                     if finished {
                         let s = self.sends.remove(&id).expect("present");
+                        s.run.stamp_send(s.k, SendHop::Done);
                         s.run.sends[s.k as usize].done();
                     }
                 }
                 Some(OpKind::Control(_)) | None => {}
                 Some(OpKind::Recv { src, entry }) => {
+                    let stamps = self.cfg.stamps;
                     if let Some(e) = self.entry_mut(src, entry) {
                         e.ops_left -= 1;
+                        if stamps && e.ops_left == 0 && e.chunks_left == 0 {
+                            e.received = monotonic_ns();
+                        }
                     }
                     sources.push(src);
                 }
