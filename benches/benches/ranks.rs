@@ -24,7 +24,8 @@
 //! timed runs (the chain's time per edge is the means' sum, plus each run's start and end).
 //!
 //! `mpirun -np P target/release/deps/ranks-* [--workers W] [--chain N] [--dag N] [--runs R]
-//! [--no-edge] [--no-big] [--edge-breakdown] [--comm-spin-us U] [--idle-spin-us U]` (P = 1, 2, 4; `cargo bench
+//! [--no-edge] [--no-big] [--edge-breakdown] [--no-worker-sends] [--send-window N]
+//! [--comm-spin-us U] [--idle-spin-us U] [--max-message-bytes B]` (P = 1, 2, 4; `cargo bench
 //! -p boundpool-bench --features mpi --bench ranks --no-run` builds it). Rank 0 prints
 //! markdown rows.
 
@@ -539,6 +540,13 @@ struct Args {
     /// edge) and print the median of each: where the edge's time goes.
     #[arg(long)]
     edge_breakdown: bool,
+    /// Workers hand every send to the communication thread (`RanksBuilder::worker_sends`
+    /// off): the path before workers posted small sends themselves.
+    #[arg(long)]
+    no_worker_sends: bool,
+    /// The runtime's `send_window` (default: the runtime's).
+    #[arg(long)]
+    send_window: Option<usize>,
     /// The runtime's `max_message_bytes`: a value this large or larger goes as a header and
     /// chunks (default: the runtime's).
     #[arg(long)]
@@ -555,7 +563,11 @@ fn main() {
     let raw_here = raw.clone();
     let mut builder = RanksBuilder::new()
         .workers(workers)
-        .stamp_edges(a.edge_breakdown);
+        .stamp_edges(a.edge_breakdown)
+        .worker_sends(!a.no_worker_sends);
+    if let Some(n) = a.send_window {
+        builder = builder.send_window(n);
+    }
     if let Some(us) = a.comm_spin_us {
         builder = builder.comm_spin(Duration::from_micros(us));
     }

@@ -30,6 +30,8 @@ pub struct RanksBuilder {
     comm_spin: Option<Duration>,
     idle_spin: Option<Duration>,
     stamps: bool,
+    send_window: usize,
+    worker_sends: bool,
 }
 
 impl Default for RanksBuilder {
@@ -56,6 +58,8 @@ impl RanksBuilder {
             comm_spin: None,
             idle_spin: None,
             stamps: false,
+            send_window: 16,
+            worker_sends: true,
         }
     }
 
@@ -173,6 +177,24 @@ impl RanksBuilder {
         self
     }
 
+    /// At most this many sends (values, each one message or a header and its chunks) in
+    /// flight from this rank; more wait, the most urgent first (each transfer's
+    /// [`priority`](crate::plan::Transfer::priority): the longest path after its consumers),
+    /// then in the order they came. 16 by default; at least 1.
+    pub fn send_window(mut self, n: usize) -> Self {
+        self.send_window = n.max(1);
+        self
+    }
+
+    /// Whether a worker posts a small value's send itself (at most 4 KiB, where the transport
+    /// allows calls from several threads: MPI at `MPI_THREAD_MULTIPLE`, the in-process
+    /// network), rather than handing it to the communication thread (on by default: the
+    /// hand-off is a thread's wait on the edge's path).
+    pub fn worker_sends(mut self, on: bool) -> Self {
+        self.worker_sends = on;
+        self
+    }
+
     /// Stamps every hop of every run's cross-rank edges on this rank (off by default; see
     /// [`RankOutput::edge_stamps`]): a few clock reads per edge, to find where its time goes.
     pub fn stamp_edges(mut self, on: bool) -> Self {
@@ -195,6 +217,8 @@ impl RanksBuilder {
             heartbeat: self.heartbeat,
             max_message: self.max_message,
             stamps: self.stamps,
+            send_window: self.send_window,
+            worker_sends: self.worker_sends,
         })
     }
 
@@ -341,6 +365,12 @@ impl<S: Send + 'static> Ranks<S> {
             placement,
             poisoned,
         })
+    }
+
+    /// How many of this rank's sends wait for room in its window of sends in flight
+    /// ([`RanksBuilder::send_window`]), as its communication thread last counted them.
+    pub fn sends_waiting(&self) -> usize {
+        self.comm.handle.sends_waiting()
     }
 
     /// Where this rank's threads run and how they wait when idle.

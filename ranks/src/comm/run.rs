@@ -5,7 +5,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use boundpool_scheduler::backend::Completer;
 use boundpool_scheduler::BoxError;
 
 use crate::comm::stamps::{monotonic_ns, EdgeStamps, RecvHop, RunStamps, SendHop};
-use crate::comm::wire::{Failure, Outcome};
+use crate::comm::wire::{Failure, Outcome, TagLayout};
 use crate::error::{Error, ErrorKind};
 use crate::plan::Digest;
 use crate::value::{AnyValue, LandFn, ReclaimFn, Spare};
@@ -30,6 +30,9 @@ pub(crate) struct SendSpec {
     pub(crate) index: u32,
     /// The producing node (by index in the graph).
     pub(crate) producer: u32,
+    /// How urgent the value is on its receiver (`Transfer::priority`): queued sends go
+    /// most urgent first.
+    pub(crate) priority: u32,
 }
 
 /// A receive of this rank: from whom, its index in the pair, how its bytes become a value, and
@@ -63,6 +66,8 @@ pub(crate) struct CommGraph {
     /// Its id among this process's graphs, given at first submission (the same on every rank,
     /// checked).
     pub(crate) gid: OnceLock<u32>,
+    /// Its tags, once the verdict gave them (published by the comm thread for send nodes).
+    layout: OnceLock<TagLayout>,
     /// Per run slot: whether a run holds it, and the seq of the next run to take it.
     slots: Mutex<Vec<(bool, u64)>>,
     slot_free: Condvar,
@@ -115,6 +120,7 @@ impl CommGraph {
             recvs,
             recv_at,
             gid: OnceLock::new(),
+            layout: OnceLock::new(),
             slots: Mutex::new((0..u64::from(runs_in_flight)).map(|s| (false, s)).collect()),
             slot_free: Condvar::new(),
             stamps: false,
@@ -125,6 +131,16 @@ impl CommGraph {
     pub(crate) fn with_stamps(mut self, on: bool) -> Self {
         self.stamps = on;
         self
+    }
+
+    /// Its tags, if the verdict is in and said the ranks' graphs match.
+    pub(crate) fn layout(&self) -> Option<TagLayout> {
+        self.layout.get().copied()
+    }
+
+    /// The verdict gave it `layout` (the comm thread, before it posts any of its sends).
+    pub(crate) fn publish_layout(&self, layout: TagLayout) {
+        let _ = self.layout.set(layout);
     }
 
     /// Memory for receive `k`'s next value, if an earlier one gave some back.
@@ -351,6 +367,9 @@ pub(crate) struct RunState {
     global_cv: Condvar,
     /// Per-hop timestamps of its sends and receives, if its graph stamps them.
     stamps: Option<RunStamps>,
+    /// Its sends waiting in the comm thread's queue (that thread's count: its status waits
+    /// for them).
+    unposted: AtomicU32,
 }
 
 impl std::fmt::Debug for RunState {
@@ -383,6 +402,7 @@ impl RunState {
             stamps: graph
                 .stamps
                 .then(|| RunStamps::new(graph.sends.len(), graph.recvs.len())),
+            unposted: AtomicU32::new(0),
             graph,
             seq,
             slot,
@@ -409,6 +429,16 @@ impl RunState {
         if let (Some(s), true) = (&self.stamps, at != 0) {
             s.recv(k, hop, at);
         }
+    }
+
+    /// Its sends in the comm thread's queue, after adding `delta` (that thread's count).
+    pub(crate) fn unposted(&self, delta: i32) -> u32 {
+        let n = self
+            .unposted
+            .load(Ordering::Relaxed)
+            .wrapping_add_signed(delta);
+        self.unposted.store(n, Ordering::Relaxed);
+        n
     }
 
     /// Whether the run stamps its edges.
@@ -545,7 +575,8 @@ mod tests {
                 SendSpec {
                     to: 1,
                     index: 0,
-                    producer: 0
+                    producer: 0,
+                    priority: 0,
                 };
                 sends
             ],

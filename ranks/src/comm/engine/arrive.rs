@@ -26,6 +26,8 @@ impl<T: Transport> Engine<T> {
                         self.transport_failed(e);
                         return n;
                     }
+                    // A message that was all here is received already: handled now.
+                    self.take_finished();
                     self.process(src);
                 }
                 Ok(None) => break,

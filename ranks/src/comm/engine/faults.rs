@@ -82,6 +82,8 @@ impl<T: Transport> Engine<T> {
         if self.peers[r].state != PeerState::Alive {
             return;
         }
+        // Sends to it must be dropped, which only this thread does.
+        self.sending.stop_direct();
         if matches!(state, PeerState::Dead(_)) {
             self.poison();
         }
@@ -109,6 +111,8 @@ impl<T: Transport> Engine<T> {
             return;
         }
         self.fatal = Some(e.clone());
+        self.sending.stop_direct();
+        self.drop_queue();
         self.poison();
         for gs in self.graphs.values_mut() {
             for run in gs.active.values() {
