@@ -104,6 +104,9 @@ impl<T: Transport> Engine<T> {
         for (gid, seq) in resolvable {
             self.try_resolve(gid, seq);
         }
+        // Its sends in flight may never finish and keep their places in the window.
+        self.unbounded = true;
+        self.post_queued(true);
     }
 
     pub(super) fn transport_failed(&mut self, e: Error) {

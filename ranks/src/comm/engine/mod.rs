@@ -244,6 +244,8 @@ pub(crate) struct Engine<T: Transport> {
     queued_total: u64,
     /// Runs that ended here whose status waits for their queued sends.
     status_waits: Vec<Arc<RunState>>,
+    /// A peer is gone: sends to it may never finish, so the window holds nothing back.
+    unbounded: bool,
 }
 
 impl<T: Transport> Engine<T> {
@@ -296,6 +298,7 @@ impl<T: Transport> Engine<T> {
             queue: BinaryHeap::new(),
             queued_total: 0,
             status_waits: Vec::new(),
+            unbounded: false,
         }
     }
 

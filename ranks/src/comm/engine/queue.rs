@@ -4,7 +4,8 @@
 //! critical path's sends ahead), then in the order it came, and goes as sends in flight
 //! finish. A run's status must follow all its data on the wire (the receiver counts a sender's
 //! statuses to number its runs), so a run that ended here with sends still queued sends its
-//! status once the last of them is posted; shutting down posts the whole queue first.
+//! status once the last of them is posted; shutting down posts the whole queue first. Once a
+//! peer is gone, sends to it may never finish: the window no longer holds any send back.
 
 use std::cmp::Ordering;
 
@@ -53,7 +54,7 @@ impl<T: Transport> Engine<T> {
         k: u32,
         payload: Payload,
     ) {
-        if self.queue.is_empty() && self.sending.window.has_room() {
+        if self.queue.is_empty() && (self.unbounded || self.sending.window.has_room()) {
             return self.post_send(layout, run, k, payload);
         }
         run.unposted(1);
@@ -73,7 +74,7 @@ impl<T: Transport> Engine<T> {
     /// when shutting down); then the statuses that waited for them. Returns how many.
     pub(super) fn post_queued(&mut self, all: bool) -> usize {
         let mut posted = 0;
-        while all || self.sending.window.has_room() {
+        while all || self.unbounded || self.sending.window.has_room() {
             let Some(q) = self.queue.pop() else {
                 break;
             };
