@@ -16,18 +16,29 @@
 //! workers' and communication thread's cores, whether each has a core of its own, the
 //! spins), and after the 64 MiB value how many of rank 1's values landed in recycled memory.
 //!
+//! With `--edge-breakdown` the runtime stamps every hop of the 8-byte edge
+//! (`RanksBuilder::stamp_edges`: the send node's start, its hand-off to the communication
+//! thread, the post, the arrival on the other rank, the bytes in, the `Completer`'s call) and
+//! each chain body its start and end, on `CLOCK_MONOTONIC` (both ranks on one host share it);
+//! rank 0 prints the median, 90th percentile and mean of each hop over every edge of the
+//! timed runs (the chain's time per edge is the means' sum, plus each run's start and end).
+//!
 //! `mpirun -np P target/release/deps/ranks-* [--workers W] [--chain N] [--dag N] [--runs R]
-//! [--no-edge] [--no-big] [--comm-spin-us U] [--idle-spin-us U]` (P = 1, 2, 4; `cargo bench
+//! [--no-edge] [--no-big] [--edge-breakdown] [--no-worker-sends] [--send-window N]
+//! [--comm-spin-us U] [--idle-spin-us U] [--max-message-bytes B]` (P = 1, 2, 4; `cargo bench
 //! -p boundpool-bench --features mpi --bench ranks --no-run` builds it). Rank 0 prints
 //! markdown rows.
 
 use std::ffi::{c_int, c_void};
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use boundpool_ranks::{MpiTransport, RankGraphBuilder, Ranks, RanksBuilder};
-use boundpool_workloads::median;
+use boundpool_ranks::{
+    monotonic_ns, EdgeStamps, MpiTransport, RankGraphBuilder, Ranks, RanksBuilder,
+};
+use boundpool_workloads::{median, percentile};
 use mpi::ffi;
 
 fn threads() -> usize {
@@ -154,17 +165,48 @@ fn mono() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn chain_edge(ranks: &Ranks, n: usize, runs: usize) -> f64 {
+fn chain_edge(ranks: &Ranks, n: usize, runs: usize, breakdown: bool) -> (f64, Vec<String>) {
+    // With the breakdown, each body stamps its start and end (the runtime stamps the rest).
+    let bodies: Arc<Vec<[AtomicU64; 2]>> = Arc::new(
+        (0..if breakdown { n } else { 0 })
+            .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
+            .collect(),
+    );
+    let stamp = move |b: &[[AtomicU64; 2]], i: usize, end: bool| {
+        if let Some(cell) = b.get(i) {
+            cell[usize::from(end)].store(monotonic_ns(), Ordering::Relaxed);
+        }
+    };
     let mut g = RankGraphBuilder::new("edge chain");
-    let mut prev = g.plain_node(0, "c0", |_| Ok(0u64));
+    let b0 = bodies.clone();
+    let mut prev = g.plain_node(0, "c0", move |_| {
+        stamp(&b0, 0, false);
+        stamp(&b0, 0, true);
+        Ok(0u64)
+    });
     for i in 1..n {
         let p = prev;
-        let node = g.plain_node(i % 2, format!("c{i}"), move |ctx| Ok(ctx.input(p)? + 1));
+        let b = bodies.clone();
+        let node = g.plain_node(i % 2, format!("c{i}"), move |ctx| {
+            stamp(&b, i, false);
+            let v = *ctx.input(p)? + 1;
+            stamp(&b, i, true);
+            Ok(v)
+        });
         g.edge(prev, node);
         prev = node;
     }
     let graph = g.build(ranks).unwrap();
+    // Rank 1's stamps go to rank 0 through a graph of their own, after each run.
+    let mine = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let mut report = RankGraphBuilder::new("edge stamps");
+    let m1 = mine.clone();
+    let from1 = report.plain_node(1, "stamps of 1", move |_| Ok(m1.lock().unwrap().clone()));
+    let at0 = report.plain_node(0, "at 0", move |ctx| Ok(ctx.input(from1)?.len() as u64));
+    report.edge(from1, at0);
+    let report = report.build(ranks).unwrap();
     let mut times = Vec::new();
+    let mut hops = Hops::default();
     for rep in 0..runs + 1 {
         let t = Instant::now();
         let out = ranks.run(&graph).unwrap();
@@ -174,8 +216,201 @@ fn chain_edge(ranks: &Ranks, n: usize, runs: usize) -> f64 {
         if rep > 0 {
             times.push(t.elapsed().as_secs_f64() / (n - 1) as f64);
         }
+        if !breakdown {
+            continue;
+        }
+        let stamps = out.edge_stamps().expect("built with stamp_edges");
+        let local = EdgeRow::collect(&bodies, &stamps, n);
+        *mine.lock().unwrap() = local.clone();
+        let out = ranks.run(&report).unwrap();
+        if let (Some(theirs), true) = (out.get(from1), rep > 0) {
+            hops.add(&local, theirs, n);
+        }
     }
-    median(times)
+    (median(times), hops.rows())
+}
+
+/// Per chain node `i` (as producer of edge `i -> i+1`): its body's start and end, its send's
+/// hops (on its rank) and its value's receive hops (on the other), as [`EdgeRow`]'s columns;
+/// each rank fills what it saw, 0 elsewhere.
+struct EdgeRow;
+
+impl EdgeRow {
+    const START: usize = 0;
+    const END: usize = 1;
+    const BODY: usize = 2;
+    const QUEUED: usize = 3;
+    const TAKEN: usize = 4;
+    const POSTED: usize = 5;
+    const DONE: usize = 6;
+    const ARRIVED: usize = 7;
+    const RECEIVED: usize = 8;
+    const COMPLETING: usize = 9;
+    const COMPLETED: usize = 10;
+    const WIDTH: usize = 11;
+
+    fn collect(bodies: &[[AtomicU64; 2]], stamps: &EdgeStamps, n: usize) -> Vec<u64> {
+        let mut v = vec![0u64; n * Self::WIDTH];
+        for (i, b) in bodies.iter().enumerate() {
+            v[i * Self::WIDTH + Self::START] = b[0].load(Ordering::Relaxed);
+            v[i * Self::WIDTH + Self::END] = b[1].load(Ordering::Relaxed);
+        }
+        for s in &stamps.sends {
+            let r = &mut v[s.producer as usize * Self::WIDTH..][..Self::WIDTH];
+            r[Self::BODY] = s.body;
+            r[Self::QUEUED] = s.queued;
+            r[Self::TAKEN] = s.taken;
+            r[Self::POSTED] = s.posted;
+            r[Self::DONE] = s.done;
+        }
+        for s in &stamps.recvs {
+            let r = &mut v[s.producer as usize * Self::WIDTH..][..Self::WIDTH];
+            r[Self::ARRIVED] = s.arrived;
+            r[Self::RECEIVED] = s.received;
+            r[Self::COMPLETING] = s.completing;
+            r[Self::COMPLETED] = s.completed;
+        }
+        v
+    }
+}
+
+/// The hops of every edge of the timed runs, in µs.
+#[derive(Default)]
+struct Hops(Vec<Vec<f64>>);
+
+/// The breakdown's rows: (name, from column, from the next node's row?, to column, to the next
+/// node's row?). "Next" is the consumer (node `i + 1`).
+const HOPS: [(&str, usize, bool, usize, bool); 11] = [
+    (
+        "producer body end -> send node body start",
+        EdgeRow::END,
+        false,
+        EdgeRow::BODY,
+        false,
+    ),
+    (
+        "send node body -> handed to the comm thread",
+        EdgeRow::BODY,
+        false,
+        EdgeRow::QUEUED,
+        false,
+    ),
+    (
+        "handed -> comm thread took it",
+        EdgeRow::QUEUED,
+        false,
+        EdgeRow::TAKEN,
+        false,
+    ),
+    (
+        "comm thread took it -> send posted",
+        EdgeRow::TAKEN,
+        false,
+        EdgeRow::POSTED,
+        false,
+    ),
+    (
+        "send node body -> send posted (whoever posts)",
+        EdgeRow::BODY,
+        false,
+        EdgeRow::POSTED,
+        false,
+    ),
+    (
+        "send posted -> arrival seen (other rank)",
+        EdgeRow::POSTED,
+        false,
+        EdgeRow::ARRIVED,
+        false,
+    ),
+    (
+        "arrival seen -> all bytes in",
+        EdgeRow::ARRIVED,
+        false,
+        EdgeRow::RECEIVED,
+        false,
+    ),
+    (
+        "all bytes in -> Completer::complete called",
+        EdgeRow::RECEIVED,
+        false,
+        EdgeRow::COMPLETING,
+        false,
+    ),
+    (
+        "Completer::complete (its call's length)",
+        EdgeRow::COMPLETING,
+        false,
+        EdgeRow::COMPLETED,
+        false,
+    ),
+    (
+        "Completer::complete -> consumer body start",
+        EdgeRow::COMPLETING,
+        false,
+        EdgeRow::START,
+        true,
+    ),
+    (
+        "(off the path) send posted -> its completion seen",
+        EdgeRow::POSTED,
+        false,
+        EdgeRow::DONE,
+        false,
+    ),
+];
+
+impl Hops {
+    fn add(&mut self, a: &[u64], b: &[u64], n: usize) {
+        if self.0.is_empty() {
+            self.0 = vec![Vec::new(); HOPS.len() + 1];
+        }
+        let w = EdgeRow::WIDTH;
+        let at = |i: usize, c: usize| a[i * w + c] | b[i * w + c];
+        for i in 0..n - 1 {
+            for (h, &(_, c0, next0, c1, next1)) in HOPS.iter().enumerate() {
+                let (x, y) = (
+                    at(i + usize::from(next0), c0),
+                    at(i + usize::from(next1), c1),
+                );
+                if x != 0 && y != 0 {
+                    self.0[h].push((y as f64 - x as f64) / 1e3);
+                }
+            }
+            let (x, y) = (at(i, EdgeRow::END), at(i + 1, EdgeRow::START));
+            if x != 0 && y != 0 {
+                self.0[HOPS.len()].push((y as f64 - x as f64) / 1e3);
+            }
+        }
+    }
+
+    fn rows(&self) -> Vec<String> {
+        if self.0.is_empty() {
+            return Vec::new();
+        }
+        let mut rows = vec![
+            "| hop (8-byte edge, every edge of the timed runs) | median µs | p90 µs | mean µs | edges |".to_string(),
+            "| --- | --- | --- | --- | --- |".to_string(),
+        ];
+        let names = HOPS
+            .iter()
+            .map(|h| h.0)
+            .chain(["producer body end -> consumer body start (the edge)"]);
+        for (name, v) in names.zip(&self.0) {
+            if v.is_empty() {
+                rows.push(format!("| {name} | | | | 0 |"));
+            } else {
+                rows.push(format!(
+                    "| {name} | {:.2} | {:.2} | {:.2} | {} |",
+                    median(v),
+                    percentile(v, 0.9),
+                    v.iter().sum::<f64>() / v.len() as f64,
+                    v.len()
+                ));
+            }
+        }
+        rows
+    }
 }
 
 /// GB/s from rank 0's producer end to rank 1's consumer start (on rank 1; 0 elsewhere), and
@@ -301,6 +536,17 @@ struct Args {
     /// The workers' spin before they park, in µs (default: the runtime's choice).
     #[arg(long)]
     idle_spin_us: Option<u64>,
+    /// Stamp every hop of the 8-byte edge (`RanksBuilder::stamp_edges`, a few clock reads an
+    /// edge) and print the median of each: where the edge's time goes.
+    #[arg(long)]
+    edge_breakdown: bool,
+    /// Workers hand every send to the communication thread (`RanksBuilder::worker_sends`
+    /// off): the path before workers posted small sends themselves.
+    #[arg(long)]
+    no_worker_sends: bool,
+    /// The runtime's `send_window` (default: the runtime's).
+    #[arg(long)]
+    send_window: Option<usize>,
     /// The runtime's `max_message_bytes`: a value this large or larger goes as a header and
     /// chunks (default: the runtime's).
     #[arg(long)]
@@ -315,7 +561,13 @@ fn main() {
     let before = threads();
     let raw = Arc::new(Mutex::new(Raw::default()));
     let raw_here = raw.clone();
-    let mut builder = RanksBuilder::new().workers(workers);
+    let mut builder = RanksBuilder::new()
+        .workers(workers)
+        .stamp_edges(a.edge_breakdown)
+        .worker_sends(!a.no_worker_sends);
+    if let Some(n) = a.send_window {
+        builder = builder.send_window(n);
+    }
     if let Some(us) = a.comm_spin_us {
         builder = builder.comm_spin(Duration::from_micros(us));
     }
@@ -337,8 +589,10 @@ fn main() {
     let (size, rank) = (ranks.size(), ranks.rank());
     println!("placement rank {rank}: {}", ranks.placement());
     let mut rows = Vec::new();
+    let mut breakdown = Vec::new();
     if size >= 2 && edge {
-        let ours = chain_edge(&ranks, chain, runs);
+        let (ours, hops) = chain_edge(&ranks, chain, runs, a.edge_breakdown);
+        breakdown = hops;
         rows.push(format!(
             "| 8-byte cross-rank edge (chain of {chain}) | {:.2} µs | raw MPI half round trip {:.2} µs | {:.1}× |",
             ours * 1e6,
@@ -386,6 +640,12 @@ fn main() {
         println!("| --- | --- | --- | --- |");
         for r in rows {
             println!("{r}");
+        }
+        if !breakdown.is_empty() {
+            println!();
+            for r in breakdown {
+                println!("{r}");
+            }
         }
     }
 }

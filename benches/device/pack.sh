@@ -11,7 +11,7 @@
 # sources lib.sh (`step`, `finish`, `alternate`); so can an ad-hoc command there. This script
 # runs here, not there, and does not.
 # PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI, the replay, eager,
-# Cholesky and serving benches and the `gpu_probe` example (whose `--baselines` prints every raw baseline)
+# Cholesky and serving benches (and with PACK_MPI the ranks bench) and the `gpu_probe` example (whose `--baselines` prints every raw baseline)
 # at each git revision (a detached worktree under target/revs/, each with a target directory of its own:
 # cargo names a workspace crate's artifacts alike in every checkout, so a shared one can link a
 # stale copy) into
@@ -98,6 +98,18 @@ for line in sys.stdin:
     done
     if cargo build --release -p boundpool-bench --example gpu_probe --target-dir ../t-$name -q; then
       cp ../t-$name/release/examples/gpu_probe "../../../$out/revs/$name/gpu_probe"
+    fi
+    # With PACK_MPI, the ranks bench too (ranks_call.sh alternates it with this build's).
+    if [ -n "${PACK_MPI:-}" ]; then
+      r=$(cargo bench -p boundpool-bench --features mpi --bench ranks --no-run \
+            --target-dir ../t-$name --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable"): print(m["executable"])
+' | tail -n 1) || true
+      if [ -n "$r" ]; then cp "$r" "../../../$out/revs/$name/bench_ranks"; fi
     fi )
   git rev-parse "$rev" > "$out/revs/$name/REV"
   strip "$out/revs/$name"/* 2>/dev/null || true

@@ -16,8 +16,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::comm::run::{CommGraph, RecvSpec, RunState, SendSpec};
+use crate::comm::stamps::SendHop;
 use crate::comm::wire::{FailKind, Failure};
-use crate::comm::{CommHandle, Command, Payload};
+use crate::comm::{CommHandle, Command, Payload, Sent, SMALL_SEND};
 use crate::error::{Error, ErrorKind};
 use crate::plan::{self, DataId, GraphDesc, LocalNode, Lowering, On, Wire};
 use crate::value::{self, LandFn, PlainValue, ReclaimFn};
@@ -310,6 +311,10 @@ struct Maker<T, S> {
 
 fn encode_plain<T: PlainValue>(v: &T) -> Result<Payload, String> {
     let b = value::plain_bytes(v);
+    // A small value is copied: its send need not wait for the transport (`comm/send.rs`).
+    if b.len() <= SMALL_SEND {
+        return Ok(Payload::Owned(b.to_vec()));
+    }
     Ok(Payload::Borrowed {
         ptr: b.as_ptr(),
         len: b.len(),
@@ -373,6 +378,8 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
         let r = gb.node(
             format!("send '{}' to rank {to}", self.name),
             move |ctx: &NodeCtx<'_, S>| {
+                let run = env.current();
+                run.stamp_send(k, SendHop::Body);
                 let v = ctx.input(from)?;
                 let payload = match encode(v) {
                     Ok(p) => p,
@@ -381,10 +388,11 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
                         return Err(msg.into());
                     }
                 };
-                let run = env.current();
-                // Completed by the comm thread once the transport is done with the value.
-                run.sends[k as usize].complete_on(ctx.complete_later());
-                env.comm.send(Command::Send { run, k, payload });
+                let cell = run.clone();
+                if env.comm.send_value(run, k, payload) == Sent::Pending {
+                    // Completed by the comm thread once the transport is done with the value.
+                    cell.sends[k as usize].complete_on(ctx.complete_later());
+                }
                 Ok(())
             },
         );
@@ -663,6 +671,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
                     to: tr.to,
                     index: tr.index,
                     producer: tr.producer,
+                    priority: tr.priority,
                 }
             })
             .collect();
@@ -690,16 +699,19 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
                 }
             })
             .collect();
-        let comm_graph = Arc::new(CommGraph::new(
-            desc.name.clone(),
-            rank,
-            digest,
-            names,
-            desc.runs_in_flight,
-            lowering.tags_per_run,
-            sends,
-            recvs,
-        ));
+        let comm_graph = Arc::new(
+            CommGraph::new(
+                desc.name.clone(),
+                rank,
+                digest,
+                names,
+                desc.runs_in_flight,
+                lowering.tags_per_run,
+                sends,
+                recvs,
+            )
+            .with_stamps(comm.stamps),
+        );
         let inner = Arc::new(GraphInner {
             slots: (0..desc.runs_in_flight).map(|_| OnceLock::new()).collect(),
             desc,

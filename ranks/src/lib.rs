@@ -54,15 +54,19 @@
 //!   `int` count, and none is long enough to be slow.
 //! * **Transports** ([`Transport`]): [`LocalNetwork`] (ranks as threads, for tests and the
 //!   simulator) and, with the `mpi` feature, `MpiTransport` (rsmpi; `MPI_Isend`,
-//!   `MPI_Improbe`, `MPI_Imrecv`, `MPI_Testsome` only). A transport sends and receives raw
+//!   `MPI_Improbe`, `MPI_Imrecv`, `MPI_Test`, `MPI_Testsome` only). A transport that allows
+//!   calls from several threads gives a [`DirectSend`] for workers' small sends. A transport sends and receives raw
 //!   bytes at an address, so a pinned host buffer (a GPU buffer's staging area) goes as it is.
 //! * **The communication thread** (internal): one per rank, counted in the rank's threads
-//!   ([`Ranks`]: the pool's workers + 1). It alone calls the transport, never blocks (with
-//!   work in flight it spins where the rank's threads have cores of their own, yields, then
-//!   parks for 100 µs at most), and completes send and receive nodes through their
-//!   `Completer`s (`backend::NodeCtxExt::complete_later`): a worker takes each completion
-//!   from the pool's queue, woken for it; no worker polls. Where the threads run and how they
-//!   wait: [`Placement`].
+//!   ([`Ranks`]: the pool's workers + 1). It owns the transport (only workers' small sends
+//!   bypass it, where the transport allows: [`RanksBuilder::worker_sends`]), never blocks
+//!   (with work in flight it spins where the rank's threads have cores of their own, yields,
+//!   then parks for 100 µs at most), and completes receive nodes, and send nodes that wait
+//!   for the transport, through their `Completer`s (`backend::NodeCtxExt::complete_later`): a
+//!   worker takes each completion from the pool's queue, woken for it; no worker polls. At
+//!   most [`RanksBuilder::send_window`] sends are in flight; more wait, the critical path's
+//!   first. Where the threads run and how they wait: [`Placement`]; where an edge's time
+//!   goes: [`RanksBuilder::stamp_edges`].
 //! * **Faults**: a node that fails on one rank cancels the run on every rank, and every
 //!   rank's [`RunHandle::wait`] returns that failure naming its rank and node; a rank that
 //!   dies (killed: silent past the peer timeout; or panicking outside a node: it says so as it
@@ -112,7 +116,8 @@
 //!   makes any bytes valid).
 //! * `transport/mod.rs`, `transport/local.rs`: the transport's `send` and `receive` take raw
 //!   pointers (unsafe trait methods); the in-process one copies through them.
-//! * `transport/mpi.rs`: the MPI calls (rsmpi's `ffi`).
+//! * `transport/mpi.rs`: the MPI calls (rsmpi's `ffi`), and the communicator and request
+//!   handles that workers' sends use and hand over (`Send`, `Sync`).
 //! * `comm/engine/mod.rs`: pointers into a run's outputs and the engine's send buffers handed
 //!   to the transport, and `Payload` is `Send`.
 //! * `comm/engine/arrive.rs`: landings and control buffers handed to the transport to receive
@@ -121,6 +126,7 @@
 //!   staging memory the run keeps).
 //! * `gpu/staged.rs`: a staged device value's landing (`Vec::set_len` after its bytes arrived;
 //!   `Pod` makes any bytes valid).
+//! * `comm/stamps.rs`: `clock_gettime(CLOCK_MONOTONIC)` (libc) for the edge stamps.
 //! * `ranks.rs`: the pool taken out of its `ManuallyDrop` once, in `Drop`.
 //!
 //! No other file has `unsafe`.
@@ -136,6 +142,7 @@ mod ranks;
 mod transport;
 mod value;
 
+pub use crate::comm::stamps::{monotonic_ns, EdgeStamps, RecvStamps, SendStamps};
 pub use crate::error::{Error, ErrorKind};
 #[cfg(feature = "nccl")]
 pub use crate::gpu::Collective;
@@ -147,7 +154,9 @@ pub use crate::plan::{DataId, Digest, GraphDesc, LocalPlan, Lowering, On, Wire};
 pub use crate::ranks::{RankOutput, Ranks, RanksBuilder, RunHandle};
 #[cfg(feature = "mpi")]
 pub use crate::transport::MpiTransport;
-pub use crate::transport::{LocalNetwork, LocalTransport, OpId, Probed, Transport};
+pub use crate::transport::{
+    DirectSend, InFlight, LocalNetwork, LocalTransport, OpId, Probed, Transport,
+};
 pub use crate::value::PlainValue;
 pub use bytemuck;
 pub use plan::lower;

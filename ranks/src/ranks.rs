@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use boundpool_scheduler::{Cores, GraphHandle, GraphOutput, GroupId, Pool, PoolBuilder};
 
 use crate::comm::run::RunState;
+use crate::comm::stamps::EdgeStamps;
 use crate::comm::{self, CommHandle, CommThread, Command, EngineConfig, Waiting};
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Mapped, NodeRef, RankGraph, SlotEnv};
@@ -28,6 +29,9 @@ pub struct RanksBuilder {
     max_message: usize,
     comm_spin: Option<Duration>,
     idle_spin: Option<Duration>,
+    stamps: bool,
+    send_window: usize,
+    worker_sends: bool,
 }
 
 impl Default for RanksBuilder {
@@ -53,6 +57,9 @@ impl RanksBuilder {
             max_message: 4 << 20,
             comm_spin: None,
             idle_spin: None,
+            stamps: false,
+            send_window: 16,
+            worker_sends: true,
         }
     }
 
@@ -170,6 +177,31 @@ impl RanksBuilder {
         self
     }
 
+    /// At most this many sends (values, each one message or a header and its chunks) in
+    /// flight from this rank; more wait, the most urgent first (each transfer's
+    /// [`priority`](crate::plan::Transfer::priority): the longest path after its consumers),
+    /// then in the order they came. 16 by default; at least 1.
+    pub fn send_window(mut self, n: usize) -> Self {
+        self.send_window = n.max(1);
+        self
+    }
+
+    /// Whether a worker posts a small value's send itself (at most 4 KiB, where the transport
+    /// allows calls from several threads: MPI at `MPI_THREAD_MULTIPLE`, the in-process
+    /// network), rather than handing it to the communication thread (on by default: the
+    /// hand-off is a thread's wait on the edge's path).
+    pub fn worker_sends(mut self, on: bool) -> Self {
+        self.worker_sends = on;
+        self
+    }
+
+    /// Stamps every hop of every run's cross-rank edges on this rank (off by default; see
+    /// [`RankOutput::edge_stamps`]): a few clock reads per edge, to find where its time goes.
+    pub fn stamp_edges(mut self, on: bool) -> Self {
+        self.stamps = on;
+        self
+    }
+
     fn engine_config(&self) -> Result<EngineConfig, Error> {
         if self.peer_timeout < self.heartbeat * 2 {
             return Err(Error::new(
@@ -184,6 +216,9 @@ impl RanksBuilder {
             peer_timeout: self.peer_timeout,
             heartbeat: self.heartbeat,
             max_message: self.max_message,
+            stamps: self.stamps,
+            send_window: self.send_window,
+            worker_sends: self.worker_sends,
         })
     }
 
@@ -330,6 +365,12 @@ impl<S: Send + 'static> Ranks<S> {
             placement,
             poisoned,
         })
+    }
+
+    /// How many of this rank's sends wait for room in its window of sends in flight
+    /// ([`RanksBuilder::send_window`]), as its communication thread last counted them.
+    pub fn sends_waiting(&self) -> usize {
+        self.comm.handle.sends_waiting()
     }
 
     /// Where this rank's threads run and how they wait when idle.
@@ -597,6 +638,14 @@ impl RankOutput {
     /// The run's number among its graph's runs.
     pub fn seq(&self) -> u64 {
         self.run.seq
+    }
+
+    /// Where the run's sends and receives on this rank spent their time, hop by hop
+    /// (`None` unless the runtime was built with
+    /// [`RanksBuilder::stamp_edges`]). A send's completion may be seen after the run's end
+    /// (its `done` is then 0 here).
+    pub fn edge_stamps(&self) -> Option<EdgeStamps> {
+        self.run.edge_stamps()
     }
 }
 

@@ -7,6 +7,8 @@
 
 mod engine;
 pub(crate) mod run;
+mod send;
+pub(crate) mod stamps;
 pub(crate) mod wire;
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
@@ -15,10 +17,12 @@ use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 pub(crate) use engine::{Command, EngineConfig, Payload, StagedPayload};
+pub(crate) use send::{Sent, SMALL_SEND};
 
 use crate::error::{Error, ErrorKind};
 use crate::transport::Transport;
 use engine::Engine;
+use send::Sending;
 
 /// Yield this long with nothing to do (after the spin, if any) before parking. A yield
 /// returns at once on a core with nothing else to run; on a full one it hands the core to the
@@ -52,6 +56,10 @@ struct Shared {
 pub(crate) struct CommHandle {
     tx: mpsc::Sender<Command>,
     shared: Arc<Shared>,
+    /// The window and the transport's direct handle (`send.rs`).
+    sending: Arc<Sending>,
+    /// Runs stamp their edges' hops (`RanksBuilder::stamp_edges`).
+    pub(crate) stamps: bool,
 }
 
 impl std::fmt::Debug for CommHandle {
@@ -61,6 +69,11 @@ impl std::fmt::Debug for CommHandle {
 }
 
 impl CommHandle {
+    /// Sends waiting for room in the window of sends in flight.
+    pub(crate) fn sends_waiting(&self) -> usize {
+        self.sending.window.queued()
+    }
+
     /// Queues `cmd` and wakes the thread if it sleeps. A command sent after the thread ended is
     /// dropped (its run is then failed by whoever ended it).
     pub(crate) fn send(&self, cmd: Command) {
@@ -96,6 +109,9 @@ where
     T: Transport + 'static,
     F: FnOnce() -> Result<T, Error> + Send + 'static,
 {
+    let stamps = cfg.stamps;
+    let sending = Arc::new(Sending::new(cfg.send_window, cfg.max_message));
+    let sending_here = sending.clone();
     let (tx, rx) = mpsc::channel::<Command>();
     let (up_tx, up_rx) = mpsc::channel::<Result<(usize, usize), Error>>();
     let parked = Arc::new(AtomicBool::new(false));
@@ -108,7 +124,7 @@ where
                 core_affinity::set_for_current(core_affinity::CoreId { id });
             }
             let engine = match make() {
-                Ok(t) => Engine::new(t, cfg, poisoned),
+                Ok(t) => Engine::new(t, cfg, poisoned, sending_here),
                 Err(e) => {
                     let _ = up_tx.send(Err(e));
                     return false;
@@ -145,6 +161,8 @@ where
         handle: CommHandle {
             tx,
             shared: Arc::new(Shared { parked, thread }),
+            sending,
+            stamps,
         },
         join: Mutex::new(Some(join)),
         rank,

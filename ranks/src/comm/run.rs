@@ -5,7 +5,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use boundpool_scheduler::backend::Completer;
 use boundpool_scheduler::BoxError;
 
-use crate::comm::wire::{Failure, Outcome};
+use crate::comm::stamps::{monotonic_ns, EdgeStamps, RecvHop, RunStamps, SendHop};
+use crate::comm::wire::{Failure, Outcome, TagLayout};
 use crate::error::{Error, ErrorKind};
 use crate::plan::Digest;
 use crate::value::{AnyValue, LandFn, ReclaimFn, Spare};
@@ -29,6 +30,9 @@ pub(crate) struct SendSpec {
     pub(crate) index: u32,
     /// The producing node (by index in the graph).
     pub(crate) producer: u32,
+    /// How urgent the value is on its receiver (`Transfer::priority`): queued sends go
+    /// most urgent first.
+    pub(crate) priority: u32,
 }
 
 /// A receive of this rank: from whom, its index in the pair, how its bytes become a value, and
@@ -62,6 +66,8 @@ pub(crate) struct CommGraph {
     /// Its id among this process's graphs, given at first submission (the same on every rank,
     /// checked).
     pub(crate) gid: OnceLock<u32>,
+    /// Its tags, once the verdict gave them (published by the comm thread for send nodes).
+    layout: OnceLock<TagLayout>,
     /// Per run slot: whether a run holds it, and the seq of the next run to take it.
     slots: Mutex<Vec<(bool, u64)>>,
     slot_free: Condvar,
@@ -70,6 +76,8 @@ pub(crate) struct CommGraph {
     spares: Box<[Mutex<Vec<Spare>>]>,
     /// Values that landed in such memory.
     recycled: AtomicU64,
+    /// Its runs stamp their edges' hops (`stamps.rs`).
+    stamps: bool,
 }
 
 impl std::fmt::Debug for CommGraph {
@@ -112,9 +120,27 @@ impl CommGraph {
             recvs,
             recv_at,
             gid: OnceLock::new(),
+            layout: OnceLock::new(),
             slots: Mutex::new((0..u64::from(runs_in_flight)).map(|s| (false, s)).collect()),
             slot_free: Condvar::new(),
+            stamps: false,
         }
+    }
+
+    /// Its runs stamp their edges' hops (`RanksBuilder::stamp_edges`).
+    pub(crate) fn with_stamps(mut self, on: bool) -> Self {
+        self.stamps = on;
+        self
+    }
+
+    /// Its tags, if the verdict is in and said the ranks' graphs match.
+    pub(crate) fn layout(&self) -> Option<TagLayout> {
+        self.layout.get().copied()
+    }
+
+    /// The verdict gave it `layout` (the comm thread, before it posts any of its sends).
+    pub(crate) fn publish_layout(&self, layout: TagLayout) {
+        let _ = self.layout.set(layout);
     }
 
     /// Memory for receive `k`'s next value, if an earlier one gave some back.
@@ -339,6 +365,11 @@ pub(crate) struct RunState {
     /// The run's result across ranks, once every rank's status is in (or a peer died).
     global: Mutex<Option<Result<(), Error>>>,
     global_cv: Condvar,
+    /// Per-hop timestamps of its sends and receives, if its graph stamps them.
+    stamps: Option<RunStamps>,
+    /// Its sends waiting in the comm thread's queue (that thread's count: its status waits
+    /// for them).
+    unposted: AtomicU32,
 }
 
 impl std::fmt::Debug for RunState {
@@ -368,6 +399,10 @@ impl RunState {
         RunState {
             recvs: (0..graph.recvs.len()).map(|_| RecvCell::new()).collect(),
             sends: (0..graph.sends.len()).map(|_| SendCell::new()).collect(),
+            stamps: graph
+                .stamps
+                .then(|| RunStamps::new(graph.sends.len(), graph.recvs.len())),
+            unposted: AtomicU32::new(0),
             graph,
             seq,
             slot,
@@ -377,6 +412,50 @@ impl RunState {
             global: Mutex::new(None),
             global_cv: Condvar::new(),
         }
+    }
+
+    /// Stamps hop `hop` of send `k` now, if the run stamps its edges.
+    #[inline]
+    pub(crate) fn stamp_send(&self, k: u32, hop: SendHop) {
+        if let Some(s) = &self.stamps {
+            s.send(k, hop, monotonic_ns());
+        }
+    }
+
+    /// Stamps hop `hop` of receive `k` at `at` (ns of `monotonic_ns`; 0 leaves it unstamped),
+    /// if the run stamps its edges.
+    #[inline]
+    pub(crate) fn stamp_recv(&self, k: u32, hop: RecvHop, at: u64) {
+        if let (Some(s), true) = (&self.stamps, at != 0) {
+            s.recv(k, hop, at);
+        }
+    }
+
+    /// Its sends in the comm thread's queue, after adding `delta` (that thread's count).
+    pub(crate) fn unposted(&self, delta: i32) -> u32 {
+        let n = self
+            .unposted
+            .load(Ordering::Relaxed)
+            .wrapping_add_signed(delta);
+        self.unposted.store(n, Ordering::Relaxed);
+        n
+    }
+
+    /// Whether the run stamps its edges.
+    #[inline]
+    pub(crate) fn stamps(&self) -> bool {
+        self.stamps.is_some()
+    }
+
+    /// The run's stamps, if it stamps its edges.
+    pub(crate) fn edge_stamps(&self) -> Option<EdgeStamps> {
+        let g = &self.graph;
+        self.stamps.as_ref().map(|s| {
+            s.read(
+                g.sends.iter().map(|x| (x.producer, x.to)),
+                g.recvs.iter().map(|x| (x.producer, x.from)),
+            )
+        })
     }
 
     /// Records this rank's first node failure; `true` if it is the first.
@@ -496,7 +575,8 @@ mod tests {
                 SendSpec {
                     to: 1,
                     index: 0,
-                    producer: 0
+                    producer: 0,
+                    priority: 0,
                 };
                 sends
             ],

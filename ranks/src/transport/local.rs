@@ -1,26 +1,80 @@
 //! The in-process transport: ranks are threads of one process, each with a mailbox. A send
-//! copies the bytes into the receiver's mailbox (so it is done at once); a receive copies them
-//! out. Used by the tests that need no `mpirun`, and by the simulator.
+//! copies the bytes into the receiver's mailbox (so it is done at once, unless its link is
+//! stalled); a receive copies them out. Any thread may send (a [`DirectSend`]). Used by the
+//! tests that need no `mpirun`, and by the simulator.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, ErrorKind};
-use crate::transport::{OpId, Probed, Transport};
+use crate::transport::{DirectSend, InFlight, OpId, Probed, Transport};
 
 struct Envelope {
     from: usize,
     tag: u32,
     bytes: Vec<u8>,
+    /// Set when a stalled link lets it go: its send is done then.
+    sent: Option<Arc<AtomicBool>>,
+}
+
+/// A link whose messages are held back, in order, until released.
+#[derive(Default)]
+struct Held {
+    queue: VecDeque<Envelope>,
+    /// Its sends stay in flight until then too.
+    stall: bool,
 }
 
 struct Net {
     mailboxes: Vec<Mutex<VecDeque<Envelope>>>,
     severed: Vec<AtomicBool>,
-    /// Links whose messages are held back (in order) until released.
-    held: Mutex<std::collections::HashMap<(usize, usize), VecDeque<Envelope>>>,
+    held: Mutex<HashMap<(usize, usize), Held>>,
     max_tag: u32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Net {
+    fn cut_off(&self, rank: usize) -> Result<(), Error> {
+        if self.severed[rank].load(Ordering::SeqCst) {
+            Err(Error::new(
+                ErrorKind::Transport,
+                format!("rank {rank}: cut off from the in-process network"),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Puts `bytes` on the link `from -> to`; `Some(flag)`: the send stays in flight until
+    /// the flag is set (a stalled link).
+    fn post(&self, from: usize, to: usize, tag: u32, bytes: Vec<u8>) -> Option<Arc<AtomicBool>> {
+        if self.severed[to].load(Ordering::SeqCst) {
+            return None;
+        }
+        let mut e = Envelope {
+            from,
+            tag,
+            bytes,
+            sent: None,
+        };
+        let mut held = lock(&self.held);
+        match held.get_mut(&(from, to)) {
+            Some(h) => {
+                let flag = h.stall.then(|| Arc::new(AtomicBool::new(false)));
+                e.sent = flag.clone();
+                h.queue.push_back(e);
+                flag
+            }
+            None => {
+                lock(&self.mailboxes[to]).push_back(e);
+                None
+            }
+        }
+    }
 }
 
 /// A network of in-process ranks: [`endpoint`](Self::endpoint) gives each rank its transport.
@@ -70,28 +124,34 @@ impl LocalNetwork {
             net: self.net.clone(),
             rank,
             done: Vec::new(),
+            waiting: Vec::new(),
         }
     }
 
     /// Holds back what `from` sends to `to` (a slow link), in order, until
-    /// [`release`](Self::release).
+    /// [`release`](Self::release); the sends are done at once.
     pub fn hold(&self, from: usize, to: usize) {
-        self.net
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry((from, to))
-            .or_default();
+        lock(&self.net.held).entry((from, to)).or_default();
     }
 
-    /// Delivers what the link from `from` to `to` held back, in order, and stops holding.
+    /// As [`hold`](Self::hold), and the sends stay in flight until the release too (a link
+    /// that takes nothing more: the sender's transport reports them done only then).
+    pub fn stall(&self, from: usize, to: usize) {
+        lock(&self.net.held).entry((from, to)).or_default().stall = true;
+    }
+
+    /// Delivers what the link from `from` to `to` held back, in order, and stops holding
+    /// (its stalled sends are done).
     pub fn release(&self, from: usize, to: usize) {
-        let mut held = self.net.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(q) = held.remove(&(from, to)) {
-            self.net.mailboxes[to]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .extend(q);
+        let mut held = lock(&self.net.held);
+        if let Some(h) = held.remove(&(from, to)) {
+            let mut mailbox = lock(&self.net.mailboxes[to]);
+            for mut e in h.queue {
+                if let Some(flag) = e.sent.take() {
+                    flag.store(true, Ordering::Release);
+                }
+                mailbox.push_back(e);
+            }
         }
     }
 
@@ -99,10 +159,7 @@ impl LocalNetwork {
     /// sent to it is dropped, and its own transport calls fail from now on.
     pub fn sever(&self, rank: usize) {
         self.net.severed[rank].store(true, Ordering::SeqCst);
-        self.net.mailboxes[rank]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        lock(&self.net.mailboxes[rank]).clear();
     }
 }
 
@@ -111,6 +168,8 @@ pub struct LocalTransport {
     net: Arc<Net>,
     rank: usize,
     done: Vec<OpId>,
+    /// Sends on stalled links (its own, and adopted ones): done once their flag is set.
+    waiting: Vec<(Arc<AtomicBool>, OpId)>,
 }
 
 impl std::fmt::Debug for LocalTransport {
@@ -123,14 +182,21 @@ impl std::fmt::Debug for LocalTransport {
 
 impl LocalTransport {
     fn check_alive(&self) -> Result<(), Error> {
-        if self.net.severed[self.rank].load(Ordering::SeqCst) {
-            Err(Error::new(
-                ErrorKind::Transport,
-                format!("rank {}: cut off from the in-process network", self.rank),
-            ))
-        } else {
-            Ok(())
-        }
+        self.net.cut_off(self.rank)
+    }
+}
+
+/// Sends of a rank's other threads (any thread may put a message in a mailbox).
+struct LocalDirect {
+    net: Arc<Net>,
+    rank: usize,
+}
+
+impl DirectSend for LocalDirect {
+    fn send(&self, to: usize, tag: u32, bytes: Box<[u8]>) -> Result<Option<InFlight>, Error> {
+        self.net.cut_off(self.rank)?;
+        let flag = self.net.post(self.rank, to, tag, bytes.into_vec());
+        Ok(flag.map(|f| InFlight::new(Box::new(f))))
     }
 }
 
@@ -165,31 +231,16 @@ impl Transport for LocalTransport {
             // they are copied here, before this returns.
             unsafe { std::slice::from_raw_parts(data, len) }.to_vec()
         };
-        if !self.net.severed[to].load(Ordering::SeqCst) {
-            let e = Envelope {
-                from: self.rank,
-                tag,
-                bytes,
-            };
-            let mut held = self.net.held.lock().unwrap_or_else(|p| p.into_inner());
-            match held.get_mut(&(self.rank, to)) {
-                Some(q) => q.push_back(e),
-                None => self.net.mailboxes[to]
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push_back(e),
-            }
+        match self.net.post(self.rank, to, tag, bytes) {
+            Some(flag) => self.waiting.push((flag, op)),
+            None => self.done.push(op),
         }
-        self.done.push(op);
         Ok(())
     }
 
     fn probe(&mut self) -> Result<Option<Probed<Vec<u8>>>, Error> {
         self.check_alive()?;
-        let e = self.net.mailboxes[self.rank]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop_front();
+        let e = lock(&self.net.mailboxes[self.rank]).pop_front();
         Ok(e.map(|e| Probed {
             from: e.from,
             tag: e.tag,
@@ -218,7 +269,32 @@ impl Transport for LocalTransport {
     fn poll(&mut self, done: &mut Vec<OpId>) -> Result<(), Error> {
         self.check_alive()?;
         done.append(&mut self.done);
+        self.waiting.retain(|(flag, op)| {
+            let sent = flag.load(Ordering::Acquire);
+            if sent {
+                done.push(*op);
+            }
+            !sent
+        });
         Ok(())
+    }
+
+    fn finished(&mut self, done: &mut Vec<OpId>) {
+        done.append(&mut self.done);
+    }
+
+    fn direct(&mut self) -> Option<Arc<dyn DirectSend>> {
+        Some(Arc::new(LocalDirect {
+            net: self.net.clone(),
+            rank: self.rank,
+        }))
+    }
+
+    fn adopt(&mut self, sent: InFlight, op: OpId) {
+        match sent.into_record().downcast::<Arc<AtomicBool>>() {
+            Ok(flag) => self.waiting.push((*flag, op)),
+            Err(_) => unreachable!("only this transport's direct sends are adopted here"),
+        }
     }
 
     fn close(self, _clean: bool) {}

@@ -7,7 +7,14 @@
 //!
 //! The communication protocol above this layer relies on one ordering guarantee, MPI's
 //! non-overtaking rule seen through a wildcard probe: the messages one rank sends to another
-//! arrive (are probed) in the order they were sent, whatever their tags.
+//! arrive (are probed) in the order they were sent, whatever their tags. Messages that other
+//! threads post through a [`DirectSend`] keep it where their posts are ordered (one happened
+//! before the other, as a run's data before its status: the protocol sees to that).
+//!
+//! A transport whose library may be called from several threads at once (MPI at
+//! `MPI_THREAD_MULTIPLE`, the in-process network) also gives a [`DirectSend`]: a worker posts
+//! a small send itself, without a hand-off to the communication thread, which adopts what is
+//! still in flight and learns its completion in `poll`.
 
 mod local;
 #[cfg(feature = "mpi")]
@@ -16,6 +23,9 @@ mod mpi;
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiTransport;
 pub use local::{LocalNetwork, LocalTransport};
+
+use std::any::Any;
+use std::sync::Arc;
 
 use crate::error::Error;
 
@@ -86,8 +96,70 @@ pub trait Transport {
     /// Appends the operations that finished since the last call.
     fn poll(&mut self, done: &mut Vec<OpId>) -> Result<(), Error>;
 
+    /// Appends operations the transport already knows finished without looking at the
+    /// network (a receive whose bytes were all there when it started); `poll` reports those
+    /// not taken here. Cheap enough to call after every receive.
+    fn finished(&mut self, done: &mut Vec<OpId>) {
+        let _ = done;
+    }
+
+    /// A handle through which other threads post small sends themselves, if the transport
+    /// allows calls from several threads; `None` (the default): only this thread sends.
+    fn direct(&mut self) -> Option<Arc<dyn DirectSend>> {
+        None
+    }
+
+    /// Takes over a send a [`DirectSend`] of this transport left in flight: `poll` reports
+    /// `op` once the transport is done with it (and drops its bytes then). Only called with
+    /// what this transport's own [`direct`](Self::direct) handle returned.
+    fn adopt(&mut self, sent: InFlight, op: OpId) {
+        // A transport without a direct handle is never given one; dropping it leaks its bytes.
+        let _ = (sent, op);
+    }
+
     /// Ends the transport. `clean`: every operation has finished and the other ranks are
     /// alive, so MPI may be finalized; otherwise it is left as it is (finalizing with a dead
     /// peer can hang), and the process should exit soon.
     fn close(self, clean: bool);
+}
+
+/// Posts small sends from any thread, for a transport whose library allows it
+/// ([`Transport::direct`]). It never blocks; after the transport closed it refuses.
+pub trait DirectSend: Send + Sync {
+    /// Sends `bytes` to rank `to` with `tag`. `Ok(None)`: the transport is done with them
+    /// already; `Ok(Some(sent))`: still in flight, to be handed to the communication thread
+    /// ([`Transport::adopt`]), which learns when it finished.
+    fn send(&self, to: usize, tag: u32, bytes: Box<[u8]>) -> Result<Option<InFlight>, Error>;
+}
+
+/// A send a [`DirectSend`] left in flight: the transport's handle of it and the bytes it
+/// reads, for [`Transport::adopt`]. Dropped without that (its thread gone), it leaks the
+/// bytes rather than free them under the transport.
+pub struct InFlight(Option<Box<dyn Any + Send>>);
+
+impl InFlight {
+    /// Wraps a transport's record of a send in flight.
+    pub fn new(record: Box<dyn Any + Send>) -> Self {
+        InFlight(Some(record))
+    }
+
+    /// The transport's record, to downcast to its own type.
+    pub fn into_record(mut self) -> Box<dyn Any + Send> {
+        self.0.take().expect("a record until taken")
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        // The transport may still read the bytes: never free them here.
+        if let Some(record) = self.0.take() {
+            std::mem::forget(record);
+        }
+    }
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InFlight")
+    }
 }

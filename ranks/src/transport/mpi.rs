@@ -1,18 +1,23 @@
 //! The MPI transport (rsmpi 0.8): MPI initialized, used and finalized by the communication
-//! thread alone, through non-blocking calls only (`MPI_Isend`, `MPI_Improbe`, `MPI_Imrecv`,
-//! `MPI_Testsome`). rsmpi's safe layer starts and ends MPI; the calls themselves go through
-//! its `ffi` module, since the buffers live as long as the protocol says (a run's output, a
-//! landing), not a Rust scope.
+//! thread, through non-blocking calls only (`MPI_Isend`, `MPI_Improbe`, `MPI_Imrecv`,
+//! `MPI_Test`, `MPI_Testsome`). rsmpi's safe layer starts and ends MPI; the calls themselves go
+//! through its `ffi` module, since the buffers live as long as the protocol says (a run's
+//! output, a landing), not a Rust scope. Where MPI gives `MPI_THREAD_MULTIPLE`, workers post
+//! small sends themselves (`MPI_Isend`, then one `MPI_Test`: a small message on shared memory
+//! is done in the call) through [`MpiDirect`], which the communication thread closes before it
+//! finalizes MPI.
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::MaybeUninit;
+use std::sync::{Arc, RwLock};
 
 use ::mpi::environment::Universe;
 use ::mpi::ffi;
 use ::mpi::Threading;
 
 use crate::error::{Error, ErrorKind};
-use crate::transport::{OpId, Probed, Transport};
+use crate::transport::{DirectSend, InFlight, OpId, Probed, Transport};
 
 /// Ranks over MPI, on a duplicate of `MPI_COMM_WORLD` whose errors are returned, not fatal.
 pub struct MpiTransport {
@@ -26,6 +31,12 @@ pub struct MpiTransport {
     ops: Vec<OpId>,
     indices: Vec<c_int>,
     statuses: Vec<ffi::MPI_Status>,
+    /// Operations done when they started (`finished`, or the next `poll`, reports them).
+    ready: Vec<OpId>,
+    /// The bytes of adopted direct sends, until they are done.
+    adopted: HashMap<OpId, Box<[u8]>>,
+    /// Workers' sends, where MPI allows them (`Threading::Multiple`).
+    direct: Option<Arc<MpiDirect>>,
 }
 
 impl std::fmt::Debug for MpiTransport {
@@ -145,12 +156,32 @@ impl MpiTransport {
             ops: Vec::new(),
             indices: Vec::new(),
             statuses: Vec::new(),
+            ready: Vec::new(),
+            adopted: HashMap::new(),
+            direct: (threading == Threading::Multiple).then(|| {
+                Arc::new(MpiDirect {
+                    comm: Comm(comm),
+                    rank,
+                    closed: RwLock::new(false),
+                })
+            }),
         })
     }
 
     /// The thread level MPI gave.
     pub fn threading(&self) -> Threading {
         self.threading
+    }
+
+    /// Keeps `req` (of `op`) for `poll`, or reports it done at once if `MPI_Test` says so.
+    fn track(&mut self, mut req: ffi::MPI_Request, op: OpId) -> Result<(), Error> {
+        if test(&mut req, self.rank)? {
+            self.ready.push(op);
+        } else {
+            self.requests.push(req);
+            self.ops.push(op);
+        }
+        Ok(())
     }
 
     fn count(len: usize, rank: usize) -> Result<c_int, Error> {
@@ -267,13 +298,31 @@ impl Transport for MpiTransport {
             &format!("MPI_Imrecv from rank {}", message.from),
             rc,
         )?;
-        // SAFETY: MPI_Imrecv succeeded and wrote the request.
-        self.requests.push(unsafe { req.assume_init() });
+        // SAFETY: MPI_Imrecv succeeded and wrote the request. A message already here (a small
+        // one) is done at once: `finished` reports it without a `Testsome` round.
+        self.track(unsafe { req.assume_init() }, op)
+    }
+
+    fn finished(&mut self, done: &mut Vec<OpId>) {
+        done.append(&mut self.ready);
+    }
+
+    fn direct(&mut self) -> Option<Arc<dyn DirectSend>> {
+        self.direct.clone().map(|d| -> Arc<dyn DirectSend> { d })
+    }
+
+    fn adopt(&mut self, sent: InFlight, op: OpId) {
+        let Ok(sent) = sent.into_record().downcast::<MpiInFlight>() else {
+            unreachable!("only this transport's direct sends are adopted here")
+        };
+        let MpiInFlight { request, bytes } = *sent;
+        self.adopted.insert(op, bytes);
+        self.requests.push(request.0);
         self.ops.push(op);
-        Ok(())
     }
 
     fn poll(&mut self, done: &mut Vec<OpId>) -> Result<(), Error> {
+        done.append(&mut self.ready);
         if self.requests.is_empty() {
             // Let MPI make progress on what others send us even with nothing of ours in flight
             // (the next probe would too; this keeps `poll` meaningful on its own).
@@ -313,12 +362,24 @@ impl Transport for MpiTransport {
         finished.sort_unstable_by(|a, b| b.cmp(a));
         for i in finished {
             self.requests.swap_remove(i);
-            done.push(self.ops.swap_remove(i));
+            let op = self.ops.swap_remove(i);
+            if !self.adopted.is_empty() {
+                self.adopted.remove(&op);
+            }
+            done.push(op);
         }
         Ok(())
     }
 
     fn close(mut self, clean: bool) {
+        if let Some(d) = &self.direct {
+            // No worker's send may reach MPI from now on (one in its call finishes first).
+            *d.closed.write().unwrap_or_else(|p| p.into_inner()) = true;
+        }
+        if !self.adopted.is_empty() {
+            // MPI may still read them (only with requests in flight: MPI is not finalized).
+            std::mem::forget(std::mem::take(&mut self.adopted));
+        }
         if clean && self.requests.is_empty() {
             // SAFETY: our communicator, with nothing in flight.
             unsafe {
@@ -331,6 +392,99 @@ impl Transport for MpiTransport {
             // as it is; the process is expected to exit.
             std::mem::forget(self.universe.take());
         }
+    }
+}
+
+/// `MPI_Test` of `req`: whether it is done (MPI then frees it).
+fn test(req: &mut ffi::MPI_Request, rank: usize) -> Result<bool, Error> {
+    let mut flag: c_int = 0;
+    // SAFETY: a request MPI gave and nobody completed yet; the status is ignored.
+    let rc = unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+    check(rank, "MPI_Test", rc)?;
+    Ok(flag != 0)
+}
+
+/// The duplicated communicator, for workers' sends.
+#[derive(Clone, Copy)]
+struct Comm(ffi::MPI_Comm);
+
+// SAFETY: an MPI handle is a value MPI reads; at `MPI_THREAD_MULTIPLE` (the only level at
+// which `MpiDirect` exists) any thread may pass it to MPI calls, and it is not freed until
+// `close` closed the direct handle and waited for every send in progress.
+unsafe impl Send for Comm {}
+// SAFETY: as for `Send`: the handle is only read.
+unsafe impl Sync for Comm {}
+
+/// A request in flight, moved from a worker to the communication thread.
+struct Request(ffi::MPI_Request);
+
+// SAFETY: at `MPI_THREAD_MULTIPLE` a request may be completed on another thread than the one
+// that started it; it moves once, to the communication thread, which alone tests it.
+unsafe impl Send for Request {}
+
+/// A worker's send still in flight after its `MPI_Test`, and its bytes.
+struct MpiInFlight {
+    request: Request,
+    bytes: Box<[u8]>,
+}
+
+/// Workers' small sends at `MPI_THREAD_MULTIPLE` ([`Transport::direct`]). A read lock around
+/// each send, the write lock when the transport closes: no send reaches MPI after that.
+struct MpiDirect {
+    comm: Comm,
+    rank: usize,
+    closed: RwLock<bool>,
+}
+
+impl std::fmt::Debug for MpiDirect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiDirect")
+            .field("rank", &self.rank)
+            .finish()
+    }
+}
+
+impl DirectSend for MpiDirect {
+    fn send(&self, to: usize, tag: u32, bytes: Box<[u8]>) -> Result<Option<InFlight>, Error> {
+        let closed = self.closed.read().unwrap_or_else(|p| p.into_inner());
+        if *closed {
+            return Err(Error::new(
+                ErrorKind::ShutDown,
+                format!("rank {}: the MPI transport has closed", self.rank),
+            ));
+        }
+        let count = MpiTransport::count(bytes.len(), self.rank)?;
+        let mut req = MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: MPI is initialized at MPI_THREAD_MULTIPLE and not finalized (the read lock
+        // holds `close` off); `bytes` stay alive until the request is done: dropped here only
+        // once MPI_Test says so, or moved with the request to the communication thread.
+        let rc = unsafe {
+            ffi::MPI_Isend(
+                bytes.as_ptr().cast::<c_void>(),
+                count,
+                bytes_type(),
+                to as c_int,
+                tag as c_int,
+                self.comm.0,
+                req.as_mut_ptr(),
+            )
+        };
+        check(self.rank, &format!("MPI_Isend to rank {to}"), rc)?;
+        // SAFETY: MPI_Isend succeeded and wrote the request.
+        let mut req = unsafe { req.assume_init() };
+        match test(&mut req, self.rank) {
+            Ok(true) => return Ok(None),
+            Ok(false) => {}
+            Err(e) => {
+                // MPI may still read them.
+                std::mem::forget(bytes);
+                return Err(e);
+            }
+        }
+        Ok(Some(InFlight::new(Box::new(MpiInFlight {
+            request: Request(req),
+            bytes,
+        }))))
     }
 }
 

@@ -19,10 +19,15 @@ impl<T: Transport> Engine<T> {
                         self.peers[p.from].last_heard = Instant::now();
                     }
                     let src = p.from;
+                    if self.cfg.stamps {
+                        self.arrival = monotonic_ns();
+                    }
                     if let Err(e) = self.arrived(p) {
                         self.transport_failed(e);
                         return n;
                     }
+                    // A message that was all here is received already: handled now.
+                    self.take_finished();
                     self.process(src);
                 }
                 Ok(None) => break,
@@ -57,6 +62,8 @@ impl<T: Transport> Engine<T> {
                     chunks_left: 0,
                     offset: 0,
                     kind: EntryKind::Control(Vec::new()),
+                    arrived: 0,
+                    received: 0,
                 },
             );
             let ptr = buf.as_mut_ptr();
@@ -78,6 +85,8 @@ impl<T: Transport> Engine<T> {
                     chunks_left: 0,
                     offset: 0,
                     kind: EntryKind::Unmapped(Some(p)),
+                    arrived: 0,
+                    received: 0,
                 },
             );
             return Ok(());
@@ -125,6 +134,8 @@ impl<T: Transport> Engine<T> {
                     k,
                     landing: landing_for(&graph, k, total),
                 },
+                arrived: self.arrival,
+                received: 0,
             };
             let id = self.place_entry(src, entry, at);
             if chunks > 0 {
@@ -144,6 +155,8 @@ impl<T: Transport> Engine<T> {
                 k,
                 landing,
             },
+            arrived: self.arrival,
+            received: 0,
         };
         let id = self.place_entry(src, entry, at);
         self.start_receive(p, ptr, src, id)
@@ -303,7 +316,7 @@ impl<T: Transport> Engine<T> {
                     // SAFETY: every op writing the landing finished, and the header's total
                     // bytes were written by its chunks (or the one message).
                     let value = unsafe { landing.finish() };
-                    self.deliver(gid, src, slot, k, value);
+                    self.deliver(gid, src, slot, k, value, (e.arrived, e.received));
                 }
                 EntryKind::Unmapped(_) => unreachable!("not complete"),
             }
@@ -317,6 +330,7 @@ impl<T: Transport> Engine<T> {
         slot: u32,
         k: u32,
         value: Result<AnyValue, String>,
+        (arrived, received): (u64, u64),
     ) {
         let rank = self.rank;
         let gs = self.graphs.entry(gid).or_default();
@@ -326,6 +340,13 @@ impl<T: Transport> Engine<T> {
             Some(run) if !run.is_local_done() => {
                 let run = run.clone();
                 match value {
+                    Ok(v) if run.stamps() => {
+                        run.stamp_recv(k, RecvHop::Arrived, arrived);
+                        run.stamp_recv(k, RecvHop::Received, received);
+                        run.stamp_recv(k, RecvHop::Completing, monotonic_ns());
+                        run.recvs[k as usize].fill(v);
+                        run.stamp_recv(k, RecvHop::Completed, monotonic_ns());
+                    }
                     Ok(v) => run.recvs[k as usize].fill(v),
                     Err(msg) => {
                         let f = decode_failure(&run, k, rank, msg);

@@ -136,12 +136,13 @@ impl<T: Transport> Engine<T> {
                     per_run: graph.tags_per_run,
                 };
                 gs.layout = Some(layout);
+                graph.publish_layout(layout);
                 if TagLayout::size(layout.slots, layout.per_run) > 0 {
                     self.ranges.insert(base, gid);
                 }
                 let held = std::mem::take(&mut gs.held);
                 for (run, k, payload) in held {
-                    self.post_send(layout, run, k, payload);
+                    self.post_or_queue(layout, run, k, payload);
                 }
                 self.remap_unmapped();
             }

@@ -82,6 +82,8 @@ impl<T: Transport> Engine<T> {
         if self.peers[r].state != PeerState::Alive {
             return;
         }
+        // Sends to it must be dropped, which only this thread does.
+        self.sending.stop_direct();
         if matches!(state, PeerState::Dead(_)) {
             self.poison();
         }
@@ -102,6 +104,9 @@ impl<T: Transport> Engine<T> {
         for (gid, seq) in resolvable {
             self.try_resolve(gid, seq);
         }
+        // Its sends in flight may never finish and keep their places in the window.
+        self.unbounded = true;
+        self.post_queued(true);
     }
 
     pub(super) fn transport_failed(&mut self, e: Error) {
@@ -109,6 +114,8 @@ impl<T: Transport> Engine<T> {
             return;
         }
         self.fatal = Some(e.clone());
+        self.sending.stop_direct();
+        self.drop_queue();
         self.poison();
         for gs in self.graphs.values_mut() {
             for run in gs.active.values() {

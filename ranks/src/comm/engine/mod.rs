@@ -6,21 +6,24 @@
 mod arrive;
 mod check;
 mod faults;
+mod queue;
 mod staged;
 
 pub(crate) use staged::StagedPayload;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use crate::comm::run::{CommGraph, RunState};
+use crate::comm::send::Sending;
+use crate::comm::stamps::{monotonic_ns, RecvHop, SendHop};
 use crate::comm::wire::{
     Control, FailKind, Failure, Mismatch, Outcome, TagLayout, CONTROL_TAG, FIRST_DATA_TAG,
 };
 use crate::error::{Error, ErrorKind};
 use crate::plan::{first_difference, Digest};
-use crate::transport::{OpId, Probed, Transport};
+use crate::transport::{InFlight, OpId, Probed, Transport};
 use crate::value::{AnyValue, Landing};
 
 /// What a worker or submitter asks of the communication thread.
@@ -38,6 +41,15 @@ pub(crate) enum Command {
         k: u32,
         payload: Payload,
     },
+    /// A worker posted send `k` of `run` itself and the transport still holds it: learn
+    /// when it is done (`comm/send.rs`).
+    Adopt {
+        sent: InFlight,
+        run: Arc<RunState>,
+        k: u32,
+    },
+    /// A worker's own send failed in the transport.
+    DirectFailed(Error),
     /// A node of this rank failed.
     NodeFailed {
         run: Arc<RunState>,
@@ -76,6 +88,12 @@ pub(crate) struct EngineConfig {
     pub(crate) heartbeat: Duration,
     /// Values of this many bytes or more go as a header and chunks of at most this size.
     pub(crate) max_message: usize,
+    /// Runs stamp their edges' hops (`stamps.rs`).
+    pub(crate) stamps: bool,
+    /// At most this many sends in flight; more wait, most urgent first (`queue.rs`).
+    pub(crate) send_window: usize,
+    /// Workers post small sends themselves where the transport allows it (`comm/send.rs`).
+    pub(crate) worker_sends: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,6 +170,10 @@ struct Entry<M> {
     chunks_left: u64,
     offset: usize,
     kind: EntryKind<M>,
+    /// When its (first) message arrived and when all its bytes were in (`stamps.rs`; 0 when
+    /// not stamping).
+    arrived: u64,
+    received: u64,
 }
 
 impl<M> Entry<M> {
@@ -162,8 +184,16 @@ impl<M> Entry<M> {
 
 enum OpKind {
     Send(u64),
+    /// A worker's send the transport still held (`Command::Adopt`).
+    Adopted {
+        run: Arc<RunState>,
+        k: u32,
+    },
     Control(#[allow(dead_code)] Vec<u8>),
-    Recv { src: usize, entry: u64 },
+    Recv {
+        src: usize,
+        entry: u64,
+    },
 }
 
 /// A registration at rank 0.
@@ -204,15 +234,33 @@ pub(crate) struct Engine<T: Transport> {
     fatal: Option<Error>,
     closing: Option<Instant>,
     done: Vec<OpId>,
+    /// When the message being handled arrived (`stamps.rs`; 0 when not stamping).
+    arrival: u64,
+    /// The window, shared with send nodes (`comm/send.rs`).
+    sending: Arc<Sending>,
+    /// Sends waiting for room in the window (`queue.rs`).
+    queue: BinaryHeap<queue::QueuedSend>,
+    /// Queued sends so far (their order among equals).
+    queued_total: u64,
+    /// Runs that ended here whose status waits for their queued sends.
+    status_waits: Vec<Arc<RunState>>,
+    /// A peer is gone: sends to it may never finish, so the window holds nothing back.
+    unbounded: bool,
 }
 
 impl<T: Transport> Engine<T> {
     pub(crate) fn new(
-        t: T,
+        mut t: T,
         cfg: EngineConfig,
         poisoned_flag: Arc<std::sync::atomic::AtomicBool>,
+        sending: Arc<Sending>,
     ) -> Self {
         let (rank, size) = (t.rank(), t.size());
+        if cfg.worker_sends {
+            if let Some(d) = t.direct() {
+                let _ = sending.direct.set(d);
+            }
+        }
         let now = Instant::now();
         Engine {
             t,
@@ -245,6 +293,12 @@ impl<T: Transport> Engine<T> {
             fatal: None,
             closing: None,
             done: Vec::new(),
+            arrival: 0,
+            sending,
+            queue: BinaryHeap::new(),
+            queued_total: 0,
+            status_waits: Vec::new(),
+            unbounded: false,
         }
     }
 
@@ -260,6 +314,7 @@ impl<T: Transport> Engine<T> {
     pub(crate) fn busy(&self) -> bool {
         !self.ops.is_empty()
             || !self.staged.is_empty()
+            || !self.queue.is_empty()
             || self.graphs.values().any(|g| !g.active.is_empty())
             || !self.regs.is_empty()
             || self.queues.iter().any(|q| !q.is_empty())
@@ -299,9 +354,23 @@ impl<T: Transport> Engine<T> {
             }
             Command::StartRun(run) => self.start_run(run),
             Command::Send { run, k, payload } => self.send_value(run, k, payload),
+            Command::Adopt { sent, run, k } => {
+                if self.fatal.is_some() {
+                    // Never given to the transport: its bytes are leaked, not freed under it.
+                    return;
+                }
+                let op = self.next_op;
+                self.next_op += 1;
+                self.ops.insert(op, OpKind::Adopted { run, k });
+                self.t.adopt(sent, op);
+            }
+            Command::DirectFailed(e) => self.transport_failed(e),
             Command::NodeFailed { run, failure } => self.node_failed(&run, failure),
             Command::LocalDone(run) => self.local_done(run),
             Command::Shutdown { died } => {
+                // What waits for the window goes now, and the statuses behind it: `Bye`
+                // follows them.
+                self.post_queued(true);
                 let msg = match died {
                     Some(reason) => Control::Died { reason },
                     None => Control::Bye,
@@ -384,6 +453,7 @@ impl<T: Transport> Engine<T> {
     }
 
     fn send_value(&mut self, run: Arc<RunState>, k: u32, payload: Payload) {
+        run.stamp_send(k, SendHop::Taken);
         if self.fatal.is_some() || run.fatal().is_some() {
             // The run is abandoned (a dead peer or transport): the send node stays pending
             // and its run is never freed, so its memory is never reused under the transport.
@@ -397,7 +467,7 @@ impl<T: Transport> Engine<T> {
         }
         match gs.layout {
             None => gs.held.push((run, k, payload)),
-            Some(layout) => self.post_send(layout, run, k, payload),
+            Some(layout) => self.post_or_queue(layout, run, k, payload),
         }
     }
 
@@ -414,6 +484,7 @@ impl<T: Transport> Engine<T> {
         };
         let id = self.next_send;
         self.next_send += 1;
+        self.sending.window.enter();
         let mut progress = SendProgress {
             run: run.clone(),
             k,
@@ -447,6 +518,7 @@ impl<T: Transport> Engine<T> {
             r
         };
         progress._keep = keep;
+        run.stamp_send(k, SendHop::Posted);
         self.sends.insert(id, progress);
         if let Err(e) = result {
             self.transport_failed(e);
@@ -505,6 +577,16 @@ impl<T: Transport> Engine<T> {
 
     fn local_done(&mut self, run: Arc<RunState>) {
         run.set_local_done();
+        if run.unposted(0) > 0 {
+            // Its status must follow its data: it goes once the queue posted them.
+            self.status_waits.push(run);
+            return;
+        }
+        self.send_status(run);
+    }
+
+    /// The run ended here and its sends are posted: its status to every rank, its slot freed.
+    fn send_status(&mut self, run: Arc<RunState>) {
         let gid = *run.graph.gid.get().expect("registered");
         let outcome = run.outcome();
         self.broadcast(&Control::Status {
@@ -533,6 +615,28 @@ impl<T: Transport> Engine<T> {
             self.transport_failed(e);
             return 0;
         }
+        let n = self.handle_done(done);
+        if !self.queue.is_empty() {
+            self.post_queued(false);
+        }
+        n + staged
+    }
+
+    /// Takes what the transport knows finished without polling (a receive of a message that
+    /// was all there), so an arrival is handled in the step that saw it.
+    pub(super) fn take_finished(&mut self) {
+        let mut done = std::mem::take(&mut self.done);
+        self.t.finished(&mut done);
+        if done.is_empty() {
+            self.done = done;
+        } else {
+            self.handle_done(done);
+        }
+    }
+
+    /// Handles finished operations (`done` is given back empty to `self.done`); returns how
+    /// many.
+    fn handle_done(&mut self, mut done: Vec<OpId>) -> usize {
         let n = done.len();
         let mut sources = Vec::new();
         for op in done.drain(..) {
@@ -547,13 +651,23 @@ impl<T: Transport> Engine<T> {
                     };
                     if finished {
                         let s = self.sends.remove(&id).expect("present");
+                        self.sending.window.leave();
+                        s.run.stamp_send(s.k, SendHop::Done);
                         s.run.sends[s.k as usize].done();
                     }
                 }
+                Some(OpKind::Adopted { run, k }) => {
+                    self.sending.window.leave();
+                    run.stamp_send(k, SendHop::Done);
+                }
                 Some(OpKind::Control(_)) | None => {}
                 Some(OpKind::Recv { src, entry }) => {
+                    let stamps = self.cfg.stamps;
                     if let Some(e) = self.entry_mut(src, entry) {
                         e.ops_left -= 1;
+                        if stamps && e.ops_left == 0 && e.chunks_left == 0 {
+                            e.received = monotonic_ns();
+                        }
                     }
                     sources.push(src);
                 }
@@ -565,7 +679,7 @@ impl<T: Transport> Engine<T> {
         for src in sources {
             self.process(src);
         }
-        n + staged
+        n
     }
 }
 

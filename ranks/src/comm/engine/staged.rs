@@ -73,6 +73,7 @@ impl<T: Transport> Engine<T> {
             r = self.start_send(to, tag, hptr, 16, OpKind::Send(id));
         }
         self.sends.insert(id, progress);
+        self.sending.window.enter();
         self.staged.push(StagedSend {
             id,
             to,
