@@ -578,13 +578,7 @@ fn main() {
     let pool = pool.build().expect("GPU pool");
     let mut ours = Vec::new();
     if a.tail_probe {
-        let worker_cores: Vec<usize> = pool
-            .pool()
-            .workers()
-            .iter()
-            .filter_map(|w| w.core)
-            .collect();
-        placement::init(a.isolate.as_deref(), &worker_cores);
+        placement::init(a.isolate.as_deref(), &pool);
         tail::probe::<bf16>(&pool, &a);
         tail::probe::<f32>(&pool, &a);
         return;
@@ -605,13 +599,7 @@ fn main() {
                 (d.clone(), d)
             }
         };
-        let worker_cores: Vec<usize> = pool
-            .pool()
-            .workers()
-            .iter()
-            .filter_map(|w| w.core)
-            .collect();
-        placement::init(a.isolate.as_deref(), &worker_cores);
+        placement::init(a.isolate.as_deref(), &pool);
         tail::priority_rounds::<bf16>(&pool, (&batch, &lat), &a, &mut ours);
         tail::priority_rounds::<f32>(&pool, (&batch, &lat), &a, &mut ours);
         return;

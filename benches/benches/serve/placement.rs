@@ -6,6 +6,8 @@
 
 use std::sync::OnceLock;
 
+use boundpool::gpu::GpuPool;
+
 /// The batch clients' cores, and the latency-critical client's own core (with `high`).
 static CORES: OnceLock<(Vec<usize>, Option<usize>)> = OnceLock::new();
 
@@ -28,10 +30,16 @@ fn pin_to(cores: &[usize]) {
     );
 }
 
-/// Chooses the clients' cores from `mode` (`None`: no placement) and the pool's
-/// `worker_cores`, and prints them.
-pub(super) fn init(mode: Option<&str>, worker_cores: &[usize]) {
+/// Chooses the clients' cores from `mode` (`None`: no placement) and the cores `pool`'s
+/// workers are pinned to, and prints them.
+pub(super) fn init(mode: Option<&str>, pool: &GpuPool) {
     let Some(mode) = mode else { return };
+    let worker_cores: Vec<usize> = pool
+        .pool()
+        .workers()
+        .iter()
+        .filter_map(|w| w.core)
+        .collect();
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut free: Vec<usize> = (0..n).filter(|c| !worker_cores.contains(c)).collect();
     let high = if mode == "high" && free.len() > 1 {
