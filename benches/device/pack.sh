@@ -7,7 +7,7 @@
 # it in the next with soak_collect.sh), ranks_call.sh and ranks_gpu_call.sh (PACK_MPI=1: the
 # ranks over MPI, and GPU work across ranks with NCCL), or ab_call.sh (a GPU-crate change against a baseline
 # pack), replay_ab.sh or first_call.sh (A/B runs against PACK_REVS, below), cli_call.sh (the
-# command line's GPU subcommands and the benches' flags), sim_call.sh (the simulator's checks). Every one of them
+# command line's GPU subcommands and the benches' flags), sim_call.sh (the simulator's checks), owed_call.sh (the runs stop 39 owes). Every one of them
 # sources lib.sh (`step`, `finish`, `alternate`); so can an ad-hoc command there. This script
 # runs here, not there, and does not.
 # PACK_REVS="old=REV exp=BRANCH ..." also builds the `boundpool` CLI, the replay, eager,
