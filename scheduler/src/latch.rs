@@ -133,9 +133,9 @@ impl Completion {
     /// spinners let it (a waiter of another level than high stops once a high one watches);
     /// whether it completed. Between looks it yields its core, except a waiter of a high-level
     /// run off the workers' cores: a yield hands the core to any thread queued on it for that
-    /// thread's whole slice, the waiting time of a latency-critical request; on a worker's core
-    /// it yields, since that worker may be the one its graph needs. (Not under loom: a model parks at
-    /// once.)
+    /// thread's whole slice, the waiting time of a latency-critical request. On a worker's
+    /// core, or in a pool of unpinned workers, it yields: the worker may be the one its graph
+    /// needs. (Not under loom: a model parks at once.)
     fn watch(&self, deadline: Option<Instant>) -> bool {
         #[cfg(not(loom))]
         if let Some(w) = self.spin.get() {

@@ -5,7 +5,8 @@
 //! high-level run may always spin; a waiter of another level only while no high one watches
 //! and fewer than the pool's budget of others spin, and stops as soon as a high one starts.
 //! The rest park at once, and their wake-up places them on a free core. A high waiter yields
-//! between looks only on a core a worker of the pool is pinned to (`on_worker_core`).
+//! between looks only on a core a worker of the pool is pinned to, or in a pool of unpinned
+//! workers (`on_worker_core`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -60,10 +61,11 @@ impl Spinners {
             .is_some_and(|w| w & (1 << (c % 64)) != 0)
     }
 
-    /// Whether the calling thread runs on a core a worker of the pool is pinned to (where the
-    /// core is unknown: yes, the cautious answer).
+    /// Whether the calling thread runs on a core a worker of the pool is pinned to. Where the
+    /// core is unknown, or no worker is pinned (unpinned workers run anywhere): yes, the
+    /// cautious answer.
     pub(crate) fn on_worker_core(&self) -> bool {
-        current_core().is_none_or(|c| self.is_worker_core(c))
+        self.worker_cores.is_empty() || current_core().is_none_or(|c| self.is_worker_core(c))
     }
 
     /// A waiter of a high-level run starts watching.
@@ -161,8 +163,16 @@ mod tests {
         assert!(current_core().is_some(), "sched_getcpu answers");
         let every = Spinners::new(0, 0..4096);
         assert!(every.on_worker_core(), "every core is a worker's here");
-        let none = Spinners::new(0, []);
-        assert!(!none.on_worker_core(), "no core is a worker's here");
+        let elsewhere = Spinners::new(0, [4096]);
+        assert!(
+            !elsewhere.on_worker_core(),
+            "the one worker is on no core of this machine"
+        );
+        let unpinned = Spinners::new(0, []);
+        assert!(
+            unpinned.on_worker_core(),
+            "unpinned workers may be on any core"
+        );
     }
 
     #[test]
