@@ -1,7 +1,7 @@
 //! A replay capture in progress on a worker, as the node path sees it: the capturing stream,
 //! the worker's own stream for what is hoisted out of the capture, the first operation refused
 //! and the staging buffers. The replay's capture (`replay/`) makes one per segment and takes
-//! back what it kept; `GpuCtx` (`node.rs`, which also holds the methods that enqueue for it)
+//! back what it kept; `GpuCtx` (`node/mod.rs`, which also holds the methods that enqueue for it)
 //! consults it to hoist allocations, stage host copies and refuse what a CUDA graph cannot hold.
 
 use std::any::Any;

@@ -255,9 +255,9 @@
 //!   `blaslt.rs`, the cuBLASLt matmul and its tuning
 //!   (unsafe fns): setting descriptor attributes from typed values, the heuristic query (into
 //!   zeroed result structs), `cublasLtMatmul`, and the descriptors' destroys.
-//! * `node.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the caller's
-//!   contract; it points one pointer at each argument's 8-byte slot for the launch in
-//!   `driver.rs`), the host copies and memset it passes to `driver.rs`, a captured host-to-device
+//! * `node/launch.rs`: [`Launch::launch`] (an unsafe fn: the kernel's signature is the
+//!   caller's contract; it points one pointer at each argument's 8-byte slot for the launch in
+//!   `driver.rs`). `node/mod.rs`: the host copies and memset it passes to `driver.rs`, a captured host-to-device
 //!   copy's staging (a copy into a hoisted device buffer, then a captured device-to-device
 //!   copy), and handing a new allocation to a `CudaSlice` (`upgrade_device_ptr`).
 //! * `device.rs`: turning cudarc's event tracking off on the pool's context

@@ -1,6 +1,6 @@
 //! What a captured CUDA graph may not hold, checked once its members' bodies are captured and
 //! before it is instantiated. boundpool's own calls are made safe for a capture where they are
-//! made (`node.rs`: allocations hoisted, host copies staged, downloads and frees refused);
+//! made (`node/mod.rs`: allocations hoisted, host copies staged, downloads and frees refused);
 //! cudarc calls a body makes on the capturing stream are not, so the graph itself is read:
 //!
 //! * an allocation the graph makes (a stream-ordered allocation captured: cudarc's `alloc`,
