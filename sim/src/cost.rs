@@ -216,20 +216,7 @@ impl CostModel {
 
     /// Reads a cost model written by [`save`](Self::save).
     pub fn load(path: &Path) -> SimResult<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            SimError::new(
-                SimErrorKind::Io,
-                format!("cannot read {}: {e}", path.display()),
-            )
-            .with_source(e)
-        })?;
-        let m: CostModel = serde_json::from_str(&text).map_err(|e| {
-            SimError::new(
-                SimErrorKind::Parse,
-                format!("{}: not a cost model: {e}", path.display()),
-            )
-            .with_source(e)
-        })?;
+        let m: CostModel = crate::json_file::read(path, "a cost model")?;
         m.check()?;
         Ok(m)
     }

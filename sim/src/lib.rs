@@ -79,6 +79,7 @@ mod dist;
 mod engine;
 mod error;
 mod graph;
+mod json_file;
 mod machine;
 mod report;
 mod sharing;

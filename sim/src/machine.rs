@@ -272,20 +272,7 @@ impl Machine {
 
     /// Reads a machine description (JSON) and checks it.
     pub fn load(path: &Path) -> SimResult<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            SimError::new(
-                SimErrorKind::Io,
-                format!("cannot read {}: {e}", path.display()),
-            )
-            .with_source(e)
-        })?;
-        let m: Machine = serde_json::from_str(&text).map_err(|e| {
-            SimError::new(
-                SimErrorKind::Parse,
-                format!("{}: not a machine description: {e}", path.display()),
-            )
-            .with_source(e)
-        })?;
+        let m: Machine = crate::json_file::read(path, "a machine description")?;
         m.check()?;
         Ok(m)
     }
