@@ -41,6 +41,10 @@ pub enum ErrorKind {
     /// message gives the graph's estimate ([`estimate_graph_bytes`](crate::graph::estimate_graph_bytes))
     /// and the limit it met (the allocation refused, and the machine's memory).
     TooLarge,
+    /// A thread could not be placed as asked ([`Pool::keep_off_workers`](crate::Pool::keep_off_workers)):
+    /// no core is left free of the pool's workers, or the OS refused the placement (the
+    /// message names the cores; `source()` gives the OS error).
+    Placement,
 }
 
 /// The error type of `boundpool-scheduler`.

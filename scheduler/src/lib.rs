@@ -71,11 +71,14 @@
 //! * `trace.rs`: the zeroed allocation of a worker's trace ring, and the time-stamp counter read
 //!   (`_rdtsc`, after an `_mm_lfence` for a node's start).
 //! * `spin.rs`: `sched_getcpu` (Linux), the core a spinning waiter runs on.
+//! * `affinity.rs`: `sched_setaffinity` (Linux), a thread kept off the workers' cores
+//!   ([`Pool::keep_off_workers`]).
 //! * `loom_models.rs` (only under `--cfg loom`, test builds): the models of the output slots.
 //!
 //! No other file has `unsafe`.
 
 mod admission;
+mod affinity;
 pub mod backend;
 mod body;
 mod config;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::affinity;
 use crate::config::{
     Cores, GroupSpec, IdleHook, NameFn, ShutdownMode, StartHook, StopHook, WorkerInfo,
 };
@@ -499,8 +500,7 @@ fn plan_workers(
     if specs.is_empty() {
         return Err(invalid("no worker groups".into()));
     }
-    let allowed: Option<Vec<usize>> =
-        core_affinity::get_core_ids().map(|v| v.into_iter().map(|c| c.id).collect());
+    let allowed = affinity::allowed_cores();
     let mut infos = Vec::new();
     for (gi, spec) in specs.iter().enumerate() {
         if spec.workers == 0 {
@@ -654,6 +654,79 @@ impl<S: Send + 'static> Pool<S> {
     /// Every worker, in index order, with its group and core.
     pub fn workers(&self) -> &[WorkerInfo] {
         &self.registry.infos
+    }
+
+    /// The cores the calling thread may run on that none of this pool's workers is pinned to
+    /// (every core it may run on, where the workers are unpinned).
+    pub fn free_cores(&self) -> Vec<usize> {
+        affinity::free_cores(
+            &affinity::allowed_cores().unwrap_or_default(),
+            &self.worker_cores(),
+        )
+    }
+
+    /// Keeps the calling thread off the cores this pool's workers are pinned to, and returns
+    /// the cores it may now run on ([`free_cores`](Self::free_cores)). Threads it starts
+    /// afterwards inherit the set, so a server calls it on its main thread before starting its
+    /// request threads: a worker then never waits behind a request thread for its core, which
+    /// is where a latency-critical graph's tail comes from once the host has more runnable
+    /// threads than cores. Nothing changes where the workers are unpinned.
+    ///
+    /// An [`ErrorKind::Placement`] error where every core the thread may run on has a worker
+    /// (it would have none left), or where the OS refuses (`source()`); on platforms other
+    /// than Linux with pinned workers, always.
+    ///
+    /// ```
+    /// use boundpool_scheduler::{Cores, GroupSpec, PoolBuilder};
+    ///
+    /// let cores = std::thread::available_parallelism()?.get();
+    /// let pool = PoolBuilder::new().workers(1).build()?;
+    /// if cores > 1 && cfg!(target_os = "linux") {
+    ///     let free = pool.keep_off_workers()?;
+    ///     let worker_core = pool.workers()[0].core;
+    ///     assert!(worker_core.is_none() || !free.contains(&worker_core.unwrap()));
+    ///     // Request threads started here run on `free` only.
+    ///     std::thread::spawn(move || { /* submit and wait */ }).join().unwrap();
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn keep_off_workers(&self) -> Result<Vec<usize>, Error> {
+        let taken = self.worker_cores();
+        let allowed = affinity::allowed_cores().unwrap_or_default();
+        if taken.is_empty() {
+            return Ok(allowed);
+        }
+        let free = affinity::free_cores(&allowed, &taken);
+        let name = bounded(&self.registry.name);
+        if free.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Placement,
+                format!(
+                    "pool '{name}': no core is free of its workers (the thread may run on [{}], the workers are pinned to [{}])",
+                    bounded_list(&allowed, allowed.len(), ", "),
+                    bounded_list(&taken, taken.len(), ", ")
+                ),
+            ));
+        }
+        affinity::pin_current(&free).map_err(|e| {
+            Error::new(
+                ErrorKind::Placement,
+                format!(
+                    "pool '{name}': the OS refused to keep the calling thread on cores [{}]",
+                    bounded_list(&free, free.len(), ", ")
+                ),
+            )
+            .with_source(Box::new(e))
+        })?;
+        Ok(free)
+    }
+
+    /// The cores the workers are pinned to, each once.
+    fn worker_cores(&self) -> Vec<usize> {
+        let mut cores: Vec<usize> = self.registry.infos.iter().filter_map(|w| w.core).collect();
+        cores.sort_unstable();
+        cores.dedup();
+        cores
     }
 
     /// The group named `name`.

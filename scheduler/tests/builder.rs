@@ -13,15 +13,7 @@ use boundpool_scheduler::backend::{FromIndex, PoolBuilderExt, PoolExt};
 use boundpool_scheduler::{
     BoxError, Cores, ErrorKind, GraphBuilder, GroupId, GroupSpec, PoolBuilder,
 };
-
-/// The cores this process may run on.
-fn allowed_cores() -> Vec<usize> {
-    core_affinity::get_core_ids()
-        .expect("core ids")
-        .into_iter()
-        .map(|c| c.id)
-        .collect()
-}
+use common::allowed_cores;
 
 /// The calling thread's allowed CPUs, from /proc (e.g. "0" or "0-1").
 fn my_cpus_allowed() -> String {
