@@ -147,7 +147,7 @@ pub(crate) fn quiet_worker_panics() {
 }
 
 /// The cores the calling thread may run on.
-pub fn allowed_cores() -> Vec<usize> {
+pub(crate) fn allowed_cores() -> Vec<usize> {
     core_affinity::get_core_ids()
         .expect("core ids")
         .into_iter()
