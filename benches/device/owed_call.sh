@@ -11,7 +11,7 @@
 # $OUT/sim32k.tgz (unpack beside the earlier 8k/16k recordings and run check-cholesky there).
 source .devbin/lib.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
-logs_in /tmp/bp-tests tests.tgz fresh; deadline 100
+logs_in /tmp/bp-tests tests.tgz fresh; deadline 95
 SUMMARY='test result|FAILED|panicked|HUNG'
 for t in $B/t_*; do case $(basename $t) in t_gpu_ranks_nccl|t_gpu_nccl|t_gpu_peer) continue;; esac; step $(basename $t) 95 $t & done; wait
 finish
@@ -24,7 +24,7 @@ logs_in /tmp/bp-mc mc.tgz fresh; deadline 45
 SUMMARY='ERROR SUMMARY|test result'
 BOUNDPOOL_WATCHDOG_SCALE=20 step mc_graph_template 44 $CS --tool memcheck $B/t_gpu_graph_template --test-threads=1
 finish
-logs_in /tmp/bp-edge edge.tgz fresh; deadline 110
+logs_in /tmp/bp-edge edge.tgz fresh; deadline 150
 (unset BOUNDPOOL_REQUIRE_GPU; export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
  SUMMARY='^\| (8-byte|64 MiB)|panicked|FAILED'
  step edge 45 mpirun --bind-to none -np 2 $B/bench_ranks --workers 2 --dag 0 --runs 3 --edge-breakdown
@@ -37,11 +37,21 @@ logs_in /tmp/bp-edge edge.tgz fresh; deadline 110
    step big_$n 12 mpirun --bind-to none -np 2 $B/bench_ranks --workers 2 --dag 0 --no-edge --runs 5 $f
    echo "-- big_$n: $(grep -E '^\| 64 MiB' $LOGS/big_$n.log | cut -d'|' -f3-5)"
  done
+ # The comm thread that never parks while a long message moves (bench_ranks_bulk, if packed),
+ # against this build, with one 64 MiB message and with 4 MiB ones.
+ if [ -x bench_ranks_bulk ]; then
+   for v in "old1:$B/bench_ranks:--max-message-bytes 1073741824" \
+            "bulk1:$PWD/bench_ranks_bulk:--max-message-bytes 1073741824" "bulk4:$PWD/bench_ranks_bulk:"; do
+     n=${v%%:*}; r=${v#*:}; bin=${r%%:*}; f=${r#*:}
+     step big_$n 12 mpirun --bind-to none -np 2 $bin --workers 2 --dag 0 --no-edge --runs 5 $f
+     echo "-- big_$n: $(grep -E '^\| 64 MiB' $LOGS/big_$n.log | cut -d'|' -f3-5)"
+   done
+ fi
  OMPI_MCA_btl_vader_single_copy_mechanism=none step big_nocma 12 mpirun --bind-to none -np 2 \
    $B/bench_ranks --workers 2 --dag 0 --no-edge --runs 5
  echo "-- big_nocma: $(grep -E '^\| 64 MiB' $LOGS/big_nocma.log | cut -d'|' -f3-5)")
 finish
-logs_in /tmp/bp-tail tail.tgz fresh; deadline 130
+logs_in /tmp/bp-tail tail.tgz fresh; deadline 120
 SUMMARY='panicked|Error'
 F="--priority-only --rounds 2 --batch-clients 8,16,32 --seconds 1 --no-torch"
 for v in "isohigh:--isolate high" "isohigh_part16:--isolate high --high-partition 16"; do
@@ -49,7 +59,7 @@ for v in "isohigh:--isolate high" "isohigh_part16:--isolate high --high-partitio
   step $n 75 $B/bench_serve $F $f; echo "-- $n"; grep -E "^\| (bf16|f32) |^clients placed" $LOGS/$n.log | cut -d'|' -f1-12
   finish
 done
-logs_in /tmp/bp-sim sim.tgz fresh; deadline 110
+logs_in /tmp/bp-sim sim.tgz fresh; deadline 95
 REC=/tmp/boundpool-sim; rm -rf $REC; mkdir -p $REC
 step chol32k 115 $B/sim_record cholesky --n 32768 --tile 2048 --runs 2 --out $REC; tail -5 $LOGS/chol32k.log
 tar czf $OUT/sim32k.tgz -C $REC .; finish

@@ -223,6 +223,9 @@ impl<T: Transport> Engine<T> {
         let op = self.next_op;
         self.next_op += 1;
         self.ops.insert(op, OpKind::Recv { src, entry });
+        if p.len >= BULK_BYTES {
+            self.bulk.insert(op);
+        }
         // SAFETY: `into` is a buffer owned by entry `entry` of `src`'s queue (a control
         // buffer, a landing, or scratch), with room for the message; the entry is popped
         // only once this op is reported done.

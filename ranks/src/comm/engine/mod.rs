@@ -11,7 +11,7 @@ mod staged;
 
 pub(crate) use staged::StagedPayload;
 
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,10 @@ use crate::error::{Error, ErrorKind};
 use crate::plan::{first_difference, Digest};
 use crate::transport::{InFlight, OpId, Probed, Transport};
 use crate::value::{AnyValue, Landing};
+
+/// A message this long or longer moves only as MPI is polled (past every eager limit): the
+/// thread does not park while one is in flight (`comm::next_wait`).
+pub(crate) const BULK_BYTES: usize = 64 << 10;
 
 /// What a worker or submitter asks of the communication thread.
 pub(crate) enum Command {
@@ -216,6 +220,8 @@ pub(crate) struct Engine<T: Transport> {
     next_tag: u64,
     next_op: OpId,
     ops: HashMap<OpId, OpKind>,
+    /// The ops in `ops` that move a message of [`BULK_BYTES`] or more.
+    bulk: HashSet<OpId>,
     sends: HashMap<u64, SendProgress>,
     /// Staged sends with messages still to post (`staged.rs`).
     staged: Vec<staged::StagedSend>,
@@ -274,6 +280,7 @@ impl<T: Transport> Engine<T> {
             next_tag: u64::from(FIRST_DATA_TAG),
             next_op: 0,
             ops: HashMap::new(),
+            bulk: HashSet::new(),
             sends: HashMap::new(),
             staged: Vec::new(),
             next_send: 0,
@@ -318,6 +325,11 @@ impl<T: Transport> Engine<T> {
             || self.graphs.values().any(|g| !g.active.is_empty())
             || !self.regs.is_empty()
             || self.queues.iter().any(|q| !q.is_empty())
+    }
+
+    /// Whether a long message is moving (the thread then polls without parking).
+    pub(crate) fn moving_bulk(&self) -> bool {
+        self.fatal.is_none() && !self.bulk.is_empty()
     }
 
     /// Whether the thread may end: shutting down, and nothing in flight (or given up on).
@@ -536,6 +548,9 @@ impl<T: Transport> Engine<T> {
         let op = self.next_op;
         self.next_op += 1;
         self.ops.insert(op, kind);
+        if len >= BULK_BYTES {
+            self.bulk.insert(op);
+        }
         // SAFETY: the bytes are a run's output (kept until the send node completes, which waits
         // for this op), or a buffer owned by the op's record or its send's progress entry
         // (dropped only once the op is reported done).
@@ -640,6 +655,7 @@ impl<T: Transport> Engine<T> {
         let n = done.len();
         let mut sources = Vec::new();
         for op in done.drain(..) {
+            self.bulk.remove(&op);
             match self.ops.remove(&op) {
                 Some(OpKind::Send(id)) => {
                     let finished = match self.sends.get_mut(&id) {
