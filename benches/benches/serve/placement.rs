@@ -1,8 +1,8 @@
 //! Where the bench's client threads run (`--isolate`): by default wherever the OS puts them;
 //! `workers` keeps every client off the pool's worker cores, so that a worker never waits
 //! behind a client for its core; `high` also gives the latency-critical client a core that no
-//! other client uses. A server that places its request threads so does the same with
-//! `sched_setaffinity` (or `core_affinity`) on its own threads.
+//! other client uses. A server does what `workers` does with `Pool::keep_off_workers` on the
+//! thread that starts its request threads.
 
 use std::sync::OnceLock;
 
@@ -40,8 +40,7 @@ pub(super) fn init(mode: Option<&str>, pool: &GpuPool) {
         .iter()
         .filter_map(|w| w.core)
         .collect();
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut free: Vec<usize> = (0..n).filter(|c| !worker_cores.contains(c)).collect();
+    let mut free = pool.pool().free_cores();
     let high = if mode == "high" && free.len() > 1 {
         free.pop()
     } else {
