@@ -5,6 +5,11 @@
 //!   runs and graphs in flight.
 //! * `faults`: a failing node, a panicking node and a graph that differs between ranks: every
 //!   rank's `wait` returns the same error naming the rank and node.
+//! * `relay N`: the ranks faked onto two hosts (`RanksBuilder::hosts`: ranks `0..size/2` on
+//!   the first), so values read on several ranks of the other host go there once and are
+//!   forwarded (`relay_per_host`): N random graphs equal to the one-process run, fewer
+//!   transfers between hosts than flat, and a failing producer whose value a relay forwards
+//!   reported the same on every rank.
 //! * `die panic|kill`: rank 1 panics outside a node (or kills itself) while the others wait on
 //!   it. Under plain `mpirun` the job ends; with `--mca orte_abort_on_non_zero_status 0
 //!   --mca orte_enable_recovery 1` the others live and must report rank 1 dead within 10 s.
@@ -16,20 +21,28 @@ mod random;
 
 use std::time::{Duration, Instant};
 
-use boundpool_ranks::{ErrorKind, RankGraphBuilder, Ranks, RanksBuilder};
+use boundpool_ranks::plan::{crossing_hosts, lower};
+use boundpool_ranks::{ErrorKind, LaunchInfo, RankGraphBuilder, Ranks, RanksBuilder};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("graphs");
     // A 4 MiB message limit: the 64 MiB values go as a header and 16 chunks over MPI.
-    let ranks = RanksBuilder::new()
+    let mut settings = RanksBuilder::new()
         .workers(2)
         .peer_timeout(Duration::from_secs(4))
-        .max_message_bytes(4 << 20)
-        .build_mpi()
-        .expect("the ranks runtime starts");
+        .max_message_bytes(4 << 20);
+    if mode == "relay" {
+        // One runtime per process: the host map is set before MPI starts, from the launcher.
+        let size = LaunchInfo::from_env().size.unwrap_or(1);
+        settings = settings.hosts((0..size).map(|r| r * 2 / size.max(1)).collect());
+    }
+    let ranks = settings.build_mpi().expect("the ranks runtime starts");
+    let count = |d| args.get(1).map_or(d, |n| n.parse().unwrap());
     let res = match mode {
-        "graphs" => graphs(&ranks, args.get(1).map_or(200, |n| n.parse().unwrap())),
+        // The host map MPI gathered at start-up is printed (one machine here: all 0).
+        "graphs" => graphs(&ranks, count(200)).map(|l| format!("{l}; hosts {:?}", ranks.hosts())),
+        "relay" => relay(&ranks, count(100)),
         "faults" => faults(&ranks),
         "die" => die(&ranks, args.get(1).map_or("panic", String::as_str)),
         other => Err(format!("unknown mode {other}")),
@@ -45,10 +58,15 @@ fn main() {
 }
 
 fn graphs(ranks: &Ranks, n: u64) -> Result<String, String> {
+    graphs_from(ranks, 0, n)
+}
+
+/// `n` random graphs of seeds `first..first + n`, each run twice and checked.
+fn graphs_from(ranks: &Ranks, first: u64, n: u64) -> Result<String, String> {
     let start = Instant::now();
     let (mut checked, mut bytes_big) = (0usize, 0usize);
     let mut batch = Vec::new();
-    for seed in 0..n {
+    for seed in first..first + n {
         // Every 50th graph carries a 64 MiB value across ranks; every 7th an 8-byte one only.
         let big = match seed % 50 {
             0 => Some(64 << 20),
@@ -63,7 +81,7 @@ fn graphs(ranks: &Ranks, n: u64) -> Result<String, String> {
         let h1 = ranks.submit(&graph).map_err(|e| e.to_string())?;
         let h2 = ranks.submit(&graph).map_err(|e| e.to_string())?;
         batch.push((spec, reference, refs, graph, vec![h1, h2]));
-        if batch.len() == 4 || seed + 1 == n {
+        if batch.len() == 4 || seed + 1 == first + n {
             for (spec, reference, refs, _graph, hs) in batch.drain(..) {
                 for h in hs {
                     let out = h.wait().map_err(|e| format!("graph {}: {e}", spec.seed))?;
@@ -77,6 +95,56 @@ fn graphs(ranks: &Ranks, n: u64) -> Result<String, String> {
          ({} MiB in big values) in {:.1} s",
         bytes_big >> 20,
         start.elapsed().as_secs_f64()
+    ))
+}
+
+fn relay(ranks: &Ranks, n: u64) -> Result<String, String> {
+    if !ranks.relays_per_host() && ranks.size() > 1 {
+        return Err(format!("not relaying on hosts {:?}", ranks.hosts()));
+    }
+    let (mut crossing, mut crossing_flat, mut forwarded) = (0, 0, 0);
+    for seed in 0..n {
+        let spec = random::random_spec(1000 + seed, ranks.size(), 40, None);
+        let (graph, _) = random::build(&spec, ranks).map_err(|e| e.to_string())?;
+        let l = graph.lowering();
+        crossing += crossing_hosts(l, ranks.hosts());
+        let flat = lower(graph.desc(), ranks.size()).map_err(|e| e.to_string())?;
+        crossing_flat += crossing_hosts(&flat, ranks.hosts());
+        forwarded += l.transfers.iter().filter(|t| t.via.is_some()).count();
+    }
+    // Each forwarded transfer replaced one between hosts; with two ranks a host, some are.
+    if crossing + forwarded != crossing_flat || (ranks.size() >= 4) != (forwarded > 0) {
+        return Err(format!(
+            "{crossing} transfers between hosts relayed, {crossing_flat} flat, {forwarded} forwarded"
+        ));
+    }
+    // The same graphs run (outputs checked against the one-process run), from seed 1000.
+    let ran = graphs_from(ranks, 1000, n)?;
+    // A failing producer on rank 0 read on every rank: the relays' receives fail, their
+    // forwarded sends are cancelled, every rank reports rank 0's failure.
+    let mut g = RankGraphBuilder::new("ci relay fails");
+    let a = g.plain_node(0, "a", |_| Err::<Vec<u64>, _>("injected".into()));
+    for r in 1..ranks.size() {
+        let b = g.plain_node(
+            r,
+            format!("b{r}"),
+            move |ctx| Ok(ctx.input(a)?.len() as u64),
+        );
+        g.edge(a, b);
+    }
+    let graph = g.build(ranks).map_err(|e| e.to_string())?;
+    let e = ranks
+        .run(&graph)
+        .err()
+        .ok_or("the failing graph succeeded")?;
+    let want = "rank 0: node 'a' (#0) of graph 'ci relay fails' failed: injected";
+    if e.kind() != ErrorKind::NodeFailed || e.to_string() != want {
+        return Err(format!("relayed failure: got {e:?}, want {want}"));
+    }
+    Ok(format!(
+        "hosts {:?}: {ran}; {crossing} transfers between hosts instead of {crossing_flat} \
+         ({forwarded} forwarded within a host); a failing producer reported on every rank",
+        ranks.hosts()
     ))
 }
 

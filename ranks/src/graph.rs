@@ -15,7 +15,7 @@ use boundpool_scheduler::{BoxError, Graph, GraphBuilder, GroupId, NodeCtx, NodeI
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::comm::run::{CommGraph, RecvSpec, RunState, SendSpec};
+use crate::comm::run::{CommGraph, RecvCell, RecvSpec, RunState, SendSpec};
 use crate::comm::stamps::SendHop;
 use crate::comm::wire::{FailKind, Failure};
 use crate::comm::{CommHandle, Command, Payload, Sent, SMALL_SEND};
@@ -263,6 +263,25 @@ pub(crate) trait NodeMaker<S: Send + 'static>: Send + Sync {
     ) -> SendNodes;
     /// How its value lands on a receiving rank.
     fn land(&self) -> Option<LandFn>;
+    /// How its value lands on a rank that also forwards it (a relay, `plan::relay`): the
+    /// bytes it sends on must stay as they arrived. `None`: it is never forwarded (device
+    /// values: the lowering relays host values only).
+    fn land_forwarded(&self) -> Option<LandFn> {
+        None
+    }
+    /// Send `k` to rank `to` of the value this rank received in its receive `recv` (a relay:
+    /// the bytes as they arrived). Only called for makers whose `land_forwarded` is `Some`.
+    fn forward(
+        &self,
+        gb: &mut GraphBuilder<S>,
+        env: &Arc<SlotEnv>,
+        recv: u32,
+        k: u32,
+        to: usize,
+    ) -> SendNodes {
+        let _ = (gb, env, recv, k, to);
+        unreachable!("only host values are forwarded (plan::relayable)")
+    }
     /// How a received value of it gives its memory back (plain values; see `value::ReclaimFn`);
     /// `None`: not recycled.
     fn reclaim(&self) -> Option<ReclaimFn> {
@@ -301,12 +320,24 @@ type Body<T, S> = dyn Fn(&RankCtx<'_, S>) -> Result<T, BoxError> + Send + Sync;
 /// How a send node makes its payload from the producer's value.
 type EncodeFn<T> = fn(&T) -> Result<Payload, String>;
 
+/// How a relay's send makes its payload from the value its rank received.
+type ForwardFn = fn(&RecvCell) -> Result<Payload, String>;
+
+/// How a host value crosses ranks: sent, landed, forwarded, recycled.
+struct Crossing<T> {
+    encode: EncodeFn<T>,
+    land: value::LandPlain,
+    /// The landing on a rank that forwards the value.
+    land_forwarded: value::LandPlain,
+    forward: ForwardFn,
+    reclaim: Option<ReclaimFn>,
+}
+
 struct Maker<T, S> {
     name: String,
     body: Arc<Body<T, S>>,
-    encode: Option<EncodeFn<T>>,
-    land: Option<value::LandPlain>,
-    reclaim: Option<ReclaimFn>,
+    /// `None`: a local value.
+    crossing: Option<Crossing<T>>,
 }
 
 fn encode_plain<T: PlainValue>(v: &T) -> Result<Payload, String> {
@@ -323,6 +354,75 @@ fn encode_plain<T: PlainValue>(v: &T) -> Result<Payload, String> {
 
 fn encode_serde<T: Serialize>(v: &T) -> Result<Payload, String> {
     value::serde_bytes(v).map(Payload::Owned)
+}
+
+const NOT_ARRIVED: &str = "the value to forward did not arrive";
+
+/// A plain value received here, sent on from its own memory: the bytes as they arrived.
+fn forward_plain<T: PlainValue>(cell: &RecvCell) -> Result<Payload, String> {
+    let v = cell.get().and_then(|v| v.downcast_ref::<T>());
+    encode_plain(v.ok_or(NOT_ARRIVED)?)
+}
+
+/// A serde value received here, sent on from the bytes its landing kept (no re-encoding).
+fn forward_kept(cell: &RecvCell) -> Result<Payload, String> {
+    let b = cell.bytes().ok_or(NOT_ARRIVED)?;
+    if b.len() <= SMALL_SEND {
+        return Ok(Payload::Owned(b.to_vec()));
+    }
+    Ok(Payload::Borrowed {
+        ptr: b.as_ptr(),
+        len: b.len(),
+    })
+}
+
+impl<T: PlainValue> Crossing<T> {
+    fn plain() -> Self {
+        Crossing {
+            encode: encode_plain::<T>,
+            land: value::plain_landing::<T>,
+            land_forwarded: value::plain_landing::<T>,
+            forward: forward_plain::<T>,
+            reclaim: Some(value::plain_reclaim::<T>),
+        }
+    }
+}
+
+impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Crossing<T> {
+    fn serde() -> Self {
+        Crossing {
+            encode: encode_serde::<T>,
+            land: value::serde_landing::<T>,
+            land_forwarded: value::serde_landing_kept::<T>,
+            forward: forward_kept,
+            reclaim: None,
+        }
+    }
+}
+
+/// Hands `payload` (send `k` of the slot's current run) to the communication thread, or fails
+/// the node as `producer`'s failure when it could not be made.
+fn send_payload<S: Send + 'static>(
+    ctx: &NodeCtx<'_, S>,
+    env: &SlotEnv,
+    run: Arc<RunState>,
+    k: u32,
+    payload: Result<Payload, String>,
+) -> Result<(), BoxError> {
+    let payload = match payload {
+        Ok(p) => p,
+        Err(msg) => {
+            let producer = env.graph.sends[k as usize].producer;
+            env.failed(producer, FailKind::Failed, msg.clone());
+            return Err(msg.into());
+        }
+    };
+    let cell = run.clone();
+    if env.comm.send_value(run, k, payload) == Sent::Pending {
+        // Completed by the comm thread once the transport is done with the value.
+        cell.sends[k as usize].complete_on(ctx.complete_later());
+    }
+    Ok(())
 }
 
 pub(crate) fn panic_message(p: &(dyn Any + Send)) -> String {
@@ -372,28 +472,15 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
         let from = *producer
             .downcast_ref::<boundpool_scheduler::NodeRef<T>>()
             .expect("the producer's own type");
-        let encode = self.encode.expect("a crossing producer has a wire");
+        let encode = self.crossing.as_ref().expect("a crossing producer").encode;
         let env = env.clone();
-        let producer_index = env.graph.sends[k as usize].producer;
         let r = gb.node(
             format!("send '{}' to rank {to}", self.name),
             move |ctx: &NodeCtx<'_, S>| {
                 let run = env.current();
                 run.stamp_send(k, SendHop::Body);
-                let v = ctx.input(from)?;
-                let payload = match encode(v) {
-                    Ok(p) => p,
-                    Err(msg) => {
-                        env.failed(producer_index, FailKind::Failed, msg.clone());
-                        return Err(msg.into());
-                    }
-                };
-                let cell = run.clone();
-                if env.comm.send_value(run, k, payload) == Sent::Pending {
-                    // Completed by the comm thread once the transport is done with the value.
-                    cell.sends[k as usize].complete_on(ctx.complete_later());
-                }
-                Ok(())
+                let payload = encode(ctx.input(from)?);
+                send_payload(ctx, &env, run, k, payload)
             },
         );
         SendNodes {
@@ -403,11 +490,45 @@ impl<T: Send + Sync + 'static, S: Send + 'static> NodeMaker<S> for Maker<T, S> {
     }
 
     fn land(&self) -> Option<LandFn> {
-        self.land.map(value::land_fn)
+        self.crossing.as_ref().map(|c| value::land_fn(c.land))
+    }
+
+    fn land_forwarded(&self) -> Option<LandFn> {
+        self.crossing
+            .as_ref()
+            .map(|c| value::land_fn(c.land_forwarded))
+    }
+
+    fn forward(
+        &self,
+        gb: &mut GraphBuilder<S>,
+        env: &Arc<SlotEnv>,
+        recv: u32,
+        k: u32,
+        to: usize,
+    ) -> SendNodes {
+        let forward = self.crossing.as_ref().expect("a crossing producer").forward;
+        let env = env.clone();
+        // After the receive node (the lowering's edge): its cell is filled. A receive that
+        // failed fails its node, and the scheduler cancels this one; the failure that caused
+        // it reached every rank (a node's `Fail`, a dead peer), so `to` does not wait for it.
+        let r = gb.node(
+            format!("forward '{}' to rank {to}", self.name),
+            move |ctx: &NodeCtx<'_, S>| {
+                let run = env.current();
+                run.stamp_send(k, SendHop::Body);
+                let payload = forward(&run.recvs[recv as usize]);
+                send_payload(ctx, &env, run, k, payload)
+            },
+        );
+        SendNodes {
+            inputs: vec![r.id()],
+            nccl: None,
+        }
     }
 
     fn reclaim(&self) -> Option<ReclaimFn> {
-        self.reclaim
+        self.crossing.as_ref().and_then(|c| c.reclaim)
     }
 }
 
@@ -469,16 +590,13 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         self.desc.datum(name, owner)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn add<T: Send + Sync + 'static>(
         &mut self,
         on: On,
         name: String,
         body: Arc<Body<T, S>>,
         wire: Wire,
-        encode: Option<EncodeFn<T>>,
-        land: Option<value::LandPlain>,
-        reclaim: Option<ReclaimFn>,
+        crossing: Option<Crossing<T>>,
     ) -> NodeRef<T> {
         let desc = plan::NodeDesc {
             name: name.clone(),
@@ -489,9 +607,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         let maker = Arc::new(Maker {
             name,
             body,
-            encode,
-            land,
-            reclaim,
+            crossing,
         });
         self.add_node(desc, maker)
     }
@@ -543,15 +659,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         T: Send + Sync + 'static,
         F: Fn(&RankCtx<'_, S>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
-        self.add(
-            on.into(),
-            name.into(),
-            Arc::new(body),
-            Wire::Local,
-            None,
-            None,
-            None,
-        )
+        self.add(on.into(), name.into(), Arc::new(body), Wire::Local, None)
     }
 
     /// Adds a node whose output is plain data ([`PlainValue`]): it crosses ranks as its own
@@ -571,9 +679,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             name.into(),
             Arc::new(body),
             Wire::Plain,
-            Some(encode_plain::<T>),
-            Some(value::plain_landing::<T>),
-            Some(value::plain_reclaim::<T>),
+            Some(Crossing::plain()),
         )
     }
 
@@ -593,9 +699,7 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             name.into(),
             Arc::new(body),
             Wire::Serde,
-            Some(encode_serde::<T>),
-            Some(value::serde_landing::<T>),
-            None,
+            Some(Crossing::serde()),
         )
     }
 
@@ -637,15 +741,19 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         self.build_for(
             ranks.rank(),
             ranks.size(),
+            ranks.relay_hosts(),
             ranks.comm(),
             ranks.compute_group(),
         )
     }
 
+    /// Lowers for rank `rank` of `size`, relaying one copy a host on `relay_hosts` (`None`:
+    /// flat).
     pub(crate) fn build_for(
         self,
         rank: usize,
         size: usize,
+        relay_hosts: Option<&[usize]>,
         comm: CommHandle,
         group: Option<GroupId>,
     ) -> Result<RankGraph<S>, Error> {
@@ -658,9 +766,20 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
                 node.wire = w;
             }
         }
-        let lowering = plan::lower(&desc, size)?;
-        let digest = plan::digest(&desc, &lowering.rank_of);
+        let flat = plan::lower(&desc, size)?;
+        let mut digest = plan::digest(&desc, &flat.rank_of);
+        digest.relay = plan::relay_digest(relay_hosts);
+        let lowering = match relay_hosts {
+            Some(hosts) => plan::relay(&desc, &flat, &*plan::per_host(hosts.to_vec())),
+            None => flat,
+        };
         let local = &lowering.plans[rank];
+        // This rank's receives whose values it forwards (their landings keep the bytes).
+        let forwarded: std::collections::HashSet<u32> = local
+            .sends
+            .iter()
+            .filter_map(|&t| lowering.transfers[t as usize].via)
+            .collect();
         let names: Arc<[String]> = desc.nodes.iter().map(|n| n.name.clone()).collect();
         let sends = local
             .sends
@@ -681,18 +800,31 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
             .map(|&t| {
                 let tr = &lowering.transfers[t as usize];
                 let producer = &desc.nodes[tr.producer as usize];
+                let maker = &self.makers[tr.producer as usize];
+                let land = if forwarded.contains(&t) {
+                    maker.land_forwarded()
+                } else {
+                    maker.land()
+                };
+                let from_rank = lowering.rank_of[tr.producer as usize];
                 RecvSpec {
                     from: tr.from,
                     index: tr.index,
-                    land: self.makers[tr.producer as usize]
-                        .land()
-                        .expect("a crossing producer has a wire"),
-                    edge: format!(
-                        "'{}' (rank {}) -> rank {}",
-                        crate::error::bounded(&producer.name),
-                        tr.from,
-                        tr.to
-                    ),
+                    land: land.expect("a crossing producer has a wire"),
+                    edge: if tr.via.is_some() {
+                        format!(
+                            "'{}' (rank {from_rank}, forwarded by rank {}) -> rank {}",
+                            crate::error::bounded(&producer.name),
+                            tr.from,
+                            tr.to
+                        )
+                    } else {
+                        format!(
+                            "'{}' (rank {from_rank}) -> rank {}",
+                            crate::error::bounded(&producer.name),
+                            tr.to
+                        )
+                    },
                     producer: tr.producer,
                     producer_name: producer.name.clone(),
                     reclaim: self.makers[tr.producer as usize].reclaim(),
@@ -786,19 +918,27 @@ impl<S: Send + 'static> GraphInner<S> {
             ids[i as usize] = Some(id);
             map[i as usize] = Mapped::Local(r);
         }
+        let recv_pos: std::collections::HashMap<u32, usize> = plan
+            .recvs
+            .iter()
+            .enumerate()
+            .map(|(k, &t)| (t, k))
+            .collect();
         let mut send_nodes = Vec::with_capacity(plan.sends.len());
         for (k, &t) in plan.sends.iter().enumerate() {
             let tr = &self.lowering.transfers[t as usize];
-            let Mapped::Local(producer) = &map[tr.producer as usize] else {
-                unreachable!("a send's producer is on its rank")
+            let maker = &self.makers[tr.producer as usize];
+            let nodes = match (tr.via, &map[tr.producer as usize]) {
+                // A relay: it sends on what its receive of `up` got.
+                (Some(up), _) => {
+                    maker.forward(&mut gb, &env, recv_pos[&up] as u32, k as u32, tr.to)
+                }
+                (None, Mapped::Local(producer)) => {
+                    maker.send(&mut gb, &env, &**producer, k as u32, tr.to)
+                }
+                (None, _) => unreachable!("a send's producer is on its rank"),
             };
-            send_nodes.push(self.makers[tr.producer as usize].send(
-                &mut gb,
-                &env,
-                &**producer,
-                k as u32,
-                tr.to,
-            ));
+            send_nodes.push(nodes);
         }
         let mut recv_nodes = Vec::with_capacity(plan.recvs.len());
         for (k, &t) in plan.recvs.iter().enumerate() {
@@ -813,12 +953,6 @@ impl<S: Send + 'static> GraphInner<S> {
         }
         let send_pos: std::collections::HashMap<u32, usize> = plan
             .sends
-            .iter()
-            .enumerate()
-            .map(|(k, &t)| (t, k))
-            .collect();
-        let recv_pos: std::collections::HashMap<u32, usize> = plan
-            .recvs
             .iter()
             .enumerate()
             .map(|(k, &t)| (t, k))

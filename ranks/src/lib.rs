@@ -67,6 +67,12 @@
 //!   most [`RanksBuilder::send_window`] sends are in flight; more wait, the critical path's
 //!   first. Where the threads run and how they wait: [`Placement`]; where an edge's time
 //!   goes: [`RanksBuilder::stamp_edges`].
+//! * **One copy a host** ([`RanksBuilder::relay_per_host`], on by default;
+//!   [`plan::relay`]): a host value read on several ranks of another host is sent there once,
+//!   to the first consuming rank of that host, whose forwarding send node sends the bytes as
+//!   they arrived (no decoding, no copy past 4 KiB) to the others of its host. Each rank's host
+//!   comes from the transport at start-up (MPI: the processor names, gathered) or from
+//!   [`RanksBuilder::hosts`]; ranks on one host lower flat. Device values are not relayed.
 //! * **Faults**: a node that fails on one rank cancels the run on every rank, and every
 //!   rank's [`RunHandle::wait`] returns that failure naming its rank and node; a rank that
 //!   dies (killed: silent past the peer timeout; or panicking outside a node: it says so as it
@@ -112,14 +118,15 @@
 //!
 //! # Where the unsafe code is
 //!
-//! * `value.rs`: a plain value's landing (`Vec::set_len` after its bytes arrived; `Pod`
-//!   makes any bytes valid).
+//! * `value.rs`: a plain value's and a serde value's landing (`Vec::set_len` after its bytes
+//!   arrived; `Pod` makes any bytes valid).
 //! * `transport/mod.rs`, `transport/local.rs`: the transport's `send` and `receive` take raw
 //!   pointers (unsafe trait methods); the in-process one copies through them.
 //! * `transport/mpi.rs`: the MPI calls (rsmpi's `ffi`), and the communicator and request
 //!   handles that workers' sends use and hand over (`Send`, `Sync`).
-//! * `comm/engine/mod.rs`: pointers into a run's outputs and the engine's send buffers handed
-//!   to the transport, and `Payload` is `Send`.
+//! * `comm/engine/mod.rs`: pointers into a run's outputs (or, for a relay's send, into the
+//!   value its rank received, kept by the run's state) and the engine's send buffers handed to
+//!   the transport, and `Payload` is `Send`.
 //! * `comm/engine/arrive.rs`: landings and control buffers handed to the transport to receive
 //!   into, and a landing finished once its bytes arrived.
 //! * `comm/engine/staged.rs`: a staged payload's pieces handed to the transport (pointers into

@@ -111,6 +111,13 @@ pub(crate) fn serde_bytes<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
     postcard::to_allocvec(v).map_err(|e| format!("cannot encode: {e}"))
 }
 
+/// What a landing made of the arrived bytes: the value and, where the landing keeps them (a
+/// serde value this rank forwards to others of its host), the bytes as they arrived.
+pub(crate) struct Landed {
+    pub(crate) value: AnyValue,
+    pub(crate) bytes: Option<Vec<u8>>,
+}
+
 /// A buffer that arriving bytes are written into, and the value made from it afterwards.
 pub(crate) trait Landing: Send {
     /// Where the `len()` bytes go.
@@ -122,6 +129,15 @@ pub(crate) trait Landing: Send {
     /// # Safety
     /// All `len()` bytes at `ptr()` have been written.
     unsafe fn finish(self: Box<Self>) -> Result<AnyValue, String>;
+    /// The value, and the arrived bytes if this landing keeps them (by default it does not:
+    /// a plain value is its bytes).
+    ///
+    /// # Safety
+    /// As [`finish`](Self::finish).
+    unsafe fn finish_landed(self: Box<Self>) -> Result<Landed, String> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.finish() }.map(|value| Landed { value, bytes: None })
+    }
     /// Lands in `spare` (memory an earlier value of the same transfer gave back, see
     /// [`ReclaimFn`]) instead of a fresh allocation, if it fits exactly; before the first
     /// `ptr()`. Returns whether it took it.
@@ -229,7 +245,21 @@ pub(crate) fn plain_landing<T: PlainValue>(len: usize) -> Result<Box<dyn Landing
 struct SerdeLanding<T> {
     buf: Vec<u8>,
     len: usize,
+    /// Keep the encoded bytes beside the value (`finish_landed`): this rank forwards them.
+    keep: bool,
     _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> SerdeLanding<T> {
+    fn decode(&self) -> Result<T, String> {
+        postcard::from_bytes::<T>(&self.buf).map_err(|e| {
+            format!(
+                "cannot decode {} bytes as {}: {e}",
+                self.len,
+                std::any::type_name::<T>()
+            )
+        })
+    }
 }
 
 impl<T: DeserializeOwned + Send + Sync + 'static> Landing for SerdeLanding<T> {
@@ -242,15 +272,14 @@ impl<T: DeserializeOwned + Send + Sync + 'static> Landing for SerdeLanding<T> {
     unsafe fn finish(mut self: Box<Self>) -> Result<AnyValue, String> {
         // SAFETY: the capacity is `len` and the caller wrote all of it.
         unsafe { self.buf.set_len(self.len) };
-        postcard::from_bytes::<T>(&self.buf)
-            .map(|v| Box::new(v) as AnyValue)
-            .map_err(|e| {
-                format!(
-                    "cannot decode {} bytes as {}: {e}",
-                    self.len,
-                    std::any::type_name::<T>()
-                )
-            })
+        self.decode().map(|v| Box::new(v) as AnyValue)
+    }
+    unsafe fn finish_landed(mut self: Box<Self>) -> Result<Landed, String> {
+        // SAFETY: the capacity is `len` and the caller wrote all of it.
+        unsafe { self.buf.set_len(self.len) };
+        let value = Box::new(self.decode()?) as AnyValue;
+        let bytes = self.keep.then(|| std::mem::take(&mut self.buf));
+        Ok(Landed { value, bytes })
     }
 }
 
@@ -261,6 +290,20 @@ pub(crate) fn serde_landing<T: DeserializeOwned + Send + Sync + 'static>(
     Ok(Box::new(SerdeLanding::<T> {
         buf: Vec::with_capacity(len),
         len,
+        keep: false,
+        _t: std::marker::PhantomData,
+    }))
+}
+
+/// The landing of a serde value of type `T` that this rank forwards: the encoded bytes stay
+/// beside the decoded value, and the forwarding send sends them as they arrived.
+pub(crate) fn serde_landing_kept<T: DeserializeOwned + Send + Sync + 'static>(
+    len: usize,
+) -> Result<Box<dyn Landing>, String> {
+    Ok(Box::new(SerdeLanding::<T> {
+        buf: Vec::with_capacity(len),
+        len,
+        keep: true,
         _t: std::marker::PhantomData,
     }))
 }
@@ -349,6 +392,22 @@ mod tests {
         let back = land_bytes(serde_landing::<(String, Vec<f64>, Option<u8>)>, &bytes).unwrap();
         assert_eq!(
             back.downcast_ref::<(String, Vec<f64>, Option<u8>)>()
+                .unwrap(),
+            &v
+        );
+        // Kept for forwarding: the bytes as they arrived, beside the value.
+        let mut l = serde_landing_kept::<(String, Vec<f64>, Option<u8>)>(bytes.len()).unwrap();
+        // SAFETY: the landing has room for `bytes.len()` bytes, all written here.
+        let landed = unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), l.ptr(), bytes.len());
+            l.finish_landed()
+        }
+        .unwrap();
+        assert_eq!(landed.bytes.as_deref(), Some(&bytes[..]));
+        assert_eq!(
+            landed
+                .value
+                .downcast_ref::<(String, Vec<f64>, Option<u8>)>()
                 .unwrap(),
             &v
         );

@@ -282,3 +282,117 @@ proptest! {
         prop_assert_eq!(done.len(), total, "the ranks deadlock");
     }
 }
+
+/// Whether the ranks' plans run to the end together: a node runs once its local
+/// predecessors ran, a receive also once its send ran.
+fn runs_to_end(l: &boundpool_ranks::Lowering) -> bool {
+    let preds: Vec<HashMap<LocalNode, Vec<LocalNode>>> = l
+        .plans
+        .iter()
+        .map(|p| {
+            let mut m: HashMap<LocalNode, Vec<LocalNode>> = HashMap::new();
+            for &(a, b) in &p.edges {
+                m.entry(b).or_default().push(a);
+            }
+            m
+        })
+        .collect();
+    let mut done: HashSet<(usize, LocalNode)> = HashSet::new();
+    let total: usize = l
+        .plans
+        .iter()
+        .map(|p| p.compute.len() + p.sends.len() + p.recvs.len())
+        .sum();
+    loop {
+        let mut progressed = false;
+        for p in &l.plans {
+            let all = p
+                .compute
+                .iter()
+                .map(|&i| LocalNode::Compute(i))
+                .chain(p.sends.iter().map(|&t| LocalNode::Send(t)))
+                .chain(p.recvs.iter().map(|&t| LocalNode::Recv(t)));
+            for node in all.collect::<Vec<_>>() {
+                if done.contains(&(p.rank, node)) {
+                    continue;
+                }
+                let local = preds[p.rank]
+                    .get(&node)
+                    .is_none_or(|ps| ps.iter().all(|q| done.contains(&(p.rank, *q))));
+                let remote = match node {
+                    LocalNode::Recv(t) => {
+                        done.contains(&(l.transfers[t as usize].from, LocalNode::Send(t)))
+                    }
+                    _ => true,
+                };
+                if local && remote {
+                    done.insert((p.rank, node));
+                    progressed = true;
+                }
+            }
+        }
+        if !progressed {
+            return done.len() == total;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// One copy a host (`plan::relay` with `plan::per_host`) on a random host map: the same
+    /// transfers and consumers, each relayed one received on the relay's rank from the
+    /// producer, one message a producer and other host, dense indices, no deadlock.
+    #[test]
+    fn relaying_per_host_sends_one_copy_a_host(
+        (g, ranks) in graphs(),
+        host_seeds in proptest::collection::vec(0usize..3, 7),
+    ) {
+        use boundpool_ranks::plan::{crossing_hosts, per_host, relay, relayable};
+        let Ok(flat) = lower(&g, ranks) else { return Ok(()) };
+        let hosts: Vec<usize> = host_seeds[..ranks].to_vec();
+        let l = relay(&g, &flat, &*per_host(hosts.clone()));
+        prop_assert_eq!(&l, &relay(&g, &flat, &*per_host(hosts.clone())), "not deterministic");
+        prop_assert_eq!(l.transfers.len(), flat.transfers.len());
+        for (p, q) in l.plans.iter().zip(&flat.plans) {
+            prop_assert_eq!((&p.compute, &p.recvs), (&q.compute, &q.recvs));
+        }
+        let mut by_pair: HashMap<(usize, usize), Vec<u32>> = HashMap::new();
+        // Per producer, the hosts its value entered from another host.
+        let mut entered: HashMap<u32, Vec<usize>> = HashMap::new();
+        for (t, f) in l.transfers.iter().zip(&flat.transfers) {
+            prop_assert_eq!((t.producer, t.to, &t.consumers, t.priority), (f.producer, f.to, &f.consumers, f.priority));
+            let home = l.rank_of[t.producer as usize];
+            match t.via {
+                None => prop_assert_eq!(t.from, home),
+                Some(up) => {
+                    let up = &l.transfers[up as usize];
+                    prop_assert!(relayable(g.nodes[t.producer as usize].wire));
+                    prop_assert_eq!((up.producer, up.to, up.via), (t.producer, t.from, None));
+                    prop_assert_eq!(hosts[t.from], hosts[t.to]);
+                    prop_assert!(hosts[t.to] != hosts[home]);
+                }
+            }
+            if hosts[t.from] != hosts[t.to] {
+                entered.entry(t.producer).or_default().push(hosts[t.to]);
+            }
+            by_pair.entry((t.from, t.to)).or_default().push(t.index);
+        }
+        for (p, mut hs) in entered {
+            let n = hs.len();
+            hs.sort_unstable();
+            hs.dedup();
+            if relayable(g.nodes[p as usize].wire) {
+                prop_assert_eq!(hs.len(), n, "node {} entered a host twice", p);
+            }
+        }
+        let mut max = 0;
+        for (_, idx) in by_pair {
+            prop_assert_eq!(idx.clone(), (0..idx.len() as u32).collect::<Vec<_>>());
+            max = max.max(idx.len() as u32);
+        }
+        prop_assert_eq!(l.tags_per_run, max);
+        prop_assert!(crossing_hosts(&l, &hosts) <= crossing_hosts(&flat, &hosts));
+        prop_assert!(runs_to_end(&l), "the relayed plans deadlock");
+    }
+}

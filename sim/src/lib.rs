@@ -73,7 +73,6 @@
 //!
 //! Nowhere: the crate has no `unsafe`.
 
-mod broadcast;
 mod cost;
 mod dist;
 mod engine;

@@ -93,6 +93,8 @@ pub(crate) struct CommThread {
     pub(crate) join: Mutex<Option<JoinHandle<bool>>>,
     pub(crate) rank: usize,
     pub(crate) size: usize,
+    /// Each rank's host, as the transport found them (`Transport::hosts`).
+    pub(crate) hosts: Vec<usize>,
 }
 
 /// Starts the communication thread (pinned to `waiting.core`, if given): `make` builds the
@@ -113,7 +115,7 @@ where
     let sending = Arc::new(Sending::new(cfg.send_window, cfg.max_message));
     let sending_here = sending.clone();
     let (tx, rx) = mpsc::channel::<Command>();
-    let (up_tx, up_rx) = mpsc::channel::<Result<(usize, usize), Error>>();
+    let (up_tx, up_rx) = mpsc::channel::<Result<(usize, usize, Vec<usize>), Error>>();
     let parked = Arc::new(AtomicBool::new(false));
     let parked_here = parked.clone();
     let join = std::thread::Builder::new()
@@ -123,14 +125,16 @@ where
                 // A placement hint: an unpinned thread works too.
                 core_affinity::set_for_current(core_affinity::CoreId { id });
             }
-            let engine = match make() {
-                Ok(t) => Engine::new(t, cfg, poisoned, sending_here),
+            // Every rank learns the hosts before anything is sent (a collective under MPI).
+            let made = make().and_then(|mut t| t.hosts().map(|h| (t, h)));
+            let (engine, hosts) = match made {
+                Ok((t, hosts)) => (Engine::new(t, cfg, poisoned, sending_here), hosts),
                 Err(e) => {
                     let _ = up_tx.send(Err(e));
                     return false;
                 }
             };
-            let _ = up_tx.send(Ok((engine.rank(), engine.size())));
+            let _ = up_tx.send(Ok((engine.rank(), engine.size(), hosts)));
             let guard = AbortOnUnwind(engine.rank());
             let poisoned = run_loop(engine, rx, &parked_here, waiting.spin);
             std::mem::forget(guard);
@@ -143,7 +147,7 @@ where
             )
         })?;
     let thread = join.thread().clone();
-    let (rank, size) = match up_rx.recv() {
+    let (rank, size, hosts) = match up_rx.recv() {
         Ok(Ok(rs)) => rs,
         Ok(Err(e)) => {
             let _ = join.join();
@@ -167,6 +171,7 @@ where
         join: Mutex::new(Some(join)),
         rank,
         size,
+        hosts,
     })
 }
 

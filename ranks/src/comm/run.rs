@@ -17,7 +17,7 @@ use crate::comm::stamps::{monotonic_ns, EdgeStamps, RecvHop, RunStamps, SendHop}
 use crate::comm::wire::{Failure, Outcome, TagLayout};
 use crate::error::{Error, ErrorKind};
 use crate::plan::Digest;
-use crate::value::{AnyValue, LandFn, ReclaimFn, Spare};
+use crate::value::{AnyValue, LandFn, Landed, ReclaimFn, Spare};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -231,6 +231,8 @@ impl Waiter {
 pub(crate) struct RecvCell {
     state: AtomicU8,
     value: OnceLock<AnyValue>,
+    /// The bytes as they arrived, kept where this rank forwards them (a serde value).
+    bytes: OnceLock<Vec<u8>>,
     error: OnceLock<Error>,
     waiter: Waiter,
 }
@@ -240,14 +242,27 @@ impl RecvCell {
         RecvCell {
             state: AtomicU8::new(PENDING),
             value: OnceLock::new(),
+            bytes: OnceLock::new(),
             error: OnceLock::new(),
             waiter: Waiter::new(),
         }
     }
 
     /// The value arrived (the comm thread; the first fill or failure wins).
+    #[cfg(test)]
     pub(crate) fn fill(&self, value: AnyValue) {
-        if self.state.load(Ordering::Acquire) == PENDING && self.value.set(value).is_ok() {
+        self.fill_landed(Landed { value, bytes: None });
+    }
+
+    /// The value arrived, with its bytes where the landing kept them.
+    pub(crate) fn fill_landed(&self, landed: Landed) {
+        if self.state.load(Ordering::Acquire) != PENDING {
+            return;
+        }
+        if let Some(b) = landed.bytes {
+            let _ = self.bytes.set(b);
+        }
+        if self.value.set(landed.value).is_ok() {
             self.state.store(READY, Ordering::Release);
             self.waiter.wake(|| Ok(()));
         }
@@ -288,6 +303,13 @@ impl RecvCell {
             ))),
             _ => Poll::Pending,
         }
+    }
+
+    /// The bytes as they arrived, once ready, if the landing kept them.
+    pub(crate) fn bytes(&self) -> Option<&[u8]> {
+        (self.state.load(Ordering::Acquire) == READY)
+            .then(|| self.bytes.get().map(Vec::as_slice))
+            .flatten()
     }
 
     /// The value, once ready.
@@ -567,6 +589,7 @@ mod tests {
             Digest {
                 graph: 0,
                 nodes: vec![],
+                relay: 0,
             },
             Arc::from(Vec::new()),
             2,
@@ -610,6 +633,7 @@ mod tests {
             Digest {
                 graph: 0,
                 nodes: vec![],
+                relay: 0,
             },
             Arc::from(Vec::new()),
             2,

@@ -109,6 +109,8 @@ pub(crate) struct Mismatch {
     pub(crate) name_on_0: Option<String>,
     /// Rank 0's graph name.
     pub(crate) graph_on_0: String,
+    /// Only how the ranks relay differs (`Digest::relay`: the host map, or relaying on or off).
+    pub(crate) relays: bool,
 }
 
 /// A control message.
@@ -120,6 +122,7 @@ pub(crate) enum Control {
         name: String,
         graph: u64,
         nodes: Vec<u64>,
+        relay: u64,
         tags: u64,
     },
     /// From rank 0 to all: the ranks' graphs match (here is the graph's first tag), or not.

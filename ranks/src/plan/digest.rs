@@ -35,6 +35,9 @@ pub struct Digest {
     pub graph: u64,
     /// One per node: name, resolved rank, wire, output type name, sorted predecessors.
     pub nodes: Vec<u64>,
+    /// How the runtime relays values read on several ranks: 0 when it does not, else the
+    /// digest of the host map it relays on ([`relay_digest`]).
+    pub relay: u64,
 }
 
 /// The digest of `desc` with its nodes placed on `rank_of` (from [`place`](super::place)).
@@ -84,11 +87,28 @@ pub fn digest(desc: &GraphDesc, rank_of: &[usize]) -> Digest {
         }
     }
     let graph = graph.0;
-    Digest { graph, nodes }
+    Digest {
+        graph,
+        nodes,
+        relay: 0,
+    }
+}
+
+/// The [`Digest::relay`] of a runtime relaying one copy a host on `host_of` (`None`: flat).
+/// Ranks that disagree on it would lower differently: their check fails, naming it.
+pub fn relay_digest(host_of: Option<&[usize]>) -> u64 {
+    host_of.map_or(0, |hosts| {
+        let mut h = Fnv::new().u64(hosts.len() as u64);
+        for &x in hosts {
+            h = h.u64(x as u64);
+        }
+        h.0 | 1
+    })
 }
 
 /// The first place where two digests differ: `None` when equal, `Some(Some(i))` at node `i`
-/// (also the first node one of them lacks), `Some(None)` when only the graph's own differs.
+/// (also the first node one of them lacks), `Some(None)` when only the graph's own differs
+/// (not [`Digest::relay`], compared apart).
 pub fn first_difference(a: &Digest, b: &Digest) -> Option<Option<usize>> {
     if let Some(i) = a.nodes.iter().zip(&b.nodes).position(|(x, y)| x != y) {
         return Some(Some(i));

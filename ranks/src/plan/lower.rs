@@ -197,6 +197,7 @@ pub fn lower(desc: &GraphDesc, ranks: usize) -> Result<Lowering, Error> {
                 index: *slot,
                 consumers: Vec::new(),
                 priority: 0,
+                via: None,
             });
             *slot += 1;
             plans[from].sends.push(t);

@@ -6,10 +6,12 @@ mod desc;
 mod digest;
 mod lower;
 mod order;
+mod relay;
 mod transfer;
 
 pub use desc::{CollectiveDesc, DataId, DatumDesc, GraphDesc, NodeDesc, On, Wire};
-pub use digest::{digest, first_difference, Digest};
+pub use digest::{digest, first_difference, relay_digest, Digest};
 pub use lower::{lower, place, LocalNode, LocalPlan, Lowering};
 pub use order::NcclOp;
+pub use relay::{crossing_hosts, k_ary, per_host, relay, relayable, Parents};
 pub use transfer::Transfer;

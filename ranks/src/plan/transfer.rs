@@ -1,13 +1,13 @@
 //! A value crossing ranks: what the lowering makes of a cross-rank edge, and what the NCCL
 //! order and the runtime read.
 
-/// One value crossing ranks once per run: `producer`'s output, from its rank to `to`, read
-/// there by `consumers`.
+/// One value crossing ranks once per run: `producer`'s output, from its rank (or a rank that
+/// received it and forwards it, `via`) to `to`, read there by `consumers`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transfer {
     /// The producing node.
     pub producer: u32,
-    /// The producer's rank (the sender).
+    /// The sending rank: the producer's, or the relay's where [`via`](Self::via) is set.
     pub from: usize,
     /// The consuming rank (the receiver).
     pub to: usize,
@@ -21,4 +21,7 @@ pub struct Transfer {
     /// several values waiting to be sent should send the most urgent first (what that pays
     /// where the links are the limit: docs/benchmarks.md, "A cluster on paper").
     pub priority: u32,
+    /// The transfer whose received value `from` forwards (a relay, see `plan::relay`), or
+    /// `None` where the producer's rank sends it.
+    pub via: Option<u32>,
 }

@@ -61,6 +61,15 @@ pub trait Transport {
     /// The largest tag a message may carry (MPI's `MPI_TAG_UB`, at least 32767).
     fn max_tag(&self) -> u32;
 
+    /// Each rank's host (numbered in order of first appearance: rank 0's host is 0), for the
+    /// runtime's relays (one copy of a value a host). Called once, on the communication
+    /// thread, right after the transport is made and before anything is sent: a transport
+    /// may exchange what it needs with a blocking collective there. The default: every rank
+    /// on one host (the in-process network).
+    fn hosts(&mut self) -> Result<Vec<usize>, Error> {
+        Ok(vec![0; self.size()])
+    }
+
     /// Starts sending `len` bytes at `data` to rank `to` with `tag`; `poll` reports `op` once
     /// the memory may be reused.
     ///
@@ -123,6 +132,22 @@ pub trait Transport {
     fn close(self, clean: bool);
 }
 
+/// Host numbers from one key per rank (a hash of its host's name): ranks with equal keys share
+/// a host; hosts are numbered in order of first appearance.
+#[cfg(any(feature = "mpi", test))]
+pub(crate) fn hosts_from_keys(keys: &[u64]) -> Vec<usize> {
+    let mut seen: Vec<u64> = Vec::new();
+    keys.iter()
+        .map(|k| match seen.iter().position(|s| s == k) {
+            Some(h) => h,
+            None => {
+                seen.push(*k);
+                seen.len() - 1
+            }
+        })
+        .collect()
+}
+
 /// Posts small sends from any thread, for a transport whose library allows it
 /// ([`Transport::direct`]). It never blocks; after the transport closed it refuses.
 pub trait DirectSend: Send + Sync {
@@ -161,5 +186,17 @@ impl Drop for InFlight {
 impl std::fmt::Debug for InFlight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("InFlight")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hosts_are_numbered_in_order_of_first_appearance() {
+        assert_eq!(
+            super::hosts_from_keys(&[9, 9, 4, 7, 4]),
+            vec![0, 0, 1, 2, 1]
+        );
+        assert_eq!(super::hosts_from_keys(&[]), Vec::<usize>::new());
     }
 }

@@ -209,6 +209,37 @@ impl Transport for MpiTransport {
         self.max_tag
     }
 
+    /// `MPI_Get_processor_name` (the host's name under Open MPI, MPICH and Slurm), hashed,
+    /// gathered from every rank with `MPI_Allgather`: blocking, once at start-up, where every
+    /// rank makes its transport together (as `MPI_Init` itself).
+    fn hosts(&mut self) -> Result<Vec<usize>, Error> {
+        let mut name = vec![0 as c_char; ffi::MPI_MAX_PROCESSOR_NAME as usize + 1];
+        let mut len: c_int = 0;
+        // SAFETY: the buffer holds MPI_MAX_PROCESSOR_NAME characters and the terminator.
+        let rc = unsafe { ffi::MPI_Get_processor_name(name.as_mut_ptr(), &mut len) };
+        check(self.rank, "MPI_Get_processor_name", rc)?;
+        let mut key = 0xcbf2_9ce4_8422_2325u64;
+        for &c in &name[..len.clamp(0, ffi::MPI_MAX_PROCESSOR_NAME as c_int) as usize] {
+            key = (key ^ u64::from(c as u8)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let mut keys = vec![0u64; self.size];
+        // SAFETY: one u64 sent from `key`, one per rank received into `keys` (`size` of them),
+        // on this transport's valid communicator; only this thread calls MPI now.
+        let rc = unsafe {
+            ffi::MPI_Allgather(
+                (&key as *const u64).cast::<c_void>(),
+                1,
+                ffi::RSMPI_UINT64_T,
+                keys.as_mut_ptr().cast::<c_void>(),
+                1,
+                ffi::RSMPI_UINT64_T,
+                self.comm,
+            )
+        };
+        check(self.rank, "MPI_Allgather (the ranks' hosts)", rc)?;
+        Ok(crate::transport::hosts_from_keys(&keys))
+    }
+
     unsafe fn send(
         &mut self,
         to: usize,

@@ -5,7 +5,7 @@
 
 use std::collections::{BinaryHeap, VecDeque};
 
-use boundpool_ranks::plan::{lower, LocalNode};
+use boundpool_ranks::plan::{k_ary, lower, per_host, relay, LocalNode};
 use boundpool_scheduler::Priority;
 use rand_core::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -15,7 +15,6 @@ use super::record::{Recorder, Times};
 use super::{
     Broadcast, Comm, Fluid, RankState, SimOptions, Stream, WState, What, Worker, World, ANY, NONE,
 };
-use crate::broadcast;
 use crate::error::{SimError, SimErrorKind, SimResult};
 use crate::graph::SimGraph;
 use crate::machine::Machine;
@@ -80,16 +79,16 @@ pub(crate) fn world<'a>(
         )
         .with_source(e)
     })?;
-    let (lowering, via) = match opts.broadcast {
-        Broadcast::Flat => {
-            let t = flat.transfers.len();
-            (flat, vec![None; t])
-        }
-        Broadcast::Tree { fanout } => broadcast::relay(&flat, &*broadcast::k_ary(fanout)),
+    // The runtime's relays (`plan::relay`): one copy a host is what `RanksBuilder` does.
+    let lowering = match opts.broadcast {
+        Broadcast::Flat => flat,
+        Broadcast::Tree { fanout } => relay(&graph.desc, &flat, &*k_ary(fanout)),
         Broadcast::PerHost => {
-            broadcast::relay(&flat, &*broadcast::per_host(machine.ranks_per_host))
+            let hosts = (0..machine.ranks()).map(|r| machine.host_of(r)).collect();
+            relay(&graph.desc, &flat, &*per_host(hosts))
         }
     };
+    let via: Vec<Option<u32>> = lowering.transfers.iter().map(|t| t.via).collect();
     let n = graph.nodes.len();
     let nt = lowering.transfers.len();
     let tasks = n + 2 * nt;

@@ -318,7 +318,7 @@ impl<T: Transport> Engine<T> {
                 } => {
                     // SAFETY: every op writing the landing finished, and the header's total
                     // bytes were written by its chunks (or the one message).
-                    let value = unsafe { landing.finish() };
+                    let value = unsafe { landing.finish_landed() };
                     self.deliver(gid, src, slot, k, value, (e.arrived, e.received));
                 }
                 EntryKind::Unmapped(_) => unreachable!("not complete"),
@@ -332,7 +332,7 @@ impl<T: Transport> Engine<T> {
         src: usize,
         slot: u32,
         k: u32,
-        value: Result<AnyValue, String>,
+        value: Result<Landed, String>,
         (arrived, received): (u64, u64),
     ) {
         let rank = self.rank;
@@ -347,10 +347,10 @@ impl<T: Transport> Engine<T> {
                         run.stamp_recv(k, RecvHop::Arrived, arrived);
                         run.stamp_recv(k, RecvHop::Received, received);
                         run.stamp_recv(k, RecvHop::Completing, monotonic_ns());
-                        run.recvs[k as usize].fill(v);
+                        run.recvs[k as usize].fill_landed(v);
                         run.stamp_recv(k, RecvHop::Completed, monotonic_ns());
                     }
-                    Ok(v) => run.recvs[k as usize].fill(v),
+                    Ok(v) => run.recvs[k as usize].fill_landed(v),
                     Err(msg) => {
                         let f = decode_failure(&run, k, rank, msg);
                         run.recvs[k as usize].fail(f.to_error());
@@ -373,6 +373,7 @@ impl<T: Transport> Engine<T> {
                 name,
                 graph,
                 nodes,
+                relay,
                 tags,
             } => {
                 if self.rank == 0 {
@@ -381,7 +382,11 @@ impl<T: Transport> Engine<T> {
                         src,
                         Reg {
                             name,
-                            digest: Digest { graph, nodes },
+                            digest: Digest {
+                                graph,
+                                nodes,
+                                relay,
+                            },
                             tags,
                         },
                     );
@@ -472,6 +477,7 @@ mod tests {
             Digest {
                 graph: 0,
                 nodes: vec![],
+                relay: 0,
             },
             Arc::from(Vec::new()),
             1,

@@ -23,11 +23,13 @@ impl<T: Transport> Engine<T> {
             } else {
                 first_difference(&first.digest, &reg.digest)
             };
-            diff.map(|node| Mismatch {
+            let relays = diff.is_none() && reg.digest.relay != first.digest.relay;
+            diff.or(relays.then_some(None)).map(|node| Mismatch {
                 rank: r as u32,
                 node: node.map(|i| i as u32),
                 name_on_0: None,
                 graph_on_0: first.name.clone(),
+                relays,
             })
         });
         let result = match mismatch {
@@ -54,6 +56,7 @@ impl<T: Transport> Engine<T> {
                             self.t.max_tag()
                         )),
                         graph_on_0: first.name.clone(),
+                        relays: false,
                     })
                 } else {
                     self.next_tag = end;
@@ -97,6 +100,13 @@ impl<T: Transport> Engine<T> {
             String::new()
         };
         let msg = match (m.node, &m.name_on_0) {
+            _ if m.relays => format!(
+                "graph '{}' differs between ranks: rank {} relays values on another host map \
+                 than rank 0 (or relays where rank 0 does not): RanksBuilder::hosts and \
+                 RanksBuilder::relay_per_host must agree on every rank",
+                crate::error::bounded(&m.graph_on_0),
+                m.rank
+            ),
             (Some(i), Some(n0)) => format!(
                 "graph '{}' differs between ranks: node #{i} is '{}' on rank 0 but differs on rank {}{here} (its name, rank, wire, output type or inputs)",
                 crate::error::bounded(&m.graph_on_0),

@@ -24,7 +24,7 @@ use crate::comm::wire::{
 use crate::error::{Error, ErrorKind};
 use crate::plan::{first_difference, Digest};
 use crate::transport::{InFlight, OpId, Probed, Transport};
-use crate::value::{AnyValue, Landing};
+use crate::value::{AnyValue, Landed, Landing};
 
 /// A message this long or longer moves only as MPI is polled (past every eager limit): the
 /// thread does not park while one is in flight (`comm::next_wait`).
@@ -67,7 +67,8 @@ pub(crate) enum Command {
 
 /// A send's bytes.
 pub(crate) enum Payload {
-    /// In the producer's output, which its run keeps until the send node completes.
+    /// In the producer's output, which its run keeps until the send node completes (or, for a
+    /// relay, in the value its rank received, which its `RunState` keeps).
     Borrowed { ptr: *const u8, len: usize },
     /// Encoded (serde), owned here until the transport is done with it.
     Owned(Vec<u8>),
@@ -78,7 +79,12 @@ pub(crate) enum Payload {
 
 // SAFETY: a borrowed payload points into a run's output slot, which the run keeps alive and
 // unchanged until the send node completes, and the send node completes only after the comm
-// thread saw the transport finish with it (or never). A staged payload points into staging
+// thread saw the transport finish with it (or never). A relay's borrowed payload points into
+// a value its rank received (or the bytes its landing kept) in a `RecvCell` of the
+// `RunState` sent with it: set once before the forwarding node runs (its edge from the
+// receive), never moved or changed while the state lives (taken only by its `Drop`), and the
+// state outlives the send (the command, the engine's entry, and the slot's current run until
+// the send node completes all hold it). A staged payload points into staging
 // memory the run keeps alive likewise, written by the device only before the readiness it
 // reports. The comm thread only reads them.
 unsafe impl Send for Payload {}
@@ -142,7 +148,7 @@ struct GraphState {
     started: Started,
     /// [sender][slot]: runs of the sender in that slot whose status arrived.
     finished: Vec<Vec<u64>>,
-    stash: HashMap<(u64, u32), Result<AnyValue, String>>,
+    stash: HashMap<(u64, u32), Result<Landed, String>>,
     statuses: HashMap<u64, Vec<Option<Outcome>>>,
     failed_early: HashMap<u64, Failure>,
 }
@@ -417,6 +423,7 @@ impl<T: Transport> Engine<T> {
                 name: reg.name,
                 graph: reg.digest.graph,
                 nodes: reg.digest.nodes,
+                relay: reg.digest.relay,
                 tags,
             };
             self.send_control(0, &msg);
@@ -437,7 +444,7 @@ impl<T: Transport> Engine<T> {
         gs.started.insert(run.seq);
         for k in 0..run.recvs.len() as u32 {
             match gs.stash.remove(&(run.seq, k)) {
-                Some(Ok(v)) => run.recvs[k as usize].fill(v),
+                Some(Ok(v)) => run.recvs[k as usize].fill_landed(v),
                 Some(Err(msg)) => {
                     let f = decode_failure(&run, k, self.rank, msg);
                     run.recvs[k as usize].fail(f.to_error());

@@ -127,6 +127,7 @@ mod tests {
             crate::plan::Digest {
                 graph: 0,
                 nodes: vec![],
+                relay: 0,
             },
             Arc::from(Vec::new()),
             1,
