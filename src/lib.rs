@@ -28,10 +28,11 @@ pub use boundpool_gpu as gpu;
 #[cfg(feature = "mpi")]
 pub use boundpool_ranks as ranks;
 pub use boundpool_scheduler::{
-    backend, default_workers, estimate_graph_bytes, BoxError, Cores, DomainId, Error, ErrorKind,
-    Graph, GraphBuilder, GraphHandle, GraphOutput, GroupId, GroupSpec, Inputs, NodeCtx, NodeId,
-    NodeRef, Placement, Pool, PoolBuilder, PoolStats, Priority, ShutdownMode, SliceKind, Subgraph,
-    SubmitFuture, Trace, TraceSlice, TraceTrack, WorkerInfo, WorkerStats, METRICS,
+    backend, default_workers, estimate_graph_bytes, pin_current_thread, BoxError, Cores, DomainId,
+    Error, ErrorKind, Graph, GraphBuilder, GraphHandle, GraphOutput, GroupId, GroupSpec, Inputs,
+    NodeCtx, NodeId, NodeRef, Placement, Pool, PoolBuilder, PoolStats, Priority, ShutdownMode,
+    SliceKind, Subgraph, SubmitFuture, Trace, TraceSlice, TraceTrack, WorkerInfo, WorkerStats,
+    METRICS,
 };
 
 pub mod bounded;

@@ -4,6 +4,36 @@
 
 use std::io;
 
+use crate::error::{bounded_list, Error, ErrorKind};
+
+/// Pins the calling thread to `cores`; threads it starts afterwards inherit the set. With
+/// [`Pool::keep_off_workers`](crate::Pool::keep_off_workers) for the rest of a server's
+/// threads, e.g. a latency-critical request thread on one of
+/// [`Pool::free_cores`](crate::Pool::free_cores) of its own and the other request threads on
+/// the rest.
+///
+/// An [`ErrorKind::Placement`] error naming the cores where the set is empty, or the OS
+/// refuses (`source()`: a core this process may not use, or a platform other than Linux).
+pub fn pin_current_thread(cores: &[usize]) -> Result<(), Error> {
+    let named = || bounded_list(cores, cores.len(), ", ");
+    if cores.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Placement,
+            "cannot pin the calling thread to an empty set of cores",
+        ));
+    }
+    pin_current(cores).map_err(|e| {
+        Error::new(
+            ErrorKind::Placement,
+            format!(
+                "the OS refused to pin the calling thread to cores [{}]",
+                named()
+            ),
+        )
+        .with_source(Box::new(e))
+    })
+}
+
 /// The cores the calling thread may run on (`None` where the platform cannot tell).
 pub(crate) fn allowed_cores() -> Option<Vec<usize>> {
     core_affinity::get_core_ids().map(|ids| ids.into_iter().map(|c| c.id).collect())
@@ -83,6 +113,13 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn an_empty_set_is_refused() {
+        let e = pin_current_thread(&[]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Placement);
+        assert!(e.to_string().contains("empty set"), "{e}");
     }
 
     #[cfg(target_os = "linux")]

@@ -71,8 +71,8 @@
 //! * `trace.rs`: the zeroed allocation of a worker's trace ring, and the time-stamp counter read
 //!   (`_rdtsc`, after an `_mm_lfence` for a node's start).
 //! * `spin.rs`: `sched_getcpu` (Linux), the core a spinning waiter runs on.
-//! * `affinity.rs`: `sched_setaffinity` (Linux), a thread kept off the workers' cores
-//!   ([`Pool::keep_off_workers`]).
+//! * `affinity.rs`: `sched_setaffinity` (Linux): a thread pinned to a set of cores
+//!   ([`pin_current_thread`], [`Pool::keep_off_workers`]).
 //! * `loom_models.rs` (only under `--cfg loom`, test builds): the models of the output slots.
 //!
 //! No other file has `unsafe`.
@@ -106,6 +106,7 @@ mod worker;
 #[cfg(all(test, loom))]
 mod loom_models;
 
+pub use crate::affinity::pin_current_thread;
 pub use crate::config::{Cores, GroupSpec, ShutdownMode, WorkerInfo};
 pub use crate::ctx::{Inputs, NodeCtx};
 pub use crate::error::{BoxError, Error, ErrorKind};

@@ -708,16 +708,7 @@ impl<S: Send + 'static> Pool<S> {
                 ),
             ));
         }
-        affinity::pin_current(&free).map_err(|e| {
-            Error::new(
-                ErrorKind::Placement,
-                format!(
-                    "pool '{name}': the OS refused to keep the calling thread on cores [{}]",
-                    bounded_list(&free, free.len(), ", ")
-                ),
-            )
-            .with_source(Box::new(e))
-        })?;
+        affinity::pin_current_thread(&free)?;
         Ok(free)
     }
 
