@@ -280,7 +280,7 @@ pub(crate) trait NodeMaker<S: Send + 'static>: Send + Sync {
         to: usize,
     ) -> SendNodes {
         let _ = (gb, env, recv, k, to);
-        unreachable!("only host values are forwarded (plan::relayable)")
+        unreachable!("build_for refuses a relayed value whose maker cannot forward it")
     }
     /// How a received value of it gives its memory back (plain values; see `value::ReclaimFn`);
     /// `None`: not recycled.
@@ -769,6 +769,25 @@ impl<S: Send + 'static> RankGraphBuilder<S> {
         let flat = plan::lower(&desc, size)?;
         let mut digest = plan::digest(&desc, &flat.rank_of);
         digest.relay = plan::relay_digest(relay_hosts);
+        if relay_hosts.is_some() {
+            // A value the lowering may relay must be one its maker can forward: an error
+            // naming the node, on every rank alike, rather than a panic in a relay's build.
+            let stuck = desc
+                .nodes
+                .iter()
+                .zip(&self.makers)
+                .find(|(n, m)| plan::relayable(n.wire) && m.land_forwarded().is_none());
+            if let Some((n, _)) = stuck {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!(
+                        "graph '{}': node '{}' crosses ranks as a host value its maker cannot forward; build the runtime with RanksBuilder::relay_per_host(false)",
+                        crate::error::bounded(&desc.name),
+                        crate::error::bounded(&n.name)
+                    ),
+                ));
+            }
+        }
         let lowering = match relay_hosts {
             Some(hosts) => plan::relay(&desc, &flat, &*plan::per_host(hosts.to_vec())),
             None => flat,
