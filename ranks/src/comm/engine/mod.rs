@@ -662,7 +662,9 @@ impl<T: Transport> Engine<T> {
         let n = done.len();
         let mut sources = Vec::new();
         for op in done.drain(..) {
-            self.bulk.remove(&op);
+            if !self.bulk.is_empty() {
+                self.bulk.remove(&op);
+            }
             match self.ops.remove(&op) {
                 Some(OpKind::Send(id)) => {
                     let finished = match self.sends.get_mut(&id) {
