@@ -358,9 +358,10 @@ where
 
 /// A pool whose device 0 is split: `sms` SMs (2 workers) for the latency-critical client, the
 /// rest (the other workers) for the batch clients.
-fn partitioned_pool(a: &Args, sms: u32) -> GpuPool {
+fn partitioned_pool(a: &Args, sms: u32, trace: bool) -> GpuPool {
     GpuPoolBuilder::new()
         .name("serve-partitioned")
+        .trace(trace)
         .devices(Devices::List(vec![0]))
         .wait_spin(Duration::from_micros(a.spin_us))
         .idle_spin(Duration::from_micros(a.idle_spin_us))
@@ -388,7 +389,7 @@ fn partitioned_priority<T: Elem>(a: &Args, sms: u32, out: &mut Vec<Value>)
 where
     CudaBlas: Gemm<T>,
 {
-    let pool = partitioned_pool(a, sms);
+    let pool = partitioned_pool(a, sms, false);
     let (batch, lat) = partitions(&pool);
     let b = Bench::<T>::new(&pool, (&batch, &lat), 8, a);
     out.push(priority_scenario(&pool, &b, a, Some(sms)));
@@ -569,28 +570,16 @@ fn main() {
         breakdown::<f32>(&pool, &a);
         return;
     }
-    if a.tail_trace {
-        let pool = pool.trace(true).build().expect("GPU pool");
-        tail::traced::<bf16>(&pool, &a);
-        tail::traced::<f32>(&pool, &a);
-        return;
-    }
-    let pool = pool.build().expect("GPU pool");
-    let mut ours = Vec::new();
-    if a.tail_probe {
-        placement::init(a.isolate.as_deref(), &pool);
-        tail::probe::<bf16>(&pool, &a);
-        tail::probe::<f32>(&pool, &a);
-        return;
-    }
-    if a.priority_only {
-        // With `--high-partition S`: the rounds on the partitioned pool instead.
+    let pool = match a.tail_trace {
+        true => pool.trace(true),
+        false => pool,
+    };
+    if a.tail_trace || a.tail_probe || a.priority_only {
+        // With `--high-partition S`: on a partitioned pool instead (traced too, for
+        // `--tail-trace`).
         let pool = match a.high_partition {
-            Some(sms) => {
-                drop(pool);
-                partitioned_pool(&a, sms)
-            }
-            None => pool,
+            Some(sms) => partitioned_pool(&a, sms, a.tail_trace),
+            None => pool.build().expect("GPU pool"),
         };
         let (batch, lat) = match a.high_partition {
             Some(_) => partitions(&pool),
@@ -600,10 +589,22 @@ fn main() {
             }
         };
         placement::init(a.isolate.as_deref(), &pool);
-        tail::priority_rounds::<bf16>(&pool, (&batch, &lat), &a, &mut ours);
-        tail::priority_rounds::<f32>(&pool, (&batch, &lat), &a, &mut ours);
+        let devices = (&batch, &lat);
+        if a.tail_trace {
+            tail::traced::<bf16>(&pool, devices, &a);
+            tail::traced::<f32>(&pool, devices, &a);
+        } else if a.tail_probe {
+            tail::probe::<bf16>(&pool, devices, &a);
+            tail::probe::<f32>(&pool, devices, &a);
+        } else {
+            let mut ours = Vec::new();
+            tail::priority_rounds::<bf16>(&pool, devices, &a, &mut ours);
+            tail::priority_rounds::<f32>(&pool, devices, &a, &mut ours);
+        }
         return;
     }
+    let pool = pool.build().expect("GPU pool");
+    let mut ours = Vec::new();
     run_dtype::<bf16>(&pool, &a, &mut ours);
     run_dtype::<f32>(&pool, &a, &mut ours);
     drop(pool);

@@ -268,13 +268,12 @@ pub(super) fn priority_rounds<T: Elem>(
 
 /// The probe: the high client alone, then beside each batch size, its requests' host
 /// counters read around each.
-pub(super) fn probe<T: Elem>(pool: &GpuPool, a: &Args)
+pub(super) fn probe<T: Elem>(pool: &GpuPool, devices: (&GpuDevice, &GpuDevice), a: &Args)
 where
     CudaBlas: Gemm<T>,
 {
-    let d = pool.device(0).expect("device 0").clone();
     let most = a.batch_clients.iter().copied().max().unwrap_or(8);
-    let b = Bench::<T>::new(pool, (&d, &d), most, a);
+    let b = Bench::<T>::new(pool, devices, most, a);
     let alone = TailProbe::new();
     let _ = b.serve(pool, 0, false, true, a.seconds, Some(&alone));
     alone.report(&format!("{} alone", T::NAME));
@@ -359,13 +358,12 @@ pub(super) fn cut_phases(
 
 /// The high client alone and beside each batch size on a traced pool (short runs: the trace
 /// holds every node), its requests cut into phases: the median request against the slowest 1%.
-pub(super) fn traced<T: Elem>(pool: &GpuPool, a: &Args)
+pub(super) fn traced<T: Elem>(pool: &GpuPool, devices: (&GpuDevice, &GpuDevice), a: &Args)
 where
     CudaBlas: Gemm<T>,
 {
-    let d = pool.device(0).expect("device 0").clone();
     let most = a.batch_clients.iter().copied().max().unwrap_or(8);
-    let b = Bench::<T>::new(pool, (&d, &d), most, a);
+    let b = Bench::<T>::new(pool, devices, most, a);
     let graph = format!("serve {} high", T::NAME);
     for batch in std::iter::once(0).chain(a.batch_clients.iter().copied()) {
         let _ = b.serve(pool, batch, false, true, 0.2, None);
