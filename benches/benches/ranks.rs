@@ -24,7 +24,7 @@
 //! timed runs (the chain's time per edge is the means' sum, plus each run's start and end).
 //!
 //! `mpirun -np P target/release/deps/ranks-* [--workers W] [--chain N] [--dag N] [--runs R]
-//! [--no-edge] [--no-big] [--edge-breakdown] [--no-worker-sends] [--send-window N]
+//! [--no-edge] [--no-big] [--edge-breakdown] [--no-worker-sends] [--no-worker-polls] [--send-window N]
 //! [--comm-spin-us U] [--idle-spin-us U] [--max-message-bytes B]` (P = 1, 2, 4; `cargo bench
 //! -p boundpool-bench --features mpi --bench ranks --no-run` builds it). Rank 0 prints
 //! markdown rows.
@@ -247,7 +247,9 @@ impl EdgeRow {
     const RECEIVED: usize = 8;
     const COMPLETING: usize = 9;
     const COMPLETED: usize = 10;
-    const WIDTH: usize = 11;
+    /// 1 where a spinning worker took the value (`RecvStamps::by_worker`).
+    const BY_WORKER: usize = 11;
+    const WIDTH: usize = 12;
 
     fn collect(bodies: &[[AtomicU64; 2]], stamps: &EdgeStamps, n: usize) -> Vec<u64> {
         let mut v = vec![0u64; n * Self::WIDTH];
@@ -269,14 +271,16 @@ impl EdgeRow {
             r[Self::RECEIVED] = s.received;
             r[Self::COMPLETING] = s.completing;
             r[Self::COMPLETED] = s.completed;
+            r[Self::BY_WORKER] = u64::from(s.by_worker);
         }
         v
     }
 }
 
-/// The hops of every edge of the timed runs, in µs.
+/// The hops of every edge of the timed runs, in µs; the receives seen, and how many of them a
+/// spinning worker took.
 #[derive(Default)]
-struct Hops(Vec<Vec<f64>>);
+struct Hops(Vec<Vec<f64>>, usize, usize);
 
 /// The breakdown's rows: (name, from column, from the next node's row?, to column, to the next
 /// node's row?). "Next" is the consumer (node `i + 1`).
@@ -368,6 +372,10 @@ impl Hops {
         let w = EdgeRow::WIDTH;
         let at = |i: usize, c: usize| a[i * w + c] | b[i * w + c];
         for i in 0..n - 1 {
+            if at(i, EdgeRow::ARRIVED) != 0 {
+                self.1 += 1;
+                self.2 += usize::from(at(i, EdgeRow::BY_WORKER) != 0);
+            }
             for (h, &(_, c0, next0, c1, next1)) in HOPS.iter().enumerate() {
                 let (x, y) = (
                     at(i + usize::from(next0), c0),
@@ -409,6 +417,10 @@ impl Hops {
                 ));
             }
         }
+        rows.push(format!(
+            "receives taken by a spinning worker (`RanksBuilder::worker_polls`): {} of {}",
+            self.2, self.1
+        ));
         rows
     }
 }
@@ -544,6 +556,10 @@ struct Args {
     /// off): the path before workers posted small sends themselves.
     #[arg(long)]
     no_worker_sends: bool,
+    /// Workers never look at the network (`RanksBuilder::worker_polls` off): only the
+    /// communication thread takes arrivals.
+    #[arg(long)]
+    no_worker_polls: bool,
     /// The runtime's `send_window` (default: the runtime's).
     #[arg(long)]
     send_window: Option<usize>,
@@ -564,7 +580,8 @@ fn main() {
     let mut builder = RanksBuilder::new()
         .workers(workers)
         .stamp_edges(a.edge_breakdown)
-        .worker_sends(!a.no_worker_sends);
+        .worker_sends(!a.no_worker_sends)
+        .worker_polls(!a.no_worker_polls);
     if let Some(n) = a.send_window {
         builder = builder.send_window(n);
     }

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Stop 41's first device call (about 200 s): the graph-template tests (the description now
+# Stop 41's first device call: the graph-template tests (the description now
 # asserted free of attributes the driver refuses; the refusals of a stream not capturing in a
 # test of their own, which memcheck skips: its API errors are the point of that test), memcheck
 # over the rest; where the high client's tail comes from beside 32 batch clients on the
 # partitioned pool with clients placed (`--tail-probe`, `--tail-trace`), and the same rounds
 # with 32 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS; the driver's default is 8, so more
 # streams than that share queues, and a latency-critical kernel can wait behind a batch one).
-# Here: `bash benches/device/pack.sh`, then with carry [".devbin"]: `bash .devbin/stop41_call.sh`.
+# Then the ranks: the 8-byte edge with and without workers looking at the network, the 64 MiB
+# value and the DAG, the CI program's graphs and faults with workers spinning.
+# Here: `PACK_MPI=1 bash benches/device/pack.sh`, then with carry [".devbin"]:
+# `bash .devbin/stop41_call.sh` (about 330 s).
 source .devbin/lib.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
 logs_in /tmp/bp-gt gt.tgz fresh; deadline 60
@@ -29,3 +32,24 @@ for c in 32 8; do
   echo "-- CUDA_DEVICE_MAX_CONNECTIONS=$c"; grep -E "^\| (bf16|f32) " $LOGS/conn$c.log | cut -d'|' -f1-12
   finish
 done
+# The 8-byte edge with spinning workers looking at the network (RanksBuilder::worker_polls,
+# on by default) against the communication thread alone (--no-worker-polls), alternated, with
+# the hops; then the 64 MiB value and the 100k DAG on this build (worker polls on).
+logs_in /tmp/bp-rk rk.tgz fresh; deadline 110
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+SUMMARY='^\| (8-byte|64 MiB|100k)|taken by|panicked|FAILED'
+for r in 1 2; do
+  for f in "" --no-worker-polls; do
+    step edge${f:+_off}_$r 20 mpirun --bind-to none -np 2 $B/bench_ranks --workers 2 --dag 0 --no-big --runs 3 --edge-breakdown $f
+    [ $r = 1 ] && grep -E "^\| (send|arrival|all bytes|Completer|producer)" $LOGS/edge${f:+_off}_$r.log | cut -c1-150
+  done
+  finish
+done
+step big 25 mpirun --bind-to none -np 2 $B/bench_ranks --workers 2 --dag 100000 --no-edge --runs 3
+finish
+# The CI program where workers spin (a core each): random graphs and the fault cases.
+SUMMARY='^rank|panicked|FAILED|HUNG'
+step ci4 40 mpirun --bind-to none --oversubscribe -np 4 $B/ranks_ci graphs 100
+finish
+step ci_faults 40 mpirun --bind-to none --oversubscribe -np 4 $B/ranks_ci faults
+finish

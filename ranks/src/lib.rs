@@ -63,7 +63,11 @@
 //!   (with work in flight it spins where the rank's threads have cores of their own, yields,
 //!   then parks for 100 µs at most), and completes receive nodes, and send nodes that wait
 //!   for the transport, through their `Completer`s (`backend::NodeCtxExt::complete_later`): a
-//!   worker takes each completion from the pool's queue, woken for it; no worker polls. At
+//!   worker takes each completion from the pool's queue, woken for it. A worker that ran dry
+//!   and spins before parking looks at the network itself instead, under a lock it only tries
+//!   ([`RanksBuilder::worker_polls`], where the transport allows calls from any thread): an
+//!   arrival then completes its receive node on that worker, which runs the consumer next,
+//!   with no hand-off and no wake-up; no worker waits on the network or on the lock. At
 //!   most [`RanksBuilder::send_window`] sends are in flight; more wait, the critical path's
 //!   first. Where the threads run and how they wait: [`Placement`]; where an edge's time
 //!   goes: [`RanksBuilder::stamp_edges`].
@@ -134,6 +138,9 @@
 //! * `gpu/staged.rs`: a staged device value's landing (`Vec::set_len` after its bytes arrived;
 //!   `Pod` makes any bytes valid).
 //! * `comm/stamps.rs`: `clock_gettime(CLOCK_MONOTONIC)` (libc) for the edge stamps.
+//! * `comm/shared.rs`: the engine (the transport's handles with it) is `Send` and `Sync`
+//!   behind its lock, shared with the pool's spinning workers only where the transport says
+//!   any thread may call it.
 //! * `ranks.rs`: the pool taken out of its `ManuallyDrop` once, in `Drop`.
 //!
 //! No other file has `unsafe`.

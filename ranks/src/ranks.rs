@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
+use boundpool_scheduler::backend::PoolBuilderExt;
 use boundpool_scheduler::{Cores, GraphHandle, GraphOutput, GroupId, Pool, PoolBuilder};
 
 use crate::comm::run::RunState;
 use crate::comm::stamps::EdgeStamps;
-use crate::comm::{self, CommHandle, CommThread, Command, EngineConfig, Waiting};
+use crate::comm::{self, CommHandle, CommThread, Command, EngineConfig, ProgressSlot, Waiting};
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Mapped, NodeRef, RankGraph, SlotEnv};
 use crate::launch::LaunchInfo;
@@ -32,6 +33,7 @@ pub struct RanksBuilder {
     stamps: bool,
     send_window: usize,
     worker_sends: bool,
+    worker_polls: bool,
     hosts: Option<Vec<usize>>,
     relay_per_host: bool,
 }
@@ -62,6 +64,7 @@ impl RanksBuilder {
             stamps: false,
             send_window: 16,
             worker_sends: true,
+            worker_polls: true,
             hosts: None,
             relay_per_host: true,
         }
@@ -199,6 +202,19 @@ impl RanksBuilder {
         self
     }
 
+    /// Whether a worker with nothing to run looks at the network itself while it spins before
+    /// parking ([`idle_spin`](Self::idle_spin)), where the transport allows calls from any
+    /// thread (MPI at `MPI_THREAD_SERIALIZED` or more, the in-process network): an arrival
+    /// then completes its receive node on that worker and the consumer runs there, without
+    /// the communication thread's hand-off and a wake-up (on by default). The workers take
+    /// the communication thread's engine under a lock they only try, so none ever waits for
+    /// it; the thread keeps commands, timers, and the network whenever no worker spins. Only
+    /// for runtimes whose pool `RanksBuilder` builds (a pool made elsewhere has no such hook).
+    pub fn worker_polls(mut self, on: bool) -> Self {
+        self.worker_polls = on;
+        self
+    }
+
     /// Each rank's host (`hosts[r]` for rank `r`, any numbering), instead of what the
     /// transport found at start-up (MPI: the ranks' processor names, gathered; the in-process
     /// network: one host). For tests, and for launchers whose host names do not say which
@@ -245,6 +261,7 @@ impl RanksBuilder {
             stamps: self.stamps,
             send_window: self.send_window,
             worker_sends: self.worker_sends,
+            worker_polls: self.worker_polls,
         })
     }
 
@@ -277,17 +294,30 @@ impl RanksBuilder {
             }
             (other, _) => other.clone(),
         };
+        // Spinning workers look at the network once the communication thread shares its
+        // engine (`RanksBuilder::worker_polls`).
+        let progress = ProgressSlot::default();
+        let look = progress.clone();
         let mut pool = PoolBuilder::new()
             .name(self.name.clone())
             .workers(self.workers)
             .cores(cores)
-            .trace(self.trace);
+            .trace(self.trace)
+            .spin_hook(move |_, _| look.get().is_some_and(|p| p.progress()));
         if let Some(spin) = placement.idle_spin {
             pool = pool.idle_spin(spin);
         }
         let pool = pool.build()?;
         let hosts = HostSettings::of(&self);
-        Ranks::from_pool(pool, None, &self.name, cfg, placement, hosts, make)
+        let at = Setup {
+            group: None,
+            name: &self.name,
+            cfg,
+            placement,
+            hosts,
+            progress,
+        };
+        Ranks::from_pool(pool, at, make)
     }
 }
 
@@ -328,6 +358,17 @@ pub struct Ranks<S: Send + 'static = ()> {
     hosts: Vec<usize>,
     /// Graphs relay one copy a host (`RanksBuilder::relay_per_host`, several hosts).
     relay: bool,
+}
+
+/// How `Ranks::from_pool` sets a runtime up over its pool.
+struct Setup<'a> {
+    group: Option<GroupId>,
+    name: &'a str,
+    cfg: EngineConfig,
+    placement: Placement,
+    hosts: HostSettings,
+    /// Where the pool's spin hook, if it has one, finds the engine.
+    progress: ProgressSlot,
 }
 
 /// What `RanksBuilder` says about hosts, for `Ranks::from_pool`.
@@ -381,30 +422,45 @@ impl<S: Send + 'static> Ranks<S> {
             comm_spin: settings.comm_spin.unwrap_or(Duration::ZERO),
             idle_spin: None,
         };
-        let hosts = HostSettings::of(settings);
-        Self::from_pool(pool, group, &settings.name, cfg, placement, hosts, make)
+        let at = Setup {
+            group,
+            name: &settings.name,
+            cfg,
+            placement,
+            hosts: HostSettings::of(settings),
+            // No spin hook on a pool made elsewhere: nothing reads the slot.
+            progress: ProgressSlot::default(),
+        };
+        Self::from_pool(pool, at, make)
     }
 
-    fn from_pool<T, F>(
-        pool: Pool<S>,
-        group: Option<GroupId>,
-        name: &str,
-        cfg: EngineConfig,
-        placement: Placement,
-        host_settings: HostSettings,
-        make: F,
-    ) -> Result<Self, Error>
+    fn from_pool<T, F>(pool: Pool<S>, at: Setup<'_>, make: F) -> Result<Self, Error>
     where
         T: Transport + 'static,
         F: FnOnce() -> Result<T, Error> + Send + 'static,
     {
         install_panic_note();
         let poisoned = Arc::new(AtomicBool::new(false));
+        let Setup {
+            group,
+            name,
+            cfg,
+            placement,
+            hosts: host_settings,
+            progress,
+        } = at;
         let waiting = Waiting {
             spin: placement.comm_spin,
             core: placement.comm,
         };
-        let comm = comm::spawn(format!("{name}-comm"), make, cfg, poisoned.clone(), waiting)?;
+        let comm = comm::spawn(
+            format!("{name}-comm"),
+            make,
+            cfg,
+            poisoned.clone(),
+            waiting,
+            progress,
+        )?;
         let bad_hosts = host_settings
             .hosts
             .as_ref()

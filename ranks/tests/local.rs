@@ -516,6 +516,50 @@ fn stamped_edges_record_every_hop_in_path_order() {
     assert_eq!(none, vec![None, None]);
 }
 
+/// A value hopping between two ranks 40 times, each rank's worker spinning long before it
+/// parks: with `worker_polls` (the default) the spinning workers take arrivals themselves
+/// (stamped `by_worker`), and the chain's result is the same; without it, never.
+#[test]
+fn spinning_workers_take_arrivals_themselves_unless_told_not_to() {
+    for polls in [true, false] {
+        let settings = RanksBuilder::new()
+            .workers(1)
+            .idle_spin(Duration::from_millis(50))
+            .worker_polls(polls)
+            .stamp_edges(true);
+        let (_net, ranks) = world(2, settings);
+        let taken = on_all(&ranks, |r| {
+            let mut g = RankGraphBuilder::new("hops");
+            let mut last = g.plain_node(0, "hop0", |_| Ok(0u64));
+            for i in 1..=40usize {
+                let prev = last;
+                last = g.plain_node(i % 2, format!("hop{i}"), move |ctx| {
+                    Ok(*ctx.input(prev)? + 1)
+                });
+                g.edge(prev, last);
+            }
+            let graph = g.build(r).unwrap();
+            let mut by_worker = 0;
+            for _ in 0..5 {
+                let out = r.run(&graph).unwrap();
+                if r.rank() == 0 {
+                    assert_eq!(out.get(last), Some(&40));
+                }
+                let stamps = out.edge_stamps().expect("stamping");
+                assert_eq!(stamps.recvs.len(), 20);
+                by_worker += stamps.recvs.iter().filter(|v| v.by_worker).count();
+            }
+            by_worker
+        });
+        let taken: usize = taken.iter().sum();
+        if polls {
+            assert!(taken > 0, "no arrival taken by a spinning worker of 200");
+        } else {
+            assert_eq!(taken, 0, "workers looked at the network though told not to");
+        }
+    }
+}
+
 #[test]
 fn a_full_send_window_sends_the_most_urgent_value_first() {
     // Rank 0 sends four values to rank 1 through a window of one, on a link that takes

@@ -222,11 +222,26 @@ pub trait PoolBuilderExt<S>: sealed::Sealed + Sized {
     /// without the state its hook keeps, and one that quietly exited would leave its graphs
     /// waiting.
     fn idle_hook(self, f: impl Fn(&WorkerInfo, &S) + Send + Sync + 'static) -> Self;
+
+    /// Runs on a worker with nothing to run, between its looks at the queues while it spins
+    /// before parking ([`PoolBuilder::idle_spin`]): the place to make progress on something
+    /// outside the pool that completes nodes (a network's arrivals), on a thread that is
+    /// awake anyway. Returns whether it did anything (the spin then starts over). A
+    /// [`Completer`] it calls for a node this worker may run queues the completion for this
+    /// worker, which takes it as soon as the hook returns: no peer is woken, and the
+    /// successors run here. Keep it short (it delays the worker's next look) and never
+    /// blocking. A panic in it aborts the process, as one in the idle hook does.
+    fn spin_hook(self, f: impl Fn(&WorkerInfo, &S) -> bool + Send + Sync + 'static) -> Self;
 }
 
 impl<S: Send + 'static> PoolBuilderExt<S> for PoolBuilder<S> {
     fn idle_hook(mut self, f: impl Fn(&WorkerInfo, &S) + Send + Sync + 'static) -> Self {
         self.idle = Some(Arc::new(f));
+        self
+    }
+
+    fn spin_hook(mut self, f: impl Fn(&WorkerInfo, &S) -> bool + Send + Sync + 'static) -> Self {
+        self.spin = Some(Arc::new(f));
         self
     }
 }

@@ -78,4 +78,5 @@ pub enum ShutdownMode {
 pub(crate) type StartHook<S> = Arc<dyn Fn(&WorkerInfo) -> Result<S, BoxError> + Send + Sync>;
 pub(crate) type StopHook<S> = Arc<dyn Fn(&WorkerInfo, S) + Send + Sync>;
 pub(crate) type IdleHook<S> = Arc<dyn Fn(&WorkerInfo, &S) + Send + Sync>;
+pub(crate) type SpinHook<S> = Arc<dyn Fn(&WorkerInfo, &S) -> bool + Send + Sync>;
 pub(crate) type NameFn = Arc<dyn Fn(&WorkerInfo) -> String + Send + Sync>;

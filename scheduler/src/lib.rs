@@ -86,6 +86,7 @@ mod ctx;
 mod error;
 mod graph;
 mod handle;
+mod hooked;
 mod ids;
 mod latch;
 mod later;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::affinity;
 use crate::config::{
-    Cores, GroupSpec, IdleHook, NameFn, ShutdownMode, StartHook, StopHook, WorkerInfo,
+    Cores, GroupSpec, IdleHook, NameFn, ShutdownMode, SpinHook, StartHook, StopHook, WorkerInfo,
 };
 use crate::error::{bounded, bounded_list, BoxError, Error, ErrorKind};
 use crate::graph::Graph;
@@ -49,6 +49,7 @@ pub struct PoolBuilder<S = ()> {
     start: StartHook<S>,
     stop: Option<StopHook<S>>,
     pub(crate) idle: Option<IdleHook<S>>,
+    pub(crate) spin: Option<SpinHook<S>>,
     rayon: Option<Arc<rayon_core::ThreadPool>>,
     cpu_lane_threads: Option<usize>,
     stack_size: Option<usize>,
@@ -92,6 +93,7 @@ impl PoolBuilder<()> {
             start: Arc::new(|_| Ok(())),
             stop: None,
             idle: None,
+            spin: None,
             rayon: None,
             cpu_lane_threads: None,
             stack_size: None,
@@ -246,7 +248,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
     /// that worker's state, which its nodes see through [`NodeCtx::worker_state`](crate::NodeCtx::worker_state).
     /// An error (or panic) fails [`build`](Self::build), naming the worker.
     ///
-    /// Replaces the state type, so set the stop and idle hooks after this one.
+    /// Replaces the state type, so set the stop, idle and spin hooks after this one.
     pub fn start_hook<T: Send + 'static>(
         self,
         f: impl Fn(&WorkerInfo) -> Result<T, BoxError> + Send + Sync + 'static,
@@ -261,6 +263,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             start: Arc::new(f),
             stop: None,
             idle: None,
+            spin: None,
             rayon: self.rayon,
             cpu_lane_threads: self.cpu_lane_threads,
             stack_size: self.stack_size,
@@ -327,6 +330,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             start: self.start,
             stop: self.stop,
             idle: self.idle,
+            spin: self.spin,
         };
         let group_names: Vec<String> = specs.iter().map(|g| g.name.clone()).collect();
         let domains = check_domains(&self.name, &group_names, self.domains)?;

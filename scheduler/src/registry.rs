@@ -7,7 +7,7 @@ use crossbeam_deque::{Injector, Stealer, Worker as Deque};
 use crossbeam_utils::CachePadded;
 
 use crate::admission::Admission;
-use crate::config::{IdleHook, ShutdownMode, StartHook, StopHook, WorkerInfo};
+use crate::config::{IdleHook, ShutdownMode, SpinHook, StartHook, StopHook, WorkerInfo};
 use crate::ctx::{RunAccess, Submit};
 use crate::error::{Error, ErrorKind};
 use crate::graph::{Graph, Plan};
@@ -44,6 +44,7 @@ pub(crate) struct Hooks<S> {
     pub(crate) start: StartHook<S>,
     pub(crate) stop: Option<StopHook<S>>,
     pub(crate) idle: Option<IdleHook<S>>,
+    pub(crate) spin: Option<SpinHook<S>>,
 }
 
 pub(crate) struct GroupQueues<S> {
@@ -528,6 +529,12 @@ impl<S: Send + 'static> Registry<S> {
         let spec = &t.run().plan.nodes[t.node() as usize];
         let placement = spec.placement();
         self.inject(t, spec.priority(), placement);
+        if self.spinning_here_for(placement) {
+            // The pusher is a worker of this placement in its spin hook: it looks at the
+            // injectors as soon as the hook returns, and a peer woken for this would cost a
+            // wake-up on this thread and race it for the task.
+            return;
+        }
         match placement {
             Placement::Any => {
                 self.sleep.notify_any();
@@ -538,6 +545,19 @@ impl<S: Send + 'static> Registry<S> {
             Placement::Domain(d) => {
                 self.sleep.notify_groups(&self.domains[d.index()].groups);
             }
+        }
+    }
+
+    /// Whether this thread is a worker of this pool, in its spin hook, that takes tasks of
+    /// `placement` (see `worker::idle`'s `SpinHookGuard`).
+    fn spinning_here_for(&self, placement: Placement) -> bool {
+        let Some(group) = crate::hooked::spin_hook_group(self as *const Self as usize) else {
+            return false;
+        };
+        match placement {
+            Placement::Any => true,
+            Placement::Group(g) => g.index() == group,
+            Placement::Domain(d) => self.domains[d.index()].groups.contains(&group),
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use boundpool_scheduler::backend::{Completer, NodeCtxExt};
+use boundpool_scheduler::backend::{Completer, NodeCtxExt, PoolBuilderExt};
 use boundpool_scheduler::{Cores, ErrorKind, GraphBuilder, GroupSpec, PoolBuilder, ShutdownMode};
 
 /// A graph `a -> b`: `a` sends its completer down `tx` and returns 41 (setting `returned`
@@ -365,6 +365,77 @@ fn the_completion_runs_on_a_worker_of_the_nodes_group() {
                 out.get(b),
                 Some(&("right".to_string(), "right".to_string()))
             );
+        }
+    });
+}
+
+/// Completers taken and called by a pool's spin hook (as a network's arrivals would be, on a
+/// worker that spins anyway): the hook runs on a spinning worker, a completion for the
+/// hook's own group runs on that very worker (queued without a wake-up: nothing else would
+/// take it), and one for the other group wakes that group's worker; every run ends.
+#[test]
+fn completers_called_in_the_spin_hook_complete_here_or_wake_the_nodes_group() {
+    common::with_deadline(60, "spin hook", || {
+        let slot: Arc<Mutex<Vec<Completer>>> = Arc::new(Mutex::new(Vec::new()));
+        let hook_slot = slot.clone();
+        let called_on: Arc<Mutex<Vec<(String, thread::ThreadId)>>> = Arc::default();
+        let called = called_on.clone();
+        let pool = PoolBuilder::new()
+            .name("spinhook")
+            .groups(vec![
+                GroupSpec::new("net", 1).cores(Cores::Unpinned),
+                GroupSpec::new("other", 1).cores(Cores::Unpinned),
+            ])
+            .idle_spin(Duration::from_millis(200))
+            .spin_hook(move |info, _| {
+                // Only the "net" group's worker makes progress (one network driver).
+                if info.group_name != "net" {
+                    return false;
+                }
+                let Some(c) = hook_slot.lock().unwrap().pop() else {
+                    return false;
+                };
+                called
+                    .lock()
+                    .unwrap()
+                    .push((info.group_name.clone(), thread::current().id()));
+                c.complete(Ok(()));
+                true
+            })
+            .build()
+            .unwrap();
+        for target in ["net", "other"] {
+            let group = pool.group(target).unwrap();
+            let tx = slot.clone();
+            let mut g = GraphBuilder::new("spun");
+            let a = g.node("a", move |ctx| {
+                tx.lock().unwrap().push(ctx.complete_later());
+                Ok(7u32)
+            });
+            g.place(a, group);
+            let b = g.node("b", move |ctx| {
+                Ok((
+                    *ctx.input(a)?,
+                    ctx.worker_info().group_name.clone(),
+                    thread::current().id(),
+                ))
+            });
+            g.edge(a, b);
+            g.place(b, group);
+            let graph = g.build().unwrap();
+            for _ in 0..30 {
+                called_on.lock().unwrap().clear();
+                let out = pool.run(&graph).unwrap();
+                let (v, ran_in, ran_on) = out.get(b).unwrap().clone();
+                assert_eq!((v, ran_in.as_str()), (7, target));
+                let calls = called_on.lock().unwrap().clone();
+                assert_eq!(calls.len(), 1, "the hook called the completer once");
+                if target == "net" {
+                    assert_eq!(calls[0].1, ran_on, "the successor ran on the hook's worker");
+                } else {
+                    assert_ne!(calls[0].1, ran_on, "the other group's worker ran it");
+                }
+            }
         }
     });
 }

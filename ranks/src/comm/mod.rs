@@ -8,6 +8,7 @@
 mod engine;
 pub(crate) mod run;
 mod send;
+mod shared;
 pub(crate) mod stamps;
 pub(crate) mod wire;
 
@@ -18,11 +19,13 @@ use std::time::{Duration, Instant};
 
 pub(crate) use engine::{Command, EngineConfig, Payload, StagedPayload};
 pub(crate) use send::{Sent, SMALL_SEND};
+pub(crate) use shared::ProgressSlot;
 
 use crate::error::{Error, ErrorKind};
 use crate::transport::Transport;
 use engine::Engine;
 use send::Sending;
+use shared::SharedEngine;
 
 /// Yield this long with nothing to do (after the spin, if any) before parking. A yield
 /// returns at once on a core with nothing else to run; on a full one it hands the core to the
@@ -32,6 +35,9 @@ const YIELD: Duration = Duration::from_millis(2);
 const PARK_BUSY: Duration = Duration::from_micros(100);
 /// The park of a comm thread with nothing in flight (heartbeats, a peer's first message).
 const PARK_IDLE: Duration = Duration::from_millis(1);
+/// While workers look at the network, the thread still takes the engine this often for its
+/// timers (heartbeats, peers' silence).
+const TIMERS_EVERY: Duration = Duration::from_millis(1);
 
 /// How the thread waits with work in flight and nothing to do: it spins (polls the transport
 /// again at once) for `spin`, then yields for [`YIELD`], then parks; with nothing in flight it
@@ -99,13 +105,15 @@ pub(crate) struct CommThread {
 
 /// Starts the communication thread (pinned to `waiting.core`, if given): `make` builds the
 /// transport on it (MPI initializes there). Returns once the transport is up, or with its
-/// error.
+/// error. Where the transport allows calls from any thread and `cfg.worker_polls`, the pool's
+/// spin hook finds the engine in `progress` (`shared.rs`).
 pub(crate) fn spawn<T, F>(
     name: String,
     make: F,
     cfg: EngineConfig,
     poisoned: Arc<AtomicBool>,
     waiting: Waiting,
+    progress: ProgressSlot,
 ) -> Result<CommThread, Error>
 where
     T: Transport + 'static,
@@ -127,16 +135,26 @@ where
             }
             // Every rank learns the hosts before anything is sent (a collective under MPI).
             let made = make().and_then(|mut t| t.hosts().map(|h| (t, h)));
-            let (engine, hosts) = match made {
-                Ok((t, hosts)) => (Engine::new(t, cfg, poisoned, sending_here), hosts),
+            let (engine, hosts, any_thread) = match made {
+                Ok((t, hosts)) => {
+                    let any_thread = t.any_thread() && cfg.worker_polls;
+                    (
+                        Engine::new(t, cfg, poisoned, sending_here),
+                        hosts,
+                        any_thread,
+                    )
+                }
                 Err(e) => {
                     let _ = up_tx.send(Err(e));
                     return false;
                 }
             };
-            let _ = up_tx.send(Ok((engine.rank(), engine.size(), hosts)));
-            let guard = AbortOnUnwind(engine.rank());
-            let poisoned = run_loop(engine, rx, &parked_here, waiting.spin);
+            let (rank, size) = (engine.rank(), engine.size());
+            let shared = SharedEngine::new(engine);
+            shared.share(&progress, any_thread);
+            let _ = up_tx.send(Ok((rank, size, hosts)));
+            let guard = AbortOnUnwind(rank);
+            let poisoned = run_loop(&shared, rx, &parked_here, waiting.spin);
             std::mem::forget(guard);
             poisoned
         })
@@ -175,15 +193,16 @@ where
     })
 }
 
-/// Aborts the process if the communication thread unwinds: its state (the transport, every
-/// run's cells) cannot be trusted after a panic, and a rank that quietly lost its thread would
-/// hang every other rank. Aborting makes the launcher end the job, or the others see it die.
+/// Aborts the process if the engine's holder unwinds (the communication thread, or a worker
+/// looking at the network): its state (the transport, every run's cells) cannot be trusted
+/// after a panic, and a rank that quietly lost its thread would hang every other rank.
+/// Aborting makes the launcher end the job, or the others see it die.
 struct AbortOnUnwind(usize);
 
 impl Drop for AbortOnUnwind {
     fn drop(&mut self) {
         eprintln!(
-            "boundpool-ranks: rank {}: the communication thread panicked; aborting",
+            "boundpool-ranks: rank {}: the communication engine panicked; aborting",
             self.0
         );
         std::process::abort();
@@ -191,49 +210,71 @@ impl Drop for AbortOnUnwind {
 }
 
 /// The thread's loop: commands, arrivals, completions, timers; spins, yields, then parks when
-/// there is nothing to do (see [`Waiting`]). Returns whether the runtime was poisoned (a dead
-/// peer or a failed transport: the pool may have runs that never end).
-fn run_loop<T: Transport>(
-    mut engine: Engine<T>,
+/// there is nothing to do (see [`Waiting`]). While workers look at the network (`shared.rs`)
+/// it leaves arrivals to them, and takes the engine only for commands and, every
+/// [`TIMERS_EVERY`], its timers. Returns whether the runtime was poisoned (a dead peer or a
+/// failed transport: the pool may have runs that never end).
+fn run_loop<T: Transport + 'static>(
+    shared: &SharedEngine<T>,
     rx: mpsc::Receiver<Command>,
     parked: &AtomicBool,
     spin: Duration,
 ) -> bool {
     let mut idle_since: Option<Instant> = None;
     let mut disconnected = false;
+    let mut commands: Vec<Command> = Vec::new();
+    let mut timers_at = Instant::now();
+    let (mut busy, mut bulk) = (false, false);
     loop {
-        let mut worked = false;
-        for _ in 0..256 {
-            match rx.try_recv() {
-                Ok(cmd) => {
-                    engine.command(cmd);
-                    worked = true;
-                }
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    if !disconnected {
-                        disconnected = true;
-                        engine.command(Command::Shutdown { died: None });
-                    }
-                    break;
-                }
+        take_commands(&rx, &mut commands, &mut disconnected);
+        let looking = shared.workers_looking();
+        let mut worked = !commands.is_empty();
+        if worked || !looking || timers_at.elapsed() >= TIMERS_EVERY {
+            let mut g = shared.lock();
+            let engine = g.as_mut().expect("the engine until this thread closes it");
+            for cmd in commands.drain(..) {
+                engine.command(cmd);
             }
-        }
-        worked |= engine.probe(64) > 0;
-        worked |= engine.poll() > 0;
-        engine.timers();
-        if engine.finished() {
-            return engine.close();
+            if !looking {
+                worked |= engine.probe(64) > 0;
+                worked |= engine.poll() > 0;
+            }
+            engine.timers();
+            timers_at = Instant::now();
+            if engine.finished() {
+                let engine = g.take().expect("the engine until this thread closes it");
+                drop(g);
+                return engine.close();
+            }
+            (busy, bulk) = (engine.busy(), engine.moving_bulk());
         }
         if worked {
             idle_since = None;
             continue;
         }
         let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
-        match next_wait(engine.busy(), engine.moving_bulk(), idle, spin) {
+        match next_wait(busy, bulk, idle, spin) {
             Wait::Spin => std::hint::spin_loop(),
             Wait::Yield => std::thread::yield_now(),
-            Wait::Park(d) => park(&rx, parked, &mut engine, d),
+            Wait::Park(d) => commands.extend(park(&rx, parked, d)),
+        }
+    }
+}
+
+/// Takes up to 256 queued commands into `into`; a disconnected channel (the runtime dropped
+/// without its shutdown) becomes one shutdown.
+fn take_commands(rx: &mpsc::Receiver<Command>, into: &mut Vec<Command>, disconnected: &mut bool) {
+    for _ in 0..256 {
+        match rx.try_recv() {
+            Ok(cmd) => into.push(cmd),
+            Err(mpsc::TryRecvError::Empty) => break,
+            Err(mpsc::TryRecvError::Disconnected) => {
+                if !*disconnected {
+                    *disconnected = true;
+                    into.push(Command::Shutdown { died: None });
+                }
+                break;
+            }
         }
     }
 }
@@ -262,21 +303,20 @@ fn next_wait(busy: bool, bulk: bool, idle: Duration, spin: Duration) -> Wait {
     }
 }
 
-/// Parks for at most `d`, unless a command is queued (taken and handled here).
-fn park<T: Transport>(
-    rx: &mpsc::Receiver<Command>,
-    parked: &AtomicBool,
-    engine: &mut Engine<T>,
-    d: Duration,
-) {
+/// Parks for at most `d`, unless a command is queued (returned, for the loop to handle).
+fn park(rx: &mpsc::Receiver<Command>, parked: &AtomicBool, d: Duration) -> Option<Command> {
     parked.store(true, Ordering::SeqCst);
     // Pairs with `CommHandle::send`'s fence: a command queued before it is seen below.
     fence(Ordering::SeqCst);
-    match rx.try_recv() {
-        Ok(cmd) => engine.command(cmd),
-        Err(_) => std::thread::park_timeout(d),
-    }
+    let cmd = match rx.try_recv() {
+        Ok(cmd) => Some(cmd),
+        Err(_) => {
+            std::thread::park_timeout(d);
+            None
+        }
+    };
     parked.store(false, Ordering::SeqCst);
+    cmd
 }
 
 #[cfg(test)]

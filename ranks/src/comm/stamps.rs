@@ -34,7 +34,8 @@ pub(crate) enum SendHop {
     Done = 4,
 }
 
-/// The hops of a receive, in path order (all on the communication thread).
+/// The hops of a receive, in path order (all on the thread that holds the engine: the
+/// communication thread, or a worker looking at the network).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum RecvHop {
     /// The transport's probe returned the message (its first, for a long value).
@@ -45,10 +46,12 @@ pub(crate) enum RecvHop {
     Completing = 2,
     /// The fill (and so the `Completer`'s call) returned.
     Completed = 3,
+    /// Not a time: 1 where a worker looking at the network took the value.
+    ByWorker = 4,
 }
 
 const SEND_HOPS: usize = 5;
-const RECV_HOPS: usize = 4;
+const RECV_HOPS: usize = 5;
 
 /// One run's stamp cells: `SEND_HOPS` per send, then `RECV_HOPS` per receive; 0 = not
 /// stamped.
@@ -114,6 +117,7 @@ impl RunStamps {
                     received: c(RecvHop::Received),
                     completing: c(RecvHop::Completing),
                     completed: c(RecvHop::Completed),
+                    by_worker: c(RecvHop::ByWorker) != 0,
                 }
             })
             .collect();
@@ -156,7 +160,9 @@ pub struct SendStamps {
     pub done: u64,
 }
 
-/// The hops of one receive ([`EdgeStamps`]), all on the communication thread.
+/// The hops of one receive ([`EdgeStamps`]), all on the thread that held the engine: the
+/// communication thread, or a worker that looked at the network while it spun
+/// ([`RanksBuilder::worker_polls`](crate::RanksBuilder::worker_polls)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecvStamps {
@@ -172,6 +178,9 @@ pub struct RecvStamps {
     pub completing: u64,
     /// That call returned (a worker takes the completion from the pool's queue from then on).
     pub completed: u64,
+    /// A worker looking at the network took the value (it runs the consumer next), not the
+    /// communication thread.
+    pub by_worker: bool,
 }
 
 #[cfg(test)]

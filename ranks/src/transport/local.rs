@@ -283,6 +283,11 @@ impl Transport for LocalTransport {
         done.append(&mut self.done);
     }
 
+    /// The network is shared memory under locks.
+    fn any_thread(&self) -> bool {
+        true
+    }
+
     fn direct(&mut self) -> Option<Arc<dyn DirectSend>> {
         Some(Arc::new(LocalDirect {
             net: self.net.clone(),

@@ -112,6 +112,14 @@ pub trait Transport {
         let _ = done;
     }
 
+    /// Whether any thread may call this transport's methods, one call at a time (the
+    /// communication thread hands its engine to a spinning worker under a lock: MPI at
+    /// `MPI_THREAD_SERIALIZED` or more, the in-process network). The default: only the thread
+    /// that made it.
+    fn any_thread(&self) -> bool {
+        false
+    }
+
     /// A handle through which other threads post small sends themselves, if the transport
     /// allows calls from several threads; `None` (the default): only this thread sends.
     fn direct(&mut self) -> Option<Arc<dyn DirectSend>> {

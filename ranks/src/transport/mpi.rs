@@ -338,6 +338,13 @@ impl Transport for MpiTransport {
         done.append(&mut self.ready);
     }
 
+    /// At `MPI_THREAD_SERIALIZED` or `MPI_THREAD_MULTIPLE`: any thread may call MPI while
+    /// calls do not overlap (the engine's lock sees to that; workers' direct sends, at
+    /// `MULTIPLE` only, may overlap).
+    fn any_thread(&self) -> bool {
+        self.threading >= Threading::Serialized
+    }
+
     fn direct(&mut self) -> Option<Arc<dyn DirectSend>> {
         self.direct.clone().map(|d| -> Arc<dyn DirectSend> { d })
     }

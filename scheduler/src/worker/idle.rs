@@ -151,13 +151,19 @@ impl<S: Send + 'static> WorkerThread<S> {
     fn spin(&self, condition: &dyn Fn() -> bool) -> bool {
         // Look often (a hand-off between two workers waits for exactly this look), read the
         // clock seldom.
-        let start = Instant::now();
+        let mut start = Instant::now();
         let limit = self.registry.idle_spin;
         let mut looks = 0u32;
         loop {
             std::hint::spin_loop();
             if self.work_visible() || condition() {
                 return true;
+            }
+            if self.run_spin_hook() {
+                // Progress outside the pool (an arrival) is often followed by more: the
+                // spin starts over.
+                start = Instant::now();
+                continue;
             }
             looks = looks.wrapping_add(1);
             if looks % 64 == 0 {
@@ -275,6 +281,22 @@ impl<S: Send + 'static> WorkerThread<S> {
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| h(info, &self.host.state))) {
                 abort_on_hook_panic(&self.registry.name, &info.name, "idle hook", &*p);
             }
+        }
+    }
+
+    /// The spin hook, if the pool has one: whether it did anything. Completers it calls for
+    /// nodes this worker takes queue their completions without waking a peer (`hooked.rs`).
+    #[inline]
+    fn run_spin_hook(&self) -> bool {
+        let Some(h) = &self.registry.hooks.spin else {
+            return false;
+        };
+        let reg = &*self.registry as *const crate::registry::Registry<S> as usize;
+        let _mark = crate::hooked::SpinHookGuard::enter(reg, self.group);
+        let info = &self.registry.infos[self.index];
+        match catch_unwind(AssertUnwindSafe(|| h(info, &self.host.state))) {
+            Ok(progressed) => progressed,
+            Err(p) => abort_on_hook_panic(&self.registry.name, &info.name, "spin hook", &*p),
         }
     }
 

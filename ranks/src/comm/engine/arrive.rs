@@ -347,6 +347,9 @@ impl<T: Transport> Engine<T> {
                         run.stamp_recv(k, RecvHop::Arrived, arrived);
                         run.stamp_recv(k, RecvHop::Received, received);
                         run.stamp_recv(k, RecvHop::Completing, monotonic_ns());
+                        if self.worker_looking {
+                            run.stamp_recv(k, RecvHop::ByWorker, 1);
+                        }
                         run.recvs[k as usize].fill_landed(v);
                         run.stamp_recv(k, RecvHop::Completed, monotonic_ns());
                     }

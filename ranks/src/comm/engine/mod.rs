@@ -104,6 +104,9 @@ pub(crate) struct EngineConfig {
     pub(crate) send_window: usize,
     /// Workers post small sends themselves where the transport allows it (`comm/send.rs`).
     pub(crate) worker_sends: bool,
+    /// Spinning workers look at the network themselves where the transport allows it
+    /// (`comm/shared.rs`).
+    pub(crate) worker_polls: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -248,6 +251,8 @@ pub(crate) struct Engine<T: Transport> {
     done: Vec<OpId>,
     /// When the message being handled arrived (`stamps.rs`; 0 when not stamping).
     arrival: u64,
+    /// A worker holds the engine (`comm/shared.rs`), for the stamps.
+    pub(crate) worker_looking: bool,
     /// The window, shared with send nodes (`comm/send.rs`).
     sending: Arc<Sending>,
     /// Sends waiting for room in the window (`queue.rs`).
@@ -307,6 +312,7 @@ impl<T: Transport> Engine<T> {
             closing: None,
             done: Vec::new(),
             arrival: 0,
+            worker_looking: false,
             sending,
             queue: BinaryHeap::new(),
             queued_total: 0,

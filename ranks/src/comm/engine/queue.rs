@@ -152,6 +152,7 @@ mod tests {
             stamps: false,
             send_window: 1,
             worker_sends: false,
+            worker_polls: false,
         };
         let sending = Arc::new(Sending::new(1, 1 << 20));
         let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
