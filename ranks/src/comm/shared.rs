@@ -78,9 +78,13 @@ impl<T: Transport + 'static> SharedEngine<T> {
 
     /// Whether a worker looked at the network within the last [`WORKERS_LOOKING_NS`].
     pub(crate) fn workers_looking(&self) -> bool {
-        let at = self.looked_at.load(Ordering::Relaxed);
-        at != 0 && monotonic_ns().saturating_sub(at) < WORKERS_LOOKING_NS
+        looking(self.looked_at.load(Ordering::Relaxed), monotonic_ns())
     }
+}
+
+/// Whether a worker's look at `at` (0: never) counts as looking at `now`.
+fn looking(at: u64, now: u64) -> bool {
+    at != 0 && now.saturating_sub(at) < WORKERS_LOOKING_NS
 }
 
 impl<T: Transport + 'static> Progress for SharedEngine<T> {
@@ -106,5 +110,82 @@ impl<T: Transport + 'static> Progress for SharedEngine<T> {
         engine.worker_looking = false;
         std::mem::forget(guard);
         n > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::comm::engine::EngineConfig;
+    use crate::comm::send::Sending;
+    use crate::transport::LocalNetwork;
+
+    fn shared(net: &LocalNetwork) -> Arc<SharedEngine<crate::transport::LocalTransport>> {
+        let cfg = EngineConfig {
+            peer_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_secs(1),
+            max_message: 1 << 20,
+            stamps: false,
+            send_window: 4,
+            worker_sends: false,
+            worker_polls: true,
+        };
+        let sending = Arc::new(Sending::new(4, 1 << 20));
+        let flag = Arc::new(AtomicBool::new(false));
+        SharedEngine::new(Engine::new(net.endpoint(0), cfg, flag, sending))
+    }
+
+    #[test]
+    fn a_look_marks_the_workers_looking_and_never_waits_for_the_lock() {
+        let net = LocalNetwork::new(2);
+        let s = shared(&net);
+        assert_eq!(
+            s.looked_at.load(Ordering::Relaxed),
+            0,
+            "no worker looked yet"
+        );
+        // Published only where the transport allows calls from any thread.
+        let slot = ProgressSlot::default();
+        s.share(&slot, false);
+        assert!(slot.get().is_none());
+        s.share(&slot, true);
+        let p = slot.get().expect("shared").clone();
+        let before = monotonic_ns();
+        assert!(!p.progress(), "nothing arrived");
+        let marked = s.looked_at.load(Ordering::Relaxed);
+        assert!(marked >= before, "the look is marked");
+        // While the communication thread holds the engine, a worker's look returns at once,
+        // still marked (so that the thread leaves the next look to the workers).
+        let held = s.lock();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_nanos(2 * MARK_EVERY_NS));
+            p.progress()
+        });
+        assert!(
+            !t.join().unwrap(),
+            "a look that found the engine held did nothing"
+        );
+        drop(held);
+        assert!(s.looked_at.load(Ordering::Relaxed) > marked, "marked again");
+        // Closed (the thread took the engine out): a look does nothing.
+        let engine = s.lock().take();
+        assert!(engine.is_some());
+        assert!(!slot.get().unwrap().progress());
+    }
+
+    #[test]
+    fn a_look_counts_for_a_while() {
+        let w = WORKERS_LOOKING_NS;
+        assert!(!looking(0, 5), "never looked");
+        assert!(looking(100, 100));
+        assert!(looking(100, 100 + w - 1));
+        assert!(!looking(100, 100 + w), "lapsed");
+        assert!(
+            looking(100, 50),
+            "a clock read before the mark still counts"
+        );
     }
 }
