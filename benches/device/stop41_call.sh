@@ -12,7 +12,7 @@
 # `bash .devbin/stop41_call.sh` (about 330 s).
 source .devbin/lib.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
-logs_in /tmp/bp-gt gt.tgz fresh; deadline 60
+logs_in /tmp/bp-gt gt.tgz fresh; deadline 50
 step t_gpu_graph_template 20 $B/t_gpu_graph_template --test-threads=1
 grep -E "description reads|=err" $LOGS/t_gpu_graph_template.log | cut -c1-600 | head -3
 BOUNDPOOL_WATCHDOG_SCALE=20 step mc_graph_template 35 $CS --tool memcheck $B/t_gpu_graph_template --test-threads=1 --skip refused
@@ -21,12 +21,12 @@ finish
 # The 8-byte edge with spinning workers looking at the network (RanksBuilder::worker_polls,
 # on by default) against the communication thread alone (--no-worker-polls), alternated, with
 # the hops; then the 64 MiB value and the 100k DAG on this build (worker polls on).
-logs_in /tmp/bp-rk rk.tgz fresh; deadline 190
+logs_in /tmp/bp-rk rk.tgz fresh; deadline 150
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 SUMMARY='^\| (8-byte|64 MiB|100k)|taken by|panicked|FAILED'
 for r in 1 2; do
   for f in "" --no-worker-polls; do
-    step edge${f:+_off}_$r 20 mpirun --bind-to none -np 2 $B/bench_ranks --workers 2 --dag 0 --no-big --runs 3 --edge-breakdown $f
+    step edge${f:+_off}_$r 18 mpirun --bind-to none -np 2 $B/bench_ranks --workers 2 --dag 0 --no-big --runs 3 --edge-breakdown $f
     [ $r = 1 ] && grep -E "^\| (send|arrival|all bytes|Completer|producer)" $LOGS/edge${f:+_off}_$r.log | cut -c1-150
   done
   finish
@@ -35,11 +35,11 @@ step big 25 mpirun --bind-to none -np 2 $B/bench_ranks --workers 2 --dag 100000 
 finish
 # The CI program where workers spin (a core each): random graphs and the fault cases.
 SUMMARY='^rank|panicked|FAILED|HUNG'
-step ci4 40 mpirun --bind-to none --oversubscribe -np 4 $B/ranks_ci graphs 100
+step ci4 30 mpirun --bind-to none --oversubscribe -np 4 $B/ranks_ci graphs 100
 finish
-step ci_faults 40 mpirun --bind-to none --oversubscribe -np 4 $B/ranks_ci faults
+step ci_faults 35 mpirun --bind-to none --oversubscribe -np 4 $B/ranks_ci faults
 finish
-logs_in /tmp/bp-tl tl.tgz fresh; deadline 100
+logs_in /tmp/bp-tl tl.tgz fresh; deadline 95
 SUMMARY='panicked|Error'
 P="--isolate high --high-partition 16 --batch-clients 32 --no-torch"
 step probe 30 $B/bench_serve --tail-probe --seconds 1 $P
