@@ -518,9 +518,12 @@ fn stamped_edges_record_every_hop_in_path_order() {
 
 /// A value hopping between two ranks 40 times, each rank's worker spinning long before it
 /// parks: with `worker_polls` (the default) the spinning workers take arrivals themselves
-/// (stamped `by_worker`), and the chain's result is the same; without it, never.
+/// (stamped `by_worker`): the chain runs until one did (the communication thread may win every
+/// race of a few runs on a loaded machine, never of many); without it, none in as many runs.
+/// The chain's result is the same either way.
 #[test]
 fn spinning_workers_take_arrivals_themselves_unless_told_not_to() {
+    let mut runs_with_polls = 0;
     for polls in [true, false] {
         let settings = RanksBuilder::new()
             .workers(1)
@@ -528,6 +531,7 @@ fn spinning_workers_take_arrivals_themselves_unless_told_not_to() {
             .worker_polls(polls)
             .stamp_edges(true);
         let (_net, ranks) = world(2, settings);
+        let deadline = Instant::now() + Duration::from_secs(30);
         let taken = on_all(&ranks, |r| {
             let mut g = RankGraphBuilder::new("hops");
             let mut last = g.plain_node(0, "hop0", |_| Ok(0u64));
@@ -539,25 +543,72 @@ fn spinning_workers_take_arrivals_themselves_unless_told_not_to() {
                 g.edge(prev, last);
             }
             let graph = g.build(r).unwrap();
-            let mut by_worker = 0;
-            for _ in 0..5 {
+            let (mut by_worker, mut runs) = (0, 0);
+            // Every rank runs the same number of runs: both decide with a run of the graph
+            // (the sum over ranks, read on rank 0, is every rank's answer).
+            let mut go_on = true;
+            while go_on {
                 let out = r.run(&graph).unwrap();
+                runs += 1;
                 if r.rank() == 0 {
                     assert_eq!(out.get(last), Some(&40));
                 }
                 let stamps = out.edge_stamps().expect("stamping");
                 assert_eq!(stamps.recvs.len(), 20);
                 by_worker += stamps.recvs.iter().filter(|v| v.by_worker).count();
+                go_on = match polls {
+                    true => runs < 1000 && Instant::now() < deadline && !agreed(r, by_worker > 0),
+                    false => runs < runs_with_polls.max(5),
+                };
             }
-            by_worker
+            (by_worker, runs)
         });
-        let taken: usize = taken.iter().sum();
+        let by_worker: usize = taken.iter().map(|t| t.0).sum();
         if polls {
-            assert!(taken > 0, "no arrival taken by a spinning worker of 200");
+            assert!(
+                by_worker > 0,
+                "no arrival taken by a spinning worker in {taken:?} runs"
+            );
+            runs_with_polls = taken[0].1;
         } else {
-            assert_eq!(taken, 0, "workers looked at the network though told not to");
+            assert_eq!(
+                by_worker, 0,
+                "workers looked at the network though told not to"
+            );
         }
     }
+}
+
+/// Whether any rank says `mine`: a one-node-per-rank graph whose values meet on rank 0 and
+/// go back to every rank (so every rank learns the answer in the same run).
+fn agreed(r: &Ranks, mine: bool) -> bool {
+    let mut g = RankGraphBuilder::new("agree");
+    let votes: Vec<_> = (0..r.size())
+        .map(|k| g.plain_node(k, format!("vote{k}"), move |_| Ok(u64::from(mine))))
+        .collect();
+    let sum = g.plain_node(0, "sum", {
+        let votes = votes.clone();
+        move |ctx| {
+            let mut n = 0;
+            for v in &votes {
+                n += *ctx.input(*v)?;
+            }
+            Ok(n)
+        }
+    });
+    for &v in &votes {
+        g.edge(v, sum);
+    }
+    let echoes: Vec<_> = (0..r.size())
+        .map(|k| {
+            let e = g.plain_node(k, format!("echo{k}"), move |ctx| Ok(*ctx.input(sum)?));
+            g.edge(sum, e);
+            e
+        })
+        .collect();
+    let graph = g.build(r).unwrap();
+    let out = r.run(&graph).unwrap();
+    *out.get(echoes[r.rank()]).expect("this rank's echo") > 0
 }
 
 #[test]

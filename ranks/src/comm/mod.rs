@@ -244,7 +244,7 @@ fn run_loop<T: Transport + 'static>(
             if engine.finished() {
                 let engine = g.take().expect("the engine until this thread closes it");
                 drop(g);
-                return engine.close();
+                return (*engine).close();
             }
             (busy, bulk) = (engine.busy(), engine.moving_bulk());
         }

@@ -35,9 +35,10 @@ pub(crate) trait Progress: Send + Sync {
 /// only where the transport allows calls from any thread and the runtime lets workers look).
 pub(crate) type ProgressSlot = Arc<OnceLock<Arc<dyn Progress>>>;
 
-/// The engine, behind a lock; `None` once the communication thread closed it.
+/// The engine, behind a lock; `None` once the communication thread closed it. Boxed, so that
+/// workers trying the lock do not contend for the cache line of the engine's own fields.
 pub(crate) struct SharedEngine<T: Transport> {
-    engine: Mutex<Option<Engine<T>>>,
+    engine: Mutex<Option<Box<Engine<T>>>>,
     /// When a worker last looked at the network (`monotonic_ns`); 0: never.
     looked_at: AtomicU64,
     rank: usize,
@@ -56,7 +57,7 @@ impl<T: Transport + 'static> SharedEngine<T> {
     pub(crate) fn new(engine: Engine<T>) -> Arc<Self> {
         let rank = engine.rank();
         Arc::new(SharedEngine {
-            engine: Mutex::new(Some(engine)),
+            engine: Mutex::new(Some(Box::new(engine))),
             looked_at: AtomicU64::new(0),
             rank,
         })
@@ -71,7 +72,7 @@ impl<T: Transport + 'static> SharedEngine<T> {
     }
 
     /// The engine, for the communication thread (it waits while a worker holds it).
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Option<Engine<T>>> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Option<Box<Engine<T>>>> {
         // A worker that panicked holding it aborted the process (`progress`): never poisoned.
         self.engine.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -336,6 +336,11 @@ impl<T: Transport> Engine<T> {
         (arrived, received): (u64, u64),
     ) {
         let rank = self.rank;
+        let hops = ArrivalHops {
+            arrived,
+            received,
+            by_worker: self.worker_looking,
+        };
         let gs = self.graphs.entry(gid).or_default();
         let w = u64::from(gs.graph.as_ref().map_or(1, |g| g.runs_in_flight));
         let seq = u64::from(slot) + w * gs.finished[src][slot as usize];
@@ -343,17 +348,7 @@ impl<T: Transport> Engine<T> {
             Some(run) if !run.is_local_done() => {
                 let run = run.clone();
                 match value {
-                    Ok(v) if run.stamps() => {
-                        run.stamp_recv(k, RecvHop::Arrived, arrived);
-                        run.stamp_recv(k, RecvHop::Received, received);
-                        run.stamp_recv(k, RecvHop::Completing, monotonic_ns());
-                        if self.worker_looking {
-                            run.stamp_recv(k, RecvHop::ByWorker, 1);
-                        }
-                        run.recvs[k as usize].fill_landed(v);
-                        run.stamp_recv(k, RecvHop::Completed, monotonic_ns());
-                    }
-                    Ok(v) => run.recvs[k as usize].fill_landed(v),
+                    Ok(v) => hops.fill(&run, k, v),
                     Err(msg) => {
                         let f = decode_failure(&run, k, rank, msg);
                         run.recvs[k as usize].fail(f.to_error());
@@ -364,7 +359,9 @@ impl<T: Transport> Engine<T> {
             Some(_) => {}
             None if gs.started.contains(seq) => {}
             None => {
-                gs.stash.insert((seq, k), value);
+                // Before its run started here (its data overtook the run's start): filled, and
+                // stamped, when it starts.
+                gs.stash.insert((seq, k), (value, hops));
             }
         }
     }
@@ -500,5 +497,32 @@ mod tests {
         // None left: the one after that gets memory of its own.
         landing_for(&graph, 0, 1000);
         assert_eq!(graph.recycled(), 1);
+    }
+}
+
+/// When a value's message arrived and its bytes were all in, and whether a worker took it:
+/// its receive's stamps, kept with a value that waits for its run to start.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ArrivalHops {
+    arrived: u64,
+    received: u64,
+    by_worker: bool,
+}
+
+impl ArrivalHops {
+    /// Fills receive `k` of `run` with `v`, stamping the hops if the run stamps its edges.
+    pub(super) fn fill(self, run: &RunState, k: u32, v: Landed) {
+        if !run.stamps() {
+            run.recvs[k as usize].fill_landed(v);
+            return;
+        }
+        run.stamp_recv(k, RecvHop::Arrived, self.arrived);
+        run.stamp_recv(k, RecvHop::Received, self.received);
+        run.stamp_recv(k, RecvHop::Completing, monotonic_ns());
+        if self.by_worker {
+            run.stamp_recv(k, RecvHop::ByWorker, 1);
+        }
+        run.recvs[k as usize].fill_landed(v);
+        run.stamp_recv(k, RecvHop::Completed, monotonic_ns());
     }
 }

@@ -151,7 +151,7 @@ struct GraphState {
     started: Started,
     /// [sender][slot]: runs of the sender in that slot whose status arrived.
     finished: Vec<Vec<u64>>,
-    stash: HashMap<(u64, u32), Result<Landed, String>>,
+    stash: HashMap<(u64, u32), (Result<Landed, String>, arrive::ArrivalHops)>,
     statuses: HashMap<u64, Vec<Option<Outcome>>>,
     failed_early: HashMap<u64, Failure>,
 }
@@ -450,8 +450,8 @@ impl<T: Transport> Engine<T> {
         gs.started.insert(run.seq);
         for k in 0..run.recvs.len() as u32 {
             match gs.stash.remove(&(run.seq, k)) {
-                Some(Ok(v)) => run.recvs[k as usize].fill_landed(v),
-                Some(Err(msg)) => {
+                Some((Ok(v), hops)) => hops.fill(&run, k, v),
+                Some((Err(msg), _)) => {
                     let f = decode_failure(&run, k, self.rank, msg);
                     run.recvs[k as usize].fail(f.to_error());
                     // Reported below, once the run is in the table.
