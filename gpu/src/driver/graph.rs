@@ -312,11 +312,12 @@ fn kernel_params(node: CudaGraphNode, t: u32) -> DResult<Option<sys::CUDA_KERNEL
 /// first 16 bytes), ` NAME=errN` for one the driver would not report.
 fn kernel_node_attributes(node: CudaGraphNode) -> String {
     use sys::CUlaunchAttributeID_enum as A;
-    // The attributes the driver documents as valid for graph nodes; asking for a stream's or a
-    // launch's only (synchronisation policy, programmatic serialisation and event, launch
-    // completion event, shared memory carveout) is an invalid-value error (and one
-    // compute-sanitizer reports).
-    const ATTRS: [A; 9] = [
+    // The kernel-node attributes every driver since CUDA 12.0 reports. Asking for a stream's or
+    // a launch's only (synchronisation policy, programmatic serialisation and event, launch
+    // completion event, shared memory carveout) is an invalid-value error, and so is one of
+    // the two added later (preferred cluster dimension, device-updatable node) on an ordinary
+    // node (one per kernel node on the 580 driver): errors compute-sanitizer reports.
+    const ATTRS: [A; 7] = [
         A::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW,
         A::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
         A::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
@@ -324,8 +325,6 @@ fn kernel_node_attributes(node: CudaGraphNode) -> String {
         A::CU_LAUNCH_ATTRIBUTE_PRIORITY,
         A::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP,
         A::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN,
-        A::CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION,
-        A::CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE,
     ];
     let mut line = String::new();
     for a in ATTRS {
