@@ -25,6 +25,16 @@ fn world(n: usize, settings: RanksBuilder) -> (LocalNetwork, Vec<Ranks>) {
     (net, ranks)
 }
 
+/// The workers' idle spin of the cases run both ways: the runtime's choice (none on a machine
+/// whose cores the ranks' threads share), and a long one, in which spinning workers take
+/// arrivals themselves (`RanksBuilder::worker_polls`).
+fn both_spins(settings: RanksBuilder) -> [RanksBuilder; 2] {
+    [
+        settings.clone(),
+        settings.idle_spin(Duration::from_millis(20)),
+    ]
+}
+
 /// Runs `f` on every rank at once (a thread each), like an SPMD program.
 fn on_all<R: Send>(ranks: &[Ranks], f: impl Fn(&Ranks) -> R + Sync) -> Vec<R> {
     std::thread::scope(|s| {
@@ -35,8 +45,11 @@ fn on_all<R: Send>(ranks: &[Ranks], f: impl Fn(&Ranks) -> R + Sync) -> Vec<R> {
 
 #[test]
 fn random_graphs_equal_the_one_process_run() {
-    for n in [2, 3, 4] {
-        let (_net, ranks) = world(n, RanksBuilder::new().workers(2));
+    for (n, settings) in [2, 3, 4]
+        .into_iter()
+        .flat_map(|n| both_spins(RanksBuilder::new().workers(2)).map(|s| (n, s)))
+    {
+        let (_net, ranks) = world(n, settings);
         let checked = on_all(&ranks, |r| {
             let mut checked = 0;
             for seed in 0..12u64 {
@@ -172,7 +185,13 @@ fn runs_in_flight_are_bounded_by_slots_and_tags() {
 
 #[test]
 fn a_node_failure_is_every_ranks_error() {
-    let (_net, ranks) = world(3, RanksBuilder::new().workers(2));
+    for settings in both_spins(RanksBuilder::new().workers(2)) {
+        a_node_failure_is_every_ranks_error_with(settings);
+    }
+}
+
+fn a_node_failure_is_every_ranks_error_with(settings: RanksBuilder) {
+    let (_net, ranks) = world(3, settings);
     let ran_after = Arc::new(AtomicUsize::new(0));
     let errors = on_all(&ranks, |r| {
         let ran_after = ran_after.clone();
@@ -328,6 +347,12 @@ fn a_killed_rank_ends_every_other_ranks_run_in_time() {
         .workers(1)
         .peer_timeout(Duration::from_millis(800))
         .heartbeat(Duration::from_millis(100));
+    for settings in both_spins(settings) {
+        a_killed_rank_ends_every_other_ranks_run_in_time_with(settings);
+    }
+}
+
+fn a_killed_rank_ends_every_other_ranks_run_in_time_with(settings: RanksBuilder) {
     let (net, ranks) = world(3, settings);
     let start = Instant::now();
     let results: Vec<Result<(), Error>> = on_all(&ranks, |r| {
