@@ -252,6 +252,11 @@ fn run_loop<T: Transport + 'static>(
             idle_since = None;
             continue;
         }
+        if looking {
+            // Traffic the workers take is traffic: the thread stays ready (spinning, then
+            // yielding) to take arrivals again the moment the workers park.
+            idle_since = None;
+        }
         let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
         match next_wait(busy, bulk, idle, spin) {
             Wait::Spin => std::hint::spin_loop(),
