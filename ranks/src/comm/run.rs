@@ -3,8 +3,8 @@
 //! (each completing its node through the node's `Completer`), and the run's result across
 //! ranks.
 
+use rustc_hash::FxHashMap as HashMap;
 use std::any::Any;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::Poll;

@@ -107,7 +107,16 @@ impl<T: Transport + 'static> Progress for SharedEngine<T> {
         // The engine's state cannot be trusted after a panic in it, here as on its thread.
         let guard = super::AbortOnUnwind(self.rank);
         engine.worker_looking = true;
-        let n = engine.probe(16) + engine.poll();
+        engine.delivered = false;
+        let mut n = engine.probe(16);
+        // A look that delivered leaves the sends' completions to the next look (never two
+        // looks in a row: the window must not wait on a stream of arrivals).
+        if engine.delivered && !engine.poll_deferred {
+            engine.poll_deferred = true;
+        } else {
+            engine.poll_deferred = false;
+            n += engine.poll();
+        }
         engine.worker_looking = false;
         std::mem::forget(guard);
         n > 0

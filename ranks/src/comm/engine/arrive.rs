@@ -29,6 +29,10 @@ impl<T: Transport> Engine<T> {
                     // A message that was all here is received already: handled now.
                     self.take_finished();
                     self.process(src);
+                    if self.worker_looking && self.delivered {
+                        // The worker runs the consumer first; the rest waits for its next look.
+                        break;
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -106,7 +110,7 @@ impl<T: Transport> Engine<T> {
         let (src, tag) = (p.from, p.tag);
         let (gid, layout) = self.layout_of(tag).expect("mapped");
         let (slot, index, long) = layout.decode(tag).expect("in range");
-        let graph = self.graphs[&gid].graph.clone().expect("registered");
+        let graph = self.graphs[&gid].graph.as_ref().expect("registered");
         let Some(&k) = graph.recv_at.get(&(src, index)) else {
             return Err(Error::new(
                 ErrorKind::Transport,
@@ -117,6 +121,7 @@ impl<T: Transport> Engine<T> {
             ));
         };
         if long {
+            let graph = graph.clone();
             if let Some(&id) = self.long_active.get(&(src, tag)) {
                 return self.chunk(p, id, at);
             }
@@ -143,7 +148,7 @@ impl<T: Transport> Engine<T> {
             }
             return Ok(());
         }
-        let mut landing = landing_for(&graph, k, p.len);
+        let mut landing = landing_for(graph, k, p.len);
         let ptr = landing.ptr();
         let entry = Entry {
             ops_left: 1,
@@ -346,10 +351,11 @@ impl<T: Transport> Engine<T> {
         let seq = u64::from(slot) + w * gs.finished[src][slot as usize];
         match gs.active.get(&seq) {
             Some(run) if !run.is_local_done() => {
-                let run = run.clone();
+                self.delivered = true;
                 match value {
-                    Ok(v) => hops.fill(&run, k, v),
+                    Ok(v) => hops.fill(run, k, v),
                     Err(msg) => {
+                        let run = run.clone();
                         let f = decode_failure(&run, k, rank, msg);
                         run.recvs[k as usize].fail(f.to_error());
                         self.node_failed(&run, f);

@@ -11,7 +11,11 @@ mod staged;
 
 pub(crate) use staged::StagedPayload;
 
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+
+// The engine's maps are keyed by small integers it makes itself (ids, sequence numbers,
+// ranks), looked up several times per arrival: no untrusted keys, so a fast hash.
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -253,6 +257,11 @@ pub(crate) struct Engine<T: Transport> {
     arrival: u64,
     /// A worker holds the engine (`comm/shared.rs`), for the stamps.
     pub(crate) worker_looking: bool,
+    /// A value was handed to its receive in this look (`comm/shared.rs`): a looking worker
+    /// stops taking arrivals and goes to run what it completed.
+    pub(crate) delivered: bool,
+    /// The last worker's look skipped its poll (it delivered).
+    pub(crate) poll_deferred: bool,
     /// The window, shared with send nodes (`comm/send.rs`).
     sending: Arc<Sending>,
     /// Sends waiting for room in the window (`queue.rs`).
@@ -284,20 +293,20 @@ impl<T: Transport> Engine<T> {
             rank,
             size,
             cfg,
-            graphs: HashMap::new(),
+            graphs: HashMap::default(),
             next_gid: 0,
             ranges: BTreeMap::new(),
-            regs: HashMap::new(),
+            regs: HashMap::default(),
             next_tag: u64::from(FIRST_DATA_TAG),
             next_op: 0,
-            ops: HashMap::new(),
-            bulk: HashSet::new(),
-            sends: HashMap::new(),
+            ops: HashMap::default(),
+            bulk: HashSet::default(),
+            sends: HashMap::default(),
             staged: Vec::new(),
             next_send: 0,
             queues: (0..size).map(|_| VecDeque::new()).collect(),
             front_id: vec![0; size],
-            long_active: HashMap::new(),
+            long_active: HashMap::default(),
             peers: (0..size)
                 .map(|_| Peer {
                     last_heard: now,
@@ -313,6 +322,8 @@ impl<T: Transport> Engine<T> {
             done: Vec::new(),
             arrival: 0,
             worker_looking: false,
+            delivered: false,
+            poll_deferred: false,
             sending,
             queue: BinaryHeap::new(),
             queued_total: 0,
