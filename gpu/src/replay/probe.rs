@@ -25,6 +25,7 @@ use crate::timing;
 /// One probed launch of a replayed segment ([`Replayable::probe_launches`](super::Replayable::probe_launches)):
 /// host instants, and the device's, on the host's clock. A diagnostic: its fields may change.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct LaunchRecord {
     /// The segment launched (its index in the graph).
     pub segment: u32,
