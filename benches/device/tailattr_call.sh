@@ -6,8 +6,8 @@
 # (hypothesis a: the driver's locks), the device's time between events around the launch
 # (b: the batch's traffic stretching the graph), and the device's end to the worker seeing it
 # done (c). Alone, beside 32 and beside 8 batch clients, bf16 then f32; twice, since the cell
-# misses in some rounds only. First the probe's GPU test. Each step packs its logs, so a call cut short brings back what
-# ran.
+# misses in some rounds only. First the probe's GPU test. Each step packs its logs, so a call
+# cut short brings back what ran.
 # Here: `PACK_MPI=1 bash benches/device/pack.sh`, then with carry [".devbin"]:
 # `bash .devbin/tailattr_call.sh`.
 source .devbin/lib.sh
