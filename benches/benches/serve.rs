@@ -108,7 +108,9 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     rounds: usize,
     /// Instead, the high client's requests read around by the host's scheduler counters
-    /// (run delay, involuntary switches): the median against the slowest 1%.
+    /// (run delay, involuntary switches) and cut at their GPU segment's launch (the driver's
+    /// launch call, the device's time, the worker seeing it done: `Replayable::probe_launches`):
+    /// the median against the slowest 1%.
     #[arg(long)]
     tail_probe: bool,
     /// Instead, the high client's requests on a traced pool cut into phases: the median

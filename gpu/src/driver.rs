@@ -486,8 +486,8 @@ pub(crate) fn event_record(expect: Ctx, e: &Event, s: StreamRef) -> DResult<()> 
     unsafe { result::event::record(e.0, s.0) }
 }
 
-/// An event that records a timestamp (for the trace's GPU stream tracks only: timing events
-/// cost more to record than the crate's usual ones).
+/// An event that records a timestamp (for the trace's GPU stream tracks and a replay's launch
+/// probe only: timing events cost more to record than the crate's usual ones).
 pub(crate) fn event_create_timed(expect: Ctx) -> DResult<Event> {
     check(expect, "cuEventCreate");
     result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map(Event)

@@ -57,6 +57,9 @@
 //!   memory) fail the capture naming the graph, the node and why
 //!   ([`GpuErrorKind::Capture`], the device counter `boundpool_gpu_capture_failures_total`);
 //!   the graph's later runs go eager until [`Replayable::update`] asks for a new capture.
+//!   [`Replayable::probe_launches`], a diagnostic, times each replayed launch while on
+//!   ([`LaunchRecord`]: the host time in `cuGraphLaunch`, the device's from timing events
+//!   around it, when the worker saw it done).
 //!   A capture holds its device's capture gate (one per device and process, every pool's)
 //!   alone from its begin to its end, and calls that synchronise the device (a worker's start
 //!   and stop, host frees, [`GpuCtx::outside_captures`]) hold it shared: the driver invalidates
@@ -337,7 +340,8 @@ pub use peer::OnDevice;
 pub use pinned::PinnedBuffer;
 pub use pool::{call_on, download_on, Devices, GpuGraph, GpuGraphBuilder, GpuPool, GpuPoolBuilder};
 pub use replay::{
-    RNode, ReplayBuilder, ReplayCtx, ReplayHandle, ReplayOutput, ReplayStats, Replayable, RunInputs,
+    LaunchRecord, RNode, ReplayBuilder, ReplayCtx, ReplayHandle, ReplayOutput, ReplayStats,
+    Replayable, RunInputs,
 };
 pub use signal::HostSignal;
 pub use state::WorkerSetup;

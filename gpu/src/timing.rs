@@ -302,7 +302,7 @@ fn take(ctx: Ctx, free: &mut Vec<Event>, created: &AtomicUsize) -> DResult<Event
 }
 
 /// `base` moved by `ms` milliseconds (either way).
-fn at(base: Instant, ms: f32) -> Instant {
+pub(crate) fn at(base: Instant, ms: f32) -> Instant {
     let d = Duration::from_secs_f64(f64::from(ms.abs()) / 1e3);
     if ms >= 0.0 {
         base + d
@@ -315,7 +315,8 @@ fn at(base: Instant, ms: f32) -> Instant {
 /// shortest host round trip; its host time is the end of that round trip (the event is
 /// timestamped when the device reaches it, after the record call's trip to the device, and
 /// seen done about a microsecond later: the round trip's middle would be microseconds early).
-fn calibrate(
+/// Also the reference of a replay's launch probe (`replay/probe.rs`).
+pub(crate) fn calibrate(
     ctx: Ctx,
     stream: StreamRef,
     free: &mut Vec<Event>,

@@ -442,3 +442,94 @@ fn kernels_read_and_write_pinned_buffers_directly_in_a_replayed_segment() {
     });
     assert_eq!(r.stats().captures as usize, r.instances() * 2);
 }
+
+#[test]
+fn the_launch_probe_times_each_replayed_launch_once_its_worker_saw_it_done() {
+    let Some(_t) = GpuTest::start(
+        "the_launch_probe_times_each_replayed_launch_once_its_worker_saw_it_done",
+        120,
+    ) else {
+        return;
+    };
+    let p = pool(2);
+    let dev = p.device(0).unwrap().clone();
+    let spin = Module::builtin().kernel(builtin::SPIN).unwrap();
+    // One segment (a spin of a million cycles: over 250 µs at any clock below 4 GHz), then a
+    // host node, so the segment's node completes when its worker sees the device done.
+    let mut b = ReplayBuilder::new("probed");
+    let s = b.gpu_node(&dev, "spin", move |c: &ReplayCtx<'_, '_>| {
+        // SAFETY: `bp_spin` takes one i64.
+        unsafe {
+            c.gpu()?
+                .launch(&spin, LaunchConfig::single())
+                .arg(1_000_000i64)
+                .launch()?
+        };
+        Ok(())
+    });
+    let h = b.host_node("after", |_c: &ReplayCtx<'_, '_>| Ok(()));
+    b.edge(s, h);
+    let r = b.build().unwrap();
+    let run = |n: usize| {
+        for i in 0..n {
+            r.run(&p)
+                .unwrap_or_else(|e| panic!("run {i}: {}", chain(&e)));
+        }
+    };
+    run(3);
+    assert!(r.take_launch_records().is_empty(), "the probe is off");
+    r.probe_launches(true);
+    let t0 = std::time::Instant::now();
+    run(20);
+    let recs = r.take_launch_records();
+    assert_eq!(recs.len(), 19, "every probed launch but the last is read");
+    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+    // The device times are the host's clock through a calibrated reference: a few µs off.
+    let slack = std::time::Duration::from_micros(50);
+    for (i, l) in recs.iter().enumerate() {
+        assert_eq!(l.segment, 0);
+        assert!(l.begin >= t0 && l.begin < l.launched, "launch {i}: {l:?}");
+        assert!(l.launch_call > std::time::Duration::ZERO);
+        assert!(l.launch_call + l.record_calls <= l.launched - l.begin);
+        if i > 0 {
+            assert!(l.begin > recs[i - 1].seen.unwrap(), "launches in run order");
+        }
+        let device = l.device_end - l.device_start;
+        assert!(
+            device.as_micros() >= 250,
+            "launch {i}: the spin's time on the device, {:.1} µs",
+            us(device)
+        );
+        assert!(
+            l.device_start + slack >= l.begin,
+            "launch {i}: the device reached the start event before it was recorded: {l:?}"
+        );
+        let seen = l.seen.expect("the segment's completion was polled");
+        let first = l.first_poll.expect("polled");
+        assert!(
+            l.polls >= 1 && first <= seen && first >= l.launched,
+            "{l:?}"
+        );
+        assert!(
+            l.poll_time <= seen - first + slack,
+            "the polls before the last fall between the first and the last's start: {l:?}"
+        );
+        assert!(
+            seen + slack >= l.device_end,
+            "launch {i}: seen done before the device's end: {l:?}"
+        );
+    }
+    r.probe_launches(false);
+    run(3);
+    assert!(
+        r.take_launch_records().is_empty(),
+        "off: no launch is probed, the last probed one stays unread"
+    );
+    r.probe_launches(true);
+    run(2);
+    assert_eq!(
+        r.take_launch_records().len(),
+        1,
+        "turned on afresh: the launch left unread before is dropped"
+    );
+}

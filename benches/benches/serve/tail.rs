@@ -3,10 +3,14 @@
 //! probe (`--tail-probe`) that says where the slowest 1% of the client's requests lost their
 //! time on the host: the client thread's and the pool threads' time runnable but waiting for a
 //! core (`/proc/<tid>/schedstat`'s run delay) and the client's involuntary switches, read
-//! around each request (outside its timed window).
+//! around each request (outside its timed window); and where each request's time went around
+//! its GPU segment (`Replayable::probe_launches`): before the launch, inside the driver's
+//! launch call, on the device, and from the device's end to its worker seeing it done.
 
 use std::fs;
 use std::sync::Mutex;
+
+use boundpool::gpu::LaunchRecord;
 
 use super::*;
 
@@ -54,8 +58,9 @@ fn pool_threads() -> Vec<String> {
 }
 
 /// What one probed request cost, in µs (switches counted).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Sample {
+    start: Instant,
     latency: f64,
     client_wait: f64,
     client_involuntary: f64,
@@ -71,6 +76,8 @@ pub(super) struct TailProbe {
     /// Instead of the counters, each request's window (ns since this instant).
     epoch: Option<Instant>,
     windows: Mutex<Vec<(u64, u64)>>,
+    /// The high graph's probed launches over the run, oldest first.
+    launches: Mutex<Vec<LaunchRecord>>,
 }
 
 /// The counters before a request.
@@ -87,6 +94,7 @@ impl TailProbe {
             samples: Mutex::new(Vec::new()),
             epoch: None,
             windows: Mutex::new(Vec::new()),
+            launches: Mutex::new(Vec::new()),
         }
     }
 
@@ -97,6 +105,7 @@ impl TailProbe {
             samples: Mutex::new(Vec::new()),
             epoch: Some(epoch),
             windows: Mutex::new(Vec::new()),
+            launches: Mutex::new(Vec::new()),
         }
     }
 
@@ -132,6 +141,7 @@ impl TailProbe {
             run += now.run_ns.saturating_sub(old.run_ns);
         }
         let s = Sample {
+            start,
             latency: latency.as_secs_f64() * 1e6,
             client_wait: us(client.wait_ns.saturating_sub(b.client.wait_ns)),
             client_involuntary: involuntary.saturating_sub(b.involuntary) as f64,
@@ -169,7 +179,102 @@ impl TailProbe {
                 mean(g, |x| x.pool_run),
             );
         }
+        self.report_launches(mid, slow);
     }
+
+    /// The run's probed launches of the high graph (`Replayable::take_launch_records`).
+    fn attribute(&self, launches: Vec<LaunchRecord>) {
+        *self.launches.lock().unwrap() = launches;
+    }
+
+    /// Each group's requests cut at their GPU segment's launch: each column's mean over the
+    /// requests whose launch was read (the run's last one is not).
+    fn report_launches(&self, mid: &[Sample], slow: &[Sample]) {
+        let mut launches = self.launches.lock().unwrap().clone();
+        if launches.is_empty() {
+            return;
+        }
+        launches.sort_by_key(|l| l.begin);
+        let cut = |g: &[Sample]| -> Vec<[f64; LAUNCH_COLUMNS.len()]> {
+            g.iter()
+                .filter_map(|x| {
+                    let end = x.start + Duration::from_secs_f64(x.latency / 1e6);
+                    let i = launches.partition_point(|l| l.begin < x.start);
+                    let l = launches.get(i).filter(|l| l.begin <= end)?;
+                    launch_columns(x.start, end, l)
+                })
+                .collect()
+        };
+        println!(
+            "| group | requests with their launch read | {} |",
+            LAUNCH_COLUMNS.join(" | ")
+        );
+        println!("| --- | ---: |{}", " ---: |".repeat(LAUNCH_COLUMNS.len()));
+        for (name, g) in [("p45-p55", mid), ("slowest 1%", slow)] {
+            let rows = cut(g);
+            let cols: Vec<String> = (0..LAUNCH_COLUMNS.len())
+                .map(|c| {
+                    let m = rows.iter().map(|r| r[c]).sum::<f64>() / rows.len().max(1) as f64;
+                    format!("{m:.1}")
+                })
+                .collect();
+            println!(
+                "| {name} | {} of {} | {} |",
+                rows.len(),
+                g.len(),
+                cols.join(" | ")
+            );
+        }
+    }
+}
+
+/// The columns of a request cut at its GPU segment's launch (µs, polls counted). Those not in
+/// parentheses nor about the polls add up to the latency.
+const LAUNCH_COLUMNS: [&str; 12] = [
+    "submit -> launch begins",
+    "(of which the probe reading the previous launch)",
+    "launch call (cuGraphLaunch)",
+    "probe's 2 event records",
+    "launch returns -> device reaches the start event",
+    "device: start -> end event",
+    "device end -> worker sees it done",
+    "(that worker's gap between polls before it saw)",
+    "launch returns -> first completion poll",
+    "completion polls (count)",
+    "(host time inside them)",
+    "seen -> client returns",
+];
+
+/// `b - a` in µs, negative when `b` is earlier.
+fn us_from(a: Instant, b: Instant) -> f64 {
+    match b.checked_duration_since(a) {
+        Some(d) => d.as_secs_f64() * 1e6,
+        None => -(a - b).as_secs_f64() * 1e6,
+    }
+}
+
+/// One request (`start` to `end`, the client's clock) cut at its launch `l`.
+fn launch_columns(
+    start: Instant,
+    end: Instant,
+    l: &LaunchRecord,
+) -> Option<[f64; LAUNCH_COLUMNS.len()]> {
+    let (seen, first_poll) = (l.seen?, l.first_poll?);
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    Some([
+        us_from(start, l.begin),
+        us(l.read_before),
+        us(l.launch_call),
+        us(l.record_calls),
+        us_from(l.launched, l.device_start),
+        us_from(l.device_start, l.device_end),
+        us_from(l.device_end, seen),
+        us(l.gap_before_seen),
+        us_from(l.launched, first_poll),
+        f64::from(l.polls),
+        us(l.poll_time),
+        us_from(seen, end),
+    ])
 }
 
 /// The host's stolen time (`steal` of /proc/stat's `cpu` line: runnable while the hypervisor ran
@@ -274,13 +379,18 @@ where
 {
     let most = a.batch_clients.iter().copied().max().unwrap_or(8);
     let b = Bench::<T>::new(pool, devices, most, a);
-    let alone = TailProbe::new();
-    let _ = b.serve(pool, 0, false, true, a.seconds, Some(&alone));
-    alone.report(&format!("{} alone", T::NAME));
-    for &batch in &a.batch_clients {
+    let launches = &b.high.replay;
+    for batch in std::iter::once(0).chain(a.batch_clients.iter().copied()) {
         let p = TailProbe::new();
+        // On afresh for each run: a new clock reference, at the warm-up's first launch.
+        launches.probe_launches(true);
         let _ = b.serve(pool, batch, false, true, a.seconds, Some(&p));
-        p.report(&format!("{} beside {batch} batch clients", T::NAME));
+        launches.probe_launches(false);
+        p.attribute(launches.take_launch_records());
+        match batch {
+            0 => p.report(&format!("{} alone", T::NAME)),
+            _ => p.report(&format!("{} beside {batch} batch clients", T::NAME)),
+        }
     }
 }
 

@@ -21,10 +21,12 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 mod launch;
 mod run;
+mod stamp;
 
 pub use launch::{KernelArg, Launch, LaunchConfig, MAX_KERNEL_ARGS};
 pub use run::run_gpu_body;
 use run::run_gpu_node;
+pub(crate) use stamp::CompletionStamp;
 
 /// What a GPU node leaves for its GPU successors (through the scheduler's node markers): the
 /// stream its work went to, and either
@@ -88,6 +90,9 @@ pub struct GpuCtx<'a, 'n> {
     /// stream, through an event recorded right after the work, never a hand-off (a successor
     /// enqueued there would queue behind later NCCL operations).
     pub(crate) moved_to: std::cell::Cell<Option<StreamRef>>,
+    /// Set by a probed body (a replay's launch probe): its completion's polls are timed into
+    /// it. Left here (never taken) when the node's completion is not deferred.
+    pub(crate) completion_stamp: std::cell::Cell<Option<Arc<CompletionStamp>>>,
 }
 
 /// A context's range of CUDA stream priorities (lower numbers are more urgent).
@@ -128,6 +133,7 @@ impl<'a, 'n> GpuCtx<'a, 'n> {
             no_work: std::cell::Cell::new(false),
             peer_reads: std::cell::RefCell::new(Vec::new()),
             moved_to: std::cell::Cell::new(None),
+            completion_stamp: std::cell::Cell::new(None),
         }
     }
 

@@ -2,10 +2,13 @@
 //! body in): the stream it enqueues on, the waits for its GPU predecessors, its body, what its
 //! work joins afterwards, and what its successors and the graph's completion wait for.
 
+use std::sync::Arc;
+use std::task::Poll;
+
 use boundpool_scheduler::backend::{InputsExt, NodeCtxExt};
 use boundpool_scheduler::{BoxError, NodeCtx, Placement};
 
-use super::{GpuCtx, GpuMarker};
+use super::{CompletionStamp, GpuCtx, GpuMarker};
 use crate::device::ReaderFence;
 use crate::driver::{self, Event, StreamRef};
 use crate::error::{GpuError, GpuErrorKind};
@@ -278,10 +281,11 @@ fn publish(ctx: &GpuCtx<'_, '_>, lane: &Lane, stream: StreamRef) -> Result<(), B
     if !(succ.host || sink) {
         return Ok(());
     }
+    let stamp = ctx.completion_stamp.take();
     if own {
-        node.complete_when(move |w: &GpuWorker| match &w.bound {
+        complete_when(node, stamp, move |w: &GpuWorker| match &w.bound {
             Some(b) => b.poll_done(level, seq),
-            None => std::task::Poll::Ready(Ok(())),
+            None => Poll::Ready(Ok(())),
         });
     } else {
         let mut pending = PendingEvent {
@@ -289,12 +293,24 @@ fn publish(ctx: &GpuCtx<'_, '_>, lane: &Lane, stream: StreamRef) -> Result<(), B
             back: b.returned.clone(),
             last: None,
         };
-        node.complete_when(move |w: &GpuWorker| match &w.bound {
+        complete_when(node, stamp, move |w: &GpuWorker| match &w.bound {
             Some(b) => b.poll_event(&mut pending),
-            None => std::task::Poll::Ready(Ok(())),
+            None => Poll::Ready(Ok(())),
         });
     }
     Ok(())
+}
+
+/// Defers `node`'s completion to `poll`; with a probe's `stamp`, each poll timed into it.
+fn complete_when(
+    node: &NodeCtx<'_, GpuWorker>,
+    stamp: Option<Arc<CompletionStamp>>,
+    mut poll: impl FnMut(&GpuWorker) -> Poll<Result<(), BoxError>> + Send + 'static,
+) {
+    match stamp {
+        None => node.complete_when(poll),
+        Some(s) => node.complete_when(move |w: &GpuWorker| s.poll(|| poll(w))),
+    }
 }
 
 /// After a node's body: records one event per buffer of another device it read in place, on

@@ -60,8 +60,14 @@ pub(super) fn run_segment(
     let exec = seg.slot.exec.lock().unwrap_or_else(|e| e.into_inner());
     match exec.as_ref() {
         Some(e) => {
-            driver::graph_launch(gctx.b.ctx, e, gctx.stream)
-                .map_err(|e| Box::new(gctx.fail_call("cuGraphLaunch", e)) as BoxError)?;
+            let launch = || {
+                driver::graph_launch(gctx.b.ctx, e, gctx.stream)
+                    .map_err(|e| Box::new(gctx.fail_call("cuGraphLaunch", e)) as BoxError)
+            };
+            match st.shared.probe_on() {
+                None => launch()?,
+                Some(p) => p.launch(gctx, k, launch)?,
+            }
             gctx.b.device.metrics().replays.increment(1);
         }
         // The capture recorded no work (hoisted allocations were waited for): none to order.

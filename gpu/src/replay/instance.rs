@@ -3,13 +3,14 @@
 //! instances share (the current generation, the executables' count, [`ReplayStats`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::capture::Kept;
 use crate::device::ExecSlot;
 
 use super::desc::{Desc, Feeds, Outputs};
+use super::probe::LaunchProbe;
 
 pub(super) struct SegState {
     pub(super) slot: Arc<ExecSlot>,
@@ -39,6 +40,8 @@ pub(super) struct Shared {
     failure: Mutex<Option<String>>,
     pub(super) execs: Arc<AtomicUsize>,
     pub(super) stats: Mutex<ReplayStats>,
+    /// The launch probe, made when first turned on (`Replayable::probe_launches`).
+    pub(super) probe: OnceLock<LaunchProbe>,
 }
 
 impl Shared {
@@ -67,6 +70,11 @@ impl Shared {
     /// Why the current generation's capture failed, if it did.
     pub(super) fn current_failure(&self) -> Option<String> {
         self.failure_of(self.generation.load(Ordering::Acquire))
+    }
+
+    /// The launch probe, if it is on.
+    pub(super) fn probe_on(&self) -> Option<&LaunchProbe> {
+        self.probe.get().filter(|p| p.is_on())
     }
 
     /// Why `generation`'s capture failed, if it did.

@@ -11,6 +11,7 @@ use crate::pool::GpuPool;
 use super::desc::{Desc, RNode};
 use super::graph::Mode;
 use super::instance::{ReplayStats, Shared};
+use super::probe::LaunchRecord;
 use super::run::{Lease, ReplayHandle, ReplayOutput, RunInputs};
 
 /// A graph whose GPU work is captured once per instance and replayed (see the `replay` module
@@ -96,6 +97,35 @@ impl Replayable {
     /// Capture, instantiation and update costs so far.
     pub fn stats(&self) -> ReplayStats {
         *self.shared.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A diagnostic of where a replayed run's time goes around its launches (for benches
+    /// chasing a latency tail): while on, each launch of a segment's executable is timed
+    /// ([`LaunchRecord`]: the host time inside `cuGraphLaunch`, when the device ran the
+    /// launched work, read from two timing events recorded around the launch on its stream,
+    /// and when the node's worker saw it done), at the cost of those two event records per
+    /// launch; off (the default), a launch pays one load. Turning it on discards launches not
+    /// read yet and calibrates a fresh reference between the device's clock and the host's at
+    /// the next launch (a few round trips to the device, on that launch's stream: meant for a
+    /// graph run by one client at a time, whose stream is then idle). A launch is read at a
+    /// later probed launch, once its work is done and its worker saw it: the last one stays
+    /// unread. Only the device of the first probed launch is probed. Records over longer than
+    /// a few seconds drift by the device clock's few microseconds a second from the host's:
+    /// turn the probe on afresh for each measurement.
+    pub fn probe_launches(&self, on: bool) {
+        if on || self.shared.probe.get().is_some() {
+            self.shared.probe.get_or_init(Default::default).set(on);
+        }
+    }
+
+    /// The launches the probe ([`probe_launches`](Self::probe_launches)) has read so far,
+    /// oldest first; each is returned once.
+    pub fn take_launch_records(&self) -> Vec<LaunchRecord> {
+        self.shared
+            .probe
+            .get()
+            .map(|p| p.take_records())
+            .unwrap_or_default()
     }
 
     /// Marks every instance's capture stale: the next run of each instance calls the GPU
