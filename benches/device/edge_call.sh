@@ -25,13 +25,11 @@ while read -r args; do
   step edge_$i 20 mpirun --bind-to none -np 2 $R --dag 0 --no-big --runs 3 --edge-breakdown $args
   grep -E "^\| (send node body -> send posted|send posted|arrival seen|all bytes|Completer|producer)" $LOGS/edge_$i.log | cut -c1-150
   finish
-done <<< "${EDGE_VARIANTS:-"bench_ranks --workers 2
-bench_ranks_fx2 --workers 2
-bench_ranks --workers 1
-bench_ranks_fx2 --workers 1
-bench_ranks_fx --workers 2
+done <<< "${EDGE_VARIANTS:-"bench_ranks_base --workers 2
 bench_ranks --workers 2
-bench_ranks_fx2 --workers 2
-bench_ranks_fx --workers 2
-bench_ranks --workers 4
-bench_ranks_fx2 --workers 4"}"
+bench_ranks_base --workers 1
+bench_ranks --workers 1
+bench_ranks_base --workers 2
+bench_ranks --workers 2
+bench_ranks_base --workers 4
+bench_ranks --workers 4"}"
