@@ -83,6 +83,16 @@ impl<T: Transport + 'static> SharedEngine<T> {
     }
 }
 
+/// Whether a worker's look polls the sends after its arrivals: not when it delivered a value
+/// (it goes to run the consumer; the next look polls), but never two looks in a row, so that
+/// a stream of arrivals cannot hold the window's completions back. `deferred`: the last look
+/// skipped its poll.
+fn polls_now(delivered: bool, deferred: &mut bool) -> bool {
+    let skip = delivered && !*deferred;
+    *deferred = skip;
+    !skip
+}
+
 /// Whether a worker's look at `at` (0: never) counts as looking at `now`.
 fn looking(at: u64, now: u64) -> bool {
     at != 0 && now.saturating_sub(at) < WORKERS_LOOKING_NS
@@ -109,12 +119,7 @@ impl<T: Transport + 'static> Progress for SharedEngine<T> {
         engine.worker_looking = true;
         engine.delivered = false;
         let mut n = engine.probe(16);
-        // A look that delivered leaves the sends' completions to the next look (never two
-        // looks in a row: the window must not wait on a stream of arrivals).
-        if engine.delivered && !engine.poll_deferred {
-            engine.poll_deferred = true;
-        } else {
-            engine.poll_deferred = false;
+        if polls_now(engine.delivered, &mut engine.poll_deferred) {
             n += engine.poll();
         }
         engine.worker_looking = false;
@@ -184,6 +189,23 @@ mod tests {
         let engine = s.lock().take();
         assert!(engine.is_some());
         assert!(!slot.get().unwrap().progress());
+    }
+
+    #[test]
+    fn a_look_that_delivered_polls_at_the_next_look_never_two_later() {
+        let mut deferred = false;
+        assert!(polls_now(false, &mut deferred), "nothing delivered: polls");
+        assert!(
+            !polls_now(true, &mut deferred),
+            "delivered: the consumer first"
+        );
+        assert!(
+            polls_now(true, &mut deferred),
+            "delivered again, but the last look skipped: polls"
+        );
+        assert!(!polls_now(true, &mut deferred));
+        assert!(polls_now(false, &mut deferred));
+        assert!(!deferred);
     }
 
     #[test]
