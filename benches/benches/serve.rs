@@ -9,7 +9,8 @@
 //! `cargo bench -p boundpool-bench --bench serve [-- --seconds S --clients 1,8,32 --workers W
 //! --spin-us U --idle-spin-us U --no-torch --json]` (`--spin-us`: the pool's `wait_spin`,
 //! default 200 us, about a request; `--idle-spin-us`: its `idle_spin`, default 200 us, a pool
-//! tuned for latency: `--spin-us 0 --idle-spin-us 20` is a default pool; `--gemm
+//! tuned for latency: `--spin-us 0 --idle-spin-us 20` is a default pool; `--paced-spin-us`:
+//! its `paced_spin`, default the library's 1 ms, 0 turns it off; `--gemm
 //! cublas`: cuBLAS GEMMs and a bias + GELU kernel instead of cuBLASLt with the bias in its
 //! epilogue and a GELU kernel; `--no-tune`: the heuristic's first cuBLASLt algorithm, not the
 //! fastest of its offers timed at start (`CublasLt::tune`); `--eager-copies`: the copies in and out as eager nodes around a
@@ -69,6 +70,9 @@ struct Args {
     /// The pool's `idle_spin`, µs.
     #[arg(long, default_value_t = 200)]
     idle_spin_us: u64,
+    /// The pool's `paced_spin`, µs (default: the library's, 1 ms; 0: off).
+    #[arg(long)]
+    paced_spin_us: Option<u64>,
     /// The pool's `spinning_waiters` (default: the library's).
     #[arg(long)]
     spinning_waiters: Option<usize>,
@@ -325,7 +329,7 @@ where
         for &c in &a.clients {
             let (r, _) = b.serve(pool, c, eager, false, a.seconds, None);
             let v = json!({"impl": "boundpool", "dtype": T::NAME, "mode": if eager {"eager"} else {"graph"},
-                "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "gemm": format!("{:?}", a.gemm), "copies_in_graph": a.copies_in_graph, "zero_copy": a.zero_copy, "tuned": a.tune && a.gemm == GemmPath::Lt, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
+                "clients": c, "spin_us": a.spin_us, "idle_spin_us": a.idle_spin_us, "paced_spin_us": a.paced_spin_us, "gemm": format!("{:?}", a.gemm), "copies_in_graph": a.copies_in_graph, "zero_copy": a.zero_copy, "tuned": a.tune && a.gemm == GemmPath::Lt, "requests": r.lat.len(), "seconds": r.secs, "rps": r.rps(),
                 "p50_us": r.pct(0.5), "p99_us": r.pct(0.99)});
             line(&v, a.json);
             out.push(v);
@@ -358,15 +362,24 @@ where
     v
 }
 
+/// `--paced-spin-us` on the pool, where given (the library's default otherwise).
+fn paced_spin(b: GpuPoolBuilder, a: &Args) -> GpuPoolBuilder {
+    match a.paced_spin_us {
+        Some(us) => b.paced_spin(Duration::from_micros(us)),
+        None => b,
+    }
+}
+
 /// A pool whose device 0 is split: `sms` SMs (2 workers) for the latency-critical client, the
 /// rest (the other workers) for the batch clients.
 fn partitioned_pool(a: &Args, sms: u32, trace: bool) -> GpuPool {
-    GpuPoolBuilder::new()
+    let b = GpuPoolBuilder::new()
         .name("serve-partitioned")
         .trace(trace)
         .devices(Devices::List(vec![0]))
         .wait_spin(Duration::from_micros(a.spin_us))
-        .idle_spin(Duration::from_micros(a.idle_spin_us))
+        .idle_spin(Duration::from_micros(a.idle_spin_us));
+    paced_spin(b, a)
         .sm_partitions(vec![
             SmPartition::new("latency", sms).workers(2),
             SmPartition::rest("batch").workers(a.workers.saturating_sub(2).max(1)),
@@ -562,6 +575,7 @@ fn main() {
         .workers_per_device(a.workers)
         .wait_spin(Duration::from_micros(a.spin_us))
         .idle_spin(Duration::from_micros(a.idle_spin_us));
+    let pool = paced_spin(pool, &a);
     let pool = match a.spinning_waiters {
         Some(n) => pool.spinning_waiters(n),
         None => pool,

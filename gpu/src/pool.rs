@@ -55,6 +55,7 @@ pub struct GpuPoolBuilder {
     stream_priorities: Vec<(usize, i32)>,
     wait_spin: std::time::Duration,
     idle_spin: Option<std::time::Duration>,
+    paced_spin: Option<std::time::Duration>,
     spinning_waiters: Option<usize>,
     partitions: Vec<SmPartition>,
     /// Check that libnccl loads when building (feature `nccl`).
@@ -87,6 +88,7 @@ impl GpuPoolBuilder {
             stream_priorities: Vec::new(),
             wait_spin: std::time::Duration::ZERO,
             idle_spin: None,
+            paced_spin: None,
             spinning_waiters: None,
             partitions: Vec::new(),
             nccl: false,
@@ -185,6 +187,15 @@ impl GpuPoolBuilder {
     /// ([`PoolBuilder::idle_spin`](boundpool_scheduler::PoolBuilder::idle_spin); default 20 µs).
     pub fn idle_spin(mut self, spin: std::time::Duration) -> Self {
         self.idle_spin = Some(spin);
+        self
+    }
+
+    /// How long one worker of each group (each SM partition) may watch past the idle spin
+    /// when its work comes at a steady pace, as a server's requests do
+    /// ([`PoolBuilder::paced_spin`](boundpool_scheduler::PoolBuilder::paced_spin); default
+    /// 1 ms, zero: never).
+    pub fn paced_spin(mut self, max: std::time::Duration) -> Self {
+        self.paced_spin = Some(max);
         self
     }
 
@@ -515,6 +526,9 @@ impl GpuPoolBuilder {
         }
         if let Some(spin) = self.idle_spin {
             builder = builder.idle_spin(spin);
+        }
+        if let Some(max) = self.paced_spin {
+            builder = builder.paced_spin(max);
         }
         if self.groups_per_device > 1 || self.partitions.len() > 1 {
             for (i, d) in devices.iter().enumerate() {

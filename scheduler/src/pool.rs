@@ -59,6 +59,7 @@ pub struct PoolBuilder<S = ()> {
     max_graphs_in_flight: Option<usize>,
     wait_spin: Duration,
     idle_spin: Duration,
+    paced_spin: Duration,
     spinning_waiters: Option<usize>,
 }
 
@@ -102,6 +103,7 @@ impl PoolBuilder<()> {
             max_graphs_in_flight: None,
             wait_spin: Duration::ZERO,
             idle_spin: crate::worker::SPIN_BEFORE_PARK,
+            paced_spin: crate::worker::PACED_SPIN_MAX,
             spinning_waiters: None,
         }
     }
@@ -244,6 +246,19 @@ impl<S: Send + 'static> PoolBuilder<S> {
         self
     }
 
+    /// How long a worker may watch past [`idle_spin`](Self::idle_spin) when work has been
+    /// coming back to it at a steady pace (default 1 ms; `Duration::ZERO`: never). Such a
+    /// worker watches for one and a half of its recent pauses between running dry and finding
+    /// work (at most `max`), so requests that arrive a few hundred microseconds apart find it
+    /// awake instead of each paying a wake-up, which on a virtual machine is sometimes hundreds
+    /// of microseconds. One worker of each group at a time, so the pool spends at most a core
+    /// per group on it, and none once its pauses grow past `max`; past the first 20 µs it
+    /// yields between looks, as the idle spin does.
+    pub fn paced_spin(mut self, max: Duration) -> Self {
+        self.paced_spin = max;
+        self
+    }
+
     /// Runs on each worker, after it pinned itself and before it takes any node; its result is
     /// that worker's state, which its nodes see through [`NodeCtx::worker_state`](crate::NodeCtx::worker_state).
     /// An error (or panic) fails [`build`](Self::build), naming the worker.
@@ -272,6 +287,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
             max_graphs_in_flight: self.max_graphs_in_flight,
             wait_spin: self.wait_spin,
             idle_spin: self.idle_spin,
+            paced_spin: self.paced_spin,
             spinning_waiters: self.spinning_waiters,
         }
     }
@@ -349,6 +365,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
                 max_graphs_in_flight: self.max_graphs_in_flight,
                 wait_spin: self.wait_spin,
                 idle_spin: self.idle_spin,
+                paced_spin: self.paced_spin,
                 spinning_waiters,
             },
         );

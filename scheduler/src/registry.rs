@@ -53,6 +53,8 @@ pub(crate) struct GroupQueues<S> {
     pub(crate) members: Box<[usize]>,
     /// The domains this group belongs to: its workers take from their injectors too.
     pub(crate) domains: Box<[u32]>,
+    /// A worker of this group is watching past the idle spin at its work's pace (one at a time).
+    pub(crate) paced_spinner: CachePadded<std::sync::atomic::AtomicBool>,
 }
 
 /// A set of groups whose workers all serve the nodes placed on it: ready nodes of the domain
@@ -80,6 +82,7 @@ pub(crate) struct Settings {
     pub(crate) max_graphs_in_flight: Option<usize>,
     pub(crate) wait_spin: std::time::Duration,
     pub(crate) idle_spin: std::time::Duration,
+    pub(crate) paced_spin: std::time::Duration,
     /// `PoolBuilder::spinning_waiters`.
     pub(crate) spinning_waiters: usize,
 }
@@ -122,6 +125,9 @@ pub(crate) struct Registry<S> {
     spinners: Arc<Spinners>,
     /// `PoolBuilder::idle_spin`: how long a worker that ran dry watches before it parks.
     pub(crate) idle_spin: std::time::Duration,
+    /// `PoolBuilder::paced_spin`: how long one worker of a group may watch past `idle_spin`
+    /// when its work comes at a steady pace.
+    pub(crate) paced_spin: std::time::Duration,
 }
 
 impl<S: Send + 'static> Registry<S> {
@@ -139,6 +145,7 @@ impl<S: Send + 'static> Registry<S> {
             max_graphs_in_flight,
             wait_spin,
             idle_spin,
+            paced_spin,
             spinning_waiters,
         } = settings;
         let Topology {
@@ -164,6 +171,7 @@ impl<S: Send + 'static> Registry<S> {
                     .filter(|(_, (_, gs))| gs.contains(&gi))
                     .map(|(d, _)| d as u32)
                     .collect(),
+                paced_spinner: CachePadded::new(std::sync::atomic::AtomicBool::new(false)),
             })
             .collect::<Box<[GroupQueues<S>]>>();
         let domains: Box<[DomainQueues<S>]> = domain_specs
@@ -194,6 +202,7 @@ impl<S: Send + 'static> Registry<S> {
                 infos.iter().filter_map(|i| i.core),
             )),
             idle_spin,
+            paced_spin,
             trace,
             export_metrics,
             name: Arc::from(name.as_str()),

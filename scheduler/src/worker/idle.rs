@@ -27,6 +27,44 @@ const DEFERRED_PARK: Duration = Duration::from_micros(50);
 /// hopping between workers, a burst of submissions), and a futex wake-up costs several; an
 /// idle pool still parks after this, so it burns nothing.
 pub(crate) const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
+/// How long one worker of a group may watch past the idle spin when its work comes back at a
+/// steady pace, by default (`PoolBuilder::paced_spin`): requests a few hundred microseconds
+/// apart, a server's usual rhythm, and no longer than a pause worth a wake-up.
+pub(crate) const PACED_SPIN_MAX: Duration = Duration::from_millis(1);
+
+/// A worker's pace after a pause of `pause` between running dry and finding work: an average
+/// of its recent pauses (a quarter of the new one, so one late request does not stretch it),
+/// forgotten when a pause is longer than `max` (work that comes that seldom pays a wake-up).
+pub(crate) fn next_pace(
+    pace: Option<Duration>,
+    pause: Duration,
+    max: Duration,
+) -> Option<Duration> {
+    if pause > max {
+        return None;
+    }
+    Some(match pace {
+        None => pause,
+        Some(p) => (p * 3 + pause) / 4,
+    })
+}
+
+/// How long a worker at `pace` watches before it parks: one and a half pauses (a pause a
+/// little longer than usual still finds it awake), at least the idle spin, at most `max`.
+pub(crate) fn paced_limit(pace: Duration, idle: Duration, max: Duration) -> Duration {
+    (pace + pace / 2).min(max).max(idle)
+}
+
+/// The group's paced spinner slot, held while a worker watches at its pace; freed on drop.
+#[cfg(not(loom))]
+struct PacedSlot<'a>(&'a std::sync::atomic::AtomicBool);
+
+#[cfg(not(loom))]
+impl Drop for PacedSlot<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
 
 impl<S: Send + 'static> WorkerThread<S> {
     pub(super) fn help_loop(&self, c: &Completion, deadline: Option<Instant>) -> bool {
@@ -38,6 +76,7 @@ impl<S: Send + 'static> WorkerThread<S> {
                 return false;
             }
             if let Some(t) = self.find_task() {
+                self.note_work_found();
                 self.execute(t);
                 self.poll_urgent();
                 idle_rounds = 0;
@@ -52,6 +91,8 @@ impl<S: Send + 'static> WorkerThread<S> {
         }
         // The waiting body goes on, maybe for long: runs helped along here must not wait for it.
         self.flush_credit();
+        // Nor is its time a pause of this worker's work.
+        self.went_dry.set(None);
         true
     }
 
@@ -88,8 +129,13 @@ impl<S: Send + 'static> WorkerThread<S> {
         // Before anything else: a run whose last task ended here finishes now, not when this
         // worker next finds work.
         self.flush_credit();
-        if *idle_rounds == 0 && self.deferred.borrow().is_empty() && self.spin(condition) {
-            return;
+        if *idle_rounds == 0 && self.deferred.borrow().is_empty() {
+            if self.went_dry.get().is_none() {
+                self.went_dry.set(Some(Instant::now()));
+            }
+            if self.spin(condition) {
+                return;
+            }
         }
         // The idle hook runs on every idle round (a `GroupWaker` wakes a parked worker exactly
         // so that it runs); the metrics flush only when the worker first runs dry.
@@ -152,7 +198,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         // Look often (a hand-off between two workers waits for exactly this look), read the
         // clock seldom.
         let mut start = Instant::now();
-        let limit = self.registry.idle_spin;
+        let (limit, _slot) = self.spin_limit();
         let mut looks = 0u32;
         loop {
             std::hint::spin_loop();
@@ -168,7 +214,8 @@ impl<S: Send + 'static> WorkerThread<S> {
             looks = looks.wrapping_add(1);
             if looks % 64 == 0 {
                 let spun = start.elapsed();
-                if spun >= limit {
+                // A paced spin is long: a pool shutting down does not wait for it.
+                if spun >= limit || self.registry.is_terminated() {
                     return false;
                 }
                 // Past the default spin, a thread queued on this pinned worker's core (a client
@@ -183,6 +230,36 @@ impl<S: Send + 'static> WorkerThread<S> {
     #[cfg(loom)]
     fn spin(&self, _condition: &dyn Fn() -> bool) -> bool {
         false
+    }
+
+    /// How long this spin watches: the idle spin, or longer at this worker's pace while it
+    /// holds its group's paced spinner slot (one worker of a group at a time).
+    #[cfg(not(loom))]
+    fn spin_limit(&self) -> (Duration, Option<PacedSlot<'_>>) {
+        let reg = &*self.registry;
+        let idle = reg.idle_spin;
+        let Some(pace) = self.pace.get() else {
+            return (idle, None);
+        };
+        let limit = paced_limit(pace, idle, reg.paced_spin);
+        if limit <= idle {
+            return (idle, None);
+        }
+        let slot = &*reg.groups[self.group].paced_spinner;
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        match slot.compare_exchange(false, true, Acquire, Relaxed) {
+            Ok(_) => (limit, Some(PacedSlot(slot))),
+            Err(_) => (idle, None),
+        }
+    }
+
+    /// Work found after running dry: the pause joins this worker's pace.
+    #[inline]
+    pub(super) fn note_work_found(&self) {
+        if let Some(t) = self.went_dry.take() {
+            let max = self.registry.paced_spin;
+            self.pace.set(next_pace(self.pace.get(), t.elapsed(), max));
+        }
     }
 
     /// Polls deferred completions; returns whether any completed. Called when nothing was
@@ -307,5 +384,30 @@ impl<S: Send + 'static> WorkerThread<S> {
         self.flusher
             .borrow_mut()
             .flush(self.counters(), self.local.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_pace_averages_pauses_and_forgets_a_long_one() {
+        let us = Duration::from_micros;
+        assert_eq!(next_pace(None, us(400), MS), Some(us(400)));
+        assert_eq!(next_pace(Some(us(400)), us(800), MS), Some(us(500)));
+        assert_eq!(next_pace(Some(us(400)), us(1001), MS), None);
+        assert_eq!(next_pace(None, us(1), Duration::ZERO), None);
+    }
+
+    #[test]
+    fn a_paced_spin_covers_a_pause_and_a_half_within_its_bounds() {
+        let us = Duration::from_micros;
+        assert_eq!(paced_limit(us(300), us(20), MS), us(450));
+        assert_eq!(paced_limit(us(900), us(20), MS), MS);
+        assert_eq!(paced_limit(us(10), us(200), MS), us(200));
+        assert_eq!(paced_limit(us(300), us(20), Duration::ZERO), us(20));
     }
 }

@@ -23,12 +23,12 @@ mod life;
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_deque::Worker as Deque;
 use crossbeam_utils::CachePadded;
 
-pub(crate) use self::idle::SPIN_BEFORE_PARK;
+pub(crate) use self::idle::{PACED_SPIN_MAX, SPIN_BEFORE_PARK};
 pub(crate) use self::life::{main, StartGate};
 use crate::ctx::{DeferFn, NodeHost};
 use crate::handle::Helper;
@@ -87,6 +87,11 @@ pub(crate) struct WorkerThread<S> {
     batcher: LeafBatcher<S>,
     /// When this worker, with deferred completions, last ran dry (see `idle::DEFERRED_SPIN`).
     dry_since: Cell<Option<Instant>>,
+    /// When this worker last ran dry with nothing deferred, until it finds work again.
+    went_dry: Cell<Option<Instant>>,
+    /// The pace of this worker's recent pauses between running dry and finding work
+    /// (`idle::next_pace`), for the paced spin.
+    pace: Cell<Option<Duration>>,
     flusher: RefCell<Flusher>,
     rng: Cell<u64>,
     /// The task `find_task` just returned was stolen (for the trace).
@@ -144,6 +149,8 @@ impl<S: Send + 'static> WorkerThread<S> {
             nesting: Cell::new(0),
             batcher: LeafBatcher::new(),
             dry_since: Cell::new(None),
+            went_dry: Cell::new(None),
+            pace: Cell::new(None),
             stolen: Cell::new(false),
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
@@ -160,6 +167,7 @@ impl<S: Send + 'static> WorkerThread<S> {
         let mut idle_rounds = 0;
         loop {
             if let Some(t) = self.find_task() {
+                self.note_work_found();
                 self.execute(t);
                 self.poll_urgent();
                 idle_rounds = 0;
