@@ -307,11 +307,6 @@ impl RanksBuilder {
         if let Some(spin) = placement.idle_spin {
             pool = pool.idle_spin(spin);
         }
-        if !placement.spare_cores {
-            // As the idle spin: a worker watching on the core its communication thread needs
-            // slows every edge.
-            pool = pool.paced_spin(Duration::ZERO);
-        }
         let pool = pool.build()?;
         let hosts = HostSettings::of(&self);
         let at = Setup {

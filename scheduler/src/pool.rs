@@ -103,7 +103,7 @@ impl PoolBuilder<()> {
             max_graphs_in_flight: None,
             wait_spin: Duration::ZERO,
             idle_spin: crate::worker::SPIN_BEFORE_PARK,
-            paced_spin: crate::worker::PACED_SPIN_MAX,
+            paced_spin: crate::worker::PACED_SPIN_DEFAULT,
             spinning_waiters: None,
         }
     }
@@ -247,13 +247,15 @@ impl<S: Send + 'static> PoolBuilder<S> {
     }
 
     /// How long a worker may watch past [`idle_spin`](Self::idle_spin) when work has been
-    /// coming back to it at a steady pace (default 1 ms; `Duration::ZERO`: never). Such a
-    /// worker watches for one and a half of its recent pauses between running dry and finding
-    /// work (at most `max`), so requests that arrive a few hundred microseconds apart find it
-    /// awake instead of each paying a wake-up, which on a virtual machine is sometimes hundreds
-    /// of microseconds. One worker of each group at a time, so the pool spends at most a core
-    /// per group on it, and none once its pauses grow past `max`; past the first 20 µs it
-    /// yields between looks, as the idle spin does.
+    /// coming back to it at a steady pace (default zero: never). Such a worker watches for one
+    /// and a half of its recent pauses between running dry and finding work (at most `max`),
+    /// so requests that arrive a few hundred microseconds apart find it awake instead of each
+    /// paying a wake-up, which on a virtual machine is sometimes hundreds of microseconds. One
+    /// worker of each group at a time, so the pool spends at most a core per group on it, and
+    /// none once its pauses grow past `max`; past the first 20 µs it yields between looks, as
+    /// the idle spin does. Off by default: on a 2-core machine it made a chain submitted every
+    /// millisecond twice as slow (the watching thread competes with the client's); measure it
+    /// on your host before you turn it on.
     pub fn paced_spin(mut self, max: Duration) -> Self {
         self.paced_spin = max;
         self

@@ -28,9 +28,10 @@ const DEFERRED_PARK: Duration = Duration::from_micros(50);
 /// idle pool still parks after this, so it burns nothing.
 pub(crate) const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
 /// How long one worker of a group may watch past the idle spin when its work comes back at a
-/// steady pace, by default (`PoolBuilder::paced_spin`): requests a few hundred microseconds
-/// apart, a server's usual rhythm, and no longer than a pause worth a wake-up.
-pub(crate) const PACED_SPIN_MAX: Duration = Duration::from_millis(1);
+/// steady pace, by default (`PoolBuilder::paced_spin`): never. On the 2-core machine a worker
+/// watching through the latency bench's 1 ms pauses made its chain's latency 2x worse
+/// (docs/benchmarks.md, stop 43); where it pays is not measured yet.
+pub(crate) const PACED_SPIN_DEFAULT: Duration = Duration::ZERO;
 
 /// A worker's pace after a pause of `pause` between running dry and finding work: an average
 /// of its recent pauses (a quarter of the new one, so one late request does not stretch it),
