@@ -5,9 +5,10 @@
 # probe touched the replay and GPU-node paths). Here: `PACK_MPI=1 bash benches/device/pack.sh`
 # (and the base build stop42_call.sh names), then with carry [".devbin"]:
 # `bash .devbin/stop43_call.sh`.
-cd "$(dirname "$0")"
-TOTAL=125 bash stop42_call.sh
-source lib.sh
+# From the repository root, where stop42_call.sh and lib.sh expect to start.
+cd "$(dirname "$0")/.."
+TOTAL=125 bash .devbin/stop42_call.sh
+source .devbin/lib.sh
 deadline ${REST:-200}
 logs_in /tmp/bp-ta2 ta2.tgz fresh
 SUMMARY='panicked|Error'
