@@ -167,6 +167,36 @@ fn raw_baselines(rank: usize, size: usize, big: usize, edge: bool) -> Raw {
     raw
 }
 
+/// Calls `MPI_Test` on `req` until it is done.
+fn test_until_done(req: &mut ffi::MPI_Request) {
+    let mut flag: c_int = 0;
+    while flag == 0 {
+        // SAFETY: a request MPI gave and nobody completed; the status is ignored.
+        unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+    }
+}
+
+/// Sends `b` to `peer` with `tag` on the world communicator: `MPI_Isend`, then `MPI_Test` until
+/// done, as a worker's own send of a small value does.
+fn isend_and_test(b: &[u8; 8], peer: usize, tag: c_int) {
+    // SAFETY: constants rsmpi's C shim sets before main.
+    let (world, bytes) = unsafe { (ffi::RSMPI_COMM_WORLD, ffi::RSMPI_UINT8_T) };
+    let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+    // SAFETY: `b` outlives the request, which `test_until_done` completes before returning.
+    unsafe {
+        ffi::MPI_Isend(
+            b.as_ptr().cast::<c_void>(),
+            8,
+            bytes,
+            peer as c_int,
+            tag,
+            world,
+            req.as_mut_ptr(),
+        );
+        test_until_done(&mut req.assume_init());
+    }
+}
+
 /// The 8-byte ping-pong of [`raw_baselines`] through the runtime's non-blocking calls.
 fn nonblocking_half_rtt(rank: usize, peer: usize, rounds: usize) -> f64 {
     // SAFETY: constants rsmpi's C shim sets before main.
@@ -178,29 +208,7 @@ fn nonblocking_half_rtt(rank: usize, peer: usize, rounds: usize) -> f64 {
             ffi::RSMPI_ANY_TAG,
         )
     };
-    let wait = |req: &mut ffi::MPI_Request| {
-        let mut flag: c_int = 0;
-        while flag == 0 {
-            // SAFETY: a request MPI gave and nobody completed; the status is ignored.
-            unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
-        }
-    };
-    let send = |b: &[u8; 8]| {
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        // SAFETY: `b` outlives the request, which `wait` completes before returning.
-        unsafe {
-            ffi::MPI_Isend(
-                b.as_ptr().cast::<c_void>(),
-                8,
-                bytes,
-                peer as c_int,
-                8,
-                world,
-                req.as_mut_ptr(),
-            );
-            wait(&mut req.assume_init());
-        }
-    };
+    let send = |b: &[u8; 8]| isend_and_test(b, peer, 8);
     let recv = |b: &mut [u8; 8]| {
         let mut flag: c_int = 0;
         let mut message = std::mem::MaybeUninit::<ffi::MPI_Message>::uninit();
@@ -229,7 +237,7 @@ fn nonblocking_half_rtt(rank: usize, peer: usize, rounds: usize) -> f64 {
                 &mut m,
                 req.as_mut_ptr(),
             );
-            wait(&mut req.assume_init());
+            test_until_done(&mut req.assume_init());
         }
     };
     let mut b = [0u8; 8];
@@ -259,18 +267,11 @@ fn posted_half_rtt(rank: usize, peer: usize, rounds: usize) -> f64 {
     // SAFETY: constants rsmpi's C shim sets before main.
     let (world, bytes) = unsafe { (ffi::RSMPI_COMM_WORLD, ffi::RSMPI_UINT8_T) };
     const TAG: c_int = 9;
-    let test = |req: &mut ffi::MPI_Request| {
-        let mut flag: c_int = 0;
-        while flag == 0 {
-            // SAFETY: a request MPI gave and nobody completed; the status is ignored.
-            unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
-        }
-    };
     let mut landing = [[0u8; 8]; 2];
     // SAFETY: a request handle is plain data that MPI_Irecv overwrites before it is read.
     let mut reqs: [ffi::MPI_Request; 2] = unsafe { std::mem::zeroed() };
     let post = |buf: &mut [u8; 8], req: &mut ffi::MPI_Request| {
-        // SAFETY: `landing` outlives every request: each is completed by `test` or cancelled
+        // SAFETY: `landing` outlives every request: each is completed by `test_until_done` or cancelled
         // and waited for below, before the function returns.
         unsafe {
             ffi::MPI_Irecv(
@@ -284,22 +285,7 @@ fn posted_half_rtt(rank: usize, peer: usize, rounds: usize) -> f64 {
             )
         };
     };
-    let send = |b: &[u8; 8]| {
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        // SAFETY: `b` outlives the request, which `test` completes before returning.
-        unsafe {
-            ffi::MPI_Isend(
-                b.as_ptr().cast::<c_void>(),
-                8,
-                bytes,
-                peer as c_int,
-                TAG,
-                world,
-                req.as_mut_ptr(),
-            );
-            test(&mut req.assume_init());
-        }
-    };
+    let send = |b: &[u8; 8]| isend_and_test(b, peer, TAG);
     for k in 0..2 {
         post(&mut landing[k], &mut reqs[k]);
     }
@@ -317,11 +303,11 @@ fn posted_half_rtt(rank: usize, peer: usize, rounds: usize) -> f64 {
                 if let Some(f) = free.take() {
                     post(&mut landing[f], &mut reqs[f]);
                 }
-                test(&mut reqs[k]);
+                test_until_done(&mut reqs[k]);
                 b = landing[k];
                 free = Some(k);
             } else {
-                test(&mut reqs[k]);
+                test_until_done(&mut reqs[k]);
                 b = landing[k];
                 send(&b);
                 post(&mut landing[k], &mut reqs[k]);
