@@ -131,7 +131,9 @@ impl<S: Send + 'static> WorkerThread<S> {
         // worker next finds work.
         self.flush_credit();
         if *idle_rounds == 0 && self.deferred.borrow().is_empty() {
-            if self.went_dry.get().is_none() {
+            // The pace is kept only where it can lengthen a spin: off, no clock read here.
+            let paced = self.registry.paced_spin > self.registry.idle_spin;
+            if paced && self.went_dry.get().is_none() {
                 self.went_dry.set(Some(Instant::now()));
             }
             if self.spin(condition) {
