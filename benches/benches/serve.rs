@@ -10,7 +10,7 @@
 //! --spin-us U --idle-spin-us U --no-torch --json]` (`--spin-us`: the pool's `wait_spin`,
 //! default 200 us, about a request; `--idle-spin-us`: its `idle_spin`, default 200 us, a pool
 //! tuned for latency: `--spin-us 0 --idle-spin-us 20` is a default pool; `--paced-spin-us`:
-//! its `paced_spin`, default the library's (off); `--gemm
+//! its `paced_spin`, default the library's (on where the pool leaves two cores to its clients); `--gemm
 //! cublas`: cuBLAS GEMMs and a bias + GELU kernel instead of cuBLASLt with the bias in its
 //! epilogue and a GELU kernel; `--no-tune`: the heuristic's first cuBLASLt algorithm, not the
 //! fastest of its offers timed at start (`CublasLt::tune`); `--eager-copies`: the copies in and out as eager nodes around a
@@ -70,7 +70,7 @@ struct Args {
     /// The pool's `idle_spin`, µs.
     #[arg(long, default_value_t = 200)]
     idle_spin_us: u64,
-    /// The pool's `paced_spin`, µs (default: the library's, off).
+    /// The pool's `paced_spin`, µs (default: the library's: 1 ms where the pool leaves two cores or more to other threads).
     #[arg(long)]
     paced_spin_us: Option<u64>,
     /// The pool's `spinning_waiters` (default: the library's).

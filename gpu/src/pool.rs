@@ -193,7 +193,8 @@ impl GpuPoolBuilder {
     /// How long one worker of each group (each SM partition) may watch past the idle spin
     /// when its work comes at a steady pace, as a server's requests do
     /// ([`PoolBuilder::paced_spin`](boundpool_scheduler::PoolBuilder::paced_spin); default
-    /// zero: never).
+    /// 1 ms where the pool's workers leave two of the process's cores or more to other
+    /// threads, zero otherwise).
     pub fn paced_spin(mut self, max: std::time::Duration) -> Self {
         self.paced_spin = Some(max);
         self

@@ -59,7 +59,7 @@ pub struct PoolBuilder<S = ()> {
     max_graphs_in_flight: Option<usize>,
     wait_spin: Duration,
     idle_spin: Duration,
-    paced_spin: Duration,
+    paced_spin: Option<Duration>,
     spinning_waiters: Option<usize>,
 }
 
@@ -103,7 +103,7 @@ impl PoolBuilder<()> {
             max_graphs_in_flight: None,
             wait_spin: Duration::ZERO,
             idle_spin: crate::worker::SPIN_BEFORE_PARK,
-            paced_spin: crate::worker::PACED_SPIN_DEFAULT,
+            paced_spin: None,
             spinning_waiters: None,
         }
     }
@@ -247,17 +247,22 @@ impl<S: Send + 'static> PoolBuilder<S> {
     }
 
     /// How long a worker may watch past [`idle_spin`](Self::idle_spin) when work has been
-    /// coming back to it at a steady pace (default zero: never). Such a worker watches for one
-    /// and a half of its recent pauses between running dry and finding work (at most `max`),
-    /// so requests that arrive a few hundred microseconds apart find it awake instead of each
+    /// coming back to it at a steady pace (zero: never). Such a worker watches for one and a
+    /// half of its recent pauses between running dry and finding work (at most `max`), so
+    /// requests that arrive a few hundred microseconds apart find it awake instead of each
     /// paying a wake-up, which on a virtual machine is sometimes hundreds of microseconds. One
     /// worker of each group at a time, so the pool spends at most a core per group on it, and
     /// none once its pauses grow past `max`; past the first 20 µs it yields between looks, as
-    /// the idle spin does. Off by default: on a 2-core machine it made a chain submitted every
-    /// millisecond twice as slow (the watching thread competes with the client's); measure it
-    /// on your host before you turn it on.
+    /// the idle spin does.
+    ///
+    /// Default: 1 ms where the pool's workers leave at least two of the process's cores to
+    /// other threads (a server whose clients have cores of their own: there it took a
+    /// latency-critical client's slowest requests from hundreds of microseconds of waiting for
+    /// a worker to tens), zero otherwise (a pool with a worker on every core: the watching
+    /// worker would take the core a client needs; on a 2-core machine it made a chain
+    /// submitted every millisecond twice as slow).
     pub fn paced_spin(mut self, max: Duration) -> Self {
-        self.paced_spin = max;
+        self.paced_spin = Some(max);
         self
     }
 
@@ -343,6 +348,9 @@ impl<S: Send + 'static> PoolBuilder<S> {
         let spinning_waiters = self
             .spinning_waiters
             .unwrap_or_else(|| crate::spin::default_budget(default_workers(), infos.len()));
+        let paced_spin = self
+            .paced_spin
+            .unwrap_or_else(|| crate::worker::default_paced_spin(default_workers(), infos.len()));
         let cpu_lane = cpu_lane(&self.name, self.rayon, self.cpu_lane_threads)?;
         let hooks = Hooks {
             start: self.start,
@@ -367,7 +375,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
                 max_graphs_in_flight: self.max_graphs_in_flight,
                 wait_spin: self.wait_spin,
                 idle_spin: self.idle_spin,
-                paced_spin: self.paced_spin,
+                paced_spin,
                 spinning_waiters,
             },
         );

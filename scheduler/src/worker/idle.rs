@@ -28,10 +28,23 @@ const DEFERRED_PARK: Duration = Duration::from_micros(50);
 /// idle pool still parks after this, so it burns nothing.
 pub(crate) const SPIN_BEFORE_PARK: Duration = Duration::from_micros(20);
 /// How long one worker of a group may watch past the idle spin when its work comes back at a
-/// steady pace, by default (`PoolBuilder::paced_spin`): never. On the 2-core machine a worker
-/// watching through the latency bench's 1 ms pauses made its chain's latency 2x worse
-/// (docs/benchmarks.md, stop 43); where it pays is not measured yet.
-pub(crate) const PACED_SPIN_DEFAULT: Duration = Duration::ZERO;
+/// steady pace, by default, in a pool that leaves the process two cores or more
+/// (`PoolBuilder::paced_spin`): pauses up to two thirds of this are watched through.
+pub(crate) const PACED_SPIN_MAX: Duration = Duration::from_millis(1);
+
+/// The paced spin's default for a pool of `workers` in a process that may use `cores`: on
+/// where the pool leaves at least two cores to other threads (a server's clients), off where
+/// its watching worker would share a core with them. On the H100 host (8 workers, 16 cores) it
+/// took the high client's slowest 1% from 240-290 µs of waiting before the launch to 22-56; on
+/// the 2-core machine (2 workers) it made the latency bench's chain twice as slow
+/// (docs/benchmarks.md, stops 43 and 44).
+pub(crate) fn default_paced_spin(cores: usize, workers: usize) -> Duration {
+    if cores >= workers + 2 {
+        PACED_SPIN_MAX
+    } else {
+        Duration::ZERO
+    }
+}
 
 /// A worker's pace after a pause of `pause` between running dry and finding work: an average
 /// of its recent pauses (a quarter of the new one, so one late request does not stretch it),
@@ -395,6 +408,16 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_paced_spin_is_on_only_where_the_pool_leaves_two_cores() {
+        assert_eq!(default_paced_spin(16, 8), PACED_SPIN_MAX);
+        assert_eq!(default_paced_spin(4, 2), PACED_SPIN_MAX);
+        assert_eq!(default_paced_spin(3, 2), Duration::ZERO);
+        assert_eq!(default_paced_spin(2, 2), Duration::ZERO);
+        assert_eq!(default_paced_spin(2, 1), Duration::ZERO);
+        assert_eq!(default_paced_spin(8, 8), Duration::ZERO);
+    }
 
     #[test]
     fn the_pace_averages_pauses_and_forgets_a_long_one() {

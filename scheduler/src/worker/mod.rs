@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use crossbeam_deque::Worker as Deque;
 use crossbeam_utils::CachePadded;
 
-pub(crate) use self::idle::{PACED_SPIN_DEFAULT, SPIN_BEFORE_PARK};
+pub(crate) use self::idle::{default_paced_spin, SPIN_BEFORE_PARK};
 pub(crate) use self::life::{main, StartGate};
 use crate::ctx::{DeferFn, NodeHost};
 use crate::handle::Helper;
