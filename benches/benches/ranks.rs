@@ -734,6 +734,10 @@ struct Args {
     /// communication thread takes arrivals.
     #[arg(long)]
     no_worker_polls: bool,
+    /// Small values are probed and received as the rest (`RanksBuilder::posted_receives`
+    /// off): the path before the posted lane.
+    #[arg(long)]
+    no_posted_receives: bool,
     /// The runtime's `send_window` (default: the runtime's).
     #[arg(long)]
     send_window: Option<usize>,
@@ -755,7 +759,8 @@ fn main() {
         .workers(workers)
         .stamp_edges(a.edge_breakdown)
         .worker_sends(!a.no_worker_sends)
-        .worker_polls(!a.no_worker_polls);
+        .worker_polls(!a.no_worker_polls)
+        .posted_receives(!a.no_posted_receives);
     if let Some(n) = a.send_window {
         builder = builder.send_window(n);
     }

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::comm::run::{CommGraph, RecvCell, RecvSpec, RunState, SendSpec};
 use crate::comm::stamps::SendHop;
-use crate::comm::wire::{FailKind, Failure};
+use crate::comm::wire::{FailKind, Failure, LANE_TRAILER};
 use crate::comm::{CommHandle, Command, Payload, Sent, SMALL_SEND};
 use crate::error::{Error, ErrorKind};
 use crate::plan::{self, DataId, GraphDesc, LocalNode, Lowering, On, Wire};
@@ -344,12 +344,19 @@ fn encode_plain<T: PlainValue>(v: &T) -> Result<Payload, String> {
     let b = value::plain_bytes(v);
     // A small value is copied: its send need not wait for the transport (`comm/send.rs`).
     if b.len() <= SMALL_SEND {
-        return Ok(Payload::Owned(b.to_vec()));
+        return Ok(Payload::Owned(owned_copy(b)));
     }
     Ok(Payload::Borrowed {
         ptr: b.as_ptr(),
         len: b.len(),
     })
+}
+
+/// A small value's bytes, copied with room for the posted lane's trailer.
+fn owned_copy(b: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(b.len() + LANE_TRAILER);
+    v.extend_from_slice(b);
+    v
 }
 
 fn encode_serde<T: Serialize>(v: &T) -> Result<Payload, String> {
@@ -368,7 +375,7 @@ fn forward_plain<T: PlainValue>(cell: &RecvCell) -> Result<Payload, String> {
 fn forward_kept(cell: &RecvCell) -> Result<Payload, String> {
     let b = cell.bytes().ok_or(NOT_ARRIVED)?;
     if b.len() <= SMALL_SEND {
-        return Ok(Payload::Owned(b.to_vec()));
+        return Ok(Payload::Owned(owned_copy(b)));
     }
     Ok(Payload::Borrowed {
         ptr: b.as_ptr(),

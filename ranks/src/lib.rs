@@ -54,9 +54,13 @@
 //!   `int` count, and none is long enough to be slow.
 //! * **Transports** ([`Transport`]): [`LocalNetwork`] (ranks as threads, for tests and the
 //!   simulator) and, with the `mpi` feature, `MpiTransport` (rsmpi; `MPI_Isend`,
-//!   `MPI_Improbe`, `MPI_Imrecv`, `MPI_Test`, `MPI_Testsome` only). A transport that allows
+//!   `MPI_Irecv`, `MPI_Improbe`, `MPI_Imrecv`, `MPI_Test`, `MPI_Testsome` only). A transport that allows
 //!   calls from several threads gives a [`DirectSend`] for workers' small sends. A transport sends and receives raw
 //!   bytes at an address, so a pinned host buffer (a GPU buffer's staging area) goes as it is.
+//!   Values of at most 4 KiB less a 16-byte trailer travel on a **posted lane**
+//!   ([`RanksBuilder::posted_receives`], on by default): MPI's second communicator with a ring
+//!   of receives posted ahead, so a small value is in memory when first seen, as a blocking
+//!   `MPI_Recv`'s is, without a probe and a matched receive of its own.
 //! * **The communication thread** (internal): one per rank, counted in the rank's threads
 //!   ([`Ranks`]: the pool's workers + 1). It owns the transport (only workers' small sends
 //!   bypass it, where the transport allows: [`RanksBuilder::worker_sends`]), never blocks
@@ -126,13 +130,15 @@
 //!   arrived; `Pod` makes any bytes valid).
 //! * `transport/mod.rs`, `transport/local.rs`: the transport's `send` and `receive` take raw
 //!   pointers (unsafe trait methods); the in-process one copies through them.
-//! * `transport/mpi.rs`: the MPI calls (rsmpi's `ffi`), and the communicator and request
-//!   handles that workers' sends use and hand over (`Send`, `Sync`).
+//! * `transport/mpi.rs`: the MPI calls (rsmpi's `ffi`; the posted lane's receives into the
+//!   transport's own memory), and the communicator and request handles that workers' sends use
+//!   and hand over (`Send`, `Sync`).
 //! * `comm/engine/mod.rs`: pointers into a run's outputs (or, for a relay's send, into the
 //!   value its rank received, kept by the run's state) and the engine's send buffers handed to
 //!   the transport, and `Payload` is `Send`.
 //! * `comm/engine/arrive.rs`: landings and control buffers handed to the transport to receive
-//!   into, and a landing finished once its bytes arrived.
+//!   into, a lane message's bytes copied into its landing, and a landing finished once its
+//!   bytes arrived.
 //! * `comm/engine/staged.rs`: a staged payload's pieces handed to the transport (pointers into
 //!   staging memory the run keeps).
 //! * `gpu/staged.rs`: a staged device value's landing (`Vec::set_len` after its bytes arrived;

@@ -34,6 +34,7 @@ pub struct RanksBuilder {
     send_window: usize,
     worker_sends: bool,
     worker_polls: bool,
+    posted_receives: bool,
     hosts: Option<Vec<usize>>,
     relay_per_host: bool,
 }
@@ -65,6 +66,7 @@ impl RanksBuilder {
             send_window: 16,
             worker_sends: true,
             worker_polls: true,
+            posted_receives: true,
             hosts: None,
             relay_per_host: true,
         }
@@ -215,6 +217,16 @@ impl RanksBuilder {
         self
     }
 
+    /// Whether small values (at most 4 KiB with a 16-byte trailer) travel on the transport's
+    /// posted lane, where it has one (MPI: a second communicator with a ring of receives posted
+    /// ahead; the in-process network), rather than being probed and received as the rest (on
+    /// by default: a message that finds its receive posted is in its landing when seen, as a
+    /// blocking `MPI_Recv`'s is, without `MPI_Improbe` and `MPI_Imrecv` on the edge's path).
+    pub fn posted_receives(mut self, on: bool) -> Self {
+        self.posted_receives = on;
+        self
+    }
+
     /// Each rank's host (`hosts[r]` for rank `r`, any numbering), instead of what the
     /// transport found at start-up (MPI: the ranks' processor names, gathered; the in-process
     /// network: one host). For tests, and for launchers whose host names do not say which
@@ -262,6 +274,7 @@ impl RanksBuilder {
             send_window: self.send_window,
             worker_sends: self.worker_sends,
             worker_polls: self.worker_polls,
+            posted_receives: self.posted_receives,
         })
     }
 

@@ -45,9 +45,14 @@ fn on_all<R: Send>(ranks: &[Ranks], f: impl Fn(&Ranks) -> R + Sync) -> Vec<R> {
 
 #[test]
 fn random_graphs_equal_the_one_process_run() {
+    // Small values on the posted lane (the default), and probed as the rest.
+    let settings = [true, false]
+        .into_iter()
+        .flat_map(|lane| both_spins(RanksBuilder::new().workers(2).posted_receives(lane)));
+    let settings: Vec<_> = settings.collect();
     for (n, settings) in [2, 3, 4]
         .into_iter()
-        .flat_map(|n| both_spins(RanksBuilder::new().workers(2)).map(|s| (n, s)))
+        .flat_map(|n| settings.iter().map(move |s| (n, s.clone())))
     {
         let (_net, ranks) = world(n, settings);
         let checked = on_all(&ranks, |r| {
@@ -298,6 +303,60 @@ fn data_that_arrives_before_its_verdict_waits_in_order() {
     });
     let want: Vec<Option<u64>> = (0..5).map(|i| Some(i * 100 + 5)).collect();
     assert_eq!(results[2], want);
+}
+
+/// Small values (a plain `u64`, a serde string) go on the posted lane, a value past it (8,000
+/// bytes) is probed; the lane is held back while the probed value, the statuses and the next
+/// runs' data pass it (as MPI's two communicators allow), and each small value still reaches
+/// its own run. With `posted_receives(false)` the held lane carries nothing: runs end before
+/// it is released.
+#[test]
+fn small_values_on_the_posted_lane_reach_their_runs_whatever_passes_them() {
+    for lane in [true, false] {
+        let (net, ranks) = world(2, RanksBuilder::new().workers(1).posted_receives(lane));
+        net.hold_lane(0, 1);
+        let consumed = Arc::new(AtomicUsize::new(0));
+        let results = std::thread::scope(|scope| {
+            let (net, seen) = (&net, consumed.clone());
+            let releaser = scope.spawn(move || {
+                if lane {
+                    std::thread::sleep(Duration::from_millis(100));
+                    // Every run's consumer needs a lane value: none ran.
+                    assert_eq!(seen.load(Ordering::SeqCst), 0);
+                } else {
+                    let deadline = Instant::now() + Duration::from_secs(20);
+                    while seen.load(Ordering::SeqCst) == 0 {
+                        assert!(Instant::now() < deadline, "no run ended past a held lane");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                net.release(0, 1);
+            });
+            let results = on_all(&ranks, |r| {
+                let mut g = RankGraphBuilder::new("lane");
+                g.runs_in_flight(2);
+                let a = g.plain_node(0, "a", |ctx| Ok(ctx.run_seq() * 10));
+                let s = g.serde_node(0, "s", |ctx| Ok("x".repeat(ctx.run_seq() as usize)));
+                let big = g.plain_node(0, "big", |ctx| Ok(vec![ctx.run_seq(); 1000]));
+                let c = consumed.clone();
+                let b = g.plain_node(1, "b", move |ctx| {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    let big = ctx.input(big)?;
+                    Ok(*ctx.input(a)? + ctx.input(s)?.len() as u64 + big[999] * 1000)
+                });
+                g.edge(a, b).edge(s, b).edge(big, b);
+                let graph = g.build(r).unwrap();
+                let hs: Vec<_> = (0..5).map(|_| r.submit(&graph).unwrap()).collect();
+                hs.into_iter()
+                    .map(|h| h.wait().unwrap().get(b).copied())
+                    .collect::<Vec<_>>()
+            });
+            releaser.join().unwrap();
+            results
+        });
+        let want: Vec<Option<u64>> = (0..5).map(|i| Some(i * 10 + i + i * 1000)).collect();
+        assert_eq!(results[1], want, "lane {lane}");
+    }
 }
 
 #[test]

@@ -11,7 +11,9 @@
 //! * **Small values are posted by the worker**, where the transport allows it
 //!   ([`Transport::direct`](crate::Transport::direct)) and the window has room with nothing
 //!   queued: no hand-off to the communication thread on the edge's path. What the transport
-//!   still holds after its call goes to the communication thread (`Command::Adopt`).
+//!   still holds after its call goes to the communication thread (`Command::Adopt`). Where
+//!   the transport has a posted lane ([`Transport::lane`](crate::Transport::lane)), a value
+//!   that fits goes there with a trailer (`wire::LaneTrailer`), by the worker or the thread.
 //! * **Everything else** (a value past [`SMALL_SEND`] sent from the producer's memory, a
 //!   staged device value, any send before the verdict) goes to the communication thread, and
 //!   its node completes when the transport is done with it.
@@ -28,6 +30,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::comm::run::RunState;
 use crate::comm::stamps::SendHop;
+use crate::comm::wire::{LaneTrailer, LANE_TRAILER};
 use crate::comm::{CommHandle, Command, Payload};
 use crate::transport::DirectSend;
 
@@ -103,6 +106,8 @@ pub(crate) struct Sending {
     /// Cleared for good once a peer is gone or the transport failed: every send then goes
     /// through the communication thread, which knows what to drop.
     pub(crate) direct_ok: AtomicBool,
+    /// The posted lane's largest message (0: none), set once the transport is made.
+    lane: AtomicUsize,
 }
 
 impl Sending {
@@ -112,7 +117,18 @@ impl Sending {
             max_message,
             direct: OnceLock::new(),
             direct_ok: AtomicBool::new(true),
+            lane: AtomicUsize::new(0),
         }
+    }
+
+    /// The posted lane's size (`Transport::lane`, 0 where it is not used).
+    pub(crate) fn set_lane(&self, bytes: usize) {
+        self.lane.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Whether a value of `len` bytes goes on the posted lane.
+    fn on_lane(&self, len: usize) -> bool {
+        len + LANE_TRAILER <= self.lane.load(Ordering::Relaxed)
     }
 
     /// Workers post no more sends themselves.
@@ -156,8 +172,20 @@ impl CommHandle {
         match direct {
             Some(d) if s.window.enter_direct() => {
                 let spec = &run.graph.sends[k as usize];
-                let tag = layout.tag(run.slot, spec.index, false);
-                match d.send(spec.to, tag, bytes.into_boxed_slice()) {
+                let posted = if s.on_lane(bytes.len()) {
+                    let mut message = bytes;
+                    let trailer = LaneTrailer {
+                        gid: *run.graph.gid.get().expect("registered"),
+                        index: spec.index,
+                        seq: run.seq,
+                    };
+                    trailer.append_to(&mut message);
+                    d.send_lane(spec.to, message.into_boxed_slice())
+                } else {
+                    let tag = layout.tag(run.slot, spec.index, false);
+                    d.send(spec.to, tag, bytes.into_boxed_slice())
+                };
+                match posted {
                     Ok(None) => {
                         s.window.leave();
                         run.stamp_send(k, SendHop::Posted);

@@ -147,6 +147,7 @@ mod tests {
             send_window: 4,
             worker_sends: false,
             worker_polls: true,
+            posted_receives: true,
         };
         let sending = Arc::new(Sending::new(4, 1 << 20));
         let flag = Arc::new(AtomicBool::new(false));

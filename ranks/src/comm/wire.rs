@@ -41,6 +41,47 @@ impl TagLayout {
     }
 }
 
+/// Bytes after a value on the posted lane: its graph, transfer and run, since a lane's
+/// messages carry no tag and may pass the sender's control messages. At the end, so that a
+/// value's bytes, copied with room for it, take it without another copy.
+pub(crate) const LANE_TRAILER: usize = 16;
+
+/// What a value's message on the posted lane (`Transport::lane_send`) says of itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LaneTrailer {
+    /// The graph (the same id on every rank: graphs are registered in one order).
+    pub(crate) gid: u32,
+    /// The transfer's index among those of its pair of ranks.
+    pub(crate) index: u32,
+    /// The run.
+    pub(crate) seq: u64,
+}
+
+impl LaneTrailer {
+    /// Makes `value` the lane's message: appends this trailer.
+    pub(crate) fn append_to(&self, value: &mut Vec<u8>) {
+        value.reserve_exact(LANE_TRAILER);
+        value.extend_from_slice(&self.gid.to_le_bytes());
+        value.extend_from_slice(&self.index.to_le_bytes());
+        value.extend_from_slice(&self.seq.to_le_bytes());
+    }
+
+    /// The trailer and the value of a lane message; `None` if it is too short to have one.
+    pub(crate) fn split(message: &[u8]) -> Option<(Self, &[u8])> {
+        let at = message.len().checked_sub(LANE_TRAILER)?;
+        let (value, t) = message.split_at(at);
+        let word = |i: usize| u32::from_le_bytes(t[i..i + 4].try_into().expect("4 bytes"));
+        Some((
+            LaneTrailer {
+                gid: word(0),
+                index: word(4),
+                seq: u64::from_le_bytes(t[8..16].try_into().expect("8 bytes")),
+            },
+            value,
+        ))
+    }
+}
+
 /// Why a node failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum FailKind {
@@ -189,6 +230,23 @@ mod tests {
         assert_eq!(seen.len() as u64, TagLayout::size(3, 5));
         assert_eq!(l.decode(10), None);
         assert_eq!(l.decode(11 + 30), None);
+    }
+
+    #[test]
+    fn lane_messages_carry_their_graph_transfer_and_run() {
+        let t = LaneTrailer {
+            gid: 3,
+            index: 70_000,
+            seq: u64::MAX - 1,
+        };
+        let mut m = vec![5u8, 6, 7];
+        t.append_to(&mut m);
+        assert_eq!(m.len(), 3 + LANE_TRAILER);
+        assert_eq!(LaneTrailer::split(&m), Some((t, &[5u8, 6, 7][..])));
+        let mut empty = Vec::new();
+        t.append_to(&mut empty);
+        assert_eq!(LaneTrailer::split(&empty), Some((t, &[][..])));
+        assert_eq!(LaneTrailer::split(&m[..LANE_TRAILER - 1]), None);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The in-process transport: ranks are threads of one process, each with a mailbox. A send
 //! copies the bytes into the receiver's mailbox (so it is done at once, unless its link is
-//! stalled); a receive copies them out. Any thread may send (a [`DirectSend`]). Used by the
+//! stalled); a receive copies them out. Any thread may send (a [`DirectSend`]). The posted
+//! lane is a second mailbox per rank. Used by the
 //! tests that need no `mpirun`, and by the simulator.
 
 use std::collections::{HashMap, VecDeque};
@@ -14,6 +15,8 @@ struct Envelope {
     from: usize,
     tag: u32,
     bytes: Vec<u8>,
+    /// On the posted lane (`Transport::lane`).
+    lane: bool,
     /// Set when a stalled link lets it go: its send is done then.
     sent: Option<Arc<AtomicBool>>,
 }
@@ -24,10 +27,14 @@ struct Held {
     queue: VecDeque<Envelope>,
     /// Its sends stay in flight until then too.
     stall: bool,
+    /// Only the posted lane's messages are held (the others pass them).
+    lane_only: bool,
 }
 
 struct Net {
     mailboxes: Vec<Mutex<VecDeque<Envelope>>>,
+    /// The posted lane's messages, per receiving rank.
+    lanes: Vec<Mutex<VecDeque<Envelope>>>,
     severed: Vec<AtomicBool>,
     held: Mutex<HashMap<(usize, usize), Held>>,
     max_tag: u32,
@@ -51,7 +58,14 @@ impl Net {
 
     /// Puts `bytes` on the link `from -> to`; `Some(flag)`: the send stays in flight until
     /// the flag is set (a stalled link).
-    fn post(&self, from: usize, to: usize, tag: u32, bytes: Vec<u8>) -> Option<Arc<AtomicBool>> {
+    fn post(
+        &self,
+        from: usize,
+        to: usize,
+        tag: u32,
+        bytes: Vec<u8>,
+        lane: bool,
+    ) -> Option<Arc<AtomicBool>> {
         if self.severed[to].load(Ordering::SeqCst) {
             return None;
         }
@@ -59,23 +73,35 @@ impl Net {
             from,
             tag,
             bytes,
+            lane,
             sent: None,
         };
         let mut held = lock(&self.held);
         match held.get_mut(&(from, to)) {
-            Some(h) => {
+            Some(h) if lane || !h.lane_only => {
                 let flag = h.stall.then(|| Arc::new(AtomicBool::new(false)));
                 e.sent = flag.clone();
                 h.queue.push_back(e);
                 flag
             }
-            None => {
-                lock(&self.mailboxes[to]).push_back(e);
+            _ => {
+                lock(self.mailbox(to, lane)).push_back(e);
                 None
             }
         }
     }
+
+    fn mailbox(&self, rank: usize, lane: bool) -> &Mutex<VecDeque<Envelope>> {
+        if lane {
+            &self.lanes[rank]
+        } else {
+            &self.mailboxes[rank]
+        }
+    }
 }
+
+/// The posted lane's size on the in-process network (as the MPI transport's).
+const LOCAL_LANE: usize = 4096;
 
 /// A network of in-process ranks: [`endpoint`](Self::endpoint) gives each rank its transport.
 #[derive(Clone)]
@@ -102,6 +128,7 @@ impl LocalNetwork {
         LocalNetwork {
             net: Arc::new(Net {
                 mailboxes: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
+                lanes: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
                 severed: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
                 held: Mutex::new(std::collections::HashMap::new()),
                 max_tag,
@@ -134,6 +161,15 @@ impl LocalNetwork {
         lock(&self.net.held).entry((from, to)).or_default();
     }
 
+    /// As [`hold`](Self::hold), for the posted lane's messages only: the others (control
+    /// messages, values past the lane) pass them, as they may on MPI's two communicators.
+    pub fn hold_lane(&self, from: usize, to: usize) {
+        lock(&self.net.held)
+            .entry((from, to))
+            .or_default()
+            .lane_only = true;
+    }
+
     /// As [`hold`](Self::hold), and the sends stay in flight until the release too (a link
     /// that takes nothing more: the sender's transport reports them done only then).
     pub fn stall(&self, from: usize, to: usize) {
@@ -145,12 +181,11 @@ impl LocalNetwork {
     pub fn release(&self, from: usize, to: usize) {
         let mut held = lock(&self.net.held);
         if let Some(h) = held.remove(&(from, to)) {
-            let mut mailbox = lock(&self.net.mailboxes[to]);
             for mut e in h.queue {
                 if let Some(flag) = e.sent.take() {
                     flag.store(true, Ordering::Release);
                 }
-                mailbox.push_back(e);
+                lock(self.net.mailbox(to, e.lane)).push_back(e);
             }
         }
     }
@@ -160,6 +195,7 @@ impl LocalNetwork {
     pub fn sever(&self, rank: usize) {
         self.net.severed[rank].store(true, Ordering::SeqCst);
         lock(&self.net.mailboxes[rank]).clear();
+        lock(&self.net.lanes[rank]).clear();
     }
 }
 
@@ -184,6 +220,33 @@ impl LocalTransport {
     fn check_alive(&self) -> Result<(), Error> {
         self.net.cut_off(self.rank)
     }
+
+    /// Copies `len` bytes at `data` onto the link to `to`.
+    ///
+    /// # Safety
+    /// `len` bytes at `data` are valid for reads during the call.
+    unsafe fn post(
+        &mut self,
+        to: usize,
+        tag: u32,
+        data: *const u8,
+        len: usize,
+        op: OpId,
+        lane: bool,
+    ) -> Result<(), Error> {
+        self.check_alive()?;
+        let bytes = if len == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the caller's promise; the bytes are copied before this returns.
+            unsafe { std::slice::from_raw_parts(data, len) }.to_vec()
+        };
+        match self.net.post(self.rank, to, tag, bytes, lane) {
+            Some(flag) => self.waiting.push((flag, op)),
+            None => self.done.push(op),
+        }
+        Ok(())
+    }
 }
 
 /// Sends of a rank's other threads (any thread may put a message in a mailbox).
@@ -195,9 +258,27 @@ struct LocalDirect {
 impl DirectSend for LocalDirect {
     fn send(&self, to: usize, tag: u32, bytes: Box<[u8]>) -> Result<Option<InFlight>, Error> {
         self.net.cut_off(self.rank)?;
-        let flag = self.net.post(self.rank, to, tag, bytes.into_vec());
+        let flag = self.net.post(self.rank, to, tag, bytes.into_vec(), false);
         Ok(flag.map(|f| InFlight::new(Box::new(f))))
     }
+
+    fn send_lane(&self, to: usize, bytes: Box<[u8]>) -> Result<Option<InFlight>, Error> {
+        self.net.cut_off(self.rank)?;
+        check_lane(self.rank, to, bytes.len())?;
+        let flag = self.net.post(self.rank, to, 0, bytes.into_vec(), true);
+        Ok(flag.map(|f| InFlight::new(Box::new(f))))
+    }
+}
+
+/// A lane message past the lane's size: an error (the caller should have known).
+fn check_lane(rank: usize, to: usize, len: usize) -> Result<(), Error> {
+    if len > LOCAL_LANE {
+        return Err(Error::new(
+            ErrorKind::Transport,
+            format!("rank {rank}: {len} bytes to rank {to} on a posted lane of {LOCAL_LANE}"),
+        ));
+    }
+    Ok(())
 }
 
 impl Transport for LocalTransport {
@@ -223,19 +304,30 @@ impl Transport for LocalTransport {
         len: usize,
         op: OpId,
     ) -> Result<(), Error> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.post(to, tag, data, len, op, false) }
+    }
+
+    fn lane(&self) -> usize {
+        LOCAL_LANE
+    }
+
+    unsafe fn lane_send(
+        &mut self,
+        to: usize,
+        data: *const u8,
+        len: usize,
+        op: OpId,
+    ) -> Result<(), Error> {
+        check_lane(self.rank, to, len)?;
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.post(to, 0, data, len, op, true) }
+    }
+
+    fn lane_take(&mut self, take: &mut dyn FnMut(usize, &[u8])) -> Result<bool, Error> {
         self.check_alive()?;
-        let bytes = if len == 0 {
-            Vec::new()
-        } else {
-            // SAFETY: the caller keeps `len` bytes at `data` valid until `op` is reported, and
-            // they are copied here, before this returns.
-            unsafe { std::slice::from_raw_parts(data, len) }.to_vec()
-        };
-        match self.net.post(self.rank, to, tag, bytes) {
-            Some(flag) => self.waiting.push((flag, op)),
-            None => self.done.push(op),
-        }
-        Ok(())
+        let e = lock(&self.net.lanes[self.rank]).pop_front();
+        Ok(e.map(|e| take(e.from, &e.bytes)).is_some())
     }
 
     fn probe(&mut self) -> Result<Option<Probed<Vec<u8>>>, Error> {
@@ -331,6 +423,37 @@ mod tests {
         assert_eq!(buf, one);
         assert_eq!(b.probe().unwrap().unwrap().tag, 3);
         assert!(b.probe().unwrap().is_none());
+    }
+
+    #[test]
+    fn the_lane_is_a_mailbox_of_its_own_and_may_be_held_alone() {
+        let net = LocalNetwork::new(2);
+        let (mut a, mut b) = (net.endpoint(0), net.endpoint(1));
+        net.hold_lane(0, 1);
+        let (small, tagged) = ([4u8, 5], [6u8]);
+        // SAFETY: the arrays outlive the calls, which copy them.
+        unsafe {
+            a.lane_send(1, small.as_ptr(), 2, 1).unwrap();
+            a.send(1, 9, tagged.as_ptr(), 1, 2).unwrap();
+        }
+        let mut seen = Vec::new();
+        assert!(!b
+            .lane_take(&mut |from, m| seen.push((from, m.to_vec())))
+            .unwrap());
+        assert_eq!(
+            b.probe().unwrap().unwrap().tag,
+            9,
+            "the tagged message passed"
+        );
+        net.release(0, 1);
+        assert!(b
+            .lane_take(&mut |from, m| seen.push((from, m.to_vec())))
+            .unwrap());
+        assert_eq!(seen, vec![(0, vec![4, 5])]);
+        assert!(b.probe().unwrap().is_none(), "lane messages are not probed");
+        let big = vec![0u8; LOCAL_LANE + 1];
+        // SAFETY: as above.
+        assert!(unsafe { a.lane_send(1, big.as_ptr(), big.len(), 3) }.is_err());
     }
 
     #[test]

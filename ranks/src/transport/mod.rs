@@ -15,6 +15,12 @@
 //! `MPI_THREAD_MULTIPLE`, the in-process network) also gives a [`DirectSend`]: a worker posts
 //! a small send itself, without a hand-off to the communication thread, which adopts what is
 //! still in flight and learns its completion in `poll`.
+//!
+//! A transport may also have a **posted lane** ([`Transport::lane`]): small messages, at most
+//! the lane's size, each of which finds a receive posted ahead for it (as a blocking
+//! `MPI_Recv`'s message does), so it is taken in one test of that receive, without a probe
+//! and a matched receive of its own. The lane's messages carry no tag and are not ordered
+//! with the others (the protocol puts what it needs in a header: `comm/wire.rs`).
 
 mod local;
 #[cfg(feature = "mpi")]
@@ -27,7 +33,7 @@ pub use local::{LocalNetwork, LocalTransport};
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 
 /// Names a send or receive the transport started, until [`Transport::poll`] reports it done.
 pub type OpId = u64;
@@ -102,6 +108,35 @@ pub trait Transport {
         op: OpId,
     ) -> Result<(), Error>;
 
+    /// The largest message (in bytes) the posted lane carries; 0 (the default): no lane.
+    fn lane(&self) -> usize {
+        0
+    }
+
+    /// Starts sending `len` bytes at `data` (at most [`lane`](Self::lane)) to rank `to` on the
+    /// posted lane; `poll` reports `op` once the memory may be reused.
+    ///
+    /// # Safety
+    /// As [`send`](Self::send)'s.
+    unsafe fn lane_send(
+        &mut self,
+        to: usize,
+        data: *const u8,
+        len: usize,
+        op: OpId,
+    ) -> Result<(), Error> {
+        let _ = (data, len, op);
+        Err(no_lane(self.rank(), to))
+    }
+
+    /// Takes the next message that arrived on the posted lane, if one did: calls `take` with
+    /// its sender and bytes (valid for the call only) and posts a receive in its place.
+    /// Returns whether it took one.
+    fn lane_take(&mut self, take: &mut dyn FnMut(usize, &[u8])) -> Result<bool, Error> {
+        let _ = take;
+        Ok(false)
+    }
+
     /// Appends the operations that finished since the last call.
     fn poll(&mut self, done: &mut Vec<OpId>) -> Result<(), Error>;
 
@@ -140,6 +175,14 @@ pub trait Transport {
     fn close(self, clean: bool);
 }
 
+/// The error of a lane send on a transport without a lane.
+fn no_lane(rank: usize, to: usize) -> Error {
+    Error::new(
+        ErrorKind::Transport,
+        format!("rank {rank}: a send to rank {to} on a posted lane this transport does not have"),
+    )
+}
+
 /// Host numbers from one key per rank (a hash of its host's name): ranks with equal keys share
 /// a host; hosts are numbered in order of first appearance.
 #[cfg(any(feature = "mpi", test))]
@@ -163,6 +206,10 @@ pub trait DirectSend: Send + Sync {
     /// already; `Ok(Some(sent))`: still in flight, to be handed to the communication thread
     /// ([`Transport::adopt`]), which learns when it finished.
     fn send(&self, to: usize, tag: u32, bytes: Box<[u8]>) -> Result<Option<InFlight>, Error>;
+
+    /// As [`send`](Self::send), on the transport's posted lane ([`Transport::lane`]; `bytes`
+    /// no longer than it).
+    fn send_lane(&self, to: usize, bytes: Box<[u8]>) -> Result<Option<InFlight>, Error>;
 }
 
 /// A send a [`DirectSend`] left in flight: the transport's handle of it and the bytes it

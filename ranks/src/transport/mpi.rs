@@ -6,6 +6,11 @@
 //! small sends themselves (`MPI_Isend`, then one `MPI_Test`: a small message on shared memory
 //! is done in the call) through [`MpiDirect`], which the communication thread closes before it
 //! finalizes MPI.
+//!
+//! The posted lane (`Transport::lane`) is a second duplicate of `MPI_COMM_WORLD` with a ring of
+//! [`LANE_RECEIVES`] receives of [`LANE_BYTES`] posted ahead (any source, any tag): a message
+//! matches the oldest, so `lane_take` tests the ring's head alone and posts it again at the
+//! tail. Cancelled at a clean close.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
@@ -19,10 +24,20 @@ use ::mpi::Threading;
 use crate::error::{Error, ErrorKind};
 use crate::transport::{DirectSend, InFlight, OpId, Probed, Transport};
 
+/// The posted lane's largest message (Open MPI's shared memory sends this much eagerly).
+const LANE_BYTES: usize = 4096;
+/// Receives posted ahead on the lane; more messages wait in MPI's unexpected queue.
+const LANE_RECEIVES: usize = 32;
+
 /// Ranks over MPI, on a duplicate of `MPI_COMM_WORLD` whose errors are returned, not fatal.
 pub struct MpiTransport {
     universe: Option<Universe>,
     comm: ffi::MPI_Comm,
+    /// The posted lane: its communicator, its ring of receives and their memory, the oldest.
+    lane_comm: ffi::MPI_Comm,
+    lane_ring: Vec<ffi::MPI_Request>,
+    lane_memory: Box<[u8]>,
+    lane_head: usize,
     rank: usize,
     size: usize,
     max_tag: u32,
@@ -49,6 +64,20 @@ impl std::fmt::Debug for MpiTransport {
             .field("in_flight", &self.ops.len())
             .finish()
     }
+}
+
+/// A duplicate of `MPI_COMM_WORLD` whose errors are returned.
+fn dup_world() -> Result<ffi::MPI_Comm, Error> {
+    let mut comm = MaybeUninit::<ffi::MPI_Comm>::uninit();
+    // SAFETY: MPI is initialized; `comm` receives the new communicator.
+    let rc = unsafe { ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, comm.as_mut_ptr()) };
+    check(usize::MAX, "MPI_Comm_dup", rc)?;
+    // SAFETY: MPI_Comm_dup succeeded and wrote it.
+    let comm = unsafe { comm.assume_init() };
+    // SAFETY: a valid communicator.
+    let rc = unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) };
+    check(usize::MAX, "MPI_Comm_set_errhandler", rc)?;
+    Ok(comm)
 }
 
 /// `MPI_Error_string` of `code`.
@@ -101,20 +130,11 @@ impl MpiTransport {
                 format!("the MPI library gives only {threading:?} threading; ranks need Funneled"),
             ));
         }
-        let mut comm = MaybeUninit::<ffi::MPI_Comm>::uninit();
-        // SAFETY: MPI is initialized; `comm` receives the new communicator.
-        let rc = unsafe { ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, comm.as_mut_ptr()) };
-        check(usize::MAX, "MPI_Comm_dup", rc)?;
-        // SAFETY: MPI_Comm_dup succeeded and wrote it.
-        let comm = unsafe { comm.assume_init() };
+        let comm = dup_world()?;
+        let lane_comm = dup_world()?;
         let (mut rank, mut size): (c_int, c_int) = (0, 0);
         // SAFETY: a valid communicator and out-pointers to ints.
         unsafe {
-            check(
-                usize::MAX,
-                "MPI_Comm_set_errhandler",
-                ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN),
-            )?;
             check(
                 usize::MAX,
                 "MPI_Comm_rank",
@@ -145,9 +165,13 @@ impl MpiTransport {
         } else {
             32767
         };
-        Ok(MpiTransport {
+        let mut t = MpiTransport {
             universe: Some(universe),
             comm,
+            lane_comm,
+            lane_ring: Vec::with_capacity(LANE_RECEIVES),
+            lane_memory: vec![0u8; LANE_BYTES * LANE_RECEIVES].into_boxed_slice(),
+            lane_head: 0,
             rank,
             size: size as usize,
             max_tag,
@@ -161,11 +185,62 @@ impl MpiTransport {
             direct: (threading == Threading::Multiple).then(|| {
                 Arc::new(MpiDirect {
                     comm: Comm(comm),
+                    lane: Comm(lane_comm),
                     rank,
                     closed: RwLock::new(false),
                 })
             }),
-        })
+        };
+        for i in 0..LANE_RECEIVES {
+            // SAFETY: MPI is initialized; `lane_ring` has room for every slot.
+            let req = unsafe { t.post_lane(i)? };
+            t.lane_ring.push(req);
+        }
+        Ok(t)
+    }
+
+    /// Posts the lane's receive `i` into its slot of the lane's memory.
+    ///
+    /// # Safety
+    /// Slot `i` has no receive in flight (its last one completed, or none was posted).
+    unsafe fn post_lane(&mut self, i: usize) -> Result<ffi::MPI_Request, Error> {
+        let slot = &mut self.lane_memory[i * LANE_BYTES..][..LANE_BYTES];
+        let mut req = MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: `slot` is LANE_BYTES of the lane's memory, which lives as long as the
+        // transport and is not moved (a boxed slice); no other receive writes it (the caller's
+        // promise); MPI is initialized and the lane's communicator valid until `close`.
+        let rc = unsafe {
+            ffi::MPI_Irecv(
+                slot.as_mut_ptr().cast::<c_void>(),
+                LANE_BYTES as c_int,
+                bytes_type(),
+                ffi::RSMPI_ANY_SOURCE,
+                ffi::RSMPI_ANY_TAG,
+                self.lane_comm,
+                req.as_mut_ptr(),
+            )
+        };
+        check(self.rank, "MPI_Irecv (the posted lane)", rc)?;
+        // SAFETY: MPI_Irecv succeeded and wrote the request.
+        Ok(unsafe { req.assume_init() })
+    }
+
+    /// Cancels the lane's receives and frees its communicator (a clean close: no peer sends
+    /// on it any more).
+    fn close_lane(&mut self) {
+        for req in &mut self.lane_ring {
+            // SAFETY: a receive this transport posted and nobody completed; after MPI_Cancel,
+            // MPI_Wait returns without waiting for a message (MPI 3.1, 3.8.4).
+            unsafe {
+                ffi::MPI_Cancel(req);
+                ffi::MPI_Wait(req, ffi::RSMPI_STATUS_IGNORE);
+            }
+        }
+        self.lane_ring.clear();
+        // SAFETY: our communicator, with nothing in flight on it.
+        unsafe {
+            ffi::MPI_Comm_free(&mut self.lane_comm);
+        }
     }
 
     /// The thread level MPI gave.
@@ -248,26 +323,63 @@ impl Transport for MpiTransport {
         len: usize,
         op: OpId,
     ) -> Result<(), Error> {
-        let count = Self::count(len, self.rank)?;
-        let mut req = MaybeUninit::<ffi::MPI_Request>::uninit();
         // SAFETY: the caller keeps the bytes valid until `op` is reported done, which happens
         // only once MPI_Testsome completes this request.
-        let rc = unsafe {
-            ffi::MPI_Isend(
-                data.cast::<c_void>(),
-                count,
-                bytes_type(),
-                to as c_int,
-                tag as c_int,
-                self.comm,
-                req.as_mut_ptr(),
-            )
-        };
-        check(self.rank, &format!("MPI_Isend to rank {to}"), rc)?;
-        // SAFETY: MPI_Isend succeeded and wrote the request.
-        self.requests.push(unsafe { req.assume_init() });
+        let req = unsafe { isend(self.comm, self.rank, to, tag, data, len)? };
+        self.requests.push(req);
         self.ops.push(op);
         Ok(())
+    }
+
+    fn lane(&self) -> usize {
+        LANE_BYTES
+    }
+
+    unsafe fn lane_send(
+        &mut self,
+        to: usize,
+        data: *const u8,
+        len: usize,
+        op: OpId,
+    ) -> Result<(), Error> {
+        if len > LANE_BYTES {
+            return Err(past_lane(self.rank, to, len));
+        }
+        // SAFETY: the caller keeps the bytes valid until `op` is reported done, which happens
+        // only once MPI_Testsome completes this request.
+        let req = unsafe { isend(self.lane_comm, self.rank, to, 0, data, len)? };
+        self.requests.push(req);
+        self.ops.push(op);
+        Ok(())
+    }
+
+    fn lane_take(&mut self, take: &mut dyn FnMut(usize, &[u8])) -> Result<bool, Error> {
+        let i = self.lane_head;
+        let Some(req) = self.lane_ring.get_mut(i) else {
+            return Ok(false);
+        };
+        let mut flag: c_int = 0;
+        // SAFETY: MPI_Status is a plain C struct; zeroes are a valid value to overwrite.
+        let mut status: ffi::MPI_Status = unsafe { MaybeUninit::zeroed().assume_init() };
+        // SAFETY: a receive this transport posted and nobody completed yet.
+        let rc = unsafe { ffi::MPI_Test(req, &mut flag, &mut status) };
+        check(self.rank, "MPI_Test (the posted lane)", rc)?;
+        if flag == 0 {
+            return Ok(false);
+        }
+        let mut count: c_int = 0;
+        // SAFETY: a status MPI filled in.
+        let rc = unsafe { ffi::MPI_Get_count(&status, bytes_type(), &mut count) };
+        check(self.rank, "MPI_Get_count", rc)?;
+        let len = (count.max(0) as usize).min(LANE_BYTES);
+        take(
+            status.MPI_SOURCE as usize,
+            &self.lane_memory[i * LANE_BYTES..][..len],
+        );
+        // SAFETY: slot `i`'s receive completed above.
+        self.lane_ring[i] = unsafe { self.post_lane(i)? };
+        self.lane_head = (i + 1) % LANE_RECEIVES;
+        Ok(true)
     }
 
     fn probe(&mut self) -> Result<Option<Probed<ffi::MPI_Message>>, Error> {
@@ -419,6 +531,7 @@ impl Transport for MpiTransport {
             std::mem::forget(std::mem::take(&mut self.adopted));
         }
         if clean && self.requests.is_empty() {
+            self.close_lane();
             // SAFETY: our communicator, with nothing in flight.
             unsafe {
                 ffi::MPI_Comm_free(&mut self.comm);
@@ -431,6 +544,46 @@ impl Transport for MpiTransport {
             std::mem::forget(self.universe.take());
         }
     }
+}
+
+/// `MPI_Isend` of `len` bytes at `data` to `to` on `comm`.
+///
+/// # Safety
+/// MPI is initialized and not finalized, `comm` is valid, and the bytes stay valid and
+/// unchanged until the request completes.
+unsafe fn isend(
+    comm: ffi::MPI_Comm,
+    rank: usize,
+    to: usize,
+    tag: u32,
+    data: *const u8,
+    len: usize,
+) -> Result<ffi::MPI_Request, Error> {
+    let count = MpiTransport::count(len, rank)?;
+    let mut req = MaybeUninit::<ffi::MPI_Request>::uninit();
+    // SAFETY: the caller's promises.
+    let rc = unsafe {
+        ffi::MPI_Isend(
+            data.cast::<c_void>(),
+            count,
+            bytes_type(),
+            to as c_int,
+            tag as c_int,
+            comm,
+            req.as_mut_ptr(),
+        )
+    };
+    check(rank, &format!("MPI_Isend to rank {to}"), rc)?;
+    // SAFETY: MPI_Isend succeeded and wrote the request.
+    Ok(unsafe { req.assume_init() })
+}
+
+/// A lane message past the lane's size.
+fn past_lane(rank: usize, to: usize, len: usize) -> Error {
+    Error::new(
+        ErrorKind::Transport,
+        format!("rank {rank}: {len} bytes to rank {to} on a posted lane of {LANE_BYTES}"),
+    )
 }
 
 /// `MPI_Test` of `req`: whether it is done (MPI then frees it).
@@ -470,6 +623,7 @@ struct MpiInFlight {
 /// each send, the write lock when the transport closes: no send reaches MPI after that.
 struct MpiDirect {
     comm: Comm,
+    lane: Comm,
     rank: usize,
     closed: RwLock<bool>,
 }
@@ -482,8 +636,14 @@ impl std::fmt::Debug for MpiDirect {
     }
 }
 
-impl DirectSend for MpiDirect {
-    fn send(&self, to: usize, tag: u32, bytes: Box<[u8]>) -> Result<Option<InFlight>, Error> {
+impl MpiDirect {
+    fn post(
+        &self,
+        comm: Comm,
+        to: usize,
+        tag: u32,
+        bytes: Box<[u8]>,
+    ) -> Result<Option<InFlight>, Error> {
         let closed = self.closed.read().unwrap_or_else(|p| p.into_inner());
         if *closed {
             return Err(Error::new(
@@ -491,25 +651,10 @@ impl DirectSend for MpiDirect {
                 format!("rank {}: the MPI transport has closed", self.rank),
             ));
         }
-        let count = MpiTransport::count(bytes.len(), self.rank)?;
-        let mut req = MaybeUninit::<ffi::MPI_Request>::uninit();
         // SAFETY: MPI is initialized at MPI_THREAD_MULTIPLE and not finalized (the read lock
         // holds `close` off); `bytes` stay alive until the request is done: dropped here only
         // once MPI_Test says so, or moved with the request to the communication thread.
-        let rc = unsafe {
-            ffi::MPI_Isend(
-                bytes.as_ptr().cast::<c_void>(),
-                count,
-                bytes_type(),
-                to as c_int,
-                tag as c_int,
-                self.comm.0,
-                req.as_mut_ptr(),
-            )
-        };
-        check(self.rank, &format!("MPI_Isend to rank {to}"), rc)?;
-        // SAFETY: MPI_Isend succeeded and wrote the request.
-        let mut req = unsafe { req.assume_init() };
+        let mut req = unsafe { isend(comm.0, self.rank, to, tag, bytes.as_ptr(), bytes.len())? };
         match test(&mut req, self.rank) {
             Ok(true) => return Ok(None),
             Ok(false) => {}
@@ -523,6 +668,19 @@ impl DirectSend for MpiDirect {
             request: Request(req),
             bytes,
         }))))
+    }
+}
+
+impl DirectSend for MpiDirect {
+    fn send(&self, to: usize, tag: u32, bytes: Box<[u8]>) -> Result<Option<InFlight>, Error> {
+        self.post(self.comm, to, tag, bytes)
+    }
+
+    fn send_lane(&self, to: usize, bytes: Box<[u8]>) -> Result<Option<InFlight>, Error> {
+        if bytes.len() > LANE_BYTES {
+            return Err(past_lane(self.rank, to, bytes.len()));
+        }
+        self.post(self.lane, to, 0, bytes)
     }
 }
 

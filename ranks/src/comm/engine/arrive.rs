@@ -1,16 +1,24 @@
 //! Arrivals: every message is taken at once (a matched probe) into its landing, and handled
 //! in its sender's order (a sender's control messages and data interleave meaningfully: a
-//! status before the next run's data of the same slot).
+//! status before the next run's data of the same slot). A small value on the posted lane
+//! comes first: its trailer names its graph, transfer and run, so it needs no order, and it
+//! is in its receive already when seen.
 
 use super::*;
 
 impl<T: Transport> Engine<T> {
-    /// Takes up to `max` arrived messages; returns how many.
+    /// Takes up to `max` arrived messages (the posted lane's first); returns how many.
     pub(crate) fn probe(&mut self, max: usize) -> usize {
         if self.fatal.is_some() {
             return 0;
         }
         let mut n = 0;
+        if self.lane > 0 {
+            n = self.take_lane(max);
+            if self.fatal.is_some() || (self.worker_looking && self.delivered) {
+                return n;
+            }
+        }
         while n < max {
             match self.t.probe() {
                 Ok(Some(p)) => {
@@ -42,6 +50,60 @@ impl<T: Transport> Engine<T> {
             }
         }
         n
+    }
+
+    /// Takes up to `max` messages of the posted lane; returns how many.
+    fn take_lane(&mut self, max: usize) -> usize {
+        let mut n = 0;
+        while n < max {
+            let (graphs, rank) = (&self.graphs, self.rank);
+            let mut got = None;
+            let taken = self.t.lane_take(&mut |from, message| {
+                got = Some((from, lane_landing(graphs, rank, from, message)));
+            });
+            let Some((src, arrival)) = (match taken {
+                Ok(true) => got,
+                Ok(false) => None,
+                Err(e) => {
+                    self.transport_failed(e);
+                    None
+                }
+            }) else {
+                break;
+            };
+            n += 1;
+            if let Some(peer) = self.peers.get_mut(src) {
+                peer.last_heard = Instant::now();
+            }
+            match arrival {
+                LaneArrival::Landed { gid, seq, k, value } => {
+                    let at = if self.cfg.stamps { monotonic_ns() } else { 0 };
+                    self.deliver(gid, seq, k, value, (at, at));
+                }
+                LaneArrival::Unregistered(message) => self.lane_waiting.push((src, message)),
+                LaneArrival::Refused(e) => {
+                    self.transport_failed(e);
+                    break;
+                }
+            }
+            if self.worker_looking && self.delivered {
+                break;
+            }
+        }
+        n
+    }
+
+    /// Lane messages that waited for their graph's registration here, delivered if it came.
+    pub(super) fn retry_lane_waiting(&mut self) {
+        for (src, message) in std::mem::take(&mut self.lane_waiting) {
+            match lane_landing(&self.graphs, self.rank, src, &message) {
+                LaneArrival::Landed { gid, seq, k, value } => {
+                    self.deliver(gid, seq, k, value, (0, 0))
+                }
+                LaneArrival::Unregistered(message) => self.lane_waiting.push((src, message)),
+                LaneArrival::Refused(e) => return self.transport_failed(e),
+            }
+        }
     }
 
     pub(super) fn push_entry(&mut self, src: usize, entry: Entry<T::Message>) -> u64 {
@@ -324,18 +386,24 @@ impl<T: Transport> Engine<T> {
                     // SAFETY: every op writing the landing finished, and the header's total
                     // bytes were written by its chunks (or the one message).
                     let value = unsafe { landing.finish_landed() };
-                    self.deliver(gid, src, slot, k, value, (e.arrived, e.received));
+                    // Its run: the next in its slot after the runs whose status `src` sent
+                    // before it (a sender's messages are handled in its order).
+                    let gs = self.graphs.entry(gid).or_default();
+                    let w = u64::from(gs.graph.as_ref().map_or(1, |g| g.runs_in_flight));
+                    let seq = u64::from(slot) + w * gs.finished[src][slot as usize];
+                    self.deliver(gid, seq, k, value, (e.arrived, e.received));
                 }
                 EntryKind::Unmapped(_) => unreachable!("not complete"),
             }
         }
     }
 
+    /// Hands receive `k`'s value of run `seq` of graph `gid` to its run (or keeps it for the
+    /// run's start).
     pub(super) fn deliver(
         &mut self,
         gid: u32,
-        src: usize,
-        slot: u32,
+        seq: u64,
         k: u32,
         value: Result<Landed, String>,
         (arrived, received): (u64, u64),
@@ -347,8 +415,6 @@ impl<T: Transport> Engine<T> {
             by_worker: self.worker_looking,
         };
         let gs = self.graphs.entry(gid).or_default();
-        let w = u64::from(gs.graph.as_ref().map_or(1, |g| g.runs_in_flight));
-        let seq = u64::from(slot) + w * gs.finished[src][slot as usize];
         match gs.active.get(&seq) {
             Some(run) if !run.is_local_done() => {
                 self.delivered = true;
@@ -426,6 +492,67 @@ impl<T: Transport> Engine<T> {
             Control::Bye => self.peer_gone(src, PeerState::Left),
             Control::Died { reason } => self.peer_gone(src, PeerState::Dead(reason)),
         }
+    }
+}
+
+/// What a lane message turned out to be.
+enum LaneArrival {
+    /// Receive `k`'s value of run `seq` of graph `gid`, landed.
+    Landed {
+        gid: u32,
+        seq: u64,
+        k: u32,
+        value: Result<Landed, String>,
+    },
+    /// Of a graph this rank has not registered yet: kept until it does.
+    Unregistered(Vec<u8>),
+    /// Not a value this rank receives: the transport (or the peer) is broken.
+    Refused(Error),
+}
+
+/// Lands a lane message from `src` in its receive's landing (a copy of at most the lane's
+/// size, out of the transport's posted memory).
+fn lane_landing(
+    graphs: &HashMap<u32, GraphState>,
+    rank: usize,
+    src: usize,
+    message: &[u8],
+) -> LaneArrival {
+    let Some((h, bytes)) = LaneTrailer::split(message) else {
+        return LaneArrival::Refused(Error::new(
+            ErrorKind::Transport,
+            format!(
+                "rank {rank}: rank {src} sent {} bytes on the posted lane, less than a trailer",
+                message.len()
+            ),
+        ));
+    };
+    let Some(graph) = graphs.get(&h.gid).and_then(|g| g.graph.as_ref()) else {
+        return LaneArrival::Unregistered(message.to_vec());
+    };
+    let Some(&k) = graph.recv_at.get(&(src, h.index)) else {
+        return LaneArrival::Refused(Error::new(
+            ErrorKind::Transport,
+            format!(
+                "rank {rank}: rank {src} sent transfer {} of graph '{}', which this rank does not receive",
+                h.index, graph.name
+            ),
+        ));
+    };
+    let mut landing = landing_for(graph, k, bytes.len());
+    // SAFETY: the landing has room for `bytes.len()` bytes (`landing_for` made it so), and a
+    // landing's memory is its own, apart from the transport's.
+    let value = unsafe {
+        if !bytes.is_empty() {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), landing.ptr(), bytes.len());
+        }
+        landing.finish_landed()
+    };
+    LaneArrival::Landed {
+        gid: h.gid,
+        seq: h.seq,
+        k,
+        value,
     }
 }
 

@@ -23,7 +23,8 @@ use crate::comm::run::{CommGraph, RunState};
 use crate::comm::send::Sending;
 use crate::comm::stamps::{monotonic_ns, RecvHop, SendHop};
 use crate::comm::wire::{
-    Control, FailKind, Failure, Mismatch, Outcome, TagLayout, CONTROL_TAG, FIRST_DATA_TAG,
+    Control, FailKind, Failure, LaneTrailer, Mismatch, Outcome, TagLayout, CONTROL_TAG,
+    FIRST_DATA_TAG, LANE_TRAILER,
 };
 use crate::error::{Error, ErrorKind};
 use crate::plan::{first_difference, Digest};
@@ -111,6 +112,8 @@ pub(crate) struct EngineConfig {
     /// Spinning workers look at the network themselves where the transport allows it
     /// (`comm/shared.rs`).
     pub(crate) worker_polls: bool,
+    /// Small values go on the transport's posted lane, where it has one (`arrive.rs`).
+    pub(crate) posted_receives: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -272,6 +275,17 @@ pub(crate) struct Engine<T: Transport> {
     status_waits: Vec<Arc<RunState>>,
     /// A peer is gone: sends to it may never finish, so the window holds nothing back.
     unbounded: bool,
+    /// The posted lane's largest message (0: small values are probed as the rest).
+    lane: usize,
+    /// Lane messages of a graph not registered here yet: (sender, message).
+    lane_waiting: Vec<(usize, Vec<u8>)>,
+}
+
+/// Where a message goes: matched by its tag, or on the posted lane.
+#[derive(Clone, Copy, Debug)]
+enum Route {
+    Tag(u32),
+    Lane,
 }
 
 impl<T: Transport> Engine<T> {
@@ -282,6 +296,8 @@ impl<T: Transport> Engine<T> {
         sending: Arc<Sending>,
     ) -> Self {
         let (rank, size) = (t.rank(), t.size());
+        let lane = if cfg.posted_receives { t.lane() } else { 0 };
+        sending.set_lane(lane);
         if cfg.worker_sends {
             if let Some(d) = t.direct() {
                 let _ = sending.direct.set(d);
@@ -329,6 +345,8 @@ impl<T: Transport> Engine<T> {
             queued_total: 0,
             status_waits: Vec::new(),
             unbounded: false,
+            lane,
+            lane_waiting: Vec::new(),
         }
     }
 
@@ -432,6 +450,9 @@ impl<T: Transport> Engine<T> {
         let gs = self.graphs.entry(gid).or_default();
         gs.finished = vec![vec![0; graph.runs_in_flight as usize]; self.size];
         gs.graph = Some(graph);
+        if !self.lane_waiting.is_empty() {
+            self.retry_lane_waiting();
+        }
         if self.rank == 0 {
             self.registered(gid, 0, reg);
         } else {
@@ -513,6 +534,20 @@ impl<T: Transport> Engine<T> {
         if self.peers[to].state != PeerState::Alive {
             return;
         }
+        let max = self.cfg.max_message.max(1);
+        let payload = match payload {
+            Payload::Owned(mut v) if v.len() + LANE_TRAILER <= self.lane && v.len() < max => {
+                // A small owned value: on the lane, with its trailer.
+                LaneTrailer {
+                    gid: layout_gid(&run),
+                    index: spec.index,
+                    seq: run.seq,
+                }
+                .append_to(&mut v);
+                return self.post_lane(run, k, v);
+            }
+            payload => payload,
+        };
         let (ptr, len, keep) = match payload {
             Payload::Borrowed { ptr, len } => (ptr, len, None),
             Payload::Owned(v) => (v.as_ptr(), v.len(), Some(v)),
@@ -528,11 +563,10 @@ impl<T: Transport> Engine<T> {
             _keep: None,
             _header: None,
         };
-        let max = self.cfg.max_message.max(1);
         let result = if len < max {
             let tag = layout.tag(run.slot, spec.index, false);
             progress.ops_left = 1;
-            self.start_send(to, tag, ptr, len, OpKind::Send(id))
+            self.start_send(to, Route::Tag(tag), ptr, len, OpKind::Send(id))
         } else {
             let tag = layout.tag(run.slot, spec.index, true);
             let chunks = len.div_ceil(max);
@@ -540,7 +574,7 @@ impl<T: Transport> Engine<T> {
             let hptr = header.as_ptr().cast::<u8>();
             progress._header = Some(header);
             progress.ops_left = 1 + chunks as u32;
-            let mut r = self.start_send(to, tag, hptr, 16, OpKind::Send(id));
+            let mut r = self.start_send(to, Route::Tag(tag), hptr, 16, OpKind::Send(id));
             for c in 0..chunks {
                 if r.is_err() {
                     break;
@@ -549,7 +583,7 @@ impl<T: Transport> Engine<T> {
                 let n = max.min(len - off);
                 // SAFETY: `off + n <= len`: within the payload.
                 let p = unsafe { ptr.add(off) };
-                r = self.start_send(to, tag, p, n, OpKind::Send(id));
+                r = self.start_send(to, Route::Tag(tag), p, n, OpKind::Send(id));
             }
             r
         };
@@ -561,10 +595,34 @@ impl<T: Transport> Engine<T> {
         }
     }
 
+    /// Posts send `k` of `run` on the posted lane: `message`, the value with its trailer.
+    fn post_lane(&mut self, run: Arc<RunState>, k: u32, message: Vec<u8>) {
+        let to = run.graph.sends[k as usize].to;
+        let id = self.next_send;
+        self.next_send += 1;
+        self.sending.window.enter();
+        let (ptr, len) = (message.as_ptr(), message.len());
+        let result = self.start_send(to, Route::Lane, ptr, len, OpKind::Send(id));
+        run.stamp_send(k, SendHop::Posted);
+        self.sends.insert(
+            id,
+            SendProgress {
+                run,
+                k,
+                ops_left: 1,
+                _keep: Some(message),
+                _header: None,
+            },
+        );
+        if let Err(e) = result {
+            self.transport_failed(e);
+        }
+    }
+
     fn start_send(
         &mut self,
         to: usize,
-        tag: u32,
+        route: Route,
         ptr: *const u8,
         len: usize,
         kind: OpKind,
@@ -578,7 +636,12 @@ impl<T: Transport> Engine<T> {
         // SAFETY: the bytes are a run's output (kept until the send node completes, which waits
         // for this op), or a buffer owned by the op's record or its send's progress entry
         // (dropped only once the op is reported done).
-        unsafe { self.t.send(to, tag, ptr, len, op) }
+        unsafe {
+            match route {
+                Route::Tag(tag) => self.t.send(to, tag, ptr, len, op),
+                Route::Lane => self.t.lane_send(to, ptr, len, op),
+            }
+        }
     }
 
     fn send_control(&mut self, to: usize, msg: &Control) {
@@ -587,7 +650,8 @@ impl<T: Transport> Engine<T> {
         }
         let bytes = msg.encode();
         let (ptr, len) = (bytes.as_ptr(), bytes.len());
-        if let Err(e) = self.start_send(to, CONTROL_TAG, ptr, len, OpKind::Control(bytes)) {
+        let control = OpKind::Control(bytes);
+        if let Err(e) = self.start_send(to, Route::Tag(CONTROL_TAG), ptr, len, control) {
             self.transport_failed(e);
         }
     }
@@ -723,6 +787,11 @@ impl<T: Transport> Engine<T> {
         }
         n
     }
+}
+
+/// The id of a run's graph (registered before any of its runs starts).
+fn layout_gid(run: &RunState) -> u32 {
+    *run.graph.gid.get().expect("registered")
 }
 
 fn cfg_heartbeat_never() -> Duration {

@@ -153,6 +153,8 @@ mod tests {
             send_window: 1,
             worker_sends: false,
             worker_polls: false,
+            // Tagged messages, so that the order can be read from their tags.
+            posted_receives: false,
         };
         let sending = Arc::new(Sending::new(1, 1 << 20));
         let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -70,7 +70,7 @@ impl<T: Transport> Engine<T> {
             let header = Box::new([payload.len as u64, messages as u64]);
             let hptr = header.as_ptr().cast::<u8>();
             progress._header = Some(header);
-            r = self.start_send(to, tag, hptr, 16, OpKind::Send(id));
+            r = self.start_send(to, Route::Tag(tag), hptr, 16, OpKind::Send(id));
         }
         self.sends.insert(id, progress);
         self.sending.window.enter();
@@ -110,7 +110,9 @@ impl<T: Transport> Engine<T> {
                 }
                 // SAFETY: `start <= len`: within the staging memory.
                 let p = unsafe { s.payload.ptr.add(start) };
-                if let Err(e) = self.start_send(s.to, s.tag, p, end - start, OpKind::Send(s.id)) {
+                if let Err(e) =
+                    self.start_send(s.to, Route::Tag(s.tag), p, end - start, OpKind::Send(s.id))
+                {
                     self.transport_failed(e);
                     return false;
                 }
