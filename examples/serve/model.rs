@@ -415,8 +415,10 @@ where
             }
             Ok(())
         };
+        // The host nodes run on the device's workers (its partition's, on a split device): a
+        // batch model's never hold up a latency-critical partition's workers.
         let stage = if copies_in_graph {
-            g.host_node("stage input", stage_body)
+            g.host_node_on(device, "stage input", stage_body)
         } else {
             g.eager_gpu_node(device, "stage input", stage_body)
         };
@@ -440,7 +442,7 @@ where
             g.edge(last, out).edge(io, out);
             out
         });
-        let y = g.host_node("read output", move |c: &ReplayCtx<'_, '_>| {
+        let y = g.host_node_on(device, "read output", move |c: &ReplayCtx<'_, '_>| {
             let lent = c.input(io)?;
             // SAFETY: a host node after the node that copies into `pin_out` (the last layer,
             // or "copy out") runs once that GPU work is done.

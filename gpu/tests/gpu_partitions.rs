@@ -386,3 +386,48 @@ fn every_priority_level_of_a_partition_s_workers_runs_on_its_sms() {
         );
     }
 }
+
+/// `ReplayBuilder::host_node_on`: a host node placed on a partition runs on that partition's
+/// workers only, eager and replayed, however many are ready at once; a plain host node may
+/// run on any worker.
+#[test]
+fn host_nodes_on_a_partition_run_on_its_workers_only() {
+    let Some(_t) = GpuTest::start("host_nodes_on_a_partition_run_on_its_workers_only", 120) else {
+        return;
+    };
+    let pool = partitioned_pool();
+    let d = pool.devices()[0].clone();
+    let parts = d.partitions();
+    let (lat_group, bulk_group) = (parts[0].group, parts[1].group);
+    let (lat, bulk) = (
+        d.on_partition("lat").unwrap(),
+        d.on_partition("bulk").unwrap(),
+    );
+    let mut b = ReplayBuilder::new("host nodes placed");
+    let group_of = |c: &boundpool_gpu::ReplayCtx<'_, '_>| Ok(c.node().worker_info().group);
+    // Eight of each, all ready at once, so that idle workers of the other group would take
+    // some if they could.
+    let on_bulk: Vec<_> = (0..8)
+        .map(|i| b.host_node_on(&bulk, &format!("bulk {i}"), group_of))
+        .collect();
+    let on_lat: Vec<_> = (0..8)
+        .map(|i| b.host_node_on(&lat, &format!("lat {i}"), group_of))
+        .collect();
+    let marks = b.gpu_node(&lat, "marks", |c| Ok(c.gpu()?.alloc_zeros::<u32>(4)?));
+    let after = b.host_node_on(&bulk, "after the segment", group_of);
+    b.edge(marks, after);
+    let graph = b.build().unwrap();
+    for run in 0..6 {
+        let out = if run % 2 == 0 {
+            graph.run(&pool).unwrap()
+        } else {
+            graph.run_eager(&pool).unwrap()
+        };
+        for n in on_bulk.iter().chain([&after]) {
+            assert_eq!(*out.get(*n).unwrap(), bulk_group, "run {run}");
+        }
+        for n in &on_lat {
+            assert_eq!(*out.get(*n).unwrap(), lat_group, "run {run}");
+        }
+    }
+}

@@ -28,6 +28,8 @@ pub struct ReplayBuilder {
     names: Vec<String>,
     kinds: Vec<Kind>,
     bodies: Vec<Body>,
+    /// The device whose workers run each host node, where one was given (`host_node_on`).
+    host_on: Vec<Option<GpuDevice>>,
     edges: Vec<(u32, u32)>,
     /// Edges declared with `hand_on`: `build` checks that the target may take the source's
     /// output (`take.rs`).
@@ -66,6 +68,7 @@ impl ReplayBuilder {
             names: Vec::new(),
             kinds: Vec::new(),
             bodies: Vec::new(),
+            host_on: Vec::new(),
             edges: Vec::new(),
             handoffs: Vec::new(),
             bad: None,
@@ -117,6 +120,7 @@ impl ReplayBuilder {
         self.names.push(name.to_owned());
         self.kinds.push(kind);
         self.bodies.push(body);
+        self.host_on.push(None);
         (self.names.len() - 1) as u32
     }
 
@@ -159,6 +163,21 @@ impl ReplayBuilder {
         F: Fn(&ReplayCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static,
     {
         let i = self.push(name, Kind::Host, erase(body));
+        self.rnode(i)
+    }
+
+    /// A host node run only by the workers of `device` (of its SM partition, for a device of
+    /// one), as its GPU nodes are: a graph's host work (staging an input, reading an output)
+    /// stays on the workers that serve its device. On a partitioned device this keeps a batch
+    /// graph's host nodes off the workers of a latency-critical partition, which would
+    /// otherwise take them while idle and be busy when a latency-critical request comes.
+    pub fn host_node_on<T, F>(&mut self, device: &GpuDevice, name: &str, body: F) -> RNode<T>
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&ReplayCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static,
+    {
+        let i = self.push(name, Kind::Host, erase(body));
+        self.host_on[i as usize] = Some(device.clone());
         self.rnode(i)
     }
 
@@ -289,6 +308,7 @@ impl ReplayBuilder {
             names: self.names,
             kinds: self.kinds,
             bodies: self.bodies,
+            host_on: self.host_on,
             preds,
             succs,
             seg_of,

@@ -63,6 +63,8 @@ pub(super) struct Desc {
     pub(super) names: Vec<String>,
     pub(super) kinds: Vec<Kind>,
     pub(super) bodies: Vec<Body>,
+    /// The device whose workers run each host node, if one was given.
+    pub(super) host_on: Vec<Option<GpuDevice>>,
     pub(super) preds: Vec<Vec<u32>>,
     /// Each node's direct successors (no repeats): a node takes an output only as its only
     /// successor (`take.rs`).

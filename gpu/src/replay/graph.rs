@@ -119,10 +119,14 @@ pub(super) fn make_instance(
             }
             Kind::Host => {
                 let body = NodeBody::new(desc, &state, &feeds, &refs, i);
-                g.node(
+                let n = g.node(
                     desc.names[i].clone(),
                     move |node: &NodeCtx<'_, GpuWorker>| body.call(None, node),
-                )
+                );
+                if let Some(dev) = &desc.host_on[i] {
+                    g.place(n, dev.placement());
+                }
+                n
             }
         };
         node_ref.push(Some(r));
