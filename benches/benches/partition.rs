@@ -96,6 +96,7 @@ impl Client {
             gemm: GemmPath::Lt,
             copies_in_graph: true,
             zero_copy: true,
+            host_on_device: true,
         };
         let model = ServedModel::new(device, SHAPE, w, opts).expect("model");
         let input = Arc::new(host.request(0));

@@ -95,6 +95,11 @@ struct Args {
     /// The priority scenario once more with S SMs for the latency-critical client.
     #[arg(long, value_name = "S")]
     high_partition: Option<u32>,
+    /// The model's host nodes (staging, reading out) on any worker rather than on its
+    /// device's (`ReplayBuilder::host_node_on`): on a split device, the batch's then run on the
+    /// latency partition's workers too.
+    #[arg(long)]
+    host_nodes_anywhere: bool,
     /// Skip the PyTorch peer.
     #[arg(long = "no-torch", action = ArgAction::SetFalse)]
     torch: bool,
@@ -188,6 +193,7 @@ where
             gemm: a.gemm,
             copies_in_graph: a.copies_in_graph,
             zero_copy: a.zero_copy,
+            host_on_device: !a.host_nodes_anywhere,
         };
         Self {
             normal: ServedModel::new(device, SHAPE, w.clone(), opts(instances, Priority::Normal))

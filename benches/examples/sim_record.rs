@@ -192,6 +192,7 @@ fn serve(a: &Args) -> Res<()> {
             gemm: GemmPath::Lt,
             copies_in_graph: true,
             zero_copy: true,
+            host_on_device: true,
         },
     )?;
     let inputs: Vec<Arc<Vec<bf16>>> = (0..8).map(|k| Arc::new(host.request(k))).collect();

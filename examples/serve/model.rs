@@ -72,6 +72,9 @@ pub struct ServeOptions {
     /// pinned buffers directly (`PinnedBuffer::device_ptr`: zero-copy, the graph all kernels)
     /// rather than copy nodes.
     pub zero_copy: bool,
+    /// Whether the host nodes (staging the input, reading the output) run on the model's
+    /// device's workers only (`ReplayBuilder::host_node_on`), or on any worker.
+    pub host_on_device: bool,
 }
 
 impl Default for ServeOptions {
@@ -82,6 +85,7 @@ impl Default for ServeOptions {
             gemm: GemmPath::Lt,
             copies_in_graph: true,
             zero_copy: true,
+            host_on_device: true,
         }
     }
 }
@@ -376,6 +380,7 @@ where
             gemm,
             copies_in_graph,
             zero_copy,
+            host_on_device,
         } = opts;
         let module = Module::from_cuda_source("serve", KERNELS)?;
         let kernel = module.kernel(match gemm {
@@ -417,8 +422,9 @@ where
         };
         // The host nodes run on the device's workers (its partition's, on a split device): a
         // batch model's never hold up a latency-critical partition's workers.
+        let host_device = host_on_device.then_some(device);
         let stage = if copies_in_graph {
-            g.host_node_on(device, "stage input", stage_body)
+            host_node(&mut g, host_device, "stage input", stage_body)
         } else {
             g.eager_gpu_node(device, "stage input", stage_body)
         };
@@ -442,14 +448,19 @@ where
             g.edge(last, out).edge(io, out);
             out
         });
-        let y = g.host_node_on(device, "read output", move |c: &ReplayCtx<'_, '_>| {
-            let lent = c.input(io)?;
-            // SAFETY: a host node after the node that copies into `pin_out` (the last layer,
-            // or "copy out") runs once that GPU work is done.
-            let y = unsafe { lent.io().pin_out.to_vec() };
-            lent.idle.store(true, Ordering::Release);
-            Ok(y)
-        });
+        let y = host_node(
+            &mut g,
+            host_device,
+            "read output",
+            move |c: &ReplayCtx<'_, '_>| {
+                let lent = c.input(io)?;
+                // SAFETY: a host node after the node that copies into `pin_out` (the last layer,
+                // or "copy out") runs once that GPU work is done.
+                let y = unsafe { lent.io().pin_out.to_vec() };
+                lent.idle.store(true, Ordering::Release);
+                Ok(y)
+            },
+        );
         match copy_out {
             Some(out) => g.edge(out, y),
             None => g.edge(last, y),
@@ -472,6 +483,23 @@ where
             self.replay.run_with(pool, inputs)?
         };
         Ok(out.get(self.y).expect("the read output node's output"))
+    }
+}
+
+/// A host node on `device`'s workers, or on any worker.
+fn host_node<T, F>(
+    g: &mut ReplayBuilder,
+    device: Option<&GpuDevice>,
+    name: &str,
+    body: F,
+) -> RNode<T>
+where
+    T: Send + Sync + 'static,
+    F: Fn(&ReplayCtx<'_, '_>) -> Result<T, BoxError> + Send + Sync + 'static,
+{
+    match device {
+        Some(d) => g.host_node_on(d, name, body),
+        None => g.host_node(name, body),
     }
 }
 
