@@ -431,3 +431,56 @@ fn host_nodes_on_a_partition_run_on_its_workers_only() {
         }
     }
 }
+
+/// A host node placed on a device's workers (here a partition's: `GraphBuilder::place`, as
+/// `ReplayBuilder::host_node_on` does) is still a host successor: it runs once its GPU
+/// predecessor's work is done, and reads what that work copied to pinned memory (a kernel of
+/// a few milliseconds, then the copy). Before GPU nodes were marked as such, a node placed on
+/// a device counted as a GPU successor, and ran as soon as the work was enqueued.
+#[test]
+fn a_host_node_placed_on_a_device_waits_for_its_gpu_predecessors_work() {
+    let Some(_t) = GpuTest::start(
+        "a_host_node_placed_on_a_device_waits_for_its_gpu_predecessors_work",
+        120,
+    ) else {
+        return;
+    };
+    let pool = partitioned_pool();
+    let d = pool.devices()[0].clone();
+    let lat = d.on_partition("lat").unwrap();
+    let k = Arc::new(smid_kernel());
+    for run in 0..3 {
+        let mut g = GpuGraphBuilder::new("host node after a slow kernel");
+        let k1 = k.clone();
+        let fill = g.gpu_node(&lat, "fill", move |ctx| {
+            let mut seen = ctx.alloc_zeros::<u32>(MARKS)?;
+            let cfg = LaunchConfig {
+                grid: (BLOCKS, 1, 1),
+                block: (64, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: `bp_smid` takes (unsigned int*, long long); `seen` has MARKS elements.
+            unsafe {
+                ctx.launch(&k1, cfg)
+                    .arg(&mut seen)
+                    .arg(2_000_000i64)
+                    .launch()?
+            };
+            let pinned = ctx.alloc_pinned::<u32>(MARKS)?;
+            ctx.copy_to_pinned(&seen, &pinned)?;
+            Ok((seen, pinned))
+        });
+        let read = g.node("read", move |node| {
+            let out = node.input(fill)?;
+            // SAFETY: a host node after the node whose work copies into the buffer.
+            Ok(count(&unsafe { out.1.to_vec() }))
+        });
+        g.place(read, lat.placement()).edge(fill, read);
+        let out = pool.submit(&g.build().unwrap()).unwrap().wait().unwrap();
+        assert_eq!(
+            out.get(read),
+            Some(&8),
+            "run {run}: the host node read the marks of the 8 SMs of 'lat'"
+        );
+    }
+}

@@ -78,6 +78,7 @@ mod sealed {
     impl Sealed for crate::ctx::Inputs<'_> {}
     impl<S> Sealed for crate::pool::PoolBuilder<S> {}
     impl<S: Send + 'static> Sealed for crate::pool::Pool<S> {}
+    impl<S: Send + 'static> Sealed for crate::graph::GraphBuilder<S> {}
     impl Sealed for crate::ids::GroupId {}
     impl Sealed for crate::ids::DomainId {}
 }
@@ -126,6 +127,29 @@ pub trait NodeCtxExt<S>: sealed::Sealed {
     /// [`Priority::Normal`] for a node of another graph): the GPU
     /// backend hands its stream over only to a successor of its own level.
     fn priority_of(&self, id: NodeId) -> Priority;
+
+    /// Whether node `id` of the running graph is a device node
+    /// ([`GraphBuilderExt::mark_device_node`]; `false` for a node of another graph): the GPU
+    /// backend orders a device successor on the device, and makes any other wait for its
+    /// work, wherever it is placed.
+    fn is_device_node(&self, id: NodeId) -> bool;
+}
+
+/// A backend's methods of [`GraphBuilder`](crate::GraphBuilder).
+pub trait GraphBuilderExt: sealed::Sealed {
+    /// Marks `node` as a device node: one whose body hands its work to a device and whose
+    /// successors the backend orders itself ([`NodeCtxExt::is_device_node`]). The GPU backend
+    /// marks its GPU nodes, so that a host node placed on a device's workers is still one
+    /// that waits for its GPU predecessors' work. A node of another graph is an error at
+    /// `build`. Marks travel with a graph inlined into another.
+    fn mark_device_node(&mut self, node: impl Into<NodeId>) -> &mut Self;
+}
+
+impl<S: Send + 'static> GraphBuilderExt for crate::graph::GraphBuilder<S> {
+    fn mark_device_node(&mut self, node: impl Into<NodeId>) -> &mut Self {
+        self.mark_device(node.into());
+        self
+    }
 }
 
 impl<S: Send + 'static> NodeCtxExt<S> for NodeCtx<'_, S> {
@@ -168,6 +192,11 @@ impl<S: Send + 'static> NodeCtxExt<S> for NodeCtx<'_, S> {
     #[inline]
     fn priority_of(&self, id: NodeId) -> Priority {
         self.inputs.run.priority_of(id)
+    }
+
+    #[inline]
+    fn is_device_node(&self, id: NodeId) -> bool {
+        self.inputs.run.is_device_node(id)
     }
 }
 

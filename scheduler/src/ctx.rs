@@ -64,6 +64,9 @@ pub(crate) trait RunAccess: Sync {
     fn as_any(&self) -> &dyn Any;
     /// The priority of node `id` of this run's graph (`Normal` for a node of another graph).
     fn priority_of(&self, id: NodeId) -> Priority;
+    /// Whether a backend marked node `id` of this run's graph as a device node (`false` for a
+    /// node of another graph).
+    fn is_device_node(&self, id: NodeId) -> bool;
 }
 
 impl fmt::Debug for Inputs<'_> {

@@ -8,6 +8,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use boundpool_scheduler::backend::GraphBuilderExt;
 use boundpool_scheduler::{BoxError, GraphBuilder, GroupId, NodeCtx, NodeRef, Priority};
 
 use crate::buffer::{DeviceBuffer, DeviceCopy};
@@ -655,7 +656,7 @@ impl GpuGraphExt for GraphBuilder<GpuWorker> {
         let r = self.node(name.to_owned(), move |node: &NodeCtx<'_, GpuWorker>| {
             run_gpu_node(node, &body)
         });
-        self.place(r, device.placement());
+        self.place(r, device.placement()).mark_device_node(r);
         r
     }
 
@@ -667,7 +668,7 @@ impl GpuGraphExt for GraphBuilder<GpuWorker> {
         let r = self.node(name.to_owned(), move |node: &NodeCtx<'_, GpuWorker>| {
             run_gpu_node(node, &body)
         });
-        self.place(r, group);
+        self.place(r, group).mark_device_node(r);
         r
     }
 }

@@ -18,8 +18,9 @@ use crate::worker::{Bound, GpuWorker, Lane, PendingEvent};
 /// of a device): what [`GpuGraphExt::gpu_node`](super::GpuGraphExt::gpu_node) wraps every body in (the waits for GPU
 /// predecessors, the marker for successors, the deferred completion). For a layer that adds
 /// nodes through the scheduler's own `GraphBuilder::node` and places them on a device itself
-/// (`boundpool-ranks` does, to see every error its GPU nodes return); other code uses
-/// `gpu_node`.
+/// (`boundpool-ranks` does, to see every error its GPU nodes return): it must also mark the node
+/// (`backend::GraphBuilderExt::mark_device_node`), or its successors wait for its work as a
+/// host node's would. Other code uses `gpu_node`.
 pub fn run_gpu_body<T, F>(node: &NodeCtx<'_, GpuWorker>, body: F) -> Result<T, BoxError>
 where
     F: Fn(&GpuCtx<'_, '_>) -> Result<T, BoxError>,
@@ -217,7 +218,12 @@ impl Successors {
         let mut s = Successors::default();
         for succ in node.successors() {
             let placed = node.placement_of(succ);
-            let Some(d) = shared.device_of(placed) else {
+            // A node that is not a GPU node waits for this node's work wherever it is placed
+            // (a host node on a device's workers reads what the work wrote).
+            let Some(d) = shared
+                .device_of(placed)
+                .filter(|_| node.is_device_node(succ))
+            else {
                 s.host = true;
                 continue;
             };

@@ -8,6 +8,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use boundpool_gpu::{run_gpu_body, DeviceBuffer, DeviceCopy, GpuCtx, GpuDevice, GpuWorker};
+use boundpool_scheduler::backend::GraphBuilderExt;
 use boundpool_scheduler::{BoxError, GraphBuilder, NodeCtx, NodeId};
 
 use crate::comm::wire::FailKind;
@@ -91,7 +92,8 @@ pub(crate) fn add_gpu_node<T: Send + Sync + 'static>(
         }
         out
     });
-    gb.place(r.id(), device.placement());
+    gb.place(r.id(), device.placement())
+        .mark_device_node(r.id());
     r
 }
 

@@ -80,6 +80,8 @@ pub struct GraphBuilder<S = ()> {
     pub(super) priority: Priority,
     /// Per-node overrides of `priority`, in the order given (the last one for a node wins).
     pub(super) prio_overrides: Vec<(u32, Priority)>,
+    /// Nodes a backend marked as device nodes (`backend::GraphBuilderExt::mark_device_node`).
+    pub(super) device_nodes: Vec<u32>,
     /// A placement that named a bad node, group or domain; reported by `build`.
     pub(super) bad_placement: Option<(NodeId, Option<Placement>)>,
     /// The first bad edge; reported by `build`.
@@ -132,6 +134,7 @@ impl<S: Send + 'static> GraphBuilder<S> {
             replaced: false,
             priority: Priority::Normal,
             prio_overrides: Vec::new(),
+            device_nodes: Vec::new(),
             bad_placement: None,
             bad_edge: None,
             handoffs: Vec::new(),
@@ -455,6 +458,8 @@ impl<S: Send + 'static> GraphBuilder<S> {
                 .extend(plan.prio_overrides.iter().map(|&(i, p)| (offset + i, p))),
             Err(e) => self.failure = self.failure.or(Some(e)),
         }
+        let marked = (0..plan.nodes.len() as u32).filter(|&i| plan.is_device_node(i));
+        self.device_nodes.extend(marked.map(|i| offset + i));
         Subgraph {
             inner: plan.uid,
             outer: self.uid,
@@ -462,6 +467,15 @@ impl<S: Send + 'static> GraphBuilder<S> {
             len: plan.nodes.len() as u32,
             sources: plan.sources.clone(),
             sinks: plan.sinks(),
+        }
+    }
+
+    /// Marks `node` as a device node (`backend::GraphBuilderExt::mark_device_node`).
+    pub(crate) fn mark_device(&mut self, node: NodeId) {
+        if node.graph == self.uid && (node.index as usize) < self.nodes.len() {
+            self.device_nodes.push(node.index);
+        } else {
+            self.bad_placement = self.bad_placement.or(Some((node, None)));
         }
     }
 

@@ -240,6 +240,8 @@ pub(crate) struct Plan<S> {
     /// The builder's graph priority and node overrides (kept for inlining this graph).
     pub(crate) priority: Priority,
     pub(super) prio_overrides: Box<[(u32, Priority)]>,
+    /// One bit per node a backend marked as a device node (empty: none).
+    pub(super) device_nodes: Box<[u64]>,
     /// Some node is not of the normal level.
     pub(crate) prioritized: bool,
     /// Each node's release class ([`CLASS_ONE`], [`CLASS_TWO`], [`CLASS_RECORD`]), one byte a
@@ -365,6 +367,14 @@ pub(super) fn build_predecessors<'a>(
 }
 
 impl<S> Plan<S> {
+    /// Whether a backend marked node `i` as a device node.
+    #[inline]
+    pub(crate) fn is_device_node(&self, i: u32) -> bool {
+        self.device_nodes
+            .get(i as usize / 64)
+            .is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+
     /// Node `i`'s release class (see [`Plan::classes`]).
     #[inline(always)]
     pub(crate) fn class(&self, i: u32) -> u8 {

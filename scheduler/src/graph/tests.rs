@@ -220,6 +220,37 @@ fn inlined_nodes_keep_origin_and_base() {
 }
 
 #[test]
+fn device_marks_survive_build_and_inlining_and_a_stranger_is_refused() {
+    use crate::backend::GraphBuilderExt;
+    let mut inner = GraphBuilder::<()>::new("inner");
+    let i0 = inner.node("i0", noop());
+    let i1 = inner.node("i1", noop());
+    inner.edge(i0, i1).mark_device_node(i1);
+    let inner = inner.build().unwrap();
+    assert!(!inner.plan.is_device_node(0) && inner.plan.is_device_node(1));
+
+    let mut outer = GraphBuilder::<()>::new("outer");
+    let o0 = outer.node("o0", noop());
+    outer.mark_device_node(o0);
+    let s = outer.subgraph(&inner);
+    let outer = outer.build().unwrap();
+    let marked: Vec<u32> = (0..3).filter(|&i| outer.plan.is_device_node(i)).collect();
+    assert_eq!(marked, vec![0, s.node(i1).id().index() as u32]);
+    assert!(!outer.plan.is_device_node(70), "past the end: not marked");
+
+    // No mark at all: no bits kept.
+    let plain = GraphBuilder::<()>::new("plain").build().unwrap();
+    assert!(plain.plan.device_nodes.is_empty());
+
+    let mut other = GraphBuilder::<()>::new("other");
+    other.node("x", noop());
+    other.mark_device_node(o0);
+    let e = other.build().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ForeignNode, "{e}");
+    assert!(e.to_string().contains("device mark"), "{e}");
+}
+
+#[test]
 fn successor_lists_inline_and_external_keep_edge_order() {
     let mut g = GraphBuilder::<()>::new("fan");
     let n: Vec<NodeRef<()>> = (0..8).map(|i| g.node(format!("n{i}"), noop())).collect();

@@ -51,10 +51,23 @@ impl<S> Plan<S> {
             max_placement,
             priority: b.priority,
             prio_overrides: b.prio_overrides.into_boxed_slice(),
+            device_nodes: device_bits(&b.device_nodes, n),
             prioritized,
             classes,
         })
     }
+}
+
+/// One bit per node of the `n`, set for the `marked` ones (empty when none is).
+fn device_bits(marked: &[u32], n: usize) -> Box<[u64]> {
+    if marked.is_empty() {
+        return Box::default();
+    }
+    let mut bits = vec![0u64; n.div_ceil(64)];
+    for &i in marked {
+        bits[i as usize / 64] |= 1 << (i % 64);
+    }
+    bits.into_boxed_slice()
 }
 
 /// The errors the builder recorded as it went: the first bad placement, the first bad edge.
@@ -79,7 +92,7 @@ fn check_recorded<S>(b: &GraphBuilder<S>, gname: &str) -> Result<(), Error> {
                     ),
                 )
             }
-            None => node_error(gname, id, b.uid, n, "a placement or priority"),
+            None => node_error(gname, id, b.uid, n, "a placement, priority or device mark"),
         });
     }
     match b.bad_edge {

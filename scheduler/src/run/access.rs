@@ -45,6 +45,11 @@ impl<S: Send + 'static> RunAccess for Run<S> {
             .check(id)
             .map_or(Priority::Normal, |i| self.plan.nodes[i as usize].priority())
     }
+    fn is_device_node(&self, id: NodeId) -> bool {
+        self.plan
+            .check(id)
+            .is_some_and(|i| self.plan.is_device_node(i))
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }
