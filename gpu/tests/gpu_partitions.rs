@@ -55,6 +55,15 @@ fn partitioned_pool() -> GpuPool {
 
 /// Launches the SM-id kernel over `BLOCKS` blocks into a new zeroed buffer of marks.
 fn mark_sms(ctx: &GpuCtx<'_, '_>, k: &Kernel) -> Result<DeviceBuffer<u32>, BoxError> {
+    mark_sms_spinning(ctx, k, 20_000)
+}
+
+/// As [`mark_sms`], each thread spinning `spin` cycles.
+fn mark_sms_spinning(
+    ctx: &GpuCtx<'_, '_>,
+    k: &Kernel,
+    spin: i64,
+) -> Result<DeviceBuffer<u32>, BoxError> {
     let mut seen = ctx.alloc_zeros::<u32>(MARKS)?;
     let cfg = LaunchConfig {
         grid: (BLOCKS, 1, 1),
@@ -62,7 +71,7 @@ fn mark_sms(ctx: &GpuCtx<'_, '_>, k: &Kernel) -> Result<DeviceBuffer<u32>, BoxEr
         shared_mem_bytes: 0,
     };
     // SAFETY: `bp_smid` takes (unsigned int*, long long); `seen` has MARKS elements.
-    unsafe { ctx.launch(k, cfg).arg(&mut seen).arg(20_000i64).launch()? };
+    unsafe { ctx.launch(k, cfg).arg(&mut seen).arg(spin).launch()? };
     Ok(seen)
 }
 
@@ -453,19 +462,8 @@ fn a_host_node_placed_on_a_device_waits_for_its_gpu_predecessors_work() {
         let mut g = GpuGraphBuilder::new("host node after a slow kernel");
         let k1 = k.clone();
         let fill = g.gpu_node(&lat, "fill", move |ctx| {
-            let mut seen = ctx.alloc_zeros::<u32>(MARKS)?;
-            let cfg = LaunchConfig {
-                grid: (BLOCKS, 1, 1),
-                block: (64, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: `bp_smid` takes (unsigned int*, long long); `seen` has MARKS elements.
-            unsafe {
-                ctx.launch(&k1, cfg)
-                    .arg(&mut seen)
-                    .arg(2_000_000i64)
-                    .launch()?
-            };
+            // A few milliseconds of work before the copy the host node reads.
+            let seen = mark_sms_spinning(ctx, &k1, 2_000_000)?;
             let pinned = ctx.alloc_pinned::<u32>(MARKS)?;
             ctx.copy_to_pinned(&seen, &pinned)?;
             Ok((seen, pinned))
