@@ -320,6 +320,11 @@ impl RanksBuilder {
         if let Some(spin) = placement.idle_spin {
             pool = pool.idle_spin(spin);
         }
+        if !placement.spare_cores {
+            // As the idle spin: a worker watching at its pace would take the core its rank's
+            // communication thread (or another rank's thread) needs.
+            pool = pool.paced_spin(Duration::ZERO);
+        }
         let pool = pool.build()?;
         let hosts = HostSettings::of(&self);
         let at = Setup {
