@@ -285,6 +285,28 @@ pub struct ServedModel<T: DeviceCopy> {
     pub replay: Replayable,
     pub x: RNode<Vec<T>>,
     pub y: RNode<Vec<T>>,
+    /// When each run's read-out node ran, while asked for (a probe of the path after the
+    /// device).
+    pub reads: Arc<ReadLog>,
+}
+
+/// The read-out node's start and end per run, recorded only while `on`.
+#[derive(Default)]
+pub struct ReadLog {
+    pub on: AtomicBool,
+    pub stamps: Mutex<Vec<(std::time::Instant, std::time::Instant)>>,
+}
+
+impl ReadLog {
+    /// Records from now on (`true`) or not; what was recorded is taken with `take`.
+    pub fn record(&self, on: bool) {
+        self.on.store(on, Ordering::Relaxed);
+    }
+
+    /// The recorded (start, end) pairs, oldest first.
+    pub fn take(&self) -> Vec<(std::time::Instant, std::time::Instant)> {
+        std::mem::take(&mut *self.stamps.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 /// Each layer's weight and bias on the device, shared by every instance.
@@ -448,16 +470,24 @@ where
             g.edge(last, out).edge(io, out);
             out
         });
+        let reads = Arc::new(ReadLog::default());
+        let log = reads.clone();
         let y = host_node(
             &mut g,
             host_device,
             "read output",
             move |c: &ReplayCtx<'_, '_>| {
+                let start = std::time::Instant::now();
                 let lent = c.input(io)?;
                 // SAFETY: a host node after the node that copies into `pin_out` (the last layer,
                 // or "copy out") runs once that GPU work is done.
                 let y = unsafe { lent.io().pin_out.to_vec() };
                 lent.idle.store(true, Ordering::Release);
+                if log.on.load(Ordering::Relaxed) {
+                    let end = std::time::Instant::now();
+                    let mut stamps = log.stamps.lock().unwrap_or_else(|p| p.into_inner());
+                    stamps.push((start, end));
+                }
                 Ok(y)
             },
         );
@@ -470,6 +500,7 @@ where
             replay: g.build()?,
             x,
             y,
+            reads,
         })
     }
 

@@ -78,6 +78,8 @@ pub(super) struct TailProbe {
     windows: Mutex<Vec<(u64, u64)>>,
     /// The high graph's probed launches over the run, oldest first.
     launches: Mutex<Vec<LaunchRecord>>,
+    /// When the high graph's read-out node ran (`ServedModel::reads`), per run.
+    reads: Mutex<Vec<(Instant, Instant)>>,
 }
 
 /// The counters before a request.
@@ -95,6 +97,7 @@ impl TailProbe {
             epoch: None,
             windows: Mutex::new(Vec::new()),
             launches: Mutex::new(Vec::new()),
+            reads: Mutex::new(Vec::new()),
         }
     }
 
@@ -106,6 +109,7 @@ impl TailProbe {
             epoch: Some(epoch),
             windows: Mutex::new(Vec::new()),
             launches: Mutex::new(Vec::new()),
+            reads: Mutex::new(Vec::new()),
         }
     }
 
@@ -183,8 +187,10 @@ impl TailProbe {
     }
 
     /// The run's probed launches of the high graph (`Replayable::take_launch_records`).
-    fn attribute(&self, launches: Vec<LaunchRecord>) {
+    fn attribute(&self, launches: Vec<LaunchRecord>, mut reads: Vec<(Instant, Instant)>) {
         *self.launches.lock().unwrap() = launches;
+        reads.sort_by_key(|r| r.0);
+        *self.reads.lock().unwrap() = reads;
     }
 
     /// Each group's requests cut at their GPU segment's launch: each column's mean over the
@@ -195,13 +201,16 @@ impl TailProbe {
             return;
         }
         launches.sort_by_key(|l| l.begin);
+        let reads = self.reads.lock().unwrap().clone();
         let cut = |g: &[Sample]| -> Vec<[f64; LAUNCH_COLUMNS.len()]> {
             g.iter()
                 .filter_map(|x| {
                     let end = x.start + Duration::from_secs_f64(x.latency / 1e6);
                     let i = launches.partition_point(|l| l.begin < x.start);
                     let l = launches.get(i).filter(|l| l.begin <= end)?;
-                    launch_columns(x.start, end, l)
+                    let j = reads.partition_point(|r| r.0 < x.start);
+                    let read = reads.get(j).filter(|r| r.1 <= end)?;
+                    launch_columns(x.start, end, l, *read)
                 })
                 .collect()
         };
@@ -230,7 +239,7 @@ impl TailProbe {
 
 /// The columns of a request cut at its GPU segment's launch (µs, polls counted). Those not in
 /// parentheses nor about the polls add up to the latency.
-const LAUNCH_COLUMNS: [&str; 12] = [
+const LAUNCH_COLUMNS: [&str; 14] = [
     "submit -> launch begins",
     "(of which the probe reading the previous launch)",
     "launch call (cuGraphLaunch)",
@@ -242,7 +251,9 @@ const LAUNCH_COLUMNS: [&str; 12] = [
     "launch returns -> first completion poll",
     "completion polls (count)",
     "(host time inside them)",
-    "seen -> client returns",
+    "seen -> read node starts",
+    "read output node",
+    "read end -> client returns",
 ];
 
 /// `b - a` in µs, negative when `b` is earlier.
@@ -258,6 +269,7 @@ fn launch_columns(
     start: Instant,
     end: Instant,
     l: &LaunchRecord,
+    (read_start, read_end): (Instant, Instant),
 ) -> Option<[f64; LAUNCH_COLUMNS.len()]> {
     let (seen, first_poll) = (l.seen?, l.first_poll?);
     let us = |d: Duration| d.as_secs_f64() * 1e6;
@@ -273,7 +285,9 @@ fn launch_columns(
         us_from(l.launched, first_poll),
         f64::from(l.polls),
         us(l.poll_time),
-        us_from(seen, end),
+        us_from(seen, read_start),
+        us_from(read_start, read_end),
+        us_from(read_end, end),
     ])
 }
 
@@ -384,9 +398,11 @@ where
         let p = TailProbe::new();
         // On afresh for each run: a new clock reference, at the warm-up's first launch.
         launches.probe_launches(true);
+        b.high.reads.record(true);
         let _ = b.serve(pool, batch, false, true, a.seconds, Some(&p));
         launches.probe_launches(false);
-        p.attribute(launches.take_launch_records());
+        b.high.reads.record(false);
+        p.attribute(launches.take_launch_records(), b.high.reads.take());
         match batch {
             0 => p.report(&format!("{} alone", T::NAME)),
             _ => p.report(&format!("{} beside {batch} batch clients", T::NAME)),
