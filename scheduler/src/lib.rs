@@ -77,6 +77,7 @@
 //!
 //! No other file has `unsafe`.
 
+mod active;
 mod admission;
 mod affinity;
 pub mod backend;

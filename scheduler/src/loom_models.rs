@@ -39,6 +39,9 @@
 //!    on another, the completion task taken by a third: the node is completed exactly once,
 //!    by the body's thread or the taker, never the caller; its successor sees its output; the
 //!    run finishes once, after it; a failed body leaves the call nothing to do.
+//! 10. the active-run table's shutdown (`ActiveRuns`, two shards): a run leaving while the pool
+//!     closes, with a waiter for the end: the shutdown ends exactly once, and the waiter wakes;
+//!     a run entering while it closes is either refused or seen by the close.
 //!
 //! A lost wake-up shows up as a loom deadlock (every thread parked).
 
@@ -1259,4 +1262,56 @@ fn completer_after_a_failed_body() {
             assert_eq!(e.to_string(), "node 'a' failed (1 node(s) cancelled)");
         });
     }
+}
+
+/// 10. The active-run table: a run leaves its shard while another thread closes the table and
+///     then waits for the end; a third run tries to enter meanwhile. The end comes exactly once,
+///     the waiter wakes (no lost wake-up), and an entered run is one the close saw.
+#[test]
+fn active_runs_close_vs_leave_and_enter() {
+    use crate::active::ActiveRuns;
+    loom::model(|| {
+        let t = Arc::new(ActiveRuns::<u32>::new(2));
+        assert!(t.enter(0, &Arc::new(0)));
+        let ended = Arc::new(AtomicUsize::new(0));
+        let leaver = {
+            let (t, ended) = (t.clone(), ended.clone());
+            thread::spawn(move || {
+                assert!(t
+                    .leave(0, || {
+                        ended.fetch_add(1, Ordering::SeqCst);
+                    })
+                    .is_some());
+            })
+        };
+        let entrant = {
+            let t = t.clone();
+            thread::spawn(move || t.enter(1, &Arc::new(1)))
+        };
+        let seen = AtomicUsize::new(0);
+        t.close(
+            |r| {
+                if *r == 1 {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+            },
+            || {
+                ended.fetch_add(1, Ordering::SeqCst);
+            },
+        );
+        let entered = entrant.join().unwrap();
+        assert_eq!(entered, seen.load(Ordering::SeqCst) == 1);
+        if entered {
+            assert!(!t.is_terminated(), "the entered run is still active");
+            assert!(t
+                .leave(1, || {
+                    ended.fetch_add(1, Ordering::SeqCst);
+                })
+                .is_some());
+        }
+        // Waits while the leaver may still be ending the shutdown.
+        t.wait_terminated();
+        leaver.join().unwrap();
+        assert_eq!(ended.load(Ordering::SeqCst), 1);
+    });
 }

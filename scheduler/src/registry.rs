@@ -1,11 +1,11 @@
 //! State shared by a pool's workers: queues, sleep, active runs, statistics, hooks.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crossbeam_deque::{Injector, Stealer, Worker as Deque};
 use crossbeam_utils::CachePadded;
 
+use crate::active::{ActiveRuns, SHARDS};
 use crate::admission::Admission;
 use crate::config::{IdleHook, ShutdownMode, SpinHook, StartHook, StopHook, WorkerInfo};
 use crate::ctx::{RunAccess, Submit};
@@ -21,7 +21,7 @@ use crate::priority::{LevelQueues, Priority, WorkerDeques};
 use crate::run::{hand_off, Queue, Run, RunRef, Task};
 use crate::sleep::Sleep;
 use crate::spin::Spinners;
-use crate::sync::{self, AtomicBool, AtomicU64, AtomicU8, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
 /// A run that is over and out of the active-run table: the last reference to it, and its
 /// result for the waiter.
@@ -87,10 +87,6 @@ pub(crate) struct Settings {
     pub(crate) spinning_waiters: usize,
 }
 
-const RUNNING: u8 = 0;
-const SHUTTING_DOWN: u8 = 1;
-const TERMINATED: u8 = 2;
-
 pub(crate) struct Registry<S> {
     pub(crate) name: Arc<str>,
     pub(crate) infos: Box<[WorkerInfo]>,
@@ -100,9 +96,8 @@ pub(crate) struct Registry<S> {
     pub(crate) any: Injector<Task<S>>,
     pub(crate) stealers: Box<[Stealer<Task<S>>]>,
     pub(crate) sleep: Arc<Sleep>,
-    state: AtomicU8,
-    runs: Mutex<HashMap<u64, Arc<Run<S>>>>,
-    runs_changed: Condvar,
+    /// The runs in flight and the pool's life (running, shutting down, terminated).
+    runs: ActiveRuns<Run<S>>,
     next_run: AtomicU64,
     pub(crate) workers: Box<[Arc<CachePadded<WorkerCounters>>]>,
     pub(crate) counters: PoolCounters,
@@ -216,9 +211,7 @@ impl<S: Send + 'static> Registry<S> {
             domains,
             any: Injector::new(),
             stealers,
-            state: AtomicU8::new(RUNNING),
-            runs: Mutex::new(HashMap::new()),
-            runs_changed: Condvar::new(),
+            runs: ActiveRuns::new(SHARDS),
             next_run: AtomicU64::new(1),
             counters: PoolCounters::new(),
             hooks,
@@ -282,7 +275,7 @@ impl<S: Send + 'static> Registry<S> {
     }
 
     pub(crate) fn is_terminated(&self) -> bool {
-        self.state.load(Ordering::Acquire) == TERMINATED
+        self.runs.is_terminated()
     }
 
     /// The queues of level `p` other than normal.
@@ -458,23 +451,22 @@ impl<S: Send + 'static> Registry<S> {
             completion: run.completion.clone(),
             graph: plan.name.clone(),
         };
-        {
-            let mut runs = sync::lock(&self.runs);
-            if self.state.load(Ordering::Acquire) != RUNNING {
-                drop(runs);
-                self.release_admission();
-                return Err(Error::new(
-                    ErrorKind::ShutDown,
-                    format!(
-                        "pool '{}' is shut down; graph '{}' was not submitted",
-                        crate::error::bounded(&self.name),
-                        crate::error::bounded(&plan.name)
-                    ),
-                ));
-            }
-            if !plan.nodes.is_empty() {
-                runs.insert(id, run.clone());
-            }
+        // An empty graph finishes here and now: it never enters the table.
+        let admitted = if plan.nodes.is_empty() {
+            self.runs.is_open()
+        } else {
+            self.runs.enter(id, &run)
+        };
+        if !admitted {
+            self.release_admission();
+            return Err(Error::new(
+                ErrorKind::ShutDown,
+                format!(
+                    "pool '{}' is shut down; graph '{}' was not submitted",
+                    crate::error::bounded(&self.name),
+                    crate::error::bounded(&plan.name)
+                ),
+            ));
         }
         self.counters
             .graphs_submitted
@@ -595,16 +587,7 @@ impl<S: Send + 'static> Registry<S> {
         }
         self.export().graph_finished(result.as_ref().err(), elapsed);
         let completion = run.completion.clone();
-        let keep = {
-            let mut runs = sync::lock(&self.runs);
-            let keep = runs.remove(&run.id);
-            if runs.is_empty() && self.state.load(Ordering::Acquire) == SHUTTING_DOWN {
-                self.state.store(TERMINATED, Ordering::Release);
-                self.sleep.unpark_all();
-            }
-            self.runs_changed.notify_all();
-            keep
-        };
+        let keep = self.runs.leave(run.id, || self.sleep.unpark_all());
         self.release_admission();
         Finished {
             keep,
@@ -615,16 +598,12 @@ impl<S: Send + 'static> Registry<S> {
 
     /// The number of runs in the active-run table.
     pub(crate) fn active_runs(&self) -> usize {
-        sync::lock(&self.runs).len()
+        self.runs.len()
     }
 
     pub(crate) fn begin_shutdown(&self, mode: ShutdownMode) {
-        let runs = sync::lock(&self.runs);
-        if self.state.load(Ordering::Acquire) == RUNNING {
-            self.state.store(SHUTTING_DOWN, Ordering::Release);
-        }
-        if mode == ShutdownMode::Cancel {
-            for run in runs.values() {
+        let cancel = |run: &Run<S>| {
+            if mode == ShutdownMode::Cancel {
                 run.fail(Error::new(
                     ErrorKind::Cancelled,
                     format!(
@@ -634,21 +613,12 @@ impl<S: Send + 'static> Registry<S> {
                     ),
                 ));
             }
-        }
-        if runs.is_empty() && self.state.load(Ordering::Acquire) == SHUTTING_DOWN {
-            self.state.store(TERMINATED, Ordering::Release);
-            self.sleep.unpark_all();
-        }
+        };
+        self.runs.close(cancel, || self.sleep.unpark_all());
     }
 
     pub(crate) fn wait_terminated(&self) {
-        let mut runs = sync::lock(&self.runs);
-        while self.state.load(Ordering::Acquire) != TERMINATED {
-            runs = match self.runs_changed.wait(runs) {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-        }
+        self.runs.wait_terminated();
     }
 }
 
