@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Stop 45's first device call (issue 33 item 5): the sharded active-run table (`active.rs`,
+# build 5c4bf84) against the build before it (b394845, `OLD_SERVE`, copied into .devbin/old/).
+# bench_serve's priority rounds, 5 in one process each, new then old (ORDER=old,new reverses),
+# then the launch probe beside 32 on the new build, then every GPU test binary if time is left.
+# Here: `bash benches/device/pack.sh`, copy the old bench_serve to .devbin/old/bench_serve,
+# then with carry [".devbin"]: `bash .devbin/stop45_call.sh`.
+cd "$(dirname "$0")/.."
+source .devbin/lib.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
+deadline ${TOTAL:-560}
+logs_in /tmp/bp-s45 s45.tgz fresh
+SUMMARY='panicked|Error'
+P="--isolate high --high-partition 16 --no-torch --batch-clients 8,16,32 --seconds 1"
+for v in $(echo ${ORDER:-new,old} | tr , ' '); do
+  bin=$B/bench_serve; [ $v = old ] && bin=$PWD/old/bench_serve
+  step rounds_$v 150 $bin --priority-only --rounds ${ROUNDS:-5} $P
+  grep -E "^\| (bf16|f32) " $LOGS/rounds_$v.log | cut -d'|' -f2-12
+  finish
+done
+if [ -z "${NO_PROBE:-}" ]; then
+  step probe 48 $B/bench_serve --tail-probe --seconds 1 --batch-clients 32 --isolate high --high-partition 16 --no-torch
+  grep -hE "^\| (p45|slowest)|beside|alone" $LOGS/probe.log | cut -c1-220
+  finish
+fi
+if [ -n "${TESTS:-}" ]; then
+  SUMMARY='test result|FAILED|panicked|SKIPPED'
+  for t in $B/t_gpu_* $B/t_boundpool_gpu $B/t_prometheus_gpu; do
+    n=$(basename $t); a=; [ $n = t_gpu_replay ] && a=--test-threads=1
+    case $n in t_gpu_nccl|t_gpu_ranks_nccl) continue ;; esac
+    step $n 60 $t $a; grep -hE "test result|FAILED|panicked" $LOGS/$n.log | head -2
+  done
+  finish
+fi
