@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stop 45's first device call (issue 33 item 5): the sharded active-run table (`active.rs`,
 # build 5c4bf84) against the build before it (b394845, `OLD_SERVE`, copied into .devbin/old/).
-# bench_serve's priority rounds, 5 in one process each, new then old (ORDER=old,new reverses),
+# bench_serve's priority rounds, 5 in one process each, new then old (ORDER: any list of new
+# and old, e.g. old,new,new),
 # then the launch probe beside 32 on the new build, then every GPU test binary if time is left.
 # Here: `bash benches/device/pack.sh`, copy the old bench_serve to .devbin/old/bench_serve,
 # then with carry [".devbin"]: `bash .devbin/stop45_call.sh`.
@@ -12,10 +13,11 @@ deadline ${TOTAL:-560}
 logs_in /tmp/bp-s45 s45.tgz fresh
 SUMMARY='panicked|Error'
 P="--isolate high --high-partition 16 --no-torch --batch-clients 8,16,32 --seconds 1"
+i=0
 for v in $(echo ${ORDER:-new,old} | tr , ' '); do
-  bin=$B/bench_serve; [ $v = old ] && bin=$PWD/old/bench_serve
-  step rounds_$v 150 $bin --priority-only --rounds ${ROUNDS:-5} $P
-  grep -E "^\| (bf16|f32) " $LOGS/rounds_$v.log | cut -d'|' -f2-12
+  i=$((i+1)); bin=$B/bench_serve; [ $v = old ] && bin=$PWD/old/bench_serve
+  step rounds_${v}_$i 150 $bin --priority-only --rounds ${ROUNDS:-5} $P
+  grep -E "^\| (bf16|f32) " $LOGS/rounds_${v}_$i.log | cut -d'|' -f2-12
   finish
 done
 if [ -z "${NO_PROBE:-}" ]; then
