@@ -20,9 +20,11 @@
 //! path). `--high-partition S`: the priority scenario once more on a pool whose device is split,
 //! S SMs (2 workers) for the latency-critical client and the rest for the batch clients (with
 //! `--priority-only`, every round on that pool). `--priority-only --rounds R --batch-clients
-//! 8,16,32`: the latency-critical client's rounds alone and loaded (`serve/tail.rs`, with
+//! 8,16,32 [--slices N]`: the latency-critical client's rounds alone and loaded, each phase
+//! in N alternated slices (`serve/tail.rs`, with
 //! `--tail-probe` and `--tail-trace`); `--isolate workers|high`: the clients' threads kept off
-//! the workers' cores (`serve/placement.rs`). Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
+//! the workers' cores (`serve/placement.rs`), and `--batch-cores LIST` the batch clients on
+//! LIST. Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
 
 #[path = "../../examples/serve/model.rs"]
 mod model;
@@ -116,6 +118,11 @@ struct Args {
     /// Rounds of `--priority-only`.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Each `--priority-only` round's three phases (the high client alone, the batch alone,
+    /// both) cut into this many slices of `--seconds`/N and alternated, so that a drift in the
+    /// host's or the GPU's speed falls on the three alike. 1: one after another.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    slices: u32,
     /// Instead, the high client's requests read around by the host's scheduler counters
     /// (run delay, involuntary switches) and cut at their GPU segment's launch (the driver's
     /// launch call, the device's time, the worker seeing it done: `Replayable::probe_launches`):
@@ -131,6 +138,10 @@ struct Args {
     /// of its own. Default: wherever the OS puts them.
     #[arg(long, value_parser = ["workers", "high"])]
     isolate: Option<String>,
+    /// With `--isolate`: the batch clients' cores, instead of every core free of the workers
+    /// (and of the latency-critical client's).
+    #[arg(long, value_delimiter = ',')]
+    batch_cores: Vec<usize>,
 }
 
 fn gemm_path(s: &str) -> Result<GemmPath, String> {
@@ -150,6 +161,22 @@ struct Run {
 }
 
 impl Run {
+    /// No requests yet.
+    fn empty() -> Self {
+        Run {
+            lat: Vec::new(),
+            starts: Vec::new(),
+            secs: 0.0,
+        }
+    }
+
+    /// `other`'s requests and time added to these.
+    fn extend(&mut self, other: Run) {
+        self.lat.extend(other.lat);
+        self.starts.extend(other.starts);
+        self.secs += other.secs;
+    }
+
     /// The `q`-quantile of the latencies, µs.
     fn pct(&self, q: f64) -> f64 {
         percentile(self.lat.iter().map(|d| d.as_secs_f64() * 1e6), q)
@@ -610,7 +637,7 @@ fn main() {
                 (d.clone(), d)
             }
         };
-        placement::init(a.isolate.as_deref(), &pool);
+        placement::init(a.isolate.as_deref(), &a.batch_cores, &pool);
         let devices = (&batch, &lat);
         if a.tail_trace {
             tail::traced::<bf16>(&pool, devices, &a);

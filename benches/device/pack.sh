@@ -25,7 +25,7 @@ exes=$(mktemp)
   cargo test --workspace --release --no-run --message-format=json
   cargo bench -p boundpool-bench --no-run --message-format=json
   cargo build --release -p boundpool-cli -p boundpool --features boundpool/prometheus --examples --bins --message-format=json
-  cargo build --release -p boundpool-bench --example gpu_probe --example sim_record --message-format=json
+  cargo build --release -p boundpool-bench --example gpu_probe --example sim_record --example crowded_clients --message-format=json
 } 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -41,7 +41,7 @@ while read -r kind name path; do
     lib:boundpool_bench) cp "$path" "$out/b/t_boundpool_bench" ;;
     lib:boundpool_workloads) cp "$path" "$out/b/t_boundpool_workloads" ;;
     bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe|bench:serve|bench:partition) cp "$path" "$out/b/bench_$name" ;;
-    bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes|example:serve|example:gpu_probe|example:sim_record) cp "$path" "$out/b/$name" ;;
+    bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes|example:serve|example:gpu_probe|example:sim_record|example:crowded_clients) cp "$path" "$out/b/$name" ;;
   esac
 done < "$exes"
 # PACK_MPI=1: the ranks' MPI programs too (needs Open MPI and libclang here; the device machine

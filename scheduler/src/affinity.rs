@@ -8,9 +8,9 @@ use crate::error::{bounded_list, Error, ErrorKind};
 
 /// Pins the calling thread to `cores`; threads it starts afterwards inherit the set. With
 /// [`Pool::keep_off_workers`](crate::Pool::keep_off_workers) for the rest of a server's
-/// threads, e.g. a latency-critical request thread on one of
-/// [`Pool::free_cores`](crate::Pool::free_cores) of its own and the other request threads on
-/// the rest.
+/// threads, e.g. a latency-critical request thread on a core of its own
+/// ([`Pool::reserve_core`](crate::Pool::reserve_core)) and the other request threads on the
+/// rest.
 ///
 /// An [`ErrorKind::Placement`] error naming the cores where the set is empty, or the OS
 /// refuses (`source()`: a core this process may not use, or a platform other than Linux).

@@ -386,6 +386,7 @@ impl<S: Send + 'static> PoolBuilder<S> {
         Ok(Pool {
             registry,
             threads: Mutex::new(threads),
+            reserved_cores: Mutex::new(Vec::new()),
         })
     }
 }
@@ -610,6 +611,8 @@ fn plan_workers(
 pub struct Pool<S: Send + 'static = ()> {
     pub(crate) registry: Arc<Registry<S>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The cores [`reserve_core`](Self::reserve_core) kept, in the order it kept them.
+    reserved_cores: Mutex<Vec<usize>>,
 }
 
 impl<S: Send + 'static> fmt::Debug for Pool<S> {
@@ -688,20 +691,22 @@ impl<S: Send + 'static> Pool<S> {
     }
 
     /// The cores the calling thread may run on that none of this pool's workers is pinned to
-    /// (every core it may run on, where the workers are unpinned).
+    /// and none is reserved for one thread ([`reserve_core`](Self::reserve_core)); every core
+    /// it may run on, where the workers are unpinned.
     pub fn free_cores(&self) -> Vec<usize> {
         affinity::free_cores(
             &affinity::allowed_cores().unwrap_or_default(),
-            &self.worker_cores(),
+            &self.taken_cores(&sync::lock(&self.reserved_cores)),
         )
     }
 
-    /// Keeps the calling thread off the cores this pool's workers are pinned to, and returns
-    /// the cores it may now run on ([`free_cores`](Self::free_cores)). Threads it starts
-    /// afterwards inherit the set, so a server calls it on its main thread before starting its
-    /// request threads: a worker then never waits behind a request thread for its core, which
-    /// is where a latency-critical graph's tail comes from once the host has more runnable
-    /// threads than cores. Nothing changes where the workers are unpinned.
+    /// Keeps the calling thread off the cores this pool's workers are pinned to (and off those
+    /// [`reserve_core`](Self::reserve_core) kept), and returns the cores it may now run on
+    /// ([`free_cores`](Self::free_cores)). Threads it starts afterwards inherit the set, so a
+    /// server calls it on its main thread before starting its request threads: a worker then
+    /// never waits behind a request thread for its core, which is where a latency-critical
+    /// graph's tail comes from once the host has more runnable threads than cores. Nothing
+    /// changes where the workers are unpinned.
     ///
     /// An [`ErrorKind::Placement`] error where every core the thread may run on has a worker
     /// (it would have none left), or where the OS refuses (`source()`); on platforms other
@@ -722,18 +727,18 @@ impl<S: Send + 'static> Pool<S> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn keep_off_workers(&self) -> Result<Vec<usize>, Error> {
-        let taken = self.worker_cores();
         let allowed = affinity::allowed_cores().unwrap_or_default();
-        if taken.is_empty() {
+        if self.worker_cores().is_empty() {
             return Ok(allowed);
         }
+        let taken = self.taken_cores(&sync::lock(&self.reserved_cores));
         let free = affinity::free_cores(&allowed, &taken);
         let name = bounded(&self.registry.name);
         if free.is_empty() {
             return Err(Error::new(
                 ErrorKind::Placement,
                 format!(
-                    "pool '{name}': no core is free of its workers (the thread may run on [{}], the workers are pinned to [{}])",
+                    "pool '{name}': no core is free of its workers (the thread may run on [{}], the workers are pinned to or cores reserved at [{}])",
                     bounded_list(&allowed, allowed.len(), ", "),
                     bounded_list(&taken, taken.len(), ", ")
                 ),
@@ -743,9 +748,80 @@ impl<S: Send + 'static> Pool<S> {
         Ok(free)
     }
 
+    /// Reserves one of [`free_cores`](Self::free_cores) (the last) for one latency-critical
+    /// thread, which then pins itself there with
+    /// [`pin_current_thread`](crate::pin_current_thread), and returns it. Later
+    /// [`free_cores`](Self::free_cores) and [`keep_off_workers`](Self::keep_off_workers)
+    /// leave it out, so the other request threads, placed after, never share it (threads
+    /// placed before the reservation may still run there).
+    ///
+    /// An [`ErrorKind::Placement`] error where the workers are unpinned (a worker may run on
+    /// any core, so none is one thread's own), or where fewer than two cores are free (the
+    /// other threads would have none).
+    ///
+    /// ```
+    /// use boundpool_scheduler::{pin_current_thread, PoolBuilder};
+    ///
+    /// let pool = PoolBuilder::new().workers(1).build()?;
+    /// match pool.reserve_core() {
+    ///     Ok(core) => {
+    ///         assert!(!pool.free_cores().contains(&core));
+    ///         std::thread::spawn(move || {
+    ///             pin_current_thread(&[core]).unwrap();
+    ///             // submit the latency-critical graphs and wait here
+    ///         })
+    ///         .join()
+    ///         .unwrap();
+    ///         // then `pool.keep_off_workers()` and start the other request threads
+    ///     }
+    ///     Err(e) => println!("no core of its own here: {e}"),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve_core(&self) -> Result<usize, Error> {
+        let name = bounded(&self.registry.name);
+        if self.worker_cores().is_empty() {
+            return Err(Error::new(
+                ErrorKind::Placement,
+                format!(
+                    "pool '{name}': its workers are unpinned, so no core can be one thread's own"
+                ),
+            ));
+        }
+        // Held while choosing, so that two reservations at once never leave the rest none.
+        let mut reserved = sync::lock(&self.reserved_cores);
+        let free = affinity::free_cores(
+            &affinity::allowed_cores().unwrap_or_default(),
+            &self.taken_cores(&reserved),
+        );
+        match free.as_slice() {
+            [.., _, last] => {
+                reserved.push(*last);
+                Ok(*last)
+            }
+            _ => Err(Error::new(
+                ErrorKind::Placement,
+                format!(
+                    "pool '{name}': reserving a core needs two free of its workers and of reserved cores, and [{}] {} free",
+                    bounded_list(&free, free.len(), ", "),
+                    if free.len() == 1 { "is" } else { "are" }
+                ),
+            )),
+        }
+    }
+
     /// The cores the workers are pinned to, each once.
     fn worker_cores(&self) -> Vec<usize> {
         let mut cores: Vec<usize> = self.registry.infos.iter().filter_map(|w| w.core).collect();
+        cores.sort_unstable();
+        cores.dedup();
+        cores
+    }
+
+    /// The cores the workers are pinned to and those `reserved`, each once.
+    fn taken_cores(&self, reserved: &[usize]) -> Vec<usize> {
+        let mut cores = self.worker_cores();
+        cores.extend_from_slice(reserved);
         cores.sort_unstable();
         cores.dedup();
         cores

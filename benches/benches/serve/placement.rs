@@ -1,8 +1,10 @@
 //! Where the bench's client threads run (`--isolate`): by default wherever the OS puts them;
 //! `workers` keeps every client off the pool's worker cores (`Pool::keep_off_workers`'s set),
 //! so that a worker never waits behind a client for its core; `high` also gives the
-//! latency-critical client a core that no other client uses. Both through the scheduler's
-//! `pin_current_thread`, as a server would place its own request threads.
+//! latency-critical client a core of its own (`Pool::reserve_core`). `--batch-cores` puts the
+//! batch clients on a list of cores instead (e.g. away from the latency workers' SMT
+//! siblings). All through the scheduler's `pin_current_thread`, as a server would place its
+//! own request threads. Each worker group's cores and each core's SMT siblings are printed.
 
 use std::sync::OnceLock;
 
@@ -12,27 +14,59 @@ use boundpool::pin_current_thread;
 /// The batch clients' cores, and the latency-critical client's own core (with `high`).
 static CORES: OnceLock<(Vec<usize>, Option<usize>)> = OnceLock::new();
 
-/// Chooses the clients' cores from `mode` (`None`: no placement) and the cores `pool`'s
-/// workers are pinned to, and prints them.
-pub(super) fn init(mode: Option<&str>, pool: &GpuPool) {
+/// Chooses the clients' cores from `mode` (`None`: no placement), `batch_cores` (where given)
+/// and the cores `pool`'s workers are pinned to, and prints them.
+pub(super) fn init(mode: Option<&str>, batch_cores: &[usize], pool: &GpuPool) {
     let Some(mode) = mode else { return };
-    let worker_cores: Vec<usize> = pool
-        .pool()
-        .workers()
-        .iter()
-        .filter_map(|w| w.core)
-        .collect();
-    let mut free = pool.pool().free_cores();
-    let high = if mode == "high" && free.len() > 1 {
-        free.pop()
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for w in pool.pool().workers() {
+        let Some(core) = w.core else { continue };
+        match groups.iter_mut().find(|(g, _)| *g == w.group_name) {
+            Some((_, cores)) => cores.push(core),
+            None => groups.push((w.group_name.clone(), vec![core])),
+        }
+    }
+    let high = if mode == "high" {
+        match pool.pool().reserve_core() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                println!("no core of its own for the latency-critical client: {e}");
+                None
+            }
+        }
     } else {
         None
     };
+    let free = if batch_cores.is_empty() {
+        pool.pool().free_cores()
+    } else {
+        batch_cores.to_vec()
+    };
     println!(
-        "clients placed ({mode}): workers on {worker_cores:?}, batch clients on {free:?}, the latency-critical client on {}",
+        "clients placed ({mode}): workers on {groups:?}, batch clients on {free:?}, the latency-critical client on {}",
         high.map_or_else(|| format!("{free:?}"), |h| format!("[{h}]"))
     );
+    println!("SMT siblings: {}", siblings());
     let _ = CORES.set((free, high));
+}
+
+/// Each core's SMT siblings as the kernel lists them (`cpuN/topology/thread_siblings_list`),
+/// the cores without one left out.
+fn siblings() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let paired: Vec<String> = (0..cores)
+        .filter_map(|c| {
+            let path = format!("/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list");
+            let list = std::fs::read_to_string(path).ok()?;
+            let list = list.trim();
+            (list != c.to_string()).then(|| format!("{c}: {list}"))
+        })
+        .collect();
+    if paired.is_empty() {
+        "none".into()
+    } else {
+        paired.join(", ")
+    }
 }
 
 /// Called first on each batch client's thread.

@@ -348,18 +348,19 @@ pub(super) fn priority_rounds<T: Elem>(
 {
     let most = a.batch_clients.iter().copied().max().unwrap_or(8);
     let b = Bench::<T>::new(pool, devices, most, a);
+    if a.slices > 1 {
+        println!(
+            "each phase in {} slices of {:.3} s, alternated",
+            a.slices,
+            a.seconds / f64::from(a.slices)
+        );
+    }
     println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |");
     for &batch in &a.batch_clients {
         for round in 1..=a.rounds {
-            let steal0 = steal_ms();
-            let (_, alone) = b.serve(pool, 0, false, true, a.seconds, None);
-            let steal_alone = steal_ms() - steal0;
-            let (batch_alone, _) = b.serve(pool, batch, false, false, a.seconds, None);
-            let steal1 = steal_ms();
-            let (loaded_batch, loaded) = b.serve(pool, batch, false, true, a.seconds, None);
-            let steal_loaded = steal_ms() - steal1;
-            let (alone, loaded) = (alone.expect("high"), loaded.expect("high"));
+            let (alone, batch_alone, loaded_batch, loaded, steal_alone, steal_loaded) =
+                sliced_round(&b, pool, batch, a);
             let ratio = loaded.pct(0.99) / alone.pct(0.99);
             let kept = loaded_batch.rps() / batch_alone.rps();
             println!(
@@ -375,7 +376,7 @@ pub(super) fn priority_rounds<T: Elem>(
                 SlowRequests::of(&loaded),
             );
             let v = json!({"impl": "boundpool", "scenario": "priority_round", "dtype": T::NAME,
-                "batch_clients": batch, "round": round,
+                "batch_clients": batch, "round": round, "slices": a.slices,
                 "high_alone_p50_us": alone.pct(0.5), "high_alone_p99_us": alone.pct(0.99),
                 "high_loaded_p50_us": loaded.pct(0.5), "high_loaded_p99_us": loaded.pct(0.99),
                 "batch_rps": loaded_batch.rps(), "batch_alone_rps": batch_alone.rps()});
@@ -383,6 +384,43 @@ pub(super) fn priority_rounds<T: Elem>(
             out.push(v);
         }
     }
+}
+
+/// One round of the priority scenario beside `batch` clients, its three phases cut into
+/// `a.slices` and alternated: the high client alone, the batch alone, the batch loaded, the
+/// high client loaded, and the hypervisor's steal (ms) over the alone and the loaded phases.
+fn sliced_round<T: Elem>(
+    b: &Bench<T>,
+    pool: &GpuPool,
+    batch: usize,
+    a: &Args,
+) -> (Run, Run, Run, Run, u64, u64)
+where
+    CudaBlas: Gemm<T>,
+{
+    let part = a.seconds / f64::from(a.slices);
+    let (mut alone, mut batch_alone) = (Run::empty(), Run::empty());
+    let (mut loaded_batch, mut loaded) = (Run::empty(), Run::empty());
+    let (mut steal_alone, mut steal_loaded) = (0, 0);
+    for _ in 0..a.slices {
+        let steal0 = steal_ms();
+        alone.extend(b.serve(pool, 0, false, true, part, None).1.expect("high"));
+        steal_alone += steal_ms() - steal0;
+        batch_alone.extend(b.serve(pool, batch, false, false, part, None).0);
+        let steal1 = steal_ms();
+        let (lb, l) = b.serve(pool, batch, false, true, part, None);
+        steal_loaded += steal_ms() - steal1;
+        loaded_batch.extend(lb);
+        loaded.extend(l.expect("high"));
+    }
+    (
+        alone,
+        batch_alone,
+        loaded_batch,
+        loaded,
+        steal_alone,
+        steal_loaded,
+    )
 }
 
 /// The probe: the high client alone, then beside each batch size, its requests' host
