@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Stop 46's third device call (issue 33 item 5): bench_serve's priority rounds (ROUNDS, 5, in
-# one process each) with each phase cut into SLICES (5) alternated slices, then one process
-# with the phases one after another (--slices 1), then sliced again: the same build, the
-# two ways of measuring it in one call. Then, with TESTS="t_gpu_priority ...", those GPU test
-# binaries.
+# one process each) for each entry of RUNS (default: sliced,whole,sliced): `sliced` cuts each
+# phase into SLICES (5) alternated slices, `whole` runs the phases one after another
+# (--slices 1); a suffix `20` adds --idle-spin-us 20 (the library's idle spin; the bench's
+# is 200). The same build, measured several ways in one call. Then, with
+# TESTS="t_gpu_priority ...", those GPU test binaries.
 # Here: `bash benches/device/pack.sh`, then with carry [".devbin"]:
 # `bash .devbin/stop46_slices.sh`.
 cd "$(dirname "$0")/.."
@@ -15,9 +16,13 @@ SUMMARY='panicked|Error'
 P="--priority-only --rounds ${ROUNDS:-5} --isolate high --high-partition 16 --no-torch --batch-clients 8,16,32 --seconds 1"
 run() { step rounds_$1 150 $B/bench_serve $P "${@:2}"
   grep -E "^\| (bf16|f32) " $LOGS/rounds_$1.log | cut -d'|' -f2-12; finish; }
-run sliced_1 --slices ${SLICES:-5}
-run whole_2 --slices 1
-run sliced_3 --slices ${SLICES:-5}
+i=0
+for r in $(echo ${RUNS:-sliced,whole,sliced} | tr , ' '); do
+  i=$((i+1)); args="--slices 1"
+  case $r in sliced*) args="--slices ${SLICES:-5}" ;; esac
+  case $r in *20) args="$args --idle-spin-us 20" ;; esac
+  run ${r}_$i $args
+done
 SUMMARY='test result|FAILED|panicked|SKIPPED'
 for n in ${TESTS:-}; do
   step $n 60 $B/$n; grep -hE "test result|FAILED|panicked" $LOGS/$n.log | head -2

@@ -74,9 +74,13 @@ impl<R> ActiveRuns<R> {
         keep
     }
 
-    /// The number of runs in the table (a look at each shard in turn: not a snapshot).
+    /// The number of runs in the table: a snapshot, every shard held at once (in order, as
+    /// `close` holds them). A look at each shard in turn could count a run that left one shard
+    /// and the next run of its client, entered in a later one, both: more than were ever in
+    /// flight at once (more than an admission limit allows).
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| sync::lock(s).len()).sum()
+        let shards: Vec<_> = self.shards.iter().map(|s| sync::lock(s)).collect();
+        shards.iter().map(|s| s.len()).sum()
     }
 
     /// Whether the pool still takes runs (no shutdown has begun).
@@ -186,6 +190,35 @@ mod tests {
         assert!(t.is_terminated());
         assert_eq!(ended.load(StdOrdering::Relaxed), 1, "the end comes once");
         t.wait_terminated();
+    }
+
+    #[test]
+    fn the_count_never_exceeds_the_runs_in_flight_at_once() {
+        // Four clients, each with one run in the table at a time, ids spread over the shards.
+        let t = Arc::new(ActiveRuns::<u64>::new(SHARDS));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clients: Vec<_> = (0..4u64)
+            .map(|c| {
+                let (t, stop) = (t.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut id = c;
+                    while !stop.load(StdOrdering::Relaxed) {
+                        assert!(t.enter(id, &Arc::new(id)));
+                        assert!(t.leave(id, || {}).is_some());
+                        id += 4 * 7;
+                    }
+                })
+            })
+            .collect();
+        let mut peak = 0;
+        for _ in 0..if cfg!(miri) { 50 } else { 20_000 } {
+            peak = peak.max(t.len());
+        }
+        stop.store(true, StdOrdering::Relaxed);
+        for c in clients {
+            c.join().unwrap();
+        }
+        assert!(peak <= 4, "counted {peak} runs, 4 at most were in at once");
     }
 
     #[test]

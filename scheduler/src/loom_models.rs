@@ -1315,3 +1315,24 @@ fn active_runs_close_vs_leave_and_enter() {
         assert_eq!(ended.load(Ordering::SeqCst), 1);
     });
 }
+
+/// 11. The active-run table's count: one client's run leaves its shard and its next run enters
+///     another while a third thread counts. The count is a snapshot: never both runs.
+#[test]
+fn active_runs_count_is_a_snapshot() {
+    use crate::active::ActiveRuns;
+    loom::model(|| {
+        let t = Arc::new(ActiveRuns::<u32>::new(2));
+        assert!(t.enter(0, &Arc::new(0)));
+        let client = {
+            let t = t.clone();
+            thread::spawn(move || {
+                assert!(t.leave(0, || {}).is_some());
+                assert!(t.enter(1, &Arc::new(1)));
+            })
+        };
+        assert!(t.len() <= 1, "one run at a time, counted once");
+        client.join().unwrap();
+        assert_eq!(t.len(), 1);
+    });
+}
