@@ -15,6 +15,7 @@
 #   finish                    packs $LOGS into $OUT/$TGZ (call it after every step worth keeping:
 #                             a call cut off at its limit still brings back what ran)
 #   alternate ...             A/B runs of this build and the packed revisions, below
+#   gpu_tests                 every GPU test binary but NCCL's, one step each, then `finish`
 cd "$(dirname "${BASH_SOURCE[0]}")"
 # Unpacked once per pack: a new b.tar.xz (a new carry) replaces b/.
 if [ ! -f b/.unpacked ] || [ b.tar.xz -nt b/.unpacked ]; then
@@ -51,3 +52,12 @@ alternate() { local name=$1 file=$2 revs=$3 rounds=$4 secs=$5; shift 5
   for r in $(seq 1 $rounds); do
     for spec in $bins; do step ${name}_${spec%%=*}_$r $secs ${spec#*=} "$@"; finish; done
   done; }
+# `gpu_tests`: every packed GPU test binary except the NCCL ones (ranks_gpu_call.sh runs
+# those), one step of up to 60 s each (t_gpu_replay one test at a time), then `finish`.
+gpu_tests() { local SUMMARY='test result|FAILED|panicked|SKIPPED' t n a
+  for t in $B/t_gpu_* $B/t_boundpool_gpu $B/t_prometheus_gpu; do
+    n=$(basename $t); a=; [ $n = t_gpu_replay ] && a=--test-threads=1
+    case $n in t_gpu_nccl|t_gpu_ranks_nccl) continue ;; esac
+    step $n 60 $t $a; grep -hE "test result|FAILED|panicked" $LOGS/$n.log | head -2
+  done
+  finish; }

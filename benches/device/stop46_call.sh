@@ -44,12 +44,4 @@ if [ -z "${NO_PROBE:-}" ]; then
   grep -hE "^\| (p45|slowest)|beside|alone" $LOGS/probe.log | cut -c1-220
   finish
 fi
-if [ -n "${TESTS:-}" ]; then
-  SUMMARY='test result|FAILED|panicked|SKIPPED'
-  for t in $B/t_gpu_* $B/t_boundpool_gpu $B/t_prometheus_gpu; do
-    n=$(basename $t); a=; [ $n = t_gpu_replay ] && a=--test-threads=1
-    case $n in t_gpu_nccl|t_gpu_ranks_nccl) continue ;; esac
-    step $n 60 $t $a; grep -hE "test result|FAILED|panicked" $LOGS/$n.log | head -2
-  done
-  finish
-fi
+[ -n "${TESTS:-}" ] && gpu_tests
