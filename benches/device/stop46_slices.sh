@@ -4,7 +4,7 @@
 # phase into SLICES (5) alternated slices, `whole` runs the phases one after another
 # (--slices 1); a suffix `20` adds --idle-spin-us 20 (the library's idle spin; the bench's
 # is 200). The same build, measured several ways in one call. Then, with
-# TESTS="t_gpu_priority ...", those GPU test binaries.
+# TESTS="t_gpu_priority ...", those GPU test binaries (TESTS=all: `gpu_tests`, every one).
 # Here: `bash benches/device/pack.sh`, then with carry [".devbin"]:
 # `bash .devbin/stop46_slices.sh`.
 cd "$(dirname "$0")/.."
@@ -23,6 +23,7 @@ for r in $(echo ${RUNS:-sliced,whole,sliced} | tr , ' '); do
   case $r in *20) args="$args --idle-spin-us 20" ;; esac
   run ${r}_$i $args
 done
+[ "${TESTS:-}" = all ] && { gpu_tests; exit; }
 SUMMARY='test result|FAILED|panicked|SKIPPED'
 for n in ${TESTS:-}; do
   step $n 60 $B/$n; grep -hE "test result|FAILED|panicked" $LOGS/$n.log | head -2
