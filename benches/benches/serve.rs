@@ -120,7 +120,9 @@ struct Args {
     rounds: usize,
     /// Each `--priority-only` round's three phases (the high client alone, the batch alone,
     /// both) cut into this many slices of `--seconds`/N and alternated, so that a drift in the
-    /// host's or the GPU's speed falls on the three alike. 1: one after another.
+    /// host's or the GPU's speed falls on the three alike; the batch alone and both swap places
+    /// every other slice, and each round prints its slices' range of the batch's share kept.
+    /// 1: one after another.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     slices: u32,
     /// Instead, the high client's requests read around by the host's scheduler counters

@@ -355,72 +355,113 @@ pub(super) fn priority_rounds<T: Elem>(
             a.seconds / f64::from(a.slices)
         );
     }
-    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |");
+    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded | batch kept, slices' range |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |");
     for &batch in &a.batch_clients {
         for round in 1..=a.rounds {
-            let (alone, batch_alone, loaded_batch, loaded, steal_alone, steal_loaded) =
-                sliced_round(&b, pool, batch, a);
-            let ratio = loaded.pct(0.99) / alone.pct(0.99);
-            let kept = loaded_batch.rps() / batch_alone.rps();
+            let r = sliced_round(&b, pool, batch, a);
+            let ratio = r.loaded.pct(0.99) / r.alone.pct(0.99);
+            let kept = r.loaded_batch.rps() / r.batch_alone.rps();
+            let (kept_lo, kept_hi) = r.kept_range();
             println!(
-                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.2} | {kept:.2} | {} | {} | {steal_alone} / {steal_loaded} |",
+                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.3} | {kept:.3} | {} | {} | {} / {} | {kept_lo:.2}-{kept_hi:.2} |",
                 T::NAME,
-                alone.pct(0.5),
-                alone.pct(0.99),
-                alone.pct(0.999),
-                loaded.pct(0.5),
-                loaded.pct(0.99),
-                loaded.pct(0.999),
-                SlowRequests::of(&alone),
-                SlowRequests::of(&loaded),
+                r.alone.pct(0.5),
+                r.alone.pct(0.99),
+                r.alone.pct(0.999),
+                r.loaded.pct(0.5),
+                r.loaded.pct(0.99),
+                r.loaded.pct(0.999),
+                SlowRequests::of(&r.alone),
+                SlowRequests::of(&r.loaded),
+                r.steal_alone,
+                r.steal_loaded,
             );
             let v = json!({"impl": "boundpool", "scenario": "priority_round", "dtype": T::NAME,
                 "batch_clients": batch, "round": round, "slices": a.slices,
-                "high_alone_p50_us": alone.pct(0.5), "high_alone_p99_us": alone.pct(0.99),
-                "high_loaded_p50_us": loaded.pct(0.5), "high_loaded_p99_us": loaded.pct(0.99),
-                "batch_rps": loaded_batch.rps(), "batch_alone_rps": batch_alone.rps()});
+                "high_alone_p50_us": r.alone.pct(0.5), "high_alone_p99_us": r.alone.pct(0.99),
+                "high_loaded_p50_us": r.loaded.pct(0.5), "high_loaded_p99_us": r.loaded.pct(0.99),
+                "batch_rps": r.loaded_batch.rps(), "batch_alone_rps": r.batch_alone.rps(),
+                "batch_kept_by_slice": r.kept_by_slice});
             line(&v, a.json);
             out.push(v);
         }
     }
 }
 
-/// One round of the priority scenario beside `batch` clients, its three phases cut into
-/// `a.slices` and alternated: the high client alone, the batch alone, the batch loaded, the
-/// high client loaded, and the hypervisor's steal (ms) over the alone and the loaded phases.
-fn sliced_round<T: Elem>(
-    b: &Bench<T>,
-    pool: &GpuPool,
-    batch: usize,
-    a: &Args,
-) -> (Run, Run, Run, Run, u64, u64)
+/// One round of the priority scenario: the high client alone and loaded, the batch alone and
+/// loaded, the hypervisor's steal (ms) over the alone and the loaded phases, and the batch's
+/// requests/s loaded over alone in each slice.
+struct Round {
+    alone: Run,
+    batch_alone: Run,
+    loaded_batch: Run,
+    loaded: Run,
+    steal_alone: u64,
+    steal_loaded: u64,
+    kept_by_slice: Vec<f64>,
+}
+
+impl Round {
+    /// The lowest and the highest slice's batch requests/s loaded over alone.
+    fn kept_range(&self) -> (f64, f64) {
+        let lo = self
+            .kept_by_slice
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min);
+        let hi = self.kept_by_slice.iter().copied().fold(0.0, f64::max);
+        (lo, hi)
+    }
+}
+
+/// One round beside `batch` clients, its three phases cut into `a.slices` and alternated. The
+/// batch-alone and the loaded phases swap places every other slice, so that a drift of the
+/// machine (the GPU's clock warming up behind the heavier phase) favours neither.
+fn sliced_round<T: Elem>(b: &Bench<T>, pool: &GpuPool, batch: usize, a: &Args) -> Round
 where
     CudaBlas: Gemm<T>,
 {
     let part = a.seconds / f64::from(a.slices);
-    let (mut alone, mut batch_alone) = (Run::empty(), Run::empty());
-    let (mut loaded_batch, mut loaded) = (Run::empty(), Run::empty());
-    let (mut steal_alone, mut steal_loaded) = (0, 0);
-    for _ in 0..a.slices {
+    let mut r = Round {
+        alone: Run::empty(),
+        batch_alone: Run::empty(),
+        loaded_batch: Run::empty(),
+        loaded: Run::empty(),
+        steal_alone: 0,
+        steal_loaded: 0,
+        kept_by_slice: Vec::new(),
+    };
+    for slice in 0..a.slices {
         let steal0 = steal_ms();
-        alone.extend(b.serve(pool, 0, false, true, part, None).1.expect("high"));
-        steal_alone += steal_ms() - steal0;
-        batch_alone.extend(b.serve(pool, batch, false, false, part, None).0);
-        let steal1 = steal_ms();
-        let (lb, l) = b.serve(pool, batch, false, true, part, None);
-        steal_loaded += steal_ms() - steal1;
-        loaded_batch.extend(lb);
-        loaded.extend(l.expect("high"));
+        r.alone
+            .extend(b.serve(pool, 0, false, true, part, None).1.expect("high"));
+        r.steal_alone += steal_ms() - steal0;
+        let batch_alone = |r: &mut Round| {
+            let run = b.serve(pool, batch, false, false, part, None).0;
+            let rps = run.rps();
+            r.batch_alone.extend(run);
+            rps
+        };
+        let loaded = |r: &mut Round| {
+            let steal1 = steal_ms();
+            let (lb, l) = b.serve(pool, batch, false, true, part, None);
+            r.steal_loaded += steal_ms() - steal1;
+            let rps = lb.rps();
+            r.loaded_batch.extend(lb);
+            r.loaded.extend(l.expect("high"));
+            rps
+        };
+        let (alone_rps, loaded_rps) = if slice % 2 == 0 {
+            let first = batch_alone(&mut r);
+            (first, loaded(&mut r))
+        } else {
+            let first = loaded(&mut r);
+            (batch_alone(&mut r), first)
+        };
+        r.kept_by_slice.push(loaded_rps / alone_rps);
     }
-    (
-        alone,
-        batch_alone,
-        loaded_batch,
-        loaded,
-        steal_alone,
-        steal_loaded,
-    )
+    r
 }
 
 /// The probe: the high client alone, then beside each batch size, its requests' host
