@@ -416,8 +416,8 @@ impl Round {
 }
 
 /// One round beside `batch` clients, its three phases cut into `a.slices` and alternated. The
-/// batch-alone and the loaded phases swap places every other slice, so that a drift of the
-/// machine (the GPU's clock warming up behind the heavier phase) favours neither.
+/// batch-alone and the loaded phases swap places every other slice, so that whatever warms up
+/// behind the phase before (the GPU's clocks, the workers' spin) favours neither.
 fn sliced_round<T: Elem>(b: &Bench<T>, pool: &GpuPool, batch: usize, a: &Args) -> Round
 where
     CudaBlas: Gemm<T>,
