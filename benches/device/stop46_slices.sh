@@ -15,7 +15,7 @@ logs_in /tmp/bp-s46s s46s.tgz fresh
 SUMMARY='panicked|Error'
 P="--priority-only --rounds ${ROUNDS:-5} --isolate high --high-partition 16 --no-torch --batch-clients 8,16,32 --seconds 1"
 run() { step rounds_$1 150 $B/bench_serve $P "${@:2}"
-  grep -E "^\| (bf16|f32) " $LOGS/rounds_$1.log | cut -d'|' -f2-12,16; finish; }
+  grep -E "^\| (bf16|f32) " $LOGS/rounds_$1.log | cut -d'|' -f2-12,15-17; finish; }
 i=0
 for r in $(echo ${RUNS:-sliced,whole,sliced} | tr , ' '); do
   i=$((i+1)); args="--slices 1"

@@ -291,17 +291,56 @@ fn launch_columns(
     ])
 }
 
-/// The host's stolen time (`steal` of /proc/stat's `cpu` line: runnable while the hypervisor ran
-/// something else), ms summed over its cores; 0 where it cannot be read.
-fn steal_ms() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let cpu = stat.lines().next().unwrap_or_default();
-    // USER_HZ is 100 on Linux: a tick is 10 ms.
-    cpu.split_whitespace()
-        .nth(8)
-        .and_then(|t| t.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 10
+/// The host's CPU time so far, from /proc/stat's `cpu` line (ms summed over its cores; zero
+/// where it cannot be read): `busy` on the process's and others' threads (user, nice, system,
+/// irq, softirq), `steal` runnable while the hypervisor ran something else.
+#[derive(Clone, Copy, Default)]
+struct CpuTime {
+    busy_ms: u64,
+    steal_ms: u64,
+}
+
+impl CpuTime {
+    fn now() -> Self {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: Vec<u64> = (stat.lines().next().unwrap_or_default())
+            .split_whitespace()
+            .skip(1)
+            .map(|t| t.parse().unwrap_or(0))
+            .collect();
+        let at = |i: usize| ticks.get(i).copied().unwrap_or(0);
+        // USER_HZ is 100 on Linux: a tick is 10 ms.
+        CpuTime {
+            busy_ms: (at(0) + at(1) + at(2) + at(5) + at(6)) * 10,
+            steal_ms: at(7) * 10,
+        }
+    }
+}
+
+/// A phase's CPU time, summed over its slices: wall ms, the host's busy and stolen ms.
+#[derive(Clone, Copy, Default)]
+struct PhaseCpu {
+    wall_ms: f64,
+    busy_ms: u64,
+    steal_ms: u64,
+}
+
+impl PhaseCpu {
+    /// Runs `f`, adding its wall time and the host's CPU time meanwhile.
+    fn time<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let (c0, t0) = (CpuTime::now(), Instant::now());
+        let r = f();
+        let c1 = CpuTime::now();
+        self.wall_ms += t0.elapsed().as_secs_f64() * 1e3;
+        self.busy_ms += c1.busy_ms.saturating_sub(c0.busy_ms);
+        self.steal_ms += c1.steal_ms.saturating_sub(c0.steal_ms);
+        r
+    }
+
+    /// Cores busy on average over the phase.
+    fn cores_busy(&self) -> f64 {
+        self.busy_ms as f64 / self.wall_ms.max(1.0)
+    }
 }
 
 /// A run's requests slower than 500 µs: how many, in how many distinct 10 ms windows of their
@@ -355,8 +394,8 @@ pub(super) fn priority_rounds<T: Elem>(
             a.seconds / f64::from(a.slices)
         );
     }
-    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded | batch kept, slices' range |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |");
+    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded | batch kept, slices' range | cores busy alone / loaded |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |");
     for &batch in &a.batch_clients {
         for round in 1..=a.rounds {
             let r = sliced_round(&b, pool, batch, a);
@@ -364,7 +403,7 @@ pub(super) fn priority_rounds<T: Elem>(
             let kept = r.loaded_batch.rps() / r.batch_alone.rps();
             let (kept_lo, kept_hi) = r.kept_range();
             println!(
-                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.3} | {kept:.3} | {} | {} | {} / {} | {kept_lo:.2}-{kept_hi:.2} |",
+                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.3} | {kept:.3} | {} | {} | {} / {} | {kept_lo:.2}-{kept_hi:.2} | {:.1} / {:.1} |",
                 T::NAME,
                 r.alone.pct(0.5),
                 r.alone.pct(0.99),
@@ -374,15 +413,19 @@ pub(super) fn priority_rounds<T: Elem>(
                 r.loaded.pct(0.999),
                 SlowRequests::of(&r.alone),
                 SlowRequests::of(&r.loaded),
-                r.steal_alone,
-                r.steal_loaded,
+                r.cpu_alone.steal_ms,
+                r.cpu_loaded.steal_ms,
+                r.cpu_alone.cores_busy(),
+                r.cpu_loaded.cores_busy(),
             );
             let v = json!({"impl": "boundpool", "scenario": "priority_round", "dtype": T::NAME,
                 "batch_clients": batch, "round": round, "slices": a.slices,
                 "high_alone_p50_us": r.alone.pct(0.5), "high_alone_p99_us": r.alone.pct(0.99),
                 "high_loaded_p50_us": r.loaded.pct(0.5), "high_loaded_p99_us": r.loaded.pct(0.99),
                 "batch_rps": r.loaded_batch.rps(), "batch_alone_rps": r.batch_alone.rps(),
-                "batch_kept_by_slice": r.kept_by_slice});
+                "batch_kept_by_slice": r.kept_by_slice,
+                "steal_ms_alone": r.cpu_alone.steal_ms, "steal_ms_loaded": r.cpu_loaded.steal_ms,
+                "cores_busy_alone": r.cpu_alone.cores_busy(), "cores_busy_loaded": r.cpu_loaded.cores_busy()});
             line(&v, a.json);
             out.push(v);
         }
@@ -390,15 +433,15 @@ pub(super) fn priority_rounds<T: Elem>(
 }
 
 /// One round of the priority scenario: the high client alone and loaded, the batch alone and
-/// loaded, the hypervisor's steal (ms) over the alone and the loaded phases, and the batch's
-/// requests/s loaded over alone in each slice.
+/// loaded, the host's CPU time over the high client's alone and the loaded phases, and the
+/// batch's requests/s loaded over alone in each slice.
 struct Round {
     alone: Run,
     batch_alone: Run,
     loaded_batch: Run,
     loaded: Run,
-    steal_alone: u64,
-    steal_loaded: u64,
+    cpu_alone: PhaseCpu,
+    cpu_loaded: PhaseCpu,
     kept_by_slice: Vec<f64>,
 }
 
@@ -428,15 +471,15 @@ where
         batch_alone: Run::empty(),
         loaded_batch: Run::empty(),
         loaded: Run::empty(),
-        steal_alone: 0,
-        steal_loaded: 0,
+        cpu_alone: PhaseCpu::default(),
+        cpu_loaded: PhaseCpu::default(),
         kept_by_slice: Vec::new(),
     };
     for slice in 0..a.slices {
-        let steal0 = steal_ms();
-        r.alone
-            .extend(b.serve(pool, 0, false, true, part, None).1.expect("high"));
-        r.steal_alone += steal_ms() - steal0;
+        let alone = r
+            .cpu_alone
+            .time(|| b.serve(pool, 0, false, true, part, None).1);
+        r.alone.extend(alone.expect("high"));
         let batch_alone = |r: &mut Round| {
             let run = b.serve(pool, batch, false, false, part, None).0;
             let rps = run.rps();
@@ -444,9 +487,9 @@ where
             rps
         };
         let loaded = |r: &mut Round| {
-            let steal1 = steal_ms();
-            let (lb, l) = b.serve(pool, batch, false, true, part, None);
-            r.steal_loaded += steal_ms() - steal1;
+            let (lb, l) = r
+                .cpu_loaded
+                .time(|| b.serve(pool, batch, false, true, part, None));
             let rps = lb.rps();
             r.loaded_batch.extend(lb);
             r.loaded.extend(l.expect("high"));
