@@ -294,7 +294,7 @@ fn launch_columns(
 /// The host's CPU time so far, from /proc/stat's `cpu` line (ms summed over its cores; zero
 /// where it cannot be read): `busy` on the process's and others' threads (user, nice, system,
 /// irq, softirq), `steal` runnable while the hypervisor ran something else.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct CpuTime {
     busy_ms: u64,
     steal_ms: u64,
