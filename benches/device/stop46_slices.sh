@@ -14,8 +14,29 @@ deadline ${TOTAL:-560}
 logs_in /tmp/bp-s46s s46s.tgz fresh
 SUMMARY='panicked|Error'
 P="--priority-only --rounds ${ROUNDS:-5} --isolate high --high-partition 16 --no-torch --batch-clients 8,16,32 --seconds 1"
+# Per cell, the rounds within each part of the target (p99 loaded ≤ 1.5x alone and ≤ 250 µs,
+# batch kept ≥ 0.95), and the rounds within all three, split by the loaded phases' steal
+# (≤ 30 ms: judged; more: the host's, as stop 45 set).
+within() { python3 - "$1" <<'PY'
+import re, sys
+cells, judged, stolen = {}, [0, 0], [0, 0]
+for line in open(sys.argv[1]):
+    f = [x.strip() for x in line.strip().strip('|').split('|')]
+    if len(f) < 15 or f[0] not in ('bf16', 'f32'):
+        continue
+    a99, l99, kept = float(f[4]), float(f[7]), float(f[10])
+    p99, kept = l99 <= 1.5 * a99 and l99 <= 250, kept >= 0.95
+    steal = [int(x) for x in re.findall(r'\d+', f[13])]
+    c = cells.setdefault(f'{f[0]} x{f[1]}', [0, 0, 0])
+    c[0] += 1; c[1] += p99; c[2] += kept
+    b = judged if steal[1] <= 30 else stolen
+    b[0] += 1; b[1] += p99 and kept
+print('within:', '; '.join(f'{k} p99 {v[1]}/{v[0]} kept {v[2]}/{v[0]}' for k, v in cells.items()))
+print(f'within all three: {judged[1]} of {judged[0]} rounds with loaded steal <= 30 ms, {stolen[1]} of {stolen[0]} with more')
+PY
+}
 run() { step rounds_$1 150 $B/bench_serve $P "${@:2}"
-  grep -E "^\| (bf16|f32) " $LOGS/rounds_$1.log | cut -d'|' -f2-12,15-17; finish; }
+  grep -E "^\| (bf16|f32) " $LOGS/rounds_$1.log | cut -d'|' -f2-12,15-17; within $LOGS/rounds_$1.log; finish; }
 i=0
 for r in $(echo ${RUNS:-sliced,whole,sliced} | tr , ' '); do
   i=$((i+1)); args="--slices 1"
