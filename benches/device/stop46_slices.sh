@@ -3,8 +3,9 @@
 # one process each) for each entry of RUNS (default: sliced,whole,sliced): `sliced` cuts each
 # phase into SLICES (5) alternated slices, `whole` runs the phases one after another
 # (--slices 1); a suffix `20` adds --idle-spin-us 20 (the library's idle spin; the bench's
-# is 200), and then `ns` --spinning-waiters 0 (only the high client's waiter spins). The same build, measured several ways in one call. Then, with
-# TESTS="t_gpu_priority ...", those GPU test binaries (TESTS=all: `gpu_tests`, every one).
+# is 200), and then `ns` --spinning-waiters 0 (only the high client's waiter spins). The
+# same build, measured several ways in one call. Then, with TESTS="t_gpu_priority ...",
+# those GPU test binaries (TESTS=all: `gpu_tests`, every one).
 # Here: `bash benches/device/pack.sh`, then with carry [".devbin"]:
 # `bash .devbin/stop46_slices.sh`.
 cd "$(dirname "$0")/.."
