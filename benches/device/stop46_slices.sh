@@ -20,7 +20,7 @@ P="--priority-only --rounds ${ROUNDS:-5} --isolate high --high-partition 16 --no
 # (≤ 30 ms: judged; more: the host's, as stop 45 set).
 within() { python3 - "$1" <<'PY'
 import re, sys
-cells, judged, stolen = {}, [0, 0], [0, 0]
+cells, judged, stolen, missed = {}, [0, 0], [0, 0], []
 for line in open(sys.argv[1]):
     f = [x.strip() for x in line.strip().strip('|').split('|')]
     if len(f) < 15 or f[0] not in ('bf16', 'f32'):
@@ -32,8 +32,12 @@ for line in open(sys.argv[1]):
     c[0] += 1; c[1] += p99; c[2] += kept
     b = judged if steal[1] <= 30 else stolen
     b[0] += 1; b[1] += p99 and kept
+    if not p99 and len(steal) == 4:
+        missed.append(steal[3])
 print('within:', '; '.join(f'{k} p99 {v[1]}/{v[0]} kept {v[2]}/{v[0]}' for k, v in cells.items()))
 print(f'within all three: {judged[1]} of {judged[0]} rounds with loaded steal <= 30 ms, {stolen[1]} of {stolen[0]} with more')
+if missed:
+    print(f'p99 missed in {len(missed)} rounds; {sum(m == 0 for m in missed)} of them had no steal on the high path\'s cores in the loaded phase (ms there: {sorted(missed)})')
 PY
 }
 run() { step rounds_$1 150 $B/bench_serve $P "${@:2}"

@@ -14,6 +14,10 @@ use boundpool::pin_current_thread;
 /// The batch clients' cores, and the latency-critical client's own core (with `high`).
 static CORES: OnceLock<(Vec<usize>, Option<usize>)> = OnceLock::new();
 
+/// The cores the latency-critical client's requests run on: its own and its partition's
+/// workers' (`--isolate high` on a split device; empty otherwise).
+static HIGH_PATH: OnceLock<Vec<usize>> = OnceLock::new();
+
 /// Chooses the clients' cores from `mode` (`None`: no placement), `batch_cores` (where given)
 /// and the cores `pool`'s workers are pinned to, and prints them.
 pub(super) fn init(mode: Option<&str>, batch_cores: &[usize], pool: &GpuPool) {
@@ -47,7 +51,18 @@ pub(super) fn init(mode: Option<&str>, batch_cores: &[usize], pool: &GpuPool) {
         high.map_or_else(|| format!("{free:?}"), |h| format!("[{h}]"))
     );
     println!("SMT siblings: {}", siblings());
+    if let (Some(h), Some((_, cores))) =
+        (high, groups.iter().find(|(g, _)| g.ends_with(".latency")))
+    {
+        let _ = HIGH_PATH.set(cores.iter().copied().chain([h]).collect());
+    }
     let _ = CORES.set((free, high));
+}
+
+/// The cores the latency-critical client's requests run on (its own and its partition's
+/// workers'), where both are placed; empty otherwise.
+pub(super) fn high_path_cores() -> &'static [usize] {
+    HIGH_PATH.get().map_or(&[], Vec::as_slice)
 }
 
 /// Each core's SMT siblings as the kernel lists them (`cpuN/topology/thread_siblings_list`),

@@ -2,8 +2,9 @@
 //! `--batch-clients 8,16,32` and `--rounds 5`), each round's p99 loaded over alone printed, and a
 //! probe (`--tail-probe`) that says where the slowest 1% of the client's requests lost their
 //! time on the host: the client thread's and the pool threads' time runnable but waiting for a
-//! core (`/proc/<tid>/schedstat`'s run delay) and the client's involuntary switches, read
-//! around each request (outside its timed window); and where each request's time went around
+//! core (`/proc/<tid>/schedstat`'s run delay), the client's involuntary switches and the
+//! hypervisor's steal on the high path's cores and on the others (`/proc/stat`), read around
+//! each request (outside its timed window); and where each request's time went around
 //! its GPU segment (`Replayable::probe_launches`): before the launch, inside the driver's
 //! launch call, on the device, and from the device's end to its worker seeing it done.
 
@@ -67,6 +68,10 @@ struct Sample {
     pool_wait: f64,
     pool_wait_max: f64,
     pool_run: f64,
+    /// The hypervisor's steal meanwhile (ms ticks × 10, so an estimate whose mean over many
+    /// requests holds): on the high path's cores, on the others.
+    high_steal: f64,
+    other_steal: f64,
 }
 
 /// Reads the counters around each of the high client's requests.
@@ -87,6 +92,7 @@ pub(super) struct Before {
     client: SchedStat,
     involuntary: u64,
     pool: Vec<SchedStat>,
+    cpu: CpuTime,
 }
 
 impl TailProbe {
@@ -121,6 +127,7 @@ impl TailProbe {
             client: schedstat("/proc/thread-self/schedstat"),
             involuntary: involuntary_switches(),
             pool: self.threads.iter().map(|p| schedstat(p)).collect(),
+            cpu: CpuTime::now(),
         })
     }
 
@@ -133,6 +140,7 @@ impl TailProbe {
             }
             return;
         };
+        let cpu = CpuTime::now();
         let client = schedstat("/proc/thread-self/schedstat");
         let involuntary = involuntary_switches();
         let us = |ns: u64| ns as f64 / 1e3;
@@ -152,6 +160,11 @@ impl TailProbe {
             pool_wait: us(wait),
             pool_wait_max: us(max),
             pool_run: us(run),
+            high_steal: cpu.high_steal_ms.saturating_sub(b.cpu.high_steal_ms) as f64 * 1000.0,
+            other_steal: (cpu.steal_ms.saturating_sub(cpu.high_steal_ms))
+                .saturating_sub(b.cpu.steal_ms.saturating_sub(b.cpu.high_steal_ms))
+                as f64
+                * 1000.0,
         };
         self.samples.lock().unwrap().push(s);
     }
@@ -170,17 +183,19 @@ impl TailProbe {
         let mid = &s[n * 45 / 100..n * 55 / 100];
         let slow = &s[n * 99 / 100..];
         println!("{label}: {n} probed requests (means over each group; µs, switches counted)");
-        println!("| group | latency | client waiting for a core | client involuntary switches | pool threads waiting (sum) | (max one thread) | pool threads on a core |");
-        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+        println!("| group | latency | client waiting for a core | client involuntary switches | pool threads waiting (sum) | (max one thread) | pool threads on a core | steal on the high path's cores | steal on the others |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for (name, g) in [("p45-p55", mid), ("slowest 1%", slow)] {
             println!(
-                "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} |",
+                "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
                 mean(g, |x| x.latency),
                 mean(g, |x| x.client_wait),
                 mean(g, |x| x.client_involuntary),
                 mean(g, |x| x.pool_wait),
                 mean(g, |x| x.pool_wait_max),
                 mean(g, |x| x.pool_run),
+                mean(g, |x| x.high_steal),
+                mean(g, |x| x.other_steal),
             );
         }
         self.report_launches(mid, slow);
@@ -291,28 +306,42 @@ fn launch_columns(
     ])
 }
 
-/// The host's CPU time so far, from /proc/stat's `cpu` line (ms summed over its cores; zero
-/// where it cannot be read): `busy` on the process's and others' threads (user, nice, system,
-/// irq, softirq), `steal` runnable while the hypervisor ran something else.
+/// The host's CPU time so far, from /proc/stat (ms summed over its cores; zero where it cannot
+/// be read): `busy` on the process's and others' threads (user, nice, system, irq, softirq),
+/// `steal` runnable while the hypervisor ran something else, and of that `high_steal` on the
+/// cores the latency-critical client's requests run on (`placement::high_path_cores`).
 #[derive(Clone, Copy)]
 struct CpuTime {
     busy_ms: u64,
     steal_ms: u64,
+    high_steal_ms: u64,
 }
 
 impl CpuTime {
     fn now() -> Self {
         let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-        let ticks: Vec<u64> = (stat.lines().next().unwrap_or_default())
-            .split_whitespace()
-            .skip(1)
-            .map(|t| t.parse().unwrap_or(0))
-            .collect();
-        let at = |i: usize| ticks.get(i).copied().unwrap_or(0);
+        let ticks = |line: &str| -> Vec<u64> {
+            line.split_whitespace()
+                .skip(1)
+                .map(|t| t.parse().unwrap_or(0))
+                .collect()
+        };
+        let at = |t: &[u64], i: usize| t.get(i).copied().unwrap_or(0);
+        let all = ticks(stat.lines().next().unwrap_or_default());
+        let high = placement::high_path_cores();
+        let high_steal: u64 = stat
+            .lines()
+            .filter_map(|l| {
+                let (name, _) = l.split_once(' ')?;
+                let core: usize = name.strip_prefix("cpu")?.parse().ok()?;
+                high.contains(&core).then(|| at(&ticks(l), 7))
+            })
+            .sum();
         // USER_HZ is 100 on Linux: a tick is 10 ms.
         CpuTime {
-            busy_ms: (at(0) + at(1) + at(2) + at(5) + at(6)) * 10,
-            steal_ms: at(7) * 10,
+            busy_ms: (at(&all, 0) + at(&all, 1) + at(&all, 2) + at(&all, 5) + at(&all, 6)) * 10,
+            steal_ms: at(&all, 7) * 10,
+            high_steal_ms: high_steal * 10,
         }
     }
 }
@@ -323,6 +352,7 @@ struct PhaseCpu {
     wall_ms: f64,
     busy_ms: u64,
     steal_ms: u64,
+    high_steal_ms: u64,
 }
 
 impl PhaseCpu {
@@ -334,6 +364,7 @@ impl PhaseCpu {
         self.wall_ms += t0.elapsed().as_secs_f64() * 1e3;
         self.busy_ms += c1.busy_ms.saturating_sub(c0.busy_ms);
         self.steal_ms += c1.steal_ms.saturating_sub(c0.steal_ms);
+        self.high_steal_ms += c1.high_steal_ms.saturating_sub(c0.high_steal_ms);
         r
     }
 
@@ -394,7 +425,7 @@ pub(super) fn priority_rounds<T: Elem>(
             a.seconds / f64::from(a.slices)
         );
     }
-    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded | batch kept, slices' range | cores busy alone / loaded |");
+    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded (of which on the high path's cores) | batch kept, slices' range | cores busy alone / loaded |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |");
     for &batch in &a.batch_clients {
         for round in 1..=a.rounds {
@@ -403,7 +434,7 @@ pub(super) fn priority_rounds<T: Elem>(
             let kept = r.loaded_batch.rps() / r.batch_alone.rps();
             let (kept_lo, kept_hi) = r.kept_range();
             println!(
-                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.3} | {kept:.3} | {} | {} | {} / {} | {kept_lo:.2}-{kept_hi:.2} | {:.1} / {:.1} |",
+                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.3} | {kept:.3} | {} | {} | {} / {} ({} / {}) | {kept_lo:.2}-{kept_hi:.2} | {:.1} / {:.1} |",
                 T::NAME,
                 r.alone.pct(0.5),
                 r.alone.pct(0.99),
@@ -415,6 +446,8 @@ pub(super) fn priority_rounds<T: Elem>(
                 SlowRequests::of(&r.loaded),
                 r.cpu_alone.steal_ms,
                 r.cpu_loaded.steal_ms,
+                r.cpu_alone.high_steal_ms,
+                r.cpu_loaded.high_steal_ms,
                 r.cpu_alone.cores_busy(),
                 r.cpu_loaded.cores_busy(),
             );
@@ -425,6 +458,7 @@ pub(super) fn priority_rounds<T: Elem>(
                 "batch_rps": r.loaded_batch.rps(), "batch_alone_rps": r.batch_alone.rps(),
                 "batch_kept_by_slice": r.kept_by_slice,
                 "steal_ms_alone": r.cpu_alone.steal_ms, "steal_ms_loaded": r.cpu_loaded.steal_ms,
+                "high_path_steal_ms_alone": r.cpu_alone.high_steal_ms, "high_path_steal_ms_loaded": r.cpu_loaded.high_steal_ms,
                 "cores_busy_alone": r.cpu_alone.cores_busy(), "cores_busy_loaded": r.cpu_loaded.cores_busy()});
             line(&v, a.json);
             out.push(v);
