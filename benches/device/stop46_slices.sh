@@ -17,7 +17,8 @@ SUMMARY='panicked|Error'
 P="--priority-only --rounds ${ROUNDS:-5} --isolate high --high-partition 16 --no-torch --batch-clients 8,16,32 --seconds 1"
 # Per cell, the rounds within each part of the target (p99 loaded ≤ 1.5x alone and ≤ 250 µs,
 # batch kept ≥ 0.95), and the rounds within all three, split by the loaded phases' steal
-# (≤ 30 ms: judged; more: the host's, as stop 45 set).
+# (≤ 30 ms: judged; more: the host's, as stop 45 set); then the rounds whose p99 missed, and
+# how many of them had no steal on the high path's cores in their loaded phase.
 within() { python3 - "$1" <<'PY'
 import re, sys
 cells, judged, stolen, missed = {}, [0, 0], [0, 0], []
