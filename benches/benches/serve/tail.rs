@@ -3,7 +3,8 @@
 //! probe (`--tail-probe`) that says where the slowest 1% of the client's requests lost their
 //! time on the host: the client thread's and the pool threads' time runnable but waiting for a
 //! core (`/proc/<tid>/schedstat`'s run delay), the client's involuntary switches and the
-//! hypervisor's steal on the high path's cores and on the others (`/proc/stat`), read around
+//! hypervisor's steal on the high path's cores and on the others (`/proc/stat`), the host's
+//! TLB shootdowns and function-call IPIs (`/proc/interrupts`), read around
 //! each request (outside its timed window); and where each request's time went around
 //! its GPU segment (`Replayable::probe_launches`): before the launch, inside the driver's
 //! launch call, on the device, and from the device's end to its worker seeing it done.
@@ -72,6 +73,9 @@ struct Sample {
     /// requests holds): on the high path's cores, on the others.
     high_steal: f64,
     other_steal: f64,
+    /// The host's TLB shootdowns and function-call IPIs meanwhile.
+    tlb_shootdowns: f64,
+    function_calls: f64,
 }
 
 /// Reads the counters around each of the high client's requests.
@@ -165,6 +169,8 @@ impl TailProbe {
                 .saturating_sub(b.cpu.steal_ms.saturating_sub(b.cpu.high_steal_ms))
                 as f64
                 * 1000.0,
+            tlb_shootdowns: cpu.ipis.since(b.cpu.ipis).tlb_shootdowns as f64,
+            function_calls: cpu.ipis.since(b.cpu.ipis).function_calls as f64,
         };
         self.samples.lock().unwrap().push(s);
     }
@@ -183,11 +189,11 @@ impl TailProbe {
         let mid = &s[n * 45 / 100..n * 55 / 100];
         let slow = &s[n * 99 / 100..];
         println!("{label}: {n} probed requests (means over each group; µs, switches counted)");
-        println!("| group | latency | client waiting for a core | client involuntary switches | pool threads waiting (sum) | (max one thread) | pool threads on a core | steal on the high path's cores | steal on the others |");
-        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        println!("| group | latency | client waiting for a core | client involuntary switches | pool threads waiting (sum) | (max one thread) | pool threads on a core | steal on the high path's cores | steal on the others | TLB shootdowns | function-call IPIs |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for (name, g) in [("p45-p55", mid), ("slowest 1%", slow)] {
             println!(
-                "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
                 mean(g, |x| x.latency),
                 mean(g, |x| x.client_wait),
                 mean(g, |x| x.client_involuntary),
@@ -196,6 +202,8 @@ impl TailProbe {
                 mean(g, |x| x.pool_run),
                 mean(g, |x| x.high_steal),
                 mean(g, |x| x.other_steal),
+                mean(g, |x| x.tlb_shootdowns),
+                mean(g, |x| x.function_calls),
             );
         }
         self.report_launches(mid, slow);
@@ -315,6 +323,48 @@ struct CpuTime {
     busy_ms: u64,
     steal_ms: u64,
     high_steal_ms: u64,
+    ipis: Ipis,
+}
+
+/// Inter-processor interrupts the host's cores took so far (`/proc/interrupts`, x86's rows;
+/// zero elsewhere). A TLB shootdown's sender waits until every core it targets answers, so one
+/// on a core the hypervisor has stopped stalls the sender until that core runs again.
+#[derive(Clone, Copy, Default)]
+struct Ipis {
+    tlb_shootdowns: u64,
+    function_calls: u64,
+}
+
+impl Ipis {
+    fn now() -> Self {
+        let text = std::fs::read_to_string("/proc/interrupts").unwrap_or_default();
+        let row = |name: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.trim_start().strip_prefix(name))
+                .map(|rest| {
+                    rest.split_whitespace()
+                        .map_while(|t| t.parse::<u64>().ok())
+                        .sum()
+                })
+                .unwrap_or(0)
+        };
+        Ipis {
+            tlb_shootdowns: row("TLB:"),
+            function_calls: row("CAL:"),
+        }
+    }
+
+    fn since(self, earlier: Ipis) -> Ipis {
+        Ipis {
+            tlb_shootdowns: self.tlb_shootdowns.saturating_sub(earlier.tlb_shootdowns),
+            function_calls: self.function_calls.saturating_sub(earlier.function_calls),
+        }
+    }
+
+    fn add(&mut self, more: Ipis) {
+        self.tlb_shootdowns += more.tlb_shootdowns;
+        self.function_calls += more.function_calls;
+    }
 }
 
 impl CpuTime {
@@ -342,6 +392,7 @@ impl CpuTime {
             busy_ms: (at(&all, 0) + at(&all, 1) + at(&all, 2) + at(&all, 5) + at(&all, 6)) * 10,
             steal_ms: at(&all, 7) * 10,
             high_steal_ms: high_steal * 10,
+            ipis: Ipis::now(),
         }
     }
 }
@@ -353,6 +404,7 @@ struct PhaseCpu {
     busy_ms: u64,
     steal_ms: u64,
     high_steal_ms: u64,
+    ipis: Ipis,
 }
 
 impl PhaseCpu {
@@ -365,7 +417,18 @@ impl PhaseCpu {
         self.busy_ms += c1.busy_ms.saturating_sub(c0.busy_ms);
         self.steal_ms += c1.steal_ms.saturating_sub(c0.steal_ms);
         self.high_steal_ms += c1.high_steal_ms.saturating_sub(c0.high_steal_ms);
+        self.ipis.add(c1.ipis.since(c0.ipis));
         r
+    }
+
+    /// TLB shootdowns and function-call IPIs per second of the phase, as "tlb, calls" in k/s.
+    fn ipi_rates(&self) -> String {
+        let per_s = |n: u64| n as f64 / self.wall_ms.max(1.0);
+        format!(
+            "{:.1}, {:.1}",
+            per_s(self.ipis.tlb_shootdowns),
+            per_s(self.ipis.function_calls)
+        )
     }
 
     /// Cores busy on average over the phase.
@@ -425,8 +488,8 @@ pub(super) fn priority_rounds<T: Elem>(
             a.seconds / f64::from(a.slices)
         );
     }
-    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded (of which on the high path's cores) | batch kept, slices' range | cores busy alone / loaded |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |");
+    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded (of which on the high path's cores) | batch kept, slices' range | cores busy alone / loaded | TLB shootdowns, function-call IPIs k/s alone / loaded |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- |");
     for &batch in &a.batch_clients {
         for round in 1..=a.rounds {
             let r = sliced_round(&b, pool, batch, a);
@@ -434,7 +497,7 @@ pub(super) fn priority_rounds<T: Elem>(
             let kept = r.loaded_batch.rps() / r.batch_alone.rps();
             let (kept_lo, kept_hi) = r.kept_range();
             println!(
-                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.3} | {kept:.3} | {} | {} | {} / {} ({} / {}) | {kept_lo:.2}-{kept_hi:.2} | {:.1} / {:.1} |",
+                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.3} | {kept:.3} | {} | {} | {} / {} ({} / {}) | {kept_lo:.2}-{kept_hi:.2} | {:.1} / {:.1} | {} / {} |",
                 T::NAME,
                 r.alone.pct(0.5),
                 r.alone.pct(0.99),
@@ -450,6 +513,8 @@ pub(super) fn priority_rounds<T: Elem>(
                 r.cpu_loaded.high_steal_ms,
                 r.cpu_alone.cores_busy(),
                 r.cpu_loaded.cores_busy(),
+                r.cpu_alone.ipi_rates(),
+                r.cpu_loaded.ipi_rates(),
             );
             let v = json!({"impl": "boundpool", "scenario": "priority_round", "dtype": T::NAME,
                 "batch_clients": batch, "round": round, "slices": a.slices,
@@ -459,7 +524,9 @@ pub(super) fn priority_rounds<T: Elem>(
                 "batch_kept_by_slice": r.kept_by_slice,
                 "steal_ms_alone": r.cpu_alone.steal_ms, "steal_ms_loaded": r.cpu_loaded.steal_ms,
                 "high_path_steal_ms_alone": r.cpu_alone.high_steal_ms, "high_path_steal_ms_loaded": r.cpu_loaded.high_steal_ms,
-                "cores_busy_alone": r.cpu_alone.cores_busy(), "cores_busy_loaded": r.cpu_loaded.cores_busy()});
+                "cores_busy_alone": r.cpu_alone.cores_busy(), "cores_busy_loaded": r.cpu_loaded.cores_busy(),
+                "tlb_shootdowns_alone": r.cpu_alone.ipis.tlb_shootdowns, "tlb_shootdowns_loaded": r.cpu_loaded.ipis.tlb_shootdowns,
+                "function_call_ipis_alone": r.cpu_alone.ipis.function_calls, "function_call_ipis_loaded": r.cpu_loaded.ipis.function_calls});
             line(&v, a.json);
             out.push(v);
         }
