@@ -42,7 +42,7 @@ if missed:
 PY
 }
 run() { step rounds_$1 150 $B/bench_serve $P "${@:2}"
-  grep -E "^\| (bf16|f32) " $LOGS/rounds_$1.log | cut -d'|' -f2-12,15-17; within $LOGS/rounds_$1.log; finish; }
+  grep -E "^\| (bf16|f32) " $LOGS/rounds_$1.log | cut -d"|" -f2-12,15-18; within $LOGS/rounds_$1.log; finish; }
 i=0
 for r in $(echo ${RUNS:-sliced,whole,sliced} | tr , ' '); do
   i=$((i+1)); args="--slices 1"
