@@ -2,7 +2,8 @@
 # The library every device script sources (and ad-hoc runs on the GPU machine:
 # `source .devbin/lib.sh; step NAME SECS CMD...; finish`). Sourcing it moves into .devbin,
 # unpacks the binaries to $B (and other revisions' to revs/NAME/, see pack.sh's PACK_REVS),
-# exports BOUNDPOOL_REQUIRE_GPU=1 and sets CS (the compute-sanitizer command) and:
+# exports BOUNDPOOL_REQUIRE_GPU=1 and sets CS (the compute-sanitizer command), STRACE (the
+# packed strace, when there is one) and:
 #   logs_in DIR TGZ [fresh]   logs go to DIR, `finish` packs them into $OUT/TGZ; `fresh` empties
 #                             DIR first (default: /tmp/boundpool-logs, logs.tgz, kept)
 #   deadline SECS             every later step ends within SECS from now (default: BUDGET, 570)
@@ -26,6 +27,8 @@ B=$PWD/b
 for f in revs/*/*.xz; do [ -f "$f" ] && xz -dkf "$f" && chmod +x "${f%.xz}"; done
 export BOUNDPOOL_REQUIRE_GPU=1
 CS="compute-sanitizer --error-exitcode 99 --print-limit 20"
+# The packed strace (pack.sh), empty where none was packed.
+STRACE=; [ -x strace/strace ] && STRACE="env LD_LIBRARY_PATH=$PWD/strace $PWD/strace/strace"
 SUMMARY='ERROR SUMMARY|RACECHECK SUMMARY|test result|FAILED|panicked|HUNG'
 STEP_START=
 logs_in() { LOGS=$1; TGZ=$2; [ "${3:-}" = fresh ] && rm -rf "$LOGS"; mkdir -p "$LOGS"; }

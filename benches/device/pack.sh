@@ -117,4 +117,11 @@ for line in sys.stdin:
   git worktree remove --force "$src"
 done
 cp benches/device/*.sh "$out/"
+# This machine's strace and the libraries it needs beyond libc (the GPU machine has none), for
+# counting a run's system calls there: lib.sh sets STRACE to run it.
+if command -v strace >/dev/null; then
+  mkdir -p "$out/strace"; cp "$(command -v strace)" "$out/strace/"
+  ldd "$(command -v strace)" | awk '/=> \// {print $3}' | grep -vE '/libc\.so' \
+    | xargs -r cp -L -t "$out/strace/"
+fi
 ls -la "$out"; tar tJf "$out/b.tar.xz" | tr '\n' ' '; echo
