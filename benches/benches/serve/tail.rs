@@ -147,6 +147,7 @@ impl TailProbe {
         let cpu = CpuTime::now();
         let client = schedstat("/proc/thread-self/schedstat");
         let involuntary = involuntary_switches();
+        let ipis = cpu.ipis.since(b.cpu.ipis);
         let us = |ns: u64| ns as f64 / 1e3;
         let (mut wait, mut max, mut run) = (0u64, 0u64, 0u64);
         for (p, old) in self.threads.iter().zip(&b.pool) {
@@ -169,8 +170,8 @@ impl TailProbe {
                 .saturating_sub(b.cpu.steal_ms.saturating_sub(b.cpu.high_steal_ms))
                 as f64
                 * 1000.0,
-            tlb_shootdowns: cpu.ipis.since(b.cpu.ipis).tlb_shootdowns as f64,
-            function_calls: cpu.ipis.since(b.cpu.ipis).function_calls as f64,
+            tlb_shootdowns: ipis.tlb_shootdowns as f64,
+            function_calls: ipis.function_calls as f64,
         };
         self.samples.lock().unwrap().push(s);
     }
