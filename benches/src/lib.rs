@@ -4,7 +4,8 @@
 //! libraries (not published): the benches (`cargo bench -p boundpool-bench --bench
 //! scheduler|gpu|observe|cholesky|replay|serve|partition`; the flags of `gpu`, `replay`, `serve`
 //! and `partition` are clap parsers read with [`flags`], `-- --help` lists them),
-//! the tiled Cholesky workload ([`cholesky`]), the profiling examples (`smoke`,
+//! the tiled Cholesky workload ([`cholesky`]), the stall injector of the serve bench
+//! ([`stalls`]), the profiling examples (`smoke`,
 //! `build_profile`, `sweep`, `gpu_probe`) and the device scripts (`device/`). The graph shapes,
 //! the baselines and the replay bench live in `boundpool-workloads`, which the `boundpool`
 //! command line runs too, so every figure compares like with like.
@@ -18,6 +19,8 @@
 //!   `Gemm`) over typed views' pointers, the views checked against their slices; a view is
 //!   shared, so the caller orders what writes through it. `cholesky.rs`: its node bodies and
 //!   checks calling them.
+//! * `stalls.rs`: `sched_setscheduler` on the calling stall thread (`libc`), to put it at
+//!   `SCHED_FIFO`.
 //!
 //! Of the bench targets, `benches/gpu.rs` launches kernels (`boundpool_gpu::Launch::launch`),
 //! `benches/partition.rs` too and calls cudarc's `Gemm`, and `benches/cholesky.rs` calls the
@@ -27,3 +30,4 @@
 
 pub mod cholesky;
 pub mod flags;
+pub mod stalls;
