@@ -24,7 +24,8 @@
 //! in N alternated slices (`serve/tail.rs`, with
 //! `--tail-probe` and `--tail-trace`); `--isolate workers|high`: the clients' threads kept off
 //! the workers' cores (`serve/placement.rs`), and `--batch-cores LIST` the batch clients on
-//! LIST. Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
+//! LIST; `--inject-stalls WHERE:MS:PER_S` holds chosen cores off their threads at random
+//! (`boundpool_bench::stalls`). Without a GPU it says why and exits (status 1 with `BOUNDPOOL_REQUIRE_GPU=1`).
 
 #[path = "../../examples/serve/model.rs"]
 mod model;
@@ -42,6 +43,7 @@ use boundpool::gpu::half::bf16;
 use boundpool::gpu::{
     gpu_unavailable_reason, Devices, GpuDevice, GpuPool, GpuPoolBuilder, Priority, SmPartition,
 };
+use boundpool_bench::stalls::{self, StallSpec};
 use boundpool_workloads::{median, percentile};
 use clap::ArgAction;
 use model::{check, Elem, GemmPath, ServeOptions, ServedModel, Shape, Weights};
@@ -144,6 +146,12 @@ struct Args {
     /// (and of the latency-critical client's).
     #[arg(long, value_delimiter = ',')]
     batch_cores: Vec<usize>,
+    /// With `--isolate high --high-partition S`: on each core of WHERE (`batch-workers`,
+    /// `batch-clients` or `high-path`) a thread at SCHED_FIFO spins MS ms at random instants,
+    /// PER_S times a second on average, for the whole run (`boundpool_bench::stalls`): the
+    /// hypervisor's steal, placed and dosed. Each round prints the stalls' ms in each phase.
+    #[arg(long, value_name = "WHERE:MS:PER_S", value_parser = boundpool_bench::stalls::parse)]
+    inject_stalls: Option<StallSpec>,
 }
 
 fn gemm_path(s: &str) -> Result<GemmPath, String> {
@@ -640,6 +648,13 @@ fn main() {
             }
         };
         placement::init(a.isolate.as_deref(), &a.batch_cores, &pool);
+        if let Some(spec) = a.inject_stalls {
+            let cores = placement::stall_cores(spec.place);
+            if let Err(e) = stalls::start(spec, &cores) {
+                eprintln!("serve bench: --inject-stalls: {e} (it needs --isolate high and --high-partition)");
+                std::process::exit(2);
+            }
+        }
         let devices = (&batch, &lat);
         if a.tail_trace {
             tail::traced::<bf16>(&pool, devices, &a);

@@ -3,8 +3,10 @@
 # one process each) for each entry of RUNS (default: sliced,whole,sliced): `sliced` cuts each
 # phase into SLICES (5) alternated slices, `whole` runs the phases one after another
 # (--slices 1); a suffix `20` adds --idle-spin-us 20 (the library's idle spin; the bench's
-# is 200), and then `ns` --spinning-waiters 0 (only the high client's waiter spins). The
-# same build, measured several ways in one call. Then, with TESTS="t_gpu_priority ...",
+# is 200), and then `ns` --spinning-waiters 0 (only the high client's waiter spins); a suffix
+# `+bw`, `+bc` or `+hp` injects stalls (--inject-stalls, STALL: MS:PER_S, default 2:20) on the
+# batch workers', the batch clients' or the high path's cores. The same build, measured
+# several ways in one call. Logs to S46_LOGS (/tmp/bp-s46s), packed as S46_TGZ (s46s.tgz). Then, with TESTS="t_gpu_priority ...",
 # those GPU test binaries (TESTS=all: `gpu_tests`, every one).
 # Here: `bash benches/device/pack.sh`, then with carry [".devbin"]:
 # `bash .devbin/stop46_slices.sh`.
@@ -12,7 +14,7 @@ cd "$(dirname "$0")/.."
 source .devbin/lib.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
 deadline ${TOTAL:-560}
-logs_in /tmp/bp-s46s s46s.tgz fresh
+logs_in ${S46_LOGS:-/tmp/bp-s46s} ${S46_TGZ:-s46s.tgz} fresh
 SUMMARY='panicked|Error'
 P="--priority-only --rounds ${ROUNDS:-5} --isolate high --high-partition 16 --no-torch --batch-clients 8,16,32 --seconds 1"
 # Per cell, the rounds within each part of the target (p99 loaded ≤ 1.5x alone and ≤ 250 µs,
@@ -42,13 +44,16 @@ if missed:
 PY
 }
 run() { step rounds_$1 150 $B/bench_serve $P "${@:2}"
-  grep -E "^\| (bf16|f32) " $LOGS/rounds_$1.log | cut -d"|" -f2-12,15-18; within $LOGS/rounds_$1.log; finish; }
+  grep -E "^\| (bf16|f32) " $LOGS/rounds_$1.log | cut -d"|" -f2-12,15-19; within $LOGS/rounds_$1.log; finish; }
 i=0
 for r in $(echo ${RUNS:-sliced,whole,sliced} | tr , ' '); do
   i=$((i+1)); args="--slices 1"
   case $r in sliced*) args="--slices ${SLICES:-5}" ;; esac
   case $r in *20*) args="$args --idle-spin-us 20" ;; esac
-  case $r in *ns) args="$args --spinning-waiters 0" ;; esac
+  case $r in *ns|*ns+*) args="$args --spinning-waiters 0" ;; esac
+  case $r in *+bw) args="$args --inject-stalls batch-workers:${STALL:-2:20}" ;;
+    *+bc) args="$args --inject-stalls batch-clients:${STALL:-2:20}" ;;
+    *+hp) args="$args --inject-stalls high-path:${STALL:-2:20}" ;; esac
   run ${r}_$i $args
 done
 [ "${TESTS:-}" = all ] && { gpu_tests; exit; }

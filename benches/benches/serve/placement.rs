@@ -4,12 +4,14 @@
 //! latency-critical client a core of its own (`Pool::reserve_core`). `--batch-cores` puts the
 //! batch clients on a list of cores instead (e.g. away from the latency workers' SMT
 //! siblings). All through the scheduler's `pin_current_thread`, as a server would place its
-//! own request threads. Each worker group's cores and each core's SMT siblings are printed.
+//! own request threads. Each worker group's cores and each core's SMT siblings are printed, and
+//! `--inject-stalls` finds its cores here.
 
 use std::sync::OnceLock;
 
 use boundpool::gpu::GpuPool;
 use boundpool::pin_current_thread;
+use boundpool_bench::stalls::Place;
 
 /// The batch clients' cores, and the latency-critical client's own core (with `high`).
 static CORES: OnceLock<(Vec<usize>, Option<usize>)> = OnceLock::new();
@@ -17,6 +19,10 @@ static CORES: OnceLock<(Vec<usize>, Option<usize>)> = OnceLock::new();
 /// The cores the latency-critical client's requests run on: its own and its partition's
 /// workers' (`--isolate high` on a split device; empty otherwise).
 static HIGH_PATH: OnceLock<Vec<usize>> = OnceLock::new();
+
+/// The cores of the workers outside the latency partition (`--isolate high` on a split device;
+/// empty otherwise).
+static BATCH_WORKERS: OnceLock<Vec<usize>> = OnceLock::new();
 
 /// Chooses the clients' cores from `mode` (`None`: no placement), `batch_cores` (where given)
 /// and the cores `pool`'s workers are pinned to, and prints them.
@@ -55,6 +61,8 @@ pub(super) fn init(mode: Option<&str>, batch_cores: &[usize], pool: &GpuPool) {
         (high, groups.iter().find(|(g, _)| g.ends_with(".latency")))
     {
         let _ = HIGH_PATH.set(cores.iter().copied().chain([h]).collect());
+        let batch = groups.iter().filter(|(g, _)| !g.ends_with(".latency"));
+        let _ = BATCH_WORKERS.set(batch.flat_map(|(_, c)| c.iter().copied()).collect());
     }
     let _ = CORES.set((free, high));
 }
@@ -63,6 +71,20 @@ pub(super) fn init(mode: Option<&str>, batch_cores: &[usize], pool: &GpuPool) {
 /// workers'), where both are placed; empty otherwise.
 pub(super) fn high_path_cores() -> &'static [usize] {
     HIGH_PATH.get().map_or(&[], Vec::as_slice)
+}
+
+/// The cores of `place` for `--inject-stalls`: the batch workers', the batch clients' or the
+/// high path's, where `--isolate high` placed them on a split device (empty otherwise).
+pub(super) fn stall_cores(place: Place) -> Vec<usize> {
+    match place {
+        Place::BatchWorkers => BATCH_WORKERS.get().cloned().unwrap_or_default(),
+        Place::BatchClients if !high_path_cores().is_empty() => CORES
+            .get()
+            .map(|(free, _)| free.clone())
+            .unwrap_or_default(),
+        Place::BatchClients => Vec::new(),
+        Place::HighPath => high_path_cores().to_vec(),
+    }
 }
 
 /// Each core's SMT siblings as the kernel lists them (`cpuN/topology/thread_siblings_list`),

@@ -4,7 +4,8 @@
 //! time on the host: the client thread's and the pool threads' time runnable but waiting for a
 //! core (`/proc/<tid>/schedstat`'s run delay), the client's involuntary switches and the
 //! hypervisor's steal on the high path's cores and on the others (`/proc/stat`), the host's
-//! TLB shootdowns and function-call IPIs (`/proc/interrupts`), read around
+//! TLB shootdowns and function-call IPIs (`/proc/interrupts`) and the stalls injected
+//! (`--inject-stalls`), read around
 //! each request (outside its timed window); and where each request's time went around
 //! its GPU segment (`Replayable::probe_launches`): before the launch, inside the driver's
 //! launch call, on the device, and from the device's end to its worker seeing it done.
@@ -43,7 +44,8 @@ fn involuntary_switches() -> u64 {
 }
 
 /// The schedstat files of this process's threads now (called after the pool is built and
-/// before any client starts: the pool's workers and the driver's threads).
+/// before any client starts: the pool's workers and the driver's threads; not the stall
+/// threads of `--inject-stalls`).
 fn pool_threads() -> Vec<String> {
     let me = fs::read_link("/proc/thread-self")
         .ok()
@@ -53,6 +55,10 @@ fn pool_threads() -> Vec<String> {
             d.filter_map(Result::ok)
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .filter(|t| Some(t) != me.as_ref())
+                .filter(|t| {
+                    let comm = fs::read_to_string(format!("/proc/self/task/{t}/comm"));
+                    !comm.is_ok_and(|c| c.starts_with("stall-"))
+                })
                 .map(|t| format!("/proc/self/task/{t}/schedstat"))
                 .collect()
         })
@@ -76,6 +82,8 @@ struct Sample {
     /// The host's TLB shootdowns and function-call IPIs meanwhile.
     tlb_shootdowns: f64,
     function_calls: f64,
+    /// Stalls injected meanwhile (`--inject-stalls`; µs over their cores).
+    stalls: f64,
 }
 
 /// Reads the counters around each of the high client's requests.
@@ -172,6 +180,7 @@ impl TailProbe {
                 * 1000.0,
             tlb_shootdowns: ipis.tlb_shootdowns as f64,
             function_calls: ipis.function_calls as f64,
+            stalls: (cpu.stalls_ms - b.cpu.stalls_ms) * 1e3,
         };
         self.samples.lock().unwrap().push(s);
     }
@@ -190,11 +199,13 @@ impl TailProbe {
         let mid = &s[n * 45 / 100..n * 55 / 100];
         let slow = &s[n * 99 / 100..];
         println!("{label}: {n} probed requests (means over each group; µs, switches counted)");
-        println!("| group | latency | client waiting for a core | client involuntary switches | pool threads waiting (sum) | (max one thread) | pool threads on a core | steal on the high path's cores | steal on the others | TLB shootdowns | function-call IPIs |");
-        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        println!("| group | latency | client waiting for a core | client involuntary switches | pool threads waiting (sum) | (max one thread) | pool threads on a core | steal on the high path's cores | steal on the others | TLB shootdowns | function-call IPIs | stalls injected |");
+        println!(
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
         for (name, g) in [("p45-p55", mid), ("slowest 1%", slow)] {
             println!(
-                "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
                 mean(g, |x| x.latency),
                 mean(g, |x| x.client_wait),
                 mean(g, |x| x.client_involuntary),
@@ -205,6 +216,7 @@ impl TailProbe {
                 mean(g, |x| x.other_steal),
                 mean(g, |x| x.tlb_shootdowns),
                 mean(g, |x| x.function_calls),
+                mean(g, |x| x.stalls),
             );
         }
         self.report_launches(mid, slow);
@@ -325,6 +337,8 @@ struct CpuTime {
     steal_ms: u64,
     high_steal_ms: u64,
     ipis: Ipis,
+    /// Stalls injected so far (`--inject-stalls`), ms over their cores.
+    stalls_ms: f64,
 }
 
 /// Inter-processor interrupts the host's cores took so far (`/proc/interrupts`, x86's rows;
@@ -394,6 +408,7 @@ impl CpuTime {
             steal_ms: at(&all, 7) * 10,
             high_steal_ms: high_steal * 10,
             ipis: Ipis::now(),
+            stalls_ms: stalls::injected_ms(),
         }
     }
 }
@@ -406,6 +421,7 @@ struct PhaseCpu {
     steal_ms: u64,
     high_steal_ms: u64,
     ipis: Ipis,
+    stalls_ms: f64,
 }
 
 impl PhaseCpu {
@@ -419,6 +435,7 @@ impl PhaseCpu {
         self.steal_ms += c1.steal_ms.saturating_sub(c0.steal_ms);
         self.high_steal_ms += c1.high_steal_ms.saturating_sub(c0.high_steal_ms);
         self.ipis.add(c1.ipis.since(c0.ipis));
+        self.stalls_ms += c1.stalls_ms - c0.stalls_ms;
         r
     }
 
@@ -489,8 +506,8 @@ pub(super) fn priority_rounds<T: Elem>(
             a.seconds / f64::from(a.slices)
         );
     }
-    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded (of which on the high path's cores) | batch kept, slices' range | cores busy alone / loaded | TLB shootdowns, function-call IPIs k/s alone / loaded |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- |");
+    println!("| dtype | batch clients | round | alone p50 | alone p99 | alone p99.9 | loaded p50 | loaded p99 | loaded p99.9 | p99 loaded/alone | batch req/s loaded/alone | alone > 500 µs (10 ms windows, max µs) | loaded > 500 µs (windows, max) | steal ms alone / loaded (of which on the high path's cores) | batch kept, slices' range | cores busy alone / loaded | TLB shootdowns, function-call IPIs k/s alone / loaded | stalls injected ms alone / loaded |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- | --- |");
     for &batch in &a.batch_clients {
         for round in 1..=a.rounds {
             let r = sliced_round(&b, pool, batch, a);
@@ -498,7 +515,7 @@ pub(super) fn priority_rounds<T: Elem>(
             let kept = r.loaded_batch.rps() / r.batch_alone.rps();
             let (kept_lo, kept_hi) = r.kept_range();
             println!(
-                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.3} | {kept:.3} | {} | {} | {} / {} ({} / {}) | {kept_lo:.2}-{kept_hi:.2} | {:.1} / {:.1} | {} / {} |",
+                "| {} | {batch} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {ratio:.3} | {kept:.3} | {} | {} | {} / {} ({} / {}) | {kept_lo:.2}-{kept_hi:.2} | {:.1} / {:.1} | {} / {} | {:.0} / {:.0} |",
                 T::NAME,
                 r.alone.pct(0.5),
                 r.alone.pct(0.99),
@@ -516,6 +533,8 @@ pub(super) fn priority_rounds<T: Elem>(
                 r.cpu_loaded.cores_busy(),
                 r.cpu_alone.ipi_rates(),
                 r.cpu_loaded.ipi_rates(),
+                r.cpu_alone.stalls_ms,
+                r.cpu_loaded.stalls_ms,
             );
             let v = json!({"impl": "boundpool", "scenario": "priority_round", "dtype": T::NAME,
                 "batch_clients": batch, "round": round, "slices": a.slices,
@@ -527,7 +546,8 @@ pub(super) fn priority_rounds<T: Elem>(
                 "high_path_steal_ms_alone": r.cpu_alone.high_steal_ms, "high_path_steal_ms_loaded": r.cpu_loaded.high_steal_ms,
                 "cores_busy_alone": r.cpu_alone.cores_busy(), "cores_busy_loaded": r.cpu_loaded.cores_busy(),
                 "tlb_shootdowns_alone": r.cpu_alone.ipis.tlb_shootdowns, "tlb_shootdowns_loaded": r.cpu_loaded.ipis.tlb_shootdowns,
-                "function_call_ipis_alone": r.cpu_alone.ipis.function_calls, "function_call_ipis_loaded": r.cpu_loaded.ipis.function_calls});
+                "function_call_ipis_alone": r.cpu_alone.ipis.function_calls, "function_call_ipis_loaded": r.cpu_loaded.ipis.function_calls,
+                "stalls_ms_alone": r.cpu_alone.stalls_ms, "stalls_ms_loaded": r.cpu_loaded.stalls_ms});
             line(&v, a.json);
             out.push(v);
         }
