@@ -12,7 +12,7 @@
 //! comes from something the high client shares with the batch in user space; one that does
 //! not, while steal on the same cores does, from the hypervisor or the kernel.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -77,9 +77,23 @@ pub fn parse(s: &str) -> Result<StallSpec, String> {
     })
 }
 
+impl StallSpec {
+    /// One stall's length, ms.
+    pub fn stall_ms(&self) -> f64 {
+        self.stall.as_secs_f64() * 1e3
+    }
+}
+
 /// Nanoseconds of stalls run so far, over every core.
 static INJECTED_NS: AtomicU64 = AtomicU64::new(0);
 static STARTED: OnceLock<()> = OnceLock::new();
+/// Off: the stall threads skip their stalls (they still wake at the same instants).
+static ACTIVE: AtomicBool = AtomicBool::new(true);
+
+/// Turns the stalls on or off (on from [`start`]); a stall under way runs to its end.
+pub fn set_active(on: bool) {
+    ACTIVE.store(on, Ordering::Relaxed);
+}
 
 /// Milliseconds of stalls run so far, over every core (0 where none are injected).
 pub fn injected_ms() -> f64 {
@@ -147,6 +161,9 @@ fn stall_loop(spec: StallSpec, core: usize) {
     loop {
         let gap = -rng.unit().ln() / spec.per_s;
         std::thread::sleep(Duration::from_secs_f64(gap));
+        if !ACTIVE.load(Ordering::Relaxed) {
+            continue;
+        }
         let t0 = Instant::now();
         while t0.elapsed() < spec.stall {
             std::hint::spin_loop();

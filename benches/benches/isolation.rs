@@ -1,0 +1,302 @@
+//! Isolation bench, host graphs only: does a stalled core of the batch's worker group reach a
+//! latency-critical graph that runs on a group of its own? The pool has two groups: `latency`
+//! (one worker, on the first core) and `batch` (the other cores). The foreground is a chain of
+//! `CHAIN` nodes of `FG_WORK` busy time at `Priority::High`, placed on `latency`, submitted
+//! every `PERIOD` from a thread pinned to the latency worker's core and waited for. The
+//! background is wide graphs on `batch` kept in flight by one feeder thread per batch core,
+//! pinned there. Stalls (`boundpool_bench::stalls`, SCHED_FIFO threads that spin MS ms at random
+//! instants) go on every batch core, workers' and feeders' alike, as the hypervisor's steal
+//! would.
+//!
+//! Four phases, cut into `--slices` and alternated: the foreground alone and loaded, each
+//! without and with the stalls. Nothing of the foreground runs on a stalled core, so with no
+//! coupling through the pool (a lock a stalled batch thread holds, a wake-up it owes) its tail
+//! loaded with stalls is its tail loaded without: the ratio printed last. Without a core for
+//! each group, or where SCHED_FIFO is refused, it says so and exits.
+//!
+//! `cargo bench -p boundpool-bench --bench isolation [-- --seconds S --slices N --stall MS:PER_S
+//! --rounds R --json]`
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use boundpool_bench::stalls;
+use boundpool_scheduler::{
+    pin_current_thread, Cores, Graph, GraphBuilder, GroupSpec, Pool, PoolBuilder, Priority,
+};
+use boundpool_workloads::{busy_work, Sorted};
+use serde_json::json;
+
+/// Nodes of the foreground chain, and each one's busy time.
+const CHAIN: usize = 5;
+const FG_WORK: Duration = Duration::from_micros(5);
+/// Foreground submissions are this far apart.
+const PERIOD: Duration = Duration::from_micros(200);
+/// Width of a background graph, each node's busy time, and graphs kept in flight per feeder.
+const BG_WIDTH: usize = 16;
+const BG_WORK: Duration = Duration::from_micros(20);
+const BG_IN_FLIGHT: usize = 4;
+
+/// The foreground's latency (submit to `wait` returned) against stalls on the batch's cores.
+#[derive(clap::Parser, Debug)]
+struct Args {
+    /// Seconds per phase (each cut into `--slices`).
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Slices per phase, alternated with the other phases' so that a drift in the host's speed
+    /// falls on all four alike.
+    #[arg(long, default_value_t = 5)]
+    slices: u32,
+    /// The stalls on each batch core: MS:PER_S.
+    #[arg(long, default_value = "2:20")]
+    stall: String,
+    /// Rounds (each the four phases).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// JSON lines.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One phase's foreground latencies (µs) and the background's nodes per second.
+#[derive(Default)]
+struct Phase {
+    lat: Vec<f64>,
+    bg_nodes: u64,
+    secs: f64,
+    stalls_ms: f64,
+}
+
+impl Phase {
+    fn pct(&self, p: f64) -> f64 {
+        Sorted::new(self.lat.clone()).percentile(p)
+    }
+
+    /// Foreground runs slower than half a stall: what a stall that reached the foreground
+    /// would leave.
+    fn over(&self, us: f64) -> usize {
+        self.lat.iter().filter(|&&l| l > us).count()
+    }
+}
+
+struct Bench {
+    pool: Pool,
+    fg: Graph,
+    bg: Graph,
+    latency_core: usize,
+    batch_cores: Vec<usize>,
+}
+
+impl Bench {
+    fn new(cores: &[usize]) -> Result<Self, String> {
+        let (latency_core, batch_cores) = (cores[0], cores[1..].to_vec());
+        let pool = PoolBuilder::new()
+            .name("isolation")
+            .groups(vec![
+                GroupSpec::new("latency", 1).cores(Cores::List(vec![latency_core])),
+                GroupSpec::new("batch", batch_cores.len()).cores(Cores::List(batch_cores.clone())),
+            ])
+            .build()
+            .map_err(|e| e.to_string())?;
+        let (lat, batch) = (
+            pool.group("latency").ok_or("no latency group")?,
+            pool.group("batch").ok_or("no batch group")?,
+        );
+        let mut g = GraphBuilder::new("foreground");
+        let mut prev = None;
+        for i in 0..CHAIN {
+            let n = g.node(format!("fg{i}"), |_| {
+                busy_work(FG_WORK.as_nanos() as u64);
+                Ok(())
+            });
+            g.place(n, lat);
+            if let Some(p) = prev {
+                g.edge(p, n);
+            }
+            prev = Some(n);
+        }
+        g.priority(Priority::High);
+        let fg = g.build().map_err(|e| e.to_string())?;
+        let mut g = GraphBuilder::new("background");
+        let src = g.node("source", |_| Ok(()));
+        let sink = g.node("sink", |_| Ok(()));
+        g.place(src, batch).place(sink, batch);
+        for i in 0..BG_WIDTH {
+            let n = g.node(format!("bg{i}"), |_| {
+                busy_work(BG_WORK.as_nanos() as u64);
+                Ok(())
+            });
+            g.place(n, batch).edge(src, n).edge(n, sink);
+        }
+        let bg = g.build().map_err(|e| e.to_string())?;
+        Ok(Bench {
+            pool,
+            fg,
+            bg,
+            latency_core,
+            batch_cores,
+        })
+    }
+
+    /// The foreground every `PERIOD` for `secs` (with the background when `loaded`), into `p`.
+    fn phase(&self, loaded: bool, secs: f64, p: &mut Phase) {
+        let stop = AtomicBool::new(false);
+        let nodes = AtomicU64::new(0);
+        let stalls0 = stalls::injected_ms();
+        let t0 = Instant::now();
+        thread::scope(|s| {
+            if loaded {
+                for &core in &self.batch_cores {
+                    let (stop, nodes) = (&stop, &nodes);
+                    s.spawn(move || self.feed(core, stop, nodes));
+                }
+            }
+            let fg = s.spawn(|| self.foreground(Duration::from_secs_f64(secs)));
+            p.lat.extend(fg.join().expect("foreground"));
+            stop.store(true, Ordering::Relaxed);
+        });
+        p.secs += t0.elapsed().as_secs_f64();
+        p.bg_nodes += nodes.load(Ordering::Relaxed);
+        p.stalls_ms += stalls::injected_ms() - stalls0;
+    }
+
+    fn foreground(&self, dur: Duration) -> Vec<f64> {
+        pin_current_thread(&[self.latency_core]).expect("foreground placed");
+        let mut lat = Vec::new();
+        let start = Instant::now();
+        let mut next = start;
+        while start.elapsed() < dur {
+            let now = Instant::now();
+            if next > now {
+                thread::sleep(next - now);
+            }
+            next = (next + PERIOD).max(Instant::now());
+            let t = Instant::now();
+            self.pool
+                .submit(&self.fg)
+                .and_then(|h| h.wait())
+                .expect("foreground run");
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        lat
+    }
+
+    fn feed(&self, core: usize, stop: &AtomicBool, nodes: &AtomicU64) {
+        pin_current_thread(&[core]).expect("feeder placed");
+        let mut q = std::collections::VecDeque::new();
+        while !stop.load(Ordering::Relaxed) {
+            while q.len() < BG_IN_FLIGHT {
+                q.push_back(self.pool.submit(&self.bg).expect("background submit"));
+            }
+            if let Some(h) = q.pop_front() {
+                h.wait().expect("background run");
+                nodes.fetch_add(BG_WIDTH as u64 + 2, Ordering::Relaxed);
+            }
+        }
+        for h in q {
+            h.wait().expect("background run");
+        }
+    }
+}
+
+fn main() {
+    let a: Args = boundpool_bench::flags::parse();
+    let cores = allowed_cores();
+    if cores.len() < 2 {
+        println!("SKIPPED isolation bench: it needs two cores (a group each), this process has {cores:?}");
+        return;
+    }
+    let spec = match stalls::parse(&format!("batch-workers:{}", a.stall)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("isolation bench: --stall: {e}");
+            std::process::exit(2);
+        }
+    };
+    let b = match Bench::new(&cores) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("isolation bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = stalls::start(spec, &b.batch_cores) {
+        println!("SKIPPED isolation bench: no stalls: {e}");
+        return;
+    }
+    println!(
+        "latency group on core {}, batch group and its feeders on {:?}; foreground: a {CHAIN}-node chain of {FG_WORK:?} at high priority every {PERIOD:?}",
+        b.latency_core, b.batch_cores
+    );
+    println!("| round | alone p50 / p99 / p99.9 | alone, stalls | loaded | loaded, stalls | p99 loaded / alone | p99 loaded with stalls / without | bg nodes/s with stalls / without | runs over half a stall: alone, with stalls, loaded, with stalls | stalls ms alone / loaded |");
+    println!("| ---: | --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |");
+    let part = a.seconds / f64::from(a.slices.max(1));
+    for round in 1..=a.rounds {
+        // alone, alone with stalls, loaded, loaded with stalls
+        let mut ph: [Phase; 4] = Default::default();
+        for slice in 0..a.slices.max(1) {
+            let mut order = [0, 1, 2, 3];
+            order.rotate_left(slice as usize % 4);
+            for i in order {
+                stalls::set_active(i % 2 == 1);
+                b.phase(i >= 2, part, &mut ph[i]);
+            }
+        }
+        stalls::set_active(false);
+        let trio = |p: &Phase| {
+            format!(
+                "{:.0} / {:.0} / {:.0}",
+                p.pct(0.5),
+                p.pct(0.99),
+                p.pct(0.999)
+            )
+        };
+        let loading = ph[2].pct(0.99) / ph[0].pct(0.99);
+        let coupling = ph[3].pct(0.99) / ph[2].pct(0.99);
+        let bg = |p: &Phase| p.bg_nodes as f64 / p.secs.max(1e-9);
+        let bg_kept = bg(&ph[3]) / bg(&ph[2]);
+        let half = spec.stall_ms() * 1e3 / 2.0;
+        let over: Vec<String> = ph.iter().map(|p| p.over(half).to_string()).collect();
+        println!(
+            "| {round} | {} | {} | {} | {} | {loading:.2} | {coupling:.2} | {bg_kept:.2} | {} | {:.0} / {:.0} |",
+            trio(&ph[0]),
+            trio(&ph[1]),
+            trio(&ph[2]),
+            trio(&ph[3]),
+            over.join(", "),
+            ph[1].stalls_ms,
+            ph[3].stalls_ms
+        );
+        if a.json {
+            let v = json!({"bench": "isolation", "round": round, "stall": a.stall,
+                "alone_p99_us": ph[0].pct(0.99), "alone_stalls_p99_us": ph[1].pct(0.99),
+                "loaded_p99_us": ph[2].pct(0.99), "loaded_stalls_p99_us": ph[3].pct(0.99),
+                "p99_loaded_over_alone": loading, "p99_stalls_over_none_loaded": coupling,
+                "bg_nodes_per_s": bg(&ph[2]), "bg_nodes_per_s_stalls": bg(&ph[3]),
+                "over_half_a_stall": [ph[0].over(half), ph[1].over(half), ph[2].over(half), ph[3].over(half)],
+                "stalls_ms_alone": ph[1].stalls_ms, "stalls_ms_loaded": ph[3].stalls_ms});
+            println!("{v}");
+        }
+    }
+}
+
+/// The cores this process may run on (`Cpus_allowed_list` of /proc/self/status; empty where it
+/// cannot be read).
+fn allowed_cores() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let Some(list) = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+    else {
+        return Vec::new();
+    };
+    list.trim()
+        .split(',')
+        .filter_map(|r| match r.split_once('-') {
+            Some((a, b)) => Some(a.parse().ok()?..=b.parse().ok()?),
+            None => r.parse().ok().map(|c| c..=c),
+        })
+        .flatten()
+        .collect()
+}
