@@ -40,7 +40,7 @@ while read -r kind name path; do
     lib:boundpool_gpu) cp "$path" "$out/b/t_boundpool_gpu" ;;
     lib:boundpool_bench) cp "$path" "$out/b/t_boundpool_bench" ;;
     lib:boundpool_workloads) cp "$path" "$out/b/t_boundpool_workloads" ;;
-    bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe|bench:serve|bench:partition) cp "$path" "$out/b/bench_$name" ;;
+    bench:gpu|bench:cholesky|bench:replay|bench:scheduler|bench:observe|bench:serve|bench:partition|bench:isolation) cp "$path" "$out/b/bench_$name" ;;
     bin:boundpool|example:cholesky|example:gpu_pipeline|example:cudarc_nodes|example:serve|example:gpu_probe|example:sim_record|example:crowded_clients) cp "$path" "$out/b/$name" ;;
   esac
 done < "$exes"

@@ -2,10 +2,10 @@
 //!
 //! What boundpool is measured with beyond what the command line runs, kept out of the
 //! libraries (not published): the benches (`cargo bench -p boundpool-bench --bench
-//! scheduler|gpu|observe|cholesky|replay|serve|partition`; the flags of `gpu`, `replay`, `serve`
-//! and `partition` are clap parsers read with [`flags`], `-- --help` lists them),
-//! the tiled Cholesky workload ([`cholesky`]), the stall injector of the serve bench
-//! ([`stalls`]), the profiling examples (`smoke`,
+//! scheduler|gpu|observe|cholesky|replay|serve|partition|isolation`; the flags of `gpu`,
+//! `replay`, `serve`, `partition` and `isolation` are clap parsers read with [`flags`],
+//! `-- --help` lists them), the tiled Cholesky workload ([`cholesky`]), the stall injector of
+//! the serve and isolation benches ([`stalls`]), the profiling examples (`smoke`,
 //! `build_profile`, `sweep`, `gpu_probe`) and the device scripts (`device/`). The graph shapes,
 //! the baselines and the replay bench live in `boundpool-workloads`, which the `boundpool`
 //! command line runs too, so every figure compares like with like.

@@ -1,8 +1,9 @@
-//! Stalls injected on chosen cores (`--inject-stalls WHERE:MS:PER_S`): on each core of WHERE a
-//! thread at `SCHED_FIFO` priority spins for MS ms at random instants (exponential gaps), PER_S
-//! times a second on average, for the whole run, in the alone and the loaded phases alike. The
-//! threads placed on those cores are held off them meanwhile, as the hypervisor's steal holds
-//! off a vCPU, but at a rate and on cores the bench chooses.
+//! Stalls injected on chosen cores (`bench_serve --inject-stalls WHERE:MS:PER_S`,
+//! `bench_isolation --stall MS:PER_S`): on each chosen core a thread at `SCHED_FIFO` priority
+//! spins for MS ms at random instants (exponential gaps), PER_S times a second on average, for
+//! the whole run ([`set_active`] turns the stalls off and on). The threads placed on those
+//! cores are held off them meanwhile, as the hypervisor's steal holds off a vCPU, but at a rate
+//! and on cores the bench chooses.
 //!
 //! What it tells apart: a thread held off while it holds a user-space lock (the driver's, the
 //! allocator's, one of the pool's) holds up that lock's other takers here as under steal; but
