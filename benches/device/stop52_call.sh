@@ -36,3 +36,7 @@ NOTRIM='glibc.malloc.trim_threshold=4294967295:glibc.malloc.mmap_threshold=33554
 step rounds_notrim 110 env GLIBC_TUNABLES=$NOTRIM $B/bench_serve --priority-only --rounds 5 \
   --batch-clients 8,16,32 --slices 5 $R
 grep -E "^\| (bf16|f32) " $LOGS/rounds_notrim.log | cut -d"|" -f2-12,15-19; finish
+# The host pool alone on this 16-core host: stalls on the batch group's cores against the
+# latency group's chain (bench_isolation; runs over half a stall are the test).
+step isolation 30 $B/bench_isolation --seconds 1 --rounds 3 --stall 2:20
+grep -E "^\||stalls|latency group" $LOGS/isolation.log; finish
