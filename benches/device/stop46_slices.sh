@@ -23,7 +23,7 @@ P="--priority-only --rounds ${ROUNDS:-5} --isolate high --high-partition 16 --no
 # how many of them had no steal on the high path's cores in their loaded phase.
 within() { python3 - "$1" <<'PY'
 import re, sys
-cells, judged, stolen, missed = {}, [0, 0], [0, 0], []
+cells, judged, stolen, missed, slow = {}, [0, 0], [0, 0], [], [0, 0]
 for line in open(sys.argv[1]):
     f = [x.strip() for x in line.strip().strip('|').split('|')]
     if len(f) < 15 or f[0] not in ('bf16', 'f32'):
@@ -37,8 +37,10 @@ for line in open(sys.argv[1]):
     b[0] += 1; b[1] += p99 and kept
     if not p99 and len(steal) == 4:
         missed.append(steal[3])
+    slow[0] += int(f[11].split()[0]); slow[1] += int(f[12].split()[0])
 print('within:', '; '.join(f'{k} p99 {v[1]}/{v[0]} kept {v[2]}/{v[0]}' for k, v in cells.items()))
 print(f'within all three: {judged[1]} of {judged[0]} rounds with loaded steal <= 30 ms, {stolen[1]} of {stolen[0]} with more')
+print(f'requests over 500 us, summed over the rounds: {slow[0]} alone, {slow[1]} loaded')
 if missed:
     print(f'p99 missed in {len(missed)} rounds; {sum(m == 0 for m in missed)} of them had no steal on the high path\'s cores in the loaded phase (ms there: {sorted(missed)})')
 PY
