@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use boundpool_bench::stalls;
 use boundpool_scheduler::{
-    pin_current_thread, Cores, Graph, GraphBuilder, GroupSpec, Pool, PoolBuilder, Priority,
+    pin_current_thread, Cores, Graph, GraphBuilder, GroupId, GroupSpec, Pool, PoolBuilder, Priority,
 };
 use boundpool_workloads::{busy_work, Sorted};
 use serde_json::json;
@@ -54,6 +54,14 @@ struct Args {
     /// Rounds (each the four phases).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Workers of the latency group (its cores: the first ones; the batch group gets the rest,
+    /// and none left means no batch and no loaded phases).
+    #[arg(long, default_value_t = 1)]
+    latency_workers: usize,
+    /// Where the stalls go: `batch` (every batch core) or `latency` (the latency group's first
+    /// core only: one of its workers held off, as the hypervisor's steal of its own cores would).
+    #[arg(long, default_value = "batch", value_parser = ["batch", "latency"])]
+    stall_on: String,
     /// JSON lines.
     #[arg(long)]
     json: bool,
@@ -83,26 +91,37 @@ impl Phase {
 struct Bench {
     pool: Pool,
     fg: Graph,
-    bg: Graph,
-    latency_core: usize,
+    /// None without batch cores.
+    bg: Option<Graph>,
+    latency_cores: Vec<usize>,
     batch_cores: Vec<usize>,
 }
 
 impl Bench {
-    fn new(cores: &[usize]) -> Result<Self, String> {
-        let (latency_core, batch_cores) = (cores[0], cores[1..].to_vec());
+    /// The latency group on the first `latency_workers` of `cores`, the batch group on the rest.
+    fn new(cores: &[usize], latency_workers: usize) -> Result<Self, String> {
+        if latency_workers == 0 || latency_workers > cores.len() {
+            return Err(format!(
+                "--latency-workers {latency_workers}: give 1 to {} (the cores this process may use)",
+                cores.len()
+            ));
+        }
+        let (latency_cores, batch_cores) = cores.split_at(latency_workers);
+        let (latency_cores, batch_cores) = (latency_cores.to_vec(), batch_cores.to_vec());
+        let mut groups =
+            vec![GroupSpec::new("latency", latency_workers)
+                .cores(Cores::List(latency_cores.clone()))];
+        if !batch_cores.is_empty() {
+            groups.push(
+                GroupSpec::new("batch", batch_cores.len()).cores(Cores::List(batch_cores.clone())),
+            );
+        }
         let pool = PoolBuilder::new()
             .name("isolation")
-            .groups(vec![
-                GroupSpec::new("latency", 1).cores(Cores::List(vec![latency_core])),
-                GroupSpec::new("batch", batch_cores.len()).cores(Cores::List(batch_cores.clone())),
-            ])
+            .groups(groups)
             .build()
             .map_err(|e| e.to_string())?;
-        let (lat, batch) = (
-            pool.group("latency").ok_or("no latency group")?,
-            pool.group("batch").ok_or("no batch group")?,
-        );
+        let lat = pool.group("latency").ok_or("no latency group")?;
         let mut g = GraphBuilder::new("foreground");
         let mut prev = None;
         for i in 0..CHAIN {
@@ -118,23 +137,15 @@ impl Bench {
         }
         g.priority(Priority::High);
         let fg = g.build().map_err(|e| e.to_string())?;
-        let mut g = GraphBuilder::new("background");
-        let src = g.node("source", |_| Ok(()));
-        let sink = g.node("sink", |_| Ok(()));
-        g.place(src, batch).place(sink, batch);
-        for i in 0..BG_WIDTH {
-            let n = g.node(format!("bg{i}"), |_| {
-                busy_work(BG_WORK.as_nanos() as u64);
-                Ok(())
-            });
-            g.place(n, batch).edge(src, n).edge(n, sink);
-        }
-        let bg = g.build().map_err(|e| e.to_string())?;
+        let bg = match pool.group("batch") {
+            Some(batch) => Some(background(batch)?),
+            None => None,
+        };
         Ok(Bench {
             pool,
             fg,
             bg,
-            latency_core,
+            latency_cores,
             batch_cores,
         })
     }
@@ -162,7 +173,9 @@ impl Bench {
     }
 
     fn foreground(&self, dur: Duration) -> Vec<f64> {
-        pin_current_thread(&[self.latency_core]).expect("foreground placed");
+        // On the latency group's last core: with `--stall-on latency`, off the stalled one.
+        let core = *self.latency_cores.last().expect("a latency core");
+        pin_current_thread(&[core]).expect("foreground placed");
         let mut lat = Vec::new();
         let start = Instant::now();
         let mut next = start;
@@ -183,11 +196,12 @@ impl Bench {
     }
 
     fn feed(&self, core: usize, stop: &AtomicBool, nodes: &AtomicU64) {
+        let Some(bg) = &self.bg else { return };
         pin_current_thread(&[core]).expect("feeder placed");
         let mut q = std::collections::VecDeque::new();
         while !stop.load(Ordering::Relaxed) {
             while q.len() < BG_IN_FLIGHT {
-                q.push_back(self.pool.submit(&self.bg).expect("background submit"));
+                q.push_back(self.pool.submit(bg).expect("background submit"));
             }
             if let Some(h) = q.pop_front() {
                 h.wait().expect("background run");
@@ -200,84 +214,128 @@ impl Bench {
     }
 }
 
+/// A background graph on `batch`: a source, `BG_WIDTH` nodes of `BG_WORK`, a sink.
+fn background(batch: GroupId) -> Result<Graph, String> {
+    let mut g = GraphBuilder::new("background");
+    let src = g.node("source", |_| Ok(()));
+    let sink = g.node("sink", |_| Ok(()));
+    g.place(src, batch).place(sink, batch);
+    for i in 0..BG_WIDTH {
+        let n = g.node(format!("bg{i}"), |_| {
+            busy_work(BG_WORK.as_nanos() as u64);
+            Ok(())
+        });
+        g.place(n, batch).edge(src, n).edge(n, sink);
+    }
+    g.build().map_err(|e| e.to_string())
+}
+
 fn main() {
     let a: Args = boundpool_bench::flags::parse();
     let cores = allowed_cores();
-    if cores.len() < 2 {
-        println!("SKIPPED isolation bench: it needs two cores (a group each), this process has {cores:?}");
-        return;
-    }
-    let spec = match stalls::parse(&format!("batch-workers:{}", a.stall)) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("isolation bench: --stall: {e}");
-            std::process::exit(2);
-        }
-    };
-    let b = match Bench::new(&cores) {
+    let b = match Bench::new(&cores, a.latency_workers) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("isolation bench: {e}");
             std::process::exit(2);
         }
     };
-    if let Err(e) = stalls::start(spec, &b.batch_cores) {
+    let (place, stalled) = match a.stall_on.as_str() {
+        "latency" => ("high-path", vec![b.latency_cores[0]]),
+        _ => ("batch-workers", b.batch_cores.clone()),
+    };
+    if stalled.is_empty() {
+        println!("SKIPPED isolation bench: no batch cores to stall (this process has {cores:?}; --latency-workers {})", a.latency_workers);
+        return;
+    }
+    let spec = match stalls::parse(&format!("{place}:{}", a.stall)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("isolation bench: --stall: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = stalls::start(spec, &stalled) {
         println!("SKIPPED isolation bench: no stalls: {e}");
         return;
     }
     println!(
-        "latency group on core {}, batch group and its feeders on {:?}; foreground: a {CHAIN}-node chain of {FG_WORK:?} at high priority every {PERIOD:?}",
-        b.latency_core, b.batch_cores
+        "latency group on {:?}, batch group and its feeders on {:?}, stalls on {stalled:?}; foreground: a {CHAIN}-node chain of {FG_WORK:?} at high priority every {PERIOD:?}",
+        b.latency_cores, b.batch_cores
     );
     println!("| round | alone p50 / p99 / p99.9 | alone, stalls | loaded | loaded, stalls | p99 loaded / alone | p99 loaded with stalls / without | bg nodes/s with stalls / without | runs over half a stall: alone, with stalls, loaded, with stalls | stalls ms alone / loaded |");
     println!("| ---: | --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |");
+    let phases = if b.bg.is_some() { 4 } else { 2 };
     let part = a.seconds / f64::from(a.slices.max(1));
+    let half = spec.stall_ms() * 1e3 / 2.0;
     for round in 1..=a.rounds {
         // alone, alone with stalls, loaded, loaded with stalls
         let mut ph: [Phase; 4] = Default::default();
         for slice in 0..a.slices.max(1) {
-            let mut order = [0, 1, 2, 3];
-            order.rotate_left(slice as usize % 4);
+            let mut order: Vec<usize> = (0..phases).collect();
+            order.rotate_left(slice as usize % phases);
             for i in order {
                 stalls::set_active(i % 2 == 1);
                 b.phase(i >= 2, part, &mut ph[i]);
             }
         }
         stalls::set_active(false);
-        let trio = |p: &Phase| {
-            format!(
-                "{:.0} / {:.0} / {:.0}",
-                p.pct(0.5),
-                p.pct(0.99),
-                p.pct(0.999)
-            )
-        };
-        let loading = ph[2].pct(0.99) / ph[0].pct(0.99);
-        let coupling = ph[3].pct(0.99) / ph[2].pct(0.99);
-        let bg = |p: &Phase| p.bg_nodes as f64 / p.secs.max(1e-9);
-        let bg_kept = bg(&ph[3]) / bg(&ph[2]);
-        let half = spec.stall_ms() * 1e3 / 2.0;
-        let over: Vec<String> = ph.iter().map(|p| p.over(half).to_string()).collect();
-        println!(
-            "| {round} | {} | {} | {} | {} | {loading:.2} | {coupling:.2} | {bg_kept:.2} | {} | {:.0} / {:.0} |",
-            trio(&ph[0]),
-            trio(&ph[1]),
-            trio(&ph[2]),
-            trio(&ph[3]),
-            over.join(", "),
-            ph[1].stalls_ms,
-            ph[3].stalls_ms
-        );
-        if a.json {
-            let v = json!({"bench": "isolation", "round": round, "stall": a.stall,
-                "alone_p99_us": ph[0].pct(0.99), "alone_stalls_p99_us": ph[1].pct(0.99),
-                "loaded_p99_us": ph[2].pct(0.99), "loaded_stalls_p99_us": ph[3].pct(0.99),
-                "p99_loaded_over_alone": loading, "p99_stalls_over_none_loaded": coupling,
-                "bg_nodes_per_s": bg(&ph[2]), "bg_nodes_per_s_stalls": bg(&ph[3]),
-                "over_half_a_stall": [ph[0].over(half), ph[1].over(half), ph[2].over(half), ph[3].over(half)],
-                "stalls_ms_alone": ph[1].stalls_ms, "stalls_ms_loaded": ph[3].stalls_ms});
-            println!("{v}");
-        }
+        report(round, &ph[..phases], half, &a);
+    }
+}
+
+/// One round's row (and JSON line): the phases run (two without a batch group: alone, alone
+/// with stalls).
+fn report(round: usize, ph: &[Phase], half: f64, a: &Args) {
+    let trio = |p: &Phase| {
+        format!(
+            "{:.0} / {:.0} / {:.0}",
+            p.pct(0.5),
+            p.pct(0.99),
+            p.pct(0.999)
+        )
+    };
+    let dash = || "-".to_string();
+    let bg = |p: &Phase| p.bg_nodes as f64 / p.secs.max(1e-9);
+    let loaded = ph.len() == 4;
+    let ratio = |x: f64| if loaded { format!("{x:.2}") } else { dash() };
+    let (loading, coupling, bg_kept) = if loaded {
+        (
+            ph[2].pct(0.99) / ph[0].pct(0.99),
+            ph[3].pct(0.99) / ph[2].pct(0.99),
+            bg(&ph[3]) / bg(&ph[2]),
+        )
+    } else {
+        (f64::NAN, f64::NAN, f64::NAN)
+    };
+    let over: Vec<String> = ph.iter().map(|p| p.over(half).to_string()).collect();
+    let stalls_loaded = ph
+        .get(3)
+        .map_or_else(dash, |p| format!("{:.0}", p.stalls_ms));
+    println!(
+        "| {round} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} / {stalls_loaded} |",
+        trio(&ph[0]),
+        trio(&ph[1]),
+        ph.get(2).map_or_else(dash, trio),
+        ph.get(3).map_or_else(dash, trio),
+        ratio(loading),
+        ratio(coupling),
+        ratio(bg_kept),
+        over.join(", "),
+        ph[1].stalls_ms,
+    );
+    if a.json {
+        let p99 = |i: usize| ph.get(i).map(|p| p.pct(0.99));
+        let v = json!({"bench": "isolation", "round": round, "stall": a.stall,
+            "stall_on": a.stall_on, "latency_workers": a.latency_workers,
+            "alone_p99_us": p99(0), "alone_stalls_p99_us": p99(1),
+            "loaded_p99_us": p99(2), "loaded_stalls_p99_us": p99(3),
+            "p99_loaded_over_alone": loaded.then_some(loading),
+            "p99_stalls_over_none_loaded": loaded.then_some(coupling),
+            "bg_nodes_per_s": ph.get(2).map(bg), "bg_nodes_per_s_stalls": ph.get(3).map(bg),
+            "over_half_a_stall": ph.iter().map(|p| p.over(half)).collect::<Vec<_>>(),
+            "stalls_ms_alone": ph[1].stalls_ms, "stalls_ms_loaded": ph.get(3).map(|p| p.stalls_ms)});
+        println!("{v}");
     }
 }
 

@@ -147,9 +147,10 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     batch_cores: Vec<usize>,
     /// With `--isolate high --high-partition S`: on each core of WHERE (`batch-workers`,
-    /// `batch-clients` or `high-path`) a thread at SCHED_FIFO spins MS ms at random instants,
-    /// PER_S times a second on average, for the whole run (`boundpool_bench::stalls`): the
-    /// hypervisor's steal, placed and dosed. Each round prints the stalls' ms in each phase.
+    /// `batch-clients`, `high-path`, or of the high path only `latency-workers` or
+    /// `high-client`) a thread at SCHED_FIFO spins MS ms at random instants, PER_S times a
+    /// second on average, for the whole run (`boundpool_bench::stalls`): the hypervisor's
+    /// steal, placed and dosed. Each round prints the stalls' ms in each phase.
     #[arg(long, value_name = "WHERE:MS:PER_S", value_parser = boundpool_bench::stalls::parse)]
     inject_stalls: Option<StallSpec>,
 }

@@ -4,8 +4,9 @@
 # phase into SLICES (5) alternated slices, `whole` runs the phases one after another
 # (--slices 1); a suffix `20` adds --idle-spin-us 20 (the library's idle spin; the bench's
 # is 200), and then `ns` --spinning-waiters 0 (only the high client's waiter spins); a suffix
-# `+bw`, `+bc` or `+hp` injects stalls (--inject-stalls, STALL: MS:PER_S, default 2:20) on the
-# batch workers', the batch clients' or the high path's cores. The same build, measured
+# `+bw`, `+bc`, `+hp`, `+lw` or `+hc` injects stalls (--inject-stalls, STALL: MS:PER_S, default
+# 2:20) on the batch workers', the batch clients', the high path's, the latency workers' or the
+# high client's cores. The same build, measured
 # several ways in one call. Logs to S46_LOGS (/tmp/bp-s46s), packed as S46_TGZ (s46s.tgz). Then, with TESTS="t_gpu_priority ...",
 # those GPU test binaries (TESTS=all: `gpu_tests`, every one).
 # Here: `bash benches/device/pack.sh`, then with carry [".devbin"]:
@@ -55,7 +56,9 @@ for r in $(echo ${RUNS:-sliced,whole,sliced} | tr , ' '); do
   case $r in *ns|*ns+*) args="$args --spinning-waiters 0" ;; esac
   case $r in *+bw) args="$args --inject-stalls batch-workers:${STALL:-2:20}" ;;
     *+bc) args="$args --inject-stalls batch-clients:${STALL:-2:20}" ;;
-    *+hp) args="$args --inject-stalls high-path:${STALL:-2:20}" ;; esac
+    *+hp) args="$args --inject-stalls high-path:${STALL:-2:20}" ;;
+    *+lw) args="$args --inject-stalls latency-workers:${STALL:-2:20}" ;;
+    *+hc) args="$args --inject-stalls high-client:${STALL:-2:20}" ;; esac
   run ${r}_$i $args
 done
 [ "${TESTS:-}" = all ] && { gpu_tests; exit; }

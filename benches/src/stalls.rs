@@ -30,6 +30,10 @@ pub enum Place {
     BatchClients,
     /// `high-path`: the latency-critical client's core and its partition's workers'.
     HighPath,
+    /// `latency-workers`: the latency partition's workers' cores only.
+    LatencyWorkers,
+    /// `high-client`: the latency-critical client's core only.
+    HighClient,
 }
 
 /// A parsed `--inject-stalls WHERE:MS:PER_S`.
@@ -41,7 +45,8 @@ pub struct StallSpec {
     per_s: f64,
 }
 
-/// `WHERE:MS:PER_S`, WHERE one of `batch-workers`, `batch-clients`, `high-path`.
+/// `WHERE:MS:PER_S`, WHERE one of `batch-workers`, `batch-clients`, `high-path`,
+/// `latency-workers`, `high-client`.
 pub fn parse(s: &str) -> Result<StallSpec, String> {
     let parts: Vec<&str> = s.split(':').collect();
     let [place, ms, per_s] = parts[..] else {
@@ -51,9 +56,11 @@ pub fn parse(s: &str) -> Result<StallSpec, String> {
         "batch-workers" => Place::BatchWorkers,
         "batch-clients" => Place::BatchClients,
         "high-path" => Place::HighPath,
+        "latency-workers" => Place::LatencyWorkers,
+        "high-client" => Place::HighClient,
         _ => {
             return Err(format!(
-                "`{place}` is none of batch-workers, batch-clients, high-path"
+                "`{place}` is none of batch-workers, batch-clients, high-path, latency-workers, high-client"
             ))
         }
     };
@@ -206,6 +213,14 @@ mod tests {
         assert_eq!(
             parse("high-path:0.5:40").expect("good").place,
             Place::HighPath
+        );
+        assert_eq!(
+            parse("latency-workers:2:20").expect("good").place,
+            Place::LatencyWorkers
+        );
+        assert_eq!(
+            parse("high-client:2:20").expect("good").place,
+            Place::HighClient
         );
         for bad in [
             "batch:2:10",

@@ -20,9 +20,10 @@ static CORES: OnceLock<(Vec<usize>, Option<usize>)> = OnceLock::new();
 /// workers' (`--isolate high` on a split device; empty otherwise).
 static HIGH_PATH: OnceLock<Vec<usize>> = OnceLock::new();
 
-/// The cores of the workers outside the latency partition (`--isolate high` on a split device;
-/// empty otherwise).
+/// The cores of the workers outside the latency partition, and of those inside it
+/// (`--isolate high` on a split device; empty otherwise).
 static BATCH_WORKERS: OnceLock<Vec<usize>> = OnceLock::new();
+static LATENCY_WORKERS: OnceLock<Vec<usize>> = OnceLock::new();
 
 /// Chooses the clients' cores from `mode` (`None`: no placement), `batch_cores` (where given)
 /// and the cores `pool`'s workers are pinned to, and prints them.
@@ -61,6 +62,7 @@ pub(super) fn init(mode: Option<&str>, batch_cores: &[usize], pool: &GpuPool) {
         (high, groups.iter().find(|(g, _)| g.ends_with(".latency")))
     {
         let _ = HIGH_PATH.set(cores.iter().copied().chain([h]).collect());
+        let _ = LATENCY_WORKERS.set(cores.clone());
         let batch = groups.iter().filter(|(g, _)| !g.ends_with(".latency"));
         let _ = BATCH_WORKERS.set(batch.flat_map(|(_, c)| c.iter().copied()).collect());
     }
@@ -73,8 +75,9 @@ pub(super) fn high_path_cores() -> &'static [usize] {
     HIGH_PATH.get().map_or(&[], Vec::as_slice)
 }
 
-/// The cores of `place` for `--inject-stalls`: the batch workers', the batch clients' or the
-/// high path's, where `--isolate high` placed them on a split device (empty otherwise).
+/// The cores of `place` for `--inject-stalls`: the batch workers', the batch clients', the
+/// high path's, the latency workers' or the high client's, where `--isolate high` placed them
+/// on a split device (empty otherwise).
 pub(super) fn stall_cores(place: Place) -> Vec<usize> {
     match place {
         Place::BatchWorkers => BATCH_WORKERS.get().cloned().unwrap_or_default(),
@@ -84,6 +87,11 @@ pub(super) fn stall_cores(place: Place) -> Vec<usize> {
             .unwrap_or_default(),
         Place::BatchClients => Vec::new(),
         Place::HighPath => high_path_cores().to_vec(),
+        Place::LatencyWorkers => LATENCY_WORKERS.get().cloned().unwrap_or_default(),
+        Place::HighClient => match CORES.get() {
+            Some((_, Some(h))) if !high_path_cores().is_empty() => vec![*h],
+            _ => Vec::new(),
+        },
     }
 }
 
