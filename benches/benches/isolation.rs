@@ -1,12 +1,19 @@
 //! Isolation bench, host graphs only: does a stalled core of the batch's worker group reach a
 //! latency-critical graph that runs on a group of its own? The pool has two groups: `latency`
-//! (one worker, on the first core) and `batch` (the other cores). The foreground is a chain of
-//! `CHAIN` nodes of `FG_WORK` busy time at `Priority::High`, placed on `latency`, submitted
-//! every `PERIOD` from a thread pinned to the latency worker's core and waited for. The
-//! background is wide graphs on `batch` kept in flight by one feeder thread per batch core,
-//! pinned there. Stalls (`boundpool_bench::stalls`, SCHED_FIFO threads that spin MS ms at random
+//! (one worker, on the first core) and `batch` (the other cores but one). The foreground is a
+//! chain of `CHAIN` nodes of `FG_WORK` busy time at `Priority::High`, placed on `latency`,
+//! submitted every `PERIOD` from a thread pinned to the core left out (on two cores, the latency
+//! worker's) and waited for. The background is wide graphs on `batch` kept in flight by one
+//! feeder thread per batch core, pinned there. Stalls (`boundpool_bench::stalls`, SCHED_FIFO threads that spin MS ms at random
 //! instants) go on every batch core, workers' and feeders' alike, as the hypervisor's steal
 //! would.
+//!
+//! `--latency-workers N` gives the latency group N workers and `--stall-on latency` stalls the
+//! first of them instead (the steal of the group's own cores); `--fg device-poll` and
+//! `device-completer` make the foreground a request as a GPU node makes it (staging, a
+//! deferred completion `DEVICE` after its body, a read), its completion polled by its worker or
+//! sent by a thread standing for the device. The foreground's thread and the device thread get
+//! cores of their own where the batch keeps one.
 //!
 //! Four phases, cut into `--slices` and alternated: the foreground alone and loaded, each
 //! without and with the stalls. Nothing of the foreground runs on a stalled core, so with no
@@ -15,13 +22,17 @@
 //! each group, or where SCHED_FIFO is refused, it says so and exits.
 //!
 //! `cargo bench -p boundpool-bench --bench isolation [-- --seconds S --slices N --stall MS:PER_S
-//! --rounds R --json]`
+//! --rounds R --latency-workers N --stall-on batch|latency --fg chain|device-poll|device-completer
+//! --json]`
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::task::Poll;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use boundpool_bench::stalls;
+use boundpool_scheduler::backend::{Completer, NodeCtxExt};
 use boundpool_scheduler::{
     pin_current_thread, Cores, Graph, GraphBuilder, GroupId, GroupSpec, Pool, PoolBuilder, Priority,
 };
@@ -37,6 +48,8 @@ const PERIOD: Duration = Duration::from_micros(200);
 const BG_WIDTH: usize = 16;
 const BG_WORK: Duration = Duration::from_micros(20);
 const BG_IN_FLIGHT: usize = 4;
+/// The device's time in the `device-*` foregrounds.
+const DEVICE: Duration = Duration::from_micros(60);
 
 /// The foreground's latency (submit to `wait` returned) against stalls on the batch's cores.
 #[derive(clap::Parser, Debug)]
@@ -62,6 +75,14 @@ struct Args {
     /// core only: one of its workers held off, as the hypervisor's steal of its own cores would).
     #[arg(long, default_value = "batch", value_parser = ["batch", "latency"])]
     stall_on: String,
+    /// The foreground's shape: `chain` (`CHAIN` nodes of `FG_WORK`), or a request's as a GPU
+    /// node makes it, a staging node, a node whose completion waits `DEVICE` as a device's
+    /// work would, a read node: `device-poll` (the completion polled by the worker that ran
+    /// the node, as the GPU backend's is) or `device-completer` (completed by another thread
+    /// through a `Completer` at the same instant, and taken by whichever worker of the group
+    /// is free).
+    #[arg(long, default_value = "chain", value_parser = ["chain", "device-poll", "device-completer"])]
+    fg: String,
     /// JSON lines.
     #[arg(long)]
     json: bool,
@@ -95,19 +116,39 @@ struct Bench {
     bg: Option<Graph>,
     latency_cores: Vec<usize>,
     batch_cores: Vec<usize>,
+    /// The foreground's thread's core (and the device thread's, `device_core`).
+    client_core: usize,
+    device_core: usize,
 }
 
 impl Bench {
     /// The latency group on the first `latency_workers` of `cores`, the batch group on the rest.
-    fn new(cores: &[usize], latency_workers: usize) -> Result<Self, String> {
+    fn new(cores: &[usize], latency_workers: usize, shape: &str) -> Result<Self, String> {
         if latency_workers == 0 || latency_workers > cores.len() {
             return Err(format!(
                 "--latency-workers {latency_workers}: give 1 to {} (the cores this process may use)",
                 cores.len()
             ));
         }
-        let (latency_cores, batch_cores) = cores.split_at(latency_workers);
-        let (latency_cores, batch_cores) = (latency_cores.to_vec(), batch_cores.to_vec());
+        let (latency_cores, rest) = cores.split_at(latency_workers);
+        let latency_cores = latency_cores.to_vec();
+        // A core of its own for the foreground's thread and for the device thread, each where
+        // one is left for the batch; the latency group's last core otherwise.
+        let mut rest = rest.to_vec();
+        let own = |rest: &mut Vec<usize>, fallback: usize| {
+            if rest.len() >= 2 {
+                rest.remove(0)
+            } else {
+                fallback
+            }
+        };
+        let last = *latency_cores.last().expect("a latency core");
+        let client_core = own(&mut rest, last);
+        let device_core = match shape {
+            "device-completer" => own(&mut rest, client_core),
+            _ => client_core,
+        };
+        let batch_cores = rest;
         let mut groups =
             vec![GroupSpec::new("latency", latency_workers)
                 .cores(Cores::List(latency_cores.clone()))];
@@ -122,21 +163,10 @@ impl Bench {
             .build()
             .map_err(|e| e.to_string())?;
         let lat = pool.group("latency").ok_or("no latency group")?;
-        let mut g = GraphBuilder::new("foreground");
-        let mut prev = None;
-        for i in 0..CHAIN {
-            let n = g.node(format!("fg{i}"), |_| {
-                busy_work(FG_WORK.as_nanos() as u64);
-                Ok(())
-            });
-            g.place(n, lat);
-            if let Some(p) = prev {
-                g.edge(p, n);
-            }
-            prev = Some(n);
-        }
-        g.priority(Priority::High);
-        let fg = g.build().map_err(|e| e.to_string())?;
+        let fg = match shape {
+            "chain" => chain(lat)?,
+            _ => request(lat, shape == "device-completer", device_core)?,
+        };
         let bg = match pool.group("batch") {
             Some(batch) => Some(background(batch)?),
             None => None,
@@ -147,6 +177,8 @@ impl Bench {
             bg,
             latency_cores,
             batch_cores,
+            client_core,
+            device_core,
         })
     }
 
@@ -173,9 +205,7 @@ impl Bench {
     }
 
     fn foreground(&self, dur: Duration) -> Vec<f64> {
-        // On the latency group's last core: with `--stall-on latency`, off the stalled one.
-        let core = *self.latency_cores.last().expect("a latency core");
-        pin_current_thread(&[core]).expect("foreground placed");
+        pin_current_thread(&[self.client_core]).expect("foreground placed");
         let mut lat = Vec::new();
         let start = Instant::now();
         let mut next = start;
@@ -214,6 +244,80 @@ impl Bench {
     }
 }
 
+/// The `chain` foreground on `lat`: `CHAIN` nodes of `FG_WORK` at high priority.
+fn chain(lat: GroupId) -> Result<Graph, String> {
+    let mut g = GraphBuilder::new("foreground");
+    let mut prev = None;
+    for i in 0..CHAIN {
+        let n = g.node(format!("fg{i}"), |_| {
+            busy_work(FG_WORK.as_nanos() as u64);
+            Ok(())
+        });
+        g.place(n, lat);
+        if let Some(p) = prev {
+            g.edge(p, n);
+        }
+        prev = Some(n);
+    }
+    g.priority(Priority::High);
+    g.build().map_err(|e| e.to_string())
+}
+
+/// The `device-*` foregrounds on `lat`: staging, a node whose completion comes `DEVICE` after
+/// its body (polled by its worker, or with `completer` completed by a thread pinned to `core`
+/// that stands for the device), reading; at high priority.
+fn request(lat: GroupId, completer: bool, core: usize) -> Result<Graph, String> {
+    let mut g = GraphBuilder::new("request");
+    let stage = g.node("stage", |_| {
+        busy_work(FG_WORK.as_nanos() as u64);
+        Ok(())
+    });
+    let device = if completer {
+        let tx = device_thread(core);
+        g.node("device", move |ctx| {
+            let c = ctx.complete_later();
+            tx.send((Instant::now() + DEVICE, c))
+                .map_err(|_| "the device thread is gone".into())
+        })
+    } else {
+        g.node("device", |ctx| {
+            let done = Instant::now() + DEVICE;
+            ctx.complete_when(move |_: &()| {
+                if Instant::now() >= done {
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                }
+            });
+            Ok(())
+        })
+    };
+    let read = g.node("read", |_| {
+        busy_work(FG_WORK.as_nanos() as u64);
+        Ok(())
+    });
+    g.edge(stage, device).edge(device, read);
+    g.place(stage, lat).place(device, lat).place(read, lat);
+    g.priority(Priority::High);
+    g.build().map_err(|e| e.to_string())
+}
+
+/// A thread on `core` that completes each completer it is sent at its instant, looking at the
+/// clock between yields (the stand-in for a device's completion seen by another thread).
+fn device_thread(core: usize) -> mpsc::Sender<(Instant, Completer)> {
+    let (tx, rx) = mpsc::channel::<(Instant, Completer)>();
+    thread::spawn(move || {
+        pin_current_thread(&[core]).expect("device thread placed");
+        for (done, c) in rx {
+            while Instant::now() < done {
+                thread::yield_now();
+            }
+            c.complete(Ok(()));
+        }
+    });
+    tx
+}
+
 /// A background graph on `batch`: a source, `BG_WIDTH` nodes of `BG_WORK`, a sink.
 fn background(batch: GroupId) -> Result<Graph, String> {
     let mut g = GraphBuilder::new("background");
@@ -233,7 +337,7 @@ fn background(batch: GroupId) -> Result<Graph, String> {
 fn main() {
     let a: Args = boundpool_bench::flags::parse();
     let cores = allowed_cores();
-    let b = match Bench::new(&cores, a.latency_workers) {
+    let b = match Bench::new(&cores, a.latency_workers, &a.fg) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("isolation bench: {e}");
@@ -260,8 +364,8 @@ fn main() {
         return;
     }
     println!(
-        "latency group on {:?}, batch group and its feeders on {:?}, stalls on {stalled:?}; foreground: a {CHAIN}-node chain of {FG_WORK:?} at high priority every {PERIOD:?}",
-        b.latency_cores, b.batch_cores
+        "latency group on {:?}, batch group and its feeders on {:?}, the foreground's thread on {}, the device thread's on {}, stalls on {stalled:?}; foreground `{}` at high priority every {PERIOD:?}",
+        b.latency_cores, b.batch_cores, b.client_core, b.device_core, a.fg
     );
     println!("| round | alone p50 / p99 / p99.9 | alone, stalls | loaded | loaded, stalls | p99 loaded / alone | p99 loaded with stalls / without | bg nodes/s with stalls / without | runs over half a stall: alone, with stalls, loaded, with stalls | stalls ms alone / loaded |");
     println!("| ---: | --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |");

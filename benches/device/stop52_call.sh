@@ -44,8 +44,12 @@ step rounds_notrim 52 env GLIBC_TUNABLES=$NOTRIM $B/bench_serve --priority-only 
   --batch-clients 8,16,32 --slices 5 $R
 grep -E "^\| (bf16|f32) " $LOGS/rounds_notrim.log | cut -d"|" -f2-12,15-19; finish
 # The host pool alone on this 16-core host: stalls on the batch group's cores, then on one of
-# two latency workers', against the latency group's chain (runs over half a stall).
+# two latency workers', against the latency group's chain and against a request shaped as a
+# GPU node makes it, its completion polled by its worker or sent by another thread (runs over
+# half a stall).
 step isolation 16 $B/bench_isolation --seconds 1 --rounds 2 --stall 2:20
-step isolation_own 12 $B/bench_isolation --seconds 1 --rounds 2 --stall 2:20 \
-  --latency-workers 2 --stall-on latency
+for fg in chain device-poll device-completer; do
+  step isolation_own_$fg 12 $B/bench_isolation --seconds 1 --rounds 2 --stall 2:20 \
+    --latency-workers 2 --stall-on latency --fg $fg
+done
 grep -hE "^\| [0-9]|latency group" $LOGS/isolation*.log; finish
