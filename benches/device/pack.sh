@@ -83,9 +83,9 @@ for spec in ${PACK_REVS:-}; do
   ( cd "$src"
     cargo build --release -p boundpool-cli --target-dir ../t-$name -q
     cp ../t-$name/release/boundpool "../../../$out/revs/$name/boundpool"
-    # The replay, eager, Cholesky and serving benches and the probe, where that revision has
-    # them.
-    for bench in replay gpu cholesky serve; do
+    # The replay, eager, Cholesky, serving and isolation benches and the probe, where that
+    # revision has them.
+    for bench in replay gpu cholesky serve isolation; do
       r=$(cargo bench -p boundpool-bench --bench $bench --no-run --target-dir ../t-$name \
             --message-format=json 2>/dev/null | python3 -c '
 import json, sys
