@@ -23,7 +23,7 @@
 //!
 //! `cargo bench -p boundpool-bench --bench isolation [-- --seconds S --slices N --stall MS:PER_S
 //! --rounds R --latency-workers N --stall-on batch|latency --fg chain|device-poll|device-completer
-//! --json]`
+//! --paced-spin-us U --json]`
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -83,6 +83,10 @@ struct Args {
     /// is free).
     #[arg(long, default_value = "chain", value_parser = ["chain", "device-poll", "device-completer"])]
     fg: String,
+    /// The pool's paced spin, µs (`PoolBuilder::paced_spin`; default the library's: on where
+    /// the pool leaves two cores to its clients).
+    #[arg(long)]
+    paced_spin_us: Option<u64>,
     /// JSON lines.
     #[arg(long)]
     json: bool,
@@ -123,7 +127,12 @@ struct Bench {
 
 impl Bench {
     /// The latency group on the first `latency_workers` of `cores`, the batch group on the rest.
-    fn new(cores: &[usize], latency_workers: usize, shape: &str) -> Result<Self, String> {
+    fn new(
+        cores: &[usize],
+        latency_workers: usize,
+        shape: &str,
+        paced_spin: Option<Duration>,
+    ) -> Result<Self, String> {
         if latency_workers == 0 || latency_workers > cores.len() {
             return Err(format!(
                 "--latency-workers {latency_workers}: give 1 to {} (the cores this process may use)",
@@ -157,11 +166,12 @@ impl Bench {
                 GroupSpec::new("batch", batch_cores.len()).cores(Cores::List(batch_cores.clone())),
             );
         }
-        let pool = PoolBuilder::new()
-            .name("isolation")
-            .groups(groups)
-            .build()
-            .map_err(|e| e.to_string())?;
+        let pool = PoolBuilder::new().name("isolation").groups(groups);
+        let pool = match paced_spin {
+            Some(d) => pool.paced_spin(d),
+            None => pool,
+        };
+        let pool = pool.build().map_err(|e| e.to_string())?;
         let lat = pool.group("latency").ok_or("no latency group")?;
         let fg = match shape {
             "chain" => chain(lat)?,
@@ -337,7 +347,8 @@ fn background(batch: GroupId) -> Result<Graph, String> {
 fn main() {
     let a: Args = boundpool_bench::flags::parse();
     let cores = allowed_cores();
-    let b = match Bench::new(&cores, a.latency_workers, &a.fg) {
+    let paced = a.paced_spin_us.map(Duration::from_micros);
+    let b = match Bench::new(&cores, a.latency_workers, &a.fg, paced) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("isolation bench: {e}");
